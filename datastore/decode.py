@@ -1,0 +1,91 @@
+"""Decoding a sample's bytes into an HWC uint8 array: simplejpeg for JPEG, Pillow for the rest, raw as is.
+
+Both libraries release the GIL, so callers decode in a thread pool (see datastore.torch).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from datastore.errors import SampleError
+
+_JPEG_MAGIC = b"\xff\xd8"
+_PNG_MAGIC = b"\x89PNG"
+
+try:  # simplejpeg is a declared dependency; the fallback keeps a broken wheel from stopping everything.
+    import simplejpeg as _simplejpeg
+except ImportError:  # pragma: no cover
+    _simplejpeg = None
+
+
+def sniff(data) -> str:
+    """`jpeg`, `png` or `other`, from the first bytes."""
+    head = bytes(memoryview(data)[:4])
+    if head.startswith(_JPEG_MAGIC):
+        return "jpeg"
+    if head.startswith(_PNG_MAGIC):
+        return "png"
+    return "other"
+
+
+def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int] | None = None,
+                 name: str = "<sample>") -> np.ndarray:
+    """Decodes encoded image bytes into a uint8 array of shape (H, W, C).
+
+    Args:
+        data: the file's bytes (bytes, memoryview or uint8 array).
+        channels: 1 (grey) or 3 (RGB) to convert to; None keeps grey as 1 channel and everything
+            else as RGB.
+        min_size: (H, W) the caller will resize/crop to; lets JPEG decode at a reduced DCT scale
+            that is still at least this large (several times faster on big images).
+        name: used in the error message.
+
+    Raises:
+        SampleError: naming `name`, if the bytes are not a decodable image.
+    """
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    kind = sniff(buf)
+    try:
+        if kind == "jpeg" and _simplejpeg is not None:
+            fmt = "GRAY" if channels == 1 else "RGB"
+            kwargs = {}
+            if min_size is not None:
+                kwargs = {"min_height": int(min_size[0]), "min_width": int(min_size[1])}
+            arr = _simplejpeg.decode_jpeg(bytes(buf) if not isinstance(buf, bytes) else buf,
+                                          colorspace=fmt, **kwargs)
+            if arr.ndim == 2:
+                arr = arr[:, :, None]
+            return arr
+        from PIL import Image
+
+        with Image.open(io.BytesIO(buf)) as im:
+            im.load()
+            if channels == 1 or (channels is None and im.mode in ("L", "1", "I", "I;16", "LA")):
+                im = im.convert("L")
+            else:
+                im = im.convert("RGB")
+            arr = np.asarray(im)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        return arr
+    except Exception as exc:  # decoders raise many types; name the sample and keep the cause
+        raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
+
+
+def decode_raw(data, dtype: str, shape: tuple[int, ...], *, name: str = "<sample>") -> np.ndarray:
+    """A raw sample's bytes viewed as `shape` elements of `dtype` (no copy)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if arr.size != want:
+        raise SampleError(f"raw sample {name} has {arr.size} bytes, expected {want} for {dtype}{tuple(shape)}")
+    return arr.view(dtype).reshape(shape)
+
+
+def decode_sample(data, info, *, channels: int | None = None, min_size=None, name: str = "<sample>") -> np.ndarray:
+    """Decodes one sample of a container with ContainerInfo `info` into an (H, W, C) array."""
+    if info.encoding == "raw":
+        arr = decode_raw(data, info.raw_dtype, info.raw_shape, name=name)
+        return arr if arr.ndim == 3 else arr.reshape(arr.shape + (1,) * (3 - arr.ndim))
+    return decode_image(data, channels=channels, min_size=min_size, name=name)

@@ -1,0 +1,29 @@
+"""The project's exception types; each also subclasses the builtin a caller would expect."""
+
+
+class DStoreError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ConfigError(DStoreError, ValueError):
+    """A parameter has a value that is not allowed; the message names it, its value and what is allowed."""
+
+
+class FormatError(DStoreError, ValueError):
+    """A container is malformed: missing array, wrong dtype, inconsistent offsets, unknown version."""
+
+
+class IncompleteContainerError(FormatError):
+    """A container has no completion marker: it was never finished (or is still being written)."""
+
+
+class ChecksumError(FormatError):
+    """A sample's bytes do not match its stored checksum."""
+
+
+class SampleError(DStoreError, ValueError):
+    """One source sample cannot be ingested or decoded; the message names the file and the reason."""
+
+
+class MemoryBudgetError(DStoreError, MemoryError):
+    """A rank's share of the data set does not fit its memory budget."""

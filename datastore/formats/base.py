@@ -1,0 +1,163 @@
+"""The one reader/writer interface every container backend (HDF5, Zarr, sharded manifest) implements.
+
+The layout itself is specified in docs/format.md. Backends implement only the primitives marked
+abstract; everything a consumer calls (a sample, a contiguous range in one read) is defined here once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import zlib
+from typing import Any
+
+import numpy as np
+
+from datastore.errors import ConfigError, FormatError
+
+FORMAT_VERSION = 1
+"""Version of the container layout written by this code (attribute `version`)."""
+
+ENCODINGS = ("jpeg", "png", "image", "raw")
+"""`jpeg`/`png`: every sample is such a file's bytes; `image`: encoded files of mixed formats
+(decoders sniff the magic bytes); `raw`: each sample is `raw_shape` elements of `raw_dtype`, C order."""
+
+
+def checksum(data) -> int:
+    """CRC32 of a sample's bytes (what the `checksums` array stores), as an unsigned 32-bit int."""
+    return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerInfo:
+    """A container's attributes, as written in its metadata."""
+
+    version: int
+    encoding: str
+    num_samples: int
+    total_bytes: int
+    class_names: tuple[str, ...]
+    raw_dtype: str | None = None
+    raw_shape: tuple[int, ...] | None = None
+    source: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __post_init__(self):
+        if self.encoding not in ENCODINGS:
+            raise FormatError(f"encoding {self.encoding!r} is not one of {ENCODINGS}")
+        if self.encoding == "raw" and (self.raw_dtype is None or self.raw_shape is None):
+            raise FormatError("encoding 'raw' needs raw_dtype and raw_shape attributes")
+
+
+class ContainerReader(abc.ABC):
+    """Read access to one container. Index arrays are held in memory (16 bytes per sample);
+    sample bytes are read on demand.
+
+    Attributes:
+        path: what was opened.
+        info: the container's attributes.
+        offsets: int64[N+1]; sample i is data[offsets[i]:offsets[i+1]].
+        labels: int64[N].
+        checksums: uint32[N], CRC32 of each sample's bytes.
+        source_index: int64[N], each sample's index in the source (before ingest's shuffle).
+    """
+
+    path: str
+    info: ContainerInfo
+    offsets: np.ndarray
+    labels: np.ndarray
+    checksums: np.ndarray
+    source_index: np.ndarray
+
+    # --- backend primitives -------------------------------------------------------------
+    @abc.abstractmethod
+    def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Bytes data[lo:hi] as a uint8 array, with as few large reads as the backend allows.
+
+        If `out` is given (a writable uint8 array of length hi - lo) the bytes land there and
+        `out` is returned; no other copy is made where the backend can avoid it.
+        """
+
+    @abc.abstractmethod
+    def name(self, i: int) -> str:
+        """Sample i's source name (provenance; used in error messages)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release file handles. Safe to call twice."""
+
+    # --- defined once for every backend ------------------------------------------------
+    def __len__(self) -> int:
+        return self.info.num_samples
+
+    @property
+    def num_samples(self) -> int:
+        return self.info.num_samples
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.offsets[-1])
+
+    def _check_index(self, i: int) -> int:
+        i = int(i)
+        if not 0 <= i < self.num_samples:
+            raise ConfigError(f"sample index {i} is out of range [0, {self.num_samples}) in {self.path}")
+        return i
+
+    def sample(self, i: int) -> tuple[np.ndarray, int]:
+        """Sample i's bytes (uint8 array) and its label."""
+        i = self._check_index(i)
+        return self.read_bytes(int(self.offsets[i]), int(self.offsets[i + 1])), int(self.labels[i])
+
+    def read_range(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Samples [start, stop) as one contiguous uint8 array, read with one large read per file.
+
+        This is what the store's preload uses: a rank's block is one byte range.
+        """
+        if not 0 <= start <= stop <= self.num_samples:
+            raise ConfigError(
+                f"sample range [{start}, {stop}) is not within [0, {self.num_samples}] in {self.path}"
+            )
+        return self.read_bytes(int(self.offsets[start]), int(self.offsets[stop]), out=out)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class ContainerWriter(abc.ABC):
+    """Writes one container under a temporary name; `commit()` writes the index arrays, the
+    attributes and, last, the completion marker, then renames it into place.
+
+    Used as a context manager: a clean exit commits, an exception aborts (removes the temporary,
+    leaving nothing that looks like a container).
+    """
+
+    @abc.abstractmethod
+    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
+        """Appends one sample (bytes-like or uint8 array); returns its index in the container."""
+
+    @abc.abstractmethod
+    def commit(self) -> str:
+        """Finishes the container; returns its final path. Calling it twice is an error."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Removes the temporary; safe to call twice and after commit (then it does nothing)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False

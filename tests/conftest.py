@@ -1,0 +1,8 @@
+"""Shared fixtures. Multi-rank scenarios run through tests/mpirun.py (real mpiexec, with a timeout)."""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")

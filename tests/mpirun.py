@@ -1,0 +1,61 @@
+"""Launching real `mpiexec -n N` jobs from pytest: a subprocess per scenario, a timeout that turns a
+hang into a failure, and every rank's output in the failure message."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the venv's MPICH wheel), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec found beside the interpreter or on PATH")
+    return found
+
+
+def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool = True,
+            env: dict | None = None, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Runs `mpiexec -n nprocs <argv>`; argv[0] may be "python" (this interpreter) or "dstore".
+
+    Raises AssertionError, with the command and all ranks' stdout/stderr, if the job times out
+    (a hang) or, when `check`, exits non-zero.
+    """
+    argv = list(argv)
+    if argv and argv[0] == "python":
+        argv[0] = sys.executable
+    elif argv and argv[0] == "dstore":
+        argv = [sys.executable, "-m", "tools"] + argv[1:]
+    cmd = [mpiexec(), "-n", str(nprocs)] + argv
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"HANG: `{' '.join(cmd)}` did not finish within {timeout}s\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
+        ) from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"`{' '.join(cmd)}` exited {proc.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
+        )
+    return result

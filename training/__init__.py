@@ -1,0 +1,1 @@
+"""The trainer: MPI-bootstrapped PyTorch DDP fed by the data store, checkpoints, LTFB."""
