@@ -1,0 +1,126 @@
+"""Container backends behind one interface: `open_container` detects the format, `create_writer`
+picks a backend by name, `write_manifest` joins finished shards into one sharded container."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from datastore.errors import ConfigError, FormatError
+from datastore.formats.base import (
+    ENCODINGS,
+    FORMAT_VERSION,
+    ContainerInfo,
+    ContainerReader,
+    ContainerWriter,
+    checksum,
+)
+from datastore.formats.layout import ContainerExistsError, ContainerNotFoundError
+
+FORMATS = {
+    "hdf5": ("datastore.formats.hdf5", "HDF5Reader", "HDF5Writer"),
+    "zarr": ("datastore.formats.zarr_backend", "ZarrReader", "ZarrWriter"),
+}
+"""Writable backends: name -> (module, reader class, writer class). Modules load on first use, so
+importing this package does not import zarr."""
+
+MANIFEST_NAME = "manifest.json"
+"""The file name a sharded container's manifest has when its path is a directory."""
+
+__all__ = [
+    "ENCODINGS",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "ContainerExistsError",
+    "ContainerInfo",
+    "ContainerNotFoundError",
+    "ContainerReader",
+    "ContainerWriter",
+    "checksum",
+    "create_writer",
+    "detect_format",
+    "open_container",
+    "write_manifest",
+]
+
+
+def _backend(fmt: str, which: int):
+    if fmt not in FORMATS:
+        raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
+    module, *classes = FORMATS[fmt]
+    return getattr(importlib.import_module(module), classes[which])
+
+
+def detect_format(path) -> str:
+    """`hdf5`, `zarr` or `sharded` for what is at `path`.
+
+    Raises:
+        ContainerNotFoundError: nothing is at `path`.
+        FormatError: something is there but it is none of the three.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ContainerNotFoundError(f"{path}: no such container (file or directory)")
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            return "sharded"
+        if os.path.isfile(os.path.join(path, "zarr.json")):
+            return "zarr"
+        raise FormatError(f"{path}: a directory with neither {MANIFEST_NAME} (sharded) nor zarr.json (Zarr v3)")
+    if path.endswith(".json"):
+        return "sharded"
+    from datastore.formats.hdf5 import SUFFIXES, is_hdf5
+
+    if is_hdf5(path) or path.endswith(SUFFIXES):
+        return "hdf5"
+    raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
+
+
+def open_container(path) -> ContainerReader:
+    """Opens the container at `path`, whatever its format (see `detect_format`).
+
+    Raises:
+        ContainerNotFoundError: nothing is at `path`.
+        IncompleteContainerError: it has no completion marker.
+        FormatError: it is malformed; the message names the path and what is wrong.
+    """
+    fmt = detect_format(path)
+    if fmt == "sharded":
+        from datastore.formats.sharded import ShardedReader
+
+        return ShardedReader(path)
+    return _backend(fmt, 0)(path)
+
+
+def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dtype=None, raw_shape=None,
+                  source: str = "", extra_attrs: dict | None = None, overwrite: bool = False,
+                  **options) -> ContainerWriter:
+    """A writer for a new container at `path` in backend `fmt` (`hdf5` or `zarr`).
+
+    Args:
+        path: the final path (`x.h5` for HDF5, a directory `x.zarr` for Zarr); the writer works
+            under a temporary name beside it and renames on commit.
+        fmt: a key of FORMATS.
+        encoding: one of ENCODINGS.
+        class_names: label i's name is class_names[i].
+        raw_dtype, raw_shape: required for encoding `raw`.
+        source: provenance text (e.g. the source directory).
+        extra_attrs: more JSON-compatible attributes; may not reuse reserved names.
+        overwrite: replace an existing container at `path` on commit.
+        **options: backend options (`chunk_bytes`).
+
+    Raises:
+        ConfigError: a bad argument (named in the message).
+        ContainerExistsError: `path` exists and not `overwrite`.
+    """
+    return _backend(fmt, 1)(path, encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
+                            raw_shape=raw_shape, source=source, extra_attrs=extra_attrs,
+                            overwrite=overwrite, **options)
+
+
+def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwrite: bool = False) -> str:
+    """Writes a sharded container's manifest over finished shards; see datastore.formats.sharded."""
+    from datastore.formats.sharded import write_manifest as _write
+
+    return _write(path, shard_paths, extra_attrs=extra_attrs, overwrite=overwrite)

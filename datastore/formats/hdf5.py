@@ -1,0 +1,219 @@
+"""The HDF5 backend: one `.h5` file holding the container layout (docs/format.md), read with h5py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from datastore.errors import ConfigError, FormatError
+from datastore.formats.base import ContainerReader, ContainerWriter
+from datastore.formats.layout import (
+    ARRAYS,
+    COMPLETE_ATTR,
+    DATA_CHUNK_BYTES,
+    SampleBuffer,
+    check_index,
+    check_out,
+    check_target,
+    check_writer_args,
+    make_attrs,
+    move_into_place,
+    parse_info,
+    remove_path,
+    temp_path,
+)
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+SUFFIXES = (".h5", ".hdf5")
+
+
+def is_hdf5(path: str) -> bool:
+    """True if `path` is a file that starts with the HDF5 signature."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
+    except OSError:
+        return False
+
+
+def _py(value):
+    """An attribute value as plain Python (str, int, float, bool, lists of those)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        return [_py(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _attr_value(key: str, value):
+    """A Python attribute value in a form h5py stores and plain h5py users read naturally."""
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):
+            return np.array(list(value), dtype=h5py.string_dtype("utf-8"))
+        return np.asarray(value)
+    if isinstance(value, dict):
+        return json.dumps(value)  # HDF5 has no mapping type; stored as JSON text
+    if value is None:
+        raise ConfigError(f"attribute {key!r} is None; HDF5 cannot store it")
+    return value
+
+
+class HDF5Reader(ContainerReader):
+    """Reads a container from one HDF5 file. The file is opened read-only without HDF5 file locking,
+    so any number of MPI ranks may open it at once; the `data` dataset handle is kept open."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = None
+        try:
+            f = h5py.File(self.path, "r", locking=False)
+        except OSError as exc:
+            raise FormatError(f"{self.path}: not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        self._file = f
+        try:
+            self._load(f)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, f: h5py.File) -> None:
+        try:
+            attrs = {k: _py(v) for k, v in f.attrs.items()}
+            self.info = parse_info(attrs, self.path)
+            missing = [a for a in ARRAYS if a not in f]
+            if missing:
+                raise FormatError(f"{self.path}: missing array(s) {missing}")
+            data = f["data"]
+            if data.dtype != np.uint8 or data.ndim != 1:
+                raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
+            self.offsets = f["offsets"][()].astype(np.int64, copy=False)
+            self.labels = f["labels"][()].astype(np.int64, copy=False)
+            self.checksums = f["checksums"][()].astype(np.uint32, copy=False)
+            self.source_index = f["source_index"][()].astype(np.int64, copy=False)
+            names = f["names"]
+        except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
+            raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
+        except KeyError as exc:
+            raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
+        check_index(self.path, self.info, int(data.shape[0]), self.offsets, self.labels, self.checksums,
+                    self.source_index, int(names.shape[0]) if names.ndim == 1 else -1)
+        self._data = data
+        self._data_id = data.id
+        self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
+
+    def _live(self):
+        if self._file is None:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        return self._data_id
+
+    def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        """data[lo:hi] in one HDF5 read straight into `out` (no intermediate copy)."""
+        lo, hi = int(lo), int(hi)
+        if not 0 <= lo <= hi <= self.total_bytes:
+            raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
+        dset = self._live()
+        out = check_out(out, hi - lo)
+        if hi > lo:
+            # Low-level read: skips h5py's per-call selection parsing (matters for per-sample reads).
+            fspace = dset.get_space()
+            fspace.select_hyperslab((lo,), (hi - lo,))
+            mspace = h5py.h5s.create_simple((hi - lo,))
+            try:
+                dset.read(mspace, fspace, out)
+            except OSError as exc:
+                raise FormatError(f"{self.path}: cannot read bytes [{lo}, {hi}) of data: {exc}") from exc
+        return out
+
+    def name(self, i: int) -> str:
+        i = self._check_index(i)
+        self._live()
+        value = self._names[i]
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    def close(self) -> None:
+        f, self._file = self._file, None
+        self._data = self._data_id = self._names = None
+        if f is not None:
+            f.close()
+
+
+class HDF5Writer(ContainerWriter):
+    """Streams samples into a temporary `.h5` beside `path` in chunks of `chunk_bytes`; `commit()`
+    writes the index arrays, the attributes, the completion marker last, and renames it to `path`."""
+
+    def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
+                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
+        self._class_names = check_writer_args(encoding=encoding, class_names=class_names,
+                                              raw_dtype=raw_dtype, raw_shape=raw_shape)
+        self._meta = dict(encoding=encoding, class_names=self._class_names, raw_dtype=raw_dtype,
+                          raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
+        make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
+        self._overwrite = bool(overwrite)
+        self.path = check_target(path, self._overwrite)
+        self._tmp = temp_path(self.path)
+        self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
+        self._data = None
+        self._state = "open"
+        self._file = h5py.File(self._tmp, "w", locking=False)
+
+    @property
+    def num_samples(self) -> int:
+        return self._buf.num_samples
+
+    def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
+        if self._data is None:
+            self._data = self._file.create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
+                                                   chunks=(self._buf.chunk_bytes,))
+        stop = start + chunk.size
+        self._data.resize((stop,))
+        self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
+
+    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
+        if self._state != "open":
+            raise ConfigError(f"cannot append to {self.path}: the writer is {self._state}")
+        return self._buf.append(data, label, name, source_index)
+
+    def commit(self) -> str:
+        if self._state != "open":
+            raise ConfigError(f"cannot commit {self.path}: the writer is {self._state}")
+        try:
+            f, buf = self._file, self._buf
+            tail = buf.tail()
+            if self._data is None:  # everything fit in one buffer: a contiguous dataset of the exact size
+                f.create_dataset("data", data=tail, dtype=np.uint8)
+            elif tail.size:
+                self._write_chunk(tail, buf.written)
+            for key, arr in buf.index_arrays().items():
+                f.create_dataset(key, data=arr)
+            f.create_dataset("names", data=np.array(buf.names, dtype=object),
+                             dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
+            attrs = make_attrs(**self._meta, num_samples=buf.num_samples, total_bytes=buf.total_bytes)
+            for key, value in attrs.items():
+                f.attrs[key] = _attr_value(key, value)
+            f.flush()
+            f.attrs[COMPLETE_ATTR] = True  # the marker, last
+            f.close()
+            self._file = None
+            move_into_place(self._tmp, self.path, self._overwrite)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        return self.path
+
+    def abort(self) -> None:
+        if self._state == "committed":
+            return
+        self._state = "aborted"
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - the file is being thrown away; removing it is what matters
+                pass
+        remove_path(self._tmp)

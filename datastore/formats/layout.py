@@ -1,0 +1,250 @@
+"""What every backend shares: attribute names, validation of a container's index, streaming sample
+buffers, and the temporary-name/rename protocol (the layout itself is specified in docs/format.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+
+from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError
+from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, checksum
+
+ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
+"""The arrays every container holds (the sharded manifest holds none: its shards do)."""
+
+COMPLETE_ATTR = "complete"
+"""The completion marker: an attribute set to True, written after everything else."""
+
+REQUIRED_ATTRS = ("version", "encoding", "class_names", "num_samples", "total_bytes")
+
+DATA_CHUNK_BYTES = 8 << 20
+"""Chunk size of `data` (uncompressed), and how much a writer buffers before writing: large, so a
+contiguous range read is a few large I/Os."""
+
+INDEX_CHUNK = 1 << 18
+"""Chunk length (elements) of the per-sample arrays."""
+
+
+class ContainerExistsError(DStoreError, FileExistsError):
+    """The path a writer would create already exists and `overwrite` was not given."""
+
+
+class ContainerNotFoundError(DStoreError, FileNotFoundError):
+    """Nothing is at the path given as a container."""
+
+
+def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
+               extra_attrs: dict | None = None, num_samples: int, total_bytes: int) -> dict[str, Any]:
+    """The attribute dict a writer stores (without the completion marker), JSON-compatible."""
+    attrs: dict[str, Any] = dict(extra_attrs or {})
+    clash = sorted(set(attrs) & (set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR}))
+    if clash:
+        raise ConfigError(f"extra_attrs may not set the reserved attributes {clash}")
+    attrs.update(version=FORMAT_VERSION, encoding=encoding, class_names=list(class_names),
+                 num_samples=int(num_samples), total_bytes=int(total_bytes), source=str(source))
+    if raw_dtype is not None:
+        attrs["raw_dtype"] = str(np.dtype(raw_dtype))
+    if raw_shape is not None:
+        attrs["raw_shape"] = [int(s) for s in raw_shape]
+    return attrs
+
+
+def check_writer_args(*, encoding: str, class_names, raw_dtype, raw_shape) -> tuple[str, ...]:
+    """Validates a writer's arguments up front (before any file exists); returns the class names."""
+    if encoding not in ENCODINGS:
+        raise ConfigError(f"encoding={encoding!r} is not one of {ENCODINGS}")
+    if encoding == "raw" and (raw_dtype is None or raw_shape is None):
+        raise ConfigError("encoding='raw' needs raw_dtype and raw_shape")
+    if isinstance(class_names, str):
+        raise ConfigError(f"class_names must be a sequence of strings, not the string {class_names!r}")
+    names = tuple(str(c) for c in class_names)
+    if raw_dtype is not None:
+        try:
+            np.dtype(raw_dtype)
+        except TypeError as exc:
+            raise ConfigError(f"raw_dtype={raw_dtype!r} is not a numpy dtype") from exc
+    return names
+
+
+def parse_info(attrs: dict, path: str) -> ContainerInfo:
+    """ContainerInfo from stored attributes; raises IncompleteContainerError without the marker and
+    FormatError for a missing attribute or an unknown version."""
+    if not attrs.get(COMPLETE_ATTR, False):
+        raise IncompleteContainerError(
+            f"{path}: no completion marker (attribute {COMPLETE_ATTR!r} is missing): the container was "
+            "never finished or is still being written")
+    missing = [k for k in REQUIRED_ATTRS if k not in attrs]
+    if missing:
+        raise FormatError(f"{path}: missing attribute(s) {missing}")
+    version = int(attrs["version"])
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{path}: unknown format version {version} (this code reads version {FORMAT_VERSION})")
+    raw_shape = attrs.get("raw_shape")
+    reserved = set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR}
+    try:
+        return ContainerInfo(
+            version=version,
+            encoding=str(attrs["encoding"]),
+            num_samples=int(attrs["num_samples"]),
+            total_bytes=int(attrs["total_bytes"]),
+            class_names=tuple(str(c) for c in attrs["class_names"]),
+            raw_dtype=None if attrs.get("raw_dtype") is None else str(attrs["raw_dtype"]),
+            raw_shape=None if raw_shape is None else tuple(int(s) for s in raw_shape),
+            source=str(attrs.get("source", "")),
+            extra={k: v for k, v in attrs.items() if k not in reserved},
+        )
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from exc
+
+
+def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarray, labels: np.ndarray,
+                checksums: np.ndarray, source_index: np.ndarray, names_len: int) -> None:
+    """Raises FormatError naming what is inconsistent among the index arrays, `data` and the attributes."""
+    n = info.num_samples
+    if offsets.ndim != 1 or offsets.shape[0] != n + 1:
+        raise FormatError(f"{path}: offsets has shape {offsets.shape}, expected ({n + 1},) for num_samples={n}")
+    for arr_name, arr in (("labels", labels), ("checksums", checksums), ("source_index", source_index)):
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise FormatError(f"{path}: {arr_name} has shape {arr.shape}, expected ({n},)")
+    if names_len != n:
+        raise FormatError(f"{path}: names has length {names_len}, expected {n}")
+    if offsets[0] != 0:
+        raise FormatError(f"{path}: offsets[0] is {int(offsets[0])}, expected 0")
+    steps = np.diff(offsets)
+    if (steps < 0).any():
+        bad = int(np.flatnonzero(steps < 0)[0])
+        raise FormatError(f"{path}: offsets are not monotonic: offsets[{bad}]={int(offsets[bad])} > "
+                          f"offsets[{bad + 1}]={int(offsets[bad + 1])}")
+    if int(offsets[-1]) != data_len:
+        raise FormatError(f"{path}: offsets[-1]={int(offsets[-1])} but data has {data_len} bytes")
+    if info.total_bytes != data_len:
+        raise FormatError(f"{path}: attribute total_bytes={info.total_bytes} but data has {data_len} bytes")
+
+
+def as_u8(data, what: str = "sample") -> np.ndarray:
+    """A flat uint8 view of bytes-like or array data (no copy where possible)."""
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8:
+            data = np.ascontiguousarray(data).view(np.uint8)
+        return np.ascontiguousarray(data).reshape(-1)
+    try:
+        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    except TypeError as exc:
+        raise ConfigError(f"{what} must be bytes-like or a numpy array, not {type(data).__name__}") from exc
+
+
+def check_out(out: np.ndarray | None, n: int) -> np.ndarray:
+    """`out` if it is a writable contiguous uint8 array of length n, else a new one."""
+    if out is None:
+        return np.empty(n, dtype=np.uint8)
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 or out.shape[0] != n:
+        raise ConfigError(f"out must be a 1-D uint8 array of length {n}, got "
+                          f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ConfigError("out must be C-contiguous and writable")
+    return out
+
+
+class SampleBuffer:
+    """Collects appended samples; hands `data` to `flush(array, start)` in whole chunks, so a writer
+    never holds more than about one chunk of sample bytes. Index arrays stay in memory (about 24
+    bytes per sample plus its name)."""
+
+    def __init__(self, flush: Callable[[np.ndarray, int], None], chunk_bytes: int = DATA_CHUNK_BYTES):
+        if chunk_bytes <= 0:
+            raise ConfigError(f"chunk_bytes={chunk_bytes} must be positive")
+        self._flush = flush
+        self.chunk_bytes = int(chunk_bytes)
+        self._buf = np.empty(self.chunk_bytes, dtype=np.uint8)
+        self._fill = 0            # bytes in _buf
+        self.written = 0          # bytes already handed to flush (always whole chunks)
+        self.offsets = [0]
+        self.labels: list[int] = []
+        self.checksums: list[int] = []
+        self.names: list[str] = []
+        self.source_index: list[int] = []
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.offsets[-1]
+
+    def append(self, data, label: int, name: str, source_index: int) -> int:
+        """Buffers one sample; returns its index."""
+        arr = as_u8(data)
+        crc = checksum(arr)
+        pos = 0
+        while pos < arr.size:
+            take = min(arr.size - pos, self.chunk_bytes - self._fill)
+            self._buf[self._fill:self._fill + take] = arr[pos:pos + take]
+            self._fill += take
+            pos += take
+            if self._fill == self.chunk_bytes:
+                self._flush(self._buf, self.written)
+                self.written += self._fill
+                self._fill = 0
+        self.offsets.append(self.offsets[-1] + arr.size)
+        self.labels.append(int(label))
+        self.checksums.append(crc)
+        self.names.append(str(name))
+        self.source_index.append(int(source_index))
+        return len(self.labels) - 1
+
+    def tail(self) -> np.ndarray:
+        """The bytes not yet flushed (the last, partial chunk)."""
+        return self._buf[:self._fill]
+
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "offsets": np.asarray(self.offsets, dtype=np.int64),
+            "labels": np.asarray(self.labels, dtype=np.int64),
+            "checksums": np.asarray(self.checksums, dtype=np.uint32),
+            "source_index": np.asarray(self.source_index, dtype=np.int64),
+        }
+
+
+def temp_path(path: str) -> str:
+    """A unique temporary name in the same directory as `path` (so the final rename is atomic)."""
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def check_target(path: str, overwrite: bool) -> str:
+    """The absolute target path; raises ContainerExistsError if it exists and not `overwrite`."""
+    path = os.fspath(path)
+    if os.path.lexists(path) and not overwrite:
+        raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"cannot create {path}: directory {parent} does not exist")
+    return os.path.abspath(path)
+
+
+def remove_path(path: str) -> None:
+    """Removes a file or directory tree if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
+    """Renames the finished temporary to its final name (replacing an old container if allowed)."""
+    if os.path.lexists(final):
+        if not overwrite:
+            raise ContainerExistsError(f"{final} appeared while it was being written; the new container "
+                                       f"is left at {tmp}")
+        if os.path.isdir(final) and not os.path.islink(final):
+            trash = temp_path(final) + ".old"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+            return
+    os.replace(tmp, final)
