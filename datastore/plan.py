@@ -1,0 +1,254 @@
+"""Pure arithmetic of the store: who owns which sample, which rank gets which sample in which step,
+where a sample lives in its owner's window, and how a batch's gets coalesce. No MPI.
+
+Rules (the store's docstring repeats them for users):
+
+* Ownership: contiguous blocks balanced by bytes (plus one unit per sample, so a set of empty
+  samples still spreads). ``owner_of`` is a binary search over the block bounds.
+* Steps: ``steps_per_epoch = N // B`` with drop_last, else ``ceil(N / B)``; the same on every rank.
+* Global policy: step s covers positions ``[s*B, s*B + n_s)`` of the epoch order, ``n_s = B`` except
+  the last (``N - s*B``) when not dropping; rank r takes the contiguous part
+  ``[s*B + n_s*r // P, s*B + n_s*(r+1) // P)``. drop_last drops the order's last ``N % B``.
+* Local/partial policies: rank r deals its own part of the epoch order over the same number of
+  steps (step s gets items ``[len*s // S, len*(s+1) // S)``); nothing is dropped, even with drop_last.
+* Padding: a rank whose share of a step would be empty (only when a step holds fewer samples than
+  ranks) gets one pad sample instead, a repeat flagged in ``Schedule.pad``; pads are never counted
+  as deliveries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+
+def block_bounds(offsets: np.ndarray, nranks: int) -> np.ndarray:
+    """Block boundaries int64[nranks+1]: rank r owns samples ``bounds[r]:bounds[r+1]``.
+
+    Blocks are contiguous and balanced by bytes: each holds at most ``total/nranks`` plus one
+    sample's cost, where a sample costs its bytes plus one.
+    """
+    if nranks < 1:
+        raise ConfigError(f"nranks={nranks} must be >= 1")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = offsets.size - 1
+    cum = offsets + np.arange(n + 1, dtype=np.int64)  # cost of samples [0, i)
+    total = int(cum[-1])
+    targets = (np.arange(nranks + 1, dtype=np.int64) * total) // nranks
+    # The boundary nearest each target: the first index whose cumulative cost reaches it, or the
+    # one before if that is closer.
+    hi = np.searchsorted(cum, targets, side="left")
+    lo = np.maximum(hi - 1, 0)
+    hi = np.minimum(hi, n)
+    pick_lo = (targets - cum[lo]) < (cum[hi] - targets)
+    bounds = np.where(pick_lo, lo, hi).astype(np.int64)
+    bounds[0], bounds[-1] = 0, n
+    return np.maximum.accumulate(bounds)
+
+
+def owner_of(bounds: np.ndarray, ids) -> np.ndarray:
+    """The owning rank of each sample index in `ids` (binary search over the bounds)."""
+    return np.searchsorted(bounds, ids, side="right") - 1
+
+
+def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool) -> int:
+    """Steps every rank takes per epoch: ``N // B`` with drop_last, else ``ceil(N / B)``."""
+    return num_samples // batch_size if drop_last else -(-num_samples // batch_size)
+
+
+def share(n: int, nranks: int, rank: int) -> tuple[int, int]:
+    """Rank's contiguous part ``[lo, hi)`` of n items split as evenly as possible over nranks."""
+    return (n * rank) // nranks, (n * (rank + 1)) // nranks
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One rank's deliveries in one epoch.
+
+    Attributes:
+        ids: int64[M], sample indices in delivery order.
+        ptr: int64[S+1]; step s delivers ``ids[ptr[s]:ptr[s+1]]``.
+        pad: bool[M]; True where the entry is a padding repeat (see the module docstring).
+    """
+
+    ids: np.ndarray
+    ptr: np.ndarray
+    pad: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return self.ptr.size - 1
+
+    def step(self, s: int) -> slice:
+        return slice(int(self.ptr[s]), int(self.ptr[s + 1]))
+
+
+def _with_pads(ids: np.ndarray, counts: np.ndarray, pad_id: int) -> Schedule:
+    """A Schedule from per-step counts, with one pad entry in each empty step."""
+    counts = np.asarray(counts, dtype=np.int64)
+    empty = counts == 0
+    newc = np.where(empty, 1, counts)
+    ptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(newc, out=ptr[1:])
+    if not empty.any():
+        return Schedule(ids.astype(np.int64, copy=False), ptr, np.zeros(ids.size, dtype=bool))
+    out = np.full(int(ptr[-1]), pad_id, dtype=np.int64)
+    pad = np.ones(out.size, dtype=bool)
+    oldptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=oldptr[1:])
+    step_of = np.repeat(np.arange(counts.size), counts)
+    dest = ptr[step_of] + (np.arange(ids.size) - oldptr[step_of])
+    out[dest] = ids
+    pad[dest] = False
+    return Schedule(out, ptr, pad)
+
+
+def global_schedule(order: np.ndarray, batch_size: int, nranks: int, rank: int,
+                    drop_last: bool) -> Schedule:
+    """Rank's deliveries under the global policy (see the module docstring)."""
+    n = order.size
+    steps = steps_per_epoch(n, batch_size, drop_last)
+    full = min(steps, n // batch_size)
+    lo, hi = share(batch_size, nranks, rank)
+    idx = (np.arange(full, dtype=np.int64)[:, None] * batch_size + lo + np.arange(hi - lo)[None, :]).ravel()
+    counts = [hi - lo] * full
+    if steps > full:  # the short last step
+        last = n - full * batch_size
+        llo, lhi = share(last, nranks, rank)
+        idx = np.concatenate([idx, full * batch_size + np.arange(llo, lhi)])
+        counts.append(lhi - llo)
+    return _with_pads(order[idx], np.asarray(counts, dtype=np.int64), int(order[rank % n]))
+
+
+def dealt_schedule(seq: np.ndarray, steps: int, pad_id: int) -> Schedule:
+    """`seq` dealt in order over `steps` steps (step s gets ``seq[len*s//S : len*(s+1)//S]``)."""
+    ptr = (np.arange(steps + 1, dtype=np.int64) * seq.size) // max(steps, 1)
+    return _with_pads(np.asarray(seq, dtype=np.int64), np.diff(ptr), pad_id)
+
+
+def rank_schedule(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, nranks: int,
+                  rank: int, drop_last: bool) -> Schedule:
+    """Rank's deliveries for an epoch whose order (datastore.shuffle.epoch_order) is `order`."""
+    if policy == "global":
+        return global_schedule(order, batch_size, nranks, rank, drop_last)
+    steps = steps_per_epoch(order.size, batch_size, drop_last)
+    seq = order[int(bounds[rank]):int(bounds[rank + 1])]
+    return dealt_schedule(seq, steps, int(seq[0]) if seq.size else int(order[rank % order.size]))
+
+
+def global_assignment(num_samples: int, batch_size: int, nranks: int, drop_last: bool) -> np.ndarray:
+    """The rank that takes each position of a global-policy order (int64[N]; -1 where dropped)."""
+    n = num_samples
+    p = np.arange(n, dtype=np.int64)
+    q = p % batch_size
+    size_of_step = np.full(n, batch_size, dtype=np.int64)
+    last_start = (n // batch_size) * batch_size
+    size_of_step[last_start:] = n - last_start
+    # Largest r with n_s*r // P <= q, i.e. ((q+1)*P - 1) // n_s.
+    out = ((q + 1) * nranks - 1) // np.maximum(size_of_step, 1)
+    if drop_last:
+        out[last_start:] = -1
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where every sample lives: ``owner[i]`` holds it at byte ``disp[i]`` of its window.
+
+    Attributes:
+        owner: int64[N].
+        disp: int64[N], byte displacement inside the owner's window.
+        nbytes: int64[P], each rank's window size.
+    """
+
+    owner: np.ndarray
+    disp: np.ndarray
+    nbytes: np.ndarray
+
+
+def block_layout(offsets: np.ndarray, bounds: np.ndarray) -> Layout:
+    """Layout of contiguous blocks: rank r's window is bytes ``offsets[bounds[r]]:offsets[bounds[r+1]]``."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = offsets.size - 1
+    owner = owner_of(bounds, np.arange(n))
+    base = offsets[bounds]
+    return Layout(owner, offsets[:-1] - base[owner], np.diff(base))
+
+
+def scattered_layout(offsets: np.ndarray, owner: np.ndarray, nranks: int) -> Layout:
+    """Layout where rank r holds the samples with ``owner == r`` back to back in index order."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = np.diff(offsets)
+    owner = np.asarray(owner, dtype=np.int64)
+    perm = np.lexsort((np.arange(owner.size), owner))  # by owner, then index
+    csum = np.zeros(owner.size + 1, dtype=np.int64)
+    np.cumsum(sizes[perm], out=csum[1:])
+    counts = np.bincount(owner, minlength=nranks)
+    first = np.zeros(nranks + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    disp = np.empty(owner.size, dtype=np.int64)
+    disp[perm] = csum[:-1] - csum[first[owner[perm]]]
+    return Layout(owner, disp, csum[first[1:]] - csum[first[:-1]])
+
+
+def dynamic_owner(num_samples: int, batch_size: int, nranks: int, drop_last: bool, order0: np.ndarray) -> np.ndarray:
+    """Owners under dynamic population: whoever takes the sample in epoch 0 (global policy);
+    samples epoch 0 drops go round-robin by position."""
+    who = global_assignment(num_samples, batch_size, nranks, drop_last)
+    dropped = who < 0
+    who[dropped] = np.nonzero(dropped)[0] % nranks
+    owner = np.empty(num_samples, dtype=np.int64)
+    owner[order0] = who
+    return owner
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetch:
+    """How one batch is gathered: remote entries coalesced into runs, local ones served in place.
+
+    Attributes:
+        local: bool[b], entry served from this rank's own window.
+        start: int64[b], byte start of each entry: in the own window if local, else in the receive buffer.
+        length: int64[b], each entry's bytes.
+        run_owner, run_disp, run_len, run_buf: int64[R], one Get each: ``run_len`` bytes from
+            ``run_owner``'s window at ``run_disp`` into the receive buffer at ``run_buf``.
+        remote_bytes: bytes the receive buffer needs.
+    """
+
+    local: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    run_owner: np.ndarray
+    run_disp: np.ndarray
+    run_len: np.ndarray
+    run_buf: np.ndarray
+    remote_bytes: int
+
+
+def plan_fetch(owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: int) -> Fetch:
+    """Groups a batch's entries (their owner, displacement, length) by owner and coalesces entries
+    contiguous in the owner's window into one run. Entries owned by `rank` need no get."""
+    owner = np.asarray(owner, dtype=np.int64)
+    disp = np.asarray(disp, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    local = owner == rank
+    start = disp.copy()
+    rem = np.nonzero(~local)[0]
+    if rem.size == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return Fetch(local, start, length, e, e, e, e, 0)
+    s = rem[np.lexsort((disp[rem], owner[rem]))]
+    o, d, ln = owner[s], disp[s], length[s]
+    buf = np.zeros(s.size + 1, dtype=np.int64)
+    np.cumsum(ln, out=buf[1:])
+    start[s] = buf[:-1]
+    new = np.ones(s.size, dtype=bool)
+    new[1:] = (o[1:] != o[:-1]) | (d[1:] != d[:-1] + ln[:-1])
+    heads = np.nonzero(new)[0]
+    run_len = np.add.reduceat(ln, heads)
+    keep = run_len > 0
+    return Fetch(local, start, length, o[heads][keep], d[heads][keep], run_len[keep], buf[heads][keep],
+                 int(buf[-1]))
