@@ -28,6 +28,8 @@ from datastore.formats.layout import (
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 SUFFIXES = (".h5", ".hdf5")
+_DIRECT_READ_BYTES = 1 << 20
+"""From this size on, a read with `out` goes straight into it (below, slice-and-copy is faster)."""
 
 
 def is_hdf5(path: str) -> bool:
@@ -117,16 +119,24 @@ class HDF5Reader(ContainerReader):
         if not 0 <= lo <= hi <= self.total_bytes:
             raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
         dset = self._live()
-        out = check_out(out, hi - lo)
-        if hi > lo:
-            # Low-level read: skips h5py's per-call selection parsing (matters for per-sample reads).
+        n = hi - lo
+        try:
+            if out is None or n < _DIRECT_READ_BYTES:
+                # h5py's fast path for a plain slice beats any explicit selection by several times
+                # (about 7 us per sample warm); for small reads the copy into `out` costs less.
+                got = self._data[lo:hi]
+                if out is None:
+                    return got
+                out = check_out(out, n)
+                out[:] = got
+                return out
+            out = check_out(out, n)
+            # Large range with `out`: one HDF5 read straight into it, no second buffer of this size.
             fspace = dset.get_space()
-            fspace.select_hyperslab((lo,), (hi - lo,))
-            mspace = h5py.h5s.create_simple((hi - lo,))
-            try:
-                dset.read(mspace, fspace, out)
-            except OSError as exc:
-                raise FormatError(f"{self.path}: cannot read bytes [{lo}, {hi}) of data: {exc}") from exc
+            fspace.select_hyperslab((lo,), (n,))
+            dset.read(h5py.h5s.create_simple((n,)), fspace, out)
+        except OSError as exc:
+            raise FormatError(f"{self.path}: cannot read bytes [{lo}, {hi}) of data: {exc}") from exc
         return out
 
     def name(self, i: int) -> str:

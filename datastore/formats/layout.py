@@ -3,6 +3,7 @@ buffers, and the temporary-name/rename protocol (the layout itself is specified 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -50,6 +51,10 @@ def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, so
         attrs["raw_dtype"] = str(np.dtype(raw_dtype))
     if raw_shape is not None:
         attrs["raw_shape"] = [int(s) for s in raw_shape]
+    try:
+        json.dumps(attrs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"extra_attrs must be JSON-compatible: {exc}") from exc
     return attrs
 
 

@@ -1,0 +1,218 @@
+"""A sharded container: several complete shard containers (HDF5 or Zarr) joined by a JSON manifest
+into one logical container whose samples are the shards' samples in manifest order."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from datastore.errors import ConfigError, FormatError, IncompleteContainerError
+from datastore.formats.base import FORMAT_VERSION, ContainerReader
+from datastore.formats.layout import (
+    COMPLETE_ATTR,
+    ContainerNotFoundError,
+    check_out,
+    check_target,
+    make_attrs,
+    move_into_place,
+    parse_info,
+    remove_path,
+    temp_path,
+)
+
+MANIFEST_FORMAT = "dstore-sharded"
+"""Value of the manifest's `format` key."""
+
+_SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
+"""Attributes every shard of one container must agree on."""
+
+
+def manifest_file(path) -> str:
+    """The manifest file for `path`: `path` itself if it ends in .json, else `path/manifest.json`."""
+    from datastore.formats import MANIFEST_NAME
+
+    path = os.fspath(path)
+    return path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
+
+
+def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwrite: bool = False) -> str:
+    """Writes the manifest of a sharded container over finished shards (under a temporary name,
+    renamed into place, so a manifest that exists is complete).
+
+    Args:
+        path: `x.json`, or a directory (created if missing) that gets `manifest.json`.
+        shard_paths: the shards, in order; each must be a complete HDF5 or Zarr container, and all
+            must agree on encoding, class names and raw dtype/shape. Stored relative to the
+            manifest's directory when they lie below it, so the directory can be moved whole.
+        extra_attrs: more attributes for the merged view (default: the first shard's).
+        overwrite: replace an existing manifest.
+
+    Returns:
+        The manifest file's path.
+
+    Raises:
+        ConfigError: no shards, or shards that disagree (the message names both).
+        IncompleteContainerError, FormatError: a shard that is not a finished container.
+    """
+    from datastore.formats import detect_format, open_container
+
+    shard_paths = [os.fspath(p) for p in shard_paths]
+    if not shard_paths:
+        raise ConfigError("write_manifest needs at least one shard (shard_paths is empty)")
+    target = manifest_file(path)
+    if not target.endswith(".json"):
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    target = check_target(target, overwrite)
+    base = os.path.dirname(target)
+    entries, first = [], None
+    for p in shard_paths:
+        if detect_format(p) == "sharded":
+            raise ConfigError(f"shard {p} is itself a manifest; shards must be HDF5 or Zarr containers")
+        with open_container(p) as r:
+            info = r.info
+        attrs = {k: getattr(info, k) for k in _SHARED_KEYS}
+        if first is None:
+            first, first_path, first_info = attrs, p, info
+        elif attrs != first:
+            diff = [k for k in _SHARED_KEYS if attrs[k] != first[k]]
+            raise ConfigError(f"shard {p} disagrees with shard {first_path} on {diff}: "
+                              f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
+        rel = os.path.relpath(os.path.abspath(p), base)
+        entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
+                        "num_samples": info.num_samples, "total_bytes": info.total_bytes})
+    merged = make_attrs(encoding=first_info.encoding, class_names=first_info.class_names,
+                        raw_dtype=first_info.raw_dtype, raw_shape=first_info.raw_shape,
+                        source=first_info.source,
+                        extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
+                        num_samples=sum(e["num_samples"] for e in entries),
+                        total_bytes=sum(e["total_bytes"] for e in entries))
+    manifest = {"format": MANIFEST_FORMAT, "version": FORMAT_VERSION, "shards": entries, "attrs": merged,
+                COMPLETE_ATTR: True}  # the marker, last key
+    tmp = temp_path(target)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        move_into_place(tmp, target, overwrite)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    return target
+
+
+def read_manifest(path) -> dict:
+    """The manifest at `path` (file or directory), validated; shard paths made absolute."""
+    mfile = manifest_file(path)
+    if not os.path.isfile(mfile):
+        raise ContainerNotFoundError(f"{path}: no manifest file {mfile}")
+    try:
+        with open(mfile, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{mfile}: not a readable JSON manifest: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"{mfile}: not a dstore manifest (key 'format' is not {MANIFEST_FORMAT!r})")
+    if not manifest.get(COMPLETE_ATTR, False):
+        raise IncompleteContainerError(f"{mfile}: no completion marker (key {COMPLETE_ATTR!r} is missing)")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise FormatError(f"{mfile}: unknown manifest version {manifest.get('version')!r} "
+                          f"(this code reads version {FORMAT_VERSION})")
+    missing = [k for k in ("shards", "attrs") if k not in manifest]
+    if missing or not isinstance(manifest["shards"], list) or not manifest["shards"]:
+        raise FormatError(f"{mfile}: missing or empty key(s) {missing or ['shards']}")
+    base = os.path.dirname(os.path.abspath(mfile))
+    for i, entry in enumerate(manifest["shards"]):
+        lacking = [k for k in ("path", "num_samples", "total_bytes") if k not in entry]
+        if lacking:
+            raise FormatError(f"{mfile}: shard entry {i} lacks {lacking}")
+        entry["path"] = os.path.join(base, entry["path"])
+    manifest["file"] = mfile
+    return manifest
+
+
+class ShardedReader(ContainerReader):
+    """One logical container over a manifest's shards: index arrays concatenated (offsets shifted),
+    and a byte range that spans shards read as one large read per shard into the same `out`."""
+
+    def __init__(self, path):
+        from datastore.formats import open_container
+
+        self.path = os.fspath(path)
+        manifest = read_manifest(self.path)
+        mfile = manifest["file"]
+        attrs = dict(manifest["attrs"], **{COMPLETE_ATTR: True})
+        self.info = parse_info(attrs, mfile)
+        self._shards: list[ContainerReader] = []
+        try:
+            for i, entry in enumerate(manifest["shards"]):
+                shard = open_container(entry["path"])
+                self._shards.append(shard)
+                if (shard.num_samples, shard.total_bytes) != (entry["num_samples"], entry["total_bytes"]):
+                    raise FormatError(
+                        f"{mfile}: shard {i} ({entry['path']}) has {shard.num_samples} samples / "
+                        f"{shard.total_bytes} bytes, the manifest says {entry['num_samples']} / {entry['total_bytes']}")
+                if shard.info.encoding != self.info.encoding or shard.info.class_names != self.info.class_names:
+                    raise FormatError(f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
+                                      "on encoding or class names")
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        counts = np.array([s.num_samples for s in self._shards], dtype=np.int64)
+        sizes = np.array([s.total_bytes for s in self._shards], dtype=np.int64)
+        # sample_starts[k] / byte_starts[k]: first sample / byte of shard k in the joined view.
+        self._sample_starts = np.concatenate([[0], np.cumsum(counts)])
+        self._byte_starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.offsets = np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(self._shards, self._byte_starts)]
+                                      ).astype(np.int64)
+        self.labels = np.concatenate([s.labels for s in self._shards]).astype(np.int64)
+        self.checksums = np.concatenate([s.checksums for s in self._shards]).astype(np.uint32)
+        self.source_index = np.concatenate([s.source_index for s in self._shards]).astype(np.int64)
+        if self.info.num_samples != int(counts.sum()) or self.info.total_bytes != int(sizes.sum()):
+            raise FormatError(f"{self.path}: manifest attributes say {self.info.num_samples} samples / "
+                              f"{self.info.total_bytes} bytes, the shards hold {int(counts.sum())} / {int(sizes.sum())}")
+
+    @property
+    def shards(self) -> tuple[ContainerReader, ...]:
+        """The open shard readers, in order."""
+        return tuple(self._shards)
+
+    def shard_of(self, i: int) -> tuple[int, int]:
+        """(shard number, index within that shard) of sample i."""
+        i = self._check_index(i)
+        k = int(np.searchsorted(self._sample_starts, i, side="right")) - 1
+        return k, i - int(self._sample_starts[k])
+
+    def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        """data[lo:hi] of the joined view: one range read per shard it touches, into one `out`."""
+        lo, hi = int(lo), int(hi)
+        if not 0 <= lo <= hi <= self.total_bytes:
+            raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
+        if not self._shards:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        starts = self._byte_starts
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi, side="left"))
+        if first == last - 1 and out is None:  # within one shard: that shard's read, no copy
+            return self._shards[first].read_bytes(lo - int(starts[first]), hi - int(starts[first]))
+        out = check_out(out, hi - lo)
+        for k in range(max(first, 0), min(last, len(self._shards))):
+            a, b = max(lo, int(starts[k])), min(hi, int(starts[k + 1]))
+            if b > a:
+                self._shards[k].read_bytes(a - int(starts[k]), b - int(starts[k]), out=out[a - lo:b - lo])
+        return out
+
+    def name(self, i: int) -> str:
+        k, j = self.shard_of(i)
+        return self._shards[k].name(j)
+
+    def close(self) -> None:
+        shards, self._shards = self._shards, []
+        for s in shards:
+            s.close()
