@@ -1,0 +1,138 @@
+"""What the machine allows, measured in the same run as everything else: memcpy and raw RMA over the
+data set's own sample sizes, and sequential reads of the container file, cold and warm."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from datastore.plan import block_bounds, global_schedule
+from datastore.shuffle import global_order
+from tools.bench.common import Measurement, evict_on_nodes, measure
+
+
+def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
+               epoch: int = 0) -> list[np.ndarray]:
+    """Rank `rank`'s sample indices, step by step, in the store's own global-shuffle epoch
+    (datastore.shuffle.global_order + datastore.plan.global_schedule, last short batch kept)."""
+    sched = global_schedule(global_order(num_samples, seed, epoch), batch_size, size, rank, False)
+    return [sched.ids[sched.step(s)][~sched.pad[sched.step(s)]] for s in range(sched.steps)]
+
+
+def memcpy_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat: int = 3) -> Measurement:
+    """Per-sample memcpy of this rank's share of an epoch, sample sizes and order as the data set's.
+
+    The source is this rank's own block of the data set's bytes (as a store rank holds it): a sample
+    from another rank's block is copied from the same-sized range at its offset modulo this block,
+    so every copy has the true size and a random source position.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    bounds = block_bounds(offsets, size)
+    lo, hi = int(offsets[bounds[rank]]), int(offsets[bounds[rank + 1]])
+    sizes = np.diff(offsets)
+    arena = np.ones(max(hi - lo, int(sizes.max()) + 1), dtype=np.uint8)
+    steps = batch_plan(len(sizes), batch_size, rank, size, seed)
+    dst = np.zeros(int(sizes.max()) * max(len(s) for s in steps), dtype=np.uint8)
+    dst[:] = 1  # fault the pages in before timing
+    span = len(arena)
+
+    def run():
+        n = b = 0
+        for step in steps:
+            pos = 0
+            for i in step:
+                s = int(sizes[i])
+                src = int(offsets[i]) % (span - s + 1)
+                dst[pos:pos + s] = arena[src:src + s]
+                pos += s
+            n += len(step)
+            b += pos
+        return n, b
+
+    return measure(comm, "memcpy", "limit", "memory", run, repeat=repeat, batch_size=batch_size)
+
+
+def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat: int = 3) -> Measurement:
+    """The bare RMA loop the store is built on: each rank's block in a `Win.Allocate` arena, then
+    every rank `Get`s its share of a shuffled epoch, one `Get` per sample from whichever rank owns
+    it, `Flush_all` per batch, inside one `Lock_all` epoch. No coalescing, no prefetch, no Python
+    bookkeeping beyond the owner lookup: the ceiling the store is compared against.
+    """
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    bounds = block_bounds(offsets, size)
+    base = offsets[bounds]  # byte offset where each rank's block starts
+    mine = int(base[rank + 1] - base[rank])
+    sizes = np.diff(offsets)
+    steps = batch_plan(len(sizes), batch_size, rank, size, seed)
+    owners = np.searchsorted(bounds, np.arange(len(sizes)), side="right") - 1
+    disps = offsets[:-1] - base[owners]
+    dst = np.zeros(int(sizes.max()) * max(len(s) for s in steps), dtype=np.uint8)
+    dst[:] = 1  # fault the pages in before timing
+    win = MPI.Win.Allocate(max(mine, 1), 1, comm=comm)
+    try:
+        arena = np.frombuffer(win.tomemory(), dtype=np.uint8)
+        arena[:] = rank + 1  # touch every page before timing
+        del arena
+        comm.Barrier()
+
+        def run():
+            n = b = 0
+            win.Lock_all(MPI.MODE_NOCHECK)
+            try:
+                for step in steps:
+                    pos = 0
+                    for i in step:
+                        s = int(sizes[i])
+                        win.Get([dst[pos:pos + s], MPI.BYTE], int(owners[i]), (int(disps[i]), s, MPI.BYTE))
+                        pos += s
+                    win.Flush_all()
+                    n += len(step)
+                    b += pos
+            finally:
+                win.Unlock_all()
+            return n, b
+
+        m = measure(comm, "raw RMA (Win.Allocate + Get)", "limit", "memory", run, repeat=repeat,
+                    batch_size=batch_size)
+    finally:
+        win.Free()
+    return m
+
+
+def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20) -> Measurement:
+    """Each rank reads its share of the file (one contiguous byte range) in large sequential reads.
+
+    Args:
+        comm: all ranks read at once, as a store's preload does.
+        path: one file (the HDF5 container).
+        cache: `cold` evicts the file's pages first; `warm` reads what the page cache holds.
+        chunk: bytes per read call.
+    """
+    if cache == "cold":
+        evict_on_nodes(comm, [path])
+    rank, size = comm.Get_rank(), comm.Get_size()
+    total = os.path.getsize(path)
+    lo, hi = total * rank // size, total * (rank + 1) // size
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+
+    def run():
+        got = 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pos = lo
+            while pos < hi:
+                k = os.preadv(fd, [view[:min(chunk, hi - pos)]], pos)
+                if k <= 0:
+                    break
+                pos += k
+                got += k
+        finally:
+            os.close(fd)
+        return 0, got
+
+    m = measure(comm, "sequential file read", "limit", cache, run, file=os.path.basename(path), chunk=chunk)
+    return m
