@@ -1,0 +1,216 @@
+"""Checking a container end to end (`verify_container`) and summarising it (`container_info`).
+
+Verification is split over the ranks of a communicator in contiguous byte-balanced blocks (the
+same blocks the store preloads), each read with a few large reads; the findings are gathered to
+every rank, so every rank returns the same report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import zlib
+
+import numpy as np
+
+from datastore.errors import ConfigError, DStoreError, SampleError
+from datastore.formats import detect_format, open_container
+from datastore.plan import block_bounds
+
+READ_BYTES = 64 << 20
+"""How many bytes verification reads at once (whole samples; a larger sample is read alone)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BadSample:
+    """One sample that failed a check."""
+
+    index: int
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"sample {self.index} ({self.name}): {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What `verify_container` found. `bad` is sorted by index and holds every failing sample."""
+
+    path: str
+    num_samples: int
+    total_bytes: int
+    decoded: bool
+    nranks: int
+    seconds: float
+    bad: tuple[BadSample, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    def summary(self) -> str:
+        """A few lines for people: what was checked, how fast, and every bad sample."""
+        checks = "checksums, labels" + (", decoding" if self.decoded else "")
+        rate = self.total_bytes / max(self.seconds, 1e-9) / 2**20
+        lines = [f"{self.path}: {self.num_samples} samples, {self.total_bytes} bytes; checked {checks} "
+                 f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({rate:.1f} MiB/s)"]
+        if self.ok:
+            lines.append("OK: every sample passed")
+        else:
+            lines.append(f"FAILED: {len(self.bad)} bad sample(s)")
+            lines.extend(f"  {b}" for b in self.bad)
+        return "\n".join(lines)
+
+
+def _read_groups(offsets: np.ndarray, start: int, stop: int, read_bytes: int):
+    """Splits samples [start, stop) into runs of about `read_bytes` bytes: (first, last) pairs."""
+    i = start
+    while i < stop:
+        limit = offsets[i] + read_bytes
+        j = int(np.searchsorted(offsets, limit, side="right")) - 1  # samples [i, j) end within the limit
+        j = min(max(j, i + 1), stop)
+        yield i, j
+        i = j
+
+
+def _check_block(reader, start: int, stop: int, *, decode: bool, read_bytes: int) -> list[BadSample]:
+    """Every check on samples [start, stop) of an open reader."""
+    info, offsets = reader.info, reader.offsets
+    nclasses = info.num_classes
+    bad: list[BadSample] = []
+    for a, b in _read_groups(offsets, start, stop, read_bytes):
+        try:
+            buf = reader.read_range(a, b)
+        except (DStoreError, OSError) as exc:  # an unreadable run: name every sample in it
+            bad.extend(BadSample(i, reader.name(i), f"unreadable: {exc}") for i in range(a, b))
+            continue
+        view = memoryview(buf)
+        base = int(offsets[a])
+        for i in range(a, b):
+            lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
+            got = zlib.crc32(view[lo:hi]) & 0xFFFFFFFF
+            want = int(reader.checksums[i])
+            label = int(reader.labels[i])
+            reasons = []
+            if got != want:
+                reasons.append(f"checksum mismatch: stored {want:#010x}, computed {got:#010x}")
+            if nclasses and not 0 <= label < nclasses:
+                reasons.append(f"label {label} is outside [0, {nclasses}) ({nclasses} class names)")
+            if decode and got == want:
+                from datastore.decode import decode_sample
+
+                try:
+                    decode_sample(buf[lo:hi], info, name=reader.name(i))
+                except SampleError as exc:
+                    reasons.append(f"does not decode: {exc}")
+            if reasons:
+                bad.append(BadSample(i, reader.name(i), "; ".join(reasons)))
+    return bad
+
+
+def verify_container(path, *, comm=None, decode: bool = False, read_bytes: int = READ_BYTES) -> VerifyReport:
+    """Recomputes every sample's checksum, checks every label against the class names and,
+    with `decode`, decodes every sample.
+
+    Args:
+        path: any container `open_container` accepts.
+        comm: an mpi4py communicator to split the work over (collective: every rank calls this);
+            None checks everything in this process.
+        decode: also decode every sample (slow: it is the full decode cost of the data set).
+        read_bytes: the size of each read.
+
+    Returns:
+        The same VerifyReport on every rank of `comm`.
+
+    Raises:
+        FormatError, IncompleteContainerError: the container does not open (structural damage).
+    """
+    if read_bytes < 1:
+        raise ConfigError(f"read_bytes={read_bytes} must be positive")
+    rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
+    t0 = time.perf_counter()
+    with open_container(path) as reader:
+        bounds = block_bounds(reader.offsets, size)
+        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_bytes=read_bytes)
+        n, total = reader.num_samples, reader.total_bytes
+    if comm is not None and size > 1:
+        bad = [b for part in comm.allgather(bad) for b in part]
+        seconds = comm.allreduce(time.perf_counter() - t0, op=_max_op())
+    else:
+        seconds = time.perf_counter() - t0
+    return VerifyReport(path=os.fspath(path), num_samples=n, total_bytes=total, decoded=decode,
+                        nranks=size, seconds=seconds, bad=tuple(sorted(bad, key=lambda b: b.index)))
+
+
+def _max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _distribution(sizes: np.ndarray) -> dict[str, float]:
+    if sizes.size == 0:
+        return {"min": 0, "mean": 0.0, "median": 0.0, "p95": 0.0, "max": 0}
+    return {"min": int(sizes.min()), "mean": float(sizes.mean()), "median": float(np.median(sizes)),
+            "p95": float(np.percentile(sizes, 95)), "max": int(sizes.max())}
+
+
+def container_info(path) -> dict:
+    """A JSON-compatible summary of a container: format, counts, bytes, encoding, classes with
+    per-class counts, and the distribution of sample sizes (min/mean/median/p95/max bytes)."""
+    fmt = detect_format(path)
+    with open_container(path) as reader:
+        info = reader.info
+        labels = reader.labels
+        nclasses = info.num_classes
+        in_range = (labels >= 0) & (labels < nclasses)
+        counts = np.bincount(labels[in_range], minlength=nclasses) if nclasses else np.zeros(0, np.int64)
+        result = {
+            "path": os.fspath(path),
+            "format": fmt,
+            "version": info.version,
+            "num_samples": info.num_samples,
+            "total_bytes": info.total_bytes,
+            "encoding": info.encoding,
+            "raw_dtype": info.raw_dtype,
+            "raw_shape": None if info.raw_shape is None else list(info.raw_shape),
+            "source": info.source,
+            "num_classes": nclasses,
+            "classes": [{"label": k, "name": name, "count": int(counts[k])} for k, name in enumerate(info.class_names)],
+            "labels_outside_classes": int((~in_range).sum()) if nclasses else 0,
+            "sample_bytes": _distribution(np.diff(reader.offsets)),
+            "attrs": info.extra,
+        }
+        if fmt == "sharded":
+            result["shards"] = [{"path": s.path, "num_samples": s.num_samples, "total_bytes": s.total_bytes}
+                                for s in reader.shards]
+    return result
+
+
+def format_info(summary: dict) -> str:
+    """`container_info`'s dict as readable text."""
+    s = summary
+    enc = s["encoding"] + (f" ({s['raw_dtype']}{tuple(s['raw_shape'])})" if s["encoding"] == "raw" else "")
+    size = s["sample_bytes"]
+    lines = [
+        f"{s['path']}  [{s['format']}, version {s['version']}]",
+        f"  samples      {s['num_samples']}",
+        f"  total bytes  {s['total_bytes']} ({s['total_bytes'] / 2**20:.2f} MiB)",
+        f"  encoding     {enc}",
+        f"  sample bytes min {size['min']}  mean {size['mean']:.1f}  median {size['median']:.1f}  "
+        f"p95 {size['p95']:.1f}  max {size['max']}",
+    ]
+    if s["source"]:
+        lines.append(f"  source       {s['source']}")
+    lines.append(f"  classes      {s['num_classes']}")
+    width = max([len(c["name"]) for c in s["classes"]] + [4])
+    lines.extend(f"    {c['label']:>4}  {c['name']:<{width}}  {c['count']}" for c in s["classes"])
+    if s["labels_outside_classes"]:
+        lines.append(f"  labels outside the class names: {s['labels_outside_classes']}")
+    for shard in s.get("shards", []):
+        lines.append(f"  shard {shard['path']}: {shard['num_samples']} samples, {shard['total_bytes']} bytes")
+    if s["attrs"]:
+        lines.append("  attributes   " + ", ".join(f"{k}={v!r}" for k, v in sorted(s["attrs"].items())))
+    return "\n".join(lines)

@@ -1,0 +1,20 @@
+"""`dstore info`: a container's counts, bytes, encoding, classes and sample-size distribution."""
+
+from __future__ import annotations
+
+HELP = "Summarise a container: samples, bytes, encoding, classes with counts, sample sizes."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args) -> int:
+    import json
+
+    from datastore.verify import container_info, format_info
+
+    summary = container_info(args.container)
+    print(json.dumps(summary, indent=2) if args.json else format_info(summary), flush=True)
+    return 0
