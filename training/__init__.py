@@ -1,1 +1,1 @@
-"""The trainer: MPI-bootstrapped PyTorch DDP fed by the data store, checkpoints, LTFB."""
+"""The trainer: MPI-bootstrapped torch.distributed, models, input pipeline, loop, checkpoints."""

@@ -1,0 +1,134 @@
+"""Single-process tests of the trainer's pure parts: schedules, split, transforms, models,
+checkpoint round trip (weights_only), metrics log."""
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from datastore.errors import ConfigError
+from training.augment import ImageTransform, channel_stats, default_augmentation, resize_to, to_channels
+from training.checkpoint import (from_safe, load_checkpoint, resolve_resume, rng_state, save_checkpoint,
+                                 set_rng_state)
+from training.data import split_ranges
+from training.loop import global_batch_count
+from training.metrics import JsonLog, read_jsonl
+from training.models import build_model, default_model, get_model, model_names
+from training.optim import Schedule, make_optimizer
+
+
+def test_cosine_schedule_with_warmup():
+    s = Schedule("cosine", total=100, warmup=10)
+    assert s(0) == pytest.approx(0.1) and s(9) == pytest.approx(1.0)
+    assert s(10) == pytest.approx(1.0)
+    assert s(55) == pytest.approx(0.5)
+    assert s(100) == pytest.approx(0.0, abs=1e-12)
+    vals = [s(i) for i in range(10, 101)]
+    assert all(a >= b for a, b in zip(vals, vals[1:]))
+
+
+def test_step_schedule_and_validation():
+    s = Schedule("step", total=30, step_every=10, gamma=0.5)
+    assert [s(0), s(9), s(10), s(25)] == [1.0, 1.0, 0.5, 0.25]
+    with pytest.raises(ConfigError, match="schedule='linear'"):
+        Schedule("linear", total=1)
+    with pytest.raises(ConfigError, match="lr=0"):
+        make_optimizer("sgd", [torch.zeros(1, requires_grad=True)], lr=0)
+    with pytest.raises(ConfigError, match="optimizer='rmsprop'"):
+        make_optimizer("rmsprop", [torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def test_split_ranges_takes_the_tail():
+    assert split_ranges(1797, 0.2) == ((0, 1438), (1438, 1797))
+    assert split_ranges(10, 0.0) == ((0, 10), None)
+    assert split_ranges(10, 0.01) == ((0, 9), (9, 10))
+    with pytest.raises(ConfigError, match="holdout=1.0"):
+        split_ranges(10, 1.0)
+
+
+def test_global_batch_count_last_step_short():
+    assert [global_batch_count(10, 4, s) for s in range(3)] == [4, 4, 2]
+
+
+def test_transform_is_seeded_and_normalises():
+    img = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    tf = ImageTransform((32, 32), 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), train=True, pad=4, flip=True)
+    a = tf(img, np.random.default_rng(5))
+    b = tf(img, np.random.default_rng(5))
+    assert a.shape == (3, 32, 32) and a.dtype == torch.float32
+    assert torch.equal(a, b)
+    outs = {tf(img, np.random.default_rng(s)).sum().item() for s in range(20)}
+    assert len(outs) > 1  # the augmentation does vary with the rng
+    ev = ImageTransform((32, 32), 3, (0.5,) * 3, (0.25,) * 3)
+    x = ev(np.full((32, 32, 3), 255, np.uint8))
+    assert torch.allclose(x, torch.full_like(x, 2.0))
+    with pytest.raises(ConfigError, match="need 3 value"):
+        ImageTransform((8, 8), 3, (0.5,), (0.5,))
+
+
+def test_channel_and_size_helpers():
+    grey = np.arange(64, dtype=np.uint8).reshape(8, 8, 1)
+    assert to_channels(grey, 3).shape == (8, 8, 3)
+    assert to_channels(np.zeros((4, 4, 4), np.uint8), 3).shape == (4, 4, 3)
+    assert to_channels(np.full((2, 2, 3), 200, np.uint8), 1)[0, 0, 0] == 200
+    assert resize_to(np.zeros((64, 96, 3), np.uint8), (32, 32)).shape == (32, 32, 3)
+    assert resize_to(grey, (16, 16)).shape == (16, 16, 1)
+    mean, std = channel_stats([np.zeros((2, 2, 1), np.uint8), np.full((2, 2, 1), 255, np.uint8)])
+    assert mean == pytest.approx((0.5,)) and std == pytest.approx((0.5,))
+    assert default_augmentation((8, 8)) == (0, False) and default_augmentation((32, 32)) == (4, True)
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_models_build_and_run(name):
+    size = get_model(name).input_size((8, 8) if name == "small_cnn" else (64, 64))
+    model = build_model(name, 3, 7, size)
+    assert model(torch.zeros(2, 3, *size)).shape == (2, 7)
+    assert default_model((8, 8)) == "small_cnn" and default_model((64, 48)) == "resnet_small"
+    with pytest.raises(ConfigError, match="model='vgg'"):
+        get_model("vgg")
+
+
+def test_checkpoint_round_trip_weights_only(tmp_path):
+    model = build_model("small_cnn", 1, 10, (8, 8))
+    opt = make_optimizer("adam", model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 1, 8, 8)).sum().backward()
+    opt.step()
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": [rng_state()],
+             "store": {"seed": np.int64(1), "position": np.arange(3)}, "epoch": 2}
+    expect = (torch.rand(2), np.random.rand(2), random.random())
+    path = save_checkpoint(tmp_path / "ck" / "checkpoint.pt", state)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["checkpoint.pt"]  # no temporary left
+    back = load_checkpoint(path)
+    set_rng_state(back["rng"][0])
+    got = (torch.rand(2), np.random.rand(2), random.random())
+    assert torch.equal(expect[0], got[0]) and np.array_equal(expect[1], got[1]) and expect[2] == got[2]
+    store = from_safe(back["store"])
+    assert store["seed"] == 1 and isinstance(store["position"], np.ndarray)
+    fresh = build_model("small_cnn", 1, 10, (8, 8))
+    fresh.load_state_dict(back["model"])
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_resolve_resume(tmp_path):
+    runs = tmp_path / "runs"
+    assert resolve_resume(None, str(runs / "a"), str(runs)) is None
+    assert resolve_resume("auto", str(runs / "a"), str(runs)) is None
+    (runs / "old").mkdir(parents=True)
+    (runs / "old" / "checkpoint.pt").write_bytes(b"x")
+    assert resolve_resume("auto", str(runs / "a"), str(runs)) == str(runs / "old" / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="no such checkpoint"):
+        resolve_resume(str(tmp_path / "nope.pt"), str(runs / "a"), str(runs))
+
+
+def test_json_log(tmp_path):
+    with JsonLog(tmp_path / "m.jsonl") as log:
+        log.write({"a": np.float32(1.5), "b": math.nan, "c": [np.int64(2)]})
+    assert read_jsonl(tmp_path / "m.jsonl") == [{"a": 1.5, "b": None, "c": [2]}]
+    JsonLog(None).write({"x": 1})  # a non-main rank's log writes nothing
+    json.loads((tmp_path / "m.jsonl").read_text())

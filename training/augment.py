@@ -1,0 +1,135 @@
+"""Per-sample transforms `(hwc_uint8, rng) -> CHW float tensor`: channel fix-up, resize, seeded
+random crop with padding and flip, normalisation. They run in the loader's decode threads.
+
+All randomness comes from the `rng` (a numpy Generator) the loader passes in, so the same seed
+gives the same augmented images whatever the thread schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+
+def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
+    """An (H, W, C) uint8 image converted to `channels` (1 or 3): grey is repeated, colour is
+    reduced to luminance (ITU-R 601), an alpha channel is dropped."""
+    c = img.shape[2]
+    if c == channels:
+        return img
+    if c in (2, 4):  # grey+alpha, RGBA
+        img, c = img[:, :, : c - 1], c - 1
+        if c == channels:
+            return img
+    if c == 1 and channels == 3:
+        return np.repeat(img, 3, axis=2)
+    if c == 3 and channels == 1:
+        grey = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+        return np.clip(grey + 0.5, 0, 255).astype(np.uint8)[:, :, None]
+    raise ConfigError(f"cannot convert an image with {img.shape[2]} channels to {channels}")
+
+
+def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resizes the shorter side to fit `size` (keeping the aspect ratio), then centre-crops to it."""
+    h, w = img.shape[:2]
+    th, tw = size
+    if (h, w) == (th, tw):
+        return img
+    from PIL import Image
+
+    scale = max(th / h, tw / w)
+    nh, nw = max(th, round(h * scale)), max(tw, round(w * scale))
+    mode_img = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
+    out = np.asarray(mode_img.resize((nw, nh), Image.BILINEAR, reducing_gap=2.0))
+    if out.ndim == 2:
+        out = out[:, :, None]
+    top, left = (nh - th) // 2, (nw - tw) // 2
+    return out[top:top + th, left:left + tw]
+
+
+def random_crop(img: np.ndarray, pad: int, rng) -> np.ndarray:
+    """Pads by `pad` zero pixels on each side and crops the original size at a random offset."""
+    if pad <= 0:
+        return img
+    h, w = img.shape[:2]
+    padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
+    top, left = rng.integers(0, 2 * pad + 1, size=2)
+    return padded[top:top + h, left:left + w]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageTransform:
+    """The transform the trainer gives the loader.
+
+    Attributes:
+        size: (H, W) the model is fed.
+        channels: 1 or 3.
+        mean, std: per-channel normalisation in [0, 1] units (length `channels`).
+        train: apply the random augmentation (crop with padding, flip) if True.
+        pad: padding of the random crop (0 turns it off).
+        flip: random horizontal flip.
+    """
+
+    size: tuple[int, int]
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    train: bool = False
+    pad: int = 0
+    flip: bool = False
+
+    def __post_init__(self):
+        if self.channels not in (1, 3):
+            raise ConfigError(f"channels={self.channels} must be 1 or 3")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ConfigError(f"mean={self.mean} and std={self.std} need {self.channels} value(s) each")
+        if any(s <= 0 for s in self.std):
+            raise ConfigError(f"std={self.std} must be positive")
+
+    def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
+        """The augmented (H, W, C) uint8 image, before normalisation."""
+        img = resize_to(to_channels(img, self.channels), self.size)
+        if self.train:
+            if rng is None:
+                raise ConfigError("a training transform needs an rng (numpy Generator)")
+            img = random_crop(img, self.pad, rng)
+            if self.flip and rng.random() < 0.5:
+                img = img[:, ::-1]
+        return img
+
+    def __call__(self, img: np.ndarray, rng=None):
+        import torch
+
+        x = self.pixels(img, rng).astype(np.float32) * (1.0 / 255.0)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+
+
+def default_augmentation(size: tuple[int, int]) -> tuple[int, bool]:
+    """(pad, flip) used by `--augment auto`: crop with padding size/8 and flip for 32x32 and up,
+    nothing for smaller images (a shifted or mirrored 8x8 digit is a different digit)."""
+    if min(size) >= 32:
+        return max(1, min(size) // 8), True
+    return 0, False
+
+
+def channel_stats(images: list[np.ndarray]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std in [0, 1] units over a list of (H, W, C) uint8 images of one C."""
+    if not images:
+        raise ConfigError("channel_stats needs at least one image")
+    c = images[0].shape[2]
+    total = np.zeros(c)
+    total_sq = np.zeros(c)
+    n = 0
+    for img in images:
+        x = img.reshape(-1, c).astype(np.float64) / 255.0
+        total += x.sum(0)
+        total_sq += (x * x).sum(0)
+        n += x.shape[0]
+    mean = total / n
+    std = np.sqrt(np.maximum(total_sq / n - mean * mean, 1e-12))
+    std = np.maximum(std, 1e-3)  # a constant channel must not divide by zero
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)

@@ -1,0 +1,136 @@
+"""Checkpoints: written atomically by the main rank, read back with torch.load(weights_only=True).
+
+A checkpoint holds only tensors and plain containers (dict, list, tuple, str, int, float, bool,
+None): model, optimizer and scheduler state, every rank's RNG states, the data store's position
+in its global order, and the loop's counters. Numpy values are converted on the way in.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def to_safe(value):
+    """A copy of `value` that torch.load(weights_only=True) accepts: numpy scalars become Python
+    numbers, numpy arrays become tensors; containers are copied recursively."""
+    import torch
+
+    if isinstance(value, dict):
+        return {k: to_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_safe(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_safe(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value).copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def from_safe(value):
+    """Inverse of to_safe for state that wants numpy back (tensors become numpy arrays)."""
+    import torch
+
+    if isinstance(value, dict):
+        return {k: from_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_safe(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(from_safe(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    return value
+
+
+def rng_state() -> dict:
+    """This process's RNG states (torch CPU, numpy legacy global, Python `random`)."""
+    import torch
+
+    np_state = np.random.get_state(legacy=False)
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                  "pos": int(np_state["state"]["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restores what rng_state() returned."""
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    npst = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937",
+                         "state": {"key": npst["key"].numpy().astype(np.uint32), "pos": npst["pos"]},
+                         "has_gauss": npst["has_gauss"], "gauss": npst["gauss"]})
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+
+
+def save_checkpoint(path: str | os.PathLike, payload: dict) -> str:
+    """Writes `payload` to `path` atomically: a temporary in the same directory, fsync, os.replace.
+
+    A reader (or a job killed mid-write) never sees a partial file under `path`.
+    """
+    import torch
+
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(to_safe(payload), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """Loads a checkpoint written by save_checkpoint (weights_only=True: no code is unpickled).
+
+    Raises:
+        ConfigError: if `path` does not exist.
+    """
+    import torch
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"resume checkpoint {path!r} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def resolve_resume(resume: str | None, run_dir: str, runs_root: str) -> str | None:
+    """The checkpoint path `--resume` means, or None to start from scratch.
+
+    Args:
+        resume: None (no resume), a path, or "auto": `<run_dir>/checkpoint.pt` if it exists, else
+            the newest `<runs_root>/*/checkpoint.pt`, else None.
+        run_dir: this run's directory.
+        runs_root: where run directories with default names are created.
+    """
+    if resume is None:
+        return None
+    if resume != "auto":
+        if not os.path.isfile(resume):
+            raise ConfigError(f"--resume {resume!r}: no such checkpoint file")
+        return resume
+    own = os.path.join(run_dir, CHECKPOINT_NAME)
+    if os.path.isfile(own):
+        return own
+    found = glob.glob(os.path.join(runs_root, "*", CHECKPOINT_NAME))
+    return max(found, key=os.path.getmtime) if found else None

@@ -1,0 +1,165 @@
+"""torch.distributed bootstrapped from an MPI communicator: one process group per communicator.
+
+Each process joins exactly one torch process group, formed over the communicator it is given
+(``COMM_WORLD`` for plain data-parallel training, a trainer's sub-communicator under LTFB). Rank 0
+of that communicator starts a ``TCPStore`` on a free port of its host and broadcasts the address
+over MPI, so no environment variables or torchrun are needed, and several communicators in one MPI
+job (K trainers x M ranks) each get their own store and group without knowing of each other. The
+group is handed to the trainer explicitly (``DistContext.group``); nothing reads a global.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import socket
+from typing import Any
+
+from datastore.errors import ConfigError
+
+DEVICES = ("cpu", "cuda")
+
+
+def _free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _rendezvous_host() -> str:
+    """This host's name if it resolves to an address, else its IP (the other ranks must reach it)."""
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclasses.dataclass
+class DistContext:
+    """Who-am-I for one trainer: its MPI communicator, its torch process group and its device.
+
+    Attributes:
+        comm: the MPI communicator the group was formed over (not owned; the caller frees it).
+        rank: this process's rank in `comm` and in `group`.
+        size: number of ranks in `comm`.
+        local_rank: rank among the processes of `comm` on this node (selects the GPU).
+        device: the torch.device the model lives on.
+        backend: "gloo" or "nccl".
+        group: the torch.distributed process group over `comm`; pass it to DDP and collectives.
+    """
+
+    comm: Any
+    rank: int
+    size: int
+    local_rank: int
+    device: Any
+    backend: str
+    group: Any = None
+    _owns_group: bool = dataclasses.field(default=False, repr=False)
+    _store: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that prints, logs and writes checkpoints."""
+        return self.rank == 0
+
+    def close(self) -> None:
+        """Destroys the process group if this context created it. Safe to call twice."""
+        if self._owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._owns_group = False
+        self.group = None
+        self._store = None
+
+    def __enter__(self) -> "DistContext":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+
+def local_rank_of(comm) -> int:
+    """This process's rank among the ranks of `comm` that share its node (MPI_COMM_TYPE_SHARED)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> DistContext:
+    """Forms a torch.distributed process group over `comm` (collective over `comm`).
+
+    Args:
+        comm: any mpi4py intracommunicator; every rank of it must call this.
+        device: "cpu" (gloo backend) or "cuda" (nccl, one GPU per rank chosen by node-local rank).
+        timeout_s: how long collectives and the rendezvous may wait before failing.
+
+    Returns:
+        A DistContext; close it (or use it as a context manager) to destroy the group.
+
+    Raises:
+        ConfigError: for an unknown device, a missing GPU, or a process that already belongs to a
+            different torch process group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if device not in DEVICES:
+        raise ConfigError(f"device={device!r} is not one of {DEVICES}")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local_rank = local_rank_of(comm)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
+        ngpu = torch.cuda.device_count()
+        if local_rank >= ngpu:
+            raise ConfigError(
+                f"rank {rank} is node-local rank {local_rank} but this node has only {ngpu} GPU(s); "
+                f"start at most {ngpu} ranks per node")
+        torch.cuda.set_device(local_rank)
+        torch_device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        torch_device, backend = torch.device("cpu"), "gloo"
+
+    if dist.is_initialized():
+        # One torch group per process: reuse it if it is this communicator's shape, else refuse
+        # rather than silently training with the wrong peers.
+        if dist.get_rank() == rank and dist.get_world_size() == size:
+            return DistContext(comm, rank, size, local_rank, torch_device, dist.get_backend(),
+                               group=dist.group.WORLD)
+        raise ConfigError(
+            f"this process already belongs to a torch process group of size {dist.get_world_size()} "
+            f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}")
+
+    # Rank 0 hosts the store; a port can be taken between picking and binding, so retry a few.
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    for attempt in range(5):
+        addr = (_rendezvous_host(), _free_port()) if rank == 0 else None
+        host, port = comm.bcast(addr, root=0)
+        err = None
+        if rank == 0:
+            try:
+                store = dist.TCPStore(host, port, size, True, timeout=timeout, wait_for_workers=False)
+            except (RuntimeError, OSError) as exc:
+                err = f"{type(exc).__name__}: {exc}"
+        err = comm.bcast(err, root=0)
+        if err is None:
+            break
+    else:
+        raise ConfigError(f"rank 0 could not start the rendezvous store after 5 tries: {err}")
+    if rank != 0:
+        store = dist.TCPStore(host, port, size, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    return DistContext(comm, rank, size, local_rank, torch_device, backend,
+                       group=dist.group.WORLD, _owns_group=True, _store=store)
