@@ -1,0 +1,163 @@
+"""What a rank does to the samples it is given: load, validate, convert to the stored form, and
+pack a chunk into one byte buffer (no MPI here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+
+from datastore.decode import decode_image, sniff
+from datastore.errors import ConfigError, SampleError
+from datastore.ingest.source import Source
+
+ON_ERROR = ("raise", "skip")
+STORED_ENCODINGS = ("jpeg", "png", "image", "raw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """How samples are stored.
+
+    Attributes:
+        encoding: the container's encoding.
+        resize: (H, W) to resize to (raw only), or None.
+        raw_dtype, raw_shape: for `raw`.
+        expect: `jpeg`/`png` if every stored file must be of that kind, else None.
+        convert: True if samples are decoded/resized rather than stored as loaded.
+    """
+
+    encoding: str
+    resize: tuple[int, int] | None = None
+    raw_dtype: str | None = None
+    raw_shape: tuple[int, ...] | None = None
+    expect: str | None = None
+    convert: bool = False
+
+
+def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int] | None) -> Target:
+    """The storage plan for `source` given the requested `encoding` and `resize`.
+
+    Encoded sources (folder, synthetic) keep their file bytes unless `encoding="raw"`, which needs
+    `resize` (decoded images differ in size) and stores RGB uint8 (H, W, 3). `resize` alone implies
+    `raw`. Raw sources (CIFAR, arrays, digits) stay raw; `resize` works on their uint8 images with 1
+    or 3 channels.
+
+    Raises:
+        ConfigError: the combination is not possible, naming the parameters and what is allowed.
+    """
+    if encoding is not None and encoding not in STORED_ENCODINGS:
+        raise ConfigError(f"encoding={encoding!r} is not one of {STORED_ENCODINGS} (or None: keep the source's)")
+    if source.encoding == "raw":
+        if encoding not in (None, "raw"):
+            raise ConfigError(f"encoding={encoding!r}: a {source.kind} source is stored raw; re-encoding "
+                              "arrays into image files is not supported")
+        if resize is None:
+            return Target("raw", None, source.raw_dtype, source.raw_shape)
+        shape = source.raw_shape or ()
+        if source.raw_dtype != "uint8" or len(shape) != 3 or shape[2] not in (1, 3):
+            raise ConfigError(f"resize={resize}: only uint8 (H, W, 1|3) images can be resized; this source "
+                              f"holds {source.raw_dtype}{shape}")
+        return Target("raw", resize, "uint8", (resize[0], resize[1], shape[2]), convert=True)
+    if encoding == "raw" or (encoding is None and resize is not None):
+        if resize is None:
+            raise ConfigError("encoding='raw' for image files needs resize=HxW (decoded images differ in size)")
+        return Target("raw", resize, "uint8", (resize[0], resize[1], 3), convert=True)
+    if resize is not None:
+        raise ConfigError(f"resize={resize} needs encoding='raw' (encoded files are stored as they are); "
+                          f"got encoding={encoding!r}")
+    stored = encoding or source.encoding
+    if stored in ("jpeg", "png"):
+        return Target(stored, expect=stored)
+    return Target("image")
+
+
+def convert(data, source: Source, target: Target, where: str) -> np.ndarray:
+    """Decodes (if encoded) and resizes one sample to `target.raw_shape`, as uint8."""
+    from PIL import Image
+
+    if source.encoding == "raw":
+        arr = np.asarray(data)
+        im = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
+    else:
+        im = Image.fromarray(decode_image(data, channels=3, name=where))
+    h, w = target.resize
+    out = np.asarray(im.resize((w, h), Image.BILINEAR))
+    return out.reshape(target.raw_shape)
+
+
+def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
+    """Sample i in its stored form, as a flat uint8 array.
+
+    Raises:
+        SampleError: `where: reason` if it cannot be loaded, validated or converted.
+    """
+    data = source.load(i)
+    where = source.locate(i)
+    if target.convert:
+        data = convert(data, source, target, where)
+    elif target.expect is not None and sniff(data) != target.expect:
+        found = sniff(data)
+        raise SampleError(f"{where}: is {'not a JPEG or PNG' if found == 'other' else 'a ' + found.upper()} "
+                          f"file but the container's encoding is {target.expect!r} (use encoding 'image' "
+                          "for mixed formats)")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(data, dtype=np.uint8)
+    arr = np.ascontiguousarray(data)
+    if target.encoding == "raw" and arr.shape != tuple(target.raw_shape):
+        raise SampleError(f"{where}: shape {arr.shape} differs from the container's {tuple(target.raw_shape)}")
+    return arr.reshape(-1).view(np.uint8)
+
+
+@dataclasses.dataclass
+class Block:
+    """A processed chunk: sample bytes back to back, and per-sample sizes (-1: skipped).
+
+    Attributes:
+        data: uint8 array of all kept samples' bytes.
+        sizes: int64 per sample of the chunk, -1 where skipped.
+        skipped: (location, reason) for each skipped sample.
+    """
+
+    data: np.ndarray
+    sizes: np.ndarray
+    skipped: list[tuple[str, str]]
+
+
+def process_block(source: Source, indices, target: Target, on_error: str = "raise") -> Block:
+    """Processes the samples `indices` (source indices) in order.
+
+    Raises:
+        SampleError: with on_error="raise", the first bad sample's location and reason.
+    """
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
+    parts, sizes, skipped = [], np.empty(len(indices), dtype=np.int64), []
+    for k, i in enumerate(indices):
+        try:
+            arr = process_sample(source, int(i), target)
+        except SampleError as exc:
+            if on_error == "raise":
+                raise
+            sizes[k] = -1
+            skipped.append((source.locate(int(i)), _reason(exc, source.locate(int(i)))))
+            continue
+        parts.append(arr)
+        sizes[k] = arr.size
+    data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+    return Block(data, sizes, skipped)
+
+
+def _reason(exc: Exception, where: str) -> str:
+    """The message without its leading `where: `."""
+    msg = str(exc)
+    return msg[len(where) + 2:] if msg.startswith(where + ": ") else msg
+
+
+def encode_reasons(skipped) -> str:
+    """Skipped list as text for a message (one `location: reason` per line)."""
+    buf = io.StringIO()
+    for where, reason in skipped:
+        buf.write(f"  {where}: {reason}\n")
+    return buf.getvalue()

@@ -1,0 +1,420 @@
+"""The parallel ingest driver: every rank processes its share of the (permuted) samples; each shard's
+writer rank receives its group's chunks round by round and writes them in order.
+
+Per round, a group exchanges one small header (Allgather of 4 int64 per rank: error flag, bytes,
+samples, skipped) and, where all is well, two Gatherv of plain buffers (sizes, bytes) to the writer:
+no pickles for sample data, and the writer holds at most one round of chunks. An error on any rank
+sets its flag; the group then exchanges the messages and every member raises the same error, so no
+rank is left waiting. Groups then agree once more over the whole communicator before rank 0 writes
+a sharded container's manifest; on any failure every rank removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from datastore import errors as _errors
+from datastore.errors import ConfigError, DStoreError, SampleError
+from datastore.ingest import plan
+from datastore.ingest.process import ON_ERROR, Block, process_block, resolve_target
+from datastore.ingest.source import Source, open_source
+
+
+class IngestError(DStoreError, RuntimeError):
+    """Another rank failed during ingest; the message is that rank's error."""
+
+
+@dataclasses.dataclass
+class IngestReport:
+    """What an ingest did (the same on every rank).
+
+    Attributes:
+        output: the container's path (the manifest's directory or file when sharded).
+        samples: samples written.
+        bytes: sample bytes written.
+        seconds: wall time from the start (source listing included) to the finished container.
+        skipped: (location, reason) of every sample or folder left out under on_error="skip".
+        ignored: paths not taken as samples on purpose (non-image files, hidden files).
+        notes: remarks from the source (e.g. labels defaulted to 0).
+        shards: the shard files (just `output` when not sharded).
+        encoding: the container's encoding.
+        num_classes: number of classes.
+        ranks: MPI ranks that took part.
+        fmt: `hdf5` or `zarr`.
+    """
+
+    output: str
+    samples: int
+    bytes: int
+    seconds: float
+    skipped: list[tuple[str, str]]
+    ignored: list[str]
+    notes: list[str]
+    shards: list[str]
+    encoding: str
+    num_classes: int
+    ranks: int
+    fmt: str
+
+    @property
+    def mb_per_s(self) -> float:
+        """Sample bytes written per second, in MB (10**6 bytes)."""
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def files_per_s(self) -> float:
+        """Samples written per second."""
+        return self.samples / self.seconds if self.seconds > 0 else float("inf")
+
+    def summary(self, max_listed: int = 50) -> str:
+        """A human-readable summary; lists up to `max_listed` skipped samples with their reasons."""
+        lines = [f"wrote {self.samples} samples ({self.bytes / 1e6:.1f} MB, {self.encoding}, "
+                 f"{self.num_classes} classes) to {self.output}"
+                 + (f" in {len(self.shards)} shards" if len(self.shards) > 1 else ""),
+                 f"{self.seconds:.2f} s on {self.ranks} rank(s): {self.mb_per_s:.1f} MB/s, "
+                 f"{self.files_per_s:.0f} files/s"]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.ignored:
+            lines.append(f"ignored {len(self.ignored)} non-image or hidden file(s), e.g. {self.ignored[0]}")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)}:")
+            lines += [f"  {where}: {reason}" for where, reason in self.skipped[:max_listed]]
+            if len(self.skipped) > max_listed:
+                lines.append(f"  ... and {len(self.skipped) - max_listed} more")
+        return "\n".join(lines)
+
+
+def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[str]]:
+    """(manifest path or None, shard paths). One shard is `output` itself; several go into the
+    directory `output` (`manifest.json` + `shard-00000-of-00004.h5`...) or, if `output` ends in
+    `.json`, beside it (`<stem>-00000-of-00004.h5`...)."""
+    suffix = ".h5" if fmt == "hdf5" else ".zarr"
+    output = os.path.abspath(os.fspath(output))
+    if shards == 1:
+        return None, [output]
+    if output.endswith(".json"):
+        stem = output[:-len(".json")]
+        return output, [f"{stem}-{s:05d}-of-{shards:05d}{suffix}" for s in range(shards)]
+    from datastore.formats import MANIFEST_NAME
+
+    return (os.path.join(output, MANIFEST_NAME),
+            [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)])
+
+
+def _message(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, str(exc)
+
+
+_REMOTE_TYPES = {cls.__name__: cls for cls in vars(_errors).values()
+                 if isinstance(cls, type) and issubclass(cls, DStoreError)}
+
+
+def _remote(name: str, text: str, rank: int) -> DStoreError:
+    """The error to raise for a failure that happened on another rank (same type where it is ours)."""
+    from datastore.formats import ContainerExistsError, ContainerNotFoundError
+
+    types = dict(_REMOTE_TYPES, ContainerExistsError=ContainerExistsError,
+                 ContainerNotFoundError=ContainerNotFoundError)
+    cls = types.get(name)
+    if cls is None:
+        return IngestError(f"rank {rank} failed: {name}: {text}")
+    return cls(f"{text} (on rank {rank})")
+
+
+def _raise_agreed(comm, exc: BaseException | None) -> None:
+    """Collective after a flag said some rank failed: every rank raises (its own error, or the
+    first failing rank's)."""
+    msgs = comm.allgather(None if exc is None else _message(exc))
+    if exc is not None:
+        raise exc
+    rank, (name, text) = next((r, m) for r, m in enumerate(msgs) if m is not None)
+    raise _remote(name, text, rank)
+
+
+def agree(comm, exc: BaseException | None) -> None:
+    """Collective: returns if no rank passes an error, else raises on every rank."""
+    if comm.allreduce(exc is not None, op=_lor()):
+        _raise_agreed(comm, exc)
+
+
+def _lor():
+    from mpi4py import MPI
+
+    return MPI.LOR
+
+
+def open_source_collective(comm, spec: str, **options) -> Source:
+    """The source on every rank: listed on rank 0 and broadcast if listing is costly (a folder
+    walk), else opened by every rank after rank 0 has succeeded. Errors reach every rank."""
+    src, exc = None, None
+    if comm.Get_rank() == 0:
+        try:
+            src = open_source(spec, **options)
+        except (DStoreError, OSError) as e:
+            exc = e
+    failed = comm.bcast(None if exc is None else _message(exc), root=0)
+    if failed:
+        if exc is not None:
+            raise exc
+        raise _remote(*failed, 0)
+    shared = comm.bcast(src if src is not None and src.list_on_root else None, root=0)
+    if shared is not None:
+        return shared
+    exc = None
+    if comm.Get_rank() != 0:
+        try:
+            src = open_source(spec, **options)
+        except (DStoreError, OSError) as e:
+            exc = e
+    agree(comm, exc)
+    return src
+
+
+@dataclasses.dataclass
+class _Shard:
+    index: int
+    path: str
+    samples: int
+    bytes: int
+    skipped: list
+
+
+def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int, *, index: int, path: str,
+                 fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar) -> _Shard | None:
+    """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
+    first rank, which returns the shard's record; the others return None)."""
+    from datastore.formats import create_writer
+
+    m, k = gcomm.Get_size(), gcomm.Get_rank()
+    writer, pending, committed, nbytes = None, None, False, 0
+    skipped: list = []
+    if k == 0:
+        try:
+            writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
+                                   raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
+                                   source=src.description, extra_attrs=extra_attrs, overwrite=overwrite)
+        except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
+            pending = e
+    header = np.zeros(4, dtype=np.int64)
+    headers = np.zeros((m, 4), dtype=np.int64)
+    try:
+        for rnd in plan.rounds(plan.chunk_bounds(lo, hi, chunk), m):
+            a, b = rnd[k]
+            err, block = pending, None
+            if err is None:
+                try:
+                    block = process_block(src, order[a:b], target, on_error)
+                except Exception as e:  # noqa: BLE001 - any failure must reach the whole group
+                    err = e
+            if block is None:
+                block = Block(np.zeros(0, np.uint8), np.zeros(0, np.int64), [])
+            header[:] = (err is not None, block.data.size, block.sizes.size, len(block.skipped))
+            gcomm.Allgather(header, headers)
+            if headers[:, 0].any():
+                _raise_agreed(gcomm, err)
+            sizes, data, skipped_parts = block.sizes, block.data, [block.skipped]
+            if m > 1:
+                sizes = np.empty(int(headers[:, 2].sum()), np.int64) if k == 0 else None
+                data = np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
+                gcomm.Gatherv(block.sizes, None if k else [sizes, headers[:, 2]], root=0)
+                gcomm.Gatherv(block.data, None if k else [data, headers[:, 1]], root=0)
+                if headers[:, 3].any():
+                    skipped_parts = gcomm.gather(block.skipped, root=0)
+            if k == 0:
+                for part in skipped_parts:
+                    skipped.extend(part)
+                try:
+                    nbytes += _append_round(writer, src, order, rnd[0][0], sizes, data)
+                except Exception as e:  # noqa: BLE001 - raised on every member at the next exchange
+                    pending = e
+                if bar is not None:
+                    bar.update(rnd[-1][1] - rnd[0][0])
+        if k == 0 and pending is None:
+            try:
+                writer.commit()
+                committed = True
+            except Exception as e:  # noqa: BLE001
+                pending = e
+        agree(gcomm, pending)
+    finally:
+        if writer is not None and not committed:
+            writer.abort()
+    if k != 0:
+        return None
+    return _Shard(index, path, writer.num_samples, nbytes, skipped)
+
+
+def _append_round(writer, src: Source, order: np.ndarray, start: int, sizes: np.ndarray, data: np.ndarray) -> int:
+    """Appends one round's samples (positions start, start+1, ...; size -1 = skipped); returns bytes."""
+    off = 0
+    for j, size in enumerate(sizes.tolist()):
+        if size < 0:
+            continue
+        i = int(order[start + j])
+        writer.append(data[off:off + size], src.label(i), src.name(i), i)
+        off += size
+    return off
+
+
+def _check_args(fmt, shards, on_error, count, output):
+    from datastore.formats import FORMATS
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
+    if not isinstance(shards, (int, np.integer)) or shards < 1:
+        raise ConfigError(f"shards={shards!r} must be a positive integer")
+    if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
+        raise ConfigError(f"count={count!r} must be a positive integer or None")
+    lower = os.fspath(output).rstrip("/").lower()
+    if shards == 1 and ((fmt == "hdf5" and lower.endswith(".zarr")) or (fmt == "zarr" and lower.endswith((".h5", ".hdf5")))):
+        raise ConfigError(f"output {output!r} has the suffix of the other format but fmt={fmt!r}")
+
+
+def _prepare_output(manifest: str | None, shard_paths: list[str], overwrite: bool) -> bool:
+    """On rank 0 before writing: checks the target; for a sharded container creates its directory
+    and removes an old manifest (so a failed rewrite never leaves a manifest over mixed shards).
+    Returns True if it created the directory."""
+    from datastore.formats import ContainerExistsError
+
+    if manifest is None:
+        if os.path.lexists(shard_paths[0]) and not overwrite:
+            raise ContainerExistsError(f"{shard_paths[0]} already exists (pass overwrite=True / --overwrite)")
+        return False
+    if os.path.lexists(manifest):
+        if not overwrite:
+            raise ContainerExistsError(f"{manifest} already exists (pass overwrite=True / --overwrite)")
+        os.remove(manifest)
+    directory = os.path.dirname(shard_paths[0])
+    if os.path.isdir(directory):
+        return False
+    os.makedirs(directory)
+    return True
+
+
+def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
+           keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
+           count: int | None = None, progress: bool = True, overwrite: bool = False,
+           **source_options) -> IngestReport:
+    """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
+
+    Args:
+        source: an image folder, a CIFAR batch directory or file, a .npy/.npz file, `digits` or
+            `synthetic`.
+        output: the container path (`x.h5`, `x.zarr`); with shards > 1 a directory (or `x.json`).
+        comm: an mpi4py communicator (default MPI.COMM_WORLD).
+        fmt: `hdf5` or `zarr`.
+        shards: number of shard files (see datastore.ingest.plan for which ranks write which).
+        seed: seed of the write order.
+        keep_order: write in source order instead of a seeded random order.
+        encoding: stored encoding; None keeps the source's (see process.resolve_target).
+        resize: `HxW` (or (H, W)) to store decoded, resized pixels (implies encoding `raw`).
+        on_error: `raise` (stop at the first bad sample, nothing left behind) or `skip`.
+        count: use only the first `count` source samples (for `synthetic`: how many to make).
+        progress: show a progress bar on rank 0.
+        overwrite: replace an existing container.
+        **source_options: passed to the source (e.g. validate="full", split="test", seed options).
+
+    Returns:
+        The IngestReport, on every rank.
+
+    Raises:
+        ConfigError: a bad parameter. SampleError: a bad sample (with on_error="raise") or an
+        unreadable/empty source. ContainerExistsError: `output` exists. Every rank raises.
+    """
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    _check_args(fmt, shards, on_error, count, output)
+    resize = plan.parse_resize(resize)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
+    n = len(src) if count is None else min(len(src), int(count))
+    target = resolve_target(src, encoding, resize)
+    order = plan.sample_order(n, seed, keep_order)
+    bounds = plan.shard_bounds(n, shards)
+    manifest, shard_paths = output_paths(output, fmt, shards)
+    exc, created = None, False
+    if rank == 0:
+        try:
+            created = _prepare_output(manifest, shard_paths, overwrite)
+        except (DStoreError, OSError) as e:
+            exc = e
+    agree(comm, exc)
+    group = plan.group_of(rank, size, shards)
+    gcomm = comm.Split(group, rank)
+    groups = plan.num_groups(size, shards)
+    sample_bytes = (int(np.prod(target.raw_shape)) * np.dtype(target.raw_dtype).itemsize
+                    if target.encoding == "raw" else src.estimated_sample_bytes)
+    chunk = plan.chunk_size(sample_bytes, target_bytes=max(1 << 20, min(8 << 20, (256 << 20) // gcomm.Get_size())))
+    extra = {"ingest_seed": int(seed), "ingest_order": "source" if keep_order else "seeded"}
+    mine = plan.shards_of_group(group, size, shards)
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=int(sum(bounds[s + 1] - bounds[s] for s in mine)), unit="img", mininterval=0.5,
+                   desc="ingest" if groups == 1 else f"ingest (rank 0's {len(mine)} of {shards} shards)")
+    written, exc = [], None
+    try:
+        for s in mine:
+            rec = _write_shard(gcomm, src, target, order, int(bounds[s]), int(bounds[s + 1]), index=s,
+                               path=shard_paths[s], fmt=fmt, chunk=chunk, on_error=on_error,
+                               overwrite=overwrite, extra_attrs=extra, bar=bar)
+            if rec is not None:
+                written.append(rec)
+    except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises
+        exc = e
+    finally:
+        gcomm.Free()
+        if bar is not None:
+            bar.close()
+    results = comm.allgather((None if exc is None else _message(exc), written))
+    recs = sorted((r for _, part in results for r in part), key=lambda r: r.index)
+    if exc is None and not any(m for m, _ in results):
+        if sum(r.samples for r in recs) == 0:
+            exc = SampleError(f"{source}: no samples left to write: all {n} were skipped")
+        elif manifest is not None and rank == 0:
+            try:
+                from datastore.formats import write_manifest
+
+                write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
+            except (DStoreError, OSError) as e:
+                exc = e
+    failed = comm.allgather(None if exc is None else _message(exc))
+    if any(failed):
+        for rec in written:
+            _remove(rec.path)
+        comm.Barrier()
+        if rank == 0 and manifest is not None:
+            for path in (r.path for r in recs):
+                _remove(path)
+            if created:
+                try:
+                    os.rmdir(os.path.dirname(shard_paths[0]))
+                except OSError:
+                    pass
+        if exc is not None:
+            raise exc
+        r, (name, text) = next((r, m) for r, m in enumerate(failed) if m is not None)
+        raise _remote(name, text, r)
+    seconds = comm.bcast(time.perf_counter() - t0, root=0)
+    skipped = list(src.skipped) + [s for r in recs for s in r.skipped]
+    return IngestReport(output=os.path.abspath(os.fspath(output)), samples=sum(r.samples for r in recs),
+                        bytes=sum(r.bytes for r in recs), seconds=seconds, skipped=skipped,
+                        ignored=list(src.ignored), notes=list(src.notes), shards=[r.path for r in recs],
+                        encoding=target.encoding, num_classes=len(src.class_names), ranks=size, fmt=fmt)
+
+
+def _remove(path: str) -> None:
+    from datastore.formats.layout import remove_path
+
+    remove_path(path)

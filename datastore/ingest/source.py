@@ -1,0 +1,160 @@
+"""The interface every ingest source implements, and the registry that picks a source for a spec.
+
+A source is N samples addressed by their source index 0..N-1. Its listing (labels, names, class
+names, encoding) is known up front; a sample's bytes are produced only by `load(i)`, on whichever
+rank processes it. Sources are plain picklable objects, so a source that is expensive to list (an
+image folder) is listed once on rank 0 and broadcast.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import os
+from typing import ClassVar
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+SOURCE_TYPES = ("auto", "folder", "cifar", "arrays", "digits", "synthetic")
+"""Values of `source_type`; `auto` decides from the spec (see `source_type_of`)."""
+
+
+class Source(abc.ABC):
+    """A data set to ingest.
+
+    Attributes:
+        kind: registry name (`folder`, `cifar`, ...).
+        list_on_root: True if listing is costly (a directory walk): rank 0 builds the source and
+            broadcasts it; otherwise every rank builds its own.
+        description: provenance text stored as the container's `source` attribute.
+        encoding: what `load` returns: `jpeg`, `png`, `image` (encoded files of mixed formats) or
+            `raw` (arrays of `raw_dtype` and `raw_shape`).
+        class_names: label i's name is class_names[i].
+        raw_dtype, raw_shape: for encoding `raw`.
+        skipped: (location, reason) for entries dropped while listing (only with on_error="skip").
+        ignored: paths that were not taken as samples on purpose (e.g. a `.txt` in a class folder).
+        notes: remarks for the ingest summary (e.g. "labels are all 0").
+    """
+
+    kind: ClassVar[str] = ""
+    list_on_root: ClassVar[bool] = False
+
+    description: str = ""
+    encoding: str = "raw"
+    class_names: tuple[str, ...] = ()
+    raw_dtype: str | None = None
+    raw_shape: tuple[int, ...] | None = None
+
+    def __init__(self):
+        self.skipped: list[tuple[str, str]] = []
+        self.ignored: list[str] = []
+        self.notes: list[str] = []
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of samples."""
+
+    @abc.abstractmethod
+    def label(self, i: int) -> int:
+        """Sample i's label (known without loading the sample)."""
+
+    @abc.abstractmethod
+    def name(self, i: int) -> str:
+        """Sample i's name as stored in the container (e.g. its path relative to the source root)."""
+
+    def locate(self, i: int) -> str:
+        """Where sample i comes from, for error messages (a full path where there is one)."""
+        return self.name(i)
+
+    @abc.abstractmethod
+    def load(self, i: int) -> bytes | np.ndarray:
+        """Sample i: encoded file bytes, or a raw array of `raw_dtype` and `raw_shape`.
+
+        Raises:
+            SampleError: naming `locate(i)` and the reason, if the sample is unreadable or invalid.
+        """
+
+    @property
+    def estimated_sample_bytes(self) -> int:
+        """A rough size of one sample, used to size the chunks ranks exchange."""
+        if self.raw_shape is not None and self.raw_dtype is not None:
+            return int(np.prod(self.raw_shape)) * np.dtype(self.raw_dtype).itemsize
+        return 110_000
+
+
+def source_type_of(spec: str) -> str:
+    """The source type `auto` picks for `spec` (without reading any sample).
+
+    `digits` and `synthetic` are names; a `.npy`/`.npz` path is `arrays`; a CIFAR batch file or a
+    directory holding CIFAR batches is `cifar`; any other directory is an image `folder`.
+
+    Raises:
+        ConfigError: `spec` is neither a known name nor an existing path.
+    """
+    if spec in ("digits", "synthetic"):
+        return spec
+    lower = spec.lower()
+    if lower.endswith((".npy", ".npz")):
+        return "arrays"
+    if os.path.isdir(spec):
+        from datastore.ingest.cifar import looks_like_cifar_dir
+
+        return "cifar" if looks_like_cifar_dir(spec) else "folder"
+    if os.path.isfile(spec):
+        from datastore.ingest.cifar import looks_like_cifar_file
+
+        if looks_like_cifar_file(spec):
+            return "cifar"
+        raise ConfigError(f"source {spec!r} is a file that is neither .npy/.npz nor a CIFAR python batch "
+                          "(a pickle); an image folder source must be a directory")
+    raise ConfigError(f"source {spec!r} does not exist and is not one of the names 'digits', 'synthetic'")
+
+
+def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise", count: int | None = None,
+                **options) -> Source:
+    """Builds the source for `spec` on this process (no MPI).
+
+    Args:
+        spec: a path (image folder, CIFAR batch dir or file, .npy/.npz) or `digits` / `synthetic`.
+        source_type: one of SOURCE_TYPES.
+        on_error: `raise` or `skip`, for problems found while listing (e.g. an empty class folder).
+        count: for `synthetic`, how many images to generate (default 1,000); other sources ignore
+            it here (ingest truncates them).
+        **options: passed to the source class (see each module); unknown options are an error.
+
+    Raises:
+        ConfigError: an unknown source type or option.
+        SampleError: the source cannot be read (missing, empty, malformed), naming the path.
+    """
+    if source_type not in SOURCE_TYPES:
+        raise ConfigError(f"source_type={source_type!r} is not one of {SOURCE_TYPES}")
+    kind = source_type_of(spec) if source_type == "auto" else source_type
+    cls = _source_class(kind)
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "spec", "count")]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(f"source type {kind!r} takes no option(s) {unknown}; its options are {sorted(allowed)}")
+    if kind == "folder":
+        return cls(spec, on_error=on_error, **options)
+    if kind in ("cifar", "arrays"):
+        return cls(spec, **options)
+    if kind == "digits":
+        return cls(**options)
+    return cls(1000 if count is None else count, **options)
+
+
+def _source_class(kind: str) -> type[Source]:
+    """The class implementing source type `kind` (imported on demand: each pulls its own libraries)."""
+    if kind == "folder":
+        from datastore.ingest.folder import FolderSource as cls
+    elif kind == "cifar":
+        from datastore.ingest.cifar import CifarSource as cls
+    elif kind == "arrays":
+        from datastore.ingest.arrays import ArraySource as cls
+    elif kind == "digits":
+        from datastore.ingest.digits import DigitsSource as cls
+    else:
+        from datastore.ingest.synthetic import SyntheticSource as cls
+    return cls
