@@ -183,6 +183,13 @@ class SampleBuffer:
 
     def append(self, data, label: int, name: str, source_index: int) -> int:
         """Buffers one sample; returns its index."""
+        name = str(name)
+        if "\x00" in name:  # HDF5 stores names as C strings; a NUL would silently cut the name
+            raise ConfigError(f"sample name {name!r} contains a NUL character")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # e.g. a non-UTF-8 file name decoded with surrogateescape
+            name = name.encode("utf-8", "backslashreplace").decode("utf-8")
         arr = as_u8(data)
         crc = checksum(arr)
         pos = 0
@@ -198,7 +205,7 @@ class SampleBuffer:
         self.offsets.append(self.offsets[-1] + arr.size)
         self.labels.append(int(label))
         self.checksums.append(crc)
-        self.names.append(str(name))
+        self.names.append(name)
         self.source_index.append(int(source_index))
         return len(self.labels) - 1
 
