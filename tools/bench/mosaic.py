@@ -54,8 +54,9 @@ def run_peer(comm, samples: list[tuple[str, int]], work_dir: str, *, seed: int, 
 def _run_on_root(samples, work_dir, *, seed, batch_size, venv, timeout):
     py = find_python(venv)
     if py is None:
-        return [], ("skipped: no Mosaic venv (run `bash tools/setup_mosaic.sh` to create "
-                    f"{DEFAULT_VENV.relative_to(REPO)}, or set DSTORE_MOSAIC_VENV)")
+        where = os.path.relpath(DEFAULT_VENV, REPO)
+        return [], (f"skipped: no Mosaic venv (run `bash tools/setup_mosaic.sh` to create {where}, "
+                    "or set DSTORE_MOSAIC_VENV)")
     os.makedirs(work_dir, exist_ok=True)
     listing = os.path.join(work_dir, "samples.json")
     with open(listing, "w") as fh:

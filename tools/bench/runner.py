@@ -1,0 +1,237 @@
+"""A whole bench run, in order: data, limits, baselines, the store, the training view, the growth sweep,
+outputs. Every rank runs it; rank 0 prints the progress and writes the files."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from tools.bench import baselines, limits, mosaic, report, store_bench, training_view
+from tools.bench.common import Measurement, Progress
+from tools.bench.data import DataSet, container_files, container_path, load_dataset, prepare_data, repeated_container
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """What one run measures (the CLI's options; see tools/cmd_bench.py for their meaning)."""
+
+    out: str
+    count: int = 4096
+    data_dir: str | None = None
+    container: str | None = None
+    batch_size: int = 64
+    seed: int = 0
+    caches: tuple[str, ...] = ("cold", "warm")
+    num_workers: int = 2
+    decode_threads: int = 2
+    decode_size: int | None = None
+    growth: tuple[int, ...] = (2048, 8192, 32768)
+    compute_factor: float = 1.25
+    zarr_limit: int | None = None
+    mosaic: bool = True
+    mosaic_venv: str | None = None
+    plots: bool = True
+    command: str = ""
+
+
+def machine() -> str:
+    """One line describing this machine: CPU model, cores, memory, OS, MPI library."""
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as fh:
+            mem = int(fh.readline().split()[1]) / 2**20
+    except OSError:
+        mem = 0.0
+    from mpi4py import MPI
+
+    mpi = MPI.Get_library_version().splitlines()[0].strip()
+    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}, {mpi}"
+
+
+def run(comm, cfg: BenchConfig) -> dict:
+    """Runs the whole bench on every rank of `comm`; rank 0 writes the outputs and returns the results."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    caches = [c for c in ("cold", "warm") if c in cfg.caches]
+    steps = 12 + 6 * len(caches) + (1 if cfg.growth else 0)
+    prog = Progress(comm, steps)
+    notes: list[str] = []
+    ms: list[Measurement] = []
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    if load_start > (os.cpu_count() or 1):
+        prog.note(f"warning: load average {load_start:.1f} on {os.cpu_count()} cores: other work is running "
+                  "and every figure below is lower than this machine can do")
+
+    # --- data ------------------------------------------------------------------------------------
+    prog.start("data")
+    folder = None
+    if cfg.container:
+        hdf5, zarr_path = cfg.container, None
+        notes.append(f"container given: {cfg.container}; the h5py (Zarr) baseline runs only on an HDF5 "
+                     "(Zarr) container, the folder and Mosaic baselines only if its source files are on disk")
+    else:
+        data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, progress=prog)
+        hdf5 = container_path(data_dir, cfg.count, cfg.seed, "hdf5")
+        zarr_path = container_path(data_dir, cfg.count, cfg.seed, "zarr")
+    data = load_dataset(hdf5, zarr_path, folder)
+    prog.note(f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
+              f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB")
+    B = cfg.batch_size
+
+    def add(m):
+        ms.append(m)
+        prog.result(m)
+
+    # --- limits ----------------------------------------------------------------------------------
+    prog.start("limit: memcpy")
+    add(limits.memcpy_pass(comm, data.offsets, B, cfg.seed))
+    prog.start("limit: raw RMA")
+    add(limits.raw_rma_pass(comm, data.offsets, B, cfg.seed))
+    for cache in caches:
+        prog.start(f"limit: sequential read, {cache}")
+        if data.hdf5:
+            add(limits.sequential_read(comm, data.hdf5, cache))
+
+    # --- baselines -------------------------------------------------------------------------------
+    for cache in caches:
+        prog.start(f"baseline: DataLoader over files, {cache}")
+        if data.files is not None:
+            ds = baselines.FileBytesDataset(data.files, data.labels)
+            add(baselines.dataloader_pass(comm, ds, name=report.FOLDER, cache=cache, evict_paths=data.files,
+                                          batch_size=B, num_workers=cfg.num_workers, seed=cfg.seed))
+    for cache in caches:
+        prog.start(f"baseline: h5py per-sample, {cache}")
+        if data.hdf5:
+            add(baselines.per_sample_pass(comm, data.hdf5, "h5py", data.offsets, data.labels, cache=cache,
+                                          seed=cfg.seed))
+    for cache in caches:
+        prog.start(f"baseline: zarr per-sample, {cache}")
+        if data.zarr:
+            add(baselines.per_sample_pass(comm, data.zarr, "zarr", data.offsets, data.labels, cache=cache,
+                                          seed=cfg.seed, limit=cfg.zarr_limit))
+    prog.start("baseline: Mosaic Streaming")
+    if cfg.mosaic and data.files is not None:
+        work = os.path.join(cfg.data_dir or os.path.join(cfg.out, "data"), f"mosaic-{cfg.count}-s{cfg.seed}")
+        got, note = mosaic.run_peer(comm, list(zip(data.files, data.labels.tolist())), work, seed=cfg.seed,
+                                    batch_size=B, venv=cfg.mosaic_venv)
+        for m in got:
+            if m.cache in caches:
+                add(m)
+        notes.append("Mosaic Streaming: " + note)
+        prog.note(note)
+    elif not cfg.mosaic:
+        notes.append("Mosaic Streaming: skipped (--no-mosaic)")
+
+    # --- the store -------------------------------------------------------------------------------
+    evict_paths = container_files(data.container)
+    for mode in ("preload", "dynamic"):
+        for cache in caches:
+            prog.start(f"store: population {mode}, {cache}")
+            add(store_bench.population(comm, data.container, evict_paths, mode=mode, cache=cache, batch_size=B,
+                                       seed=cfg.seed))
+    for shuffle in ("global", "local", "partial"):
+        for prefetch in (store_bench.PREFETCH_ON, 0):
+            prog.start(f"store: delivery, {shuffle} shuffle, prefetch {prefetch}")
+            add(store_bench.delivery(comm, data.container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
+                                     seed=cfg.seed))
+    prog.start("store: decode through StoreLoader")
+    dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=B, seed=cfg.seed,
+                                          num_threads=cfg.decode_threads, size=cfg.decode_size)
+    add(dec)
+
+    # --- training view ---------------------------------------------------------------------------
+    prog.start("training view (DLIO: sleep per step)")
+    tv = run_training_view(comm, cfg, data, step_s, prog)
+
+    # --- growth ----------------------------------------------------------------------------------
+    growth = []
+    if cfg.growth:
+        prog.start(f"growth: {', '.join(f'{n:,}' for n in cfg.growth)} samples")
+        growth = run_growth(comm, cfg, data, prog)
+
+    results = {
+        "meta": {
+            "ranks": size, "num_samples": data.num_samples, "total_bytes": data.total_bytes,
+            "mean_sample_bytes": data.total_bytes / max(1, data.num_samples), "batch_size": B,
+            "seed": cfg.seed, "caches": caches, "num_workers": cfg.num_workers,
+            "decode_threads": cfg.decode_threads, "machine": machine(), "python": sys.version.split()[0],
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
+            "container": data.container, "zarr": data.zarr, "files": data.files is not None,
+            "cores": os.cpu_count(), "bench_seconds": None, "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        },
+        "measurements": report.measurement_dicts(ms),
+        "training_view": tv,
+        "growth": growth,
+        "notes": notes,
+    }
+    results["meta"]["bench_seconds"] = round(time.perf_counter() - t_start, 1)
+    if rank == 0:
+        paths = report.write_outputs(results, cfg.out, plots=cfg.plots)
+        prog.note("wrote " + ", ".join(os.path.relpath(p, cfg.out) for p in paths) + f" in {cfg.out}")
+        for r in results["ratios"]:
+            val = "n/a" if r["value"] is None else f"{r['value']:.2f}"
+            met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
+            prog.note(f"{r['description']}: {val} (goal >= {r['goal']:g}) {met}")
+    comm.Barrier()
+    return results
+
+
+def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, prog: Progress) -> dict:
+    """AU of the store and of each baseline that can run, with compute = factor x the store's step time."""
+    from datastore.store import DataStore
+
+    compute = max(store_step_s * cfg.compute_factor, 1e-3)
+    rows = []
+    with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload") as store:
+        rows.append(training_view.au_loop(comm, "store (StoreLoader)", training_view.store_loader_iter(
+            store, epoch=2, num_threads=cfg.decode_threads, size=cfg.decode_size), compute))
+        rows[-1]["cache"] = "memory"
+    kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
+    if data.files is not None:
+        rows.append(training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
+            data.files, data.labels, decode=True), data.files, **kw))
+    if data.hdf5:
+        rows.append(training_view.run_baseline(comm, "h5py Dataset + DataLoader", baselines.ContainerSampleDataset(
+            data.hdf5, "h5py", data.offsets, data.labels, decode=True), [data.hdf5], **kw))
+    if data.zarr:
+        rows.append(training_view.run_baseline(comm, "zarr Dataset + DataLoader", baselines.ContainerSampleDataset(
+            data.zarr, "zarr", data.offsets, data.labels, decode=True), [data.zarr], **kw))
+    for r in rows:
+        prog.note(f"{r['name']}: AU {r['au']:.3f} ({r['steps']} steps, wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
+    return {"compute_seconds": compute, "store_step_seconds": store_step_s, "factor": cfg.compute_factor,
+            "loaders": rows}
+
+
+def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[dict]:
+    """Store delivery and raw RMA cost per sample over the first n samples, for each n in cfg.growth."""
+    sizes = sorted(set(cfg.growth))
+    big = data
+    if sizes[-1] > data.num_samples:
+        if cfg.container:
+            sizes = [n for n in sizes if n <= data.num_samples]
+            prog.note(f"growth limited to the container's {data.num_samples:,} samples")
+        else:
+            data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+            path = os.path.join(data_dir, f"repeated-{cfg.count}x-{sizes[-1]}-s{cfg.seed}.h5")
+            prog.note(f"growth container: {sizes[-1]:,} samples repeating the {data.num_samples:,} generated ones")
+            big = repeated_container(comm, data, sizes[-1], path)
+    out = []
+    for n in sizes:
+        st = store_bench.delivery(comm, big.container, shuffle="global", prefetch=store_bench.PREFETCH_ON,
+                                  batch_size=cfg.batch_size, seed=cfg.seed, sample_range=(0, n),
+                                  name=report.STORE_MAIN)
+        rm = limits.raw_rma_pass(comm, big.offsets[:n + 1], cfg.batch_size, cfg.seed, repeat=2)
+        out.append({"num_samples": n, "total_bytes": int(big.offsets[n]), "store": st.to_dict(), "raw_rma": rm.to_dict()})
+        prog.note(f"{n:,} samples: store {st.us_per_sample:.1f} us/sample, raw RMA {rm.us_per_sample:.1f} us/sample")
+    return out

@@ -1,0 +1,76 @@
+"""The training view, by DLIO's method: each loader feeds a loop whose compute is a fixed sleep per step;
+accelerator utilisation AU = compute time / wall time. Every loader delivers decoded images."""
+
+from __future__ import annotations
+
+import time
+
+from tools.bench.common import evict_on_nodes, rank_split
+
+
+def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
+    """Runs one epoch of `make_iter()` with `compute_seconds` of sleep per step, on every rank.
+
+    The sleep releases the GIL, so loader threads (the store's decode pool) work beside it, as they
+    would beside a GPU step. Ranks are not synchronised per step (their step counts may differ by
+    one for the baselines' DistributedSampler-like split), so AU is per rank and the job's AU is
+    the lowest.
+
+    Returns:
+        {name, steps, wall, wait, au, rank_au}: wall and wait (seconds spent waiting for the next
+        batch) of the slowest rank, AU of the least utilised rank.
+    """
+    comm.Barrier()
+    t0 = time.perf_counter()
+    it = iter(make_iter())
+    steps = 0
+    wait = 0.0
+    while True:
+        tw = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            wait += time.perf_counter() - tw
+            break
+        wait += time.perf_counter() - tw
+        time.sleep(compute_seconds)
+        steps += 1
+    wall = time.perf_counter() - t0
+    got = comm.allgather((steps, wall, wait))
+    rank_au = [s * compute_seconds / w if w > 0 else 0.0 for s, w, _ in got]
+    worst = min(range(len(got)), key=lambda r: rank_au[r])
+    return {"name": name, "steps": got[worst][0], "wall": got[worst][1], "wait": got[worst][2],
+            "au": rank_au[worst], "rank_au": [round(a, 4) for a in rank_au]}
+
+
+def store_loader_iter(store, *, epoch: int, num_threads: int, size):
+    """A factory for one epoch of decoded batches from `StoreLoader`."""
+    from datastore.torch import StoreLoader
+
+    loader = StoreLoader(store, num_threads=num_threads, size=size)
+    return lambda: loader.epoch(epoch)
+
+
+def dataloader_iter(comm, dataset, *, batch_size: int, num_workers: int, seed: int, epoch: int = 0):
+    """A factory for one epoch of a torch DataLoader over `dataset` (rank's DistributedSampler-like share)."""
+    from torch.utils.data import DataLoader
+
+    from tools.bench.baselines import collate_list
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    indices = rank_split(len(dataset), rank, size, seed, epoch).tolist()
+    per_rank = max(1, batch_size // size)
+    return lambda: DataLoader(dataset, batch_size=per_rank, sampler=indices, num_workers=num_workers,
+                              collate_fn=collate_list, prefetch_factor=4 if num_workers else None)
+
+
+def run_baseline(comm, name: str, dataset, evict_paths, *, compute_seconds: float, batch_size: int,
+                 num_workers: int, seed: int) -> dict:
+    """The training view of one DataLoader baseline, cold (its files evicted first): a data set larger
+    than the page cache is read from storage every epoch."""
+    evict_on_nodes(comm, evict_paths)
+    row = au_loop(comm, name, dataloader_iter(comm, dataset, batch_size=batch_size, num_workers=num_workers,
+                                              seed=seed), compute_seconds)
+    row["cache"] = "cold"
+    row["num_workers"] = num_workers
+    return row

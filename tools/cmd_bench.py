@@ -1,0 +1,140 @@
+"""`dstore bench`: I/O throughput of the store side by side with the machine's limits and with the readers users use today."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+HELP = ("benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
+        "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots")
+
+QUICK = {"count": 192, "growth": "64,192", "batch_size": 32}
+"""What --quick sets (a smoke test that finishes in seconds; the figures mean little)."""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke-test size ({QUICK['count']} samples, growth {QUICK['growth']}); for CI")
+    p.add_argument("--count", type=int, default=None, help="samples to generate (default 4096; --quick 192)")
+    p.add_argument("--out", default="bench-out", help="directory for results.json, results.md and the plots")
+    p.add_argument("--data-dir", default=None,
+                   help="where generated data (image folder, HDF5, Zarr, MDS) is kept and reused (default OUT/data)")
+    p.add_argument("--container", default=None,
+                   help="benchmark this existing container instead of generating data")
+    cache = p.add_argument_group("page cache (default: both)")
+    cache.add_argument("--cold", action="store_true", help="only cold runs (files' pages evicted first)")
+    cache.add_argument("--warm", action="store_true", help="only warm runs")
+    p.add_argument("--batch-size", type=int, default=None, help="GLOBAL batch size (default 64; --quick 32)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (baselines)")
+    p.add_argument("--decode-threads", type=int, default=2, help="StoreLoader decode threads per rank")
+    p.add_argument("--decode-size", type=int, default=None,
+                   help="StoreLoader `size` (resize/crop edge); default: the loader's own default")
+    p.add_argument("--growth", type=_ints, default=None,
+                   help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip")
+    p.add_argument("--compute-factor", type=float, default=1.25,
+                   help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
+    p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
+    p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")
+    p.add_argument("--mosaic-venv", default=None,
+                   help="the Mosaic venv (default $DSTORE_MOSAIC_VENV or .cache/venv-mosaic; see tools/setup_mosaic.sh)")
+    p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
+    p.add_argument("--scaling", type=_ints, default=None,
+                   help="run under mpiexec -n K for each K listed (e.g. 1,2,4) into OUT/nK, then --collect them into OUT")
+    p.add_argument("--collect", nargs="+", default=None, metavar="RESULTS",
+                   help="merge results.json files (or their directories) of runs on different rank counts into "
+                        "OUT/scaling.{json,md,png}, and measure nothing")
+
+
+def _config(args):
+    from datastore.errors import ConfigError
+    from tools.bench.runner import BenchConfig
+
+    count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
+    batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
+    growth = args.growth if args.growth is not None else (_ints(QUICK["growth"]) if args.quick else (2048, 8192, 32768))
+    if count < 2:
+        raise ConfigError(f"--count={count} must be >= 2")
+    if batch < 1:
+        raise ConfigError(f"--batch-size={batch} must be >= 1")
+    if args.compute_factor < 1.0:
+        raise ConfigError(f"--compute-factor={args.compute_factor} must be >= 1 (DLIO: compute at least the loader's time)")
+    if args.container and not os.path.exists(args.container):
+        raise ConfigError(f"--container={args.container}: no such file or directory")
+    caches = ("cold", "warm")
+    if args.cold != args.warm:
+        caches = ("cold",) if args.cold else ("warm",)
+    return BenchConfig(out=args.out, count=count, data_dir=args.data_dir, container=args.container,
+                       batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
+                       decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
+                       compute_factor=args.compute_factor, zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
+                       mosaic_venv=args.mosaic_venv, plots=not args.no_plots,
+                       command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
+
+
+def _scaling(args, argv: list[str]) -> int:
+    """Runs this command under mpiexec for each rank count, then merges the results."""
+    from datastore.errors import ConfigError
+    from tools.bench.report import collect
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = here if os.path.exists(here) else "mpiexec"
+    data_dir = args.data_dir or os.path.join(args.out, "data")
+    rest, skip = [], False
+    for a in argv:  # drop --scaling, --out and --data-dir (set per run below)
+        if skip:
+            skip = False
+            continue
+        if a in ("--scaling", "--out", "--data-dir"):
+            skip = True
+            continue
+        if a.startswith(("--scaling=", "--out=", "--data-dir=")) or a == "bench":
+            continue
+        rest.append(a)
+    outs = []
+    for k in args.scaling:
+        out = os.path.join(args.out, f"n{k}")
+        cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "tools", "bench", *rest, "--out", out,
+               "--data-dir", data_dir]
+        print(f"== {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+        code = subprocess.call(cmd)
+        if code != 0:
+            raise ConfigError(f"the run on {k} rank(s) failed with exit code {code}: {' '.join(cmd)}")
+        outs.append(out)
+    for p in collect(outs, args.out, plots=not args.no_plots):
+        print(f"wrote {p}")
+    return 0
+
+
+def run(args) -> int:
+    from mpi4py import MPI
+
+    from tools.bench import report, runner
+
+    comm = MPI.COMM_WORLD
+    if args.collect:
+        if comm.Get_rank() == 0:
+            for p in report.collect(args.collect, args.out, plots=not args.no_plots):
+                print(f"wrote {p}")
+        return 0
+    if args.scaling:
+        from datastore.errors import ConfigError
+
+        if comm.Get_size() != 1:
+            raise ConfigError("--scaling launches its own mpiexec runs: start it as one process, not under mpiexec")
+        return _scaling(args, sys.argv[1:])
+    runner.run(comm, _config(args))
+    return 0
