@@ -310,7 +310,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         comm: an mpi4py communicator (default MPI.COMM_WORLD).
         fmt: `hdf5` or `zarr`.
         shards: number of shard files (see datastore.ingest.plan for which ranks write which).
-        seed: seed of the write order.
+        seed: seed of the write order (for `synthetic`, also of the generated images).
         keep_order: write in source order instead of a seeded random order.
         encoding: stored encoding; None keeps the source's (see process.resolve_target).
         resize: `HxW` (or (H, W)) to store decoded, resized pixels (implies encoding `raw`).
@@ -336,6 +336,8 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     resize = plan.parse_resize(resize)
     comm.Barrier()
     t0 = time.perf_counter()
+    if source == "synthetic" or source_options.get("source_type") == "synthetic":
+        source_options["seed"] = seed  # one seed: the generated images and their order
     src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     n = len(src) if count is None else min(len(src), int(count))
     target = resolve_target(src, encoding, resize)

@@ -1,0 +1,82 @@
+"""`dstore ingest`: read a data set once and write it as a container, split over the ranks of the job."""
+
+from __future__ import annotations
+
+HELP = ("Ingest a data set (an image folder root/<class>/<file>, CIFAR python batches, a .npy/.npz file, "
+        "'digits' or 'synthetic') into an HDF5 or Zarr container, in a seeded random order. "
+        "Run under mpiexec to split the work over ranks.")
+
+
+def _source_option(text: str):
+    """`KEY=VALUE` for --source-option; VALUE is parsed as int if it looks like one."""
+    import argparse
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        return key.replace("-", "_"), int(value)
+    except ValueError:
+        return key.replace("-", "_"), value
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("source", help="image folder, CIFAR batch dir or file, .npy/.npz, 'digits' or 'synthetic'")
+    parser.add_argument("output", help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json")
+    parser.add_argument("--format", dest="fmt", choices=("hdf5", "zarr"), default=None,
+                        help="container backend (default: zarr if OUTPUT ends in .zarr, else hdf5)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="number of shard files, written in parallel (best a multiple or divisor of the ranks)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the write order")
+    parser.add_argument("--keep-order", action="store_true", help="write in source order, not a seeded random order")
+    parser.add_argument("--encoding", choices=("jpeg", "png", "image", "raw"), default=None,
+                        help="stored encoding (default: the source's; raw for image files needs --resize)")
+    parser.add_argument("--resize", default=None, metavar="HxW", help="store decoded pixels resized to HxW (raw)")
+    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help="a bad sample stops the job (raise) or is skipped and listed (skip)")
+    parser.add_argument("--count", type=int, default=None,
+                        help="use the first COUNT source samples (synthetic: how many images to make; default 1000)")
+    parser.add_argument("--source-type", choices=("auto", "folder", "cifar", "arrays", "digits", "synthetic"),
+                        default="auto", help="how to read SOURCE")
+    parser.add_argument("--validate", choices=("header", "full", "none"), default=None,
+                        help="image folder check per file: header (default; cheap, catches truncation), "
+                             "full decode, or none")
+    parser.add_argument("--split", choices=("train", "test", "all"), default=None, help="CIFAR split (default train)")
+    parser.add_argument("--source-option", "-O", action="append", type=_source_option, default=[],
+                        metavar="KEY=VALUE",
+                        help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 (synthetic), "
+                             "-O labels=coarse (CIFAR-100), -O images_key=x (npz)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing container")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+
+
+def run(args) -> int:
+    import json
+
+    from mpi4py import MPI
+
+    from datastore.ingest import ingest
+
+    fmt = args.fmt or ("zarr" if args.output.rstrip("/").lower().endswith(".zarr") else "hdf5")
+    options = dict(args.source_option)
+    if args.validate is not None:
+        options["validate"] = args.validate
+    if args.split is not None:
+        options["split"] = args.split
+    comm = MPI.COMM_WORLD
+    report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
+                    keep_order=args.keep_order, encoding=args.encoding, resize=args.resize,
+                    on_error=args.on_error, count=args.count, progress=not args.no_progress,
+                    overwrite=args.overwrite, source_type=args.source_type, **options)
+    if comm.Get_rank() == 0:
+        if args.json:
+            print(json.dumps({"output": report.output, "samples": report.samples, "bytes": report.bytes,
+                              "seconds": report.seconds, "mb_per_s": report.mb_per_s,
+                              "files_per_s": report.files_per_s, "ranks": report.ranks,
+                              "shards": report.shards, "encoding": report.encoding,
+                              "skipped": [list(s) for s in report.skipped], "ignored": report.ignored,
+                              "notes": report.notes}), flush=True)
+        else:
+            print(report.summary(max_listed=1000), flush=True)
+    return 0
