@@ -143,6 +143,24 @@ class TestWriter:
         with open_container(path) as r:
             assert r.read_range(0, 60).tobytes() == b"".join(s[0] for s in samples)
 
+    def test_all_zero_chunks(self, tmp_path, fmt):
+        # Zarr does not store a chunk that is all fill value; reads must still return its zeros.
+        samples = [(b"\x01" * 10, 0, "a", 0), (bytes(300), 0, "zeros", 1), (b"\x02" * 10, 0, "b", 2)]
+        path = write_samples(tmp_path / f"z{SUFFIX[fmt]}", fmt, samples, chunk_bytes=64)
+        with open_container(path) as r:
+            assert [r.sample(i)[0].tobytes() for i in range(3)] == [s[0] for s in samples]
+            assert r.read_range(0, 3).tobytes() == b"".join(s[0] for s in samples)
+
+    def test_large_range_read_into_out(self, tmp_path, fmt):
+        # Over a MiB: HDF5 reads straight into `out` (below that it slices and copies).
+        rng = np.random.default_rng(4)
+        samples = [(rng.integers(0, 256, 700_000, dtype=np.uint8).tobytes(), 0, f"{i}", i) for i in range(4)]
+        path = write_samples(tmp_path / f"l{SUFFIX[fmt]}", fmt, samples, chunk_bytes=1 << 20)
+        with open_container(path) as r:
+            out = np.empty(2_100_000, dtype=np.uint8)
+            assert r.read_range(1, 4, out=out) is out
+            assert out.tobytes() == b"".join(s[0] for s in samples[1:])
+
     def test_raw_encoding_and_extra_attrs(self, tmp_path, fmt):
         arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
         path = tmp_path / f"raw.{fmt}"

@@ -67,7 +67,7 @@ def test_verify_under_mpiexec_finds_the_same_sample(tmp_path):
 
 @pytest.mark.mpi
 def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
-    path = write_samples(tmp_path / "c.h5", "hdf5", SAMPLES, chunk_bytes=512)
+    path = write_samples(tmp_path / "c.zarr", "zarr", SAMPLES, chunk_bytes=512)
     flip_byte(path, BAD)
     script = tmp_path / "check.py"
     script.write_text(

@@ -9,21 +9,16 @@ import h5py
 import numpy as np
 
 from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import ContainerReader, ContainerWriter
+from datastore.formats.base import ContainerReader
 from datastore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
-    DATA_CHUNK_BYTES,
     SampleBuffer,
+    StreamingWriter,
+    check_byte_range,
     check_index,
     check_out,
-    check_target,
-    check_writer_args,
-    make_attrs,
-    move_into_place,
     parse_info,
-    remove_path,
-    temp_path,
 )
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -115,9 +110,7 @@ class HDF5Reader(ContainerReader):
 
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] in one HDF5 read straight into `out` (no intermediate copy)."""
-        lo, hi = int(lo), int(hi)
-        if not 0 <= lo <= hi <= self.total_bytes:
-            raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
+        lo, hi = check_byte_range(self.path, lo, hi, self.total_bytes)
         dset = self._live()
         n = hi - lo
         try:
@@ -152,28 +145,16 @@ class HDF5Reader(ContainerReader):
             f.close()
 
 
-class HDF5Writer(ContainerWriter):
+class HDF5Writer(StreamingWriter):
     """Streams samples into a temporary `.h5` beside `path` in chunks of `chunk_bytes`; `commit()`
-    writes the index arrays, the attributes, the completion marker last, and renames it to `path`."""
+    writes the index arrays, the attributes, the completion marker last, and renames it to `path`.
+    Arguments: see `datastore.formats.create_writer`."""
 
-    def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
-        self._class_names = check_writer_args(encoding=encoding, class_names=class_names,
-                                              raw_dtype=raw_dtype, raw_shape=raw_shape)
-        self._meta = dict(encoding=encoding, class_names=self._class_names, raw_dtype=raw_dtype,
-                          raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
-        make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
-        self._overwrite = bool(overwrite)
-        self.path = check_target(path, self._overwrite)
-        self._tmp = temp_path(self.path)
-        self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
-        self._data = None
-        self._state = "open"
+    _file = None
+    _data = None
+
+    def _open_tmp(self) -> None:
         self._file = h5py.File(self._tmp, "w", locking=False)
-
-    @property
-    def num_samples(self) -> int:
-        return self._buf.num_samples
 
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
@@ -183,47 +164,28 @@ class HDF5Writer(ContainerWriter):
         self._data.resize((stop,))
         self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
 
-    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
-        if self._state != "open":
-            raise ConfigError(f"cannot append to {self.path}: the writer is {self._state}")
-        return self._buf.append(data, label, name, source_index)
+    def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
+        f = self._file
+        tail = buf.tail()
+        if self._data is None:  # everything fit in one buffer: a contiguous dataset of the exact size
+            f.create_dataset("data", data=tail, dtype=np.uint8)
+        elif tail.size:
+            self._write_chunk(tail, buf.written)
+        for key, arr in buf.index_arrays().items():
+            f.create_dataset(key, data=arr)
+        f.create_dataset("names", data=np.array(buf.names, dtype=object),
+                         dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
+        for key, value in attrs.items():
+            f.attrs[key] = _attr_value(key, value)
+        f.flush()
+        f.attrs[COMPLETE_ATTR] = True  # the marker, last
+        self._file = None
+        f.close()
 
-    def commit(self) -> str:
-        if self._state != "open":
-            raise ConfigError(f"cannot commit {self.path}: the writer is {self._state}")
-        try:
-            f, buf = self._file, self._buf
-            tail = buf.tail()
-            if self._data is None:  # everything fit in one buffer: a contiguous dataset of the exact size
-                f.create_dataset("data", data=tail, dtype=np.uint8)
-            elif tail.size:
-                self._write_chunk(tail, buf.written)
-            for key, arr in buf.index_arrays().items():
-                f.create_dataset(key, data=arr)
-            f.create_dataset("names", data=np.array(buf.names, dtype=object),
-                             dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
-            attrs = make_attrs(**self._meta, num_samples=buf.num_samples, total_bytes=buf.total_bytes)
-            for key, value in attrs.items():
-                f.attrs[key] = _attr_value(key, value)
-            f.flush()
-            f.attrs[COMPLETE_ATTR] = True  # the marker, last
-            f.close()
-            self._file = None
-            move_into_place(self._tmp, self.path, self._overwrite)
-        except BaseException:
-            self.abort()
-            raise
-        self._state = "committed"
-        return self.path
-
-    def abort(self) -> None:
-        if self._state == "committed":
-            return
-        self._state = "aborted"
+    def _discard(self) -> None:
         f, self._file = self._file, None
         if f is not None:
             try:
                 f.close()
             except Exception:  # noqa: BLE001 - the file is being thrown away; removing it is what matters
                 pass
-        remove_path(self._tmp)

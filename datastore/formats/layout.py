@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError
-from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, checksum
+from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, checksum
 
 ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
 """The arrays every container holds (the sharded manifest holds none: its shards do)."""
@@ -142,6 +142,14 @@ def as_u8(data, what: str = "sample") -> np.ndarray:
         raise ConfigError(f"{what} must be bytes-like or a numpy array, not {type(data).__name__}") from exc
 
 
+def check_byte_range(path: str, lo: int, hi: int, total: int) -> tuple[int, int]:
+    """(lo, hi) as ints if 0 <= lo <= hi <= total, else a ConfigError naming the range."""
+    lo, hi = int(lo), int(hi)
+    if not 0 <= lo <= hi <= total:
+        raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {total}] in {path}")
+    return lo, hi
+
+
 def check_out(out: np.ndarray | None, n: int) -> np.ndarray:
     """`out` if it is a writable contiguous uint8 array of length n, else a new one."""
     if out is None:
@@ -260,3 +268,77 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
             shutil.rmtree(trash, ignore_errors=True)
             return
     os.replace(tmp, final)
+
+
+class StreamingWriter(ContainerWriter):
+    """The writer protocol every backend shares: validate the arguments before any file exists,
+    buffer samples and hand `data` over in whole chunks, and on commit finish the temporary and
+    rename it into place (on any failure, abort: remove the temporary).
+
+    A backend implements `_open_tmp()` (create the temporary at `self._tmp`),
+    `_write_chunk(chunk, start)` (store `data[start:start+len(chunk)]`), `_finish(buf, attrs)`
+    (the last partial chunk, the index arrays, the attributes, then the marker; close) and
+    `_discard()` (close handles before the temporary is removed).
+    """
+
+    def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
+                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
+        class_names = check_writer_args(encoding=encoding, class_names=class_names,
+                                        raw_dtype=raw_dtype, raw_shape=raw_shape)
+        self._meta = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
+                          raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
+        make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
+        self._overwrite = bool(overwrite)
+        self.path = check_target(path, self._overwrite)
+        self._tmp = temp_path(self.path)
+        self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
+        self._state = "open"
+        try:
+            self._open_tmp()
+        except BaseException:
+            remove_path(self._tmp)
+            raise
+
+    @property
+    def num_samples(self) -> int:
+        """Samples appended so far."""
+        return self._buf.num_samples
+
+    def _open_tmp(self) -> None:
+        raise NotImplementedError
+
+    def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
+        raise NotImplementedError
+
+    def _finish(self, buf: SampleBuffer, attrs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _discard(self) -> None:
+        raise NotImplementedError
+
+    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
+        if self._state != "open":
+            raise ConfigError(f"cannot append to {self.path}: the writer is {self._state}")
+        return self._buf.append(data, label, name, source_index)
+
+    def commit(self) -> str:
+        if self._state != "open":
+            raise ConfigError(f"cannot commit {self.path}: the writer is {self._state}")
+        try:
+            buf = self._buf
+            self._finish(buf, make_attrs(**self._meta, num_samples=buf.num_samples, total_bytes=buf.total_bytes))
+            move_into_place(self._tmp, self.path, self._overwrite)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        return self.path
+
+    def abort(self) -> None:
+        if self._state == "committed":
+            return
+        self._state = "aborted"
+        try:
+            self._discard()
+        finally:
+            remove_path(self._tmp)

@@ -13,6 +13,7 @@ from datastore.formats.base import FORMAT_VERSION, ContainerReader
 from datastore.formats.layout import (
     COMPLETE_ATTR,
     ContainerNotFoundError,
+    check_byte_range,
     check_out,
     check_target,
     make_attrs,
@@ -191,9 +192,7 @@ class ShardedReader(ContainerReader):
 
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] of the joined view: one range read per shard it touches, into one `out`."""
-        lo, hi = int(lo), int(hi)
-        if not 0 <= lo <= hi <= self.total_bytes:
-            raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
+        lo, hi = check_byte_range(self.path, lo, hi, self.total_bytes)
         if not self._shards:
             raise ConfigError(f"{self.path}: the reader is closed")
         starts = self._byte_starts

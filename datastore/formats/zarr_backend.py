@@ -7,28 +7,87 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 
 import numpy as np
 import zarr
+from zarr.codecs import BytesCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore
 
 from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import ContainerReader, ContainerWriter
+from datastore.formats.base import ContainerReader
 from datastore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
-    DATA_CHUNK_BYTES,
     INDEX_CHUNK,
     SampleBuffer,
+    StreamingWriter,
+    check_byte_range,
     check_index,
     check_out,
-    check_target,
-    check_writer_args,
-    make_attrs,
-    move_into_place,
     parse_info,
-    remove_path,
-    temp_path,
 )
+
+
+_FAST_READ_BYTES = 1 << 20
+"""Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
+
+
+class _ChunkFiles:
+    """Byte ranges of an uncompressed 1-D uint8 Zarr array in a local directory store, read with
+    os.pread from its chunk files. Zarr itself reads (and copies) a whole chunk for any slice:
+    8 MiB per sample. A small cache of open descriptors keeps warm reads at one system call."""
+
+    _MAX_OPEN = 32
+
+    def __init__(self, root: str, chunk: int, key_encoding, fill: int):
+        self._root, self._chunk, self._keys, self._fill = root, chunk, key_encoding, fill
+        self._fds: OrderedDict[int, int | None] = OrderedDict()
+
+    @classmethod
+    def for_array(cls, arr) -> _ChunkFiles | None:
+        """The reader for `arr`, or None where its chunks are not plain bytes in local files."""
+        store = arr.store_path.store
+        codecs = arr.metadata.codecs
+        if not isinstance(store, LocalStore) or len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
+            return None
+        return cls(os.path.join(str(store.root), arr.store_path.path), int(arr.chunks[0]),
+                   arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value))
+
+    def _fd(self, k: int) -> int | None:
+        if k in self._fds:
+            self._fds.move_to_end(k)
+            return self._fds[k]
+        try:
+            fd = os.open(os.path.join(self._root, self._keys.encode_chunk_key((k,))), os.O_RDONLY)
+        except FileNotFoundError:
+            fd = None  # zarr does not write a chunk that is all fill value
+        self._fds[k] = fd
+        if len(self._fds) > self._MAX_OPEN:
+            old = self._fds.popitem(last=False)[1]
+            if old is not None:
+                os.close(old)
+        return fd
+
+    def read(self, lo: int, hi: int, out: np.ndarray) -> None:
+        pos = lo
+        while pos < hi:
+            k, start = divmod(pos, self._chunk)
+            n = min(hi - pos, self._chunk - start)
+            view = out[pos - lo:pos - lo + n]
+            fd = self._fd(k)
+            if fd is None:
+                view[:] = self._fill
+            elif os.preadv(fd, [view], start) != n:
+                raise FormatError(f"{self._root}: chunk {self._keys.encode_chunk_key((k,))} is truncated")
+            pos += n
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, OrderedDict()
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
 
 
 class ZarrReader(ContainerReader):
@@ -36,7 +95,7 @@ class ZarrReader(ContainerReader):
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._group = None
+        self._group = self._files = None
         try:
             group = zarr.open_group(self.path, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
@@ -63,6 +122,7 @@ class ZarrReader(ContainerReader):
         check_index(self.path, self.info, int(data.shape[0]), self.offsets, self.labels, self.checksums,
                     self.source_index, int(names.shape[0]) if names.ndim == 1 else -1)
         self._group, self._data, self._names = group, data, names
+        self._files = _ChunkFiles.for_array(data)
 
     def _live(self):
         if self._group is None:
@@ -71,21 +131,23 @@ class ZarrReader(ContainerReader):
 
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] as one slice of the Zarr array (its chunks are fetched concurrently)."""
-        lo, hi = int(lo), int(hi)
-        if not 0 <= lo <= hi <= self.total_bytes:
-            raise ConfigError(f"byte range [{lo}, {hi}) is not within [0, {self.total_bytes}] in {self.path}")
+        lo, hi = check_byte_range(self.path, lo, hi, self.total_bytes)
         data = self._live()
         if out is not None:
             out = check_out(out, hi - lo)
         if hi == lo:
             return out if out is not None else np.empty(0, dtype=np.uint8)
         try:
-            got = np.asarray(data[lo:hi])
+            if self._files is not None and hi - lo < _FAST_READ_BYTES:
+                out = check_out(out, hi - lo)
+                self._files.read(lo, hi, out)
+                return out
+            if out is None:
+                return np.asarray(data[lo:hi])
+            # Decode the chunks straight into `out`: a rank's preload needs no second buffer.
+            data.get_basic_selection(slice(lo, hi), out=default_buffer_prototype().nd_buffer.from_numpy_array(out))
         except (OSError, ValueError) as exc:
             raise FormatError(f"{self.path}: cannot read bytes [{lo}, {hi}) of data: {exc}") from exc
-        if out is None:
-            return got
-        out[:] = got
         return out
 
     def name(self, i: int) -> str:
@@ -94,32 +156,22 @@ class ZarrReader(ContainerReader):
         return str(self._names[i])
 
     def close(self) -> None:
+        files, self._files = self._files, None
         self._group = self._data = self._names = None
+        if files is not None:
+            files.close()
 
 
-class ZarrWriter(ContainerWriter):
+class ZarrWriter(StreamingWriter):
     """Streams samples into a temporary Zarr v3 directory beside `path`, `data` uncompressed in chunks
     of `chunk_bytes`; `commit()` writes the index arrays, the attributes, the marker last, and
-    renames the directory to `path`."""
+    renames the directory to `path`. Arguments: see `datastore.formats.create_writer`."""
 
-    def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
-        self._class_names = check_writer_args(encoding=encoding, class_names=class_names,
-                                              raw_dtype=raw_dtype, raw_shape=raw_shape)
-        self._meta = dict(encoding=encoding, class_names=self._class_names, raw_dtype=raw_dtype,
-                          raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
-        make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
-        self._overwrite = bool(overwrite)
-        self.path = check_target(path, self._overwrite)
-        self._tmp = temp_path(self.path)
-        self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
-        self._data = None
-        self._state = "open"
+    _group = None
+    _data = None
+
+    def _open_tmp(self) -> None:
         self._group = zarr.open_group(self._tmp, mode="w-", zarr_format=3)
-
-    @property
-    def num_samples(self) -> int:
-        return self._buf.num_samples
 
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
@@ -129,46 +181,28 @@ class ZarrWriter(ContainerWriter):
         self._data.resize((stop,))
         self._data[start:stop] = chunk
 
-    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
-        if self._state != "open":
-            raise ConfigError(f"cannot append to {self.path}: the writer is {self._state}")
-        return self._buf.append(data, label, name, source_index)
-
-    def commit(self) -> str:
-        if self._state != "open":
-            raise ConfigError(f"cannot commit {self.path}: the writer is {self._state}")
-        try:
-            g, buf = self._group, self._buf
-            tail = buf.tail()
-            if self._data is None:  # everything fit in one buffer: one chunk of the exact size
-                arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8,
-                                     chunks=(max(tail.size, 1),), compressors=None)
-                if tail.size:
-                    arr[:] = tail
-            elif tail.size:
-                self._write_chunk(tail, buf.written)
-            for key, values in buf.index_arrays().items():
-                arr = g.create_array(key, shape=values.shape, dtype=values.dtype,
-                                     chunks=(max(1, min(values.size, INDEX_CHUNK)),))
-                if values.size:
-                    arr[:] = values
-            n = buf.num_samples
-            names = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, INDEX_CHUNK)),))
-            if n:
-                names[:] = np.array(buf.names, dtype=object)
-            g.attrs.update(make_attrs(**self._meta, num_samples=n, total_bytes=buf.total_bytes))
-            g.attrs[COMPLETE_ATTR] = True  # the marker, last
-            self._group = None
-            move_into_place(self._tmp, self.path, self._overwrite)
-        except BaseException:
-            self.abort()
-            raise
-        self._state = "committed"
-        return self.path
-
-    def abort(self) -> None:
-        if self._state == "committed":
-            return
-        self._state = "aborted"
+    def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
+        g = self._group
+        tail = buf.tail()
+        if self._data is None:  # everything fit in one buffer: one chunk of the exact size
+            arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8,
+                                 chunks=(max(tail.size, 1),), compressors=None)
+            if tail.size:
+                arr[:] = tail
+        elif tail.size:
+            self._write_chunk(tail, buf.written)
+        for key, values in buf.index_arrays().items():
+            arr = g.create_array(key, shape=values.shape, dtype=values.dtype,
+                                 chunks=(max(1, min(values.size, INDEX_CHUNK)),))
+            if values.size:
+                arr[:] = values
+        n = buf.num_samples
+        names = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, INDEX_CHUNK)),))
+        if n:
+            names[:] = np.array(buf.names, dtype=object)
+        g.attrs.update(attrs)
+        g.attrs[COMPLETE_ATTR] = True  # the marker, last
         self._group = self._data = None
-        remove_path(self._tmp)
+
+    def _discard(self) -> None:
+        self._group = self._data = None
