@@ -70,7 +70,7 @@ def validate_image(data: bytes, where: str, validate: str = "header") -> str:
                 simplejpeg.decode_jpeg_header(data)
                 # The entropy-coded data cannot contain FF D9 (0xFF is always stuffed), so a file
                 # whose last start-of-scan is not followed by an end-of-image marker was cut short.
-                if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
+                if not data.endswith(b"\xff\xd9") and data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
                     raise ValueError("truncated: no end-of-image marker after the last scan")
             return kind
         from PIL import Image
@@ -176,7 +176,7 @@ class FolderSource(Source):
             self.skipped.append((directory, reason))
             return
         for entry in entries:
-            rel = os.path.relpath(entry.path, self.root)
+            rel = entry.path[len(os.path.join(self.root, "")):]  # scandir builds entry.path from root
             if entry.name.startswith("."):
                 self.ignored.append(entry.path)
             elif entry.is_dir():

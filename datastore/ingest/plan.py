@@ -79,6 +79,15 @@ def chunk_size(sample_bytes: int, *, target_bytes: int = 8 << 20, low: int = 16,
     return int(min(high, max(low, target_bytes // max(1, int(sample_bytes)))))
 
 
+def group_chunk(positions: int, members: int, sample_bytes: int, *, round_bytes: int = 256 << 20) -> int:
+    """Samples per chunk for a group of `members` ranks writing `positions` samples: about 8 MB
+    (less for large groups, so a round the writer holds stays under `round_bytes`), and small
+    enough that every member gets at least about four chunks (load balance on small data sets)."""
+    target = max(1 << 20, min(8 << 20, round_bytes // max(1, members)))
+    by_bytes = chunk_size(sample_bytes, target_bytes=target)
+    return max(1, min(by_bytes, -(-positions // (4 * max(1, members)))))
+
+
 def parse_resize(value) -> tuple[int, int] | None:
     """`"HxW"`, `"S"` (square), an int or an (H, W) pair -> (H, W); None stays None.
 

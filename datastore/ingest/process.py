@@ -4,7 +4,6 @@ pack a chunk into one byte buffer (no MPI here)."""
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import numpy as np
 
@@ -112,17 +111,25 @@ def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
 
 @dataclasses.dataclass
 class Block:
-    """A processed chunk: sample bytes back to back, and per-sample sizes (-1: skipped).
+    """A processed chunk: the kept samples' bytes, and per-sample sizes (-1: skipped).
 
     Attributes:
-        data: uint8 array of all kept samples' bytes.
+        parts: one flat uint8 array per kept sample, in order.
         sizes: int64 per sample of the chunk, -1 where skipped.
         skipped: (location, reason) for each skipped sample.
     """
 
-    data: np.ndarray
+    parts: list[np.ndarray]
     sizes: np.ndarray
     skipped: list[tuple[str, str]]
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(p.size for p in self.parts))
+
+    def packed(self) -> np.ndarray:
+        """All kept samples' bytes back to back (one buffer to send)."""
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.uint8)
 
 
 def process_block(source: Source, indices, target: Target, on_error: str = "raise") -> Block:
@@ -145,8 +152,7 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
             continue
         parts.append(arr)
         sizes[k] = arr.size
-    data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
-    return Block(data, sizes, skipped)
+    return Block(parts, sizes, skipped)
 
 
 def _reason(exc: Exception, where: str) -> str:
@@ -154,10 +160,3 @@ def _reason(exc: Exception, where: str) -> str:
     msg = str(exc)
     return msg[len(where) + 2:] if msg.startswith(where + ": ") else msg
 
-
-def encode_reasons(skipped) -> str:
-    """Skipped list as text for a message (one `location: reason` per line)."""
-    buf = io.StringIO()
-    for where, reason in skipped:
-        buf.write(f"  {where}: {reason}\n")
-    return buf.getvalue()

@@ -22,6 +22,7 @@ from datastore.errors import ConfigError, DStoreError, SampleError
 from datastore.ingest import plan
 from datastore.ingest.process import ON_ERROR, Block, process_block, resolve_target
 from datastore.ingest.source import Source, open_source
+from datastore.ingest.writer import BackgroundWriter
 
 
 class IngestError(DStoreError, RuntimeError):
@@ -190,13 +191,14 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     from datastore.formats import create_writer
 
     m, k = gcomm.Get_size(), gcomm.Get_rank()
-    writer, pending, committed, nbytes = None, None, False, 0
+    out, pending = None, None
     skipped: list = []
     if k == 0:
         try:
             writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
                                    raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
                                    source=src.description, extra_attrs=extra_attrs, overwrite=overwrite)
+            out = BackgroundWriter(writer, src, order, on_written=None if bar is None else bar.update)
         except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
             pending = e
     header = np.zeros(4, dtype=np.int64)
@@ -204,60 +206,37 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     try:
         for rnd in plan.rounds(plan.chunk_bounds(lo, hi, chunk), m):
             a, b = rnd[k]
-            err, block = pending, None
+            err, block = pending or (out.error if out is not None else None), None
             if err is None:
                 try:
                     block = process_block(src, order[a:b], target, on_error)
                 except Exception as e:  # noqa: BLE001 - any failure must reach the whole group
                     err = e
             if block is None:
-                block = Block(np.zeros(0, np.uint8), np.zeros(0, np.int64), [])
-            header[:] = (err is not None, block.data.size, block.sizes.size, len(block.skipped))
+                block = Block([], np.zeros(0, np.int64), [])
+            header[:] = (err is not None, block.nbytes, block.sizes.size, len(block.skipped))
             gcomm.Allgather(header, headers)
             if headers[:, 0].any():
                 _raise_agreed(gcomm, err)
-            sizes, data, skipped_parts = block.sizes, block.data, [block.skipped]
+            sizes, data, skipped_parts = block.sizes, block.parts, [block.skipped]
             if m > 1:
                 sizes = np.empty(int(headers[:, 2].sum()), np.int64) if k == 0 else None
                 data = np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
                 gcomm.Gatherv(block.sizes, None if k else [sizes, headers[:, 2]], root=0)
-                gcomm.Gatherv(block.data, None if k else [data, headers[:, 1]], root=0)
+                gcomm.Gatherv(block.packed(), None if k else [data, headers[:, 1]], root=0)
                 if headers[:, 3].any():
                     skipped_parts = gcomm.gather(block.skipped, root=0)
             if k == 0:
                 for part in skipped_parts:
                     skipped.extend(part)
-                try:
-                    nbytes += _append_round(writer, src, order, rnd[0][0], sizes, data)
-                except Exception as e:  # noqa: BLE001 - raised on every member at the next exchange
-                    pending = e
-                if bar is not None:
-                    bar.update(rnd[-1][1] - rnd[0][0])
-        if k == 0 and pending is None:
-            try:
-                writer.commit()
-                committed = True
-            except Exception as e:  # noqa: BLE001
-                pending = e
-        agree(gcomm, pending)
+                out.submit(rnd[0][0], sizes, data)
+        agree(gcomm, out.finish() if out is not None else pending)
     finally:
-        if writer is not None and not committed:
-            writer.abort()
+        if out is not None:
+            out.abort()  # after a commit this only stops the thread
     if k != 0:
         return None
-    return _Shard(index, path, writer.num_samples, nbytes, skipped)
-
-
-def _append_round(writer, src: Source, order: np.ndarray, start: int, sizes: np.ndarray, data: np.ndarray) -> int:
-    """Appends one round's samples (positions start, start+1, ...; size -1 = skipped); returns bytes."""
-    off = 0
-    for j, size in enumerate(sizes.tolist()):
-        if size < 0:
-            continue
-        i = int(order[start + j])
-        writer.append(data[off:off + size], src.label(i), src.name(i), i)
-        off += size
-    return off
+    return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
 
 
 def _check_args(fmt, shards, on_error, count, output):
@@ -356,7 +335,6 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     groups = plan.num_groups(size, shards)
     sample_bytes = (int(np.prod(target.raw_shape)) * np.dtype(target.raw_dtype).itemsize
                     if target.encoding == "raw" else src.estimated_sample_bytes)
-    chunk = plan.chunk_size(sample_bytes, target_bytes=max(1 << 20, min(8 << 20, (256 << 20) // gcomm.Get_size())))
     extra = {"ingest_seed": int(seed), "ingest_order": "source" if keep_order else "seeded"}
     mine = plan.shards_of_group(group, size, shards)
     bar = None
@@ -368,6 +346,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     written, exc = [], None
     try:
         for s in mine:
+            chunk = plan.group_chunk(int(bounds[s + 1] - bounds[s]), gcomm.Get_size(), sample_bytes)
             rec = _write_shard(gcomm, src, target, order, int(bounds[s]), int(bounds[s + 1]), index=s,
                                path=shard_paths[s], fmt=fmt, chunk=chunk, on_error=on_error,
                                overwrite=overwrite, extra_attrs=extra, bar=bar)

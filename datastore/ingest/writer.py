@@ -1,0 +1,95 @@
+"""A container writer fed from a background thread, so that the writing rank keeps processing and
+exchanging the next round while the last one is checksummed and written (no MPI here).
+
+At most one round is being written while the caller prepares the next: memory stays bounded at two
+rounds. A failure in the thread is kept and reported by `error`, so the caller can tell its group at
+the next exchange; nothing is raised from the thread itself.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from datastore.ingest.source import Source
+
+
+class BackgroundWriter:
+    """Appends rounds of samples to a ContainerWriter on one worker thread.
+
+    Args:
+        writer: an open ContainerWriter (from datastore.formats.create_writer).
+        source: where labels and names come from.
+        order: the write order (source index at each position).
+        on_written: called with the number of positions done after each round (progress).
+    """
+
+    def __init__(self, writer, source: Source, order: np.ndarray, on_written=None):
+        self.writer = writer
+        self._source = source
+        self._order = order
+        self._on_written = on_written
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
+        self._inflight: Future | None = None
+        self._error: BaseException | None = None
+        self.bytes = 0
+        self._state = "open"
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first failure of a finished write, if any (does not wait for one in flight)."""
+        if self._error is None and self._inflight is not None and self._inflight.done():
+            self._collect()
+        return self._error
+
+    def _collect(self) -> None:
+        fut, self._inflight = self._inflight, None
+        if fut is None:
+            return
+        try:
+            self.bytes += fut.result()
+        except Exception as exc:  # noqa: BLE001 - kept for the caller to report to its group
+            if self._error is None:
+                self._error = exc
+
+    def submit(self, start: int, sizes: np.ndarray, data) -> None:
+        """Queues positions start, start+1, ... (size -1 = skipped); waits for the previous round
+        first. `data` is one buffer of the kept samples back to back, or a list of per-sample arrays."""
+        self._collect()
+        if self._error is None:
+            self._inflight = self._pool.submit(self._append, start, sizes, data)
+
+    def _append(self, start: int, sizes: np.ndarray, data) -> int:
+        src, order, writer = self._source, self._order, self.writer
+        parts = iter(data) if isinstance(data, list) else None
+        off = 0
+        for j, size in enumerate(sizes.tolist()):
+            if size < 0:
+                continue
+            i = int(order[start + j])
+            sample = next(parts) if parts is not None else data[off:off + size]
+            writer.append(sample, src.label(i), src.name(i), i)
+            off += size
+        if self._on_written is not None:
+            self._on_written(len(sizes))
+        return off
+
+    def finish(self) -> BaseException | None:
+        """Waits for the last round and commits; returns the failure (None if committed)."""
+        self._collect()
+        self._pool.shutdown(wait=True)
+        if self._error is None:
+            try:
+                self.writer.commit()
+                self._state = "committed"
+            except Exception as exc:  # noqa: BLE001 - reported to the group by the caller
+                self._error = exc
+        return self._error
+
+    def abort(self) -> None:
+        """Stops the thread (after its current round) and removes the temporary. Safe twice."""
+        self._pool.shutdown(wait=True)
+        if self._state != "committed":
+            self._state = "aborted"
+            self.writer.abort()
