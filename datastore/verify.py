@@ -18,7 +18,7 @@ from datastore.errors import ConfigError, DStoreError, SampleError
 from datastore.formats import detect_format, open_container
 from datastore.plan import block_bounds
 
-READ_BYTES = 64 << 20
+READ_SIZE = 64 << 20
 """How many bytes verification reads at once (whole samples; a larger sample is read alone)."""
 
 
@@ -64,23 +64,23 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _read_groups(offsets: np.ndarray, start: int, stop: int, read_bytes: int):
-    """Splits samples [start, stop) into runs of about `read_bytes` bytes: (first, last) pairs."""
+def _read_groups(offsets: np.ndarray, start: int, stop: int, read_size: int):
+    """Splits samples [start, stop) into runs of about `read_size` bytes: (first, last) pairs."""
     i = start
     while i < stop:
-        limit = offsets[i] + read_bytes
+        limit = offsets[i] + read_size
         j = int(np.searchsorted(offsets, limit, side="right")) - 1  # samples [i, j) end within the limit
         j = min(max(j, i + 1), stop)
         yield i, j
         i = j
 
 
-def _check_block(reader, start: int, stop: int, *, decode: bool, read_bytes: int) -> list[BadSample]:
+def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int) -> list[BadSample]:
     """Every check on samples [start, stop) of an open reader."""
     info, offsets = reader.info, reader.offsets
     nclasses = info.num_classes
     bad: list[BadSample] = []
-    for a, b in _read_groups(offsets, start, stop, read_bytes):
+    for a, b in _read_groups(offsets, start, stop, read_size):
         try:
             buf = reader.read_range(a, b)
         except (DStoreError, OSError) as exc:  # an unreadable run: name every sample in it
@@ -110,7 +110,7 @@ def _check_block(reader, start: int, stop: int, *, decode: bool, read_bytes: int
     return bad
 
 
-def verify_container(path, *, comm=None, decode: bool = False, read_bytes: int = READ_BYTES) -> VerifyReport:
+def verify_container(path, *, comm=None, decode: bool = False, read_size: int = READ_SIZE) -> VerifyReport:
     """Recomputes every sample's checksum, checks every label against the class names and,
     with `decode`, decodes every sample.
 
@@ -119,7 +119,7 @@ def verify_container(path, *, comm=None, decode: bool = False, read_bytes: int =
         comm: an mpi4py communicator to split the work over (collective: every rank calls this);
             None checks everything in this process.
         decode: also decode every sample (slow: it is the full decode cost of the data set).
-        read_bytes: the size of each read.
+        read_size: how many bytes each read covers (whole samples; a larger sample is read alone).
 
     Returns:
         The same VerifyReport on every rank of `comm`.
@@ -127,13 +127,13 @@ def verify_container(path, *, comm=None, decode: bool = False, read_bytes: int =
     Raises:
         FormatError, IncompleteContainerError: the container does not open (structural damage).
     """
-    if read_bytes < 1:
-        raise ConfigError(f"read_bytes={read_bytes} must be positive")
+    if read_size < 1:
+        raise ConfigError(f"read_size={read_size} must be positive")
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
     with open_container(path) as reader:
         bounds = block_bounds(reader.offsets, size)
-        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_bytes=read_bytes)
+        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size)
         n, total = reader.num_samples, reader.total_bytes
     if comm is not None and size > 1:
         bad = [b for part in comm.allgather(bad) for b in part]

@@ -33,7 +33,7 @@ def test_flipped_byte_is_found_by_index_and_name(tmp_path, backend):
     path = build(tmp_path, backend, SAMPLES, chunk_bytes=1024)
     assert verify_container(path).ok
     flip_byte(path, BAD, within=5)
-    report = verify_container(path, read_bytes=4096)  # several reads, so the run boundaries are crossed
+    report = verify_container(path, read_size=4096)  # several reads, so the run boundaries are crossed
     assert not report.ok
     assert [(b.index, b.name) for b in report.bad] == [(BAD, BAD_NAME)]
     assert "checksum mismatch" in report.bad[0].reason
@@ -75,7 +75,7 @@ def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
         "from mpi4py import MPI\n"
         "from datastore.verify import verify_container\n"
         "comm = MPI.COMM_WORLD\n"
-        f"r = verify_container({path!r}, comm=comm, read_bytes=1000)\n"
+        f"r = verify_container({path!r}, comm=comm, read_size=1000)\n"
         "reports = comm.allgather([(b.index, b.name) for b in r.bad])\n"
         f"assert all(x == [({BAD}, {BAD_NAME!r})] for x in reports), reports\n"
         "assert r.nranks == comm.size\n"
