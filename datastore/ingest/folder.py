@@ -1,7 +1,7 @@
 """An image folder in torchvision ImageFolder layout (root/<class>/<...>/<file>.jpg), stored as the
 original file bytes.
 
-Listing rules (docs/ingest.md):
+Listing rules:
 - classes are the sub-directories of root, sorted by name; label i is the i-th; hidden ones
   (a leading `.`) are left out;
 - files are found recursively below each class directory (symlinks followed, loops cut), sorted;

@@ -1,7 +1,7 @@
 """Pure arithmetic of a parallel ingest: the write order, shard ranges, which ranks write which
 shards, and which rank processes which chunk in which round. No MPI here.
 
-The scheme (docs/ingest.md):
+The scheme:
 - `order[p]` is the source index written at position p (a seeded permutation, or the identity).
 - Shard s holds positions `shard_bounds[s]:shard_bounds[s+1]` (balanced by count); one output file
   is one shard.

@@ -155,7 +155,7 @@ def open_source_collective(comm, spec: str, **options) -> Source:
     if comm.Get_rank() == 0:
         try:
             src = open_source(spec, **options)
-        except (DStoreError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
     failed = comm.bcast(None if exc is None else _message(exc), root=0)
     if failed:
@@ -169,7 +169,7 @@ def open_source_collective(comm, spec: str, **options) -> Source:
     if comm.Get_rank() != 0:
         try:
             src = open_source(spec, **options)
-        except (DStoreError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
     agree(comm, exc)
     return src
@@ -327,7 +327,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     if rank == 0:
         try:
             created = _prepare_output(manifest, shard_paths, overwrite)
-        except (DStoreError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
     agree(comm, exc)
     group = plan.group_of(rank, size, shards)
@@ -368,7 +368,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
                 from datastore.formats import write_manifest
 
                 write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
-            except (DStoreError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
     failed = comm.allgather(None if exc is None else _message(exc))
     if any(failed):
