@@ -46,6 +46,7 @@ class DistContext:
         rank: this process's rank in `comm` and in `group`.
         size: number of ranks in `comm`.
         local_rank: rank among the processes of `comm` on this node (selects the GPU).
+        local_size: number of processes of `comm` on this node.
         device: the torch.device the model lives on.
         backend: "gloo" or "nccl".
         group: the torch.distributed process group over `comm`; pass it to DDP and collectives.
@@ -55,6 +56,7 @@ class DistContext:
     rank: int
     size: int
     local_rank: int
+    local_size: int
     device: Any
     backend: str
     group: Any = None
@@ -85,13 +87,13 @@ class DistContext:
         return False
 
 
-def local_rank_of(comm) -> int:
-    """This process's rank among the ranks of `comm` that share its node (MPI_COMM_TYPE_SHARED)."""
+def node_position(comm) -> tuple[int, int]:
+    """(rank, size) of this process among the ranks of `comm` on its node (MPI_COMM_TYPE_SHARED)."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        return node.Get_rank()
+        return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
 
@@ -117,7 +119,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> 
     if device not in DEVICES:
         raise ConfigError(f"device={device!r} is not one of {DEVICES}")
     rank, size = comm.Get_rank(), comm.Get_size()
-    local_rank = local_rank_of(comm)
+    local_rank, local_size = node_position(comm)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
@@ -135,7 +137,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> 
         # One torch group per process: reuse it if it is this communicator's shape, else refuse
         # rather than silently training with the wrong peers.
         if dist.get_rank() == rank and dist.get_world_size() == size:
-            return DistContext(comm, rank, size, local_rank, torch_device, dist.get_backend(),
+            return DistContext(comm, rank, size, local_rank, local_size, torch_device, dist.get_backend(),
                                group=dist.group.WORLD)
         raise ConfigError(
             f"this process already belongs to a torch process group of size {dist.get_world_size()} "
@@ -161,5 +163,5 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> 
     if rank != 0:
         store = dist.TCPStore(host, port, size, False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    return DistContext(comm, rank, size, local_rank, torch_device, backend,
+    return DistContext(comm, rank, size, local_rank, local_size, torch_device, backend,
                        group=dist.group.WORLD, _owns_group=True, _store=store)

@@ -1,0 +1,91 @@
+"""`dstore train`: data-parallel training fed by the distributed store (start with mpiexec -n N)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = ("Train a model data-parallel (torch DDP bootstrapped from MPI) on batches served by the "
+        "distributed store; with no container, ingests and trains on the built-in `digits` set.")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags; each maps onto one field of training.run.TrainConfig."""
+    d = p.add_argument_group("data")
+    d.add_argument("data", nargs="?", default=None,
+                   help="container to train on; none: the built-in `digits` set, ingested once into "
+                        "$DSTORE_CACHE or ~/.cache/dstore")
+    d.add_argument("--val", default=None, help="separate held-out container (then --holdout is ignored)")
+    d.add_argument("--holdout", type=float, default=0.2,
+                   help="fraction of the container (its tail; ingest already shuffled it) held out for evaluation")
+    d.add_argument("--loader", choices=("store", "direct"), default="store",
+                   help="store: the distributed in-memory store; direct: baseline reading every sample from "
+                        "the container file when its batch is due (same order, same decode)")
+    d.add_argument("--shuffle", choices=("global", "local", "partial"), default="global", help="store shuffle policy")
+    d.add_argument("--population", choices=("preload", "dynamic"), default="preload", help="store population")
+    d.add_argument("--prefetch", type=int, default=2, help="batches fetched ahead")
+    d.add_argument("--threads", type=int, default=2, help="decode/augment threads per rank")
+    d.add_argument("--memory-budget", type=int, default=None, help="bytes a rank may hold (store check)")
+    d.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial global batch")
+    d.add_argument("--augment", choices=("auto", "on", "off"), default="auto",
+                   help="auto: random crop with padding + flip for images of 32x32 and up, none below")
+    d.add_argument("--channels", type=int, choices=(1, 3), default=None, help="force grey (1) or RGB (3)")
+    d.add_argument("--mean", type=_floats, default=None, help="per-channel mean in [0,1] (default: measured)")
+    d.add_argument("--std", type=_floats, default=None, help="per-channel std in [0,1] (default: measured)")
+    d.add_argument("--cache-dir", default=None, help="where built-in data sets are ingested")
+
+    m = p.add_argument_group("model and optimisation")
+    from training.models import model_names
+
+    m.add_argument("--model", default="auto", choices=("auto",) + model_names(),
+                   help="auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise")
+    m.add_argument("--epochs", type=int, default=15)
+    m.add_argument("--batch-size", type=int, default=64, help="GLOBAL batch size (split over the ranks)")
+    m.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adam")
+    m.add_argument("--lr", type=float, default=3e-3, help="base learning rate")
+    m.add_argument("--momentum", type=float, default=0.9, help="SGD momentum / Adam beta1")
+    m.add_argument("--weight-decay", type=float, default=0.0)
+    m.add_argument("--nesterov", action="store_true", help="Nesterov momentum (sgd)")
+    m.add_argument("--schedule", choices=("cosine", "step", "constant"), default="cosine")
+    m.add_argument("--warmup-epochs", type=float, default=0.0, help="linear LR warm-up")
+    m.add_argument("--step-epochs", type=int, default=10, help="step schedule: epochs between decays")
+    m.add_argument("--gamma", type=float, default=0.1, help="step schedule: decay factor")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--deterministic", action="store_true",
+                   help="deterministic torch kernels, one intra-op thread: identical results run to run")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: nccl, one GPU per rank by node-local rank")
+
+    r = p.add_argument_group("run directory, checkpoints, resumption")
+    r.add_argument("--run-dir", default=None, help="where metrics.jsonl, config.json and checkpoint.pt go "
+                                                   "(default: runs/<timestamp>)")
+    r.add_argument("--resume", default=None, metavar="PATH|auto",
+                   help="continue from a checkpoint (exact sample, also mid-epoch); auto: --run-dir's "
+                        "checkpoint, else the newest runs/*/checkpoint.pt, else start fresh")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS optimizer steps (always at each epoch end)")
+    r.add_argument("--stop-after-steps", type=int, default=0, metavar="N",
+                   help="stop (with a checkpoint) after N steps of this invocation: simulates an interruption")
+    r.add_argument("--log-batches", action="store_true",
+                   help="write every trained batch's sample ids to batches.rank<r>.jsonl")
+    r.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                   help="no progress bar (default: a bar on rank 0 when stderr is a terminal)")
+
+
+def run(args) -> int:
+    from mpi4py import MPI
+
+    from training.run import TrainConfig, train
+
+    fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
+    cfg = TrainConfig(**fields)
+    result = train(cfg, MPI.COMM_WORLD)
+    if MPI.COMM_WORLD.Get_rank() == 0 and result["test"] is None and not result["stopped_early"]:
+        print("no held-out set (--holdout 0 and no --val): no test accuracy", flush=True)
+    return 0

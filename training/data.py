@@ -1,0 +1,250 @@
+"""From a container to training tensors: the built-in data set cache, the input spec (size,
+channels, normalisation) read off the container, the train/held-out split, and the loaders.
+
+Two batch sources feed the same decode-and-augment pipeline (datastore.torch.StoreLoader):
+`DataStore` (the distributed in-memory store, the point of this project) and `DirectSource`, a
+baseline that reads every sample from the container file when its batch is due, in the same
+global order, so the two can be compared with everything else equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+LOADERS = ("store", "direct")
+BUILTIN = {"digits": "digits.h5"}
+"""Data sets `dstore train` ingests by itself when no container is given, and their file names."""
+
+
+def cache_dir() -> str:
+    """Where built-in data sets are ingested: $DSTORE_CACHE, else ~/.cache/dstore."""
+    return os.environ.get("DSTORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dstore")
+
+
+def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> str:
+    """The path of built-in data set `name`'s container, ingesting it on first use (collective).
+
+    Rank 0 ingests under an exclusive file lock (so two jobs sharing the cache do not race) while
+    the other ranks wait on a barrier; the container appears atomically (written under a temporary
+    name and renamed), so a finished file is never half-written.
+    """
+    if name not in BUILTIN:
+        raise ConfigError(f"built-in data set {name!r} is not one of {tuple(BUILTIN)}")
+    directory = directory or cache_dir()
+    path = os.path.join(directory, BUILTIN[name])
+    if comm.Get_rank() == 0 and not os.path.exists(path):
+        import fcntl
+
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not os.path.exists(path):  # another job may have made it while we waited
+                    from mpi4py import MPI
+
+                    from datastore.ingest import ingest
+
+                    print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)",
+                          flush=True)
+                    ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    comm.Barrier()
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """What the model is fed and what the data holds.
+
+    Attributes:
+        image_size: (H, W) of the data's images (of its first sample, for encoded images).
+        channels: channels the model takes (1 or 3).
+        num_classes: from the container's class names.
+        mean, std: per-channel normalisation in [0, 1] units.
+    """
+
+    image_size: tuple[int, int]
+    channels: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def split_ranges(num_samples: int, holdout: float) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """(train range, held-out range or None): the held-out set is the container's tail.
+
+    The container's order is already a seeded random mix (ingest shuffles), so the tail is a random
+    subset, and the split is the same for every run on the same container.
+    """
+    if not 0.0 <= holdout < 1.0:
+        raise ConfigError(f"holdout={holdout} must be in [0, 1)")
+    k = int(round(num_samples * holdout))
+    if holdout > 0 and k == 0:
+        k = 1
+    if num_samples - k < 1:
+        raise ConfigError(f"holdout={holdout} leaves no training samples out of {num_samples}")
+    if k == 0:
+        return (0, num_samples), None
+    return (0, num_samples - k), (num_samples - k, num_samples)
+
+
+def _first_images(reader, start: int, count: int, channels: int | None) -> list[np.ndarray]:
+    from datastore.decode import decode_sample
+
+    stop = min(reader.num_samples, start + count)
+    return [decode_sample(reader.sample(i)[0], reader.info, channels=channels, name=reader.name(i))
+            for i in range(start, stop)]
+
+
+def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | None = None,
+                mean=None, std=None, stats_samples: int = 256) -> InputSpec:
+    """The InputSpec for a container (collective: rank 0 reads and decodes, then broadcasts).
+
+    Image size and channels come from `raw_shape` for raw containers, else from decoding the first
+    training sample. Unless `mean` and `std` are given, they are measured on the first
+    `stats_samples` training samples.
+    """
+    spec = None
+    err = None
+    if comm.Get_rank() == 0:
+        try:
+            info = reader.info
+            images = _first_images(reader, train_range[0], 1 if mean is not None and std is not None
+                                   else stats_samples, channels)
+            h, w, c = images[0].shape
+            want_c = channels or (1 if c == 1 else 3)
+            if mean is None or std is None:
+                from training.augment import channel_stats, to_channels
+
+                m, s = channel_stats([to_channels(img, want_c) for img in images])
+                mean = m if mean is None else mean
+                std = s if std is None else std
+            mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+            if len(mean) == 1 and want_c == 3:
+                mean, std = mean * 3, std * 3
+            spec = InputSpec((int(h), int(w)), int(want_c), int(info.num_classes), mean, std)
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below, so no rank waits
+            err = exc
+    spec, err_text = comm.bcast((spec, None if err is None else f"{type(err).__name__}: {err}"), root=0)
+    if err is not None:
+        raise err
+    if err_text is not None:
+        raise ConfigError(f"rank 0 could not read the input spec: {err_text}")
+    if spec.num_classes < 2:
+        raise ConfigError(f"the container has {spec.num_classes} class name(s); training needs >= 2")
+    return spec
+
+
+class DirectSource:
+    """The no-store baseline: a DataStore look-alike that reads each sample from the container when
+    its batch is due (per-sample reads), in the store's global order and batch split.
+
+    A background thread reads up to `prefetch` batches ahead, as the store prefetches, so the
+    comparison isolates where the bytes come from. Only the `global` shuffle policy is offered.
+
+    Args:
+        comm: this trainer's communicator (rank and size only; no communication).
+        reader: an open ContainerReader (not owned).
+        batch_size: the global batch size.
+        seed: the order's seed.
+        drop_last: drop the epoch order's last partial batch.
+        sample_range: (start, stop) subset of the container, as for DataStore.
+        prefetch: batches read ahead.
+    """
+
+    def __init__(self, comm, reader, *, batch_size: int, seed: int = 0, drop_last: bool = False,
+                 sample_range: tuple[int, int] | None = None, prefetch: int = 2):
+        from datastore import plan
+
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.reader = reader
+        self.info = reader.info
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.start, self.stop = sample_range or (0, reader.num_samples)
+        self.prefetch = max(1, int(prefetch))
+        self.num_samples = self.stop - self.start
+        self.steps_per_epoch = plan.steps_per_epoch(self.num_samples, self.batch_size, self.drop_last)
+        self._epoch, self._step = 0, 0
+        self.stats = {"read_s": 0.0, "bytes_read": 0, "samples_read": 0}
+
+    def state_dict(self) -> dict:
+        """(seed, epoch, step) of the next batch to deliver."""
+        return {"seed": self.seed, "epoch": self._epoch, "step": self._step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues at the position state_dict() recorded."""
+        self._epoch, self._step = int(state["epoch"]), int(state["step"])
+
+    def _read_batch(self, schedule, s: int, epoch: int):
+        from datastore.store import Batch
+
+        sl = schedule.step(s)
+        ids = schedule.ids[sl]
+        t0 = time.perf_counter()
+        samples, labels = [], []
+        for i in ids:
+            data, label = self.reader.sample(int(i))
+            samples.append(data)
+            labels.append(label)
+        self.stats["read_s"] += time.perf_counter() - t0
+        self.stats["samples_read"] += len(ids)
+        self.stats["bytes_read"] += int(sum(x.size for x in samples))
+        return Batch(samples=samples, labels=np.asarray(labels, np.int64), ids=ids, epoch=epoch, step=s,
+                     pad=schedule.pad[sl])
+
+    def epoch(self, epoch: int):
+        """Yields this rank's batches of `epoch` (from the saved step if resuming into it)."""
+        from datastore import plan, shuffle
+
+        first = self._step if epoch == self._epoch else 0
+        order = shuffle.global_order(self.num_samples, self.seed, epoch) + self.start
+        schedule = plan.global_schedule(order, self.batch_size, self.size, self.rank, self.drop_last)
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for s in range(first, schedule.steps):
+                    if stop.is_set():
+                        return
+                    q.put(self._read_batch(schedule, s, epoch))
+                q.put(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, who re-raises
+                q.put(exc)
+
+        worker = threading.Thread(target=produce, daemon=True, name="direct-read")
+        worker.start()
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self._epoch, self._step = epoch, item.step + 1
+                yield item
+            self._epoch, self._step = epoch + 1, 0
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    worker.join(0.01)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

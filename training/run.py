@@ -1,0 +1,369 @@
+"""`train(config, comm)`: a whole data-parallel run (what `dstore train` calls).
+
+Wires the pieces: process group over `comm`, data (built-in cache or a container), input spec,
+model, optimizer and schedule, the store (or the direct baseline) feeding StoreLoader, epochs with
+held-out evaluation, metrics as JSON lines, checkpoints and resumption.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import random
+import time
+
+import numpy as np
+
+from datastore.errors import ConfigError
+from training.checkpoint import (CHECKPOINT_NAME, from_safe, load_checkpoint, resolve_resume, rng_state,
+                                 save_checkpoint, set_rng_state)
+from training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
+from training.loop import BatchTap, StepTimer, Trainer, global_batch_count
+from training.metrics import EpochMeter, JsonLog
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a run depends on (the CLI flags of `dstore train`, one field each)."""
+
+    data: str | None = None
+    val: str | None = None
+    holdout: float = 0.2
+    model: str = "auto"
+    epochs: int = 15
+    batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    schedule: str = "cosine"
+    warmup_epochs: float = 0.0
+    step_epochs: int = 10
+    gamma: float = 0.1
+    seed: int = 0
+    augment: str = "auto"
+    channels: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    threads: int = 2
+    prefetch: int = 2
+    shuffle: str = "global"
+    population: str = "preload"
+    drop_last: bool = False
+    memory_budget: int | None = None
+    loader: str = "store"
+    device: str = "cpu"
+    run_dir: str | None = None
+    runs_root: str = "runs"
+    resume: str | None = None
+    checkpoint_every: int = 0
+    stop_after_steps: int = 0
+    deterministic: bool = False
+    log_batches: bool = False
+    progress: bool | None = None
+    cache_dir: str | None = None
+
+    def check(self) -> None:
+        """Raises ConfigError naming the first field with a value that is not allowed."""
+        if self.epochs < 1:
+            raise ConfigError(f"epochs={self.epochs} must be >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
+        if self.loader not in LOADERS:
+            raise ConfigError(f"loader={self.loader!r} is not one of {LOADERS}")
+        if self.augment not in ("auto", "on", "off"):
+            raise ConfigError(f"augment={self.augment!r} is not one of ('auto', 'on', 'off')")
+        if self.loader == "direct" and self.shuffle != "global":
+            raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
+        if self.threads < 1 or self.prefetch < 0:
+            raise ConfigError(f"threads={self.threads} must be >= 1 and prefetch={self.prefetch} >= 0")
+        if self.checkpoint_every < 0 or self.stop_after_steps < 0:
+            raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seeds torch, numpy and random alike on every rank; in deterministic mode also restricts
+    torch to deterministic kernels and one intra-op thread (so float sums have one order)."""
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)
+        torch.backends.cudnn.benchmark = False
+
+
+def _share_cores(ctx, deterministic: bool) -> None:
+    """Gives each rank its share of the node's cores for intra-op threads (unless the user set
+    OMP_NUM_THREADS): N ranks each running one thread per core would oversubscribe N-fold."""
+    import torch
+
+    if not deterministic and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_size))
+
+
+def _agreed_run_dir(comm, cfg: TrainConfig) -> str:
+    if cfg.run_dir:
+        return cfg.run_dir
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}" if comm.Get_rank() == 0 else None
+    return os.path.join(cfg.runs_root, comm.bcast(name, root=0))
+
+
+def _make_source(cfg: TrainConfig, comm, path: str, reader, sample_range, seed: int, drop_last: bool):
+    if cfg.loader == "direct":
+        return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
+                            sample_range=sample_range, prefetch=max(1, cfg.prefetch))
+    from datastore.store import DataStore
+
+    return DataStore(comm, path, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
+                     population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
+                     sample_range=sample_range, memory_budget=cfg.memory_budget)
+
+
+def _transforms(cfg: TrainConfig, spec, input_size):
+    from training.augment import ImageTransform, default_augmentation
+
+    pad, flip = default_augmentation(input_size)
+    if cfg.augment == "off":
+        pad, flip = 0, False
+    elif cfg.augment == "on" and pad == 0:
+        pad = 1
+    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std)
+    return ImageTransform(train=True, pad=pad, flip=flip, **common), ImageTransform(**common)
+
+
+def _describe(stats: dict) -> str:
+    parts = []
+    for k, v in sorted(stats.items()):
+        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts)
+
+
+def train(cfg: TrainConfig, comm, *, say=None) -> dict:
+    """Runs a whole training job on `comm` (collective); returns the final metrics on every rank.
+
+    Args:
+        cfg: the run's configuration.
+        comm: this trainer's MPI communicator (COMM_WORLD, or a sub-communicator).
+        say: how rank 0 reports progress lines (default: print, flushed).
+
+    Returns:
+        {"test": {...} or None, "epochs": [...per-epoch records...], "run_dir": str,
+         "stopped_early": bool, "store_stats": dict}
+    """
+    cfg.check()
+    from datastore.formats import open_container
+    from datastore.torch import StoreLoader
+    from training.dist import init_distributed
+    from training.models import build_model, default_model, get_model
+    from training.optim import Schedule, make_optimizer, make_scheduler
+
+    seed_everything(cfg.seed, cfg.deterministic)
+    rank = comm.Get_rank()
+    main = rank == 0
+    say = say or functools.partial(print, flush=True)
+    report = say if main else (lambda *a, **k: None)
+    data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
+    run_dir = _agreed_run_dir(comm, cfg)
+    resume_path = comm.bcast(resolve_resume(cfg.resume, run_dir, cfg.runs_root) if main else None, root=0)
+
+    with init_distributed(comm, cfg.device) as ctx, open_container(data_path) as reader:
+        _share_cores(ctx, cfg.deterministic)
+        val_reader = open_container(cfg.val) if cfg.val else None
+        try:
+            train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
+            spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
+            name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
+            input_size = get_model(name).input_size(spec.image_size)
+            model = build_model(name, spec.channels, spec.num_classes, input_size)
+            optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                       weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+            train_src = _make_source(cfg, comm, data_path, reader, train_range, cfg.seed, cfg.drop_last)
+            spe = train_src.steps_per_epoch
+            n_train = train_range[1] - train_range[0]
+            sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
+                             step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
+            trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched))
+            if held_range is not None or val_reader is not None:
+                eval_src = _make_source(cfg, comm, cfg.val or data_path, val_reader or reader,
+                                        held_range, cfg.seed + 1, False)
+            else:
+                eval_src = None
+            train_tf, eval_tf = _transforms(cfg, spec, input_size)
+            return _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader, run_dir,
+                        resume_path, report, meta={"model": name, "input_size": list(input_size),
+                                                   "spec": dataclasses.asdict(spec), "data": data_path,
+                                                   "train_samples": n_train, "steps_per_epoch": spe,
+                                                   "ranks": ctx.size})
+        finally:
+            if val_reader is not None:
+                val_reader.close()
+
+
+def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader, run_dir, resume_path,
+         report, meta) -> dict:
+    """The epoch loop of train(); split out to keep each function readable."""
+    import torch
+
+    main = ctx.is_main
+    comm = ctx.comm
+    if main:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.json"), "w") as fh:
+            json.dump({"config": dataclasses.asdict(cfg), **meta}, fh, indent=1, default=str)
+    log = JsonLog(os.path.join(run_dir, "metrics.jsonl") if main else None)
+    batch_log = JsonLog(os.path.join(run_dir, f"batches.rank{ctx.rank}.jsonl") if cfg.log_batches else None)
+    n_train, spe = meta["train_samples"], meta["steps_per_epoch"]
+    tap = BatchTap(train_src)
+    eval_tap = BatchTap(eval_src) if eval_src is not None else None
+    with train_src, (eval_src if eval_src is not None else _Null()):
+        loader = StoreLoader(tap, transform=train_tf, num_threads=cfg.threads)
+        eval_loader = (StoreLoader(eval_tap, transform=eval_tf, num_threads=cfg.threads)
+                       if eval_tap is not None else None)
+        start_epoch, global_step = 0, 0
+        if resume_path:
+            ck = load_checkpoint(resume_path)
+            _check_compatible(ck, cfg, meta)
+            trainer.load_state_dict(ck)
+            train_src.load_state_dict(from_safe(ck["store"]))
+            rngs = ck["rng"]
+            set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.size else rngs[0])
+            start_epoch, global_step = int(ck["epoch"]), int(ck["global_step"])
+            report(f"resumed from {resume_path} at epoch {start_epoch}, step {int(ck['step_in_epoch'])} "
+                   f"(global step {global_step})")
+        report(f"training {meta['model']} on {n_train} samples of {meta['data']} with {ctx.size} rank(s), "
+               f"global batch {cfg.batch_size}, {spe} steps/epoch; run dir {run_dir}")
+        steps_this_run = 0
+        stopped = False
+        history = []
+
+        def checkpoint(epoch, step_in_epoch):
+            # The store's position is the next batch the loop has not trained on.
+            state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch, spe),
+                     "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
+                     "global_step": global_step, "config": _plain_config(cfg), "meta": meta}
+            if main:
+                save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), state)
+            comm.Barrier()
+
+        for epoch in range(start_epoch, cfg.epochs):
+            meter = EpochMeter()
+            timer = StepTimer()
+            bar = _bar(cfg, main, spe, epoch)
+            step_in_epoch = None
+            batches = loader.epoch(epoch)
+            for images, labels in batches:
+                wait = timer.waited()
+                _, step_in_epoch, ids, pad = tap.records.popleft()
+                weights = None if pad is None or not pad.any() else torch.from_numpy((~pad).astype(np.float32))
+                count = global_batch_count(n_train, cfg.batch_size, step_in_epoch)
+                loss_sum, correct, counted = trainer.train_step(images, labels, count, weights)
+                meter.update(loss_sum, correct, counted, wait, timer.done())
+                global_step += 1
+                steps_this_run += 1
+                batch_log.write({"epoch": epoch, "step": step_in_epoch, "ids": ids.tolist()})
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")
+                if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+                    checkpoint(epoch, step_in_epoch + 1)
+                if cfg.stop_after_steps and steps_this_run >= cfg.stop_after_steps:
+                    stopped = True
+                    break
+            batches.close()  # ends the loader's read-ahead now if the loop broke out early
+            if bar is not None:
+                bar.close()
+            if stopped:
+                tap.records.clear()
+                checkpoint(epoch, step_in_epoch + 1 if step_in_epoch is not None else 0)
+                report(f"stopped after {steps_this_run} step(s) at epoch {epoch}; checkpoint in {run_dir}")
+                break
+            train_m = meter.reduce(comm)
+            val_m = trainer.evaluate(eval_loader, 0, eval_tap) if eval_loader is not None else None
+            record = {"epoch": epoch, "global_step": global_step,
+                      "lr": trainer.optimizer.param_groups[0]["lr"],
+                      **{f"train_{k}": v for k, v in train_m.items()},
+                      **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
+                         if val_m else {})}
+            log.write(record)
+            history.append(record)
+            report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
+                   + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
+                   + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}")
+            checkpoint(epoch + 1, 0)
+
+        test = None
+        if not stopped and eval_loader is not None:
+            test = trainer.evaluate(eval_loader, 0, eval_tap)
+            log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
+            report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
+                   f"loss {test['loss']:.4f}")
+        stats = dict(getattr(train_src, "stats", {}) or {})
+        all_stats = comm.gather(stats, root=0)
+        if main:
+            for r, st in enumerate(all_stats):
+                report(f"data I/O rank {r} ({cfg.loader}): {_describe(st)}")
+            log.write({"final": True, "io_stats": all_stats})
+        log.close()
+        batch_log.close()
+        return {"test": test, "epochs": history, "run_dir": run_dir, "stopped_early": stopped,
+                "store_stats": stats}
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _bar(cfg, main, total, epoch):
+    if not main or cfg.progress is False:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
+                disable=None if cfg.progress is None else False)
+
+
+def _store_position(source, epoch: int, step_in_epoch: int, steps_per_epoch: int) -> dict:
+    """The source's state_dict, pointing at (epoch, step_in_epoch) -- the next untrained batch.
+
+    The source itself may already be ahead (the loader prefetches), so the position comes from
+    the loop's own count. Under the global policy the store resumes from `position` (an index in
+    the global order, which does not depend on the number of ranks), else from `step`.
+    """
+    if step_in_epoch >= steps_per_epoch:
+        epoch, step_in_epoch = epoch + 1, 0
+    state = dict(source.state_dict())
+    state["epoch"], state["step"] = int(epoch), int(step_in_epoch)
+    if "position" in state:
+        global_policy = state.get("shuffle", "global") == "global"
+        state["position"] = int(step_in_epoch) * int(state["batch_size"]) if global_policy else int(step_in_epoch)
+    return state
+
+
+def _plain_config(cfg: TrainConfig) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _check_compatible(ck: dict, cfg: TrainConfig, meta: dict) -> None:
+    """A checkpoint continues only a run with the same data, model, batch size and seed."""
+    old = ck.get("config", {})
+    for key in ("batch_size", "seed", "shuffle", "drop_last", "holdout"):
+        if old.get(key) != getattr(cfg, key):
+            raise ConfigError(f"cannot resume: the checkpoint was made with {key}={old.get(key)!r}, "
+                              f"this run has {key}={getattr(cfg, key)!r}")
+    for key in ("model", "train_samples"):
+        if ck.get("meta", {}).get(key) != meta[key]:
+            raise ConfigError(f"cannot resume: the checkpoint's {key} is {ck.get('meta', {}).get(key)!r}, "
+                              f"this run's is {meta[key]!r}")
