@@ -11,6 +11,7 @@ import dataclasses
 import os
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -75,39 +76,51 @@ def _read_groups(offsets: np.ndarray, start: int, stop: int, read_size: int):
         i = j
 
 
-def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int) -> list[BadSample]:
-    """Every check on samples [start, stop) of an open reader."""
+def _decode_error(data, info, name: str) -> str | None:
+    """Why a sample does not decode, or None if it does."""
+    from datastore.decode import decode_sample
+
+    try:
+        decode_sample(data, info, name=name)
+    except SampleError as exc:
+        return f"does not decode: {exc}"
+    return None
+
+
+def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None) -> list[BadSample]:
+    """Every check on samples [start, stop) of an open reader; decoding runs on `pool` (the
+    decoders release the GIL) when one is given."""
     info, offsets = reader.info, reader.offsets
     nclasses = info.num_classes
-    bad: list[BadSample] = []
+    reasons: dict[int, list[str]] = {}
     for a, b in _read_groups(offsets, start, stop, read_size):
         try:
             buf = reader.read_range(a, b)
         except (DStoreError, OSError) as exc:  # an unreadable run: name every sample in it
-            bad.extend(BadSample(i, reader.name(i), f"unreadable: {exc}") for i in range(a, b))
+            for i in range(a, b):
+                reasons[i] = [f"unreadable: {exc}"]
             continue
         view = memoryview(buf)
         base = int(offsets[a])
+        to_decode = []
         for i in range(a, b):
             lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
             got = zlib.crc32(view[lo:hi]) & 0xFFFFFFFF
             want = int(reader.checksums[i])
             label = int(reader.labels[i])
-            reasons = []
             if got != want:
-                reasons.append(f"checksum mismatch: stored {want:#010x}, computed {got:#010x}")
+                reasons.setdefault(i, []).append(f"checksum mismatch: stored {want:#010x}, computed {got:#010x}")
+            elif decode:  # bytes that fail their checksum are not worth decoding
+                to_decode.append((i, buf[lo:hi]))
             if nclasses and not 0 <= label < nclasses:
-                reasons.append(f"label {label} is outside [0, {nclasses}) ({nclasses} class names)")
-            if decode and got == want:
-                from datastore.decode import decode_sample
-
-                try:
-                    decode_sample(buf[lo:hi], info, name=reader.name(i))
-                except SampleError as exc:
-                    reasons.append(f"does not decode: {exc}")
-            if reasons:
-                bad.append(BadSample(i, reader.name(i), "; ".join(reasons)))
-    return bad
+                reasons.setdefault(i, []).append(f"label {label} is outside [0, {nclasses}) ({nclasses} class names)")
+        if to_decode:
+            mapper = pool.map if pool is not None else map
+            errors = mapper(lambda item: _decode_error(item[1], info, reader.name(item[0])), to_decode)
+            for (i, _), err in zip(to_decode, errors):
+                if err is not None:
+                    reasons.setdefault(i, []).append(err)
+    return [BadSample(i, reader.name(i), "; ".join(r)) for i, r in sorted(reasons.items())]
 
 
 def verify_container(path, *, comm=None, decode: bool = False, read_size: int = READ_SIZE) -> VerifyReport:
@@ -131,9 +144,10 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         raise ConfigError(f"read_size={read_size} must be positive")
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
-    with open_container(path) as reader:
+    with open_container(path) as reader, ThreadPoolExecutor(_decode_threads(comm) if decode else 1) as pool:
         bounds = block_bounds(reader.offsets, size)
-        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size)
+        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size,
+                           pool=pool)
         n, total = reader.num_samples, reader.total_bytes
     if comm is not None and size > 1:
         bad = [b for part in comm.allgather(bad) for b in part]
@@ -142,6 +156,21 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         seconds = time.perf_counter() - t0
     return VerifyReport(path=os.fspath(path), num_samples=n, total_bytes=total, decoded=decode,
                         nranks=size, seconds=seconds, bad=tuple(sorted(bad, key=lambda b: b.index)))
+
+
+def _decode_threads(comm) -> int:
+    """Decoding threads per rank: this node's cores shared by the ranks on it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if comm is None:
+        return max(1, min(cores, 16))
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        per_node = local.Get_size()
+    finally:
+        local.Free()
+    return max(1, min(cores // per_node, 16))
 
 
 def _max_op():

@@ -69,6 +69,8 @@ def test_verify_under_mpiexec_finds_the_same_sample(tmp_path):
 def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
     path = write_samples(tmp_path / "c.zarr", "zarr", SAMPLES, chunk_bytes=512)
     flip_byte(path, BAD)
+    raw = write_samples(tmp_path / "raw.h5", "hdf5", [(bytes(4), 0, f"r{i}", i) for i in range(9)] + [(b"x", 0, "short", 9)],
+                        encoding="raw", raw_dtype="uint8", raw_shape=(2, 2), class_names=("z",))
     script = tmp_path / "check.py"
     script.write_text(
         "import sys\n"
@@ -79,6 +81,8 @@ def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
         "reports = comm.allgather([(b.index, b.name) for b in r.bad])\n"
         f"assert all(x == [({BAD}, {BAD_NAME!r})] for x in reports), reports\n"
         "assert r.nranks == comm.size\n"
+        f"d = verify_container({raw!r}, comm=comm, decode=True)\n"
+        "assert [(b.index, b.name) for b in d.bad] == [(9, 'short')], d.bad\n"
         "print('rank', comm.rank, 'ok')\n"
     )
     res = run_mpi(3, ["python", str(script)], timeout=120)
