@@ -12,8 +12,8 @@ Rules (the store's docstring repeats them for users):
 * Local/partial policies: rank r deals its own part of the epoch order over the same number of
   steps (step s gets items ``[len*s // S, len*(s+1) // S)``); nothing is dropped, even with drop_last.
 * Padding: a rank whose share of a step would be empty (only when a step holds fewer samples than
-  ranks) gets one pad sample instead, a repeat flagged in ``Schedule.pad``; pads are never counted
-  as deliveries.
+  ranks) gets one pad sample instead, a repeat flagged in ``Schedule.pad`` (its own first sample
+  of the epoch); pads are never counted as deliveries.
 """
 
 from __future__ import annotations
@@ -120,7 +120,11 @@ def global_schedule(order: np.ndarray, batch_size: int, nranks: int, rank: int,
         llo, lhi = share(last, nranks, rank)
         idx = np.concatenate([idx, full * batch_size + np.arange(llo, lhi)])
         counts.append(lhi - llo)
-    return _with_pads(order[idx], np.asarray(counts, dtype=np.int64), int(order[rank % n]))
+    # A pad repeats the rank's own first sample of the epoch (so under dynamic population it is
+    # one the rank holds); a rank with no sample at all in step 0 (N < ranks) repeats order[rank % N].
+    l0, h0 = share(min(batch_size, n), nranks, rank)
+    pad_id = int(order[l0]) if h0 > l0 else int(order[rank % n])
+    return _with_pads(order[idx], np.asarray(counts, dtype=np.int64), pad_id)
 
 
 def dealt_schedule(seq: np.ndarray, steps: int, pad_id: int) -> Schedule:

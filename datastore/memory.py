@@ -1,0 +1,104 @@
+"""The memory budget: how much a rank may hold, and the error that says how many ranks would fit."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from datastore.errors import ConfigError
+
+ENV_VAR = "DSTORE_MEMORY_BUDGET"
+"""Environment variable that overrides the default per-rank budget (bytes, or e.g. `8G`, `512MiB`)."""
+
+SAFE_FRACTION = 0.7
+"""Share of the node's MemAvailable the ranks of a node may fill together by default."""
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text, what: str = "memory_budget") -> int:
+    """`text` (an int, or a string like `8G`, `1.5GiB`, `500MB`) as a number of bytes."""
+    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{what}={text!r} is not a size: use bytes or a number with K, M, G, T, KiB, MiB, GiB")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value < 0:
+        raise ConfigError(f"{what}={text!r} must not be negative")
+    return value
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int:
+    """The node's MemAvailable in bytes (0 if it cannot be read)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def default_budget(ranks_on_node: int) -> tuple[int, str]:
+    """(bytes, where it came from): the env var if set, else SAFE_FRACTION of MemAvailable shared
+    by the node's ranks."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return parse_bytes(env, ENV_VAR), f"${ENV_VAR}={env}"
+    avail = mem_available()
+    return int(avail * SAFE_FRACTION) // max(ranks_on_node, 1), (
+        f"default: {SAFE_FRACTION:.0%} of MemAvailable {fmt_bytes(avail)} over {ranks_on_node} rank(s) on the node")
+
+
+def fmt_bytes(n: float) -> str:
+    """A byte count for people (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000.0
+    return f"{n} B"  # pragma: no cover
+
+
+def ranks_needed(offsets: np.ndarray, budget_for_data: int, start: int, limit: int = 1 << 20):
+    """The fewest ranks (>= start) whose byte-balanced blocks each fit `budget_for_data`, or None."""
+    from datastore.plan import block_bounds
+
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = np.diff(offsets)
+    if budget_for_data <= 0 or (sizes.size and sizes.max() > budget_for_data):
+        return None
+    n = max(start, -(-int(offsets[-1]) // budget_for_data))
+    for _ in range(64):
+        if n > limit:
+            return None
+        b = block_bounds(offsets, n)
+        if int(np.diff(offsets[b]).max(initial=0)) <= budget_for_data:
+            return n
+        n += max(1, n // 16)
+    return None
+
+
+def budget_message(*, worst_rank: int, need: int, data_part: int, budget: int, source: str, total: int,
+                   nranks: int, ranks_per_node: int, fitting_ranks, what: str, replicate: bool = False) -> str:
+    """The MemoryBudgetError text: what is needed, the budget, and how many ranks/nodes would fit."""
+    holder = "the node" if replicate else f"rank {worst_rank}"
+    msg = (f"{what}: {holder} needs {fmt_bytes(need)} ({fmt_bytes(data_part)} of data, the rest receive "
+           f"buffers) but its memory budget is {fmt_bytes(budget)} ({source}); the data set is "
+           f"{fmt_bytes(total)} over {nranks} rank(s). ")
+    if replicate:
+        msg += (f"A full copy per node needs {fmt_bytes(total)} per node: use replicate=False (each rank "
+                f"holds 1/{nranks} of it), nodes with more memory, or raise memory_budget / ${ENV_VAR}.")
+    elif fitting_ranks is None:
+        msg += ("No number of ranks fits this budget (one sample, or the receive buffers for one batch, "
+                f"are larger than it); raise memory_budget / ${ENV_VAR} or lower batch_size/prefetch.")
+    else:
+        nodes = -(-fitting_ranks // max(ranks_per_node, 1))
+        msg += (f"It would fit on at least {fitting_ranks} ranks, i.e. {nodes} node(s) at "
+                f"{ranks_per_node} rank(s) per node; or raise memory_budget / ${ENV_VAR}.")
+    return msg

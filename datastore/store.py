@@ -1,0 +1,518 @@
+"""`DataStore`: a container spread over the memory of the ranks of a communicator, served as
+shuffled mini-batches with MPI one-sided gets.
+
+Rules a user can rely on (the arithmetic is in datastore.plan and datastore.shuffle):
+
+* Order: the epoch's global order is a pure function of (seed, epoch); global batch s is its
+  positions ``[s*B, (s+1)*B)`` and rank r takes the contiguous part ``[n*r//P, n*(r+1)//P)`` of it
+  (per-rank batch sizes differ by at most one when P does not divide B). The global order and the
+  batches do not depend on the number of ranks P.
+* Steps: every rank takes ``steps_per_epoch`` steps: ``N // B`` with drop_last (the order's last
+  ``N % B`` samples are not served that epoch; a new order next epoch), else ``ceil(N / B)`` with
+  a short last batch.
+* Padding: when a step holds fewer samples than ranks (only a short last batch), a rank whose part
+  is empty gets one repeated sample flagged ``Batch.pad``; no rank ever gets an empty batch.
+* ``local``: each rank serves only the samples it owns (no traffic), dealt over the same number of
+  steps (its batch sizes are its sample count over the steps, so ranks' batch sizes follow their
+  share of the data); ``partial``: the same after a fraction of slots exchange contents. Both
+  deliver every sample exactly once per epoch, with or without drop_last.
+* Resumption: ``state_dict()`` holds (seed, epoch, step, position in the global order). Under
+  ``global`` a resumed epoch continues the same order on any number of ranks, nothing lost or
+  repeated. Under ``local``/``partial`` the same holds on the same number of ranks; on another
+  number the resumed epoch continues at the same step of the new ranks' orders (samples may be
+  repeated or missed in that one epoch; a warning is logged), later epochs are exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import time
+import warnings
+
+import numpy as np
+
+from datastore import plan
+from datastore import shuffle as shuffle_mod
+from datastore.errors import ConfigError, MemoryBudgetError
+from datastore.formats.base import ContainerReader
+from datastore.memory import budget_message, default_budget, parse_bytes, ranks_needed
+from datastore.window import Arena, node_comm
+
+log = logging.getLogger("datastore.store")
+
+POPULATIONS = ("preload", "dynamic")
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class Batch:
+    """One rank's part of one global batch.
+
+    Attributes:
+        samples: list of uint8 arrays, each a sample's bytes (read-only views, valid until the next
+            batch is requested; copy to keep).
+        labels: int64[b].
+        ids: int64[b], container sample indices.
+        epoch: the epoch.
+        step: the step within the epoch.
+        pad: bool[b], True for padding repeats (see the module docstring).
+    """
+
+    samples: list
+    labels: np.ndarray
+    ids: np.ndarray
+    epoch: int
+    step: int
+    pad: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def _positive_int(name, value, minimum=1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+    return int(value)
+
+
+class DataStore:
+    """A data set held in the memory of all ranks of `comm`, served as shuffled batches.
+
+    Construction and population are collective over `comm`; so are `close()`, `gather_stats()`
+    and iterating an epoch (every rank iterates the same epochs). Use as a context manager.
+
+    Args:
+        comm: an mpi4py communicator (any, e.g. a trainer's sub-communicator or COMM_SELF).
+        container: a path (opened with datastore.formats.open_container and closed by the store)
+            or an open ContainerReader (left open).
+        batch_size: the GLOBAL batch size B (>= the number of ranks).
+        seed: seed of every shuffle.
+        shuffle: ``global``, ``local`` or ``partial``.
+        partial_fraction: fraction of slots exchanged per epoch under ``partial``.
+        population: ``preload`` (each rank reads its contiguous block with one large read on
+            entry) or ``dynamic`` (the first epoch reads from the container what each rank's
+            batches need, and the reader keeps it; windows are sized in advance from offsets).
+        replicate: one full copy per node in a shared-memory window (`Win.Allocate_shared`);
+            every sample is then served from node memory with no gets. Fails with
+            MemoryBudgetError if a copy does not fit the node's budget.
+        prefetch: batches whose gets are in flight ahead of the one being consumed.
+        drop_last: drop the short last global batch (see the module docstring).
+        sample_range: (start, stop): serve only container samples [start, stop).
+        memory_budget: bytes per rank (int or e.g. "8G"); None: $DSTORE_MEMORY_BUDGET, else 70% of
+            the node's MemAvailable shared by its ranks.
+    """
+
+    def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
+                 population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
+                 memory_budget=None):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.seed = shuffle_mod.check_seed(seed)
+        if shuffle not in shuffle_mod.POLICIES:
+            raise ConfigError(f"shuffle={shuffle!r} is not one of {shuffle_mod.POLICIES}")
+        self.policy = shuffle
+        self.partial_fraction = shuffle_mod.check_fraction(partial_fraction)
+        if population not in POPULATIONS:
+            raise ConfigError(f"population={population!r} is not one of {POPULATIONS}")
+        self.population = population
+        self.replicate = bool(replicate)
+        self.prefetch = _positive_int("prefetch", prefetch, 0)
+        self.drop_last = bool(drop_last)
+        self._budget_arg = None if memory_budget is None else parse_bytes(memory_budget)
+        if self.batch_size < self.size:
+            raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
+                              f"number of ranks ({self.size})")
+
+        if isinstance(container, ContainerReader):
+            self.container, self._owns_container = container, False
+        elif isinstance(container, (str, os.PathLike)):
+            from datastore.formats import open_container
+
+            self.container, self._owns_container = open_container(container), True
+        else:
+            raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
+        try:
+            self._init_index(sample_range)
+        except BaseException:
+            self._close_container()
+            raise
+        self.info = self.container.info
+        self._arena = None
+        self._nodecomm = None
+        self._view = None  # replicate: the node's full copy
+        self._loaded = None  # dynamic: which of this rank's samples are in its window
+        self._bufs = []
+        self._resume = None
+        self._next = (0, 0)
+        self._active = None
+        self._pop = {"population_seconds": 0.0, "population_bytes": 0}
+        self.stats = {}
+
+    # ----------------------------------------------------------------- set-up
+    def _init_index(self, sample_range) -> None:
+        total = self.container.num_samples
+        if sample_range is None:
+            start, stop = 0, total
+        else:
+            try:
+                start, stop = (int(x) for x in sample_range)
+            except (TypeError, ValueError):
+                raise ConfigError(f"sample_range={sample_range!r} must be (start, stop)") from None
+            if not 0 <= start < stop <= total:
+                raise ConfigError(f"sample_range={sample_range!r} must satisfy 0 <= start < stop <= {total}")
+        if stop <= start:
+            raise ConfigError(f"the container {self.container.path} holds no samples")
+        self.start, self.stop = start, stop
+        full = np.asarray(self.container.offsets, dtype=np.int64)
+        self._base_byte = int(full[start])
+        self.offsets = full[start:stop + 1] - self._base_byte
+        self.sizes = np.diff(self.offsets)
+        self.labels = np.asarray(self.container.labels[start:stop], dtype=np.int64)
+        self.num_samples = stop - start
+        self.steps_per_epoch = plan.steps_per_epoch(self.num_samples, self.batch_size, self.drop_last)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"batch_size={self.batch_size} with drop_last=True leaves no step: only "
+                              f"{self.num_samples} samples")
+        self.bounds = plan.block_bounds(self.offsets, self.size)
+        if self.population == "dynamic" and self.policy == "global" and not self.replicate:
+            order0 = shuffle_mod.global_order(self.num_samples, self.seed, 0)
+            owner = plan.dynamic_owner(self.num_samples, self.batch_size, self.size, self.drop_last, order0)
+            self.layout = plan.scattered_layout(self.offsets, owner, self.size)
+        else:
+            self.layout = plan.block_layout(self.offsets, self.bounds)
+
+    def _recv_bound(self) -> int:
+        """An upper bound on one receive buffer: the largest bytes a rank can get in one step."""
+        per_step = -(-self.batch_size // self.size)
+        if self.policy != "global":
+            per_step = max(per_step, -(-int(np.diff(self.bounds).max()) // self.steps_per_epoch))
+        per_step = min(per_step + 1, self.num_samples)
+        return int(np.partition(self.sizes, self.num_samples - per_step)[-per_step:].sum())
+
+    def _check_budget(self, nodecomm) -> None:
+        """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget."""
+        local_ranks = nodecomm.Get_size()
+        budget, source = ((self._budget_arg, "memory_budget argument") if self._budget_arg is not None
+                          else default_budget(local_ranks))
+        bufs = 0 if (self.replicate or self.size == 1) else (self.prefetch + 1) * self._recv_bound()
+        if self.replicate:
+            data = int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0
+            cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
+        else:
+            data, cap = int(self.layout.nbytes[self.rank]), budget
+        rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks))
+        bad = [(need / max(c, 1), r) for r, (need, _, c, _, _) in enumerate(rows) if need > c]
+        if not bad:
+            return
+        _, worst = max(bad)
+        need, data, cap, source, per_node = rows[worst]
+        what = ("replicate=True: one full copy per node does not fit the node's pooled budget"
+                if self.replicate else "the data store does not fit its memory budget")
+        fitting = None if self.replicate else ranks_needed(self.offsets, cap - bufs, self.size + 1)
+        raise MemoryBudgetError(budget_message(
+            worst_rank=worst, need=need, data_part=data, budget=cap, source=source,
+            total=int(self.offsets[-1]), nranks=self.size, ranks_per_node=per_node,
+            fitting_ranks=fitting, what=what, replicate=self.replicate))
+
+    def populate(self) -> None:
+        """Collective: checks the budget, allocates the windows and (preload/replicate) fills them."""
+        if self._arena is not None:
+            return
+        nodecomm = node_comm(self.comm)
+        try:
+            self._check_budget(nodecomm)
+        except BaseException:
+            nodecomm.Free()
+            raise
+        t0 = time.perf_counter()
+        if self.replicate:
+            self._nodecomm = nodecomm
+            self._arena = Arena(nodecomm, int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
+            self._view = self._arena.segment(0)
+            nb = plan.block_bounds(self.offsets, nodecomm.Get_size())
+            lo, hi = int(nb[nodecomm.Get_rank()]), int(nb[nodecomm.Get_rank() + 1])
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            self._read(lo, hi, self._view[a:b])
+            nbytes = b - a
+        else:
+            nodecomm.Free()
+            self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
+            if self.population == "preload":
+                lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
+                self._read(lo, hi, self._arena.local)
+                nbytes = self._arena.local.size
+            else:
+                self._loaded = np.zeros(self.num_samples, dtype=bool)
+                self._loaded[self.layout.owner != self.rank] = True  # only own samples are tracked
+                nbytes = 0
+        self._arena.publish()
+        self._add_population(time.perf_counter() - t0, nbytes)
+
+    def _read(self, lo: int, hi: int, out: np.ndarray) -> None:
+        """Samples [lo, hi) of the served range into `out` with one range read."""
+        if hi > lo:
+            self.container.read_range(self.start + lo, self.start + hi, out=out)
+
+    def _add_population(self, seconds: float, nbytes: int) -> None:
+        p = self._pop
+        p["population_seconds"] += seconds
+        p["population_bytes"] += int(nbytes)
+        p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
+
+    def _fill_dynamic(self, ids: np.ndarray) -> int:
+        """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced)."""
+        ids = np.unique(ids[~self._loaded[ids]])
+        if ids.size == 0:
+            return 0
+        heads = np.nonzero(np.diff(ids, prepend=-2) != 1)[0]
+        ends = np.append(heads[1:], ids.size)
+        local, disp = self._arena.local, self.layout.disp
+        for h, e in zip(heads.tolist(), ends.tolist()):
+            lo, hi = int(ids[h]), int(ids[e - 1]) + 1
+            d = int(disp[lo])
+            self._read(lo, hi, local[d:d + int(self.offsets[hi] - self.offsets[lo])])
+        self._loaded[ids] = True
+        return int(self.sizes[ids].sum())
+
+    # ----------------------------------------------------------------- epochs
+    def schedule(self, epoch: int) -> plan.Schedule:
+        """This rank's deliveries in `epoch` (pure; no communication)."""
+        order = shuffle_mod.epoch_order(self.policy, self.num_samples, self.bounds, self.seed, epoch,
+                                        self.partial_fraction)
+        return plan.rank_schedule(self.policy, order, self.bounds, self.batch_size, self.size, self.rank,
+                                  self.drop_last)
+
+    def epoch(self, epoch: int):
+        """Iterates this rank's batches of `epoch` (collective: every rank iterates it).
+
+        Starts at the step a loaded state_dict recorded if `epoch` is that state's epoch.
+
+        Yields:
+            Batch, one per step.
+        """
+        shuffle_mod.epoch_rng(self.seed, epoch)  # validates epoch
+        if self._active is not None:
+            self._active.close()
+        gen = self._epoch(int(epoch))
+        self._active = gen
+        return gen
+
+    def __iter__(self):
+        return self.epoch(self._next[0])
+
+    def _epoch(self, e: int):
+        self.populate()
+        first = 0
+        if self._resume is not None and self._resume[0] == e:
+            first = self._resume[1]
+        self._resume = None
+        sched = self.schedule(e)
+        ids_all = sched.ids
+        lazy = False
+        if self._loaded is not None:
+            need = ids_all[sched.ptr[first]:]
+            flags = self.comm.allgather((bool(self._loaded.all()),
+                                         bool(np.all(self.layout.owner[need] == self.rank))))
+            if not all(f[0] for f in flags):
+                lazy = all(f[1] for f in flags)
+                if not lazy:  # someone needs samples nobody has read yet: fill everything first
+                    t0 = time.perf_counter()
+                    n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+                    self._arena.publish()
+                    self._add_population(time.perf_counter() - t0, n)
+        st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
+                  samples_remote=0, pads=0, bytes_local=0, bytes_remote=0, gets=0,
+                  fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0, population_bytes=0,
+                  population_MBps=0.0)
+        st.update(self._pop)
+        self.stats = st
+        t_epoch = time.perf_counter()
+        steps = list(range(first, sched.steps))
+        self._next = (e, first) if first < sched.steps else (e + 1, 0)
+        if self.replicate:
+            owner = np.full(self.num_samples, self.rank, dtype=np.int64)
+            disp, local = self.offsets[:-1], self._view
+        else:
+            owner, disp, local = self.layout.owner, self.layout.disp, self._arena.local
+        local = local.view()
+        local.flags.writeable = False
+        nbuf = self.prefetch + 1
+        if not self.replicate:  # exact receive buffer sizes for this epoch
+            rb = np.where(owner[ids_all] != self.rank, self.sizes[ids_all], 0)
+            per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
+            need = int(per_step[first:].max(initial=0))
+            if len(self._bufs) != nbuf or self._bufs[0].size < need:
+                self._bufs = [np.empty(need, dtype=np.uint8) for _ in range(nbuf)]
+        ro = [b.view() for b in self._bufs]
+        for b in ro:
+            b.flags.writeable = False
+        sizes, rank, arena = self.sizes, self.rank, self._arena
+
+        def issue(s, slot):
+            sl = sched.step(s)
+            ids = ids_all[sl]
+            f = plan.plan_fetch(owner[ids], disp[ids], sizes[ids], rank)
+            reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
+                if f.run_len.size else []
+            return s, slot, ids, sched.pad[sl], f, reqs
+
+        pending = collections.deque()
+        reading = arena.reading() if not (self.replicate or lazy) else None
+        if reading is not None:
+            reading.__enter__()
+        try:
+            k = 0
+            while k < len(steps) and k < nbuf and not lazy:
+                pending.append(issue(steps[k], k % nbuf))
+                k += 1
+            for i, s in enumerate(steps):
+                t0 = time.perf_counter()
+                if lazy:
+                    t1 = time.perf_counter()
+                    n = self._fill_dynamic(ids_all[sched.step(s)])
+                    self._add_population(time.perf_counter() - t1, n)
+                    pending.append(issue(s, 0))
+                _, slot, ids, pad, f, reqs = pending.popleft()
+                t1 = time.perf_counter()
+                arena.wait(reqs)
+                st["get_wait_seconds"] += time.perf_counter() - t1
+                buf = ro[slot] if ro else local
+                samples = [(local if l else buf)[a:a + n]
+                           for l, a, n in zip(f.local.tolist(), f.start.tolist(), f.length.tolist())]
+                batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
+                nloc = int(f.local.sum())
+                st["steps"] += 1
+                st["samples"] += ids.size
+                st["pads"] += int(pad.sum())
+                st["samples_local"] += nloc
+                st["samples_remote"] += ids.size - nloc
+                st["bytes_remote"] += f.remote_bytes
+                st["bytes_local"] += int(f.length[f.local].sum())
+                st["gets"] += f.run_len.size
+                self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
+                st["fetch_seconds"] += time.perf_counter() - t0
+                yield batch
+                if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
+                    pending.append(issue(steps[k], slot))
+                    k += 1
+        finally:
+            for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
+                arena.wait(item[5])
+            if reading is not None:
+                reading.__exit__(None, None, None)
+        st["epoch_seconds"] = time.perf_counter() - t_epoch
+        delivered = st["bytes_local"] + st["bytes_remote"]
+        st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
+        if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
+            t1 = time.perf_counter()
+            n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+            self._arena.publish()
+            self._add_population(time.perf_counter() - t1, n)
+        st.update(self._pop)
+        self._active = None
+        log.info("epoch %d rank %d/%d: %s", e, self.rank, self.size,
+                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.items()))
+
+    def gather_stats(self) -> list:
+        """Collective: every rank's `stats` dict, in rank order."""
+        return self.comm.allgather(dict(self.stats))
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Where the store is: plain ints/strs/floats (torch.save-able with weights_only=True)."""
+        e, s = self._next
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": e, "step": s,
+                "position": s * self.batch_size if self.policy == "global" else s,
+                "batch_size": self.batch_size, "num_samples": self.num_samples, "shuffle": self.policy,
+                "partial_fraction": self.partial_fraction, "drop_last": int(self.drop_last),
+                "nranks": self.size, "sample_start": self.start, "sample_stop": self.stop}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Resumes at `sd`'s position: the next `epoch(sd["epoch"])` starts at its step.
+
+        Raises:
+            ConfigError: `sd` is not a store state, or it was saved for another data set, batch
+                size, policy or drop_last.
+        """
+        if not isinstance(sd, dict) or sd.get("version") != STATE_VERSION:
+            raise ConfigError(f"state_dict version {getattr(sd, 'get', lambda k: None)('version')!r} "
+                              f"is not {STATE_VERSION}, or not a DataStore state")
+        mine = self.state_dict()
+        for key in ("num_samples", "batch_size", "shuffle", "drop_last", "sample_start", "sample_stop"):
+            if sd.get(key) != mine[key]:
+                raise ConfigError(f"state_dict[{key!r}]={sd.get(key)!r} does not match this store's {mine[key]!r}")
+        if self.policy == "partial" and float(sd.get("partial_fraction", -1)) != self.partial_fraction:
+            raise ConfigError(f"state_dict['partial_fraction']={sd.get('partial_fraction')!r} does not match "
+                              f"this store's {self.partial_fraction!r}")
+        epoch, step = int(sd["epoch"]), int(sd["step"])
+        if self.policy == "global":
+            step = int(sd["position"]) // self.batch_size
+        if not 0 <= step <= self.steps_per_epoch:
+            raise ConfigError(f"state_dict step={step} is outside [0, {self.steps_per_epoch}]")
+        if self.policy != "global" and step and int(sd["nranks"]) != self.size:
+            warnings.warn(f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
+                          f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
+                          RuntimeWarning, stacklevel=2)
+        self.seed = shuffle_mod.check_seed(sd["seed"])
+        if step == self.steps_per_epoch:
+            epoch, step = epoch + 1, 0
+        self._resume = (epoch, step)
+        self._next = (epoch, step)
+
+    # ----------------------------------------------------------------- lifetime
+    def _close_container(self) -> None:
+        if self._owns_container and self.container is not None:
+            self.container.close()
+
+    def close(self) -> None:
+        """Collective: ends an open epoch, frees the windows, closes a container it opened. Safe twice."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        arena, self._arena = self._arena, None
+        self._view = None
+        self._bufs = []
+        if arena is not None:
+            arena.free()
+        if self._nodecomm is not None:
+            self._nodecomm.Free()
+            self._nodecomm = None
+        self._close_container()
+        self._owns_container = False
+
+    def __enter__(self):
+        try:
+            self.populate()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            # Another rank may never reach the collective free: release what is local only, so
+            # the exception reaches the top (where `python -m mpi4py` or the CLI ends the job)
+            # instead of hanging in Win.Free.
+            self._abandon()
+        return False
+
+    def _abandon(self) -> None:
+        """Local-only teardown after an error: ends an open epoch, drops the windows unfreed."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        if self._arena is not None:
+            log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
+        self._arena, self._view, self._bufs, self._nodecomm = None, None, [], None
+        self._close_container()
+        self._owns_container = False
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+

@@ -1,0 +1,109 @@
+"""The only module that touches `MPI.Win`: allocate an arena, read epochs, batched gets, free.
+
+An `Arena` is one collective window of raw bytes per rank (`MPI.Win.Allocate`, which lets the
+MPI library place it in shared memory), or one node-wide segment (`MPI.Win.Allocate_shared`) that
+every rank of the node maps. Its lifetime is explicit: `free()` (collective) is safe to call twice,
+and `reading()` wraps `Lock_all`/`Unlock_all` in try/finally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from mpi4py import MPI
+
+
+class Arena:
+    """A window of `nbytes` bytes on each rank of `comm` (collective constructor).
+
+    Args:
+        comm: the communicator the window spans.
+        nbytes: this rank's size in bytes (may be 0, and may differ between ranks).
+        shared: allocate with `Win.Allocate_shared`; `comm` must then be a shared-memory (node)
+            communicator, and `segment(r)` maps rank r's part directly.
+
+    Attributes:
+        local: uint8 array over this rank's own bytes (writable: this is where population writes).
+    """
+
+    def __init__(self, comm, nbytes: int, *, shared: bool = False):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.shared = shared
+        alloc = MPI.Win.Allocate_shared if shared else MPI.Win.Allocate
+        self._win = alloc(int(nbytes), 1, comm=comm)
+        self.local = np.frombuffer(self._win.tomemory(), dtype=np.uint8) if nbytes else np.zeros(0, np.uint8)
+        self._reading = False
+
+    @property
+    def closed(self) -> bool:
+        return self._win is None
+
+    def segment(self, rank: int) -> np.ndarray:
+        """Rank's bytes of a shared arena, mapped into this process (no copy)."""
+        if not self.shared:
+            raise TypeError("segment() needs an arena allocated with shared=True")
+        buf, _ = self._win.Shared_query(rank)
+        return np.frombuffer(buf, dtype=np.uint8)
+
+    def publish(self) -> None:
+        """Makes this rank's local writes visible to the others: memory sync, then a barrier
+        (collective). Call after population and before anyone reads."""
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        try:
+            self._win.Sync()
+        finally:
+            self._win.Unlock_all()
+        self.comm.Barrier()
+
+    @contextlib.contextmanager
+    def reading(self):
+        """A passive-target read epoch on all ranks (`Lock_all` ... `Unlock_all`, always unlocked).
+
+        Not collective: each rank opens and closes its own epoch.
+        """
+        if self._win is None:
+            raise ValueError("arena is freed")
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._reading = True
+        try:
+            yield self
+        finally:
+            self._reading = False
+            self._win.Unlock_all()
+
+    def start_gets(self, buf: np.ndarray, owners, disps, lengths, bufstarts) -> list:
+        """Starts one `Rget` per run: `lengths[i]` bytes of rank `owners[i]`'s window at `disps[i]`
+        into `buf[bufstarts[i]:]`. Returns the requests (complete them with `wait`).
+
+        Must be called inside `reading()`.
+        """
+        win = self._win
+        mv = memoryview(buf)
+        byte = MPI.BYTE
+        return [win.Rget(mv[b:b + n], o, (d, n, byte))
+                for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())]
+
+    @staticmethod
+    def wait(requests: list) -> None:
+        """Completes requests from `start_gets`."""
+        if requests:
+            MPI.Request.Waitall(requests)
+
+    def free(self) -> None:
+        """Frees the window (collective over `comm`). Safe to call twice."""
+        win, self._win = self._win, None
+        self.local = np.zeros(0, np.uint8)
+        if win is not None:
+            win.Free()
+
+
+def node_comm(comm):
+    """The ranks of `comm` that share this rank's node (collective `Split_type`); caller frees it."""
+    return comm.Split_type(MPI.COMM_TYPE_SHARED)
+
+
+def allreduce_min(comm, value):
+    """The minimum of `value` over `comm` (a small helper so the store reads without MPI names)."""
+    return comm.allreduce(value, op=MPI.MIN)

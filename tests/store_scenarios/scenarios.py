@@ -1,0 +1,272 @@
+"""DataStore scenarios that run unchanged on any communicator: COMM_SELF inside pytest, or
+COMM_WORLD under `mpiexec -n N python -m mpi4py scenarios.py CONTAINER NAME...`.
+
+Every check is collective: each rank gathers what it delivered (ids, CRC32 of the bytes, pads) to
+rank 0, which compares against the container and the pure reference order and raises on any
+difference; `python -m mpi4py` then ends the whole job, so a failure never hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+import numpy as np
+
+from datastore import plan, shuffle
+from datastore.errors import ConfigError, MemoryBudgetError
+from datastore.formats import create_writer, open_container
+from datastore.store import DataStore
+
+BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
+
+
+def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5"):
+    """A container with varied sample sizes (empty ones included); returns its path."""
+    rng = np.random.default_rng(seed)
+    with create_writer(path, fmt, encoding=encoding, class_names=[f"c{i}" for i in range(5)]) as w:
+        for i in range(n):
+            size = 0 if i % 11 == 3 else int(rng.integers(1, 2000 if i % 5 else 20000))
+            w.append(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), int(rng.integers(0, 5)), f"s{i}", i)
+    return path
+
+
+def _crc(a) -> int:
+    return zlib.crc32(memoryview(a).cast("B")) & 0xFFFFFFFF
+
+
+def run_epoch(store, epoch, steps=None):
+    """Consumes `steps` batches (all if None); returns (ids, crcs, pads, labels, step numbers)."""
+    ids, crcs, pads, labels, stepno = [], [], [], [], []
+    for k, b in enumerate(store.epoch(epoch)):
+        ids.append(b.ids)
+        crcs.append(np.array([_crc(x) for x in b.samples], dtype=np.int64))
+        pads.append(b.pad)
+        labels.append(b.labels)
+        stepno.append(np.full(b.ids.size, b.step))
+        assert len(b.samples) == b.ids.size == b.labels.size > 0
+        if steps is not None and k + 1 >= steps:
+            break  # what a trainer does after saving a checkpoint at this step
+    cat = (lambda x, t: np.concatenate(x) if x else np.zeros(0, t))
+    return (cat(ids, np.int64), cat(crcs, np.int64), cat(pads, bool), cat(labels, np.int64), cat(stepno, np.int64))
+
+
+def check_delivery(comm, reader, got, *, epoch, policy, seed, drop_last, start=0, stop=None, first_step=0,
+                   steps_per_epoch=None):
+    """Collective: the ranks' deliveries are every (kept) sample once, byte-identical, in the
+    reference global order for the global policy. Raises AssertionError on rank 0, then all ranks."""
+    rows = comm.gather(got, root=0)
+    err = None
+    if comm.rank == 0:
+        try:
+            stop = reader.num_samples if stop is None else stop
+            n = stop - start
+            ids = np.concatenate([r[0] for r in rows])
+            crcs = np.concatenate([r[1] for r in rows])
+            pads = np.concatenate([r[2] for r in rows])
+            labels = np.concatenate([r[3] for r in rows])
+            steps = np.concatenate([r[4] for r in rows])
+            if not np.array_equal(crcs, reader.checksums[ids].astype(np.int64)):
+                bad = ids[crcs != reader.checksums[ids]]
+                raise AssertionError(f"bytes differ from the container for samples {bad[:10]}")
+            if not np.array_equal(labels, reader.labels[ids]):
+                raise AssertionError("labels differ from the container")
+            real = ids[~pads]
+            if policy == "global":
+                order = shuffle.global_order(n, seed, epoch) + start
+                kept = (n // BATCH) * BATCH if drop_last else n
+                want = order[first_step * BATCH:kept]
+                # Rebuild the global sequence: step by step, ranks in rank order.
+                seq = np.concatenate([np.concatenate([r[0][(r[4] == s) & ~r[2]] for r in rows])
+                                      for s in np.unique(steps)]) if ids.size else ids
+                if not np.array_equal(seq, want):
+                    raise AssertionError(f"epoch {epoch}: global sequence differs from the reference "
+                                         f"order (got {seq[:8]}..., want {want[:8]}...)")
+            else:
+                if first_step == 0 and not np.array_equal(np.sort(real), np.arange(start, stop)):
+                    raise AssertionError(f"{policy}: not every sample exactly once")
+            if steps_per_epoch is not None:
+                for r in rows:
+                    if np.unique(r[4]).size != steps_per_epoch - first_step:
+                        raise AssertionError("ranks took different numbers of steps")
+        except AssertionError as exc:
+            err = str(exc)
+    err = comm.bcast(err, root=0)
+    if err:
+        raise AssertionError(err)
+
+
+def scenario_exactly_once(comm, path):
+    """All policies x drop_last x 2 epochs x prefetch 0/2: every sample once, bytes identical."""
+    reader = open_container(path)
+    for policy in ("global", "local", "partial"):
+        for drop_last in (False, True):
+            for prefetch in (0, 2):
+                with DataStore(comm, reader, batch_size=BATCH, seed=7, shuffle=policy, drop_last=drop_last,
+                               prefetch=prefetch, partial_fraction=0.5) as st:
+                    for epoch in (0, 1):
+                        got = run_epoch(st, epoch)
+                        check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=7,
+                                       drop_last=drop_last, steps_per_epoch=st.steps_per_epoch)
+                    if policy == "local" and st.stats["samples_remote"] != 0:
+                        raise AssertionError("local policy moved samples between ranks")
+    reader.close()
+
+
+def scenario_dynamic(comm, path):
+    """Dynamic population delivers what preload does; epoch 0 is served without remote gets."""
+    reader = open_container(path)
+    for policy, drop_last in (("global", False), ("global", True), ("local", False), ("partial", True)):
+        with DataStore(comm, path, batch_size=BATCH, seed=3, shuffle=policy, population="dynamic",
+                       drop_last=drop_last) as dyn, \
+                DataStore(comm, reader, batch_size=BATCH, seed=3, shuffle=policy, drop_last=drop_last) as pre:
+            for epoch in (0, 1, 2):
+                a, b = run_epoch(dyn, epoch), run_epoch(pre, epoch)
+                for x, y in zip(a, b):
+                    if not np.array_equal(x, y):
+                        raise AssertionError(f"dynamic != preload ({policy}, epoch {epoch})")
+                if epoch == 0 and policy in ("global", "local") and dyn.stats["samples_remote"]:
+                    raise AssertionError("dynamic epoch 0 fetched remote samples")
+                check_delivery(comm, reader, a, epoch=epoch, policy=policy, seed=3, drop_last=drop_last,
+                               steps_per_epoch=dyn.steps_per_epoch)
+            if dyn.stats["population_bytes"] != int(dyn.layout.nbytes[comm.rank]):
+                raise AssertionError(f"dynamic population read {dyn.stats['population_bytes']} bytes, "
+                                     f"owns {dyn.layout.nbytes[comm.rank]}")
+    reader.close()
+
+
+def scenario_resume(comm, path):
+    """Mid-epoch state saved on all ranks resumes on fewer ranks (a sub-communicator) with the same
+    global order: nothing lost, nothing repeated."""
+    import io
+
+    import torch
+
+    reader = open_container(path)
+    sub_size = max(1, comm.size - 1)
+    for drop_last in (False, True):
+        with DataStore(comm, reader, batch_size=BATCH, seed=11, drop_last=drop_last) as st:
+            run_epoch(st, 0)
+            first = run_epoch(st, 1, steps=5)
+            sd = st.state_dict()
+            if (sd["epoch"], sd["step"]) != (1, 5):
+                raise AssertionError(f"state after 5 steps of epoch 1 is {sd}")
+            blob = io.BytesIO()
+            torch.save(sd, blob)
+        blob.seek(0)
+        sd2 = torch.load(blob, weights_only=True)
+        sub = comm.Split(0 if comm.rank < sub_size else 1, comm.rank)
+        try:
+            if comm.rank < sub_size:
+                with DataStore(sub, reader, batch_size=BATCH, seed=0, drop_last=drop_last) as st2:
+                    st2.load_state_dict(sd2)
+                    rest = run_epoch(st2, 1)
+                    if st2.seed != 11 or st2.state_dict()["epoch"] != 2:
+                        raise AssertionError("seed/epoch not restored")
+            else:
+                rest = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
+                        np.zeros(0, np.int64), np.zeros(0, np.int64))
+        finally:
+            sub.Free()
+        both = tuple(np.concatenate([x, y]) for x, y in zip(first, rest))
+        check_delivery(comm, reader, both, epoch=1, policy="global", seed=11, drop_last=drop_last)
+    reader.close()
+
+
+def scenario_budget(comm, path):
+    """Over budget: every rank raises the same clear MemoryBudgetError (no hang), by argument and
+    by environment variable; a replicated copy that does not fit fails the same way."""
+    reader = open_container(path)
+    total = int(reader.offsets[-1])
+    cases = [dict(memory_budget=total // (4 * comm.size)), dict(memory_budget="1KB", replicate=True)]
+    os.environ["DSTORE_MEMORY_BUDGET"] = "2KiB"
+    cases.append({})
+    try:
+        for kw in cases:
+            try:
+                with DataStore(comm, reader, batch_size=BATCH, **kw):
+                    pass
+            except MemoryBudgetError as exc:
+                msg = str(exc)
+                if "needs" not in msg or "budget" not in msg:
+                    raise AssertionError(f"unclear message: {msg}") from None
+                if not kw.get("replicate") and "ranks" not in msg:
+                    raise AssertionError(f"message does not say how many ranks fit: {msg}") from None
+                if kw == {} and "DSTORE_MEMORY_BUDGET=2KiB" not in msg:
+                    raise AssertionError(f"message does not name the env var: {msg}") from None
+                msgs = comm.allgather(msg)
+                if len(set(msgs)) != 1:
+                    raise AssertionError(f"ranks disagree: {msgs}") from None
+            else:
+                raise AssertionError(f"no MemoryBudgetError for {kw}")
+    finally:
+        del os.environ["DSTORE_MEMORY_BUDGET"]
+    # A generous budget works.
+    with DataStore(comm, reader, batch_size=BATCH, memory_budget=10 * total + 10**6) as st:
+        run_epoch(st, 0)
+    reader.close()
+
+
+def scenario_replicate_and_range(comm, path):
+    """replicate=True and sample_range serve exactly once and byte-identical."""
+    reader = open_container(path)
+    with DataStore(comm, reader, batch_size=BATCH, seed=5, replicate=True) as st:
+        got = run_epoch(st, 0)
+        check_delivery(comm, reader, got, epoch=0, policy="global", seed=5, drop_last=False)
+        if st.stats["samples_remote"] or st.stats["gets"]:
+            raise AssertionError("replicated store issued gets")
+    for policy in ("global", "local"):
+        with DataStore(comm, reader, batch_size=BATCH, seed=5, sample_range=(20, 131), shuffle=policy) as st:
+            got = run_epoch(st, 2)
+            if st.num_samples != 111:
+                raise AssertionError("num_samples of a sample_range")
+            check_delivery(comm, reader, got, epoch=2, policy=policy, seed=5, drop_last=False, start=20,
+                           stop=131)
+    reader.close()
+
+
+def scenario_errors(comm, path):
+    """Bad arguments are ConfigErrors naming the parameter; close() is safe twice."""
+    reader = open_container(path)
+    for kw, name in ((dict(batch_size=0), "batch_size"), (dict(batch_size=BATCH, shuffle="x"), "shuffle"),
+                     (dict(batch_size=BATCH, population="x"), "population"),
+                     (dict(batch_size=BATCH, sample_range=(5, 2)), "sample_range"),
+                     (dict(batch_size=10**6, drop_last=True), "batch_size"),
+                     (dict(batch_size=BATCH, prefetch=-1), "prefetch")):
+        try:
+            DataStore(comm, reader, **kw)
+        except ConfigError as exc:
+            if name not in str(exc):
+                raise AssertionError(f"{kw}: message {exc} does not name {name}") from None
+        else:
+            raise AssertionError(f"no ConfigError for {kw}")
+    st = DataStore(comm, reader, batch_size=BATCH)
+    with st:
+        it = st.epoch(0)
+        next(it)  # leave an epoch open: close() must end it
+    st.close()
+    reader.close()
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+def main(argv):
+    from mpi4py import MPI
+
+    import faulthandler
+
+    # A hang becomes a traceback of every rank (the launcher's timeout is the backstop).
+    faulthandler.dump_traceback_later(float(os.environ.get("DSTORE_SCENARIO_TIMEOUT", "100")), exit=True)
+    path, names = argv[0], argv[1:] or list(SCENARIOS)
+    comm = MPI.COMM_WORLD
+    for name in names:
+        SCENARIOS[name](comm, path)
+        comm.Barrier()
+        if comm.rank == 0:
+            print(f"OK {name} on {comm.size} ranks", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
