@@ -129,3 +129,27 @@ def test_cifar_and_synthetic_two_ranks(tmp_path):
         for j in range(16):
             i = int(c.source_index[j])
             assert bytes(c.sample(j)[0]) == src.load(i) and c.name(j) == src.name(i)
+
+
+def test_library_raises_the_same_error_on_every_rank_instead_of_hanging(mixed, tmp_path):
+    import shutil
+
+    root = tmp_path / "images"
+    shutil.copytree(mixed, root)
+    path, _ = add_bad(str(root), "undecodable")
+    scenarios = [{"source": str(root), "output": str(tmp_path / "sh"), "shards": 3},  # a group per rank
+                 {"source": str(root), "output": str(tmp_path / "one.zarr"), "fmt": "zarr"},
+                 {"source": str(root), "output": str(tmp_path / "ok.h5"), "on_error": "skip"}]
+    results = tmp_path / "results"
+    results.mkdir()
+    run_mpi(3, ["python", os.path.join(os.path.dirname(__file__), "ingest_library_run.py"), str(results),
+                *map(json.dumps, scenarios)], timeout=120)
+    per_rank = [[json.loads(line) for line in (results / f"rank{r}.jsonl").read_text().splitlines()]
+                for r in range(3)]
+    for lines in per_rank:
+        assert len(lines) == 3, lines
+        for failed in lines[:2]:
+            assert not failed["ok"] and failed["type"] == "SampleError" and path in failed["message"], failed
+        assert lines[2]["ok"] and lines[2]["samples"] == 44, lines[2]
+    assert not (tmp_path / "sh").exists() or os.listdir(tmp_path / "sh") == []
+    assert leftovers(str(tmp_path)) == ["ok.h5"]

@@ -285,3 +285,24 @@ def test_open_source_detects_types(mixed, tmp_path):
     assert open_source(str(tmp_path / "c" / "data_batch_1")).kind == "cifar"
     with pytest.raises(ConfigError, match="does not exist"):
         open_source(str(tmp_path / "nothing"))
+
+
+def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path):
+    from datastore.formats import create_writer
+    from datastore.ingest.digits import DigitsSource
+    from datastore.ingest.writer import BackgroundWriter
+
+    class BadLabel(DigitsSource):
+        def label(self, i):
+            return "seven" if i == 5 else super().label(i)  # the writer's int() fails on it
+
+    src = BadLabel()
+    writer = create_writer(str(tmp_path / "w.h5"), encoding="raw", class_names=src.class_names,
+                           raw_dtype="uint8", raw_shape=(8, 8, 1))
+    out = BackgroundWriter(writer, src, np.arange(10))
+    out.submit(0, np.full(10, 64), [src.load(i).reshape(-1) for i in range(10)])
+    error = out.finish()
+    assert isinstance(error, ValueError) and out.error is error
+    out.abort()
+    out.abort()
+    assert leftovers(str(tmp_path)) == []
