@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip")
     p.add_argument("--compute-factor", type=float, default=1.25,
                    help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
+    p.add_argument("--train-samples", type=int, default=1024,
+                   help="samples of the decode pass and the training view (each loader decodes them all; 0: all)")
     p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
     p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")
     p.add_argument("--mosaic-venv", default=None,
@@ -80,7 +82,8 @@ def _config(args):
     return BenchConfig(out=args.out, count=count, data_dir=args.data_dir, container=args.container,
                        batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
                        decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
-                       compute_factor=args.compute_factor, zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
+                       compute_factor=args.compute_factor, train_samples=args.train_samples or None,
+                       zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
 

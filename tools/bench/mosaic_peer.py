@@ -17,7 +17,7 @@ import time
 
 
 def evict(root: str) -> None:
-    """Drops the clean page-cache pages of every file under root (os.sync first)."""
+    """Drops the page-cache pages of every file under root (os.sync first: dirty pages cannot be dropped)."""
     os.sync()
     for d, _dirs, names in os.walk(root):
         for n in names:

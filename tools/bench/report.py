@@ -124,7 +124,10 @@ def markdown(results: dict[str, Any]) -> str:
     if tv and tv.get("loaders"):
         out += ["", "## Training view (DLIO method: a fixed sleep per step stands in for compute)", "",
                 f"Compute per step: {tv['compute_seconds'] * 1e3:.1f} ms "
-                f"(= {tv['factor']:g} x the store's fetch+decode time per step, {tv['store_step_seconds'] * 1e3:.1f} ms).",
+                f"(= {tv['factor']:g} x the store's fetch+decode time per step, {tv['store_step_seconds'] * 1e3:.1f} ms). "
+                f"Each loader decodes the first {tv.get('num_samples', '?')} samples once, shuffled; the DataLoaders "
+                f"use {tv.get('num_workers', '?')} worker process(es) per rank and start cold, the store "
+                f"{tv.get('decode_threads', '?')} decode thread(s) per rank.",
                 "", "| loader | steps | wall s | data wait s | AU |", "|---|---:|---:|---:|---:|"]
         for row in tv["loaders"]:
             out.append(f"| {row['name']} | {row['steps']} | {row['wall']:.2f} | {row['wait']:.2f} | {row['au']:.3f} |")
@@ -202,6 +205,8 @@ def plot_results(results: dict[str, Any], out_dir: str) -> list[str]:
         ax.plot(xs, [g["store"]["us_per_sample"] for g in growth], "o-", label=STORE_MAIN)
         ax.plot(xs, [g["raw_rma"]["us_per_sample"] for g in growth], "s--", label="raw RMA")
         ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:,}" for x in xs])
+        ax.minorticks_off()
         ax.set_xlabel("samples in the data set")
         ax.set_ylabel("wall time per sample (us, all ranks)")
         ax.set_ylim(bottom=0)

@@ -32,6 +32,7 @@ class BenchConfig:
     decode_size: int | None = None
     growth: tuple[int, ...] = (2048, 8192, 32768)
     compute_factor: float = 1.25
+    train_samples: int | None = 1024
     zarr_limit: int | None = None
     mosaic: bool = True
     mosaic_venv: str | None = None
@@ -146,13 +147,15 @@ def run(comm, cfg: BenchConfig) -> dict:
             add(store_bench.delivery(comm, data.container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
                                      seed=cfg.seed))
     prog.start("store: decode through StoreLoader")
+    n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
     dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=B, seed=cfg.seed,
-                                          num_threads=cfg.decode_threads, size=cfg.decode_size)
+                                          num_threads=cfg.decode_threads, size=cfg.decode_size,
+                                          sample_range=(0, n_tv))
     add(dec)
 
     # --- training view ---------------------------------------------------------------------------
     prog.start("training view (DLIO: sleep per step)")
-    tv = run_training_view(comm, cfg, data, step_s, prog)
+    tv = run_training_view(comm, cfg, data, step_s, n_tv, prog)
 
     # --- growth ----------------------------------------------------------------------------------
     growth = []
@@ -187,30 +190,33 @@ def run(comm, cfg: BenchConfig) -> dict:
     return results
 
 
-def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, prog: Progress) -> dict:
-    """AU of the store and of each baseline that can run, with compute = factor x the store's step time."""
+def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, n: int, prog: Progress) -> dict:
+    """AU of the store and of each baseline that can run, over the first `n` samples, with
+    compute = factor x the store's fetch+decode time per step."""
     from datastore.store import DataStore
 
     compute = max(store_step_s * cfg.compute_factor, 1e-3)
     rows = []
-    with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload") as store:
+    with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",
+                   sample_range=(0, n)) as store:
         rows.append(training_view.au_loop(comm, "store (StoreLoader)", training_view.store_loader_iter(
             store, epoch=2, num_threads=cfg.decode_threads, size=cfg.decode_size), compute))
         rows[-1]["cache"] = "memory"
     kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
+    offsets, labels = data.offsets[:n + 1], data.labels[:n]
     if data.files is not None:
         rows.append(training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-            data.files, data.labels, decode=True), data.files, **kw))
+            data.files[:n], labels, decode=True), data.files[:n], **kw))
     if data.hdf5:
         rows.append(training_view.run_baseline(comm, "h5py Dataset + DataLoader", baselines.ContainerSampleDataset(
-            data.hdf5, "h5py", data.offsets, data.labels, decode=True), [data.hdf5], **kw))
+            data.hdf5, "h5py", offsets, labels, decode=True), [data.hdf5], **kw))
     if data.zarr:
         rows.append(training_view.run_baseline(comm, "zarr Dataset + DataLoader", baselines.ContainerSampleDataset(
-            data.zarr, "zarr", data.offsets, data.labels, decode=True), [data.zarr], **kw))
+            data.zarr, "zarr", offsets, labels, decode=True), [data.zarr], **kw))
     for r in rows:
         prog.note(f"{r['name']}: AU {r['au']:.3f} ({r['steps']} steps, wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
     return {"compute_seconds": compute, "store_step_seconds": store_step_s, "factor": cfg.compute_factor,
-            "loaders": rows}
+            "num_samples": n, "num_workers": cfg.num_workers, "decode_threads": cfg.decode_threads, "loaders": rows}
 
 
 def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[dict]:

@@ -104,14 +104,15 @@ def delivery(comm, container: str, *, shuffle: str, prefetch: int, batch_size: i
 
 
 def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads: int, size: int | None,
-                epoch: int = 1) -> tuple[Measurement, float]:
-    """One epoch through `StoreLoader` (fetch + decode in threads, images as tensors), after an untimed
-    epoch 0. Returns the measurement and the slowest rank's mean seconds per step (what the
+                epoch: int = 1, sample_range=None) -> tuple[Measurement, float]:
+    """One epoch through `StoreLoader` (fetch + decode in threads, images as tensors) over
+    `sample_range`. Returns the measurement and the slowest rank's mean seconds per step (what the
     training view's compute time is set from)."""
     from datastore.store import DataStore
     from datastore.torch import StoreLoader
 
-    with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload") as store:
+    with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload",
+                   sample_range=sample_range) as store:
         loader = StoreLoader(store, num_threads=num_threads, size=size)
         steps = {"n": 0}
 
