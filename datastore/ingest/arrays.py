@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 
 from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import Source
+from datastore.ingest.source import ArraySamples
 
 IMAGE_KEYS = ("x", "images", "data", "X", "x_train", "image", "imgs", "arr_0")
 LABEL_KEYS = ("y", "labels", "targets", "Y", "y_train", "label", "arr_1")
@@ -43,7 +43,7 @@ def _pick(keys, wanted, options, what, path):
     return None
 
 
-class ArraySource(Source):
+class ArraySource(ArraySamples):
     """Images (and labels) from a `.npy` or `.npz` file.
 
     Args:
@@ -127,12 +127,6 @@ class ArraySource(Source):
         if n and lab.min() < 0:
             raise SampleError(f"{self.path}: labels must be non-negative, found {int(lab.min())}")
         return lab
-
-    def __len__(self) -> int:
-        return int(self._images.shape[0])
-
-    def label(self, i: int) -> int:
-        return int(self._labels[i])
 
     def name(self, i: int) -> str:
         return f"{os.path.basename(self.path)}[{i}]"

@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 
 from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import Source
+from datastore.ingest.source import ArraySamples
 
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST = ("test_batch",)
@@ -122,7 +122,7 @@ def batch_files(path: str, split: str) -> tuple[list[str], str | None]:
     return files, None
 
 
-class CifarSource(Source):
+class CifarSource(ArraySamples):
     """CIFAR-10/100 python batches as raw uint8 (32, 32, 3) samples.
 
     Args:
@@ -183,16 +183,7 @@ class CifarSource(Source):
                 return tuple(n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names)
         return tuple(str(i) for i in range(max(default_count, num_classes)))
 
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def label(self, i: int) -> int:
-        return int(self._labels[i])
-
     def name(self, i: int) -> str:
         base, row = self._rows[i]
         return f"{base}[{row}]"
-
-    def load(self, i: int) -> np.ndarray:
-        return self._images[i]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.ingest.source import Source
+from datastore.ingest.source import ArraySamples
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -19,7 +19,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return images, d.target.astype(np.int64)
 
 
-class DigitsSource(Source):
+class DigitsSource(ArraySamples):
     """The `digits` source: class names "0".."9"."""
 
     kind = "digits"
@@ -31,14 +31,5 @@ class DigitsSource(Source):
         self.class_names = tuple(str(i) for i in range(10))
         self.encoding, self.raw_dtype, self.raw_shape = "raw", "uint8", (8, 8, 1)
 
-    def __len__(self) -> int:
-        return int(self._images.shape[0])
-
-    def label(self, i: int) -> int:
-        return int(self._labels[i])
-
     def name(self, i: int) -> str:
         return f"digits[{i}]"
-
-    def load(self, i: int) -> np.ndarray:
-        return self._images[i]

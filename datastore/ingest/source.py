@@ -84,6 +84,22 @@ class Source(abc.ABC):
         return 110_000
 
 
+class ArraySamples(Source):
+    """A raw source whose sample i is `_images[i]` with label `_labels[i]` (arrays in memory or mapped)."""
+
+    _images: np.ndarray
+    _labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self._images.shape[0])
+
+    def label(self, i: int) -> int:
+        return int(self._labels[i])
+
+    def load(self, i: int) -> np.ndarray:
+        return self._images[i]
+
+
 def source_type_of(spec: str) -> str:
     """The source type `auto` picks for `spec` (without reading any sample).
 
