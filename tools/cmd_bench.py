@@ -41,13 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (baselines)")
     p.add_argument("--decode-threads", type=int, default=2, help="StoreLoader decode threads per rank")
-    p.add_argument("--decode-size", type=int, default=None,
-                   help="StoreLoader `size` (resize/crop edge); default: the loader's own default")
+    p.add_argument("--decode-size", type=int, default=224,
+                   help="edge every decoded image is resized to (StoreLoader `size`; the baselines do the same)")
     p.add_argument("--growth", type=_ints, default=None,
                    help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip")
     p.add_argument("--compute-factor", type=float, default=1.25,
                    help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
-    p.add_argument("--train-samples", type=int, default=1024,
+    p.add_argument("--train-samples", type=int, default=2048,
                    help="samples of the decode pass and the training view (each loader decodes them all; 0: all)")
     p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
     p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")

@@ -23,14 +23,15 @@ class FileBytesDataset:
     Args:
         files: one path per sample.
         labels: one label per sample.
-        decode: also decode the image (`datastore.decode.decode_image`), as a training input
-            pipeline does.
+        decode: also decode the image and resize it to `size`, as StoreLoader does (same functions).
+        size: (H, W) to resize decoded images to.
     """
 
-    def __init__(self, files, labels, decode: bool = False):
+    def __init__(self, files, labels, decode: bool = False, size=(224, 224)):
         self.files = list(files)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.decode = decode
+        self.size = size
 
     def __len__(self) -> int:
         return len(self.files)
@@ -39,9 +40,7 @@ class FileBytesDataset:
         with open(self.files[i], "rb") as fh:
             data = fh.read()
         if self.decode:
-            from datastore.decode import decode_image
-
-            return decode_image(data, channels=3, name=self.files[i]), int(self.labels[i])
+            return decode_resized(data, self.size, self.files[i]), int(self.labels[i])
         return np.frombuffer(data, dtype=np.uint8), int(self.labels[i])
 
 
@@ -55,10 +54,10 @@ class ContainerSampleDataset:
         path: the HDF5 file or the Zarr v3 group directory.
         backend: `h5py` or `zarr`.
         offsets, labels: the container's index arrays (read once by the caller).
-        decode: also decode the image.
+        decode, size: also decode the image and resize it to `size` (as FileBytesDataset).
     """
 
-    def __init__(self, path: str, backend: str, offsets, labels, decode: bool = False):
+    def __init__(self, path: str, backend: str, offsets, labels, decode: bool = False, size=(224, 224)):
         if backend not in ("h5py", "zarr"):
             from datastore.errors import ConfigError
 
@@ -68,6 +67,7 @@ class ContainerSampleDataset:
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)
         self.decode = decode
+        self.size = size
         self._data = None
         self._pid = None
 
@@ -90,15 +90,25 @@ class ContainerSampleDataset:
     def __getitem__(self, i):
         data = self._array()[int(self.offsets[i]):int(self.offsets[i + 1])]
         if self.decode:
-            from datastore.decode import decode_image
-
-            return decode_image(data, channels=3, name=f"{self.path}[{i}]"), int(self.labels[i])
+            return decode_resized(data, self.size, f"{self.path}[{i}]"), int(self.labels[i])
         return data, int(self.labels[i])
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_data"] = None  # handles do not cross processes
         return state
+
+
+def decode_resized(data, size, name: str):
+    """Decode and resize exactly as StoreLoader does (reduced-DCT JPEG decode, bilinear resize) into a
+    CHW uint8 tensor, so that every loader in the training view does the same work per sample."""
+    import torch
+
+    from datastore.decode import decode_image
+    from datastore.torch import resize
+
+    arr = decode_image(data, channels=3, min_size=size, name=name)
+    return torch.from_numpy(np.array(resize(np.ascontiguousarray(arr), size))).permute(2, 0, 1)
 
 
 def collate_list(items):

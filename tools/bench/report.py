@@ -128,9 +128,11 @@ def markdown(results: dict[str, Any]) -> str:
                 f"Each loader decodes the first {tv.get('num_samples', '?')} samples once, shuffled; the DataLoaders "
                 f"use {tv.get('num_workers', '?')} worker process(es) per rank and start cold, the store "
                 f"{tv.get('decode_threads', '?')} decode thread(s) per rank.",
-                "", "| loader | steps | wall s | data wait s | AU |", "|---|---:|---:|---:|---:|"]
+                "", "| loader | steps | wall s | data wait s | first batch s | AU | AU after the first batch |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
         for row in tv["loaders"]:
-            out.append(f"| {row['name']} | {row['steps']} | {row['wall']:.2f} | {row['wait']:.2f} | {row['au']:.3f} |")
+            out.append(f"| {row['name']} | {row['steps']} | {row['wall']:.2f} | {row['wait']:.2f} | "
+                       f"{row.get('first_wait', 0):.2f} | {row['au']:.3f} | {row.get('au_steady', row['au']):.3f} |")
     growth = results.get("growth")
     if growth:
         out += ["", "## Cost per sample as the data set grows", "",

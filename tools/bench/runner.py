@@ -29,10 +29,10 @@ class BenchConfig:
     caches: tuple[str, ...] = ("cold", "warm")
     num_workers: int = 2
     decode_threads: int = 2
-    decode_size: int | None = None
+    decode_size: int = 224
     growth: tuple[int, ...] = (2048, 8192, 32768)
     compute_factor: float = 1.25
-    train_samples: int | None = 1024
+    train_samples: int | None = 2048
     zarr_limit: int | None = None
     mosaic: bool = True
     mosaic_venv: str | None = None
@@ -55,7 +55,7 @@ def machine() -> str:
         mem = 0.0
     from mpi4py import MPI
 
-    mpi = MPI.Get_library_version().splitlines()[0].strip()
+    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
     return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}, {mpi}"
 
 
@@ -199,20 +199,20 @@ def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float
     rows = []
     with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",
                    sample_range=(0, n)) as store:
-        rows.append(training_view.au_loop(comm, "store (StoreLoader)", training_view.store_loader_iter(
-            store, epoch=2, num_threads=cfg.decode_threads, size=cfg.decode_size), compute))
-        rows[-1]["cache"] = "memory"
+        rows.append(training_view.run_store(comm, store, compute_seconds=compute, epoch=2,
+                                            num_threads=cfg.decode_threads, size=cfg.decode_size))
     kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
+    size = (cfg.decode_size, cfg.decode_size)
     offsets, labels = data.offsets[:n + 1], data.labels[:n]
     if data.files is not None:
         rows.append(training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-            data.files[:n], labels, decode=True), data.files[:n], **kw))
+            data.files[:n], labels, decode=True, size=size), data.files[:n], **kw))
     if data.hdf5:
         rows.append(training_view.run_baseline(comm, "h5py Dataset + DataLoader", baselines.ContainerSampleDataset(
-            data.hdf5, "h5py", offsets, labels, decode=True), [data.hdf5], **kw))
+            data.hdf5, "h5py", offsets, labels, decode=True, size=size), [data.hdf5], **kw))
     if data.zarr:
         rows.append(training_view.run_baseline(comm, "zarr Dataset + DataLoader", baselines.ContainerSampleDataset(
-            data.zarr, "zarr", offsets, labels, decode=True), [data.zarr], **kw))
+            data.zarr, "zarr", offsets, labels, decode=True, size=size), [data.zarr], **kw))
     for r in rows:
         prog.note(f"{r['name']}: AU {r['au']:.3f} ({r['steps']} steps, wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
     return {"compute_seconds": compute, "store_step_seconds": store_step_s, "factor": cfg.compute_factor,

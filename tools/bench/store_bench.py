@@ -113,19 +113,19 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
 
     with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload",
                    sample_range=sample_range) as store:
-        loader = StoreLoader(store, num_threads=num_threads, size=size)
-        steps = {"n": 0}
+        with StoreLoader(store, num_threads=num_threads, size=size) as loader:
+            steps = {"n": 0}
 
-        def run():
-            n = b = 0
-            for images, _labels in loader.epoch(epoch):
-                n += int(images.shape[0])
-                b += int(images.numel() * images.element_size())
-                steps["n"] += 1
-            return n, b
+            def run():
+                n = b = 0
+                for images, _labels in loader.epoch(epoch):
+                    n += int(images.shape[0])
+                    b += int(images.numel() * images.element_size())
+                    steps["n"] += 1
+                return n, b
 
-        m = measure(comm, "store + StoreLoader decode", "decode", "memory", run, num_threads=num_threads,
-                    size=size, note="bytes are decoded pixels")
+            m = measure(comm, "store + StoreLoader decode", "decode", "memory", run, num_threads=num_threads,
+                        size=size, note="bytes are decoded pixels")
     per_step = comm.allreduce(m.seconds[comm.Get_rank()] / max(steps["n"], 1), op=_max())
     m.extra["seconds_per_step"] = per_step
     return m, per_step

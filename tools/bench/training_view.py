@@ -17,14 +17,15 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
     the lowest.
 
     Returns:
-        {name, steps, wall, wait, au, rank_au}: wall and wait (seconds spent waiting for the next
-        batch) of the slowest rank, AU of the least utilised rank.
+        {name, steps, wall, wait, first_wait, au, au_steady, rank_au}: wall, wait (seconds spent
+        waiting for batches) and first_wait (for the first batch: the pipeline filling) of the least
+        utilised rank; `au` over the whole epoch, `au_steady` without the first batch's wait.
     """
     comm.Barrier()
     t0 = time.perf_counter()
     it = iter(make_iter())
     steps = 0
-    wait = 0.0
+    wait = first_wait = 0.0
     while True:
         tw = time.perf_counter()
         try:
@@ -32,23 +33,31 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
         except StopIteration:
             wait += time.perf_counter() - tw
             break
-        wait += time.perf_counter() - tw
+        dt = time.perf_counter() - tw
+        wait += dt
+        if steps == 0:
+            first_wait = dt
         time.sleep(compute_seconds)
         steps += 1
     wall = time.perf_counter() - t0
-    got = comm.allgather((steps, wall, wait))
-    rank_au = [s * compute_seconds / w if w > 0 else 0.0 for s, w, _ in got]
+    got = comm.allgather((steps, wall, wait, first_wait))
+    rank_au = [s * compute_seconds / w if w > 0 else 0.0 for s, w, _, _ in got]
     worst = min(range(len(got)), key=lambda r: rank_au[r])
-    return {"name": name, "steps": got[worst][0], "wall": got[worst][1], "wait": got[worst][2],
-            "au": rank_au[worst], "rank_au": [round(a, 4) for a in rank_au]}
+    steps, wall, wait, first_wait = got[worst]
+    steady = wall - first_wait
+    return {"name": name, "steps": steps, "wall": wall, "wait": wait, "first_wait": first_wait,
+            "au": rank_au[worst], "au_steady": steps * compute_seconds / steady if steady > 0 else 0.0,
+            "rank_au": [round(a, 4) for a in rank_au]}
 
 
-def store_loader_iter(store, *, epoch: int, num_threads: int, size):
-    """A factory for one epoch of decoded batches from `StoreLoader`."""
+def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: int, size) -> dict:
+    """The training view of the store: one epoch of decoded batches from `StoreLoader`."""
     from datastore.torch import StoreLoader
 
-    loader = StoreLoader(store, num_threads=num_threads, size=size)
-    return lambda: loader.epoch(epoch)
+    with StoreLoader(store, num_threads=num_threads, size=size) as loader:
+        row = au_loop(comm, "store (StoreLoader)", lambda: loader.epoch(epoch), compute_seconds)
+    row["cache"] = "memory"
+    return row
 
 
 def dataloader_iter(comm, dataset, *, batch_size: int, num_workers: int, seed: int, epoch: int = 0):
