@@ -119,8 +119,8 @@ def test_cifar_and_synthetic_two_ranks(tmp_path):
                                   .transpose(1, 2, 0).reshape(-1)) for j in range(90))
     verify(tmp_path / "c.zarr")
 
-    ingest_cli(2, "synthetic", tmp_path / "s.h5", "--count", 16, "--seed", 3, "-O", "mean_bytes=3000",
-               "-O", "min_side=48", "-O", "max_side=64")
+    ingest_cli(2, "synthetic", tmp_path / "s.h5", "--count", 16, "--seed", 3, "--mean-bytes", 3000,
+               "--min-side", 48, "-O", "max_side=64")
     from datastore.ingest.synthetic import SyntheticSource
 
     src = SyntheticSource(16, seed=3, mean_bytes=3000, min_side=48, max_side=64)

@@ -42,6 +42,10 @@ def add_arguments(parser) -> None:
                         help="image folder check per file: header (default; cheap, catches truncation), "
                              "full decode, or none")
     parser.add_argument("--split", choices=("train", "test", "all"), default=None, help="CIFAR split (default train)")
+    for flag, what in (("--num-classes", "number of classes"), ("--mean-bytes", "target mean JPEG size (bytes)"),
+                       ("--min-side", "smallest image side (px)"), ("--max-side", "largest image side (px)"),
+                       ("--quality", "JPEG quality")):
+        parser.add_argument(flag, type=int, default=None, help=f"synthetic: {what}")
     parser.add_argument("--source-option", "-O", action="append", type=_source_option, default=[],
                         metavar="KEY=VALUE",
                         help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 (synthetic), "
@@ -62,8 +66,9 @@ def run(args) -> int:
     options = dict(args.source_option)
     if args.validate is not None:
         options["validate"] = args.validate
-    if args.split is not None:
-        options["split"] = args.split
+    for key in ("split", "num_classes", "mean_bytes", "min_side", "max_side", "quality"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
     comm = MPI.COMM_WORLD
     report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
                     keep_order=args.keep_order, encoding=args.encoding, resize=args.resize,
