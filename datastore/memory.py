@@ -102,3 +102,25 @@ def budget_message(*, worst_rank: int, need: int, data_part: int, budget: int, s
         msg += (f"It would fit on at least {fitting_ranks} ranks, i.e. {nodes} node(s) at "
                 f"{ranks_per_node} rank(s) per node; or raise memory_budget / ${ENV_VAR}.")
     return msg
+
+
+def budget_error(rows, *, offsets: np.ndarray, bufs: int, replicate: bool):
+    """The MemoryBudgetError message for gathered per-rank rows, or None if every rank fits.
+
+    Args:
+        rows: one (need, data, budget, source, ranks_on_node) per rank, in rank order.
+        offsets: the served samples' offsets (for how many ranks would fit).
+        bufs: receive-buffer bytes included in each `need`.
+        replicate: rows describe node copies (rank 0 of each node holds the data).
+    """
+    bad = [(need / max(cap, 1), r) for r, (need, _, cap, _, _) in enumerate(rows) if need > cap]
+    if not bad:
+        return None
+    _, worst = max(bad)
+    need, data, cap, source, per_node = rows[worst]
+    what = ("replicate=True: one full copy per node does not fit the node's pooled budget"
+            if replicate else "the data store does not fit its memory budget")
+    fitting = None if replicate else ranks_needed(offsets, cap - bufs, len(rows) + 1)
+    return budget_message(worst_rank=worst, need=need, data_part=data, budget=cap, source=source,
+                          total=int(offsets[-1]), nranks=len(rows), ranks_per_node=per_node,
+                          fitting_ranks=fitting, what=what, replicate=replicate)

@@ -25,6 +25,36 @@ import numpy as np
 from datastore.errors import ConfigError
 
 
+STATE_VERSION = 1
+"""Version of the DataStore state dict layout."""
+
+_STATE_MATCH = ("num_samples", "batch_size", "shuffle", "drop_last", "sample_start", "sample_stop")
+
+
+def resume_point(sd, current: dict, steps_per_epoch: int) -> tuple[int, int]:
+    """(epoch, step) a saved store state `sd` resumes at, checked against the `current` state.
+
+    Under ``global`` the step comes from the position in the global order (samples consumed), so
+    it is the same whatever the number of ranks. A finished epoch resumes at the next one's start.
+
+    Raises:
+        ConfigError: `sd` is not a store state, or it was saved for another data set, batch size,
+            policy, partial fraction, drop_last, or a step outside the epoch.
+    """
+    if not isinstance(sd, dict) or sd.get("version") != STATE_VERSION:
+        got = sd.get("version") if isinstance(sd, dict) else type(sd).__name__
+        raise ConfigError(f"state_dict version {got!r} is not {STATE_VERSION}, or not a DataStore state")
+    for key in _STATE_MATCH + (("partial_fraction",) if current["shuffle"] == "partial" else ()):
+        if sd.get(key) != current[key]:
+            raise ConfigError(f"state_dict[{key!r}]={sd.get(key)!r} does not match this store's {current[key]!r}")
+    epoch, step = int(sd["epoch"]), int(sd["step"])
+    if current["shuffle"] == "global":
+        step = int(sd["position"]) // int(sd["batch_size"])
+    if not 0 <= step <= steps_per_epoch or epoch < 0:
+        raise ConfigError(f"state_dict epoch={epoch} step={step} is outside [0, {steps_per_epoch}]")
+    return (epoch + 1, 0) if step == steps_per_epoch else (epoch, step)
+
+
 def block_bounds(offsets: np.ndarray, nranks: int) -> np.ndarray:
     """Block boundaries int64[nranks+1]: rank r owns samples ``bounds[r]:bounds[r+1]``.
 

@@ -26,6 +26,7 @@ Rules a user can rely on (the arithmetic is in datastore.plan and datastore.shuf
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -38,13 +39,12 @@ from datastore import plan
 from datastore import shuffle as shuffle_mod
 from datastore.errors import ConfigError, MemoryBudgetError
 from datastore.formats.base import ContainerReader
-from datastore.memory import budget_message, default_budget, parse_bytes, ranks_needed
+from datastore.memory import budget_error, default_budget, parse_bytes
 from datastore.window import Arena, node_comm
 
 log = logging.getLogger("datastore.store")
 
 POPULATIONS = ("preload", "dynamic")
-STATE_VERSION = 1
 
 
 @dataclasses.dataclass
@@ -82,7 +82,22 @@ class DataStore:
     """A data set held in the memory of all ranks of `comm`, served as shuffled batches.
 
     Construction and population are collective over `comm`; so are `close()`, `gather_stats()`
-    and iterating an epoch (every rank iterates the same epochs). Use as a context manager.
+    and iterating an epoch (every rank iterates the same epochs). Use as a context manager: a
+    clean exit frees the windows collectively; an exception leaves them to MPI_Finalize, because
+    another rank may never reach the collective free (the job is expected to end; see
+    `python -m mpi4py` and the CLI's abort_on_error).
+
+    Attributes:
+        steps_per_epoch, num_samples, info (ContainerInfo), rank, size, seed, layout (plan.Layout).
+        stats: this rank's figures for the current or last epoch: steps, samples (local/remote,
+            pads), bytes (local/remote), gets (one per coalesced run), wait_seconds (time the
+            consumer was blocked in the store), fetch_seconds (planning, issuing and completing
+            gets), get_wait_seconds, epoch_seconds, delivered_GBps, and the store's population
+            so far (population_seconds, population_bytes, population_MBps). Logged at INFO
+            ("datastore.store") at the end of each epoch.
+
+    Samples are served as read-only views: local ones straight from this rank's window (no
+    copy), remote ones from receive buffers (`prefetch + 1` of them, reused in turn).
 
     Args:
         comm: an mpi4py communicator (any, e.g. a trainer's sub-communicator or COMM_SELF).
@@ -97,7 +112,9 @@ class DataStore:
             batches need, and the reader keeps it; windows are sized in advance from offsets).
         replicate: one full copy per node in a shared-memory window (`Win.Allocate_shared`);
             every sample is then served from node memory with no gets. Fails with
-            MemoryBudgetError if a copy does not fit the node's budget.
+            MemoryBudgetError if a copy does not fit the node's budget (the per-rank budget
+            times the node's ranks). Population is then always a preload (the node's ranks each
+            read a part of the copy).
         prefetch: batches whose gets are in flight ahead of the one being consumed.
         drop_last: drop the short last global batch (see the module docstring).
         sample_range: (start, stop): serve only container samples [start, stop).
@@ -149,6 +166,7 @@ class DataStore:
         self._resume = None
         self._next = (0, 0)
         self._active = None
+        self._closed = False
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats = {}
 
@@ -205,23 +223,16 @@ class DataStore:
         else:
             data, cap = int(self.layout.nbytes[self.rank]), budget
         rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks))
-        bad = [(need / max(c, 1), r) for r, (need, _, c, _, _) in enumerate(rows) if need > c]
-        if not bad:
-            return
-        _, worst = max(bad)
-        need, data, cap, source, per_node = rows[worst]
-        what = ("replicate=True: one full copy per node does not fit the node's pooled budget"
-                if self.replicate else "the data store does not fit its memory budget")
-        fitting = None if self.replicate else ranks_needed(self.offsets, cap - bufs, self.size + 1)
-        raise MemoryBudgetError(budget_message(
-            worst_rank=worst, need=need, data_part=data, budget=cap, source=source,
-            total=int(self.offsets[-1]), nranks=self.size, ranks_per_node=per_node,
-            fitting_ranks=fitting, what=what, replicate=self.replicate))
+        msg = budget_error(rows, offsets=self.offsets, bufs=bufs, replicate=self.replicate)
+        if msg:  # every rank saw the same rows, so every rank raises the same error
+            raise MemoryBudgetError(msg)
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them."""
         if self._arena is not None:
             return
+        if self._closed:
+            raise ValueError("the DataStore is closed")
         nodecomm = node_comm(self.comm)
         try:
             self._check_budget(nodecomm)
@@ -326,7 +337,8 @@ class DataStore:
                     self._add_population(time.perf_counter() - t0, n)
         st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
                   samples_remote=0, pads=0, bytes_local=0, bytes_remote=0, gets=0,
-                  fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0, population_bytes=0,
+                  wait_seconds=0.0, fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0,
+                  population_bytes=0,
                   population_MBps=0.0)
         st.update(self._pop)
         self.stats = st
@@ -353,57 +365,59 @@ class DataStore:
         sizes, rank, arena = self.sizes, self.rank, self._arena
 
         def issue(s, slot):
+            t = time.perf_counter()
             sl = sched.step(s)
             ids = ids_all[sl]
             f = plan.plan_fetch(owner[ids], disp[ids], sizes[ids], rank)
             reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
                 if f.run_len.size else []
+            st["fetch_seconds"] += time.perf_counter() - t
             return s, slot, ids, sched.pad[sl], f, reqs
 
         pending = collections.deque()
-        reading = arena.reading() if not (self.replicate or lazy) else None
-        if reading is not None:
-            reading.__enter__()
-        try:
-            k = 0
-            while k < len(steps) and k < nbuf and not lazy:
-                pending.append(issue(steps[k], k % nbuf))
-                k += 1
-            for i, s in enumerate(steps):
-                t0 = time.perf_counter()
-                if lazy:
-                    t1 = time.perf_counter()
-                    n = self._fill_dynamic(ids_all[sched.step(s)])
-                    self._add_population(time.perf_counter() - t1, n)
-                    pending.append(issue(s, 0))
-                _, slot, ids, pad, f, reqs = pending.popleft()
-                t1 = time.perf_counter()
-                arena.wait(reqs)
-                st["get_wait_seconds"] += time.perf_counter() - t1
-                buf = ro[slot] if ro else local
-                samples = [(local if l else buf)[a:a + n]
-                           for l, a, n in zip(f.local.tolist(), f.start.tolist(), f.length.tolist())]
-                batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
-                nloc = int(f.local.sum())
-                st["steps"] += 1
-                st["samples"] += ids.size
-                st["pads"] += int(pad.sum())
-                st["samples_local"] += nloc
-                st["samples_remote"] += ids.size - nloc
-                st["bytes_remote"] += f.remote_bytes
-                st["bytes_local"] += int(f.length[f.local].sum())
-                st["gets"] += f.run_len.size
-                self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
-                st["fetch_seconds"] += time.perf_counter() - t0
-                yield batch
-                if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
-                    pending.append(issue(steps[k], slot))
+        t_in = t_epoch  # the consumer waits from its first next() on
+        reading = contextlib.nullcontext() if (self.replicate or lazy) else arena.reading()
+        with reading:
+            try:
+                k = 0
+                while k < len(steps) and k < nbuf and not lazy:
+                    pending.append(issue(steps[k], k % nbuf))
                     k += 1
-        finally:
-            for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
-                arena.wait(item[5])
-            if reading is not None:
-                reading.__exit__(None, None, None)
+                for s in steps:
+                    if lazy:
+                        t1 = time.perf_counter()
+                        n = self._fill_dynamic(ids_all[sched.step(s)])
+                        self._add_population(time.perf_counter() - t1, n)
+                        pending.append(issue(s, 0))
+                    _, slot, ids, pad, f, reqs = pending.popleft()
+                    t1 = time.perf_counter()
+                    arena.wait(reqs)
+                    t2 = time.perf_counter()
+                    st["get_wait_seconds"] += t2 - t1
+                    st["fetch_seconds"] += t2 - t1
+                    buf = ro[slot] if ro else local
+                    samples = [(local if l else buf)[a:a + n]
+                               for l, a, n in zip(f.local.tolist(), f.start.tolist(), f.length.tolist())]
+                    batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
+                    nloc = int(f.local.sum())
+                    st["steps"] += 1
+                    st["samples"] += ids.size
+                    st["pads"] += int(pad.sum())
+                    st["samples_local"] += nloc
+                    st["samples_remote"] += ids.size - nloc
+                    st["bytes_remote"] += f.remote_bytes
+                    st["bytes_local"] += int(f.length[f.local].sum())
+                    st["gets"] += f.run_len.size
+                    self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
+                    st["wait_seconds"] += time.perf_counter() - t_in
+                    yield batch
+                    t_in = time.perf_counter()
+                    if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
+                        pending.append(issue(steps[k], slot))
+                        k += 1
+            finally:
+                for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
+                    arena.wait(item[5])
         st["epoch_seconds"] = time.perf_counter() - t_epoch
         delivered = st["bytes_local"] + st["bytes_remote"]
         st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
@@ -425,7 +439,7 @@ class DataStore:
     def state_dict(self) -> dict:
         """Where the store is: plain ints/strs/floats (torch.save-able with weights_only=True)."""
         e, s = self._next
-        return {"version": STATE_VERSION, "seed": self.seed, "epoch": e, "step": s,
+        return {"version": plan.STATE_VERSION, "seed": self.seed, "epoch": e, "step": s,
                 "position": s * self.batch_size if self.policy == "global" else s,
                 "batch_size": self.batch_size, "num_samples": self.num_samples, "shuffle": self.policy,
                 "partial_fraction": self.partial_fraction, "drop_last": int(self.drop_last),
@@ -438,28 +452,12 @@ class DataStore:
             ConfigError: `sd` is not a store state, or it was saved for another data set, batch
                 size, policy or drop_last.
         """
-        if not isinstance(sd, dict) or sd.get("version") != STATE_VERSION:
-            raise ConfigError(f"state_dict version {getattr(sd, 'get', lambda k: None)('version')!r} "
-                              f"is not {STATE_VERSION}, or not a DataStore state")
-        mine = self.state_dict()
-        for key in ("num_samples", "batch_size", "shuffle", "drop_last", "sample_start", "sample_stop"):
-            if sd.get(key) != mine[key]:
-                raise ConfigError(f"state_dict[{key!r}]={sd.get(key)!r} does not match this store's {mine[key]!r}")
-        if self.policy == "partial" and float(sd.get("partial_fraction", -1)) != self.partial_fraction:
-            raise ConfigError(f"state_dict['partial_fraction']={sd.get('partial_fraction')!r} does not match "
-                              f"this store's {self.partial_fraction!r}")
-        epoch, step = int(sd["epoch"]), int(sd["step"])
-        if self.policy == "global":
-            step = int(sd["position"]) // self.batch_size
-        if not 0 <= step <= self.steps_per_epoch:
-            raise ConfigError(f"state_dict step={step} is outside [0, {self.steps_per_epoch}]")
+        epoch, step = plan.resume_point(sd, self.state_dict(), self.steps_per_epoch)
         if self.policy != "global" and step and int(sd["nranks"]) != self.size:
             warnings.warn(f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
                           f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
                           RuntimeWarning, stacklevel=2)
         self.seed = shuffle_mod.check_seed(sd["seed"])
-        if step == self.steps_per_epoch:
-            epoch, step = epoch + 1, 0
         self._resume = (epoch, step)
         self._next = (epoch, step)
 
@@ -470,6 +468,7 @@ class DataStore:
 
     def close(self) -> None:
         """Collective: ends an open epoch, frees the windows, closes a container it opened. Safe twice."""
+        self._closed = True
         if self._active is not None:
             self._active.close()
             self._active = None
@@ -504,6 +503,7 @@ class DataStore:
 
     def _abandon(self) -> None:
         """Local-only teardown after an error: ends an open epoch, drops the windows unfreed."""
+        self._closed = True
         if self._active is not None:
             self._active.close()
             self._active = None

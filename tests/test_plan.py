@@ -123,3 +123,20 @@ def test_fetch_plan_copies_exactly_the_right_bytes(entries, rank):
 def test_contiguous_samples_coalesce_into_one_get():
     f = plan.plan_fetch(np.array([1, 1, 1, 2]), np.array([20, 0, 10, 0]), np.array([10, 10, 10, 5]), 0)
     assert list(f.run_owner) == [1, 2] and list(f.run_len) == [30, 5]
+
+
+def test_resume_point_checks_the_state():
+    import pytest
+
+    from datastore.errors import ConfigError
+
+    cur = {"version": 1, "seed": 0, "epoch": 0, "step": 0, "position": 0, "batch_size": 8, "num_samples": 50,
+           "shuffle": "global", "partial_fraction": 0.25, "drop_last": 0, "nranks": 2, "sample_start": 0,
+           "sample_stop": 50}
+    assert plan.resume_point(dict(cur, epoch=3, step=2, position=16), cur, 7) == (3, 2)
+    assert plan.resume_point(dict(cur, epoch=3, step=7, position=56), cur, 7) == (4, 0)
+    for bad, key in ((dict(cur, batch_size=4), "batch_size"), (dict(cur, num_samples=9), "num_samples"),
+                     (dict(cur, version=9), "version"), ([], "version"),
+                     (dict(cur, step=9, position=72), "outside")):
+        with pytest.raises(ConfigError, match=key):
+            plan.resume_point(bad, cur, 7)

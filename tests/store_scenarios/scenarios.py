@@ -137,40 +137,48 @@ def scenario_dynamic(comm, path):
 
 
 def scenario_resume(comm, path):
-    """Mid-epoch state saved on all ranks resumes on fewer ranks (a sub-communicator) with the same
-    global order: nothing lost, nothing repeated."""
+    """A mid-epoch state resumes on another number of ranks with the same global order: nothing
+    lost, nothing repeated. Saved on all ranks and resumed on a sub-communicator of one rank fewer
+    (and the reverse), through torch.save/torch.load(weights_only=True), preload and dynamic."""
     import io
 
     import torch
 
     reader = open_container(path)
     sub_size = max(1, comm.size - 1)
-    for drop_last in (False, True):
-        with DataStore(comm, reader, batch_size=BATCH, seed=11, drop_last=drop_last) as st:
-            run_epoch(st, 0)
-            first = run_epoch(st, 1, steps=5)
-            sd = st.state_dict()
-            if (sd["epoch"], sd["step"]) != (1, 5):
-                raise AssertionError(f"state after 5 steps of epoch 1 is {sd}")
-            blob = io.BytesIO()
-            torch.save(sd, blob)
-        blob.seek(0)
-        sd2 = torch.load(blob, weights_only=True)
-        sub = comm.Split(0 if comm.rank < sub_size else 1, comm.rank)
-        try:
-            if comm.rank < sub_size:
-                with DataStore(sub, reader, batch_size=BATCH, seed=0, drop_last=drop_last) as st2:
-                    st2.load_state_dict(sd2)
+    sub = comm.Split(0 if comm.rank < sub_size else 1, comm.rank)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64),
+             np.zeros(0, np.int64))
+    try:
+        for drop_last, population, shrink in ((False, "preload", True), (True, "dynamic", True),
+                                              (False, "dynamic", False)):
+            save_comm, load_comm = (comm, sub) if shrink else (sub, comm)
+            first = empty
+            blob = None
+            if save_comm is comm or comm.rank < sub_size:
+                with DataStore(save_comm, reader, batch_size=BATCH, seed=11, drop_last=drop_last,
+                               population=population) as st:
+                    run_epoch(st, 0)
+                    first = run_epoch(st, 1, steps=5)
+                    sd = st.state_dict()
+                    if (sd["epoch"], sd["step"]) != (1, 5):
+                        raise AssertionError(f"state after 5 steps of epoch 1 is {sd}")
+                    buf = io.BytesIO()
+                    torch.save(sd, buf)
+                    blob = buf.getvalue()
+            blob = comm.bcast(blob, root=0)
+            rest = empty
+            if load_comm is comm or comm.rank < sub_size:
+                with DataStore(load_comm, reader, batch_size=BATCH, seed=0, drop_last=drop_last,
+                               population=population) as st2:
+                    st2.load_state_dict(torch.load(io.BytesIO(blob), weights_only=True))
                     rest = run_epoch(st2, 1)
                     if st2.seed != 11 or st2.state_dict()["epoch"] != 2:
                         raise AssertionError("seed/epoch not restored")
-            else:
-                rest = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
-                        np.zeros(0, np.int64), np.zeros(0, np.int64))
-        finally:
-            sub.Free()
-        both = tuple(np.concatenate([x, y]) for x, y in zip(first, rest))
-        check_delivery(comm, reader, both, epoch=1, policy="global", seed=11, drop_last=drop_last)
+            both = tuple(np.concatenate([x, y]) for x, y in zip(first, rest))
+            check_delivery(comm, reader, both, epoch=1, policy="global", seed=11, drop_last=drop_last)
+    finally:
+        sub.Free()
     reader.close()
 
 
