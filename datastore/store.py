@@ -222,8 +222,17 @@ class DataStore:
             cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
         else:
             data, cap = int(self.layout.nbytes[self.rank]), budget
-        rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks))
-        msg = budget_error(rows, offsets=self.offsets, bufs=bufs, replicate=self.replicate)
+        key = (self.num_samples, int(self.offsets[-1]), self.batch_size, self.seed, self.policy,
+               self.partial_fraction, self.drop_last, self.population, self.replicate, self.start, self.stop)
+        rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks, key))
+        odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
+        if odd:  # ranks that disagree on the plan would exchange garbage or wait forever
+            names = ("num_samples", "total_bytes", "batch_size", "seed", "shuffle", "partial_fraction",
+                     "drop_last", "population", "replicate", "sample_start", "sample_stop")
+            diff = {n: (a, b) for n, a, b in zip(names, rows[0][5], rows[odd[0]][5]) if a != b}
+            raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
+        msg = budget_error([row[:5] for row in rows], offsets=self.offsets, bufs=bufs,
+                           replicate=self.replicate)
         if msg:  # every rank saw the same rows, so every rank raises the same error
             raise MemoryBudgetError(msg)
 

@@ -249,6 +249,14 @@ def scenario_errors(comm, path):
                 raise AssertionError(f"{kw}: message {exc} does not name {name}") from None
         else:
             raise AssertionError(f"no ConfigError for {kw}")
+    if comm.size > 1:  # ranks that disagree fail together, naming the argument, instead of hanging
+        try:
+            DataStore(comm, reader, batch_size=BATCH, seed=comm.rank).populate()
+        except ConfigError as exc:
+            if "seed" not in str(exc) or "differ between ranks" not in str(exc):
+                raise AssertionError(f"unclear message: {exc}") from None
+        else:
+            raise AssertionError("no ConfigError for different seeds on different ranks")
     st = DataStore(comm, reader, batch_size=BATCH)
     with st:
         it = st.epoch(0)
