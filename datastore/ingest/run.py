@@ -215,15 +215,15 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             if block is None:
                 block = Block([], np.zeros(0, np.int64), [])
             header[:] = (err is not None, block.nbytes, block.sizes.size, len(block.skipped))
-            gcomm.Allgather(header, headers)
+            _wait(gcomm.Iallgather(header, headers))
             if headers[:, 0].any():
                 _raise_agreed(gcomm, err)
             sizes, data, skipped_parts = block.sizes, block.parts, [block.skipped]
             if m > 1:
                 sizes = np.empty(int(headers[:, 2].sum()), np.int64) if k == 0 else None
                 data = np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
-                gcomm.Gatherv(block.sizes, None if k else [sizes, headers[:, 2]], root=0)
-                gcomm.Gatherv(block.packed(), None if k else [data, headers[:, 1]], root=0)
+                _wait(gcomm.Igatherv(block.sizes, None if k else [sizes, headers[:, 2]], root=0))
+                _wait(gcomm.Igatherv(block.packed(), None if k else [data, headers[:, 1]], root=0))
                 if headers[:, 3].any():
                     skipped_parts = gcomm.gather(block.skipped, root=0)
             if k == 0:
@@ -237,6 +237,15 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     if k != 0:
         return None
     return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
+
+
+def _wait(request) -> None:
+    """Completes an MPI request, sleeping between tests instead of spinning: a rank waiting for the
+    others leaves its core to them and to its own writer thread (ranks often share cores)."""
+    pause = 20e-6
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
 
 
 def _check_args(fmt, shards, on_error, count, output):
