@@ -1,9 +1,11 @@
 """The parallel ingest driver: every rank processes its share of the (permuted) samples; each shard's
 writer rank receives its group's chunks round by round and writes them in order.
 
-Per round, a group exchanges one small header (Allgather of 4 int64 per rank: error flag, bytes,
-samples, skipped) and, where all is well, two Gatherv of plain buffers (sizes, bytes) to the writer:
-no pickles for sample data, and the writer holds at most one round of chunks. An error on any rank
+Per round, a group exchanges one small header (an allgather of 4 int64 per rank: error flag, bytes,
+samples, skipped) and, where all is well, two gathervs of plain buffers (sizes, bytes) to the writer:
+no pickles for sample data, and the writer holds at most two rounds (one being written by its
+BackgroundWriter thread). Waiting ranks poll with short sleeps rather than spin, leaving the core
+to the writer thread when ranks share cores. An error on any rank
 sets its flag; the group then exchanges the messages and every member raises the same error, so no
 rank is left waiting. Groups then agree once more over the whole communicator before rank 0 writes
 a sharded container's manifest; on any failure every rank removes what it wrote.
