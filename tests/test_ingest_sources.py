@@ -306,3 +306,18 @@ def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path
     out.abort()
     out.abort()
     assert leftovers(str(tmp_path)) == []
+
+
+def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
+    report = run("digits", tmp_path / "d16.h5", resize="16x16", keep_order=True, count=20)
+    assert report.samples == 20
+    from PIL import Image
+
+    from datastore.ingest.digits import digits_arrays
+    images, _ = digits_arrays()
+    with open_container(str(tmp_path / "d16.h5")) as c:
+        assert c.info.raw_shape == (16, 16, 1)
+        want = np.asarray(Image.fromarray(images[3, :, :, 0]).resize((16, 16), Image.BILINEAR))
+        assert np.array_equal(c.sample(3)[0].reshape(16, 16), want)
+    with pytest.raises(ConfigError, match="re-encoding"):
+        run("digits", tmp_path / "x.h5", encoding="png")
