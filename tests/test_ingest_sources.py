@@ -321,3 +321,18 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
         assert np.array_equal(c.sample(3)[0].reshape(16, 16), want)
     with pytest.raises(ConfigError, match="re-encoding"):
         run("digits", tmp_path / "x.h5", encoding="png")
+
+
+def test_a_file_that_cannot_be_read_is_a_sample_error(tmp_path):
+    # What a permission error does, in a form root cannot read past: the file vanished after listing.
+    from datastore.ingest.folder import FolderSource
+    from datastore.ingest.process import process_block, resolve_target
+
+    root = tmp_path / "images"
+    small_jpegs(str(root), 4)
+    src = FolderSource(str(root))
+    os.remove(src.locate(2))
+    with pytest.raises(SampleError, match=f"{src.locate(2)}: cannot read: No such file"):
+        src.load(2)
+    block = process_block(src, [0, 1, 2, 3], resolve_target(src, None, None), on_error="skip")
+    assert block.sizes.tolist()[2] == -1 and block.skipped[0][0] == src.locate(2)
