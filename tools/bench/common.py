@@ -12,6 +12,16 @@ import numpy as np
 MB = 1e6
 """Throughput unit: 10^6 bytes (MB/s), as disks and networks are quoted."""
 
+# Names of the measurements the ratios and the scaling table look up.
+STORE_MAIN = "store global, prefetch on"
+"""The store configuration the ratios use: global shuffle with prefetch, raw bytes."""
+RAW_RMA = "raw RMA (Win.Allocate + Get)"
+RAW_RMA_PER_SAMPLE = "raw RMA, one Get per sample"
+SEQ_READ = "sequential file read"
+H5PY = "h5py per-sample"
+FOLDER = "DataLoader over files"
+POP_PRELOAD = "store population (preload)"
+
 
 @dataclasses.dataclass
 class Measurement:

@@ -9,7 +9,7 @@ import numpy as np
 
 from datastore.plan import block_bounds, global_schedule
 from datastore.shuffle import global_order
-from tools.bench.common import Measurement, evict_on_nodes, measure
+from tools.bench.common import RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, Measurement, evict_on_nodes, measure
 
 
 def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
@@ -53,11 +53,18 @@ def memcpy_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat
     return measure(comm, "memcpy", "limit", "memory", run, repeat=repeat, batch_size=batch_size)
 
 
-def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat: int = 3) -> Measurement:
-    """The bare RMA loop the store is built on: each rank's block in a `Win.Allocate` arena, then
-    every rank `Get`s its share of a shuffled epoch, one `Get` per sample from whichever rank owns
-    it, `Flush_all` per batch, inside one `Lock_all` epoch. No coalescing, no prefetch, no Python
-    bookkeeping beyond the owner lookup: the ceiling the store is compared against.
+def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_sample: bool = False,
+                 repeat: int = 3) -> Measurement:
+    """The bare RMA the store is built on: each rank's block in a `Win.Allocate` arena (the store's
+    ownership), then every rank gets its share of a shuffled epoch (the store's order) from whichever
+    rank owns each sample, `Flush_all` per batch, inside one `Lock_all` epoch. No prefetch, no
+    bookkeeping beyond the owner lookup.
+
+    Args:
+        per_sample: one `Get` per sample (a plain Python loop: bounded by per-call overhead). The
+            default issues one `Get` per owner and batch with an hindexed target datatype that
+            lists the samples, so the MPI library moves the bytes with no Python in between: the
+            ceiling the store is compared against.
     """
     from mpi4py import MPI
 
@@ -78,25 +85,47 @@ def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repea
         del arena
         comm.Barrier()
 
+        def one_per_sample(step):
+            pos = 0
+            for i in step:
+                s = int(sizes[i])
+                win.Get([dst[pos:pos + s], MPI.BYTE], int(owners[i]), (int(disps[i]), s, MPI.BYTE))
+                pos += s
+            win.Flush_all()
+            return pos
+
+        def indexed(step):
+            step = step[np.argsort(owners[step], kind="stable")]
+            own = owners[step]
+            cuts = np.flatnonzero(np.diff(own)) + 1
+            pos, types = 0, []
+            for grp in np.split(step, cuts):
+                lens = sizes[grp]
+                n = int(lens.sum())
+                t = MPI.BYTE.Create_hindexed(lens.tolist(), disps[grp].tolist()).Commit()
+                types.append(t)
+                win.Get([dst[pos:pos + n], MPI.BYTE], int(owners[grp[0]]), (0, 1, t))
+                pos += n
+            win.Flush_all()
+            for t in types:
+                t.Free()
+            return pos
+
+        fetch = one_per_sample if per_sample else indexed
+
         def run():
             n = b = 0
             win.Lock_all(MPI.MODE_NOCHECK)
             try:
                 for step in steps:
-                    pos = 0
-                    for i in step:
-                        s = int(sizes[i])
-                        win.Get([dst[pos:pos + s], MPI.BYTE], int(owners[i]), (int(disps[i]), s, MPI.BYTE))
-                        pos += s
-                    win.Flush_all()
+                    b += fetch(step)
                     n += len(step)
-                    b += pos
             finally:
                 win.Unlock_all()
             return n, b
 
-        m = measure(comm, "raw RMA (Win.Allocate + Get)", "limit", "memory", run, repeat=repeat,
-                    batch_size=batch_size)
+        name = RAW_RMA_PER_SAMPLE if per_sample else RAW_RMA
+        m = measure(comm, name, "limit", "memory", run, repeat=repeat, batch_size=batch_size)
     finally:
         win.Free()
     return m
@@ -134,5 +163,5 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20) -> Mea
             os.close(fd)
         return 0, got
 
-    m = measure(comm, "sequential file read", "limit", cache, run, file=os.path.basename(path), chunk=chunk)
+    m = measure(comm, SEQ_READ, "limit", cache, run, file=os.path.basename(path), chunk=chunk)
     return m

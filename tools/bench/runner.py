@@ -63,7 +63,7 @@ def run(comm, cfg: BenchConfig) -> dict:
     """Runs the whole bench on every rank of `comm`; rank 0 writes the outputs and returns the results."""
     rank, size = comm.Get_rank(), comm.Get_size()
     caches = [c for c in ("cold", "warm") if c in cfg.caches]
-    steps = 12 + 6 * len(caches) + (1 if cfg.growth else 0)
+    steps = 13 + 6 * len(caches) + (1 if cfg.growth else 0)
     prog = Progress(comm, steps)
     notes: list[str] = []
     ms: list[Measurement] = []
@@ -99,6 +99,8 @@ def run(comm, cfg: BenchConfig) -> dict:
     add(limits.memcpy_pass(comm, data.offsets, B, cfg.seed))
     prog.start("limit: raw RMA")
     add(limits.raw_rma_pass(comm, data.offsets, B, cfg.seed))
+    prog.start("limit: raw RMA, one Get per sample")
+    add(limits.raw_rma_pass(comm, data.offsets, B, cfg.seed, per_sample=True))
     for cache in caches:
         prog.start(f"limit: sequential read, {cache}")
         if data.hdf5:
