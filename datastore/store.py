@@ -108,8 +108,11 @@ class DataStore:
         shuffle: ``global``, ``local`` or ``partial``.
         partial_fraction: fraction of slots exchanged per epoch under ``partial``.
         population: ``preload`` (each rank reads its contiguous block with one large read on
-            entry) or ``dynamic`` (the first epoch reads from the container what each rank's
-            batches need, and the reader keeps it; windows are sized in advance from offsets).
+            entry) or ``dynamic`` (epoch 0 reads from the container what each rank's batches
+            need, and the reader keeps it: under ``global`` a sample's owner is the rank that
+            takes it in epoch 0; windows are sized in advance from offsets). If the first epoch
+            served is not epoch 0 from its start (a resumed job), each rank reads everything it
+            owns before that epoch instead.
         replicate: one full copy per node in a shared-memory window (`Win.Allocate_shared`);
             every sample is then served from node memory with no gets. Fails with
             MemoryBudgetError if a copy does not fit the node's budget (the per-rank budget

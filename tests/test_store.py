@@ -51,3 +51,11 @@ def test_error_inside_an_epoch_on_one_rank_ends_the_job(container, tmp_path):
     res = run_mpi(3, ["python", "-m", "mpi4py", str(script)], timeout=60, check=False)
     assert res.returncode != 0
     assert "boom on rank 1" in res.stderr
+
+
+def test_zarr_container_in_process(tmp_path):
+    from mpi4py import MPI
+
+    path = scenarios.make_container(str(tmp_path / "uneven.zarr"), n=61, fmt="zarr")
+    scenarios.scenario_exactly_once(MPI.COMM_SELF, path)
+    scenarios.scenario_dynamic(MPI.COMM_SELF, path)
