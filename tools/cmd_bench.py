@@ -11,7 +11,7 @@ import sys
 HELP = ("benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
         "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots")
 
-QUICK = {"count": 192, "growth": "64,192", "batch_size": 32}
+QUICK = {"count": 192, "growth": "64,192", "batch_size": 32, "train_samples": 96}
 """What --quick sets (a smoke test that finishes in seconds; the figures mean little)."""
 
 
@@ -47,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip")
     p.add_argument("--compute-factor", type=float, default=1.25,
                    help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
-    p.add_argument("--train-samples", type=int, default=2048,
-                   help="samples of the decode pass and the training view (each loader decodes them all; 0: all)")
+    p.add_argument("--train-samples", type=int, default=None,
+                   help="samples of the decode pass and the training view, each loader decoding them all "
+                        "(default 2048; --quick 96; 0: all)")
     p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
     p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")
     p.add_argument("--mosaic-venv", default=None,
@@ -68,6 +69,7 @@ def _config(args):
     count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
     batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
     growth = args.growth if args.growth is not None else (_ints(QUICK["growth"]) if args.quick else (2048, 8192, 32768))
+    train = args.train_samples if args.train_samples is not None else (QUICK["train_samples"] if args.quick else 2048)
     if count < 2:
         raise ConfigError(f"--count={count} must be >= 2")
     if batch < 1:
@@ -82,7 +84,7 @@ def _config(args):
     return BenchConfig(out=args.out, count=count, data_dir=args.data_dir, container=args.container,
                        batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
                        decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
-                       compute_factor=args.compute_factor, train_samples=args.train_samples or None,
+                       compute_factor=args.compute_factor, train_samples=train or None,
                        zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
