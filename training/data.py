@@ -33,31 +33,35 @@ def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> 
     """The path of built-in data set `name`'s container, ingesting it on first use (collective).
 
     Rank 0 ingests under an exclusive file lock (so two jobs sharing the cache do not race) while
-    the other ranks wait on a barrier; the container appears atomically (written under a temporary
-    name and renamed), so a finished file is never half-written.
+    the other ranks wait for it; the container appears atomically (written under a temporary name
+    and renamed), so a finished file is never half-written. A failure is raised on every rank.
     """
+    from training.dist import on_root
+
     if name not in BUILTIN:
         raise ConfigError(f"built-in data set {name!r} is not one of {tuple(BUILTIN)}")
     directory = directory or cache_dir()
-    path = os.path.join(directory, BUILTIN[name])
-    if comm.Get_rank() == 0 and not os.path.exists(path):
-        import fcntl
+    return on_root(comm, _ingest_once, name, os.path.join(directory, BUILTIN[name]))
 
-        os.makedirs(directory, exist_ok=True)
-        with open(path + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if not os.path.exists(path):  # another job may have made it while we waited
-                    from mpi4py import MPI
 
-                    from datastore.ingest import ingest
+def _ingest_once(name: str, path: str) -> str:
+    if os.path.exists(path):
+        return path
+    import fcntl
 
-                    print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)",
-                          flush=True)
-                    ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-    comm.Barrier()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not os.path.exists(path):  # another job may have made it while we waited
+                from mpi4py import MPI
+
+                from datastore.ingest import ingest
+
+                print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)", flush=True)
+                ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return path
 
 
@@ -105,6 +109,24 @@ def _first_images(reader, start: int, count: int, channels: int | None) -> list[
             for i in range(start, stop)]
 
 
+def _read_spec(reader, train_range, channels, mean, std, stats_samples) -> InputSpec:
+    info = reader.info
+    count = 1 if mean is not None and std is not None else stats_samples
+    images = _first_images(reader, train_range[0], count, channels)
+    h, w, c = images[0].shape
+    want_c = channels or (1 if c == 1 else 3)
+    if mean is None or std is None:
+        from training.augment import channel_stats, to_channels
+
+        m, s = channel_stats([to_channels(img, want_c) for img in images])
+        mean = m if mean is None else mean
+        std = s if std is None else std
+    mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    if len(mean) == 1 and want_c == 3:
+        mean, std = mean * 3, std * 3
+    return InputSpec((int(h), int(w)), int(want_c), int(info.num_classes), mean, std)
+
+
 def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | None = None,
                 mean=None, std=None, stats_samples: int = 256) -> InputSpec:
     """The InputSpec for a container (collective: rank 0 reads and decodes, then broadcasts).
@@ -113,32 +135,9 @@ def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | N
     training sample. Unless `mean` and `std` are given, they are measured on the first
     `stats_samples` training samples.
     """
-    spec = None
-    err = None
-    if comm.Get_rank() == 0:
-        try:
-            info = reader.info
-            images = _first_images(reader, train_range[0], 1 if mean is not None and std is not None
-                                   else stats_samples, channels)
-            h, w, c = images[0].shape
-            want_c = channels or (1 if c == 1 else 3)
-            if mean is None or std is None:
-                from training.augment import channel_stats, to_channels
+    from training.dist import on_root
 
-                m, s = channel_stats([to_channels(img, want_c) for img in images])
-                mean = m if mean is None else mean
-                std = s if std is None else std
-            mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
-            if len(mean) == 1 and want_c == 3:
-                mean, std = mean * 3, std * 3
-            spec = InputSpec((int(h), int(w)), int(want_c), int(info.num_classes), mean, std)
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below, so no rank waits
-            err = exc
-    spec, err_text = comm.bcast((spec, None if err is None else f"{type(err).__name__}: {err}"), root=0)
-    if err is not None:
-        raise err
-    if err_text is not None:
-        raise ConfigError(f"rank 0 could not read the input spec: {err_text}")
+    spec = on_root(comm, _read_spec, reader, train_range, channels, mean, std, stats_samples)
     if spec.num_classes < 2:
         raise ConfigError(f"the container has {spec.num_classes} class name(s); training needs >= 2")
     return spec

@@ -6,7 +6,6 @@ checkpoints and the logs, and LTFB drives several Trainers (one per sub-communic
 
 from __future__ import annotations
 
-import collections
 import time
 
 import numpy as np
@@ -17,29 +16,6 @@ from training.metrics import EpochMeter
 def global_batch_count(num_samples: int, batch_size: int, step: int) -> int:
     """Samples in global step `step` of an epoch over `num_samples` (the last one may be short)."""
     return max(0, min(batch_size, num_samples - step * batch_size))
-
-
-class BatchTap:
-    """Passes a batch source through, remembering each batch's ids, step and pad mask in order.
-
-    The loader pulls batches ahead of the training step (prefetch); the loop pops one record per
-    step it actually trains, so the records and the position in the epoch stay exact.
-    """
-
-    def __init__(self, source):
-        self.source = source
-        self.records: collections.deque = collections.deque()
-
-    def epoch(self, epoch: int):
-        """The source's epoch, recording (epoch, step, ids, pad) of every batch handed on."""
-        for batch in self.source.epoch(epoch):
-            pad = getattr(batch, "pad", None)
-            self.records.append((epoch, int(batch.step), np.asarray(batch.ids),
-                                 None if pad is None else np.asarray(pad, bool)))
-            yield batch
-
-    def __getattr__(self, name):
-        return getattr(self.source, name)
 
 
 class Trainer:
@@ -103,11 +79,11 @@ class Trainer:
             counted = int(labels.numel() if weights is None else int((weights > 0).sum()))
         return float(losses.detach().sum()), int(hit.sum()), counted
 
-    def evaluate(self, loader, epoch: int = 0, tap: BatchTap | None = None) -> dict:
-        """Loss and accuracy over one pass of `loader` (collective over ctx.comm).
+    def evaluate(self, loader, epoch: int = 0) -> dict:
+        """Loss and accuracy over one pass of `loader` (a StoreLoader; collective over ctx.comm).
 
-        Uses the bare model (no DDP, no gradient traffic). With a `tap`, padding repeats are not
-        counted.
+        Uses the bare model (no DDP, no gradient traffic). Padding repeats (`loader.last_pad`) are
+        not counted.
         """
         import torch
         import torch.nn.functional as F
@@ -116,10 +92,8 @@ class Trainer:
         self.model.eval()
         with torch.no_grad():
             for images, labels in loader.epoch(epoch):
-                keep = None
-                if tap is not None:
-                    pad = tap.records.popleft()[3]
-                    keep = None if pad is None else torch.from_numpy(~pad)
+                pad = getattr(loader, "last_pad", None)
+                keep = torch.from_numpy(~pad) if pad is not None and pad.any() else None
                 images, labels = images.to(self.ctx.device), labels.to(self.ctx.device)
                 logits = self.model(images)
                 losses = F.cross_entropy(logits, labels, reduction="none")

@@ -20,7 +20,7 @@ from datastore.errors import ConfigError
 from training.checkpoint import (CHECKPOINT_NAME, from_safe, load_checkpoint, resolve_resume, rng_state,
                                  save_checkpoint, set_rng_state)
 from training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
-from training.loop import BatchTap, StepTimer, Trainer, global_batch_count
+from training.loop import StepTimer, Trainer, global_batch_count
 from training.metrics import EpochMeter, JsonLog
 
 
@@ -162,7 +162,7 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     cfg.check()
     from datastore.formats import open_container
     from datastore.torch import StoreLoader
-    from training.dist import init_distributed
+    from training.dist import init_distributed, on_root
     from training.models import build_model, default_model, get_model
     from training.optim import Schedule, make_optimizer, make_scheduler
 
@@ -173,7 +173,7 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     report = say if main else (lambda *a, **k: None)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
     run_dir = _agreed_run_dir(comm, cfg)
-    resume_path = comm.bcast(resolve_resume(cfg.resume, run_dir, cfg.runs_root) if main else None, root=0)
+    resume_path = on_root(comm, resolve_resume, cfg.resume, run_dir, cfg.runs_root)
 
     with init_distributed(comm, cfg.device) as ctx, open_container(data_path) as reader:
         _share_cores(ctx, cfg.deterministic)
@@ -222,13 +222,12 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
     log = JsonLog(os.path.join(run_dir, "metrics.jsonl") if main else None)
     batch_log = JsonLog(os.path.join(run_dir, f"batches.rank{ctx.rank}.jsonl") if cfg.log_batches else None)
     n_train, spe = meta["train_samples"], meta["steps_per_epoch"]
-    tap = BatchTap(train_src)
-    eval_tap = BatchTap(eval_src) if eval_src is not None else None
     with train_src, (eval_src if eval_src is not None else _Null()):
-        loader = StoreLoader(tap, transform=train_tf, num_threads=cfg.threads)
-        eval_loader = (StoreLoader(eval_tap, transform=eval_tf, num_threads=cfg.threads)
-                       if eval_tap is not None else None)
-        start_epoch, global_step = 0, 0
+        size = tuple(meta["input_size"])  # JPEGs then decode at a reduced DCT scale where possible
+        loader = StoreLoader(train_src, transform=train_tf, num_threads=cfg.threads, channels=cfg.channels, size=size)
+        eval_loader = (StoreLoader(eval_src, transform=eval_tf, num_threads=cfg.threads, channels=cfg.channels,
+                                   size=size) if eval_src is not None else None)
+        start_epoch, resume_step, global_step = 0, 0, 0
         if resume_path:
             ck = load_checkpoint(resume_path)
             _check_compatible(ck, cfg, meta)
@@ -236,7 +235,7 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
             train_src.load_state_dict(from_safe(ck["store"]))
             rngs = ck["rng"]
             set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.size else rngs[0])
-            start_epoch, global_step = int(ck["epoch"]), int(ck["global_step"])
+            start_epoch, resume_step, global_step = int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
             report(f"resumed from {resume_path} at epoch {start_epoch}, step {int(ck['step_in_epoch'])} "
                    f"(global step {global_step})")
         report(f"training {meta['model']} on {n_train} samples of {meta['data']} with {ctx.size} rank(s), "
@@ -246,8 +245,10 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
         history = []
 
         def checkpoint(epoch, step_in_epoch):
-            # The store's position is the next batch the loop has not trained on.
-            state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch, spe),
+            # (epoch, step_in_epoch) is the next batch the loop has not trained on.
+            if step_in_epoch >= spe:
+                epoch, step_in_epoch = epoch + 1, 0
+            state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch),
                      "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
                      "global_step": global_step, "config": _plain_config(cfg), "meta": meta}
             if main:
@@ -259,10 +260,12 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
             timer = StepTimer()
             bar = _bar(cfg, main, spe, epoch)
             step_in_epoch = None
+            first_step = resume_step if epoch == start_epoch else 0
             batches = loader.epoch(epoch)
-            for images, labels in batches:
+            for k, (images, labels) in enumerate(batches):
                 wait = timer.waited()
-                _, step_in_epoch, ids, pad = tap.records.popleft()
+                step_in_epoch = first_step + k
+                ids, pad = loader.last_ids, loader.last_pad
                 weights = None if pad is None or not pad.any() else torch.from_numpy((~pad).astype(np.float32))
                 count = global_batch_count(n_train, cfg.batch_size, step_in_epoch)
                 loss_sum, correct, counted = trainer.train_step(images, labels, count, weights)
@@ -278,16 +281,15 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
                 if cfg.stop_after_steps and steps_this_run >= cfg.stop_after_steps:
                     stopped = True
                     break
-            batches.close()  # ends the loader's read-ahead now if the loop broke out early
+            getattr(batches, "close", lambda: None)()  # ends the loader's read-ahead if the loop broke out
             if bar is not None:
                 bar.close()
             if stopped:
-                tap.records.clear()
                 checkpoint(epoch, step_in_epoch + 1 if step_in_epoch is not None else 0)
                 report(f"stopped after {steps_this_run} step(s) at epoch {epoch}; checkpoint in {run_dir}")
                 break
             train_m = meter.reduce(comm)
-            val_m = trainer.evaluate(eval_loader, 0, eval_tap) if eval_loader is not None else None
+            val_m = trainer.evaluate(eval_loader, 0) if eval_loader is not None else None
             record = {"epoch": epoch, "global_step": global_step,
                       "lr": trainer.optimizer.param_groups[0]["lr"],
                       **{f"train_{k}": v for k, v in train_m.items()},
@@ -302,7 +304,7 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
 
         test = None
         if not stopped and eval_loader is not None:
-            test = trainer.evaluate(eval_loader, 0, eval_tap)
+            test = trainer.evaluate(eval_loader, 0)
             log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
             report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
                    f"loss {test['loss']:.4f}")
@@ -335,15 +337,13 @@ def _bar(cfg, main, total, epoch):
                 disable=None if cfg.progress is None else False)
 
 
-def _store_position(source, epoch: int, step_in_epoch: int, steps_per_epoch: int) -> dict:
+def _store_position(source, epoch: int, step_in_epoch: int) -> dict:
     """The source's state_dict, pointing at (epoch, step_in_epoch) -- the next untrained batch.
 
     The source itself may already be ahead (the loader prefetches), so the position comes from
     the loop's own count. Under the global policy the store resumes from `position` (an index in
     the global order, which does not depend on the number of ranks), else from `step`.
     """
-    if step_in_epoch >= steps_per_epoch:
-        epoch, step_in_epoch = epoch + 1, 0
     state = dict(source.state_dict())
     state["epoch"], state["step"] = int(epoch), int(step_in_epoch)
     if "position" in state:
