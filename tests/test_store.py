@@ -4,6 +4,7 @@ COMM_SELF and under real `mpiexec -n 1..4` on uneven data, plus an error on one 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mpirun import run_mpi
 
@@ -59,3 +60,31 @@ def test_zarr_container_in_process(tmp_path):
     path = scenarios.make_container(str(tmp_path / "uneven.zarr"), n=61, fmt="zarr")
     scenarios.scenario_exactly_once(MPI.COMM_SELF, path)
     scenarios.scenario_dynamic(MPI.COMM_SELF, path)
+
+
+def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
+    # The scenarios' oracle must be able to fail: feed it a correct epoch, then damaged copies.
+    from mpi4py import MPI
+
+    from datastore.formats import open_container
+    from datastore.store import DataStore
+
+    reader = open_container(container)
+    with DataStore(MPI.COMM_SELF, reader, batch_size=scenarios.BATCH, seed=1) as st:
+        got = scenarios.run_epoch(st, 0)
+    kw = dict(epoch=0, policy="global", seed=1, drop_last=False)
+    scenarios.check_delivery(MPI.COMM_SELF, reader, got, **kw)
+    ids, crcs, pads, labels, steps = got
+    swapped = ids.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    damaged = [
+        (swapped, crcs[[1, 0] + list(range(2, crcs.size))], pads, labels[[1, 0] + list(range(2, labels.size))], steps),
+        (ids[1:], crcs[1:], pads[1:], labels[1:], steps[1:]),                       # a sample lost
+        (ids.copy(), crcs ^ (np.arange(crcs.size) == 7), pads, labels, steps),      # one byte wrong
+        (np.r_[ids, ids[:1]], np.r_[crcs, crcs[:1]], np.r_[pads, False], np.r_[labels, labels[:1]],
+         np.r_[steps, steps[-1:]]),                                                 # a repeat
+    ]
+    for bad in damaged:
+        with pytest.raises(AssertionError):
+            scenarios.check_delivery(MPI.COMM_SELF, reader, bad, **kw)
+    reader.close()

@@ -97,6 +97,21 @@ def check_delivery(comm, reader, got, *, epoch, policy, seed, drop_last, start=0
         raise AssertionError(err)
 
 
+def check_stats(store, got, reader):
+    """Collective: gather_stats() agrees with what was delivered."""
+    rows = store.gather_stats()
+    if len(rows) != store.size or [r["rank"] for r in rows] != list(range(store.size)):
+        raise AssertionError(f"gather_stats rows: {rows}")
+    mine = rows[store.rank]
+    nbytes = int(np.diff(reader.offsets)[got[0]].sum())
+    if (mine["samples"], mine["pads"], mine["steps"]) != (got[0].size, int(got[2].sum()), store.steps_per_epoch) \
+            or mine["bytes_local"] + mine["bytes_remote"] != nbytes \
+            or mine["samples_local"] + mine["samples_remote"] != got[0].size:
+        raise AssertionError(f"stats disagree with the deliveries: {mine}")
+    if store.size == 1 and (mine["samples_remote"] or mine["gets"]):
+        raise AssertionError("one rank fetched remote samples")
+
+
 def scenario_exactly_once(comm, path):
     """All policies x drop_last x 2 epochs x prefetch 0/2: every sample once, bytes identical."""
     reader = open_container(path)
@@ -109,6 +124,7 @@ def scenario_exactly_once(comm, path):
                         got = run_epoch(st, epoch)
                         check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=7,
                                        drop_last=drop_last, steps_per_epoch=st.steps_per_epoch)
+                        check_stats(st, got, reader)
                     if policy == "local" and st.stats["samples_remote"] != 0:
                         raise AssertionError("local policy moved samples between ranks")
     reader.close()
