@@ -7,6 +7,7 @@ held-out evaluation, metrics as JSON lines, checkpoints and resumption.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -117,13 +118,13 @@ def _agreed_run_dir(comm, cfg: TrainConfig) -> str:
     return os.path.join(cfg.runs_root, comm.bcast(name, root=0))
 
 
-def _make_source(cfg: TrainConfig, comm, path: str, reader, sample_range, seed: int, drop_last: bool):
+def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool):
     if cfg.loader == "direct":
         return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
                             sample_range=sample_range, prefetch=max(1, cfg.prefetch))
     from datastore.store import DataStore
 
-    return DataStore(comm, path, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
+    return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
                      sample_range=sample_range, memory_budget=cfg.memory_budget)
 
@@ -175,41 +176,39 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     run_dir = _agreed_run_dir(comm, cfg)
     resume_path = on_root(comm, resolve_resume, cfg.resume, run_dir, cfg.runs_root)
 
-    with init_distributed(comm, cfg.device) as ctx, open_container(data_path) as reader:
+    with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
+        ctx = stack.enter_context(init_distributed(comm, cfg.device))
         _share_cores(ctx, cfg.deterministic)
-        val_reader = open_container(cfg.val) if cfg.val else None
-        try:
-            train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
-            spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
-            name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
-            input_size = get_model(name).input_size(spec.image_size)
-            model = build_model(name, spec.channels, spec.num_classes, input_size)
-            optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                       weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
-            train_src = _make_source(cfg, comm, data_path, reader, train_range, cfg.seed, cfg.drop_last)
-            spe = train_src.steps_per_epoch
-            n_train = train_range[1] - train_range[0]
-            sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
-                             step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
-            trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched))
-            if held_range is not None or val_reader is not None:
-                eval_src = _make_source(cfg, comm, cfg.val or data_path, val_reader or reader,
-                                        held_range, cfg.seed + 1, False)
-            else:
-                eval_src = None
-            train_tf, eval_tf = _transforms(cfg, spec, input_size)
-            return _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader, run_dir,
-                        resume_path, report, meta={"model": name, "input_size": list(input_size),
-                                                   "spec": dataclasses.asdict(spec), "data": data_path,
-                                                   "train_samples": n_train, "steps_per_epoch": spe,
-                                                   "ranks": ctx.size})
-        finally:
-            if val_reader is not None:
-                val_reader.close()
+        reader = stack.enter_context(open_container(data_path))
+        val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
+        train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
+        spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
+        name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
+        input_size = get_model(name).input_size(spec.image_size)
+        model = build_model(name, spec.channels, spec.num_classes, input_size)
+        optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+        train_src = stack.enter_context(_make_source(cfg, comm, reader, train_range, cfg.seed, cfg.drop_last))
+        spe = train_src.steps_per_epoch
+        sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
+                         step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
+        trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched))
+        train_tf, eval_tf = _transforms(cfg, spec, input_size)
+        # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
+        opts = dict(num_threads=cfg.threads, channels=cfg.channels, size=tuple(input_size))
+        loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, **opts))
+        eval_loader = None
+        if held_range is not None or val_reader is not None:
+            eval_src = stack.enter_context(_make_source(cfg, comm, val_reader or reader, held_range,
+                                                        cfg.seed + 1, False))
+            eval_loader = stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
+        meta = {"model": name, "input_size": list(input_size), "spec": dataclasses.asdict(spec),
+                "data": data_path, "train_samples": train_range[1] - train_range[0], "steps_per_epoch": spe,
+                "ranks": ctx.size}
+        return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta)
 
 
-def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader, run_dir, resume_path,
-         report, meta) -> dict:
+def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta) -> dict:
     """The epoch loop of train(); split out to keep each function readable."""
     import torch
 
@@ -222,110 +221,97 @@ def _fit(cfg, ctx, trainer, train_src, eval_src, train_tf, eval_tf, StoreLoader,
     log = JsonLog(os.path.join(run_dir, "metrics.jsonl") if main else None)
     batch_log = JsonLog(os.path.join(run_dir, f"batches.rank{ctx.rank}.jsonl") if cfg.log_batches else None)
     n_train, spe = meta["train_samples"], meta["steps_per_epoch"]
-    with train_src, (eval_src if eval_src is not None else _Null()):
-        size = tuple(meta["input_size"])  # JPEGs then decode at a reduced DCT scale where possible
-        loader = StoreLoader(train_src, transform=train_tf, num_threads=cfg.threads, channels=cfg.channels, size=size)
-        eval_loader = (StoreLoader(eval_src, transform=eval_tf, num_threads=cfg.threads, channels=cfg.channels,
-                                   size=size) if eval_src is not None else None)
-        start_epoch, resume_step, global_step = 0, 0, 0
-        if resume_path:
-            ck = load_checkpoint(resume_path)
-            _check_compatible(ck, cfg, meta)
-            trainer.load_state_dict(ck)
-            train_src.load_state_dict(from_safe(ck["store"]))
-            rngs = ck["rng"]
-            set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.size else rngs[0])
-            start_epoch, resume_step, global_step = int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
-            report(f"resumed from {resume_path} at epoch {start_epoch}, step {int(ck['step_in_epoch'])} "
-                   f"(global step {global_step})")
-        report(f"training {meta['model']} on {n_train} samples of {meta['data']} with {ctx.size} rank(s), "
-               f"global batch {cfg.batch_size}, {spe} steps/epoch; run dir {run_dir}")
-        steps_this_run = 0
-        stopped = False
-        history = []
+    start_epoch, resume_step, global_step = 0, 0, 0
+    if resume_path:
+        ck = load_checkpoint(resume_path)
+        _check_compatible(ck, cfg, meta)
+        trainer.load_state_dict(ck)
+        train_src.load_state_dict(from_safe(ck["store"]))
+        rngs = ck["rng"]
+        set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.size else rngs[0])
+        start_epoch, resume_step, global_step = int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
+        report(f"resumed from {resume_path} at epoch {start_epoch}, step {int(ck['step_in_epoch'])} "
+               f"(global step {global_step})")
+    report(f"training {meta['model']} on {n_train} samples of {meta['data']} with {ctx.size} rank(s), "
+           f"global batch {cfg.batch_size}, {spe} steps/epoch; run dir {run_dir}")
+    steps_this_run = 0
+    stopped = False
+    history = []
 
-        def checkpoint(epoch, step_in_epoch):
-            # (epoch, step_in_epoch) is the next batch the loop has not trained on.
-            if step_in_epoch >= spe:
-                epoch, step_in_epoch = epoch + 1, 0
-            state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch),
-                     "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
-                     "global_step": global_step, "config": _plain_config(cfg), "meta": meta}
-            if main:
-                save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), state)
-            comm.Barrier()
-
-        for epoch in range(start_epoch, cfg.epochs):
-            meter = EpochMeter()
-            timer = StepTimer()
-            bar = _bar(cfg, main, spe, epoch)
-            step_in_epoch = None
-            first_step = resume_step if epoch == start_epoch else 0
-            batches = loader.epoch(epoch)
-            for k, (images, labels) in enumerate(batches):
-                wait = timer.waited()
-                step_in_epoch = first_step + k
-                ids, pad = loader.last_ids, loader.last_pad
-                weights = None if pad is None or not pad.any() else torch.from_numpy((~pad).astype(np.float32))
-                count = global_batch_count(n_train, cfg.batch_size, step_in_epoch)
-                loss_sum, correct, counted = trainer.train_step(images, labels, count, weights)
-                meter.update(loss_sum, correct, counted, wait, timer.done())
-                global_step += 1
-                steps_this_run += 1
-                batch_log.write({"epoch": epoch, "step": step_in_epoch, "ids": ids.tolist()})
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")
-                if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
-                    checkpoint(epoch, step_in_epoch + 1)
-                if cfg.stop_after_steps and steps_this_run >= cfg.stop_after_steps:
-                    stopped = True
-                    break
-            getattr(batches, "close", lambda: None)()  # ends the loader's read-ahead if the loop broke out
-            if bar is not None:
-                bar.close()
-            if stopped:
-                checkpoint(epoch, step_in_epoch + 1 if step_in_epoch is not None else 0)
-                report(f"stopped after {steps_this_run} step(s) at epoch {epoch}; checkpoint in {run_dir}")
-                break
-            train_m = meter.reduce(comm)
-            val_m = trainer.evaluate(eval_loader, 0) if eval_loader is not None else None
-            record = {"epoch": epoch, "global_step": global_step,
-                      "lr": trainer.optimizer.param_groups[0]["lr"],
-                      **{f"train_{k}": v for k, v in train_m.items()},
-                      **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
-                         if val_m else {})}
-            log.write(record)
-            history.append(record)
-            report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
-                   + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
-                   + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}")
-            checkpoint(epoch + 1, 0)
-
-        test = None
-        if not stopped and eval_loader is not None:
-            test = trainer.evaluate(eval_loader, 0)
-            log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
-            report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
-                   f"loss {test['loss']:.4f}")
-        stats = dict(getattr(train_src, "stats", {}) or {})
-        all_stats = comm.gather(stats, root=0)
+    def checkpoint(epoch, step_in_epoch):
+        # (epoch, step_in_epoch) is the next batch the loop has not trained on.
+        if step_in_epoch >= spe:
+            epoch, step_in_epoch = epoch + 1, 0
+        state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch),
+                 "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
+                 "global_step": global_step, "config": _plain_config(cfg), "meta": meta}
         if main:
-            for r, st in enumerate(all_stats):
-                report(f"data I/O rank {r} ({cfg.loader}): {_describe(st)}")
-            log.write({"final": True, "io_stats": all_stats})
-        log.close()
-        batch_log.close()
-        return {"test": test, "epochs": history, "run_dir": run_dir, "stopped_early": stopped,
-                "store_stats": stats}
+            save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), state)
+        comm.Barrier()
 
+    for epoch in range(start_epoch, cfg.epochs):
+        meter = EpochMeter()
+        timer = StepTimer()
+        bar = _bar(cfg, main, spe, epoch)
+        step_in_epoch = None
+        first_step = resume_step if epoch == start_epoch else 0
+        batches = loader.epoch(epoch)
+        for k, (images, labels) in enumerate(batches):
+            wait = timer.waited()
+            step_in_epoch = first_step + k
+            ids, pad = loader.last_ids, loader.last_pad
+            weights = None if pad is None or not pad.any() else torch.from_numpy((~pad).astype(np.float32))
+            count = global_batch_count(n_train, cfg.batch_size, step_in_epoch)
+            loss_sum, correct, counted = trainer.train_step(images, labels, count, weights)
+            meter.update(loss_sum, correct, counted, wait, timer.done())
+            global_step += 1
+            steps_this_run += 1
+            batch_log.write({"epoch": epoch, "step": step_in_epoch, "ids": ids.tolist()})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")
+            if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+                checkpoint(epoch, step_in_epoch + 1)
+            if cfg.stop_after_steps and steps_this_run >= cfg.stop_after_steps:
+                stopped = True
+                break
+        getattr(batches, "close", lambda: None)()  # ends the loader's read-ahead if the loop broke out
+        if bar is not None:
+            bar.close()
+        if stopped:
+            checkpoint(epoch, step_in_epoch + 1 if step_in_epoch is not None else 0)
+            report(f"stopped after {steps_this_run} step(s) at epoch {epoch}; checkpoint in {run_dir}")
+            break
+        train_m = meter.reduce(comm)
+        val_m = trainer.evaluate(eval_loader, 0) if eval_loader is not None else None
+        record = {"epoch": epoch, "global_step": global_step,
+                  "lr": trainer.optimizer.param_groups[0]["lr"],
+                  **{f"train_{k}": v for k, v in train_m.items()},
+                  **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
+                     if val_m else {})}
+        log.write(record)
+        history.append(record)
+        report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
+               + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
+               + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}")
+        checkpoint(epoch + 1, 0)
 
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    test = None
+    if not stopped and eval_loader is not None:
+        test = trainer.evaluate(eval_loader, 0)
+        log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
+        report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
+               f"loss {test['loss']:.4f}")
+    stats = dict(getattr(train_src, "stats", {}) or {})
+    all_stats = comm.gather(stats, root=0)
+    if main:
+        for r, st in enumerate(all_stats):
+            report(f"data I/O rank {r} ({cfg.loader}): {_describe(st)}")
+        log.write({"final": True, "io_stats": all_stats})
+    log.close()
+    batch_log.close()
+    return {"test": test, "epochs": history, "run_dir": run_dir, "stopped_early": stopped,
+            "store_stats": stats}
 
 
 def _bar(cfg, main, total, epoch):
