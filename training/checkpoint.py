@@ -18,17 +18,18 @@ from datastore.errors import ConfigError
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-def to_safe(value):
-    """A copy of `value` that torch.load(weights_only=True) accepts: numpy scalars become Python
-    numbers, numpy arrays become tensors; containers are copied recursively."""
+def _map_leaves(value, leaf):
+    """A copy of nested dicts/lists/tuples with `leaf` applied to every other value."""
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, leaf) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_leaves(v, leaf) for v in value)
+    return leaf(value)
+
+
+def _safe_leaf(value):
     import torch
 
-    if isinstance(value, dict):
-        return {k: to_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_safe(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_safe(v) for v in value)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value).copy())
     if isinstance(value, np.generic):
@@ -36,19 +37,21 @@ def to_safe(value):
     return value
 
 
-def from_safe(value):
-    """Inverse of to_safe for state that wants numpy back (tensors become numpy arrays)."""
+def _numpy_leaf(value):
     import torch
 
-    if isinstance(value, dict):
-        return {k: from_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_safe(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(from_safe(v) for v in value)
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    return value
+    return value.numpy() if isinstance(value, torch.Tensor) else value
+
+
+def to_safe(value):
+    """A copy of `value` that torch.load(weights_only=True) accepts: numpy scalars become Python
+    numbers, numpy arrays become tensors; containers are copied recursively."""
+    return _map_leaves(value, _safe_leaf)
+
+
+def from_safe(value):
+    """Inverse of to_safe for state that wants numpy back (tensors become numpy arrays)."""
+    return _map_leaves(value, _numpy_leaf)
 
 
 def rng_state() -> dict:
