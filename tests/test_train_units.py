@@ -3,6 +3,7 @@ checkpoint round trip (weights_only), metrics log."""
 
 import json
 import math
+import os
 import random
 
 import numpy as np
@@ -122,6 +123,11 @@ def test_resolve_resume(tmp_path):
     (runs / "old").mkdir(parents=True)
     (runs / "old" / "checkpoint.pt").write_bytes(b"x")
     assert resolve_resume("auto", str(runs / "a"), str(runs)) == str(runs / "old" / "checkpoint.pt")
+    assert resolve_resume("auto", None, str(runs)) == str(runs / "old" / "checkpoint.pt")
+    (runs / "a").mkdir()
+    (runs / "a" / "checkpoint.pt").write_bytes(b"y")
+    os.utime(runs / "a" / "checkpoint.pt", (1, 1))  # older, but it is this run's own
+    assert resolve_resume("auto", str(runs / "a"), str(runs)) == str(runs / "a" / "checkpoint.pt")
     with pytest.raises(ConfigError, match="no such checkpoint"):
         resolve_resume(str(tmp_path / "nope.pt"), str(runs / "a"), str(runs))
 

@@ -117,13 +117,13 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def resolve_resume(resume: str | None, run_dir: str, runs_root: str) -> str | None:
+def resolve_resume(resume: str | None, run_dir: str | None, runs_root: str) -> str | None:
     """The checkpoint path `--resume` means, or None to start from scratch.
 
     Args:
         resume: None (no resume), a path, or "auto": `<run_dir>/checkpoint.pt` if it exists, else
             the newest `<runs_root>/*/checkpoint.pt`, else None.
-        run_dir: this run's directory.
+        run_dir: this run's directory, if one was given.
         runs_root: where run directories with default names are created.
     """
     if resume is None:
@@ -132,8 +132,8 @@ def resolve_resume(resume: str | None, run_dir: str, runs_root: str) -> str | No
         if not os.path.isfile(resume):
             raise ConfigError(f"--resume {resume!r}: no such checkpoint file")
         return resume
-    own = os.path.join(run_dir, CHECKPOINT_NAME)
-    if os.path.isfile(own):
+    own = os.path.join(run_dir, CHECKPOINT_NAME) if run_dir else None
+    if own and os.path.isfile(own):
         return own
     found = glob.glob(os.path.join(runs_root, "*", CHECKPOINT_NAME))
     return max(found, key=os.path.getmtime) if found else None

@@ -111,11 +111,10 @@ def _share_cores(ctx, deterministic: bool) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_size))
 
 
-def _agreed_run_dir(comm, cfg: TrainConfig) -> str:
-    if cfg.run_dir:
-        return cfg.run_dir
+def _new_run_dir(comm, runs_root: str) -> str:
+    """`<runs_root>/<timestamp>-<pid of rank 0>`, the same on every rank."""
     name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}" if comm.Get_rank() == 0 else None
-    return os.path.join(cfg.runs_root, comm.bcast(name, root=0))
+    return os.path.join(runs_root, comm.bcast(name, root=0))
 
 
 def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool):
@@ -173,8 +172,9 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     say = say or functools.partial(print, flush=True)
     report = say if main else (lambda *a, **k: None)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
-    run_dir = _agreed_run_dir(comm, cfg)
-    resume_path = on_root(comm, resolve_resume, cfg.resume, run_dir, cfg.runs_root)
+    resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
+    # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
+    run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else _new_run_dir(comm, cfg.runs_root))
 
     with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
         ctx = stack.enter_context(init_distributed(comm, cfg.device))
