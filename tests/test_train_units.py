@@ -154,3 +154,19 @@ def test_direct_baseline_delivers_what_the_store_does(tmp_path):
             w.append(gen.integers(0, 256, (4, 4, 1), dtype=np.uint8), i % 3, f"s{i}", i)
     res = run_mpi(2, ["python", str(REPO / "tests" / "train_scenarios" / "direct_vs_store.py"), path], timeout=60)
     assert json.loads(res.stdout.strip().splitlines()[-1])["ok"] == [True, True], res.stdout
+
+
+def test_every_train_flag_is_a_config_field():
+    from tools.cli import build_parser
+    from training.run import TrainConfig
+
+    args = build_parser().parse_args(["train", "x.h5", "--image-size", "16x24", "--mean", "0.5,0.4,0.3",
+                                      "--resume", "auto", "--no-progress"])
+    dests = set(vars(args)) - {"command", "_run"}
+    assert dests <= set(TrainConfig.__dataclass_fields__), dests - set(TrainConfig.__dataclass_fields__)
+    assert args.image_size == (16, 24) and args.mean == (0.5, 0.4, 0.3) and args.progress is False
+    cfg = TrainConfig(**{k: getattr(args, k) for k in dests})
+    cfg.check()
+    assert build_parser().parse_args(["train", "--image-size", "32"]).image_size == (32, 32)
+    with pytest.raises(ConfigError, match="loader='mmap'"):
+        TrainConfig(loader="mmap").check()

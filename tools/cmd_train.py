@@ -15,6 +15,16 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(v) for v in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or HxW")
+    return (parts[0], parts[-1])
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags; each maps onto one field of training.run.TrainConfig."""
     d = p.add_argument_group("data")
@@ -45,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     m.add_argument("--model", default="auto", choices=("auto",) + model_names(),
                    help="auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise")
+    m.add_argument("--image-size", type=_size, default=None, metavar="N|HxW",
+                   help="size images are resized to for the model (default: the model's own: the data's "
+                        "size for small_cnn, 32x32 for the ResNets)")
     m.add_argument("--epochs", type=int, default=15)
     m.add_argument("--batch-size", type=int, default=64, help="GLOBAL batch size (split over the ranks)")
     m.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="adam")

@@ -33,6 +33,7 @@ class TrainConfig:
     val: str | None = None
     holdout: float = 0.2
     model: str = "auto"
+    image_size: tuple[int, int] | None = None
     epochs: int = 15
     batch_size: int = 64
     optimizer: str = "adam"
@@ -83,6 +84,8 @@ class TrainConfig:
             raise ConfigError(f"threads={self.threads} must be >= 1 and prefetch={self.prefetch} >= 0")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
+        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
+            raise ConfigError(f"image_size={self.image_size} must be (height, width), both >= 1")
         if self.warmup_epochs < 0:
             raise ConfigError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
 
@@ -184,7 +187,7 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
         train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
         spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
         name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
-        input_size = get_model(name).input_size(spec.image_size)
+        input_size = tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
         model = build_model(name, spec.channels, spec.num_classes, input_size)
         optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
