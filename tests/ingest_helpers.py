@@ -190,3 +190,25 @@ def add_bad(root: str, kind: str) -> tuple[str, str]:
 def leftovers(directory: str) -> list[str]:
     """Names in `directory` that look like a container or a writer's temporary."""
     return sorted(n for n in os.listdir(directory) if n.endswith((".h5", ".zarr", ".json")) or ".tmp" in n)
+
+
+def py2_cifar_pickle(data: np.ndarray, labels: list[int]) -> bytes:
+    """The bytes Python 2's cPickle (protocol 2) writes for a CIFAR batch: str keys and data as
+    BINSTRING, numpy.core.multiarray._reconstruct, as in the files distributed at cs.toronto.edu."""
+    import struct
+
+    def s(text: bytes) -> bytes:  # a Python 2 str
+        return (b"U" + bytes([len(text)]) + text) if len(text) < 256 else (b"T" + struct.pack("<i", len(text)) + text)
+
+    def i(v: int) -> bytes:
+        return b"K" + bytes([v]) if v < 256 else b"M" + struct.pack("<H", v)
+
+    rows, cols = data.shape
+    array = (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + i(0) + b"\x85" + s(b"b")
+             + b"\x87R"  # _reconstruct(ndarray, (0,), 'b')
+             + b"(" + i(1) + b"(" + i(rows) + i(cols) + b"t"  # state: version, shape
+             + b"cnumpy\ndtype\n(" + s(b"u1") + i(0) + i(1) + b"tR"  # dtype('u1', 0, 1)
+             + b"(" + i(3) + s(b"|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xff" + i(0) + b"tb"  # dtype state
+             + b"\x89" + s(data.tobytes()) + b"tb")  # fortran=False, raw bytes; BUILD
+    label_list = b"](" + b"".join(i(v) for v in labels) + b"e"
+    return b"\x80\x02}(" + s(b"data") + array + s(b"labels") + label_list + s(b"batch_label") + s(b"py2") + b"u."
