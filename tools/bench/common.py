@@ -200,8 +200,9 @@ class Progress:
 
     def result(self, m: Measurement) -> None:
         if self.enabled:
-            print(f"        {m.name} ({m.cache}): {m.total_samples_per_s:,.0f} samples/s, "
-                  f"{fmt_rate(m.total_mb_per_s)} total over {m.ranks} rank(s)", flush=True)
+            sps = f"{m.total_samples_per_s:,.0f} samples/s, " if sum(m.samples) else ""
+            print(f"        {m.name} ({m.cache}): {sps}{fmt_rate(m.total_mb_per_s)} total over {m.ranks} rank(s)",
+                  flush=True)
 
     def note(self, text: str) -> None:
         if self.enabled:

@@ -266,7 +266,7 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
         fh.write("\n".join(lines) + "\n")
     if plots and table:
         plt = _plt()
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.8))
         for row in table:
             pts = [(k, v) for k, v in zip(ranks, row["mb_per_s"]) if v is not None]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{row['name']} ({row['cache']})")
@@ -276,7 +276,7 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
         ax.set_xlabel("ranks")
         ax.set_ylabel("MB/s, all ranks together")
         ax.set_title("Throughput against rank count")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         paths.append(os.path.join(out_dir, "scaling.png"))
         fig.savefig(paths[-1], dpi=110)
