@@ -184,6 +184,9 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
         _share_cores(ctx, cfg.deterministic)
         reader = stack.enter_context(open_container(data_path))
         val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
+        if val_reader is not None and val_reader.info.class_names != reader.info.class_names:
+            raise ConfigError(f"--val {cfg.val} has classes {val_reader.info.class_names[:5]}... but {data_path} "
+                              f"has {reader.info.class_names[:5]}...; both must have the same class names")
         train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
         spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
         name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
