@@ -9,7 +9,8 @@ import numpy as np
 
 from datastore.plan import block_bounds, global_schedule
 from datastore.shuffle import global_order
-from tools.bench.common import RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, Measurement, evict_on_nodes, measure
+from tools.bench.common import (RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, SEQ_READ_FRESH, Measurement, evict_on_nodes,
+                                measure)
 
 
 def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
@@ -131,7 +132,7 @@ def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_s
     return m
 
 
-def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20) -> Measurement:
+def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20, fresh: bool = False) -> Measurement:
     """Each rank reads its share of the file (one contiguous byte range) in large sequential reads.
 
     Args:
@@ -139,22 +140,26 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20) -> Mea
         path: one file (the HDF5 container).
         cache: `cold` evicts the file's pages first; `warm` reads what the page cache holds.
         chunk: bytes per read call.
+        fresh: read into a newly allocated buffer of the share's size (every page faulted in
+            during the read, as a loader that keeps the bytes pays) instead of reusing one
+            `chunk`-sized buffer (the file system alone).
     """
     if cache == "cold":
         evict_on_nodes(comm, [path])
     rank, size = comm.Get_rank(), comm.Get_size()
     total = os.path.getsize(path)
     lo, hi = total * rank // size, total * (rank + 1) // size
-    buf = bytearray(chunk)
-    view = memoryview(buf)
 
     def run():
         got = 0
+        buf = np.empty(hi - lo if fresh else min(chunk, hi - lo), dtype=np.uint8)
+        view = memoryview(buf)
         fd = os.open(path, os.O_RDONLY)
         try:
             pos = lo
             while pos < hi:
-                k = os.preadv(fd, [view[:min(chunk, hi - pos)]], pos)
+                at = pos - lo if fresh else 0
+                k = os.preadv(fd, [view[at:at + min(chunk, hi - pos)]], pos)
                 if k <= 0:
                     break
                 pos += k
@@ -163,5 +168,5 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20) -> Mea
             os.close(fd)
         return 0, got
 
-    m = measure(comm, SEQ_READ, "limit", cache, run, file=os.path.basename(path), chunk=chunk)
-    return m
+    return measure(comm, SEQ_READ_FRESH if fresh else SEQ_READ, "limit", cache, run,
+                   file=os.path.basename(path), chunk=chunk)
