@@ -22,6 +22,18 @@ COMMANDS = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows an option's default unless its help already says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dstore",
@@ -40,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # a subcommand not built yet
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_HelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
