@@ -61,8 +61,10 @@ def _batches(run_dir):
 def test_resume_mid_epoch_replays_the_same_run(full_run, cache, tmp_path):
     full_dir, _ = full_run
     env = {"DSTORE_CACHE": str(cache)}
-    # 30 steps: stops 7 steps into epoch 1, with prefetched batches in flight.
-    first = run_mpi(2, ["dstore", "train", "--run-dir", str(tmp_path), "--stop-after-steps", "30"] + COMMON,
+    # 30 steps: stops 7 steps into epoch 1, with prefetched batches in flight (and checkpoints on the
+    # way at steps 10, 20, 23 = epoch end and 30).
+    first = run_mpi(2, ["dstore", "train", "--run-dir", str(tmp_path), "--stop-after-steps", "30",
+                        "--checkpoint-every", "10"] + COMMON,
                     timeout=150, env=env)
     assert "stopped after 30 step(s) at epoch 1" in first.stdout, first.stdout
     stopped = _batches(tmp_path)
