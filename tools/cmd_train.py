@@ -87,8 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop (with a checkpoint) after N steps of this invocation: simulates an interruption")
     r.add_argument("--log-batches", action="store_true",
                    help="write every trained batch's sample ids to batches.rank<r>.jsonl")
-    r.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: a bar on rank 0 when stderr is a terminal)")
+    r.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (default: a tqdm bar per epoch on rank 0, on stderr)")
 
 
 def run(args) -> int:

@@ -65,7 +65,7 @@ class TrainConfig:
     stop_after_steps: int = 0
     deterministic: bool = False
     log_batches: bool = False
-    progress: bool | None = None
+    progress: bool = True
     cache_dir: str | None = None
 
     def check(self) -> None:
@@ -321,12 +321,13 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
 
 
 def _bar(cfg, main, total, epoch):
-    if not main or cfg.progress is False:
+    # Always on rank 0 unless switched off: under mpiexec a rank's stderr is a pipe even when the
+    # user sees a terminal, so tqdm's own "is it a tty" test would hide it every time.
+    if not main or not cfg.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
-                disable=None if cfg.progress is None else False)
+    return tqdm(total=total, desc=f"epoch {epoch}", leave=False, mininterval=0.5)
 
 
 def _store_position(source, epoch: int, step_in_epoch: int) -> dict:
