@@ -2,7 +2,6 @@
 formed, and a run interrupted mid-epoch and resumed replays exactly the uninterrupted run."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
