@@ -80,3 +80,11 @@ def test_resume_mid_epoch_replays_the_same_run(full_run, cache, tmp_path):
     test_a = [r for r in read_jsonl(full_dir / "metrics.jsonl") if "test_accuracy" in r]
     test_b = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "test_accuracy" in r]
     assert test_a[0]["test_accuracy"] == test_b[0]["test_accuracy"]
+
+
+def test_bad_input_ends_the_job_with_a_precise_message(tmp_path):
+    missing = tmp_path / "nope.h5"
+    res = run_mpi(2, ["dstore", "train", str(missing), "--run-dir", str(tmp_path / "run"), "--no-progress"],
+                  timeout=120, check=False)
+    assert res.returncode != 0
+    assert "error on rank" in res.stderr and str(missing) in res.stderr, res.stderr
