@@ -57,8 +57,9 @@ def main():
         # Train on the first 80% and test on the rest: the container is already in a seeded
         # random order, so its tail is a random held-out set.
         with DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train, \
-                DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test:
-            loader = StoreLoader(train, transform=to_tensor, num_threads=2)
+                DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test, \
+                StoreLoader(train, transform=to_tensor, num_threads=2) as loader, \
+                StoreLoader(test, transform=to_tensor) as test_loader:
             for epoch in range(args.epochs):
                 for images, labels in loader.epoch(epoch):
                     loss = F.cross_entropy(ddp(images), labels)
@@ -67,7 +68,7 @@ def main():
                     opt.step()
             correct = total = 0
             with torch.no_grad():
-                for images, labels in StoreLoader(test, transform=to_tensor).epoch(0):
+                for images, labels in test_loader.epoch(0):
                     correct += int((model(images).argmax(1) == labels).sum())
                     total += len(labels)
         counts = torch.tensor([correct, total])
