@@ -143,11 +143,32 @@ def _transforms(cfg: TrainConfig, spec, input_size):
     return ImageTransform(train=True, pad=pad, flip=flip, **common), ImageTransform(**common)
 
 
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
 def _describe(stats: dict) -> str:
-    parts = []
-    for k, v in sorted(stats.items()):
-        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
-    return " ".join(parts)
+    """One readable line of a rank's data I/O figures (the store's last epoch, or the direct
+    reader's totals); unknown shapes fall back to key=value."""
+    st = stats
+    if "samples_local" in st:
+        moved = st["bytes_local"] + st["bytes_remote"]
+        line = (f"epoch {st['epoch']}: {st['samples']} samples ({st['samples_local']} local, "
+                f"{st['samples_remote']} remote, {st['pads']} pad), {_human_bytes(moved)} in "
+                f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
+                f"{st['wait_seconds'] * 1e3:.1f} ms")
+        if st.get("population_seconds"):
+            line += (f"; population {_human_bytes(st['population_bytes'])} in "
+                     f"{st['population_seconds'] * 1e3:.1f} ms ({st['population_MBps']:.1f} MB/s)")
+        return line
+    if "samples_read" in st:
+        return (f"whole run: {st['samples_read']} samples read one by one from the file, "
+                f"{_human_bytes(st['bytes_read'])} in {st['read_s']:.2f} s")
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(st.items()))
 
 
 def train(cfg: TrainConfig, comm, *, say=None) -> dict:
