@@ -144,12 +144,62 @@ class TestWriter:
             assert r.read_range(0, 60).tobytes() == b"".join(s[0] for s in samples)
 
     def test_all_zero_chunks(self, tmp_path, fmt):
-        # Zarr does not store a chunk that is all fill value; reads must still return its zeros.
+        # Zarr by default does not store a chunk that is all fill value (dstore's writer stores every
+        # whole chunk, but not a one-chunk `data`, and other writers may not); reads return its zeros.
         samples = [(b"\x01" * 10, 0, "a", 0), (bytes(300), 0, "zeros", 1), (b"\x02" * 10, 0, "b", 2)]
         path = write_samples(tmp_path / f"z{SUFFIX[fmt]}", fmt, samples, chunk_bytes=64)
         with open_container(path) as r:
             assert [r.sample(i)[0].tobytes() for i in range(3)] == [s[0] for s in samples]
             assert r.read_range(0, 3).tobytes() == b"".join(s[0] for s in samples)
+        if fmt == "zarr":
+            for k in (1, 2, 3):  # chunks holding only zeros, as if zarr had left them out
+                os.remove(os.path.join(path, "data", "c", str(k)))
+        with open_container(path) as r:
+            assert [r.sample(i)[0].tobytes() for i in range(3)] == [s[0] for s in samples]
+        zeros = write_samples(tmp_path / f"one{SUFFIX[fmt]}", fmt, [(bytes(40), 0, "z", 0)])
+        with open_container(zeros) as r:
+            assert r.sample(0)[0].tobytes() == bytes(40) and r.read_range(0, 1).tobytes() == bytes(40)
+
+    def test_extend_writes_what_appends_write(self, tmp_path, fmt):
+        # Batches of every shape: samples larger than a chunk, whole chunks inside a batch (handed to
+        # the backend without a copy), empty samples and batches, checksums given or computed.
+        samples = random_samples(80, seed=5, max_bytes=700)
+        one = write_samples(tmp_path / f"one{SUFFIX[fmt]}", fmt, samples, chunk_bytes=256)
+        cuts = [0, 0, 1, 5, 5, 30, 31, 70, 80]
+        path = tmp_path / f"many{SUFFIX[fmt]}"
+        with create_writer(path, fmt, encoding="jpeg", class_names=("a", "b", "c"), chunk_bytes=256) as w:
+            for b, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+                part = samples[lo:hi]
+                data = np.frombuffer(b"".join(x[0] for x in part), np.uint8)
+                w.extend(data, [len(x[0]) for x in part], [x[1] for x in part], [x[2] for x in part],
+                         [x[3] for x in part], checksums=[checksum(x[0]) for x in part] if b % 2 else None)
+            assert w.num_samples == 80
+        with open_container(one) as a, open_container(str(path)) as b:
+            for key in ("offsets", "labels", "checksums", "source_index"):
+                assert np.array_equal(getattr(a, key), getattr(b, key)), key
+            assert [a.name(i) for i in range(80)] == [b.name(i) for i in range(80)]
+            assert a.read_range(0, 80).tobytes() == b.read_range(0, 80).tobytes() == b"".join(x[0] for x in samples)
+
+    def test_caller_checksums_are_checked_for_type_and_range(self, tmp_path, fmt):
+        with create_writer(tmp_path / f"c{SUFFIX[fmt]}", fmt, encoding="png", class_names=["x"]) as w:
+            assert w.append(b"abc", 0, "a", checksum=checksum(b"abc")) == 0
+            for bad, match in ((-1, "checksum=-1 is not a CRC32"), (1 << 32, "is not a CRC32"),
+                               ("12", "must be an int"), (1.0, "must be an int")):
+                with pytest.raises(ConfigError, match=match):
+                    w.append(b"abc", 0, "b", checksum=bad)
+            with pytest.raises(ConfigError, match="checksums: -3 is not a CRC32"):
+                w.extend(b"ab", [1, 1], [0, 0], ["b", "c"], checksums=[1, -3])
+            with pytest.raises(ConfigError, match="checksums has 1 entries but sizes has 2"):
+                w.extend(b"ab", [1, 1], [0, 0], ["b", "c"], checksums=[1])
+            with pytest.raises(ConfigError, match="sizes sum to 3 bytes but data has 2"):
+                w.extend(b"ab", [1, 2], [0, 0], ["b", "c"])
+            with pytest.raises(ConfigError, match="names has 1 entries"):
+                w.extend(b"ab", [1, 1], [0, 0], ["b"])
+            with pytest.raises(ConfigError, match="NUL"):
+                w.extend(b"ab", [1, 1], [0, 0], ["b", "c\x00"])
+            assert w.num_samples == 1  # nothing of a refused batch was kept
+        with open_container(str(tmp_path / f"c{SUFFIX[fmt]}")) as r:
+            assert len(r) == 1 and r.total_bytes == 3
 
     def test_large_range_read_into_out(self, tmp_path, fmt):
         # Over a MiB: HDF5 reads straight into `out` (below that it slices and copies).

@@ -40,6 +40,30 @@ def test_flipped_byte_is_found_by_index_and_name(tmp_path, backend):
     assert f"sample {BAD} ({BAD_NAME})" in report.summary()
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_a_wrong_caller_checksum_is_stored_as_given_and_found_by_verify(tmp_path, fmt):
+    # A writer trusts a checksum its caller vouches for (ingest's processing ranks send theirs);
+    # verify is what catches a wrong one, by index and name, whether it came through append or extend.
+    from datastore.formats import checksum, create_writer
+
+    samples = SAMPLES[:12]
+    path = tmp_path / f"c.{'h5' if fmt == 'hdf5' else 'zarr'}"
+    crcs = [checksum(d) for d, *_ in samples]
+    crcs[3] ^= 1
+    crcs[9] = (crcs[9] + 12345) & 0xFFFFFFFF
+    with create_writer(path, fmt, encoding="jpeg", class_names=("a", "b", "c"), chunk_bytes=1024) as w:
+        for j, (data, label, name, src) in enumerate(samples[:6]):
+            w.append(data, label, name, src, checksum=crcs[j])
+        rest = samples[6:]
+        w.extend(b"".join(d for d, *_ in rest), [len(d) for d, *_ in rest], [x[1] for x in rest],
+                 [x[2] for x in rest], [x[3] for x in rest], checksums=crcs[6:])
+    with open_container(str(path)) as r:
+        assert r.checksums.tolist() == crcs
+    report = verify_container(str(path))
+    assert [(b.index, b.name) for b in report.bad] == [(3, samples[3][2]), (9, samples[9][2])]
+    assert all("checksum mismatch" in b.reason for b in report.bad)
+
+
 def test_cli_verify_exit_codes(tmp_path):
     path = write_samples(tmp_path / "c.h5", "hdf5", SAMPLES)
     ok = dstore("verify", path)

@@ -28,6 +28,20 @@ def checksum(data) -> int:
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
 
 
+def check_batch(nbytes: int, sizes, **per_sample) -> None:
+    """Raises ConfigError unless `sizes` are non-negative and sum to `nbytes` and every sequence in
+    `per_sample` (None: absent) has one entry per size; the error names the parameter."""
+    n = len(sizes)
+    for what, seq in per_sample.items():
+        if seq is not None and len(seq) != n:
+            raise ConfigError(f"{what} has {len(seq)} entries but sizes has {n}")
+    total = int(np.sum(sizes, dtype=np.int64)) if n else 0
+    if n and int(np.min(sizes)) < 0:
+        raise ConfigError(f"sizes must be non-negative, got {int(np.min(sizes))}")
+    if total != nbytes:
+        raise ConfigError(f"sizes sum to {total} bytes but data has {nbytes}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ContainerInfo:
     """A container's attributes, as written in its metadata."""
@@ -141,8 +155,39 @@ class ContainerWriter(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
-        """Appends one sample (bytes-like or uint8 array); returns its index in the container."""
+    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None) -> int:
+        """Appends one sample (bytes-like or uint8 array); returns its index in the container.
+
+        Args:
+            checksum: the sample's CRC32 as `checksum(data)` gives it, if the caller already has it
+                (ingest computes it on the rank that loaded the sample, in parallel). The caller
+                vouches for it: it is stored as given, not recomputed, and a wrong one is what
+                `verify_container` reports. None: computed here.
+        """
+
+    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None) -> None:
+        """Appends len(sizes) samples whose bytes lie back to back in `data` (one buffer), in order.
+
+        Args:
+            data: bytes-like or uint8 array of sum(sizes) bytes.
+            sizes: each sample's size in bytes.
+            labels, names: per sample, as for `append`.
+            source_index: per sample (None: all -1).
+            checksums: per sample, as `append`'s `checksum` (the caller vouches for them); None:
+                computed here.
+
+        Backends may do this faster than one `append` per sample (no per-sample copy).
+        """
+        sizes = [int(s) for s in sizes]
+        n = len(sizes)
+        source_index = [-1] * n if source_index is None else source_index
+        view, off = memoryview(data).cast("B"), 0
+        check_batch(view.nbytes, sizes, labels=labels, names=names, source_index=source_index,
+                    checksums=checksums)
+        for j, size in enumerate(sizes):
+            self.append(view[off:off + size], labels[j], names[j], source_index[j],
+                        checksum=None if checksums is None else checksums[j])
+            off += size
 
     @abc.abstractmethod
     def commit(self) -> str:

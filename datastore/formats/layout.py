@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError
-from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, checksum
+from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, check_batch
+from datastore.formats.base import checksum as crc32_of
 
 ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
 """The arrays every container holds (the sharded manifest holds none: its shards do)."""
@@ -165,7 +166,11 @@ def check_out(out: np.ndarray | None, n: int) -> np.ndarray:
 class SampleBuffer:
     """Collects appended samples; hands `data` to `flush(array, start)` in whole chunks, so a writer
     never holds more than about one chunk of sample bytes. Index arrays stay in memory (about 24
-    bytes per sample plus its name)."""
+    bytes per sample plus its name).
+
+    `flush` gets either the buffer's own chunk or, where a whole aligned chunk lies inside the
+    bytes being appended, a view of the caller's bytes (no copy); it must not keep the array.
+    """
 
     def __init__(self, flush: Callable[[np.ndarray, int], None], chunk_bytes: int = DATA_CHUNK_BYTES):
         if chunk_bytes <= 0:
@@ -189,33 +194,64 @@ class SampleBuffer:
     def total_bytes(self) -> int:
         return self.offsets[-1]
 
-    def append(self, data, label: int, name: str, source_index: int) -> int:
-        """Buffers one sample; returns its index."""
-        name = str(name)
-        if "\x00" in name:  # HDF5 stores names as C strings; a NUL would silently cut the name
-            raise ConfigError(f"sample name {name!r} contains a NUL character")
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:  # e.g. a non-UTF-8 file name decoded with surrogateescape
-            name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    def append(self, data, label: int, name: str, source_index: int, checksum: int | None = None) -> int:
+        """Buffers one sample; returns its index. `checksum`: its CRC32 if the caller vouches for
+        one (see ContainerWriter.append), else None to compute it."""
+        name = _stored_name(name)
         arr = as_u8(data)
-        crc = checksum(arr)
-        pos = 0
-        while pos < arr.size:
-            take = min(arr.size - pos, self.chunk_bytes - self._fill)
-            self._buf[self._fill:self._fill + take] = arr[pos:pos + take]
-            self._fill += take
-            pos += take
-            if self._fill == self.chunk_bytes:
-                self._flush(self._buf, self.written)
-                self.written += self._fill
-                self._fill = 0
+        crc = crc32_of(arr) if checksum is None else _check_crc(checksum)
+        label, source_index = int(label), int(source_index)
+        self._put(arr)
         self.offsets.append(self.offsets[-1] + arr.size)
-        self.labels.append(int(label))
+        self.labels.append(label)
         self.checksums.append(crc)
         self.names.append(name)
-        self.source_index.append(int(source_index))
+        self.source_index.append(source_index)
         return len(self.labels) - 1
+
+    def extend(self, data, sizes, labels, names, source_index=None, checksums=None) -> None:
+        """Buffers len(sizes) samples whose bytes lie back to back in `data`: one copy per chunk
+        boundary rather than per sample, index arrays extended at once. Everything is checked
+        before anything is buffered."""
+        arr = as_u8(data, "data")
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+        check_batch(arr.size, sizes, labels=labels, names=names, source_index=source_index,
+                    checksums=checksums)
+        n = sizes.size
+        names = [_stored_name(x) for x in names]
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1).tolist()
+        source_index = ([-1] * n if source_index is None
+                        else np.asarray(source_index, dtype=np.int64).reshape(-1).tolist())
+        ends = np.cumsum(sizes)
+        if checksums is None:
+            starts = (ends - sizes).tolist()
+            crcs = [crc32_of(arr[a:b]) for a, b in zip(starts, ends.tolist())]
+        else:
+            crcs = _check_crcs(checksums)
+        self._put(arr)
+        self.offsets.extend((ends + self.offsets[-1]).tolist())
+        self.labels.extend(labels)
+        self.checksums.extend(crcs)
+        self.names.extend(names)
+        self.source_index.extend(source_index)
+
+    def _put(self, arr: np.ndarray) -> None:
+        """Adds bytes to `data`, flushing each chunk as it fills."""
+        pos, size, chunk = 0, arr.size, self.chunk_bytes
+        while pos < size:
+            if self._fill == 0 and size - pos >= chunk:
+                self._flush(arr[pos:pos + chunk], self.written)  # a whole chunk in place: no copy
+                take = chunk
+            else:
+                take = min(size - pos, chunk - self._fill)
+                self._buf[self._fill:self._fill + take] = arr[pos:pos + take]
+                self._fill += take
+                if self._fill < chunk:
+                    break
+                self._flush(self._buf, self.written)
+                self._fill = 0
+            self.written += chunk
+            pos += take
 
     def tail(self) -> np.ndarray:
         """The bytes not yet flushed (the last, partial chunk)."""
@@ -228,6 +264,41 @@ class SampleBuffer:
             "checksums": np.asarray(self.checksums, dtype=np.uint32),
             "source_index": np.asarray(self.source_index, dtype=np.int64),
         }
+
+
+def _stored_name(name) -> str:
+    """A sample name as stored: refused with a NUL (HDF5 stores C strings, it would be cut short),
+    backslash-escaped where it is not valid Unicode (e.g. a non-UTF-8 file name decoded with
+    surrogateescape)."""
+    name = str(name)
+    if "\x00" in name:
+        raise ConfigError(f"sample name {name!r} contains a NUL character")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
+
+
+def _check_crc(value) -> int:
+    """A caller-supplied checksum as an int, if it is one a uint32 can hold."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"checksum={value!r} must be an int (a CRC32) or None")
+    if not 0 <= int(value) <= 0xFFFFFFFF:
+        raise ConfigError(f"checksum={int(value)} is not a CRC32 (an unsigned 32-bit value)")
+    return int(value)
+
+
+def _check_crcs(values) -> list[int]:
+    """Caller-supplied checksums as ints, if each is one a uint32 can hold."""
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ConfigError(f"checksums must be integers (CRC32s), got dtype {arr.dtype}")
+    arr = arr.reshape(-1).astype(np.int64, copy=False)
+    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
+        bad = int(arr[(arr < 0) | (arr > 0xFFFFFFFF)][0])
+        raise ConfigError(f"checksums: {bad} is not a CRC32 (an unsigned 32-bit value)")
+    return arr.tolist()
 
 
 def temp_path(path: str) -> str:
@@ -316,10 +387,17 @@ class StreamingWriter(ContainerWriter):
     def _discard(self) -> None:
         raise NotImplementedError
 
-    def append(self, data, label: int, name: str, source_index: int = -1) -> int:
+    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None) -> int:
+        self._check_open()
+        return self._buf.append(data, label, name, source_index, checksum)
+
+    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None) -> None:
+        self._check_open()
+        self._buf.extend(data, sizes, labels, names, source_index, checksums)
+
+    def _check_open(self) -> None:
         if self._state != "open":
             raise ConfigError(f"cannot append to {self.path}: the writer is {self._state}")
-        return self._buf.append(data, label, name, source_index)
 
     def commit(self) -> str:
         if self._state != "open":
