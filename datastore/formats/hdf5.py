@@ -162,7 +162,13 @@ class HDF5Writer(StreamingWriter):
                                                    chunks=(self._buf.chunk_bytes,))
         stop = start + chunk.size
         self._data.resize((stop,))
-        self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
+        size = self._buf.chunk_bytes
+        if chunk.size == size and start % size == 0:
+            # A whole chunk (no filters) goes to the file as it is: about twice as fast as a
+            # selection write, which goes through HDF5's type conversion and chunk machinery.
+            self._data.id.write_direct_chunk((start,), np.ascontiguousarray(chunk))
+        else:
+            self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
 
     def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
         f = self._file
