@@ -175,8 +175,12 @@ class ZarrWriter(StreamingWriter):
 
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
+            # write_empty_chunks: store every chunk as it is. By default zarr first compares each
+            # chunk with the fill value, which took most of a write's time (an 8 MiB chunk: about
+            # 30 of 36 ms here). A runtime setting: the stored metadata is the same.
             self._data = self._group.create_array("data", shape=(0,), dtype=np.uint8,
-                                                  chunks=(self._buf.chunk_bytes,), compressors=None)
+                                                  chunks=(self._buf.chunk_bytes,), compressors=None,
+                                                  config={"write_empty_chunks": True})
         stop = start + chunk.size
         self._data.resize((stop,))
         self._data[start:stop] = chunk
