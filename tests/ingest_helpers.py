@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zlib
 
 import numpy as np
 
@@ -59,9 +60,10 @@ def listing(root: str) -> list[tuple[str, int]]:
 
 def check_container_against_folder(path: str, root: str, *, expect_encoding: str | None = None,
                                    exclude=(), check_index: bool = True) -> None:
-    """Every sample's bytes equal its source file's, labels match the class folder, every listed
-    file (less `exclude`, full paths) is there once, and the source indices are the listing's
-    positions. Raises AssertionError otherwise."""
+    """Every sample's bytes equal its source file's and its stored checksum is their CRC32 (ingest
+    computes it on the rank that processed the sample, not the writer), labels match the class
+    folder, every listed file (less `exclude`, full paths) is there once, and the source indices are
+    the listing's positions. Raises AssertionError otherwise."""
     from datastore.formats import open_container
 
     files = listing(root)
@@ -79,7 +81,9 @@ def check_container_against_folder(path: str, root: str, *, expect_encoding: str
             data, label = c.sample(j)
             i, want_label = index[name]
             with open(os.path.join(root, name), "rb") as f:
-                assert bytes(data) == f.read(), f"sample {j} ({name}) differs from its file"
+                want = f.read()
+            assert bytes(data) == want, f"sample {j} ({name}) differs from its file"
+            assert int(c.checksums[j]) == zlib.crc32(want), f"sample {j} ({name}): stored checksum is not its CRC32"
             assert label == want_label, (name, label, want_label)
             if check_index:
                 assert int(c.source_index[j]) == i, (name, int(c.source_index[j]), i)

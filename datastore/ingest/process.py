@@ -1,5 +1,5 @@
-"""What a rank does to the samples it is given: load, validate, convert to the stored form, and
-pack a chunk into one byte buffer (no MPI here)."""
+"""What a rank does to the samples it is given: load, validate, convert to the stored form,
+checksum, and pack a chunk into one byte buffer (no MPI here)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 from datastore.decode import decode_image, sniff
 from datastore.errors import ConfigError, SampleError
+from datastore.formats.base import checksum
 from datastore.ingest.source import Source
 
 ON_ERROR = ("raise", "skip")
@@ -111,17 +112,24 @@ def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
 
 @dataclasses.dataclass
 class Block:
-    """A processed chunk: the kept samples' bytes, and per-sample sizes (-1: skipped).
+    """A processed chunk: the kept samples' bytes and checksums, and per-sample sizes (-1: skipped).
 
     Attributes:
         parts: one flat uint8 array per kept sample, in order.
         sizes: int64 per sample of the chunk, -1 where skipped.
         skipped: (location, reason) for each skipped sample.
+        checksums: uint32 CRC32 per kept sample (as `parts`), computed here so that the ranks
+            share that work and the one writer rank need not.
     """
 
     parts: list[np.ndarray]
     sizes: np.ndarray
     skipped: list[tuple[str, str]]
+    checksums: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Block:
+        return cls([], np.zeros(0, np.int64), [], np.zeros(0, np.uint32))
 
     @property
     def nbytes(self) -> int:
@@ -140,7 +148,7 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
     """
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
-    parts, sizes, skipped = [], np.empty(len(indices), dtype=np.int64), []
+    parts, sizes, skipped, crcs = [], np.empty(len(indices), dtype=np.int64), [], []
     for k, i in enumerate(indices):
         try:
             arr = process_sample(source, int(i), target)
@@ -151,8 +159,9 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
             skipped.append((source.locate(int(i)), _reason(exc, source.locate(int(i)))))
             continue
         parts.append(arr)
+        crcs.append(checksum(arr))
         sizes[k] = arr.size
-    return Block(parts, sizes, skipped)
+    return Block(parts, sizes, skipped, np.array(crcs, dtype=np.uint32))
 
 
 def _reason(exc: Exception, where: str) -> str:

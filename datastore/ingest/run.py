@@ -2,13 +2,14 @@
 writer rank receives its group's chunks round by round and writes them in order.
 
 Per round, a group exchanges one small header (an allgather of 4 int64 per rank: error flag, bytes,
-samples, skipped) and, where all is well, two gathervs of plain buffers (sizes, bytes) to the writer:
-no pickles for sample data, and the writer holds at most two rounds (one being written by its
-BackgroundWriter thread). Waiting ranks poll with short sleeps rather than spin, leaving the core
-to the writer thread when ranks share cores. An error on any rank
-sets its flag; the group then exchanges the messages and every member raises the same error, so no
-rank is left waiting. Groups then agree once more over the whole communicator before rank 0 writes
-a sharded container's manifest; on any failure every rank removes what it wrote.
+samples, skipped) and, where all is well, two gathervs of plain buffers to the writer: (size, CRC32)
+per sample, computed by the rank that processed it, and the bytes. No pickles for sample data; the
+writer holds at most two rounds (one being written by its BackgroundWriter thread). Waiting ranks
+poll with short sleeps rather than spin, leaving the core to the writer thread when ranks share
+cores. An error on any rank sets its flag; the group then exchanges the messages and every member
+raises the same error, so no rank is left waiting. Groups then agree once more over the whole
+communicator before rank 0 writes a sharded container's manifest; on any failure every rank
+removes what it wrote.
 """
 
 from __future__ import annotations
@@ -215,23 +216,28 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                 except Exception as e:  # noqa: BLE001 - any failure must reach the whole group
                     err = e
             if block is None:
-                block = Block([], np.zeros(0, np.int64), [])
+                block = Block.empty()
             header[:] = (err is not None, block.nbytes, block.sizes.size, len(block.skipped))
             _wait(gcomm.Iallgather(header, headers))
             if headers[:, 0].any():
                 _raise_agreed(gcomm, err)
-            sizes, data, skipped_parts = block.sizes, block.parts, [block.skipped]
+            meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
+            meta[:, 0] = block.sizes
+            meta[block.sizes >= 0, 1] = block.checksums
+            data, skipped_parts = block.packed(), [block.skipped]
             if m > 1:
-                sizes = np.empty(int(headers[:, 2].sum()), np.int64) if k == 0 else None
-                data = np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
-                _wait(gcomm.Igatherv(block.sizes, None if k else [sizes, headers[:, 2]], root=0))
-                _wait(gcomm.Igatherv(block.packed(), None if k else [data, headers[:, 1]], root=0))
+                metas = np.empty((int(headers[:, 2].sum()), 2), np.int64) if k == 0 else None
+                _wait(gcomm.Igatherv(meta, None if k else [metas, headers[:, 2] * 2], root=0))
+                meta = metas
+                sent, data = data, np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
+                _wait(gcomm.Igatherv(sent, None if k else [data, headers[:, 1]], root=0))
                 if headers[:, 3].any():
                     skipped_parts = gcomm.gather(block.skipped, root=0)
             if k == 0:
                 for part in skipped_parts:
                     skipped.extend(part)
-                out.submit(rnd[0][0], sizes, data)
+                sizes = meta[:, 0]
+                out.submit(rnd[0][0], sizes, data, checksums=meta[sizes >= 0, 1])
         agree(gcomm, out.finish() if out is not None else pending)
     finally:
         if out is not None:

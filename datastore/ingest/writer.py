@@ -53,27 +53,28 @@ class BackgroundWriter:
             if self._error is None:
                 self._error = exc
 
-    def submit(self, start: int, sizes: np.ndarray, data) -> None:
+    def submit(self, start: int, sizes: np.ndarray, data, checksums=None) -> None:
         """Queues positions start, start+1, ... (size -1 = skipped); waits for the previous round
-        first. `data` is one buffer of the kept samples back to back, or a list of per-sample arrays."""
+        first. `data` is one buffer of the kept samples back to back (or a list of per-sample
+        arrays); `checksums` their CRC32s if the ranks that processed them computed them (None:
+        the writer computes them)."""
         self._collect()
         if self._error is None:
-            self._inflight = self._pool.submit(self._append, start, sizes, data)
+            self._inflight = self._pool.submit(self._append, start, sizes, data, checksums)
 
-    def _append(self, start: int, sizes: np.ndarray, data) -> int:
-        src, order, writer = self._source, self._order, self.writer
-        parts = iter(data) if isinstance(data, list) else None
-        off = 0
-        for j, size in enumerate(sizes.tolist()):
-            if size < 0:
-                continue
-            i = int(order[start + j])
-            sample = next(parts) if parts is not None else data[off:off + size]
-            writer.append(sample, src.label(i), src.name(i), i)
-            off += size
+    def _append(self, start: int, sizes: np.ndarray, data, checksums) -> int:
+        """The whole round in one `extend`: the per-sample work left here is a label and a name."""
+        src = self._source
+        sizes = np.asarray(sizes, dtype=np.int64)
+        keep = sizes >= 0
+        if isinstance(data, list):
+            data = np.concatenate(data) if data else np.zeros(0, np.uint8)
+        indices = self._order[start:start + sizes.size][keep].tolist()
+        self.writer.extend(data, sizes[keep], [src.label(i) for i in indices], [src.name(i) for i in indices],
+                           indices, checksums=checksums)
         if self._on_written is not None:
-            self._on_written(len(sizes))
-        return off
+            self._on_written(int(sizes.size))
+        return int(data.size)
 
     def finish(self) -> BaseException | None:
         """Waits for the last round and commits; returns the failure (None if committed)."""
