@@ -92,6 +92,8 @@ def load_dataset(container: str, zarr_path: str | None, folder: str | None) -> D
     with open_container(container) as r:
         offsets, labels = np.asarray(r.offsets), np.asarray(r.labels)
         names = [r.name(i) for i in range(r.num_samples)]
+        if folder is None and os.path.isdir(r.info.source):
+            folder = r.info.source  # names are relative to the source directory ingest recorded
     files = [n if os.path.isabs(n) or folder is None else os.path.join(folder, n) for n in names]
     if not all(os.path.isfile(f) for f in files[:: max(1, len(files) // 64)]):
         files = None

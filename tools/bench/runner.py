@@ -127,7 +127,9 @@ def run(comm, cfg: BenchConfig) -> dict:
                                           seed=cfg.seed, limit=cfg.zarr_limit))
     prog.start("baseline: Mosaic Streaming")
     if cfg.mosaic and data.files is not None:
-        work = os.path.join(cfg.data_dir or os.path.join(cfg.out, "data"), f"mosaic-{cfg.count}-s{cfg.seed}")
+        # MDS shards are kept beside the data and reused; keyed by the container they mirror.
+        tag = os.path.splitext(os.path.basename(os.path.normpath(data.container)))[0]
+        work = os.path.join(cfg.data_dir or os.path.join(cfg.out, "data"), f"mosaic-{tag}")
         got, note = mosaic.run_peer(comm, list(zip(data.files, data.labels.tolist())), work, seed=cfg.seed,
                                     batch_size=B, venv=cfg.mosaic_venv)
         for m in got:
