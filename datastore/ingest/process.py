@@ -118,14 +118,14 @@ class Block:
         parts: one flat uint8 array per kept sample, in order.
         sizes: int64 per sample of the chunk, -1 where skipped.
         skipped: (location, reason) for each skipped sample.
-        checksums: uint32 CRC32 per kept sample (as `parts`), computed here so that the ranks
-            share that work and the one writer rank need not.
+        checksums: uint32 CRC32 per kept sample (as `parts`), so that the ranks share that work
+            and the one writer rank need not; None if not asked for.
     """
 
     parts: list[np.ndarray]
     sizes: np.ndarray
     skipped: list[tuple[str, str]]
-    checksums: np.ndarray
+    checksums: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> Block:
@@ -135,13 +135,18 @@ class Block:
     def nbytes(self) -> int:
         return int(sum(p.size for p in self.parts))
 
-    def packed(self) -> np.ndarray:
-        """All kept samples' bytes back to back (one buffer to send)."""
-        return np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.uint8)
+    def packed(self, out: np.ndarray | None = None) -> np.ndarray:
+        """All kept samples' bytes back to back (one buffer to send), in `out` if given (a uint8
+        array of `nbytes`)."""
+        if not self.parts:
+            return np.zeros(0, dtype=np.uint8) if out is None else out
+        return np.concatenate(self.parts, out=out)
 
 
-def process_block(source: Source, indices, target: Target, on_error: str = "raise") -> Block:
-    """Processes the samples `indices` (source indices) in order.
+def process_block(source: Source, indices, target: Target, on_error: str = "raise", *,
+                  checksums: bool = True) -> Block:
+    """Processes the samples `indices` (source indices) in order; with `checksums`, also computes
+    each kept sample's CRC32.
 
     Raises:
         SampleError: with on_error="raise", the first bad sample's location and reason.
@@ -159,9 +164,10 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
             skipped.append((source.locate(int(i)), _reason(exc, source.locate(int(i)))))
             continue
         parts.append(arr)
-        crcs.append(checksum(arr))
+        if checksums:
+            crcs.append(checksum(arr))
         sizes[k] = arr.size
-    return Block(parts, sizes, skipped, np.array(crcs, dtype=np.uint32))
+    return Block(parts, sizes, skipped, np.array(crcs, dtype=np.uint32) if checksums else None)
 
 
 def _reason(exc: Exception, where: str) -> str:

@@ -206,13 +206,20 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             pending = e
     header = np.zeros(4, dtype=np.int64)
     headers = np.zeros((m, 4), dtype=np.int64)
+    # Reused byte buffers (not new ones each round, page-faulted in anew): [t % 2] what the writer
+    # receives in round t, [2] what this rank sends. Two suffice: round t's buffer is next refilled
+    # in round t + 2, and submit(t + 1) has by then waited for round t to be written.
+    bufs = [np.empty(0, np.uint8)] * 3
     try:
-        for rnd in plan.rounds(plan.chunk_bounds(lo, hi, chunk), m):
+        for t, rnd in enumerate(plan.rounds(plan.chunk_bounds(lo, hi, chunk), m)):
             a, b = rnd[k]
             err, block = pending or (out.error if out is not None else None), None
             if err is None:
                 try:
-                    block = process_block(src, order[a:b], target, on_error)
+                    # Alone (m == 1), the writer thread checksums while this thread loads the
+                    # next round (measured: faster than checksumming here); in a group, every
+                    # member checksums its own samples and the writer rank needs to compute none.
+                    block = process_block(src, order[a:b], target, on_error, checksums=m > 1)
                 except Exception as e:  # noqa: BLE001 - any failure must reach the whole group
                     err = e
             if block is None:
@@ -221,23 +228,24 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             _wait(gcomm.Iallgather(header, headers))
             if headers[:, 0].any():
                 _raise_agreed(gcomm, err)
-            meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
-            meta[:, 0] = block.sizes
-            meta[block.sizes >= 0, 1] = block.checksums
-            data, skipped_parts = block.packed(), [block.skipped]
+            skipped_parts, sizes, data, crcs = [block.skipped], block.sizes, block.parts, None
             if m > 1:
+                meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
+                meta[:, 0] = block.sizes
+                meta[block.sizes >= 0, 1] = block.checksums
                 metas = np.empty((int(headers[:, 2].sum()), 2), np.int64) if k == 0 else None
                 _wait(gcomm.Igatherv(meta, None if k else [metas, headers[:, 2] * 2], root=0))
-                meta = metas
-                sent, data = data, np.empty(int(headers[:, 1].sum()), np.uint8) if k == 0 else None
-                _wait(gcomm.Igatherv(sent, None if k else [data, headers[:, 1]], root=0))
+                data = _room(bufs, t % 2, int(headers[:, 1].sum())) if k == 0 else None
+                _wait(gcomm.Igatherv(block.packed(out=_room(bufs, 2, block.nbytes)),
+                                     None if k else [data, headers[:, 1]], root=0))
                 if headers[:, 3].any():
                     skipped_parts = gcomm.gather(block.skipped, root=0)
+                if k == 0:
+                    sizes, crcs = metas[:, 0], metas[metas[:, 0] >= 0, 1]
             if k == 0:
                 for part in skipped_parts:
                     skipped.extend(part)
-                sizes = meta[:, 0]
-                out.submit(rnd[0][0], sizes, data, checksums=meta[sizes >= 0, 1])
+                out.submit(rnd[0][0], sizes, data, checksums=crcs)
         agree(gcomm, out.finish() if out is not None else pending)
     finally:
         if out is not None:
@@ -245,6 +253,13 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     if k != 0:
         return None
     return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
+
+
+def _room(bufs: list[np.ndarray], slot: int, n: int) -> np.ndarray:
+    """The first n bytes of bufs[slot], which is grown (with a margin) when too small."""
+    if bufs[slot].size < n:
+        bufs[slot] = np.empty(n + n // 4, np.uint8)
+    return bufs[slot][:n]
 
 
 def _wait(request) -> None:
