@@ -35,7 +35,7 @@ import warnings
 
 import numpy as np
 
-from datastore import plan
+from datastore import plan, prefault
 from datastore import shuffle as shuffle_mod
 from datastore.errors import ConfigError, MemoryBudgetError
 from datastore.formats.base import ContainerReader
@@ -259,14 +259,14 @@ class DataStore:
             nb = plan.block_bounds(self.offsets, nodecomm.Get_size())
             lo, hi = int(nb[nodecomm.Get_rank()]), int(nb[nodecomm.Get_rank() + 1])
             a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            self._read(lo, hi, self._view[a:b])
+            self._preload(lo, hi, self._view[a:b])
             nbytes = b - a
         else:
             nodecomm.Free()
             self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
             if self.population == "preload":
                 lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-                self._read(lo, hi, self._arena.local)
+                self._preload(lo, hi, self._arena.local)
                 nbytes = self._arena.local.size
             else:
                 self._loaded = np.zeros(self.num_samples, dtype=bool)
@@ -279,6 +279,15 @@ class DataStore:
         """Samples [lo, hi) of the served range into `out` with one range read."""
         if hi > lo:
             self.container.read_range(self.start + lo, self.start + hi, out=out)
+
+    def _preload(self, lo: int, hi: int, out: np.ndarray) -> None:
+        """Samples [lo, hi) into `out`, fresh window memory, in pieces whose page faults are taken
+        in a thread while the piece before is read (see datastore.prefault)."""
+        if hi <= lo:
+            return
+        base = self._base_byte + int(self.offsets[lo])
+        read_bytes = self.container.read_bytes
+        prefault.read_in_pieces(lambda a, b, view: read_bytes(base + a, base + b, out=view), out)
 
     def _add_population(self, seconds: float, nbytes: int) -> None:
         p = self._pop
