@@ -58,7 +58,7 @@ def touch(arr: np.ndarray) -> None:
         arr[::_PAGE] = 0  # one byte per page; numpy releases the GIL for the strided store
 
 
-def read_in_pieces(read, out: np.ndarray, piece: int = PIECE_BYTES, depth: int = 2) -> None:
+def read_in_pieces(read, out: np.ndarray, piece: int | None = None, depth: int = 2) -> None:
     """Fills `out` with `read(a, b, out[a:b])` calls over consecutive pieces of `piece` bytes,
     while a thread faults in the pages of the next `depth` pieces.
 
@@ -68,13 +68,13 @@ def read_in_pieces(read, out: np.ndarray, piece: int = PIECE_BYTES, depth: int =
     Args:
         read: callable (start, stop, view) writing bytes [start, stop) of the source into `view`.
         out: writable uint8 array, the destination (typically memory allocated just before).
-        piece: bytes per read call (>= 1).
+        piece: bytes per read call (>= 1); None: PIECE_BYTES.
         depth: pieces the fault thread may run ahead of the reads (>= 1), to absorb jitter.
     """
     n = out.size
     if n == 0:
         return
-    piece, depth = max(1, int(piece)), max(1, int(depth))
+    piece, depth = max(1, int(PIECE_BYTES if piece is None else piece)), max(1, int(depth))
     cuts = list(range(0, n, piece)) + [n]
     if len(cuts) == 2:  # one piece: nothing to overlap with
         read(0, n, out)

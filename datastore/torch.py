@@ -1,17 +1,25 @@
-"""The PyTorch adapter: a DataStore's batches decoded in a thread pool, one batch ahead, as tensors.
+"""The PyTorch adapter: a DataStore's batches decoded in a thread pool, `ahead` batches ahead, as tensors.
 
-    loader = StoreLoader(store, transform=None, num_threads=2, size=(224, 224))
+    loader = StoreLoader(store, transform=None, num_threads=2, size=(224, 224), ahead=2)
     for images, labels in loader.epoch(e):   # images: uint8 [b, C, H, W]; labels: int64 [b]
         ...
 
-All MPI stays on the calling thread: the adapter fetches batch k+1 from the store and hands its
-samples to the pool, then returns batch k; decoding k+1 overlaps the caller's work on k. A fetched
-batch's sample views are released (the store may reuse them) only after their decode finished.
+All MPI stays on the calling thread: before returning batch k the adapter fetches batches up to
+k + ahead from the store and hands their samples to the pool, so their decoding overlaps the
+caller's work on k, and a batch that decodes slowly is absorbed by the ones queued behind it.
+
+A store's sample views are valid only until its next batch is requested. With ``ahead=1`` the
+adapter decodes straight from them (no copy) and asks for the next batch only once their decode
+finished. With ``ahead >= 2`` each fetched batch's bytes are first copied into one private buffer
+of that batch (one pass over its bytes, small next to decoding them; see `stats["copy_seconds"]`),
+which frees the store to move on.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import dataclasses
 import time
 
 import numpy as np
@@ -43,7 +51,9 @@ def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
     c = arr.shape[2]
     im = Image.fromarray(arr[:, :, 0] if c == 1 else arr)
-    out = np.asarray(im.resize((size[1], size[0]), Image.BILINEAR))
+    # np.array, not np.asarray: Pillow's array interface hands out read-only bytes, and a read-only
+    # array makes torch.from_numpy warn (and a transform unable to work in place).
+    out = np.array(im.resize((size[1], size[0]), Image.BILINEAR))
     return out.reshape(size[0], size[1], c)
 
 
@@ -53,25 +63,34 @@ class StoreLoader:
     Args:
         store: an entered DataStore.
         transform: None, or a callable (HWC uint8 ndarray, numpy Generator) -> CHW tensor or
-            ndarray, run per sample in the pool. The array may be a read-only view of the store's
-            memory (raw encoding): copy before changing it in place. The generator is seeded from (store seed, epoch,
-            sample id), so augmentation is reproducible whatever the thread or rank count.
+            ndarray, run per sample in the pool. The array may be a read-only view of the
+            sample's bytes (raw encoding): copy before changing it in place. The generator is
+            seeded from (store seed, epoch, sample id), so augmentation is reproducible whatever
+            the thread or rank count.
         num_threads: decode threads.
         channels: 1 or 3 to convert images to; None keeps grey as 1 and the rest as RGB.
         size: (H, W) or an int: resize every decoded image to it (JPEG decodes at the smallest DCT
             scale still at least this large). Without it, all samples of a batch must share a shape.
+        ahead: batches decoding ahead of the one returned (>= 1). 1 decodes straight from the
+            store's views (no copy) but lets one slow batch show as waiting; >= 2 copies each
+            fetched batch's bytes once (see the module docstring). The store itself is then up
+            to `ahead` batches further on than the caller: a trainer that saves a position must
+            count the batches it trained on (as training/run.py does), not ask the store.
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
         last_pad: bool[b], which of them are padding repeats (see datastore.store).
         last_wait_seconds: how long the caller waited for the last batch.
         last_decode_seconds: thread-seconds spent decoding the last batch.
-        stats: totals for the current epoch (batches, wait_seconds, decode_seconds).
+        stats: totals for the current epoch (batches, wait_seconds, decode_seconds, and
+            copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2).
     """
 
-    def __init__(self, store, transform=None, num_threads: int = 2, channels=None, size=None):
+    def __init__(self, store, transform=None, num_threads: int = 2, channels=None, size=None, ahead: int = 2):
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ConfigError(f"num_threads={num_threads!r} must be an integer >= 1")
+        if isinstance(ahead, bool) or not isinstance(ahead, (int, np.integer)) or ahead < 1:
+            raise ConfigError(f"ahead={ahead!r} must be an integer >= 1")
         if channels not in (None, 1, 3):
             raise ConfigError(f"channels={channels!r} must be None, 1 or 3")
         if transform is not None and not callable(transform):
@@ -81,8 +100,11 @@ class StoreLoader:
         self.channels = channels
         self.size = _size_pair(size)
         self.num_threads = num_threads
+        self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="dstore-decode")
         self._epoch = 0
+        self._active = None  # the open epoch's generator
+        self._closed = False
         self.last_ids = np.zeros(0, np.int64)
         self.last_pad = np.zeros(0, bool)
         self.last_wait_seconds = 0.0
@@ -106,7 +128,7 @@ class StoreLoader:
         if self.size is not None:
             arr = resize(np.ascontiguousarray(arr), self.size)
         if self.transform is None:
-            if not arr.flags.writeable:  # a raw sample viewing the store's memory: copy out of it
+            if not arr.flags.writeable:  # a raw sample viewing the batch's bytes: copy out of it
                 arr = arr.copy()
             return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
         rng = np.random.default_rng([self.store.seed, epoch, sid])
@@ -118,8 +140,26 @@ class StoreLoader:
         out = [self._decode_one(s, i, epoch) for s, i in zip(samples, ids)]
         return out, time.perf_counter() - t0
 
+    def _own_copy(self, batch):
+        """`batch` with its samples moved into one read-only buffer of its own, so that the store's
+        views (valid only until its next batch) are no longer needed."""
+        t0 = time.perf_counter()
+        lens = np.fromiter((s.size for s in batch.samples), np.int64, len(batch.samples))
+        ends = np.cumsum(lens)
+        buf = np.empty(int(ends[-1]) if lens.size else 0, np.uint8)
+        if lens.size:
+            np.concatenate(batch.samples, out=buf)
+        buf.flags.writeable = False
+        starts = (ends - lens).tolist()
+        samples = [buf[a:b] for a, b in zip(starts, ends.tolist())]
+        self.stats["copy_seconds"] += time.perf_counter() - t0
+        self.stats["copy_bytes"] += buf.size
+        return dataclasses.replace(batch, samples=samples)
+
     def _submit(self, batch):
         """Futures decoding `batch` in up to num_threads chunks."""
+        if self.ahead > 1:
+            batch = self._own_copy(batch)
         n = len(batch.samples)
         ids = batch.ids.tolist()
         cuts = [(n * k) // self.num_threads for k in range(self.num_threads + 1)]
@@ -141,19 +181,49 @@ class StoreLoader:
                               "pass size=(H, W) or a transform that makes them equal")
         return torch.stack(tensors), torch.from_numpy(np.array(batch.labels, dtype=np.int64)), batch, secs
 
+    def _top_up(self, it, pending) -> None:
+        """Fetches and submits batches until `ahead` are pending or the epoch has no more."""
+        while len(pending) < self.ahead:
+            nxt = next(it, None)  # with ahead=1 the views of the batch before are released here
+            if nxt is None:
+                return
+            pending.append(self._submit(nxt))
+
+    @staticmethod
+    def _drain(pending) -> None:
+        """Abandoned: drops the decodes not started and waits for the running ones, so that no
+        thread is left reading a batch's bytes (with ahead=1, the store's views)."""
+        futs = [f for _, fs in pending for f in fs]
+        for f in futs:
+            f.cancel()
+        concurrent.futures.wait(futs)
+        pending.clear()
+
     def epoch(self, epoch: int):
-        """Yields (images, labels) for every step of `epoch` (see the class docstring)."""
+        """Yields (images, labels) for every step of `epoch` (see the class docstring).
+
+        An epoch of this loader still open (abandoned mid-way) is ended first.
+        """
+        if self._closed:
+            raise ValueError("the StoreLoader is closed")
+        self._end_epoch()
+        gen = self._run_epoch(int(epoch))
+        self._active = gen
+        return gen
+
+    def _run_epoch(self, epoch: int):
+        t0 = time.perf_counter()
         it = self.store.epoch(epoch)
-        self.stats = {"epoch": int(epoch), "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0}
-        first = next(it, None)
-        pending = self._submit(first) if first is not None else None
+        self.stats = {"epoch": epoch, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0,
+                      "copy_seconds": 0.0, "copy_bytes": 0}
+        pending = collections.deque()  # (batch, decode futures), oldest first
         try:
-            while pending is not None:
-                t0 = time.perf_counter()
-                images, labels, batch, secs = self._collect(pending)
+            self._top_up(it, pending)
+            while pending:
+                images, labels, batch, secs = self._collect(pending[0])
+                pending.popleft()
                 ids, pad = batch.ids.copy(), batch.pad.copy()
-                nxt = next(it, None)  # the decoded batch's views may now be reused by the store
-                pending = self._submit(nxt) if nxt is not None else None
+                self._top_up(it, pending)
                 self.last_wait_seconds = time.perf_counter() - t0
                 self.last_decode_seconds = secs
                 self.last_ids, self.last_pad = ids, pad
@@ -161,13 +231,20 @@ class StoreLoader:
                 self.stats["wait_seconds"] += self.last_wait_seconds
                 self.stats["decode_seconds"] += secs
                 yield images, labels
+                t0 = time.perf_counter()
         finally:
-            if pending is not None:  # abandoned: let the pool finish with the store's views first
-                concurrent.futures.wait(pending[1])
+            self._drain(pending)
             it.close()
 
+    def _end_epoch(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()
+
     def close(self) -> None:
-        """Stops the decode threads. Safe to call twice."""
+        """Ends an open epoch (after its running decodes) and stops the decode threads. Safe to call twice."""
+        self._closed = True
+        self._end_epoch()
         self._pool.shutdown(wait=True)
 
     def __enter__(self):

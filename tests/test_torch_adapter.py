@@ -2,6 +2,9 @@
 are reproducible, and mixed shapes without `size` fail clearly. In-process on COMM_SELF."""
 
 import io
+import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -94,3 +97,129 @@ def test_resize_and_bad_arguments():
     for kw in (dict(num_threads=0), dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
         with pytest.raises(ConfigError):
             StoreLoader(object(), **kw)
+
+
+def _epoch_record(ld, epoch):
+    """(images, labels, ids, pads) of a whole epoch, per batch."""
+    out = []
+    for images, labels in ld.epoch(epoch):
+        out.append((images, labels, ld.last_ids.copy(), ld.last_pad.copy()))
+    return out
+
+
+@pytest.mark.parametrize("ahead", [2, 3, 7])
+@pytest.mark.parametrize("policy", ["global", "local"])
+def test_ahead_delivers_each_sample_once_as_ahead_1_does(raw_container, png_container, ahead, policy):
+    for path, kw in ((raw_container, {}), (png_container, dict(size=(6, 7)))):
+        with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=5, shuffle=policy, prefetch=1) as st:
+            with StoreLoader(st, num_threads=2, ahead=1, **kw) as ld:
+                ref = _epoch_record(ld, 1)
+                assert ld.stats["copy_bytes"] == 0  # ahead=1 decodes from the store's views
+            with StoreLoader(st, num_threads=3, ahead=ahead, **kw) as ld:
+                got = _epoch_record(ld, 1)
+                assert ld.stats["batches"] == len(got) == st.steps_per_epoch
+                assert ld.stats["copy_bytes"] == int(np.diff(st.offsets)[np.concatenate([g[2] for g in got])].sum())
+        assert len(got) == len(ref)
+        for (xi, yl, ids, pad), (rx, ry, rids, rpad) in zip(got, ref):
+            assert torch.equal(xi, rx) and torch.equal(yl, ry)
+            assert np.array_equal(ids, rids) and np.array_equal(pad, rpad)
+        ids = np.concatenate([g[2] for g in got])
+        assert sorted(ids.tolist()) == list(range(st.num_samples))
+
+
+def test_ahead_views_survive_the_store_moving_on(raw_container):
+    # prefetch=0: the store has ONE receive buffer, reused by every batch; with ahead=4 four batches
+    # are fetched before the first is decoded, so their bytes must have been copied out.
+    reader = open_container(raw_container)
+    slow = threading.Event()
+
+    def late(arr, rng):
+        slow.wait(0.002)
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+    with DataStore(MPI.COMM_SELF, reader, batch_size=5, seed=2, prefetch=0) as st, \
+            StoreLoader(st, transform=late, num_threads=1, ahead=4) as ld:
+        for images, _ in ld.epoch(0):
+            for img, i in zip(images, ld.last_ids):
+                want = decode_sample(reader.sample(int(i))[0], reader.info)
+                assert torch.equal(img, torch.from_numpy(want).permute(2, 0, 1))
+    reader.close()
+
+
+class _Counting:
+    """A transform that counts the decodes running at any moment."""
+
+    def __init__(self, fail_on=None):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.done = 0
+        self.fail_on = fail_on
+
+    def __call__(self, arr, rng):
+        with self.lock:
+            self.running += 1
+        try:
+            time.sleep(0.001)
+            if self.fail_on is not None and int(arr.sum()) == self.fail_on:
+                raise ValueError("bad sample in the transform")
+            return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.done += 1
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_abandoning_an_epoch_leaves_no_decode_running(raw_container, ahead):
+    tf = _Counting()
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=1) as st:
+        ld = StoreLoader(st, transform=tf, num_threads=3, ahead=ahead)
+        it = ld.epoch(0)
+        next(it)
+        next(it)
+        it.close()  # what a trainer's `break` + close does
+        assert tf.running == 0
+        assert tf.done <= 4 * (2 + ahead)  # nothing decoded past the read-ahead
+        full = _epoch_record(ld, 0)  # the store and the loader go on
+        assert sorted(np.concatenate([g[2] for g in full]).tolist()) == list(range(37))
+        it = ld.epoch(1)
+        next(it)  # left open: a new epoch, then close(), end it
+        it2 = ld.epoch(2)
+        next(it2)
+        with pytest.raises(StopIteration):
+            next(it)
+        ld.close()
+        assert tf.running == 0
+        ld.close()  # safe twice
+        with pytest.raises(ValueError, match="closed"):
+            ld.epoch(3)
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4])
+def test_an_error_in_a_transform_propagates(raw_container, ahead):
+    reader = open_container(raw_container)
+    target = int(decode_sample(reader.sample(9)[0], reader.info).sum())
+    reader.close()
+    tf = _Counting(fail_on=target)
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=1) as st:
+        with StoreLoader(st, transform=tf, num_threads=2, ahead=ahead) as ld:
+            seen = []
+            with pytest.raises(ValueError, match="bad sample in the transform"):
+                for _ in ld.epoch(0):
+                    seen.extend(ld.last_ids.tolist())
+            assert 9 not in seen and tf.running == 0
+            tf.fail_on = None
+            assert sum(len(g[2]) for g in _epoch_record(ld, 1)) == 37  # usable afterwards
+
+
+def test_ahead_argument_and_resize_is_writable(png_container):
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ConfigError, match="ahead"):
+            StoreLoader(object(), ahead=bad)
+    out = resize(np.zeros((5, 6, 3), np.uint8), (3, 4))
+    assert out.flags.writeable and out.shape == (3, 4, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy warns on read-only arrays
+        with DataStore(MPI.COMM_SELF, png_container, batch_size=4) as st, \
+                StoreLoader(st, size=(7, 7), transform=lambda a, rng: torch.from_numpy(a).permute(2, 0, 1)) as ld:
+            assert sum(x.shape[0] for x, _ in ld.epoch(0)) == 11

@@ -250,6 +250,38 @@ def scenario_replicate_and_range(comm, path):
     reader.close()
 
 
+def scenario_preload_pieces(comm, path):
+    """Preload in pieces (datastore.prefault) leaves each rank's window byte-identical to its block,
+    with pieces smaller than a sample, than a block, and larger than every block, and with empty
+    blocks (a range of empty samples); replicate's shared copy too."""
+    from datastore import prefault
+
+    reader = open_container(path)
+    empty = [i for i in range(reader.num_samples) if reader.offsets[i + 1] == reader.offsets[i]]
+    saved = prefault.PIECE_BYTES
+    try:
+        for piece in (1000, 4096, 40_000, 1 << 30):
+            prefault.PIECE_BYTES = piece
+            for kw in (dict(), dict(sample_range=(20, 131)), dict(sample_range=(empty[0], empty[0] + 1)),
+                       dict(replicate=True)):
+                with DataStore(comm, reader, batch_size=max(comm.size, 1), seed=3, **kw) as st:
+                    if st.replicate:
+                        have, lo, hi = st._view, 0, st.num_samples
+                    else:
+                        have = st._arena.local
+                        lo, hi = int(st.bounds[st.rank]), int(st.bounds[st.rank + 1])
+                    want = reader.read_range(st.start + lo, st.start + hi)
+                    if not np.array_equal(have, want):
+                        raise AssertionError(f"rank {comm.rank}: window differs from its block ({piece=}, {kw})")
+                    got = run_epoch(st, 0)
+                    start, stop = kw.get("sample_range", (0, None))
+                    check_delivery(comm, reader, got, epoch=0, policy="global", seed=3, drop_last=False,
+                                   start=start, stop=stop)
+    finally:
+        prefault.PIECE_BYTES = saved
+    reader.close()
+
+
 def scenario_errors(comm, path):
     """Bad arguments are ConfigErrors naming the parameter; close() is safe twice."""
     reader = open_container(path)
