@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -55,6 +56,47 @@ def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     # array makes torch.from_numpy warn (and a transform unable to work in place).
     out = np.array(im.resize((size[1], size[0]), Image.BILINEAR))
     return out.reshape(size[0], size[1], c)
+
+
+class _Decode:
+    """One batch being decoded: its chunks run in the pool, and the chunk that finishes last
+    stacks the batch into one tensor there, so the caller only picks up `result`."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.futures = []  # the chunks' futures (to cancel or wait for when abandoned)
+        self.result = concurrent.futures.Future()  # -> (images, thread-seconds of decoding)
+        self._lock = threading.Lock()
+        self._left = 0
+        self._secs = 0.0
+        self._error = None
+        self.parts = []
+
+    def expect(self, chunks: int) -> None:
+        self.parts = [None] * chunks
+        self._left = chunks
+
+    def chunk_done(self, secs: float, error) -> None:
+        with self._lock:
+            self._secs += secs
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            if self._left:
+                return
+        if self._error is not None:
+            self.result.set_exception(self._error)
+            return
+        try:
+            tensors = [t for part in self.parts for t in part]
+            shapes = {tuple(t.shape) for t in tensors}
+            if len(shapes) > 1:
+                raise ConfigError(f"samples of step {self.batch.step} decode to different shapes "
+                                  f"{sorted(shapes)[:4]}; pass size=(H, W) or a transform that makes them equal")
+            self.result.set_result((torch.stack(tensors), self._secs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.result.set_exception(exc)
+        self.parts = []
 
 
 class StoreLoader:
@@ -102,6 +144,7 @@ class StoreLoader:
         self.num_threads = num_threads
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="dstore-decode")
+        self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
         self._epoch = 0
         self._active = None  # the open epoch's generator
         self._closed = False
@@ -135,10 +178,14 @@ class StoreLoader:
         out = self.transform(arr, rng)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
 
-    def _decode_chunk(self, samples, ids, epoch):
+    def _decode_chunk(self, job, k: int, samples, ids) -> None:
         t0 = time.perf_counter()
-        out = [self._decode_one(s, i, epoch) for s, i in zip(samples, ids)]
-        return out, time.perf_counter() - t0
+        try:
+            job.parts[k] = [self._decode_one(s, i, job.batch.epoch) for s, i in zip(samples, ids)]
+            err = None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through job.result
+            err = exc
+        job.chunk_done(time.perf_counter() - t0, err)
 
     def _own_copy(self, batch):
         """`batch` with its samples moved into one read-only buffer of its own, so that the store's
@@ -156,48 +203,20 @@ class StoreLoader:
         self.stats["copy_bytes"] += buf.size
         return dataclasses.replace(batch, samples=samples)
 
-    def _submit(self, batch):
-        """Futures decoding `batch` in up to num_threads chunks."""
-        if self.ahead > 1:
-            batch = self._own_copy(batch)
+    def _submit(self, job) -> None:
+        """Decodes `job.batch` in up to num_threads chunks in the pool."""
+        batch = job.batch
         n = len(batch.samples)
         ids = batch.ids.tolist()
         cuts = [(n * k) // self.num_threads for k in range(self.num_threads + 1)]
-        futs = [self._pool.submit(self._decode_chunk, batch.samples[a:b], ids[a:b], batch.epoch)
-                for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-        return batch, futs
+        spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        job.expect(len(spans))
+        job.futures = [self._pool.submit(self._decode_chunk, job, k, batch.samples[a:b], ids[a:b])
+                       for k, (a, b) in enumerate(spans)]
 
-    @staticmethod
-    def _collect(pending):
-        batch, futs = pending
-        tensors, secs = [], 0.0
-        for f in futs:
-            out, s = f.result()
-            tensors.extend(out)
-            secs += s
-        shapes = {tuple(t.shape) for t in tensors}
-        if len(shapes) > 1:
-            raise ConfigError(f"samples of step {batch.step} decode to different shapes {sorted(shapes)[:4]}; "
-                              "pass size=(H, W) or a transform that makes them equal")
-        return torch.stack(tensors), torch.from_numpy(np.array(batch.labels, dtype=np.int64)), batch, secs
-
-    def _top_up(self, it, pending) -> None:
-        """Fetches and submits batches until `ahead` are pending or the epoch has no more."""
-        while len(pending) < self.ahead:
-            nxt = next(it, None)  # with ahead=1 the views of the batch before are released here
-            if nxt is None:
-                return
-            pending.append(self._submit(nxt))
-
-    @staticmethod
-    def _drain(pending) -> None:
-        """Abandoned: drops the decodes not started and waits for the running ones, so that no
-        thread is left reading a batch's bytes (with ahead=1, the store's views)."""
-        futs = [f for _, fs in pending for f in fs]
-        for f in futs:
-            f.cancel()
-        concurrent.futures.wait(futs)
-        pending.clear()
+    def _copy_and_submit(self, job) -> None:
+        job.batch = self._own_copy(job.batch)
+        self._submit(job)
 
     def epoch(self, epoch: int):
         """Yields (images, labels) for every step of `epoch` (see the class docstring).
@@ -216,14 +235,33 @@ class StoreLoader:
         it = self.store.epoch(epoch)
         self.stats = {"epoch": epoch, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0,
                       "copy_seconds": 0.0, "copy_bytes": 0}
-        pending = collections.deque()  # (batch, decode futures), oldest first
+        pending = collections.deque()  # _Decode jobs, oldest first
+        copying = [None]  # the copy out of the store's views of the batch fetched last (ahead >= 2)
+
+        def top_up(depth):
+            while len(pending) < depth:
+                if copying[0] is not None:  # the store may reuse that batch's views only once copied
+                    copying[0].result()
+                    copying[0] = None
+                nxt = next(it, None)  # with ahead=1, the views of the batch before are released here
+                if nxt is None:
+                    return
+                job = _Decode(nxt)
+                pending.append(job)
+                if self.ahead == 1:
+                    self._submit(job)
+                else:  # copied in a thread, beside the caller's work on the batch it is given
+                    copying[0] = self._copier.submit(self._copy_and_submit, job)
+
         try:
-            self._top_up(it, pending)
+            # The first batch alone first: batches queued behind it would only slow its decode.
+            top_up(1)
             while pending:
-                images, labels, batch, secs = self._collect(pending[0])
-                pending.popleft()
+                images, secs = pending[0].result.result()
+                batch = pending.popleft().batch
+                labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
                 ids, pad = batch.ids.copy(), batch.pad.copy()
-                self._top_up(it, pending)
+                top_up(self.ahead)
                 self.last_wait_seconds = time.perf_counter() - t0
                 self.last_decode_seconds = secs
                 self.last_ids, self.last_pad = ids, pad
@@ -233,7 +271,16 @@ class StoreLoader:
                 yield images, labels
                 t0 = time.perf_counter()
         finally:
-            self._drain(pending)
+            # Abandoned or failed: no thread may be left reading a batch's bytes (with ahead=1 the
+            # store's views) once the store's epoch ends: finish the copy, drop the decodes not
+            # started, wait for the running ones.
+            if copying[0] is not None:
+                concurrent.futures.wait([copying[0]])
+            futs = [f for job in pending for f in job.futures]
+            for f in futs:
+                f.cancel()
+            concurrent.futures.wait(futs)
+            pending.clear()
             it.close()
 
     def _end_epoch(self) -> None:
@@ -245,6 +292,7 @@ class StoreLoader:
         """Ends an open epoch (after its running decodes) and stops the decode threads. Safe to call twice."""
         self._closed = True
         self._end_epoch()
+        self._copier.shutdown(wait=True)
         self._pool.shutdown(wait=True)
 
     def __enter__(self):
