@@ -7,12 +7,14 @@
 All MPI stays on the calling thread: before returning batch k the adapter fetches batches up to
 k + ahead from the store and hands their samples to the pool, so their decoding overlaps the
 caller's work on k, and a batch that decodes slowly is absorbed by the ones queued behind it.
+The decode thread that finishes a batch last also stacks it into one tensor, so the caller's
+wait is only picking up finished batches and asking the store for the next ones.
 
 A store's sample views are valid only until its next batch is requested. With ``ahead=1`` the
 adapter decodes straight from them (no copy) and asks for the next batch only once their decode
 finished. With ``ahead >= 2`` each fetched batch's bytes are first copied into one private buffer
-of that batch (one pass over its bytes, small next to decoding them; see `stats["copy_seconds"]`),
-which frees the store to move on.
+of that batch, in a thread beside the caller's work (one pass over its bytes, about 1% of
+decoding them; see `stats["copy_seconds"]`); the store moves on once that copy is done.
 """
 
 from __future__ import annotations
