@@ -75,10 +75,12 @@ class _Decode:
         self.parts = []
 
     def expect(self, chunks: int) -> None:
+        """The number of chunk_done() calls that finish the batch (one for an empty batch)."""
         self.parts = [None] * chunks
-        self._left = chunks
+        self._left = max(chunks, 1)
 
     def chunk_done(self, secs: float, error) -> None:
+        """Called by each chunk (in its thread) when it ends; the last one finishes the batch."""
         with self._lock:
             self._secs += secs
             if error is not None and self._error is None:
@@ -86,6 +88,9 @@ class _Decode:
             self._left -= 1
             if self._left:
                 return
+        self._finish()
+
+    def _finish(self) -> None:
         if self._error is not None:
             self.result.set_exception(self._error)
             return
@@ -215,6 +220,8 @@ class StoreLoader:
         job.expect(len(spans))
         job.futures = [self._pool.submit(self._decode_chunk, job, k, batch.samples[a:b], ids[a:b])
                        for k, (a, b) in enumerate(spans)]
+        if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
+            job.chunk_done(0.0, None)
 
     def _copy_and_submit(self, job) -> None:
         job.batch = self._own_copy(job.batch)
