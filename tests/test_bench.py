@@ -9,7 +9,7 @@ import os
 import pytest
 from mpirun import run_mpi
 
-from tools.bench import mosaic, report
+from tools.bench import layouts, mosaic, report, runner
 from tools.bench.common import Measurement
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -72,7 +72,7 @@ def test_missing_measurement_gives_no_ratio():
     res["measurements"] = [m for m in res["measurements"] if m["name"] != report.H5PY]
     r = {x["key"]: x for x in report.compute_ratios(res)}
     assert r["store_vs_h5py_warm"]["value"] is None and r["store_vs_h5py_warm"]["met"] is None
-    assert "| store delivery / warm h5py per-sample | n/a |" in report.markdown(res)
+    assert "| store delivery / warm h5py per-sample (contiguous) | n/a |" in report.markdown(res)
 
 
 def test_write_outputs_and_collect(tmp_path):
@@ -91,6 +91,39 @@ def test_write_outputs_and_collect(tmp_path):
     assert "| reader | cache | 1 rank(s) MB/s | 2 rank(s) MB/s | 4 rank(s) MB/s |" in md
     assert any(p.endswith("scaling.png") for p in paths)
     assert (tmp_path / "all" / "scaling.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_per_sample_copies_hold_the_container_and_are_reused(tmp_path):
+    import h5py
+    import numpy as np
+    import zarr
+    from mpi4py import MPI
+
+    from datastore.formats import create_writer, open_container
+
+    src = str(tmp_path / "c.h5")
+    rng = np.random.default_rng(0)
+    with create_writer(src, "hdf5", encoding="image", class_names=["a", "b"]) as w:
+        for i in range(40):
+            w.append(rng.integers(0, 255, int(rng.integers(1, 50_000)), dtype=np.uint8), i % 2, f"s{i}")
+    with open_container(src) as r:
+        offsets, labels, whole = np.asarray(r.offsets), np.asarray(r.labels), r.read_bytes(0, r.total_bytes)
+    out = str(tmp_path / "data")
+    h5 = layouts.contiguous_hdf5(MPI.COMM_SELF, src, offsets, labels, out)
+    zr = layouts.per_sample_zarr(MPI.COMM_SELF, src, offsets, labels, out)
+    assert h5.endswith("c" + layouts.CONTIGUOUS_SUFFIX) and zr.endswith("c" + layouts.PER_SAMPLE_ZARR_SUFFIX)
+    with h5py.File(h5, "r") as f:
+        assert f["data"].chunks is None
+        assert np.array_equal(f["data"][:], whole) and np.array_equal(f["offsets"][:], offsets)
+    g = zarr.open_group(zr, mode="r")
+    assert g["data"].chunks == (layouts.ZARR_CHUNK_BYTES,) and np.array_equal(g["data"][:], whole)
+    assert layouts.chunk_bytes(h5, "h5py") is None
+    before = os.stat(h5).st_mtime_ns
+    layouts.contiguous_hdf5(MPI.COMM_SELF, src, offsets, labels, out)
+    assert os.stat(h5).st_mtime_ns == before  # current: reused
+    layouts.contiguous_hdf5(MPI.COMM_SELF, src, offsets[:-1], labels[:-1], out)  # another container: rewritten
+    with h5py.File(h5, "r") as f:
+        assert len(f["offsets"]) == len(offsets) - 1
 
 
 def test_mosaic_skipped_with_a_note_without_its_venv(tmp_path, monkeypatch):
@@ -112,19 +145,26 @@ def _check_outputs(out, *, ranks, real=True):
         assert len(m["seconds"]) == m["ranks"] and all(s >= 0 for s in m["seconds"])
     keys = {r["key"] for r in res["ratios"]}
     assert keys == {"store_vs_raw_rma", "store_vs_h5py_warm", "store_vs_folder_cold", "population_vs_seq_cold",
-                    "population_vs_seq_fresh_cold", "store_au"}
+                    "store_vs_h5py_cold", "store_vs_h5py_container_warm", "population_vs_seq_fresh_cold", "store_au"}
     if real:
         names = {(m["name"], m["cache"]) for m in res["measurements"]}
         for want in [("memcpy", "memory"), (report.RAW_RMA, "memory"), (report.SEQ_READ, "cold"),
                      (report.SEQ_READ, "warm"), (report.FOLDER, "cold"), (report.H5PY, "warm"),
-                     ("zarr per-sample", "cold"), (report.POP_PRELOAD, "cold"),
+                     (report.H5PY, "cold"), (report.H5PY_CONTAINER, "warm"), (report.ZARR, "cold"),
+                     (report.ZARR_CONTAINER, "warm"), (report.POP_PRELOAD, "cold"),
                      ("store population (dynamic)", "warm"), (report.STORE_MAIN, "memory"),
                      ("store local, prefetch off", "memory"), ("store partial, prefetch on", "memory"),
                      ("store + StoreLoader decode", "memory")]:
             assert want in names, want
         assert all(r["value"] is not None for r in res["ratios"]), res["ratios"]
         assert [g["num_samples"] for g in res["growth"]] == [64, 192]
-        assert {row["name"] for row in res["training_view"]["loaders"]} >= {"store (StoreLoader)", "DataLoader over files"}
+        assert {row["name"] for row in res["training_view"]["loaders"]} == {
+            "store (StoreLoader)", "DataLoader over files", runner.TV_H5PY, runner.TV_ZARR}
+        for m in res["measurements"]:  # the fair per-sample rows read the copies, the others the containers
+            if m["name"] in (report.H5PY, report.ZARR):
+                assert m["extra"]["path"].endswith((layouts.CONTIGUOUS_SUFFIX, layouts.PER_SAMPLE_ZARR_SUFFIX))
+            if m["name"] == report.H5PY_CONTAINER:
+                assert m["extra"]["chunk_bytes"] > 0  # the quick set (21 MB) is written in chunks
     md = open(os.path.join(out, "results.md")).read()
     assert md.startswith(f"# dstore bench: {ranks} rank(s)")
     for heading in ("## Throughput", "## Ratios against the goals", "## Training view"):

@@ -5,6 +5,7 @@ plain measurement records (see `common.Measurement`):
 
 - `limits`: memcpy, raw `Win.Allocate` + `Get`, sequential file reads (cold and warm);
 - `baselines`: torch DataLoader over the image folder, h5py and zarr per-sample reads;
+- `layouts`: per-sample-friendly copies of the container for those reads (contiguous HDF5, small Zarr chunks);
 - `mosaic`: Mosaic Streaming over MDS shards, run in its own venv (`mosaic_peer.py`);
 - `store_bench`: the store's population, epoch delivery and decode through `StoreLoader`;
 - `training_view`: DLIO-style accelerator utilisation with a fixed sleep as compute;

@@ -157,13 +157,15 @@ def dataloader_pass(comm, dataset, *, name: str, cache: str, evict_paths, batch_
     return measure(comm, name, "baseline", cache, run, batch_size=batch_size, num_workers=num_workers)
 
 
-def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, cache: str, seed: int,
+def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, name: str, cache: str, seed: int,
                     epoch: int = 0, limit: int | None = None) -> Measurement:
     """Per-sample random reads of this rank's shuffled share with h5py or zarr, in the main process,
-    one slice `data[off[i]:off[i+1]]` per sample.
+    one slice `data[off[i]:off[i+1]]` per sample, with the library's defaults (h5py's 1 MiB chunk cache).
 
     Args:
-        limit: read at most this many samples per rank (zarr is slow; the rate is what matters).
+        path: the HDF5 file or Zarr group whose `data` is read; its layout decides much of the rate
+            (tools/bench/layouts.py), so `name` says which layout it is.
+        limit: read at most this many samples per rank (for slow layouts; the rate is what matters).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     if cache == "cold":
@@ -180,5 +182,7 @@ def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, cache: st
             b += ds[i][0].nbytes
         return len(indices), b
 
-    label = "h5py per-sample" if backend == "h5py" else "zarr per-sample"
-    return measure(comm, label, "baseline", cache, run, backend=backend)
+    from tools.bench.layouts import chunk_bytes
+
+    return measure(comm, name, "baseline", cache, run, backend=backend, path=os.path.abspath(path),
+                   chunk_bytes=chunk_bytes(path, backend))

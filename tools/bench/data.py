@@ -22,6 +22,9 @@ class DataSet:
         zarr: the Zarr container, or None.
         files: each sample's source file in container order, or None if they are not on disk.
         offsets, labels: the container's index arrays.
+        h5py_contiguous: the same samples in an HDF5 file with a contiguous `data` (the fair h5py
+            per-sample baseline; tools/bench/layouts.py), once written.
+        zarr_per_sample: the same samples in a Zarr array chunked in about one sample, once written.
     """
 
     container: str
@@ -30,6 +33,8 @@ class DataSet:
     files: list[str] | None
     offsets: np.ndarray
     labels: np.ndarray
+    h5py_contiguous: str | None = None
+    zarr_per_sample: str | None = None
 
     @property
     def num_samples(self) -> int:
