@@ -98,8 +98,11 @@ class _DirectData:
                 infos = [dset.id.get_chunk_info(i) for i in range(dset.id.get_num_chunks())]
             for info in infos:
                 k = int(info.chunk_offset[0]) // chunk
-                # Unfiltered chunks are stored whole, the last one included; anything else is not ours.
-                if info.filter_mask != 0 or int(info.size) != chunk or not 0 <= k < starts.size:
+                if info.filter_mask != 0 or not 0 <= k < starts.size:
+                    return None
+                # Unfiltered chunks are stored whole (HDF5 stores the last one whole too); a smaller
+                # stored size is something else, except a last chunk holding all the bytes it covers.
+                if int(info.size) != chunk and (k != starts.size - 1 or int(info.size) < size - k * chunk):
                     return None
                 starts[k] = int(info.byte_offset)
         else:  # compact (bytes inside the object header) or virtual
