@@ -88,3 +88,23 @@ def test_bad_input_ends_the_job_with_a_precise_message(tmp_path):
                   timeout=120, check=False)
     assert res.returncode != 0
     assert "error on rank" in res.stderr and str(missing) in res.stderr, res.stderr
+
+
+def test_direct_cold_run_evicts_each_epoch_and_records_the_flag(tmp_path):
+    import numpy as np
+
+    from datastore.formats import create_writer
+
+    path = str(tmp_path / "small.h5")
+    gen = np.random.default_rng(0)
+    with create_writer(path, encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(4, 4, 1)) as w:
+        for i in range(40):
+            w.append(gen.integers(0, 256, (4, 4, 1), dtype=np.uint8), i % 2, f"s{i}", i)
+    run_dir = tmp_path / "run"
+    run_mpi(1, ["dstore", "train", path, "--loader", "direct", "--direct-cold", "--epochs", "1", "--batch-size", "8",
+                "--no-progress", "--run-dir", str(run_dir)], timeout=60)
+    assert json.loads((run_dir / "config.json").read_text())["config"]["direct_cold"] is True
+    assert len([r for r in read_jsonl(run_dir / "metrics.jsonl") if "epoch" in r]) == 1
+    res = run_mpi(1, ["dstore", "train", path, "--direct-cold", "--epochs", "1", "--no-progress",
+                      "--run-dir", str(tmp_path / "bad")], timeout=60, check=False)
+    assert res.returncode != 0 and "--direct-cold" in res.stderr and "--loader direct" in res.stderr, res.stderr

@@ -170,3 +170,16 @@ def test_every_train_flag_is_a_config_field():
     assert build_parser().parse_args(["train", "--image-size", "32"]).image_size == (32, 32)
     with pytest.raises(ConfigError, match="loader='mmap'"):
         TrainConfig(loader="mmap").check()
+
+
+def test_direct_cold_only_with_the_direct_loader():
+    from tools.cli import build_parser
+    from training.run import TrainConfig
+
+    parse = build_parser().parse_args
+    assert parse(["train", "x.h5"]).direct_cold is False
+    args = parse(["train", "x.h5", "--loader", "direct", "--direct-cold"])
+    assert args.direct_cold is True
+    TrainConfig(data="x.h5", loader="direct", direct_cold=True).check()
+    with pytest.raises(ConfigError, match="--direct-cold.*--loader direct.*--loader store"):
+        TrainConfig(data="x.h5", loader="store", direct_cold=True).check()

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--loader", choices=("store", "direct"), default="store",
                    help="store: the distributed in-memory store; direct: baseline reading every sample from "
                         "the container file when its batch is due (same order, same decode)")
+    d.add_argument("--direct-cold", action="store_true",
+                   help="with --loader direct: drop the container from each node's page cache before "
+                        "every epoch, so per-sample reads come from storage (as for data larger than memory)")
     d.add_argument("--shuffle", choices=("global", "local", "partial"), default="global", help="store shuffle policy")
     d.add_argument("--population", choices=("preload", "dynamic"), default="preload", help="store population")
     d.add_argument("--prefetch", type=int, default=2, help="batches fetched ahead")

@@ -57,6 +57,7 @@ class TrainConfig:
     drop_last: bool = False
     memory_budget: int | None = None
     loader: str = "store"
+    direct_cold: bool = False
     device: str = "cpu"
     run_dir: str | None = None
     runs_root: str = "runs"
@@ -80,6 +81,8 @@ class TrainConfig:
             raise ConfigError(f"augment={self.augment!r} is not one of ('auto', 'on', 'off')")
         if self.loader == "direct" and self.shuffle != "global":
             raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
+        if self.direct_cold and self.loader != "direct":
+            raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
         if self.threads < 1 or self.prefetch < 0:
             raise ConfigError(f"threads={self.threads} must be >= 1 and prefetch={self.prefetch} >= 0")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
@@ -277,6 +280,8 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
         comm.Barrier()
 
     for epoch in range(start_epoch, cfg.epochs):
+        if cfg.direct_cold:
+            _evict_containers(ctx, [meta["data"]] + ([cfg.val] if cfg.val else []))
         meter = EpochMeter()
         timer = StepTimer()
         bar = _bar(cfg, main, spe, epoch)
@@ -339,6 +344,18 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
     batch_log.close()
     return {"test": test, "epochs": history, "run_dir": run_dir, "stopped_early": stopped,
             "store_stats": stats}
+
+
+def _evict_containers(ctx, paths) -> None:
+    """--direct-cold: node-local rank 0 drops the containers' pages from its node's page cache
+    (one cache per node), and no rank reads before that is done, so the epoch's per-sample reads
+    come from storage as they would for data larger than memory."""
+    from datastore.pagecache import evict
+
+    if ctx.local_rank == 0:
+        for path in paths:
+            evict(path)
+    ctx.comm.Barrier()
 
 
 def _bar(cfg, main, total, epoch):
