@@ -143,26 +143,12 @@ def files_under(paths) -> list[str]:
 
 
 def evict(paths) -> int:
-    """Drops the page-cache pages of every file under `paths`, so the next read is cold.
+    """Drops the page-cache pages of every file under `paths` (files or directories, an image
+    folder included), so the next read is cold; files that cannot be opened are left out.
+    Returns the bytes advised (datastore.pagecache.evict_files)."""
+    from datastore.pagecache import evict_files
 
-    Dirty pages cannot be dropped, so everything is written back first with one os.sync (a
-    per-file fdatasync costs a journal commit per file: seconds for thousands of files); then each
-    file's clean pages go with posix_fadvise(DONTNEED), which needs no root. Returns how many files
-    were advised.
-    """
-    os.sync()
-    count = 0
-    for f in files_under(paths):
-        try:
-            fd = os.open(f, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            count += 1
-        finally:
-            os.close(fd)
-    return count
+    return evict_files(files_under(paths), skip_unopenable=True)
 
 
 def evict_on_nodes(comm, paths) -> None:
