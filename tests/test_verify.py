@@ -107,10 +107,12 @@ def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
         "assert r.nranks == comm.size\n"
         f"d = verify_container({raw!r}, comm=comm, decode=True)\n"
         "assert [(b.index, b.name) for b in d.bad] == [(9, 'short')], d.bad\n"
-        "print('rank', comm.rank, 'ok')\n"
+        # One write per rank, so unbuffered ranks' lines cannot interleave mid-line.
+        "sys.stdout.write(f'rank {comm.rank} ok\\n')\n"
     )
     res = run_mpi(3, ["python", str(script)], timeout=120)
-    assert res.stdout.count(" ok") == 3
+    assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == \
+        ["rank 0 ok", "rank 1 ok", "rank 2 ok"], res.stdout
 
 
 def test_label_out_of_range_and_decode_failures(tmp_path):
