@@ -11,7 +11,7 @@ import sys
 HELP = ("benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
         "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots")
 
-QUICK = {"count": 192, "growth": "64,192", "batch_size": 32, "train_samples": 96}
+QUICK = {"count": 192, "growth": "64,192", "batch_size": 32, "train_samples": 96, "cold_repeat": 1}
 """What --quick sets (a smoke test that finishes in seconds; the figures mean little)."""
 
 
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-samples", type=int, default=None,
                    help="samples of the decode pass and the training view, each loader decoding them all "
                         "(default 2048; --quick 96; 0: all)")
+    p.add_argument("--cold-repeat", type=int, default=None,
+                   help="cold sequential reads and cold preload populations, taken alternately, this many times "
+                        "each; the median pass of each is kept (default 3; --quick 1)")
     p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
     p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")
     p.add_argument("--mosaic-venv", default=None,
@@ -70,6 +73,9 @@ def _config(args):
     batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
     growth = args.growth if args.growth is not None else (_ints(QUICK["growth"]) if args.quick else (2048, 8192, 32768))
     train = args.train_samples if args.train_samples is not None else (QUICK["train_samples"] if args.quick else 2048)
+    cold_repeat = args.cold_repeat if args.cold_repeat is not None else (QUICK["cold_repeat"] if args.quick else 3)
+    if cold_repeat < 1:
+        raise ConfigError(f"--cold-repeat={cold_repeat} must be >= 1")
     if count < 2:
         raise ConfigError(f"--count={count} must be >= 2")
     if batch < 1:
@@ -84,7 +90,7 @@ def _config(args):
     return BenchConfig(out=args.out, count=count, data_dir=args.data_dir, container=args.container,
                        batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
                        decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
-                       compute_factor=args.compute_factor, train_samples=train or None,
+                       compute_factor=args.compute_factor, train_samples=train or None, cold_repeat=cold_repeat,
                        zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))

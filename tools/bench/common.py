@@ -129,6 +129,20 @@ def measure(comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int,
                        [g[2] for g in best], dict(extra))
 
 
+def median_pass(passes: list[Measurement]) -> Measurement:
+    """The pass whose slowest rank took the median time among repeated passes of one measurement, with
+    every pass's total MB/s kept in `extra["passes_MBps"]` (cold file reads on a VM or a shared file
+    system move by 2x from one pass to the next; a median of passes taken side by side is what
+    can be compared)."""
+    if not passes:
+        raise ValueError("median_pass needs at least one pass")
+    ranked = sorted(passes, key=lambda m: m.wall)
+    m = ranked[(len(ranked) - 1) // 2]
+    m.extra["passes_MBps"] = [round(p.total_mb_per_s, 1) for p in passes]
+    m.extra["repeat"] = len(passes)
+    return m
+
+
 def files_under(paths) -> list[str]:
     """Every regular file named in `paths` or found below the directories among them."""
     out: list[str] = []
