@@ -244,8 +244,10 @@ class Fetch:
     """How one batch is gathered: remote entries coalesced into runs, local ones served in place.
 
     Attributes:
-        local: bool[b], entry served from this rank's own window.
-        start: int64[b], byte start of each entry: in the own window if local, else in the receive buffer.
+        local: bool[b], entry served in place: from this rank's own window, or from a node peer's
+            window this rank maps.
+        start: int64[b], byte start of each entry: in its owner's window if local, else in the
+            receive buffer.
         length: int64[b], each entry's bytes.
         run_owner, run_disp, run_len, run_buf: int64[R], one Get each: ``run_len`` bytes from
             ``run_owner``'s window at ``run_disp`` into the receive buffer at ``run_buf``.
@@ -262,13 +264,16 @@ class Fetch:
     remote_bytes: int
 
 
-def plan_fetch(owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: int) -> Fetch:
+def plan_fetch(owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: int,
+               mapped: np.ndarray | None = None) -> Fetch:
     """Groups a batch's entries (their owner, displacement, length) by owner and coalesces entries
-    contiguous in the owner's window into one run. Entries owned by `rank` need no get."""
+    contiguous in the owner's window into one run. Entries owned by `rank`, or by a rank whose
+    window this rank maps (`mapped[owner]`, a bool per rank: a node peer), need no get; their
+    `start` is their displacement in the owner's window."""
     owner = np.asarray(owner, dtype=np.int64)
     disp = np.asarray(disp, dtype=np.int64)
     length = np.asarray(length, dtype=np.int64)
-    local = owner == rank
+    local = owner == rank if mapped is None else np.asarray(mapped, dtype=bool)[owner]
     start = disp.copy()
     rem = np.nonzero(~local)[0]
     if rem.size == 0:

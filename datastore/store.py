@@ -72,6 +72,13 @@ class Batch:
         return len(self.samples)
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of `a` (what consumers get: they must not write into windows or buffers)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _positive_int(name, value, minimum=1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
@@ -89,15 +96,18 @@ class DataStore:
 
     Attributes:
         steps_per_epoch, num_samples, info (ContainerInfo), rank, size, seed, layout (plan.Layout).
-        stats: this rank's figures for the current or last epoch: steps, samples (local/remote,
-            pads), bytes (local/remote), gets (one per coalesced run), wait_seconds (time the
+        stats: this rank's figures for the current or last epoch: steps, samples (local: its own
+            window; node: a node peer's window, mapped; remote: fetched with gets; pads), bytes
+            (local/node/remote), gets (one per coalesced run), wait_seconds (time the
             consumer was blocked in the store), fetch_seconds (planning, issuing and completing
             gets), get_wait_seconds, epoch_seconds, delivered_GBps, and the store's population
             so far (population_seconds, population_bytes, population_MBps). Logged at INFO
             ("datastore.store") at the end of each epoch.
 
-    Samples are served as read-only views: local ones straight from this rank's window (no
-    copy), remote ones from receive buffers (`prefetch + 1` of them, reused in turn).
+    Samples are served as read-only views: local ones straight from this rank's window, those of
+    another rank on the same node straight from its window where the MPI library shares it
+    (`node_views`; no copy either), remote ones from receive buffers (`prefetch + 1` of them,
+    reused in turn).
 
     Args:
         comm: an mpi4py communicator (any, e.g. a trainer's sub-communicator or COMM_SELF).
@@ -119,6 +129,11 @@ class DataStore:
             times the node's ranks). Population is then always a preload (the node's ranks each
             read a part of the copy).
         prefetch: batches whose gets are in flight ahead of the one being consumed.
+        node_views: serve samples owned by another rank of this node as views of its window,
+            mapped with MPI-4 `Win_shared_query`, instead of getting a copy (ranks the MPI library
+            does not map, e.g. on other nodes, are served with gets). None: on unless the
+            environment sets DSTORE_NODE_VIEWS=0. False: gets for every sample not this rank's
+            own (what a multi-node job does for other nodes' samples).
         drop_last: drop the short last global batch (see the module docstring).
         sample_range: (start, stop): serve only container samples [start, stop).
         memory_budget: bytes per rank (int or e.g. "8G"); None: $DSTORE_MEMORY_BUDGET, else 70% of
@@ -127,7 +142,7 @@ class DataStore:
 
     def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
                  population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
-                 memory_budget=None):
+                 memory_budget=None, node_views=None):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.batch_size = _positive_int("batch_size", batch_size)
@@ -142,6 +157,9 @@ class DataStore:
         self.replicate = bool(replicate)
         self.prefetch = _positive_int("prefetch", prefetch, 0)
         self.drop_last = bool(drop_last)
+        if node_views is None:
+            node_views = os.environ.get("DSTORE_NODE_VIEWS", "1").strip().lower() not in ("0", "false", "no", "off")
+        self.node_views = bool(node_views)
         self._budget_arg = None if memory_budget is None else parse_bytes(memory_budget)
         if self.batch_size < self.size:
             raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
@@ -164,6 +182,7 @@ class DataStore:
         self._arena = None
         self._nodecomm = None
         self._view = None  # replicate: the node's full copy
+        self._segs = {}  # rank -> its window, for this rank and the node peers it maps
         self._loaded = None  # dynamic: which of this rank's samples are in its window
         self._bufs = []
         self._resume = None
@@ -262,8 +281,10 @@ class DataStore:
             self._preload(lo, hi, self._view[a:b])
             nbytes = b - a
         else:
+            peers = nodecomm.allgather(self.rank) if self.node_views else [self.rank]
             nodecomm.Free()
             self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
+            self._segs = self._arena.map_peers(peers, self.layout.nbytes)
             if self.population == "preload":
                 lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
                 self._preload(lo, hi, self._arena.local)
@@ -357,7 +378,7 @@ class DataStore:
                     self._arena.publish()
                     self._add_population(time.perf_counter() - t0, n)
         st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
-                  samples_remote=0, pads=0, bytes_local=0, bytes_remote=0, gets=0,
+                  samples_node=0, samples_remote=0, pads=0, bytes_local=0, bytes_node=0, bytes_remote=0, gets=0,
                   wait_seconds=0.0, fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0,
                   population_bytes=0,
                   population_MBps=0.0)
@@ -368,28 +389,27 @@ class DataStore:
         self._next = (e, first) if first < sched.steps else (e + 1, 0)
         if self.replicate:
             owner = np.full(self.num_samples, self.rank, dtype=np.int64)
-            disp, local = self.offsets[:-1], self._view
+            disp, segs = self.offsets[:-1], {self.rank: self._view}
         else:
-            owner, disp, local = self.layout.owner, self.layout.disp, self._arena.local
-        local = local.view()
-        local.flags.writeable = False
+            owner, disp, segs = self.layout.owner, self.layout.disp, self._segs
+        segs = {r: _readonly(a) for r, a in segs.items()}  # rank -> window served in place
+        mapped = np.zeros(self.size, dtype=bool)
+        mapped[list(segs)] = True
         nbuf = self.prefetch + 1
         if not self.replicate:  # exact receive buffer sizes for this epoch
-            rb = np.where(owner[ids_all] != self.rank, self.sizes[ids_all], 0)
+            rb = np.where(~mapped[owner[ids_all]], self.sizes[ids_all], 0)
             per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
             need = int(per_step[first:].max(initial=0))
             if len(self._bufs) != nbuf or self._bufs[0].size < need:
                 self._bufs = [np.empty(need, dtype=np.uint8) for _ in range(nbuf)]
-        ro = [b.view() for b in self._bufs]
-        for b in ro:
-            b.flags.writeable = False
+        ro = [_readonly(b) for b in self._bufs]
         sizes, rank, arena = self.sizes, self.rank, self._arena
 
         def issue(s, slot):
             t = time.perf_counter()
             sl = sched.step(s)
             ids = ids_all[sl]
-            f = plan.plan_fetch(owner[ids], disp[ids], sizes[ids], rank)
+            f = plan.plan_fetch(owner[ids], disp[ids], sizes[ids], rank, mapped)
             reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
                 if f.run_len.size else []
             st["fetch_seconds"] += time.perf_counter() - t
@@ -416,18 +436,22 @@ class DataStore:
                     t2 = time.perf_counter()
                     st["get_wait_seconds"] += t2 - t1
                     st["fetch_seconds"] += t2 - t1
-                    buf = ro[slot] if ro else local
-                    samples = [(local if l else buf)[a:a + n]
-                               for l, a, n in zip(f.local.tolist(), f.start.tolist(), f.length.tolist())]
+                    buf = ro[slot] if ro else None
+                    own = owner[ids]
+                    samples = [(segs[o] if l else buf)[a:a + n] for l, o, a, n in
+                               zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
                     batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
-                    nloc = int(f.local.sum())
+                    mine = own == rank
+                    peer = f.local & ~mine
                     st["steps"] += 1
                     st["samples"] += ids.size
                     st["pads"] += int(pad.sum())
-                    st["samples_local"] += nloc
-                    st["samples_remote"] += ids.size - nloc
+                    st["samples_local"] += int(mine.sum())
+                    st["samples_node"] += int(peer.sum())
+                    st["samples_remote"] += int((~f.local).sum())
                     st["bytes_remote"] += f.remote_bytes
-                    st["bytes_local"] += int(f.length[f.local].sum())
+                    st["bytes_local"] += int(f.length[mine].sum())
+                    st["bytes_node"] += int(f.length[peer].sum())
                     st["gets"] += f.run_len.size
                     self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
                     st["wait_seconds"] += time.perf_counter() - t_in
@@ -440,7 +464,7 @@ class DataStore:
                 for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
                     arena.wait(item[5])
         st["epoch_seconds"] = time.perf_counter() - t_epoch
-        delivered = st["bytes_local"] + st["bytes_remote"]
+        delivered = st["bytes_local"] + st["bytes_node"] + st["bytes_remote"]
         st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
         if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             t1 = time.perf_counter()
@@ -495,6 +519,7 @@ class DataStore:
             self._active = None
         arena, self._arena = self._arena, None
         self._view = None
+        self._segs = {}
         self._bufs = []
         if arena is not None:
             arena.free()
@@ -530,7 +555,7 @@ class DataStore:
             self._active = None
         if self._arena is not None:
             log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
-        self._arena, self._view, self._bufs, self._nodecomm = None, None, [], None
+        self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
         self._close_container()
         self._owns_container = False
 

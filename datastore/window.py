@@ -48,14 +48,56 @@ class Arena:
         return np.frombuffer(buf, dtype=np.uint8)
 
     def publish(self) -> None:
-        """Makes this rank's local writes visible to the others: memory sync, then a barrier
-        (collective). Call after population and before anyone reads."""
+        """Makes this rank's local writes visible to the others, through gets and through mapped
+        peers (`map_peers`): memory sync, a barrier, and a sync again so that this rank's loads see
+        the others' writes (collective). Call after population and before anyone reads."""
+        self._sync()
+        self.comm.Barrier()
+        self._sync()
+
+    def _sync(self) -> None:
         self._win.Lock_all(MPI.MODE_NOCHECK)
         try:
             self._win.Sync()
         finally:
             self._win.Unlock_all()
-        self.comm.Barrier()
+
+    def map_peers(self, ranks, nbytes) -> dict:
+        """The windows of `ranks` (ranks of `comm` on this node), mapped into this process where the
+        MPI library placed them in shared memory, so their bytes are read with no copy and no get.
+
+        MPI 4 lets `Win_shared_query` ask this of a `Win.Allocate` window (MPICH places such a
+        window in node shared memory). A rank the library cannot map (another node, a library
+        without the feature, or a size that disagrees with `nbytes`) is left out, and its bytes
+        come with gets as before. Not collective.
+
+        Args:
+            ranks: ranks of `comm` that share this rank's node.
+            nbytes: every rank's window size in bytes, indexed by rank.
+
+        Returns:
+            {rank: uint8 array over that rank's window}; valid until `free()`.
+        """
+        out = {}
+        for r in ranks:
+            r = int(r)
+            if r == self.rank:
+                out[r] = self.local
+                continue
+            want = int(nbytes[r])
+            if want == 0:
+                out[r] = np.zeros(0, np.uint8)
+                continue
+            try:
+                buf, _unit = self._win.Shared_query(r)
+            except MPI.Exception:
+                continue
+            if buf is None:
+                continue
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            if arr.size == want:
+                out[r] = arr
+        return out
 
     @contextlib.contextmanager
     def reading(self):

@@ -29,6 +29,7 @@ def _results(ranks=2, store_mb=8000.0):
         _m(report.H5PY, "baseline", "warm", 300, ranks),
         _m(report.POP_PRELOAD, "population", "cold", 600, ranks),
         _m(report.STORE_MAIN, "store", "memory", store_mb / ranks, ranks),
+        _m(report.STORE_GETS, "store", "memory", 3000 / ranks, ranks),
         _m("store + StoreLoader decode", "decode", "memory", 1, ranks),
     ]
     return {
@@ -58,6 +59,8 @@ def test_ratios_against_goals():
     r = {x["key"]: x for x in report.compute_ratios(_results())}
     assert r["store_vs_raw_rma"]["value"] == pytest.approx(8000 / 10000)
     assert r["store_vs_raw_rma"]["met"] is True
+    assert r["store_gets_vs_raw_rma"]["value"] == pytest.approx(3000 / 10000)
+    assert r["store_gets_vs_raw_rma"]["met"] is False
     assert r["store_vs_h5py_warm"]["value"] == pytest.approx(8000 / 600)
     assert r["store_vs_folder_cold"]["value"] == pytest.approx(40.0)
     assert r["population_vs_seq_cold"]["value"] == pytest.approx(0.6)
@@ -144,8 +147,9 @@ def _check_outputs(out, *, ranks, real=True):
                           "total_samples_per_s", "rank_mb_per_s", "us_per_sample"}
         assert len(m["seconds"]) == m["ranks"] and all(s >= 0 for s in m["seconds"])
     keys = {r["key"] for r in res["ratios"]}
-    assert keys == {"store_vs_raw_rma", "store_vs_h5py_warm", "store_vs_folder_cold", "population_vs_seq_cold",
-                    "store_vs_h5py_cold", "store_vs_h5py_container_warm", "population_vs_seq_fresh_cold", "store_au"}
+    assert keys == {"store_vs_raw_rma", "store_gets_vs_raw_rma", "store_vs_h5py_warm", "store_vs_folder_cold",
+                    "population_vs_seq_cold", "store_vs_h5py_cold", "store_vs_h5py_container_warm",
+                    "store_gets_vs_h5py_warm", "population_vs_seq_fresh_cold", "store_au"}
     if real:
         names = {(m["name"], m["cache"]) for m in res["measurements"]}
         for want in [("memcpy", "memory"), (report.RAW_RMA, "memory"), (report.SEQ_READ, "cold"),
@@ -154,6 +158,7 @@ def _check_outputs(out, *, ranks, real=True):
                      (report.ZARR_CONTAINER, "warm"), (report.POP_PRELOAD, "cold"),
                      ("store population (dynamic)", "warm"), (report.STORE_MAIN, "memory"),
                      ("store local, prefetch off", "memory"), ("store partial, prefetch on", "memory"),
+                     (report.STORE_GETS, "memory"),
                      ("store + StoreLoader decode", "memory")]:
             assert want in names, want
         assert all(r["value"] is not None for r in res["ratios"]), res["ratios"]

@@ -27,9 +27,12 @@ def test_scenario_in_process_on_comm_self(container, name):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
-def test_scenarios_under_mpiexec(container, nprocs):
-    res = run_mpi(nprocs, ["python", "-m", "mpi4py", str(SCEN_DIR / "scenarios.py"), container], timeout=150)
+@pytest.mark.parametrize("nprocs,views", [(1, "1"), (2, "1"), (2, "0"), (3, "0"), (4, "1"), (4, "0")])
+def test_scenarios_under_mpiexec(container, nprocs, views):
+    # views "0": DSTORE_NODE_VIEWS=0, every sample of another rank comes with an RMA get (what
+    # other nodes' samples always do); "1": this node's ranks' samples are served in place.
+    res = run_mpi(nprocs, ["python", "-m", "mpi4py", str(SCEN_DIR / "scenarios.py"), container], timeout=150,
+                  env={"DSTORE_NODE_VIEWS": views})
     for name in scenarios.SCENARIOS:
         assert f"OK {name} on {nprocs} ranks" in res.stdout, res.stdout + res.stderr
 

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
     p.add_argument("--train-samples", type=int, default=None,
                    help="samples of the decode pass and the training view, each loader decoding them all "
-                        "(default 2048; --quick 96; 0: all)")
+                        "(default: all, 4,096 at the default size; --quick 96; 0: all)")
     p.add_argument("--cold-repeat", type=int, default=None,
                    help="cold sequential reads and cold preload populations, taken alternately, this many times "
                         "each; the median pass of each is kept (default 3; --quick 1)")
@@ -72,7 +72,7 @@ def _config(args):
     count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
     batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
     growth = args.growth if args.growth is not None else (_ints(QUICK["growth"]) if args.quick else (2048, 8192, 32768))
-    train = args.train_samples if args.train_samples is not None else (QUICK["train_samples"] if args.quick else 2048)
+    train = args.train_samples if args.train_samples is not None else (QUICK["train_samples"] if args.quick else 0)
     cold_repeat = args.cold_repeat if args.cold_repeat is not None else (QUICK["cold_repeat"] if args.quick else 3)
     if cold_repeat < 1:
         raise ConfigError(f"--cold-repeat={cold_repeat} must be >= 1")

@@ -159,9 +159,10 @@ def _describe(stats: dict) -> str:
     reader's totals); unknown shapes fall back to key=value."""
     st = stats
     if "samples_local" in st:
-        moved = st["bytes_local"] + st["bytes_remote"]
+        moved = st["bytes_local"] + st.get("bytes_node", 0) + st["bytes_remote"]
         line = (f"epoch {st['epoch']}: {st['samples']} samples ({st['samples_local']} local, "
-                f"{st['samples_remote']} remote, {st['pads']} pad), {_human_bytes(moved)} in "
+                f"{st.get('samples_node', 0)} from node peers' memory, {st['samples_remote']} remote, "
+                f"{st['pads']} pad), {_human_bytes(moved)}, {_human_bytes(st['bytes_remote'])} of it in "
                 f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
                 f"{st['wait_seconds'] * 1e3:.1f} ms")
         if st.get("population_seconds"):

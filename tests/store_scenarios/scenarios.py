@@ -105,11 +105,13 @@ def check_stats(store, got, reader):
     mine = rows[store.rank]
     nbytes = int(np.diff(reader.offsets)[got[0]].sum())
     if (mine["samples"], mine["pads"], mine["steps"]) != (got[0].size, int(got[2].sum()), store.steps_per_epoch) \
-            or mine["bytes_local"] + mine["bytes_remote"] != nbytes \
-            or mine["samples_local"] + mine["samples_remote"] != got[0].size:
+            or mine["bytes_local"] + mine["bytes_node"] + mine["bytes_remote"] != nbytes \
+            or mine["samples_local"] + mine["samples_node"] + mine["samples_remote"] != got[0].size:
         raise AssertionError(f"stats disagree with the deliveries: {mine}")
-    if store.size == 1 and (mine["samples_remote"] or mine["gets"]):
+    if store.size == 1 and (mine["samples_remote"] or mine["gets"] or mine["samples_node"]):
         raise AssertionError("one rank fetched remote samples")
+    if not store.node_views and mine["samples_node"]:
+        raise AssertionError(f"node_views=False served {mine['samples_node']} samples from a peer's window")
 
 
 def scenario_exactly_once(comm, path):
@@ -279,6 +281,30 @@ def scenario_preload_pieces(comm, path):
                                    start=start, stop=stop)
     finally:
         prefault.PIECE_BYTES = saved
+    reader.close()
+
+
+def scenario_node_views(comm, path):
+    """On one node, with node views every sample is served in place (no get) and equals the one a
+    get-only store serves; the two deliver the same ids in the same order. Under mpiexec the other
+    scenarios run twice, with DSTORE_NODE_VIEWS=0 and without, so both paths are covered."""
+    reader = open_container(path)
+    for policy in ("global", "partial"):
+        got = {}
+        for views in (True, False):
+            with DataStore(comm, reader, batch_size=BATCH, seed=4, shuffle=policy, node_views=views) as st:
+                got[views] = run_epoch(st, 1)
+                check_stats(st, got[views], reader)
+                mine = st.stats
+                if views and (mine["gets"] or mine["samples_remote"]):
+                    raise AssertionError(f"rank {comm.rank}: node views on one node still issued gets: {mine}")
+                others = int(np.count_nonzero(st.layout.owner[got[views][0]] != comm.rank))
+                if (mine["samples_node"] if views else mine["samples_remote"]) != others:
+                    raise AssertionError(f"rank {comm.rank}: {others} samples of other ranks, stats say {mine}")
+        for a, b in zip(got[True], got[False]):
+            if not np.array_equal(a, b):
+                raise AssertionError(f"rank {comm.rank}: node views and gets delivered differently ({policy})")
+        check_delivery(comm, reader, got[True], epoch=1, policy=policy, seed=4, drop_last=False)
     reader.close()
 
 

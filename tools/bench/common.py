@@ -15,6 +15,9 @@ MB = 1e6
 # Names of the measurements the ratios and the scaling table look up.
 STORE_MAIN = "store global, prefetch on"
 """The store configuration the ratios use: global shuffle with prefetch, raw bytes."""
+STORE_GETS = "store global, gets only (node views off)"
+"""The same with `node_views=False`: every sample of another rank comes with an RMA get, as samples of
+other nodes do in a multi-node job (on one node the default serves them in place)."""
 RAW_RMA = "raw RMA (Win.Allocate + Get)"
 RAW_RMA_PER_SAMPLE = "raw RMA, one Get per sample"
 SEQ_READ = "sequential file read"

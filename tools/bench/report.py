@@ -8,11 +8,13 @@ import os
 from typing import Any
 
 from tools.bench.common import (FOLDER, H5PY, H5PY_CONTAINER, POP_PRELOAD, RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ,
-                                SEQ_READ_FRESH, STORE_MAIN, ZARR, ZARR_CONTAINER, Measurement, fmt_rate)
+                                SEQ_READ_FRESH, STORE_GETS, STORE_MAIN, ZARR, ZARR_CONTAINER, Measurement, fmt_rate)
 
 GOALS = (
     # key, description, numerator (name, cache), denominator (name, cache), goal
     ("store_vs_raw_rma", "store delivery / raw RMA", (STORE_MAIN, "memory"), (RAW_RMA, "memory"), 0.70),
+    ("store_gets_vs_raw_rma", "store delivery, gets only (node views off) / raw RMA", (STORE_GETS, "memory"),
+     (RAW_RMA, "memory"), 0.70),
     ("store_vs_h5py_warm", "store delivery / warm h5py per-sample (contiguous)", (STORE_MAIN, "memory"), (H5PY, "warm"),
      10.0),
     ("store_vs_folder_cold", "store delivery / cold DataLoader over files", (STORE_MAIN, "memory"), (FOLDER, "cold"), 5.0),
@@ -24,6 +26,8 @@ EXTRA_RATIOS = (
      (H5PY, "cold"), None),
     ("store_vs_h5py_container_warm", "store delivery / warm h5py per-sample (container's chunks)",
      (STORE_MAIN, "memory"), (H5PY_CONTAINER, "warm"), None),
+    ("store_gets_vs_h5py_warm", "store delivery, gets only (node views off) / warm h5py per-sample (contiguous)",
+     (STORE_GETS, "memory"), (H5PY, "warm"), None),
     ("population_vs_seq_fresh_cold", "cold preload population / cold sequential read into new memory",
      (POP_PRELOAD, "cold"), (SEQ_READ_FRESH, "cold"), None),
 )
@@ -227,7 +231,7 @@ def plot_results(results: dict[str, Any], out_dir: str) -> list[str]:
 
 # --- merging runs on 1, 2, 4 ranks ---------------------------------------------------------------------
 
-SCALING_READERS = ((STORE_MAIN, "memory"), (RAW_RMA, "memory"), (RAW_RMA_PER_SAMPLE, "memory"), ("memcpy", "memory"),
+SCALING_READERS = ((STORE_MAIN, "memory"), (STORE_GETS, "memory"), (RAW_RMA, "memory"), (RAW_RMA_PER_SAMPLE, "memory"), ("memcpy", "memory"),
                    (POP_PRELOAD, "cold"), (SEQ_READ, "cold"), (SEQ_READ_FRESH, "cold"), (H5PY, "warm"), (H5PY, "cold"),
                    (H5PY_CONTAINER, "warm"), (FOLDER, "cold"), (ZARR, "warm"), (ZARR_CONTAINER, "warm"))
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from tools.bench import baselines, layouts, limits, mosaic, report, store_bench, training_view
-from tools.bench.common import Measurement, Progress, median_pass
+from tools.bench.common import STORE_GETS, Measurement, Progress, median_pass
 from tools.bench.data import DataSet, container_files, container_path, load_dataset, prepare_data, repeated_container
 
 
@@ -32,7 +32,7 @@ class BenchConfig:
     decode_size: int = 224
     growth: tuple[int, ...] = (2048, 8192, 32768)
     compute_factor: float = 1.25
-    train_samples: int | None = 2048
+    train_samples: int | None = None
     cold_repeat: int = 3
     zarr_limit: int | None = None
     mosaic: bool = True
@@ -72,7 +72,7 @@ def run(comm, cfg: BenchConfig) -> dict:
     """Runs the whole bench on every rank of `comm`; rank 0 writes the outputs and returns the results."""
     rank, size = comm.Get_rank(), comm.Get_size()
     caches = [c for c in ("cold", "warm") if c in cfg.caches]
-    steps = 13 + 5 * len(caches) + (1 if cfg.growth else 0)
+    steps = 14 + 5 * len(caches) + (1 if cfg.growth else 0)
     prog = Progress(comm, steps)
     notes: list[str] = []
     ms: list[Measurement] = []
@@ -189,6 +189,9 @@ def run(comm, cfg: BenchConfig) -> dict:
             prog.start(f"store: delivery, {shuffle} shuffle, prefetch {prefetch}")
             add(store_bench.delivery(comm, data.container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
                                      seed=cfg.seed))
+    prog.start("store: delivery, global shuffle, gets only (node views off)")
+    add(store_bench.delivery(comm, data.container, shuffle="global", prefetch=store_bench.PREFETCH_ON, batch_size=B,
+                             seed=cfg.seed, node_views=False, name=STORE_GETS))
     prog.start("store: decode through StoreLoader")
     n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
     dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=B, seed=cfg.seed,

@@ -88,19 +88,19 @@ def _stats_dict(store) -> dict:
 
 
 def delivery(comm, container: str, *, shuffle: str, prefetch: int, batch_size: int, seed: int,
-             sample_range=None, name: str | None = None, repeat: int = 3) -> Measurement:
+             sample_range=None, name: str | None = None, repeat: int = 3, node_views=None) -> Measurement:
     """Raw bytes out of a preloaded store: epoch 0 untimed as warm-up, then epochs 1, 2, 3 timed, the
     fastest kept (as for the memory limits: an epoch over memory takes tens of milliseconds, so one
     descheduled rank would otherwise decide the figure)."""
     from datastore.store import DataStore
 
     with DataStore(comm, container, batch_size=batch_size, seed=seed, shuffle=shuffle, population="preload",
-                   prefetch=prefetch, sample_range=sample_range) as store:
+                   prefetch=prefetch, sample_range=sample_range, node_views=node_views) as store:
         _epoch_bytes(store, 0)
         epochs = iter(range(1, 1 + repeat))
         m = measure(comm, name or f"store {shuffle}, prefetch {'on' if prefetch else 'off'}", "store", "memory",
                     lambda: _epoch_bytes(store, next(epochs)), repeat=repeat, shuffle=shuffle, prefetch=prefetch,
-                    batch_size=batch_size)
+                    batch_size=batch_size, node_views=store.node_views)
         stats = _stats_dict(store)
     if stats:
         m.extra["stats"] = stats
