@@ -78,6 +78,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: nccl, one GPU per rank by node-local rank")
 
+    t = p.add_argument_group("tournament (LTFB)")
+    t.add_argument("--trainers", type=int, default=1, metavar="K",
+                   help="split the job into K trainers of N/K ranks each (K must divide N), each training on "
+                        "its own part of the training set and playing a tournament every --ltfb-round steps")
+    t.add_argument("--ltfb-round", type=int, default=0, metavar="STEPS",
+                   help="optimizer steps between tournament rounds (default: 0 = once per epoch)")
+    t.add_argument("--ltfb-metric", choices=("accuracy", "loss"), default="accuracy",
+                   help="what a trainer compares on its tournament set: accuracy (higher wins) or loss "
+                        "(lower wins); ties keep the trainer's own model, NaN always loses")
+    t.add_argument("--tournament-fraction", type=float, default=0.1, metavar="F",
+                   help="share of each trainer's part of the training set held out as its tournament set")
+
     r = p.add_argument_group("run directory, checkpoints, resumption")
     r.add_argument("--run-dir", default=None, help="where metrics.jsonl, config.json and checkpoint.pt go "
                                                    "(default: runs/<timestamp>)")

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import random
+import sys
 import time
 
 import numpy as np
@@ -22,6 +23,7 @@ from training.checkpoint import (CHECKPOINT_NAME, from_safe, load_checkpoint, re
                                  save_checkpoint, set_rng_state)
 from training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
 from training.loop import StepTimer, Trainer, global_batch_count
+from training.ltfb import METRICS as LTFB_METRICS
 from training.metrics import EpochMeter, JsonLog
 
 
@@ -68,6 +70,10 @@ class TrainConfig:
     log_batches: bool = False
     progress: bool = True
     cache_dir: str | None = None
+    trainers: int = 1
+    ltfb_round: int = 0
+    ltfb_metric: str = "accuracy"
+    tournament_fraction: float = 0.1
 
     def check(self) -> None:
         """Raises ConfigError naming the first field with a value that is not allowed."""
@@ -91,6 +97,17 @@ class TrainConfig:
             raise ConfigError(f"image_size={self.image_size} must be (height, width), both >= 1")
         if self.warmup_epochs < 0:
             raise ConfigError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+        if self.trainers < 1:
+            raise ConfigError(f"--trainers {self.trainers} must be >= 1")
+        if self.ltfb_round < 0:
+            raise ConfigError(f"--ltfb-round {self.ltfb_round} must be >= 0 (0: once per epoch)")
+        if self.ltfb_metric not in LTFB_METRICS:
+            raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
+        if not 0.0 < self.tournament_fraction < 1.0:
+            raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
+        if self.trainers > 1 and self.resume:
+            raise ConfigError(f"--resume is not supported with --trainers > 1 yet (got --trainers {self.trainers}): "
+                              f"a checkpoint holds one trainer, not the tournament's state")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -108,16 +125,23 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def _share_cores(ctx, deterministic: bool) -> None:
+def _share_cores(node_ranks: int, deterministic: bool) -> None:
     """Gives each rank its share of the node's cores for intra-op threads (unless the user set
     OMP_NUM_THREADS): N ranks each running one thread per core would oversubscribe N-fold."""
     import torch
 
     if not deterministic and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // node_ranks))
 
 
-def _new_run_dir(comm, runs_root: str) -> str:
+def _say(line: str) -> None:
+    # One write per line: under mpiexec, print's separate writes of text and newline from several
+    # ranks can interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def new_run_dir(comm, runs_root: str) -> str:
     """`<runs_root>/<timestamp>-<pid of rank 0>`, the same on every rank."""
     name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}" if comm.Get_rank() == 0 else None
     return os.path.join(runs_root, comm.bcast(name, root=0))
@@ -178,42 +202,75 @@ def _describe(stats: dict) -> str:
 def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     """Runs a whole training job on `comm` (collective); returns the final metrics on every rank.
 
+    With cfg.trainers > 1, `comm` is split into that many trainers playing an LTFB tournament
+    (training.ltfb.train_trainers); otherwise all of `comm` is one data-parallel trainer.
+
     Args:
         cfg: the run's configuration.
-        comm: this trainer's MPI communicator (COMM_WORLD, or a sub-communicator).
-        say: how rank 0 reports progress lines (default: print, flushed).
+        comm: the job's MPI communicator (COMM_WORLD, or a sub-communicator).
+        say: how rank 0 reports progress lines (default: one flushed write to stdout per line).
 
     Returns:
         {"test": {...} or None, "epochs": [...per-epoch records...], "run_dir": str,
-         "stopped_early": bool, "store_stats": dict}
+         "stopped_early": bool, "store_stats": dict}, and with trainers > 1 also "ltfb": {...}.
     """
     cfg.check()
+    from training.dist import on_root
+
+    say = say or _say
+    if cfg.trainers > 1:
+        from training.ltfb import train_trainers
+
+        return train_trainers(cfg, comm, say=say)
+    data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
+    resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
+    # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
+    run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
+    return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say)
+
+
+def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_path: str | None = None,
+                say=_say, tournament=None) -> dict:
+    """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
+
+    Args:
+        tournament: this rank's training.ltfb.Tournament under LTFB, else None. With one, the
+            trainer trains on its part of the training range, plays a round every
+            `tournament.every` steps on the part's tail, and shares the node's cores with the
+            other trainers' ranks.
+    """
     from datastore.formats import open_container
     from datastore.torch import StoreLoader
-    from training.dist import init_distributed, on_root
+    from training.dist import init_distributed
     from training.models import build_model, default_model, get_model
     from training.optim import Schedule, make_optimizer, make_scheduler
 
     seed_everything(cfg.seed, cfg.deterministic)
-    rank = comm.Get_rank()
-    main = rank == 0
-    say = say or functools.partial(print, flush=True)
-    report = say if main else (lambda *a, **k: None)
-    data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
-    resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
-    # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
-    run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else _new_run_dir(comm, cfg.runs_root))
+    report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
     with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
         ctx = stack.enter_context(init_distributed(comm, cfg.device))
-        _share_cores(ctx, cfg.deterministic)
+        _share_cores(tournament.node_ranks if tournament else ctx.local_size, cfg.deterministic)
         reader = stack.enter_context(open_container(data_path))
         val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
         if val_reader is not None and val_reader.info.class_names != reader.info.class_names:
             raise ConfigError(f"--val {cfg.val} has classes {val_reader.info.class_names[:5]}... but {data_path} "
                               f"has {reader.info.class_names[:5]}...; both must have the same class names")
         train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
+        # Measured on the whole training range, so that under LTFB every trainer normalises alike
+        # and a model moved between trainers sees the inputs it was trained on.
         spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
+        ltfb_meta = {}
+        if tournament is not None:
+            whole = train_range
+            train_range, tour_range, dropped = tournament.data(whole)
+            ltfb_meta = {"trainer": tournament.trainer, "trainers": tournament.trainers,
+                         "ranks_per_trainer": tournament.ranks, "train_range": list(train_range),
+                         "tournament_range": list(tour_range), "dropped": dropped}
+            report(f"trains on samples [{train_range[0]}, {train_range[1]}) and plays on [{tour_range[0]}, "
+                   f"{tour_range[1]}) of the training range [{whole[0]}, {whole[1]})"
+                   + (f"; {dropped} sample(s) at its end dropped so that all {tournament.trainers} trainers get "
+                      f"equal parts" if dropped else ""))
         name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
         input_size = tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
         model = build_model(name, spec.channels, spec.num_classes, input_size)
@@ -233,14 +290,25 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
             eval_src = stack.enter_context(_make_source(cfg, comm, val_reader or reader, held_range,
                                                         cfg.seed + 1, False))
             eval_loader = stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
+        on_step = None
+        if tournament is not None:
+            tour_src = stack.enter_context(_make_source(cfg, comm, reader, tour_range, cfg.seed + 2, False))
+            tour_loader = stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
+            ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
+            on_step = functools.partial(tournament.after_step, trainer, tour_loader)
         meta = {"model": name, "input_size": list(input_size), "spec": dataclasses.asdict(spec),
                 "data": data_path, "train_samples": train_range[1] - train_range[0], "steps_per_epoch": spe,
-                "ranks": ctx.size}
-        return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta)
+                "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
+        return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta, on_step)
 
 
-def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta) -> dict:
-    """The epoch loop of train(); split out to keep each function readable."""
+def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta,
+         on_step=None) -> dict:
+    """The epoch loop of train(); split out to keep each function readable.
+
+    `on_step(global_step)`, if given, runs after every optimizer step (LTFB's rounds), before any
+    checkpoint of that step, so a checkpoint holds the model the trainer kept.
+    """
     import torch
 
     main = ctx.is_main
@@ -300,6 +368,8 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
             global_step += 1
             steps_this_run += 1
             batch_log.write({"epoch": epoch, "step": step_in_epoch, "ids": ids.tolist()})
+            if on_step is not None:
+                on_step(global_step)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")

@@ -1,0 +1,356 @@
+"""LTFB, a tournament of trainers: K data-parallel trainers in one MPI job that every few steps swap
+models in pairs, and each keeps whichever of the two does better on its own tournament set.
+
+Pure parts (no MPI, tested without mpiexec): the trainer layout, each trainer's share of the data,
+the pairing of a round, the decision rule, a checksum of a trainer's state. `duel` plays one side
+of a match on the ranks of one trainer; `Tournament` is one rank's part in the whole thing (the
+exchange over the world communicator, the log); `train_trainers` runs a job of K trainers (what
+`training.run.train` calls when `cfg.trainers > 1`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+import time
+import zlib
+
+import numpy as np
+
+from datastore.errors import ConfigError
+from training.metrics import JsonLog
+
+METRICS = ("accuracy", "loss")
+"""Tournament metrics: accuracy is better higher, loss lower."""
+LOG_NAME = "tournament.jsonl"
+_TAG = 7301  # the model exchange's message tag (nothing else in a run sends point-to-point)
+
+
+# --- pure arithmetic --------------------------------------------------------------------------
+
+def ranks_per_trainer(world_size: int, trainers: int) -> int:
+    """M = N / K, the ranks of each trainer; raises ConfigError unless K divides N."""
+    if trainers < 1 or world_size % trainers != 0:
+        divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
+        raise ConfigError(f"--trainers {trainers} does not divide the job's {world_size} MPI rank(s): every trainer "
+                          f"needs the same number of ranks; with {world_size} ranks use one of {divisors}")
+    return world_size // trainers
+
+
+def trainer_parts(train_range: tuple[int, int], trainers: int, fraction: float):
+    """Cuts the training range into `trainers` equal contiguous parts, each a (train, tournament) pair.
+
+    Equal parts give every trainer the same steps per epoch, so all of them reach every round. The
+    remainder (< trainers samples, the range's tail) is dropped. The last `fraction` of a part (at
+    least one sample) is its trainer's tournament set. The container was shuffled at ingest, so a
+    contiguous part is a random subset.
+
+    Returns:
+        ([((train_start, train_stop), (tour_start, tour_stop)) per trainer], samples dropped).
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"--tournament-fraction {fraction} must be in (0, 1)")
+    start, stop = train_range
+    n = stop - start
+    part = n // trainers
+    tour = max(1, int(round(part * fraction)))
+    if part - tour < 1:
+        raise ConfigError(f"--trainers {trainers}: each trainer's part of the {n} training samples has {part} "
+                          f"sample(s), none left to train on after the tournament set of {tour}")
+    parts = []
+    for k in range(trainers):
+        lo = start + k * part
+        cut = lo + part - tour
+        parts.append(((lo, cut), (cut, lo + part)))
+    return parts, n - part * trainers
+
+
+def pair_trainers(trainers: int, seed: int, round_index: int) -> list[tuple[int, int]]:
+    """The matches of a round: a seeded permutation of the trainers taken two by two.
+
+    Every rank computes the same pairs from (seed, round) with no communication; with an odd
+    number of trainers the last one of the permutation sits the round out.
+    """
+    order = np.random.default_rng((seed, round_index)).permutation(trainers)
+    return [(int(order[i]), int(order[i + 1])) for i in range(0, trainers - 1, 2)]
+
+
+def partner_of(pairs: list[tuple[int, int]], trainer: int) -> int | None:
+    """`trainer`'s opponent in `pairs`, or None if it sits out."""
+    for a, b in pairs:
+        if trainer == a:
+            return b
+        if trainer == b:
+            return a
+    return None
+
+
+def partner_wins(own: float, theirs: float, metric: str) -> bool:
+    """The decision rule: True if the partner's model beats the trainer's own.
+
+    Accuracy is better higher, loss lower; a tie keeps the own model; NaN always loses (two NaNs
+    keep the own model).
+    """
+    if metric not in METRICS:
+        raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
+    if math.isnan(theirs):
+        return False
+    if math.isnan(own):
+        return True
+    return theirs > own if metric == "accuracy" else theirs < own
+
+
+def state_crc(state) -> int:
+    """CRC32 of a (nested) state dict: every tensor's dtype, shape and bytes, every other value's repr.
+
+    Dict keys are visited in sorted order, so two states with equal contents have equal checksums
+    however they were built (live, or loaded from bytes). Used to show in the log which model each
+    trainer holds.
+    """
+    import torch
+
+    crc = 0
+
+    def visit(value):
+        nonlocal crc
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                crc = zlib.crc32(repr(key).encode(), crc)
+                visit(value[key])
+        elif isinstance(value, (list, tuple)):
+            crc = zlib.crc32(f"[{len(value)}".encode(), crc)
+            for item in value:
+                visit(item)
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            crc = zlib.crc32(f"{t.dtype}{tuple(t.shape)}".encode(), crc)
+            crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+        else:
+            crc = zlib.crc32(repr(value).encode(), crc)
+
+    visit(state)
+    return crc
+
+
+def to_bytes(state: dict) -> bytes:
+    """A state dict as torch.save bytes (a deep copy: nothing shares storage with live tensors)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> dict:
+    """Inverse of to_bytes, with torch.load(weights_only=True): a received model runs no code."""
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+# --- one match, on the ranks of one trainer ---------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """One trainer's side of a match: both models' scores on its tournament set, and the verdict."""
+
+    own_score: float
+    partner_score: float
+    partner_won: bool
+
+
+def duel(trainer, loader, partner_state: dict, own_state: dict, metric: str) -> Match:
+    """Scores the trainer's own model and the partner's on `loader`, and keeps the better one.
+
+    Collective over the trainer's communicator (evaluate reduces over it). The own model is scored
+    first; then the partner's state (model, optimizer, scheduler) is loaded in place, so DDP keeps
+    its references to the parameters, and scored; if the own model wins, `own_state` is loaded back.
+
+    Args:
+        trainer: a training.loop.Trainer.
+        loader: the trainer's tournament loader (a StoreLoader).
+        partner_state: the partner's Trainer.state_dict().
+        own_state: a copy of this trainer's state_dict() that shares no storage with the live
+            model (from_bytes(to_bytes(...))): loading the partner overwrites the live tensors.
+        metric: "accuracy" or "loss".
+    """
+    own = trainer.evaluate(loader)[metric]
+    trainer.load_state_dict(partner_state)
+    theirs = trainer.evaluate(loader)[metric]
+    # The scores are reduced over the trainer's ranks, so they agree; rank 0's verdict is broadcast
+    # anyway so that no floating-point detail can leave ranks of one trainer with different models.
+    won = trainer.ctx.comm.bcast(partner_wins(own, theirs, metric), root=0)
+    if not won:
+        trainer.load_state_dict(own_state)
+    return Match(float(own), float(theirs), bool(won))
+
+
+# --- one rank's part in the tournament --------------------------------------------------------
+
+class Tournament:
+    """Who this rank is among K trainers x M ranks, when rounds happen, the exchange, the log.
+
+    World rank r is local rank r % M of trainer r // M. Local rank i of trainer a exchanges with
+    local rank i of trainer b directly (all ranks of a trainer hold the same model), so no rank
+    sends more than one model per round.
+
+    Args:
+        world: the communicator of the whole job (not owned).
+        trainers: K.
+        seed: the pairing seed, the same on every rank (the run's --seed).
+        metric: "accuracy" or "loss".
+        every: steps between rounds; 0 = once per epoch (set by start()).
+        fraction: share of each trainer's part kept for its tournament set.
+        log_path: where world rank 0 writes the tournament log.
+        say: how world rank 0 reports a round (one line).
+    """
+
+    def __init__(self, world, trainers: int, *, seed: int, metric: str, every: int, fraction: float,
+                 log_path: str | None, say=None):
+        from training.dist import node_position
+
+        if metric not in METRICS:
+            raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
+        self.world = world
+        self.trainers = int(trainers)
+        self.ranks = ranks_per_trainer(world.Get_size(), self.trainers)
+        self.trainer, self.local_rank = divmod(world.Get_rank(), self.ranks)
+        self.seed, self.metric, self.every, self.fraction = int(seed), metric, int(every), float(fraction)
+        self.rounds = 0
+        self.node_ranks = node_position(world)[1]  # ranks of all trainers on this node share its cores
+        main = world.Get_rank() == 0
+        self._say = say if (main and say is not None) else (lambda line: None)
+        self._log = JsonLog(log_path if main else None)
+
+    def split(self):
+        """This rank's trainer communicator (collective over world; the caller frees it)."""
+        return self.world.Split(self.trainer, self.world.Get_rank())
+
+    def data(self, train_range: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int], int]:
+        """(this trainer's training range, its tournament range, samples dropped from the whole)."""
+        parts, dropped = trainer_parts(train_range, self.trainers, self.fraction)
+        train, tour = parts[self.trainer]
+        return train, tour, dropped
+
+    def start(self, steps_per_epoch: int) -> int:
+        """Fixes the round length (once per epoch unless given); returns it."""
+        self.every = self.every or max(1, int(steps_per_epoch))
+        return self.every
+
+    def after_step(self, trainer, loader, global_step: int) -> None:
+        """The training loop's hook: plays a round every `every` steps."""
+        if global_step % self.every == 0:
+            self.play(trainer, loader, global_step)
+
+    def play(self, trainer, loader, global_step: int) -> list[dict] | None:
+        """One round (collective over world): pair, exchange, duel, log.
+
+        Returns:
+            On world rank 0, the round's log records (one per trainer); None elsewhere.
+        """
+        t0 = time.perf_counter()
+        pairs = pair_trainers(self.trainers, self.seed, self.rounds)
+        partner = partner_of(pairs, self.trainer)
+        own_state = trainer.state_dict()
+        record = {"round": self.rounds, "global_step": int(global_step), "trainer": self.trainer,
+                  "partner": partner, "pair": None, "metric": self.metric, "crc_own": state_crc(own_state),
+                  "own_score": None, "partner_score": None, "winner": None, "kept": self.trainer,
+                  "crc_partner": None}
+        if partner is not None:
+            record["pair"] = next(list(p) for p in pairs if self.trainer in p)
+            blob = to_bytes(own_state)
+            peer = partner * self.ranks + self.local_rank
+            theirs = from_bytes(self.world.sendrecv(blob, dest=peer, sendtag=_TAG, source=peer, recvtag=_TAG))
+            match = duel(trainer, loader, theirs, from_bytes(blob), self.metric)
+            record.update(crc_partner=state_crc(theirs), own_score=match.own_score,
+                          partner_score=match.partner_score, winner="partner" if match.partner_won else "own",
+                          kept=partner if match.partner_won else self.trainer)
+        kept = state_crc(trainer.state_dict())
+        record.update(crc_kept=kept, ranks_agree=len(set(trainer.ctx.comm.allgather(kept))) == 1,
+                      seconds=time.perf_counter() - t0)
+        records = self.world.gather(record if self.local_rank == 0 else None, root=0)
+        self.rounds += 1
+        if records is None:
+            return None
+        records = sorted((r for r in records if r is not None), key=lambda r: r["trainer"])
+        for r in records:
+            self._log.write(r)
+        self._say(describe_round(records))
+        return records
+
+    def close(self) -> None:
+        """Closes the log. Safe to call twice."""
+        self._log.close()
+
+
+def describe_round(records: list[dict]) -> str:
+    """One line for a round's records (what each trainer kept, and the scores it saw)."""
+    head = f"tournament round {records[0]['round']} at step {records[0]['global_step']}:"
+    parts = []
+    for r in records:
+        if r["partner"] is None:
+            parts.append(f"trainer {r['trainer']} sat out")
+        else:
+            parts.append(f"trainer {r['trainer']} kept {r['kept']}'s model ({r['metric']} "
+                         f"{_num(r['own_score'])} own vs {_num(r['partner_score'])} from {r['partner']})")
+    return head + " " + "; ".join(parts)
+
+
+def _num(x) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+# --- a whole job ------------------------------------------------------------------------------
+
+def train_trainers(cfg, world, *, say) -> dict:
+    """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
+    `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
+
+    Trainer k trains with seed cfg.seed + k in `<run dir>/trainer<k>/`; the tournament log goes to
+    `<run dir>/tournament.jsonl`. At the end world rank 0 reports every trainer's test accuracy.
+
+    Returns:
+        training.run.train's dict for this rank's trainer, plus "ltfb": {"trainer", "trainers",
+        "ranks_per_trainer", "tournaments", "run_dir", "test_by_trainer": [per trainer: accuracy
+        or None], "best_trainer"}.
+    """
+    from training.data import ensure_builtin
+    from training.run import new_run_dir, run_trainer
+
+    main = world.Get_rank() == 0
+    ranks_per_trainer(world.Get_size(), cfg.trainers)  # before anything else, the same error on every rank
+    data_path = cfg.data or ensure_builtin(world, "digits", cfg.cache_dir)
+    run_dir = cfg.run_dir or new_run_dir(world, cfg.runs_root)
+    tournament = Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
+                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, LOG_NAME), say=say)
+    k = tournament.trainer
+    mine = dataclasses.replace(cfg, seed=cfg.seed + k, run_dir=os.path.join(run_dir, f"trainer{k}"),
+                               progress=cfg.progress and k == 0)  # one progress bar, not K
+    if main:
+        say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s); trainer k uses seed {cfg.seed}+k and "
+            f"{run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, LOG_NAME)}")
+    comm = tournament.split()
+    try:
+        result = run_trainer(mine, comm, data_path, mine.run_dir, say=lambda line: say(f"[trainer {k}] {line}"),
+                             tournament=tournament)
+    finally:
+        comm.Free()
+        tournament.close()
+    test = result["test"]
+    every = world.allgather(None if test is None else (test["accuracy"], test["loss"], test["samples"]))
+    by_trainer = [every[j * tournament.ranks] for j in range(cfg.trainers)]
+    accuracies = [None if t is None else t[0] for t in by_trainer]
+    scored = [j for j, a in enumerate(accuracies) if a is not None and not math.isnan(a)]
+    best = max(scored, key=lambda j: accuracies[j]) if scored else None
+    if main:
+        for j, t in enumerate(by_trainer):
+            say(f"trainer {j}: " + ("no test accuracy" if t is None else
+                                    f"test accuracy {t[0]:.4f} ({t[2]} held-out samples), loss {t[1]:.4f}"))
+        if best is not None:
+            say(f"best: trainer {best}, test accuracy {accuracies[best]:.4f} "
+                f"(after {tournament.rounds} tournament round(s))")
+    return {**result, "ltfb": {"trainer": k, "trainers": cfg.trainers, "ranks_per_trainer": tournament.ranks,
+                               "tournaments": tournament.rounds, "run_dir": run_dir,
+                               "test_by_trainer": accuracies, "best_trainer": best}}
