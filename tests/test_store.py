@@ -27,12 +27,14 @@ def test_scenario_in_process_on_comm_self(container, name):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,views", [(1, "1"), (2, "1"), (2, "0"), (3, "0"), (4, "1"), (4, "0")])
-def test_scenarios_under_mpiexec(container, nprocs, views):
+@pytest.mark.parametrize("nprocs,views,per_node", [(1, "1", ""), (2, "1", ""), (2, "0", ""), (3, "0", ""),
+                                                    (4, "1", "2"), (4, "0", "")])
+def test_scenarios_under_mpiexec(container, nprocs, views, per_node):
     # views "0": DSTORE_NODE_VIEWS=0, every sample of another rank comes with an RMA get (what
     # other nodes' samples always do); "1": this node's ranks' samples are served in place.
+    # per_node "2": runs of 2 ranks stand for nodes, so one batch mixes in-place and fetched samples.
     res = run_mpi(nprocs, ["python", "-m", "mpi4py", str(SCEN_DIR / "scenarios.py"), container], timeout=150,
-                  env={"DSTORE_NODE_VIEWS": views})
+                  env={"DSTORE_NODE_VIEWS": views, "DSTORE_RANKS_PER_NODE": per_node})
     for name in scenarios.SCENARIOS:
         assert f"OK {name} on {nprocs} ranks" in res.stdout, res.stdout + res.stderr
 

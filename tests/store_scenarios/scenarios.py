@@ -284,10 +284,22 @@ def scenario_preload_pieces(comm, path):
     reader.close()
 
 
+def expected_split(store, ids):
+    """(samples served from node peers' windows, samples fetched with gets) for `ids` delivered to
+    this rank, from the owners: node peers are the ranks of this rank's run of
+    $DSTORE_RANKS_PER_NODE (all ranks when unset: one machine)."""
+    k = int(os.environ.get("DSTORE_RANKS_PER_NODE", "0") or 0) or store.size
+    owners = store.layout.owner[ids]
+    others = owners != store.rank
+    node = int(np.count_nonzero(others & (owners // k == store.rank // k))) if store.node_views else 0
+    return node, int(np.count_nonzero(others)) - node
+
+
 def scenario_node_views(comm, path):
-    """On one node, with node views every sample is served in place (no get) and equals the one a
-    get-only store serves; the two deliver the same ids in the same order. Under mpiexec the other
-    scenarios run twice, with DSTORE_NODE_VIEWS=0 and without, so both paths are covered."""
+    """With node views, node peers' samples are served in place (no get) and equal what a get-only
+    store serves; the two deliver the same ids in the same order. Under mpiexec the other scenarios
+    run with DSTORE_NODE_VIEWS=0 and without, and with runs of ranks standing for nodes, so every
+    path is covered."""
     reader = open_container(path)
     for policy in ("global", "partial"):
         got = {}
@@ -296,15 +308,33 @@ def scenario_node_views(comm, path):
                 got[views] = run_epoch(st, 1)
                 check_stats(st, got[views], reader)
                 mine = st.stats
-                if views and (mine["gets"] or mine["samples_remote"]):
-                    raise AssertionError(f"rank {comm.rank}: node views on one node still issued gets: {mine}")
-                others = int(np.count_nonzero(st.layout.owner[got[views][0]] != comm.rank))
-                if (mine["samples_node"] if views else mine["samples_remote"]) != others:
-                    raise AssertionError(f"rank {comm.rank}: {others} samples of other ranks, stats say {mine}")
+                want = expected_split(st, got[views][0])
+                if (mine["samples_node"], mine["samples_remote"]) != want:
+                    raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {mine}")
+                if want[1] == 0 and mine["gets"]:
+                    raise AssertionError(f"rank {comm.rank}: gets issued with nothing to fetch: {mine}")
         for a, b in zip(got[True], got[False]):
             if not np.array_equal(a, b):
                 raise AssertionError(f"rank {comm.rank}: node views and gets delivered differently ({policy})")
         check_delivery(comm, reader, got[True], epoch=1, policy=policy, seed=4, drop_last=False)
+    reader.close()
+
+
+def scenario_mixed_nodes(comm, path):
+    """Under DSTORE_RANKS_PER_NODE=k (runs of k ranks stand for nodes), node peers' samples are
+    served in place and the other "nodes'" with gets, in the same batches; delivery stays exact."""
+    reader = open_container(path)
+    with DataStore(comm, reader, batch_size=BATCH, seed=9) as st:
+        got = run_epoch(st, 1)
+        check_stats(st, got, reader)
+        want = expected_split(st, got[0])
+        if (st.stats["samples_node"], st.stats["samples_remote"]) != want:
+            raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {st.stats}")
+        k = int(os.environ.get("DSTORE_RANKS_PER_NODE", "0") or 0)
+        node, remote = comm.allreduce(want[0]), comm.allreduce(want[1])
+        if 1 < k < comm.size and not (node and remote):  # the point of this run: both kinds in one epoch
+            raise AssertionError(f"{k} ranks per node on {comm.size} ranks served {node} node / {remote} remote samples")
+        check_delivery(comm, reader, got, epoch=1, policy="global", seed=9, drop_last=False)
     reader.close()
 
 
