@@ -98,13 +98,16 @@ def node_position(comm) -> tuple[int, int]:
         node.Free()
 
 
-def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> DistContext:
+def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu_index: int | None = None) -> DistContext:
     """Forms a torch.distributed process group over `comm` (collective over `comm`).
 
     Args:
         comm: any mpi4py intracommunicator; every rank of it must call this.
         device: "cpu" (gloo backend) or "cuda" (nccl, one GPU per rank chosen by node-local rank).
         timeout_s: how long collectives and the rendezvous may wait before failing.
+        gpu_index: with cuda, the GPU this rank drives (default: its node-local rank in `comm`).
+            Several trainers sharing a node (LTFB) pass the node-local rank over the whole job,
+            so that they use different GPUs.
 
     Returns:
         A DistContext; close it (or use it as a context manager) to destroy the group.
@@ -124,12 +127,13 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0) -> 
         if not torch.cuda.is_available():
             raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
         ngpu = torch.cuda.device_count()
-        if local_rank >= ngpu:
+        gpu = local_rank if gpu_index is None else int(gpu_index)
+        if not 0 <= gpu < ngpu:
             raise ConfigError(
-                f"rank {rank} is node-local rank {local_rank} but this node has only {ngpu} GPU(s); "
+                f"rank {rank} would drive GPU {gpu} (its node-local rank) but this node has only {ngpu} GPU(s); "
                 f"start at most {ngpu} ranks per node")
-        torch.cuda.set_device(local_rank)
-        torch_device, backend = torch.device("cuda", local_rank), "nccl"
+        torch.cuda.set_device(gpu)
+        torch_device, backend = torch.device("cuda", gpu), "nccl"
     else:
         torch_device, backend = torch.device("cpu"), "gloo"
 

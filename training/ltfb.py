@@ -219,7 +219,8 @@ class Tournament:
         self.trainer, self.local_rank = divmod(world.Get_rank(), self.ranks)
         self.seed, self.metric, self.every, self.fraction = int(seed), metric, int(every), float(fraction)
         self.rounds = 0
-        self.node_ranks = node_position(world)[1]  # ranks of all trainers on this node share its cores
+        # The ranks of all trainers on a node share its cores and its GPUs: numbered over the world.
+        self.node_rank, self.node_ranks = node_position(world)
         main = world.Get_rank() == 0
         self._say = say if (main and say is not None) else (lambda line: None)
         self._log = JsonLog(log_path if main else None)

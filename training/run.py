@@ -249,7 +249,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
     with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
-        ctx = stack.enter_context(init_distributed(comm, cfg.device))
+        ctx = stack.enter_context(init_distributed(comm, cfg.device,
+                                                   gpu_index=tournament.node_rank if tournament else None))
         _share_cores(tournament.node_ranks if tournament else ctx.local_size, cfg.deterministic)
         reader = stack.enter_context(open_container(data_path))
         val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
