@@ -183,3 +183,33 @@ def test_direct_cold_only_with_the_direct_loader():
     TrainConfig(data="x.h5", loader="direct", direct_cold=True).check()
     with pytest.raises(ConfigError, match="--direct-cold.*--loader direct.*--loader store"):
         TrainConfig(data="x.h5", loader="store", direct_cold=True).check()
+
+
+def test_cuda_device_choice_without_a_gpu(monkeypatch):
+    # No GPU here: the checks before any CUDA call are what can run. torch seeing none is refused
+    # by name; a GPU index past the node's GPUs (a rank too many, or LTFB's job-wide numbering) too.
+    import torch
+    from mpi4py import MPI
+
+    from datastore.errors import ConfigError
+    from training.dist import init_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        init_distributed(MPI.COMM_SELF, "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    chosen = []
+
+    def set_device(i):  # record the choice, then stop before anything needs a real GPU
+        chosen.append(i)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    with pytest.raises(ConfigError, match="GPU 5 .* only 2 GPU"):
+        init_distributed(MPI.COMM_SELF, "cuda", gpu_index=5)
+    with pytest.raises(RuntimeError, match="stop"):
+        init_distributed(MPI.COMM_SELF, "cuda", gpu_index=1)
+    with pytest.raises(RuntimeError, match="stop"):
+        init_distributed(MPI.COMM_SELF, "cuda")
+    assert chosen == [1, 0]  # the given index, else the node-local rank (0 on COMM_SELF)
