@@ -117,11 +117,28 @@ def test_config_checks_name_the_flag():
     for bad, flag in (({"trainers": 0}, "--trainers 0"), ({"ltfb_round": -1}, "--ltfb-round -1"),
                       ({"ltfb_metric": "f1"}, "--ltfb-metric 'f1'"),
                       ({"tournament_fraction": 0.0}, "--tournament-fraction 0.0"),
-                      ({"tournament_fraction": 1.0}, "--tournament-fraction 1.0"),
-                      ({"trainers": 2, "resume": "auto"}, "--resume is not supported with --trainers > 1")):
+                      ({"tournament_fraction": 1.0}, "--tournament-fraction 1.0")):
         with pytest.raises(ConfigError, match=flag):
             TrainConfig(**bad).check()
-    TrainConfig(trainers=1, resume="auto").check()
+    TrainConfig(trainers=2, resume="auto").check()
+
+
+def test_resume_of_a_job_names_what_is_missing(tmp_path):
+    from training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
+
+    job = tmp_path / "runs" / "job"
+    (job / "trainer0").mkdir(parents=True)
+    (job / "trainer0" / CHECKPOINT_NAME).write_bytes(b"x")
+    assert resolve_job_resume(None, None, str(tmp_path / "runs"), 2) is None
+    assert resolve_job_resume("auto", None, str(tmp_path / "none"), 2) is None  # nothing to resume: fresh
+    with pytest.raises(ConfigError, match=r"no checkpoint.pt for trainer\(s\) \[1\]"):
+        resolve_job_resume("auto", None, str(tmp_path / "runs"), 2)
+    (job / "trainer1").mkdir()
+    (job / "trainer1" / CHECKPOINT_NAME).write_bytes(b"x")
+    for given in ("auto", str(job), str(job / "trainer1" / CHECKPOINT_NAME)):
+        assert resolve_job_resume(given, None, str(tmp_path / "runs"), 2) == str(job), given
+    with pytest.raises(ConfigError, match="give the job's run directory"):
+        resolve_job_resume(str(tmp_path / "nothing.pt"), None, str(tmp_path / "runs"), 2)
 
 
 # --- one side of a match, in-process ----------------------------------------------------------
@@ -286,6 +303,29 @@ def test_two_trainers_of_two_ranks_play_a_logged_tournament(two_by_two):
         assert state_crc({key: ck[key] for key in ("model", "optimizer", "scheduler")}) == last[k]["crc_kept"]
         assert f"trainer {k}: test accuracy" in res.stdout, res.stdout
     assert "best: trainer" in res.stdout and "tournament round 5 at step 42" in res.stdout, res.stdout
+
+
+@pytest_mpi
+def test_an_interrupted_tournament_resumes_exactly(two_by_two, tmp_path, cache):
+    # The same deterministic job stopped after 10 steps (round 0 played at step 7), then resumed with
+    # --resume auto: every later round pairs, scores and keeps exactly what the uninterrupted job did.
+    ref_dir, _ = two_by_two
+    base = ["dstore", "train", "--trainers", "2", "--run-dir", str(tmp_path)] + RUN
+    env = {"DSTORE_CACHE": str(cache)}
+    run_mpi(4, base + ["--stop-after-steps", "10"], timeout=150, env=env)
+    assert [r["round"] for r in read_jsonl(tmp_path / "tournament.jsonl")] == [0, 0]
+    res = run_mpi(4, base + ["--resume", "auto"], timeout=150, env=env)
+    assert "resumed from" in res.stdout and "at epoch 0, step 10" in res.stdout, res.stdout
+    keys = ("round", "global_step", "trainer", "partner", "own_score", "partner_score", "kept", "crc_own",
+            "crc_partner", "crc_kept")
+    want = [{k: r[k] for k in keys} for r in read_jsonl(ref_dir / "tournament.jsonl")]
+    got = [{k: r[k] for k in keys} for r in read_jsonl(tmp_path / "tournament.jsonl")]
+    assert got == want
+    for k in (0, 1):
+        a = torch.load(ref_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
+        b = torch.load(tmp_path / f"trainer{k}" / "checkpoint.pt", weights_only=True)
+        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == \
+            state_crc({key: b[key] for key in ("model", "optimizer", "scheduler")})
 
 
 @pytest_mpi

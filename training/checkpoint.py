@@ -117,6 +117,45 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def resolve_job_resume(resume: str | None, run_dir: str | None, runs_root: str, trainers: int) -> str | None:
+    """The run directory of the LTFB job `--resume` means (K trainers), or None to start from scratch.
+
+    Args:
+        resume: None (no resume); a job's run directory, or one of its trainers' checkpoints
+            (`<job>/trainer<k>/checkpoint.pt`); or "auto": `run_dir` if it holds trainer 0's
+            checkpoint, else the newest `<runs_root>/*` that does, else None.
+        run_dir: this run's directory, if one was given.
+        runs_root: where run directories with default names are created.
+        trainers: K; the job must hold a checkpoint for each trainer.
+
+    Raises:
+        ConfigError: the path is none of these, or a trainer's checkpoint is missing.
+    """
+    if resume is None:
+        return None
+    first = os.path.join("trainer0", CHECKPOINT_NAME)
+    if resume == "auto":
+        if run_dir and os.path.isfile(os.path.join(run_dir, first)):
+            job = run_dir
+        else:
+            found = glob.glob(os.path.join(runs_root, "*", first))
+            if not found:
+                return None
+            job = os.path.dirname(os.path.dirname(max(found, key=os.path.getmtime)))
+    elif os.path.isdir(resume):
+        job = resume
+    elif os.path.isfile(resume) and os.path.basename(os.path.dirname(os.path.abspath(resume))).startswith("trainer"):
+        job = os.path.dirname(os.path.dirname(os.path.abspath(resume)))
+    else:
+        raise ConfigError(f"--resume {resume!r}: with --trainers {trainers}, give the job's run directory "
+                          f"(holding trainer0/ ... trainer{trainers - 1}/) or one of its trainers' {CHECKPOINT_NAME}")
+    missing = [k for k in range(trainers) if not os.path.isfile(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))]
+    if missing:
+        raise ConfigError(f"--resume: {job} has no {CHECKPOINT_NAME} for trainer(s) {missing}; a tournament of "
+                          f"{trainers} trainers resumes only with every trainer's checkpoint")
+    return job
+
+
 def resolve_resume(resume: str | None, run_dir: str | None, runs_root: str) -> str | None:
     """The checkpoint path `--resume` means, or None to start from scratch.
 

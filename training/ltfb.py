@@ -241,8 +241,10 @@ class Tournament:
         return self.every
 
     def after_step(self, trainer, loader, global_step: int) -> None:
-        """The training loop's hook: plays a round every `every` steps."""
+        """The training loop's hook: plays a round every `every` steps (round r at step (r+1) x every,
+        counted from the job's first step, so a resumed job pairs as an uninterrupted one)."""
         if global_step % self.every == 0:
+            self.rounds = global_step // self.every - 1
             self.play(trainer, loader, global_step)
 
     def play(self, trainer, loader, global_step: int) -> list[dict] | None:
@@ -286,6 +288,14 @@ class Tournament:
         self._log.close()
 
 
+def _checkpoint_steps(job: str, trainers: int) -> list[int]:
+    """The global step each trainer's checkpoint in `job` was taken at."""
+    from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+    return [int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"])
+            for k in range(trainers)]
+
+
 def describe_round(records: list[dict]) -> str:
     """One line for a round's records (what each trainer kept, and the scores it saw)."""
     head = f"tournament round {records[0]['round']} at step {records[0]['global_step']}:"
@@ -317,13 +327,23 @@ def train_trainers(cfg, world, *, say) -> dict:
         "ranks_per_trainer", "tournaments", "run_dir", "test_by_trainer": [per trainer: accuracy
         or None], "best_trainer"}.
     """
+    from training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
     from training.data import ensure_builtin
+    from training.dist import on_root
     from training.run import new_run_dir, run_trainer
 
     main = world.Get_rank() == 0
     ranks_per_trainer(world.Get_size(), cfg.trainers)  # before anything else, the same error on every rank
     data_path = cfg.data or ensure_builtin(world, "digits", cfg.cache_dir)
-    run_dir = cfg.run_dir or new_run_dir(world, cfg.runs_root)
+    resumed = on_root(world, resolve_job_resume, cfg.resume, cfg.run_dir, cfg.runs_root, cfg.trainers)
+    if resumed is not None:
+        steps = on_root(world, _checkpoint_steps, resumed, cfg.trainers)
+        if len(set(steps)) != 1:
+            raise ConfigError(f"--resume: the trainers' checkpoints in {resumed} are at different global steps "
+                              f"{steps}; a tournament resumes only from checkpoints of one step (they are taken at "
+                              f"the same steps, so one trainer's save was interrupted: resume an earlier copy)")
+    # A resumed job without --run-dir continues in the directory it resumes.
+    run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
     tournament = Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
                             fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, LOG_NAME), say=say)
     k = tournament.trainer
@@ -332,10 +352,11 @@ def train_trainers(cfg, world, *, say) -> dict:
     if main:
         say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s); trainer k uses seed {cfg.seed}+k and "
             f"{run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, LOG_NAME)}")
+    resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
     comm = tournament.split()
     try:
-        result = run_trainer(mine, comm, data_path, mine.run_dir, say=lambda line: say(f"[trainer {k}] {line}"),
-                             tournament=tournament)
+        result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
+                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament)
     finally:
         comm.Free()
         tournament.close()

@@ -105,9 +105,6 @@ class TrainConfig:
             raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
-        if self.trainers > 1 and self.resume:
-            raise ConfigError(f"--resume is not supported with --trainers > 1 yet (got --trainers {self.trainers}): "
-                              f"a checkpoint holds one trainer, not the tournament's state")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -462,9 +459,12 @@ def _plain_config(cfg: TrainConfig) -> dict:
 def _check_compatible(ck: dict, cfg: TrainConfig, meta: dict) -> None:
     """A checkpoint continues only a run with the same data, model, batch size and seed."""
     old = ck.get("config", {})
-    for key in ("batch_size", "seed", "shuffle", "drop_last", "holdout"):
-        if old.get(key) != getattr(cfg, key):
-            raise ConfigError(f"cannot resume: the checkpoint was made with {key}={old.get(key)!r}, "
+    defaults = TrainConfig.__dataclass_fields__
+    for key in ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainers", "ltfb_round", "ltfb_metric",
+                "tournament_fraction"):
+        was = old.get(key, defaults[key].default)  # checkpoints made before a field existed had its default
+        if was != getattr(cfg, key):
+            raise ConfigError(f"cannot resume: the checkpoint was made with {key}={was!r}, "
                               f"this run has {key}={getattr(cfg, key)!r}")
     for key in ("model", "train_samples"):
         if ck.get("meta", {}).get(key) != meta[key]:
