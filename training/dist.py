@@ -10,14 +10,28 @@ group is handed to the trainer explicitly (``DistContext.group``); nothing reads
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
+import gc
 import socket
 from typing import Any
 
 from datastore.errors import ConfigError
 
 DEVICES = ("cpu", "cuda")
+_collect_at_exit = False
+
+
+def _collect_before_finalize() -> None:
+    """Frees unreachable objects (a DDP wrapper and its torch process group are often in a
+    reference cycle) while the interpreter and MPI are still whole. Python's atexit handlers run at
+    the start of interpreter shutdown, before the collection inside finalization and before
+    MPI_Finalize (mpi4py's Py_AtExit, at the very end). Left to that late collection, a gloo group
+    was destroyed mid-shutdown and one of its worker threads aborted the process: about 1 run in 3
+    of the 2-rank example ended with "terminate called without an active exception" (signal 6)
+    after printing its result; 0 in 20 with this handler."""
+    gc.collect()
 
 
 def _free_port() -> int:
@@ -119,8 +133,12 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
     import torch
     import torch.distributed as dist
 
+    global _collect_at_exit
     if device not in DEVICES:
         raise ConfigError(f"device={device!r} is not one of {DEVICES}")
+    if not _collect_at_exit:
+        atexit.register(_collect_before_finalize)  # atexit runs handlers last-registered first
+        _collect_at_exit = True
     rank, size = comm.Get_rank(), comm.Get_size()
     local_rank, local_size = node_position(comm)
     if device == "cuda":
