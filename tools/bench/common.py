@@ -132,6 +132,28 @@ def measure(comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int,
                        [g[2] for g in best], dict(extra))
 
 
+def busy_cores(interval: float = 0.5) -> float | None:
+    """How many cores' worth of CPU time the whole machine used over the last `interval` seconds
+    (from /proc/stat; None where there is none). Unlike the load average, which trails by a minute,
+    this says whether other work is running now: right after a previous run, the 1-minute load is
+    still high from our own processes."""
+    def sample():
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    try:
+        busy0, total0 = sample()
+        time.sleep(interval)
+        busy1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
+
+
 def median_pass(passes: list[Measurement]) -> Measurement:
     """The pass whose slowest rank took the median time among repeated passes of one measurement, with
     every pass's total MB/s kept in `extra["passes_MBps"]` (cold file reads on a VM or a shared file

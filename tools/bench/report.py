@@ -116,7 +116,10 @@ def markdown(results: dict[str, Any]) -> str:
                f"Command: `{meta.get('command', '')}`")
     if meta.get("load_average"):
         la = meta["load_average"]
-        out.append(f"Load average at start / end: {la[0]:.1f} / {la[1]:.1f} on {meta.get('cores', '?')} cores.")
+        line = f"Load average at start / end: {la[0]:.1f} / {la[1]:.1f} on {meta.get('cores', '?')} cores"
+        if meta.get("busy_cores_at_start") is not None:
+            line += f"; cores busy just before the run: {meta['busy_cores_at_start']:.2f}"
+        out.append(line + ".")
     delivery = [m for m in results["measurements"] if m["group"] != "decode"]
     decode = [m for m in results["measurements"] if m["group"] == "decode"]
     out += ["", "## Throughput (raw bytes delivered)", "", throughput_table(delivery), ""]

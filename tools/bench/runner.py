@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from tools.bench import baselines, layouts, limits, mosaic, report, store_bench, training_view
-from tools.bench.common import STORE_GETS, Measurement, Progress, median_pass
+from tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
 from tools.bench.data import DataSet, container_files, container_path, load_dataset, prepare_data, repeated_container
 
 
@@ -78,8 +78,12 @@ def run(comm, cfg: BenchConfig) -> dict:
     ms: list[Measurement] = []
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0]
-    if load_start > (os.cpu_count() or 1):
-        prog.note(f"warning: load average {load_start:.1f} on {os.cpu_count()} cores: other work is running "
+    # Every rank sleeps through the sample (MPICH ranks waiting in a barrier spin, and would count).
+    comm.Barrier()
+    busy = busy_cores() if rank == 0 else time.sleep(0.5)
+    comm.Barrier()
+    if busy is not None and busy > 0.5:
+        prog.note(f"warning: {busy:.1f} of {os.cpu_count()} cores busy before the run: other work is running "
                   "and every figure below is lower than this machine can do")
 
     # --- data ------------------------------------------------------------------------------------
@@ -218,6 +222,7 @@ def run(comm, cfg: BenchConfig) -> dict:
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
             "container": data.container, "zarr": data.zarr, "files": data.files is not None,
             "cores": os.cpu_count(), "bench_seconds": None, "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+            "busy_cores_at_start": None if busy is None else round(busy, 2),
         },
         "measurements": report.measurement_dicts(ms),
         "training_view": tv,
