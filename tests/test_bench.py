@@ -198,3 +198,27 @@ def test_quick_run_on_1_and_2_ranks(tmp_path):
     run_mpi(1, ["dstore", "bench", "--collect", one, two, "--out", str(tmp_path / "all")], timeout=60)
     assert (tmp_path / "all" / "scaling.png").read_bytes().startswith(PNG_MAGIC)
     assert "| 1 rank(s) MB/s | 2 rank(s) MB/s |" in (tmp_path / "all" / "scaling.md").read_text()
+
+
+def test_generated_data_options_and_their_errors():
+    from datastore.errors import ConfigError
+    from tools.bench.data import data_tag
+    from tools.cli import build_parser
+    from tools.cmd_bench import _config
+
+    def config(*argv):
+        return _config(build_parser().parse_args(["bench", *argv]))
+
+    cfg = config("--count", "100", "--mean-kb", "30", "--sides", "100,200", "--cold-repeat", "2")
+    assert (cfg.count, cfg.mean_bytes, cfg.sides, cfg.cold_repeat) == (100, 30_000, (100, 200), 2)
+    default = config()
+    assert (default.mean_bytes, default.sides, default.cold_repeat, default.train_samples) == \
+        (110_000, (333, 500), 3, None)
+    # The default data set keeps the name it had before these options, other sizes get their own.
+    assert data_tag(4096, 0) == data_tag(4096, 0, 110_000, (333, 500)) == "4096-s0"
+    assert data_tag(4096, 0, 30_000, (100, 200)) == "4096-s0-m30000-100x200"
+    for argv, flag in ((["--sides", "5,3"], "--sides=5,3"), (["--mean-kb", "0"], "--mean-kb=0"),
+                       (["--mean-kb", "1000"], "--mean-kb=1000 with --sides=333,500"),
+                       (["--cold-repeat", "0"], "--cold-repeat=0")):
+        with pytest.raises(ConfigError, match=flag):
+            config(*argv)

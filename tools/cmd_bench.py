@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"smoke-test size ({QUICK['count']} samples, growth {QUICK['growth']}); for CI")
     p.add_argument("--count", type=int, default=None, help="samples to generate (default 4096; --quick 192)")
+    p.add_argument("--mean-kb", type=float, default=110.0,
+                   help="mean size of the generated JPEGs in KB (10^3 bytes; default 110, ImageNet-like)")
+    p.add_argument("--sides", type=_ints, default=(333, 500), metavar="MIN,MAX",
+                   help="generated image sides: height and width each uniform in [MIN, MAX] (default 333,500)")
     p.add_argument("--out", default="bench-out", help="directory for results.json, results.md and the plots")
     p.add_argument("--data-dir", default=None,
                    help="where generated data (image folder, HDF5, Zarr, MDS) is kept and reused (default OUT/data)")
@@ -76,6 +80,17 @@ def _config(args):
     cold_repeat = args.cold_repeat if args.cold_repeat is not None else (QUICK["cold_repeat"] if args.quick else 3)
     if cold_repeat < 1:
         raise ConfigError(f"--cold-repeat={cold_repeat} must be >= 1")
+    if len(args.sides) != 2 or not 8 <= args.sides[0] <= args.sides[1]:
+        raise ConfigError(f"--sides={','.join(map(str, args.sides))} must be MIN,MAX with 8 <= MIN <= MAX")
+    if args.mean_kb <= 0:
+        raise ConfigError(f"--mean-kb={args.mean_kb} must be > 0")
+    if not args.container:
+        from datastore.ingest.synthetic import noise_amplitude
+
+        try:  # before anything is generated: can JPEGs of these sides average this size?
+            noise_amplitude(args.mean_kb * 1000, args.sides[0], args.sides[1])
+        except ConfigError as exc:
+            raise ConfigError(f"--mean-kb={args.mean_kb:g} with --sides={args.sides[0]},{args.sides[1]}: {exc}") from None
     if count < 2:
         raise ConfigError(f"--count={count} must be >= 2")
     if batch < 1:
@@ -87,7 +102,8 @@ def _config(args):
     caches = ("cold", "warm")
     if args.cold != args.warm:
         caches = ("cold",) if args.cold else ("warm",)
-    return BenchConfig(out=args.out, count=count, data_dir=args.data_dir, container=args.container,
+    return BenchConfig(out=args.out, count=count, mean_bytes=int(round(args.mean_kb * 1000)),
+                       sides=(int(args.sides[0]), int(args.sides[1])), data_dir=args.data_dir, container=args.container,
                        batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
                        decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
                        compute_factor=args.compute_factor, train_samples=train or None, cold_repeat=cold_repeat,

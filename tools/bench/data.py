@@ -55,25 +55,46 @@ def _openable(path: str) -> bool:
         return False
 
 
-def prepare_data(comm, count: int, data_dir: str, *, seed: int, formats=("hdf5", "zarr"),
-                 progress=None) -> str:
-    """Generates an ImageNet-like image folder of `count` JPEGs (rank 0) and ingests it into each of
-    `formats` (all ranks), reusing what a previous run left in `data_dir`. Returns the folder."""
+DEFAULT_MEAN_BYTES = 110_000
+DEFAULT_SIDES = (333, 500)
+
+
+def data_tag(count: int, seed: int, mean_bytes: int = DEFAULT_MEAN_BYTES, sides=DEFAULT_SIDES) -> str:
+    """The name part that identifies a generated data set in the data directory (the defaults keep
+    the short form, so data generated before these options existed is still found)."""
+    tag = f"{count}-s{seed}"
+    if int(mean_bytes) != DEFAULT_MEAN_BYTES or tuple(sides) != DEFAULT_SIDES:
+        tag += f"-m{int(mean_bytes)}-{int(sides[0])}x{int(sides[1])}"
+    return tag
+
+
+def prepare_data(comm, count: int, data_dir: str, *, seed: int, mean_bytes: int = DEFAULT_MEAN_BYTES,
+                 sides=DEFAULT_SIDES, formats=("hdf5", "zarr"), progress=None) -> str:
+    """Generates an ImageNet-like image folder of `count` JPEGs (all ranks write a share) and ingests it
+    into each of `formats` (all ranks), reusing what a previous run left in `data_dir`. Returns the
+    folder.
+
+    Args:
+        mean_bytes: the mean JPEG file size aimed at (datastore.ingest.synthetic).
+        sides: (min, max) of the image sides, each drawn uniformly in between.
+    """
     from datastore.ingest import ingest
     from datastore.ingest.synthetic import generate_image_folder
 
-    folder = os.path.join(data_dir, f"images-{count}-s{seed}")
+    tag = data_tag(count, seed, mean_bytes, sides)
+    folder = os.path.join(data_dir, f"images-{tag}")
     marker = os.path.join(folder, ".complete")
     if not comm.bcast(os.path.exists(marker) if comm.Get_rank() == 0 else None, root=0):
         if progress:
             progress.note(f"generating {count:,} JPEGs in {folder}")
-        generate_image_folder(folder, count, seed=seed, comm=comm)
+        generate_image_folder(folder, count, seed=seed, mean_bytes=int(mean_bytes), min_side=int(sides[0]),
+                              max_side=int(sides[1]), comm=comm)
         if comm.Get_rank() == 0:
             with open(marker, "w") as fh:
                 fh.write("ok\n")
     comm.Barrier()
     for fmt in formats:
-        path = container_path(data_dir, count, seed, fmt)
+        path = container_path(data_dir, tag, fmt)
         ok = comm.bcast(_openable(path) if comm.Get_rank() == 0 else None, root=0)
         if not ok:
             if progress:
@@ -83,8 +104,9 @@ def prepare_data(comm, count: int, data_dir: str, *, seed: int, formats=("hdf5",
     return folder
 
 
-def container_path(data_dir: str, count: int, seed: int, fmt: str) -> str:
-    return os.path.join(data_dir, f"set-{count}-s{seed}" + (".h5" if fmt == "hdf5" else ".zarr"))
+def container_path(data_dir: str, tag: str, fmt: str) -> str:
+    """Where the generated data set `tag` (data_tag) is kept in format `fmt`."""
+    return os.path.join(data_dir, f"set-{tag}" + (".h5" if fmt == "hdf5" else ".zarr"))
 
 
 def load_dataset(container: str, zarr_path: str | None, folder: str | None) -> DataSet:

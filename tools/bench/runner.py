@@ -13,7 +13,8 @@ import numpy as np
 
 from tools.bench import baselines, layouts, limits, mosaic, report, store_bench, training_view
 from tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
-from tools.bench.data import DataSet, container_files, container_path, load_dataset, prepare_data, repeated_container
+from tools.bench.data import (DataSet, container_files, container_path, data_tag, load_dataset, prepare_data,
+                              repeated_container)
 
 
 @dataclasses.dataclass
@@ -22,6 +23,8 @@ class BenchConfig:
 
     out: str
     count: int = 4096
+    mean_bytes: int = 110_000
+    sides: tuple[int, int] = (333, 500)
     data_dir: str | None = None
     container: str | None = None
     batch_size: int = 64
@@ -96,9 +99,11 @@ def run(comm, cfg: BenchConfig) -> dict:
                      "as written runs only on an HDF5 (Zarr) container, the folder and Mosaic baselines only if "
                      "its source files are on disk")
     else:
-        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, progress=prog)
-        hdf5 = container_path(data_dir, cfg.count, cfg.seed, "hdf5")
-        zarr_path = container_path(data_dir, cfg.count, cfg.seed, "zarr")
+        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides,
+                              progress=prog)
+        tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
+        hdf5 = container_path(data_dir, tag, "hdf5")
+        zarr_path = container_path(data_dir, tag, "zarr")
     data = load_dataset(hdf5, zarr_path, folder)
     prog.note(f"per-sample copies for the h5py and zarr baselines in {data_dir} (written once, then reused)")
     data.h5py_contiguous = layouts.contiguous_hdf5(comm, data.container, data.offsets, data.labels, data_dir)
@@ -282,7 +287,8 @@ def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[di
             prog.note(f"growth limited to the container's {data.num_samples:,} samples")
         else:
             data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
-            path = os.path.join(data_dir, f"repeated-{cfg.count}x-{sizes[-1]}-s{cfg.seed}.h5")
+            tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
+            path = os.path.join(data_dir, f"repeated-{sizes[-1]}-of-{tag}.h5")
             prog.note(f"growth container: {sizes[-1]:,} samples repeating the {data.num_samples:,} generated ones")
             big = repeated_container(comm, data, sizes[-1], path)
     out = []
