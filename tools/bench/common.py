@@ -190,6 +190,14 @@ def evict(paths) -> int:
     return evict_files(files_under(paths), skip_unopenable=True)
 
 
+def quiet_barrier(comm, poll: float = 0.01) -> None:
+    """A barrier whose waiting ranks sleep between checks: MPICH's blocking calls spin a core while
+    they wait, which would take CPU from work one rank does alone (the Mosaic peer)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll)
+
+
 def evict_on_nodes(comm, paths) -> None:
     """Evicts `paths` once per node (one rank of each shared-memory group), then waits for all."""
     from mpi4py import MPI

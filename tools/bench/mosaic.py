@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tools.bench.common import Measurement
+from tools.bench.common import Measurement, quiet_barrier
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "venv-mosaic"
@@ -47,6 +47,7 @@ def run_peer(comm, samples: list[tuple[str, int]], work_dir: str, *, seed: int, 
     result = None
     if comm.Get_rank() == 0:
         result = _run_on_root(samples, work_dir, seed=seed, batch_size=batch_size, venv=venv, timeout=timeout)
+    quiet_barrier(comm)  # the other ranks sleep meanwhile instead of spinning in the bcast
     ms, note = comm.bcast(result, root=0)
     return [Measurement.from_dict(d) for d in ms], note
 
