@@ -234,11 +234,6 @@ STEPS, ROUND = 42, 7
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def two_by_two(tmp_path_factory, cache):
     """2 trainers x 2 ranks: local rank i of one trainer exchanges with local rank i of the other."""
     run_dir = tmp_path_factory.mktemp("ltfb")

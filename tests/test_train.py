@@ -19,11 +19,6 @@ STEPS_PER_EPOCH = 23  # 1438 training samples of digits (80%), global batch 64, 
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def full_run(tmp_path_factory, cache):
     """An uninterrupted 3-epoch run; with no container given, it ingests `digits` into the cache."""
     run_dir = tmp_path_factory.mktemp("full")
