@@ -19,6 +19,7 @@ COMMANDS = {
     "info": "tools.cmd_info",
     "train": "tools.cmd_train",
     "bench": "tools.cmd_bench",
+    "pfs": "tools.cmd_pfs",
 }
 
 

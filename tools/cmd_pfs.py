@@ -1,0 +1,38 @@
+"""`dstore pfs SOURCE MOUNTPOINT`: serve a directory through a parallel-file-system model (FUSE), in the foreground."""
+
+from __future__ import annotations
+
+HELP = ("serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-system model (latency per read "
+        "and per open, iops and bandwidth shared by every reader, no page cache) until Ctrl-C/SIGTERM; "
+        "see docs/storage.md")
+
+
+def add_arguments(p) -> None:
+    from tools.pfs.fs import add_model_arguments
+
+    p.add_argument("source", metavar="SOURCE", help="the directory to serve")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory to mount it at")
+    add_model_arguments(p)
+    p.add_argument("--stats-json", default=None, help="also write what was served to this JSON file on exit")
+    p.add_argument("--find-stale", action="store_true",
+                   help="only list dstore pfs mounts left by killed runs, with the command that removes each")
+
+
+def run(args) -> int:
+    from tools.pfs.fs import model_from_args, serve, summary
+    from tools.pfs.mount import fuse_available, PfsMountError, stale_mounts, unmount_command
+
+    if args.find_stale:
+        stale = stale_mounts()
+        for mp in stale:
+            print(f"stale dstore pfs mount: {mp}  (remove with: {unmount_command(mp)})")
+        if not stale:
+            print("no stale dstore pfs mounts")
+        return 1 if stale else 0
+    model = model_from_args(args)
+    reason = fuse_available()
+    if reason:
+        raise PfsMountError(f"cannot mount here: {reason}")
+    stats = serve(args.source, args.mountpoint, model, stats_path=args.stats_json)
+    print(summary(stats), flush=True)
+    return 0

@@ -1,0 +1,265 @@
+"""Starting and stopping a `dstore pfs` mount from Python, and finding mounts a killed run left behind.
+
+    from tools.pfs import pfs_mount, parse_spec
+
+    with pfs_mount("data/", model=parse_spec("pfs:latency=2ms,iops=2000")) as mnt:
+        read_everything(mnt.path("x.h5"))
+    print(mnt.stats)   # what the mount served
+
+The file system runs in its own process (`python -m tools.pfs.fs`, no MPI in it); the context
+manager returns once the mount is live, and on exit always unmounts and reaps that process, also
+after an error in the body or a file system that died.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from datastore.errors import ConfigError, DStoreError
+from tools.pfs.model import DEFAULTS, PfsModel
+
+FSNAME = "dstore-pfs"
+
+
+class PfsMountError(DStoreError, OSError):
+    """The file system could not be mounted, or a mount is in the way; the message says what to run."""
+
+
+class StaleMountError(PfsMountError):
+    """A FUSE mount whose process is gone (left by a killed run): the message names the command that removes it."""
+
+
+def fusermount() -> str | None:
+    """The fusermount program (fusermount3 from Debian's fuse3), or None."""
+    return shutil.which("fusermount3") or shutil.which("fusermount")
+
+
+def fuse_available() -> str | None:
+    """None if FUSE mounts can be made here, else the reason why not (for skips and errors)."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing (no FUSE in this kernel or container)"
+    if fusermount() is None:
+        return "fusermount3 is not installed (Debian: apt-get install fuse3)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:  # OSError: libfuse3.so not found by ctypes
+        return f"the mfusepy binding cannot load: {exc}"
+    return None
+
+
+def unmount_command(mountpoint: str) -> str:
+    prog = os.path.basename(fusermount() or "fusermount3")
+    return f"{prog} -u {shlex.quote(mountpoint)}"
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def fuse_mounts() -> list[tuple[str, str]]:
+    """(mountpoint, file system type) of every FUSE mount this process can see."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                fstype = right.split()[0] if right else ""
+                if fstype.startswith("fuse"):
+                    out.append((_unescape(left.split()[4]), fstype))
+    except OSError:
+        pass
+    return out
+
+
+def is_mounted(mountpoint: str) -> bool:
+    mp = os.path.abspath(mountpoint)
+    return any(m == mp for m, _ in fuse_mounts())
+
+
+def is_stale(mountpoint: str) -> bool:
+    """A FUSE mount at `mountpoint` whose file system process is gone (stat fails with ENOTCONN)."""
+    if not is_mounted(mountpoint):
+        return False
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
+def stale_mounts(fstype: str = "fuse." + FSNAME) -> list[str]:
+    """Mountpoints of `dstore pfs` mounts whose process is gone (a killed run's leftovers)."""
+    return [m for m, t in fuse_mounts() if t == fstype and is_stale(m)]
+
+
+def check_mountpoint(mountpoint: str) -> str:
+    """The mountpoint's absolute path, if a mount can be made there.
+
+    Raises:
+        StaleMountError: a mount left by a killed run is there (the message says how to remove it).
+        PfsMountError: it is not a directory, or something is mounted there already.
+    """
+    mp = os.path.abspath(mountpoint)
+    if is_stale(mp):
+        raise StaleMountError(f"MOUNTPOINT {mp} holds a stale FUSE mount (its file system process is gone, "
+                              f"probably a killed run); remove it with: {unmount_command(mp)}")
+    if is_mounted(mp):
+        raise PfsMountError(f"MOUNTPOINT {mp} is already a live FUSE mount; unmount it first: {unmount_command(mp)}")
+    if not os.path.isdir(mp):
+        raise PfsMountError(f"MOUNTPOINT {mp} " + ("is not a directory" if os.path.exists(mp) else "does not exist"))
+    return mp
+
+
+def force_unmount(mountpoint: str) -> bool:
+    """Unmounts `mountpoint` with fusermount -u, then lazily (-uz) if busy. True if it is gone."""
+    prog = fusermount()
+    if prog is None:
+        return not is_mounted(mountpoint)
+    for flags in (["-u"], ["-u", "-z"]):
+        if not is_mounted(mountpoint):
+            return True
+        subprocess.run([prog, *flags, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False, timeout=30)
+    return not is_mounted(mountpoint)
+
+
+def _child_env() -> dict:
+    """Our environment without the MPI process manager's variables: the file system process must
+    never be taken for an MPI rank."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_"))}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class PfsMount:
+    """A `dstore pfs` mount of `source` for the lifetime of a `with` block.
+
+    Args:
+        source: the directory to serve.
+        mountpoint: where to mount (an existing directory); default: a new temporary directory,
+            removed again on exit.
+        model: the PfsModel (default: DEFAULTS).
+        timeout: seconds to wait for the mount to come up.
+
+    Attributes:
+        mountpoint: the absolute mountpoint.
+        stats: after exit, what the mount served (tools.pfs.model.Counters fields, wall_seconds).
+    """
+
+    def __init__(self, source, mountpoint=None, model: PfsModel = DEFAULTS, *, timeout: float = 30.0):
+        self.source = os.path.realpath(os.fspath(source))
+        self.model = model
+        self.timeout = timeout
+        self._own_dir = mountpoint is None
+        self.mountpoint = None if mountpoint is None else os.path.abspath(os.fspath(mountpoint))
+        self.stats: dict | None = None
+        self.log = ""
+        self._proc = None
+        self._tmp = None
+
+    def path(self, *parts) -> str:
+        """A path inside the mount (`mnt.path("x.h5")`)."""
+        return os.path.join(self.mountpoint, *parts)
+
+    def translate(self, path) -> str:
+        """The path under the mount of `path`, a path under `source`."""
+        rel = os.path.relpath(os.path.realpath(os.fspath(path)), self.source)
+        if rel.startswith(".."):
+            raise ConfigError(f"{path} is not under the mounted directory {self.source}")
+        return self.mountpoint if rel == "." else os.path.join(self.mountpoint, rel)
+
+    def __enter__(self) -> "PfsMount":
+        reason = fuse_available()
+        if reason:
+            raise PfsMountError(f"cannot mount a pfs model here: {reason}")
+        if not os.path.isdir(self.source):
+            raise ConfigError(f"SOURCE {self.source!r} is not a directory: dstore pfs serves a directory")
+        self._tmp = tempfile.mkdtemp(prefix="dstore-pfs-")
+        if self._own_dir:
+            self.mountpoint = os.path.join(self._tmp, "mnt")
+            os.mkdir(self.mountpoint)
+        check_mountpoint(self.mountpoint)
+        self._stats_path = os.path.join(self._tmp, "stats.json")
+        self._log_path = os.path.join(self._tmp, "log.txt")
+        cmd = [sys.executable, "-m", "tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
+               "--stats-json", self._stats_path]
+        with open(self._log_path, "w") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=_child_env(), start_new_session=True)
+        try:
+            self._wait_live()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _wait_live(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise PfsMountError(f"the pfs file system exited with code {self._proc.returncode} before "
+                                    f"mounting {self.source} at {self.mountpoint}: {self._read_log().strip()}")
+            if is_mounted(self.mountpoint):
+                try:
+                    os.stat(self.mountpoint)
+                    return
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                raise PfsMountError(f"the pfs mount at {self.mountpoint} did not come up within {self.timeout:g} s: "
+                                    f"{self._read_log().strip()}")
+            time.sleep(0.02)
+
+    def _read_log(self) -> str:
+        try:
+            with open(self._log_path) as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Unmounts and reaps the file system process; safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # libfuse ends its loop and unmounts
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.mountpoint and is_mounted(self.mountpoint):
+                force_unmount(self.mountpoint)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=15)
+            self.log = self._read_log()
+            try:
+                with open(self._stats_path) as fh:
+                    self.stats = json.load(fh)
+            except (OSError, ValueError):
+                self.stats = None
+        if self._tmp is not None:
+            if self.mountpoint and is_mounted(self.mountpoint):
+                force_unmount(self.mountpoint)
+            if not (self.mountpoint and is_mounted(self.mountpoint)):
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def pfs_mount(source, mountpoint=None, model: PfsModel = DEFAULTS, **kw) -> PfsMount:
+    """`with pfs_mount(source, mountpoint, model) as mnt:` (see PfsMount)."""
+    return PfsMount(source, mountpoint, model, **kw)
