@@ -287,19 +287,40 @@ def _check_args(fmt, shards, on_error, count, output):
         raise ConfigError(f"output {output!r} has the suffix of the other format but fmt={fmt!r}")
 
 
-def _prepare_output(manifest: str | None, shard_paths: list[str], overwrite: bool) -> bool:
-    """On rank 0 before writing: checks the target; for a sharded container creates its directory
-    and removes an old manifest (so a failed rewrite never leaves a manifest over mixed shards).
-    Returns True if it created the directory."""
-    from datastore.formats import ContainerExistsError
+def _check_overlap(source: str, output: str, paths: list[str]) -> None:
+    """Refuses an output inside the source (its files would be read while written, and an
+    overwrite could destroy them) and a source inside the output (an overwrite would remove it)."""
+    if source in ("digits", "synthetic") or not os.path.exists(source):
+        return
+    src = os.path.realpath(source)
+    for path in [output] + paths:
+        real = os.path.realpath(path)
+        if real == src or real.startswith(os.path.join(src, "")):
+            raise ConfigError(f"output {output!r} is inside the source {source!r} (or is it); "
+                              "write the container elsewhere")
+        if src.startswith(os.path.join(real, "")):
+            raise ConfigError(f"the source {source!r} is inside the output {output!r}; "
+                              "write the container elsewhere")
 
+
+def _prepare_output(source: str, output: str, manifest: str | None, shard_paths: list[str],
+                    overwrite: bool) -> bool:
+    """On rank 0 before writing: checks the target (it may hold only our own containers, and only
+    with `overwrite`); for a sharded container creates its directory and removes an old manifest
+    (so a failed rewrite never leaves a manifest over mixed shards). Returns True if it created the
+    directory."""
+    from datastore.formats import ContainerExistsError
+    from datastore.formats.layout import check_replaceable
+
+    _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
+    for path in ([] if manifest is None else [manifest]) + shard_paths:
+        if os.path.lexists(path):
+            if not overwrite:
+                raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite)")
+            check_replaceable(path)
     if manifest is None:
-        if os.path.lexists(shard_paths[0]) and not overwrite:
-            raise ContainerExistsError(f"{shard_paths[0]} already exists (pass overwrite=True / --overwrite)")
         return False
     if os.path.lexists(manifest):
-        if not overwrite:
-            raise ContainerExistsError(f"{manifest} already exists (pass overwrite=True / --overwrite)")
         os.remove(manifest)
     directory = os.path.dirname(shard_paths[0])
     if os.path.isdir(directory):
@@ -358,7 +379,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     exc, created = None, False
     if rank == 0:
         try:
-            created = _prepare_output(manifest, shard_paths, overwrite)
+            created = _prepare_output(source, output, manifest, shard_paths, overwrite)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
     agree(comm, exc)
