@@ -1,0 +1,191 @@
+"""`dstore pfs` mounted for real: bytes, the model's caps (lower bounds only), unmounting on every exit, stale mounts.
+
+Skipped, with the reason, where FUSE is not available (no /dev/fuse, no fusermount3, no libfuse3).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from datastore.errors import ConfigError
+from tools.pfs import PfsModel, StaleMountError, fuse_available, parse_spec, pfs_mount, stale_mounts
+from tools.pfs.mount import check_mountpoint, force_unmount, is_mounted
+
+REASON = fuse_available()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"FUSE tests need FUSE: {REASON}")
+
+SIZES = {"empty": 0, "one": 1, "page-1": 4095, "page": 4096, "sample.jpg": 110_000, "big.bin": 2_500_000,
+         "sub/deeper/x.bin": 300_001}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = tmp_path_factory.mktemp("pfs-src")
+    rng = random.Random(9)
+    for name, size in SIZES.items():
+        p = src / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rng.randbytes(size))
+    return src
+
+
+def _pread_all(path, n, size, nthreads, seed=0):
+    """`nthreads` threads, each `n` preads of `size` bytes at seeded offsets of one file."""
+    def work(k):
+        rng = random.Random(seed + k)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            end = os.fstat(fd).st_size - size
+            for _ in range(n):
+                os.pread(fd, size, rng.randrange(0, max(end, 1)))
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(nthreads)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def test_bytes_through_the_mount_equal_the_source(source):
+    with pfs_mount(source, model=parse_spec("local")) as mnt:
+        assert sorted(os.listdir(mnt.mountpoint)) == sorted(os.listdir(source))
+        for name, size in SIZES.items():
+            assert os.stat(mnt.path(name)).st_size == size
+            with open(mnt.path(name), "rb") as fh:
+                assert fh.read() == (source / name).read_bytes(), name
+        errors = []
+
+        def reader(k):
+            rng = random.Random(k)
+            names = [n for n, s in SIZES.items() if s]
+            fds = {n: os.open(mnt.path(n), os.O_RDONLY) for n in names}
+            try:
+                for _ in range(150):
+                    n = rng.choice(names)
+                    off = rng.randrange(0, SIZES[n] + 10)
+                    ln = rng.choice([1, 4096, 110_000, 1_200_000])
+                    want = (source / n).read_bytes()[off:off + ln]
+                    if os.pread(fds[n], ln, off) != want:
+                        errors.append((n, off, ln))
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with pytest.raises(OSError):  # read-only
+            open(mnt.path("one"), "r+b")
+    assert mnt.stats["reads"] > 1000 and mnt.stats["read_bytes"] > 0
+    assert not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
+
+
+@pytest.mark.parametrize("spec, n, size, nthreads, lower", [
+    # N reads at iops=200 (plus a few opens/stats, which also take tokens) take >= 0.9 N / 200 s
+    ("pfs:latency=0,iops=200,bandwidth=unlimited", 40, 4096, 4, 0.9 * 160 / 200),
+    # one reader, 20 ms per read: >= 0.9 x 25 x 20 ms; four readers overlap their latencies
+    ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 1, 0.9 * 25 * 0.02),
+    ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 4, 0.9 * 25 * 0.02),
+    # 4 x 20 reads of 110 KB = 8.8 MB at 40 MB/s (minus one 10 ms burst)
+    ("pfs:latency=0,iops=unlimited,bandwidth=40MB/s", 20, 110_000, 4, 0.9 * (80 * 110_000 - 400_000) / 40e6),
+])
+def test_model_caps_hold_lower_bounds(source, spec, n, size, nthreads, lower):
+    with pfs_mount(source, model=parse_spec(spec)) as mnt:
+        elapsed = _pread_all(mnt.path("big.bin"), n, size, nthreads)
+    assert elapsed >= lower, f"{spec}: {nthreads}x{n} reads took {elapsed:.3f} s < {lower:.3f} s"
+    assert mnt.stats["reads"] == n * nthreads
+
+
+def _wait_mounted(mp, proc, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not (is_mounted(mp) and os.path.exists(os.path.join(mp, "one"))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "mount did not come up"
+        time.sleep(0.05)
+
+
+def test_dstore_pfs_unmounts_on_sigterm_and_reports(source, tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    stats = tmp_path / "stats.json"
+    proc = subprocess.Popen([sys.executable, "-m", "tools", "pfs", str(source), str(mp), "--latency", "1ms",
+                             "--stats-json", str(stats)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_mounted(str(mp), proc)
+        assert (mp / "sample.jpg").read_bytes() == (source / "sample.jpg").read_bytes()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        force_unmount(str(mp))
+    assert proc.returncode == 0, out
+    assert not is_mounted(str(mp))
+    assert "served" in out and "MB" in out, out
+    import json
+
+    assert json.loads(stats.read_text())["read_bytes"] >= 110_000
+
+
+def test_bad_source_leaves_no_mount(tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "tools", "pfs", str(tmp_path / "nope"), str(mp)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "SOURCE" in r.stderr and "nope" in r.stderr, r.stderr
+    assert not is_mounted(str(mp))
+    with pytest.raises(ConfigError, match="SOURCE"):
+        with pfs_mount(tmp_path / "nope", mp):
+            pass
+    assert not is_mounted(str(mp))
+
+
+def test_error_in_the_body_still_unmounts(source):
+    with pytest.raises(RuntimeError, match="boom"):
+        with pfs_mount(source, model=PfsModel(latency=1e-3)) as mnt:
+            assert os.listdir(mnt.mountpoint)
+            raise RuntimeError("boom")
+    assert not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
+
+
+def test_stale_mount_is_detected_and_named(source, tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "tools.pfs.fs", str(source), str(mp), "--latency", "0"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_mounted(str(mp), proc)
+        proc.kill()  # a killed run: the kernel mount stays, its process is gone
+        proc.wait(timeout=30)
+        assert str(mp) in stale_mounts()
+        with pytest.raises(StaleMountError, match=f"fusermount3? -u {mp}"):
+            check_mountpoint(str(mp))
+        r = subprocess.run([sys.executable, "-m", "tools", "pfs", str(source), str(mp)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "stale" in r.stderr and f"-u {mp}" in r.stderr, r.stderr
+        r = subprocess.run([sys.executable, "-m", "tools", "pfs", "--find-stale", "-", "-"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and str(mp) in r.stdout, r.stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        force_unmount(str(mp))
+    assert not is_mounted(str(mp)) and str(mp) not in stale_mounts()
+    check_mountpoint(str(mp))  # usable again
