@@ -37,7 +37,8 @@ import numpy as np
 
 from datastore import plan, prefault
 from datastore import shuffle as shuffle_mod
-from datastore.errors import ConfigError, MemoryBudgetError
+from datastore.collective import AGREED, agree, is_agreed
+from datastore.errors import ConfigError, FormatError, MemoryBudgetError
 from datastore.formats.base import ContainerReader
 from datastore.memory import budget_error, default_budget, parse_bytes
 from datastore.window import Arena, node_comm
@@ -189,6 +190,7 @@ class DataStore:
         self._next = (0, 0)
         self._active = None
         self._closed = False
+        self._failed = False  # an agreed failure was raised on every rank: skip further agreements
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats = {}
 
@@ -267,48 +269,112 @@ class DataStore:
         nodecomm = node_comm(self.comm)
         try:
             self._check_budget(nodecomm)
-        except BaseException:
+        except BaseException as exc:
             nodecomm.Free()
+            if isinstance(exc, (ConfigError, MemoryBudgetError)):
+                setattr(exc, AGREED, True)  # every rank saw the same gathered rows and raises alike
             raise
         t0 = time.perf_counter()
-        if self.replicate:
-            self._nodecomm = nodecomm
-            self._arena = Arena(nodecomm, int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
-            self._view = self._arena.segment(0)
-            nb = plan.block_bounds(self.offsets, nodecomm.Get_size())
-            lo, hi = int(nb[nodecomm.Get_rank()]), int(nb[nodecomm.Get_rank() + 1])
-            a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            self._preload(lo, hi, self._view[a:b])
-            nbytes = b - a
-        else:
-            peers = nodecomm.allgather(self.rank) if self.node_views else [self.rank]
-            nodecomm.Free()
-            self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
-            self._segs = self._arena.map_peers(peers, self.layout.nbytes)
-            if self.population == "preload":
-                lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-                self._preload(lo, hi, self._arena.local)
-                nbytes = self._arena.local.size
+        exc = None
+        try:  # window allocation is collective: a rank that fails it tells the others below
+            if self.replicate:
+                self._nodecomm = nodecomm
+                self._arena = Arena(nodecomm, int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0,
+                                    shared=True)
             else:
-                self._loaded = np.zeros(self.num_samples, dtype=bool)
-                self._loaded[self.layout.owner != self.rank] = True  # only own samples are tracked
-                nbytes = 0
+                peers = nodecomm.allgather(self.rank) if self.node_views else [self.rank]
+                nodecomm.Free()
+                self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
+            exc = e
+        self._agree(exc)
+        nbytes = 0
+        try:
+            if self.replicate:
+                self._view = self._arena.segment(0)
+                nb = plan.block_bounds(self.offsets, nodecomm.Get_size())
+                lo, hi = int(nb[nodecomm.Get_rank()]), int(nb[nodecomm.Get_rank() + 1])
+                a, b = int(self.offsets[lo]), int(self.offsets[hi])
+                self._preload(lo, hi, self._view[a:b])
+                nbytes = b - a
+            else:
+                self._segs = self._arena.map_peers(peers, self.layout.nbytes)
+                if self.population == "preload":
+                    lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
+                    self._preload(lo, hi, self._arena.local)
+                    nbytes = self._arena.local.size
+                else:
+                    self._loaded = np.zeros(self.num_samples, dtype=bool)
+                    self._loaded[self.layout.owner != self.rank] = True  # only own samples are tracked
+        except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
+            exc = e
+        try:
+            self._agree(exc)
+        except BaseException:
+            self._free_windows()  # collective, and every rank is here: nothing is left to MPI_Finalize
+            raise
         self._arena.publish()
         self._add_population(time.perf_counter() - t0, nbytes)
+
+    def _agree(self, exc) -> None:
+        """Collective (datastore.collective.agree): raises on every rank if `exc` is set on any."""
+        try:
+            agree(self.comm, exc)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _read_error(self, exc: BaseException, lo: int, hi: int) -> FormatError:
+        """A FormatError naming the container and the samples among served [lo, hi) that cannot be
+        read (each tried alone, on this failure path only), or the range if none fails alone."""
+        path = getattr(self.container, "path", "the container")
+        bad = []
+        for i in range(lo, min(hi, lo + 4096)):
+            try:
+                self.container.read_range(self.start + i, self.start + i + 1)
+            except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
+                bad.append(i)
+        ids = [self.start + i for i in (bad or [lo, hi - 1])]
+
+        def named(i):
+            try:
+                return f"{i} ({self.container.name(i)})"
+            except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
+                return str(i)
+
+        if bad:
+            which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(named(i) for i in ids[:5])
+            which += " ..." if len(ids) > 5 else ""
+        else:
+            which = f"samples {named(ids[0])} .. {named(ids[-1])}"
+        return FormatError(f"{path}: cannot read {which}: {type(exc).__name__}: {exc}")
 
     def _read(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Samples [lo, hi) of the served range into `out` with one range read."""
         if hi > lo:
-            self.container.read_range(self.start + lo, self.start + hi, out=out)
+            try:
+                self.container.read_range(self.start + lo, self.start + hi, out=out)
+            except Exception as exc:
+                raise self._read_error(exc, lo, hi) from exc
 
     def _preload(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Samples [lo, hi) into `out`, fresh window memory, in pieces whose page faults are taken
         in a thread while the piece before is read (see datastore.prefault)."""
         if hi <= lo:
             return
-        base = self._base_byte + int(self.offsets[lo])
+        first = int(self.offsets[lo])
+        base = self._base_byte + first
         read_bytes = self.container.read_bytes
-        prefault.read_in_pieces(lambda a, b, view: read_bytes(base + a, base + b, out=view), out)
+
+        def read(a, b, view):
+            try:
+                read_bytes(base + a, base + b, out=view)
+            except Exception as exc:  # name the samples whose bytes the failed piece holds
+                s = int(np.searchsorted(self.offsets, first + a, side="right")) - 1
+                e = int(np.searchsorted(self.offsets, first + b, side="left"))
+                raise self._read_error(exc, max(s, lo), min(max(e, s + 1), hi)) from exc
+
+        prefault.read_in_pieces(read, out)
 
     def _add_population(self, seconds: float, nbytes: int) -> None:
         p = self._pop
@@ -374,7 +440,12 @@ class DataStore:
                 lazy = all(f[1] for f in flags)
                 if not lazy:  # someone needs samples nobody has read yet: fill everything first
                     t0 = time.perf_counter()
-                    n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+                    n, exc = 0, None
+                    try:
+                        n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+                    except Exception as e:  # noqa: BLE001 - the others wait in publish()
+                        exc = e
+                    self._agree(exc)
                     self._arena.publish()
                     self._add_population(time.perf_counter() - t0, n)
         st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
@@ -416,6 +487,7 @@ class DataStore:
             return s, slot, ids, sched.pad[sl], f, reqs
 
         pending = collections.deque()
+        failure = None  # a read error on this rank, agreed with the others where they next meet
         t_in = t_epoch  # the consumer waits from its first next() on
         reading = contextlib.nullcontext() if (self.replicate or lazy) else arena.reading()
         with reading:
@@ -427,7 +499,11 @@ class DataStore:
                 for s in steps:
                     if lazy:
                         t1 = time.perf_counter()
-                        n = self._fill_dynamic(ids_all[sched.step(s)])
+                        try:
+                            n = self._fill_dynamic(ids_all[sched.step(s)])
+                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                            failure = exc
+                            break
                         self._add_population(time.perf_counter() - t1, n)
                         pending.append(issue(s, 0))
                     _, slot, ids, pad, f, reqs = pending.popleft()
@@ -468,7 +544,13 @@ class DataStore:
         st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
         if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             t1 = time.perf_counter()
-            n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+            n = 0
+            if failure is None:
+                try:
+                    n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
+                except Exception as exc:  # noqa: BLE001 - the others wait in publish()
+                    failure = exc
+            self._agree(failure)
             self._arena.publish()
             self._add_population(time.perf_counter() - t1, n)
         st.update(self._pop)
@@ -512,11 +594,23 @@ class DataStore:
             self.container.close()
 
     def close(self) -> None:
-        """Collective: ends an open epoch, frees the windows, closes a container it opened. Safe twice."""
+        """Collective: ends an open epoch, agrees that no rank failed (else raises that rank's
+        error on every rank, after freeing), frees the windows, closes a container it opened.
+        Safe twice."""
         self._closed = True
         if self._active is not None:
             self._active.close()
             self._active = None
+        try:
+            if self._arena is not None and not self._failed:
+                self._agree(None)  # a rank that failed mid-epoch waits in its agreement: meet it here
+        finally:
+            self._free_windows()
+            self._close_container()
+            self._owns_container = False
+
+    def _free_windows(self) -> None:
+        """Collective: frees the windows and the node communicator (safe twice)."""
         arena, self._arena = self._arena, None
         self._view = None
         self._segs = {}
@@ -526,20 +620,20 @@ class DataStore:
         if self._nodecomm is not None:
             self._nodecomm.Free()
             self._nodecomm = None
-        self._close_container()
-        self._owns_container = False
 
     def __enter__(self):
         try:
             self.populate()
         except BaseException:
-            self.close()
+            # An agreed failure has freed the windows on every rank already; any other leaves
+            # them to MPI_Finalize, since another rank may never reach a collective free.
+            self._abandon()
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
+        if exc_type is None or (exc is not None and is_agreed(exc)):
+            self.close()  # every rank raised the same agreed error, so every rank is here
         else:
             # Another rank may never reach the collective free: release what is local only, so
             # the exception reaches the top (where `python -m mpi4py` or the CLI ends the job)

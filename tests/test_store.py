@@ -93,3 +93,44 @@ def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
         with pytest.raises(AssertionError):
             scenarios.check_delivery(MPI.COMM_SELF, reader, bad, **kw)
     reader.close()
+
+
+_FAILING_READ = (
+    "import sys\n"
+    "from mpi4py import MPI\n"
+    "from datastore.store import DataStore\n"
+    "try:\n"
+    "    with DataStore(MPI.COMM_WORLD, sys.argv[1], batch_size=12, population=sys.argv[2],\n"
+    "                   replicate=sys.argv[3] == '1') as st:\n"
+    "        for e in (0, 1):\n"
+    "            for b in st.epoch(e):\n"
+    "                pass\n"
+    "except Exception as exc:\n"
+    "    print(f'rank {MPI.COMM_WORLD.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
+    "    raise\n"
+    "print('finished', flush=True)\n"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("population,replicate", [("preload", "0"), ("dynamic", "0"), ("preload", "1")])
+def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_path, population, replicate):
+    # Issue 11 defect 1: one rank's read fails (a truncated Zarr data chunk holding only samples of
+    # rank 0's block); that rank used to call the collective Win.Free while the other waited in
+    # publish(): a hang. Run as a plain script (no `-m mpi4py` to abort the job): every rank must
+    # raise an error naming the container and the samples, and the job must end.
+    import os
+
+    path = scenarios.make_container(str(tmp_path / "c.zarr"), fmt="zarr", chunk_bytes=1 << 16)
+    os.truncate(os.path.join(path, "data", "c", "1"), 1000)
+    script = tmp_path / "read.py"
+    script.write_text(_FAILING_READ)
+    res = run_mpi(2, ["python", str(script), path, population, replicate], timeout=60, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "finished" not in res.stdout, out
+    for r in (0, 1):
+        line = next((x for x in res.stdout.splitlines() if x.startswith(f"rank {r} raised")), None)
+        assert line is not None, out
+        assert "FormatError" in line and path in line and "truncated" in line, line
+        assert "sample" in line and "(s" in line, line  # names the samples: index and source name

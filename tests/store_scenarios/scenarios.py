@@ -22,10 +22,11 @@ from datastore.store import DataStore
 BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
 
 
-def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5"):
-    """A container with varied sample sizes (empty ones included); returns its path."""
+def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5", **options):
+    """A container with varied sample sizes (empty ones included); returns its path. `options` go
+    to the writer (e.g. chunk_bytes)."""
     rng = np.random.default_rng(seed)
-    with create_writer(path, fmt, encoding=encoding, class_names=[f"c{i}" for i in range(5)]) as w:
+    with create_writer(path, fmt, encoding=encoding, class_names=[f"c{i}" for i in range(5)], **options) as w:
         for i in range(n):
             size = 0 if i % 11 == 3 else int(rng.integers(1, 2000 if i % 5 else 20000))
             w.append(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), int(rng.integers(0, 5)), f"s{i}", i)
