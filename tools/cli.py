@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 import traceback
 
 COMMANDS = {
@@ -19,7 +20,6 @@ COMMANDS = {
     "info": "tools.cmd_info",
     "train": "tools.cmd_train",
     "bench": "tools.cmd_bench",
-    "pfs": "tools.cmd_pfs",
 }
 
 
@@ -66,11 +66,35 @@ def _world():
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+ERROR_GRACE_S = 3.0
+"""How long a failing rank other than 0 waits before printing: if rank 0 failed too (an error every
+rank meets, such as a bad flag or a missing file), rank 0's abort ends it first, so a job prints one
+copy of the error, not one per rank. Ranks wait in rank order, so of several failing ranks the
+lowest prints. Seconds, not less: on a loaded node ranks reach the same error seconds apart."""
+
+
+def _error_delay(rank: int) -> float:
+    return 0.0 if rank == 0 else ERROR_GRACE_S + 0.5 * min(rank, 8)
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of stdout went away (`dstore info --json | head -1`): point stdout at /dev/null so
+    that the interpreter's final flush does not raise again (Python's documented recipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def abort_on_error(fn, *args):
-    """Runs fn(*args); if it raises on any rank, prints that rank's message and aborts the whole
-    MPI job with a non-zero code, so that no other rank waits forever in a collective.
+    """Runs fn(*args); if it raises on any rank, prints the message once and aborts the whole MPI
+    job with a non-zero code, so that no other rank waits forever in a collective.
 
     Errors of our own types (DStoreError) print one clear line; anything else prints the traceback.
+    Rank 0 prints at once; another rank first waits `_error_delay(rank)`, so that an error met by
+    every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
+    of one rank is still printed, by that rank. A closed stdout (BrokenPipeError) ends quietly.
     """
     from datastore.errors import DStoreError
 
@@ -81,6 +105,9 @@ def abort_on_error(fn, *args):
     except KeyboardInterrupt:
         code = 130
         msg = "interrupted"
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        code, msg = 141, None  # 128 + SIGPIPE, as a tool killed by the signal exits
     except BaseException as exc:  # noqa: BLE001 - every failure must end the job, whatever its type
         code = 1
         if isinstance(exc, DStoreError):
@@ -88,10 +115,16 @@ def abort_on_error(fn, *args):
         else:
             msg = traceback.format_exc().rstrip()
     rank, size = _world()
-    prefix = f"dstore: error on rank {rank}/{size}: " if size > 1 else "dstore: error: "
-    sys.stderr.write(prefix + msg + "\n")
-    sys.stderr.flush()
-    sys.stdout.flush()
+    if msg is not None:
+        if size > 1:
+            time.sleep(_error_delay(rank))
+        prefix = f"dstore: error on rank {rank}/{size}: " if size > 1 else "dstore: error: "
+        sys.stderr.write(prefix + msg + "\n")
+        sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
     if size > 1:
         from mpi4py import MPI
 
@@ -99,10 +132,28 @@ def abort_on_error(fn, *args):
     return code
 
 
+def _check_launcher() -> int:
+    """2 (after one message, from the launcher's rank 0) if this process is one of N separate 1-rank
+    MPI worlds (torchrun, srun without PMI), else 0."""
+    from training.dist import launcher_mismatch
+
+    problem = launcher_mismatch(os.environ, _world()[1])
+    if problem is None:
+        return 0
+    launcher_rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    if launcher_rank.strip() in ("", "0"):  # one copy of the message, not one per process
+        sys.stderr.write(f"dstore: error: {problem}\n")
+        sys.stderr.flush()
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    code = _check_launcher()
+    if code:
+        return code
     code = abort_on_error(args._run, args)
     return int(code or 0)
 

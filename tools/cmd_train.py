@@ -102,8 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop (with a checkpoint) after N steps of this invocation: simulates an interruption")
     r.add_argument("--log-batches", action="store_true",
                    help="write every trained batch's sample ids to batches.rank<r>.jsonl")
-    r.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (default: a tqdm bar per epoch on rank 0, on stderr)")
+    r.add_argument("--progress", dest="progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar per epoch on rank 0, on stderr (default: only when stderr is a terminal, "
+                        "so batch logs get plain lines; under mpiexec stderr is a pipe: pass --progress)")
 
 
 def run(args) -> int:

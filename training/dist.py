@@ -205,3 +205,40 @@ def on_root(comm, fn, *args, **kwargs):
     if text is not None:
         raise ConfigError(f"rank 0 failed: {text}")
     return result
+
+
+_LAUNCHER_VARS = (
+    ("WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),
+    ("LOCAL_WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),
+    ("SLURM_STEP_NUM_TASKS", "srun without a PMI that this MPI library speaks"),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun, while mpi4py uses another MPI library"),
+    ("PMI_SIZE", "an MPI launcher of another MPI library than mpi4py's"),
+)
+
+
+def launcher_mismatch(environ, mpi_size: int) -> str | None:
+    """Why this process looks started as one of N separate 1-rank MPI jobs, or None.
+
+    torchrun (and srun without a matching PMI, or another MPI's mpirun) starts N processes that
+    each see an MPI world of one: they would each train alone, all writing the same run directory.
+    The launcher's own environment variables (WORLD_SIZE, LOCAL_WORLD_SIZE, SLURM_STEP_NUM_TASKS,
+    OMPI_COMM_WORLD_SIZE, PMI_SIZE) say how many processes it started.
+
+    Args:
+        environ: the process environment (a mapping).
+        mpi_size: the size of MPI's COMM_WORLD.
+    """
+    if mpi_size != 1:
+        return None
+    for var, who in _LAUNCHER_VARS:
+        try:
+            n = int(environ.get(var, "1"))
+        except ValueError:
+            continue
+        if n > 1:
+            return (f"{var}={n} but MPI sees a world of 1 process: this looks started by {who}, which starts "
+                    f"{n} separate 1-rank MPI jobs (each would run alone, all writing the same files). dstore "
+                    f"bootstraps torch.distributed from MPI itself: start it with `mpiexec -n {n} dstore ...`, "
+                    f"or under Slurm `srun -n {n} --mpi=pmi2 dstore ...` (--mpi=pmix for Open MPI; "
+                    f"`srun --mpi=list` shows what your site offers), not torchrun")
+    return None

@@ -68,7 +68,7 @@ class TrainConfig:
     stop_after_steps: int = 0
     deterministic: bool = False
     log_batches: bool = False
-    progress: bool = True
+    progress: bool | None = None
     cache_dir: str | None = None
     trainers: int = 1
     ltfb_round: int = 0
@@ -213,6 +213,9 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     """
     cfg.check()
     from training.dist import on_root
+
+    if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
+        cfg = dataclasses.replace(cfg, progress=_stderr_is_terminal())
 
     say = say or _say
     if cfg.trainers > 1:
@@ -427,9 +430,18 @@ def _evict_containers(ctx, paths) -> None:
     ctx.comm.Barrier()
 
 
+def _stderr_is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def _bar(cfg, main, total, epoch):
-    # Always on rank 0 unless switched off: under mpiexec a rank's stderr is a pipe even when the
-    # user sees a terminal, so tqdm's own "is it a tty" test would hide it every time.
+    # cfg.progress: True (--progress: drawn even on a pipe, as under mpiexec where a rank's stderr is
+    # a pipe although the user sees a terminal), False, or None: only when stderr is a terminal.
+    if cfg.progress is None:
+        cfg = dataclasses.replace(cfg, progress=_stderr_is_terminal())
     if not main or not cfg.progress:
         return None
     from tqdm import tqdm

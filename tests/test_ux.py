@@ -1,0 +1,109 @@
+"""How dstore fits batch jobs and launchers: plain logs (no progress frames unless asked), one copy of
+an error per job, a closed stdout ending quietly, a clear refusal under torchrun-like launchers, and
+resumption refused on another container."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import REPO, run_mpi
+
+from datastore.formats import create_writer
+from training.dist import launcher_mismatch
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                "RANK", "SLURM_PROCID"):
+        env.pop(var, None)
+    env.update(extra)
+    return env
+
+
+def _container(path, n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
+                       raw_shape=(4, 4, 1)) as w:
+        for i in range(n):
+            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
+    return str(path)
+
+
+# ------------------------------------------------------------------ batch logs
+@pytest.mark.mpi
+def test_default_run_leaves_a_plain_small_log(tmp_path, cache):
+    """`mpiexec -n 2 dstore train > log 2>&1`: stdout and stderr both pipes, no flags."""
+    res = run_mpi(2, ["dstore", "train"], timeout=180, cwd=tmp_path, env={"DSTORE_CACHE": str(cache)})
+    log = res.stdout + res.stderr
+    assert "\r" not in log, repr(log[:500])
+    assert "test accuracy:" in log, log
+    assert len(log.encode()) < 5000, (len(log.encode()), log)
+    assert all(line.isprintable() for line in log.splitlines()), log
+
+
+# ------------------------------------------------------------------ errors
+FAIL = (
+    "import sys\n"
+    "from mpi4py import MPI\n"
+    "from tools.cli import abort_on_error\n"
+    "from datastore.errors import ConfigError\n"
+    "def work():\n"
+    "    if MPI.COMM_WORLD.rank in {int(r) for r in sys.argv[1].split(',')}:\n"
+    "        raise ConfigError('epochs=0 must be >= 1')\n"
+    "    MPI.COMM_WORLD.Barrier()\n"
+    "sys.exit(abort_on_error(work))\n"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("failing, printer", [("0,1,2", 0), ("1,2", 1)])
+def test_one_copy_of_an_error_per_job(tmp_path, failing, printer):
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL)
+    res = run_mpi(3, ["python", str(script), failing], timeout=60, check=False)
+    assert res.returncode != 0
+    copies = [line for line in res.stderr.splitlines() if line.startswith("dstore: error")]
+    assert copies == [f"dstore: error on rank {printer}/3: ConfigError: epochs=0 must be >= 1"], res.stderr
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    """`dstore info --json X | head -1`: the reader is gone before dstore writes."""
+    path = _container(tmp_path / "c.h5")
+    proc = subprocess.Popen([sys.executable, "-m", "tools", "info", "--json", path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(), cwd=REPO)
+    proc.stdout.close()  # as `head` does after its line
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert err == "", err
+    assert code == 141
+
+
+# ------------------------------------------------------------------ launchers
+def test_launcher_mismatch_names_the_launcher():
+    assert launcher_mismatch({}, 1) is None
+    assert launcher_mismatch({"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}, 1) is None
+    assert launcher_mismatch({"WORLD_SIZE": "4"}, 4) is None  # mpiexec under a torch env: sizes agree
+    msg = launcher_mismatch({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, 1)
+    assert "torchrun" in msg and "mpiexec -n 2" in msg and "srun" in msg
+    msg = launcher_mismatch({"SLURM_STEP_NUM_TASKS": "8"}, 1)
+    assert "srun" in msg and "--mpi=pmi2" in msg and "mpiexec -n 8" in msg
+
+
+@pytest.mark.parametrize("rank, prints", [("0", True), ("1", False)])
+def test_torchrun_is_refused_once(tmp_path, rank, prints):
+    """What each of torchrun's processes sees: WORLD_SIZE=2 and an MPI world of one."""
+    env = _env(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, DSTORE_CACHE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "tools", "train", "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "digits.h5").exists()
+    if prints:
+        assert "torchrun" in res.stderr and "mpiexec -n 2" in res.stderr and "srun" in res.stderr, res.stderr
+        assert res.stderr.count("dstore: error") == 1
+    else:
+        assert res.stderr == "", res.stderr
