@@ -176,3 +176,35 @@ def resolve_resume(resume: str | None, run_dir: str | None, runs_root: str) -> s
         return own
     found = glob.glob(os.path.join(runs_root, "*", CHECKPOINT_NAME))
     return max(found, key=os.path.getmtime) if found else None
+
+
+def container_identity(reader) -> dict:
+    """What a checkpoint records of the container it trained on: its path, sample count, total bytes
+    and a digest of its per-sample checksums (two containers of the same size differ there)."""
+    import hashlib
+
+    crcs = np.ascontiguousarray(np.asarray(reader.checksums, dtype="<u4"))
+    return {"path": os.path.abspath(os.fspath(reader.path)), "num_samples": int(reader.num_samples),
+            "total_bytes": int(reader.total_bytes), "checksums_sha256": hashlib.sha256(crcs.tobytes()).hexdigest()}
+
+
+def check_same_container(saved: dict | None, current: dict, checkpoint_path: str) -> None:
+    """Refuses to resume a checkpoint made on another container (a moved or copied file with the same
+    contents is the same container). Checkpoints made before identities were recorded pass.
+
+    Raises:
+        ConfigError: naming both containers and what differs.
+    """
+    if not saved:
+        return
+    differ = [k for k in ("num_samples", "total_bytes", "checksums_sha256") if saved.get(k) != current[k]]
+    if not differ:
+        return
+
+    def describe(c):
+        return (f"{c.get('path')} ({c.get('num_samples')} samples, {c.get('total_bytes')} bytes, checksums "
+                f"sha256 {str(c.get('checksums_sha256'))[:12]}...)")
+
+    raise ConfigError(f"cannot resume: checkpoint {checkpoint_path} was made on container {describe(saved)}, but "
+                      f"this run trains on {describe(current)}; they differ in {', '.join(differ)}. Resume with "
+                      f"the container it was made on, or start a new run (another --run-dir, no --resume)")

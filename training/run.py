@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from datastore.errors import ConfigError
-from training.checkpoint import (CHECKPOINT_NAME, from_safe, load_checkpoint, resolve_resume, rng_state,
-                                 save_checkpoint, set_rng_state)
+from training.checkpoint import (CHECKPOINT_NAME, check_same_container, container_identity, from_safe,
+                                 load_checkpoint, resolve_resume, rng_state, save_checkpoint, set_rng_state)
 from training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
 from training.loop import StepTimer, Trainer, global_batch_count
 from training.ltfb import METRICS as LTFB_METRICS
@@ -298,7 +298,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
             ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
             on_step = functools.partial(tournament.after_step, trainer, tour_loader)
         meta = {"model": name, "input_size": list(input_size), "spec": dataclasses.asdict(spec),
-                "data": data_path, "train_samples": train_range[1] - train_range[0], "steps_per_epoch": spe,
+                "data": data_path, "container": container_identity(reader),
+                "train_samples": train_range[1] - train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
         return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta, on_step)
 
@@ -314,6 +315,11 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
 
     main = ctx.is_main
     comm = ctx.comm
+    ck = None
+    if resume_path:  # checked before anything is written: a refused resume leaves the run dir as it was
+        ck = load_checkpoint(resume_path)
+        check_same_container(ck.get("meta", {}).get("container"), meta["container"], resume_path)
+        _check_compatible(ck, cfg, meta)
     if main:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.json"), "w") as fh:
@@ -322,9 +328,7 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
     batch_log = JsonLog(os.path.join(run_dir, f"batches.rank{ctx.rank}.jsonl") if cfg.log_batches else None)
     n_train, spe = meta["train_samples"], meta["steps_per_epoch"]
     start_epoch, resume_step, global_step = 0, 0, 0
-    if resume_path:
-        ck = load_checkpoint(resume_path)
-        _check_compatible(ck, cfg, meta)
+    if ck is not None:
         trainer.load_state_dict(ck)
         train_src.load_state_dict(from_safe(ck["store"]))
         rngs = ck["rng"]
