@@ -20,6 +20,7 @@ COMMANDS = {
     "info": "tools.cmd_info",
     "train": "tools.cmd_train",
     "bench": "tools.cmd_bench",
+    "pfs": "tools.cmd_pfs",
 }
 
 
