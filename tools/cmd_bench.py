@@ -64,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
     p.add_argument("--scaling", type=_ints, default=None,
                    help="run under mpiexec -n K for each K listed (e.g. 1,2,4) into OUT/nK, then --collect them into OUT")
+    p.add_argument("--storage", default=None, metavar="pfs:KEY=VALUE,...",
+                   help="every reader reads through a temporary `dstore pfs` mount of the data with this model, "
+                        "e.g. pfs:latency=2ms,iops=2000,bandwidth=1GB/s (any subset; keys latency, open_latency, "
+                        "iops, bandwidth, jitter; see docs/storage.md)")
+    p.add_argument("--storage-sweep", nargs="*", default=None, metavar="SPEC",
+                   help="instead of the whole bench, the training view on each storage model listed ('local' "
+                        "or pfs:...; none listed: local, the file system alone, and 0.5/2/8 ms at 2000 ops/s); "
+                        "writes OUT/storage-sweep.{json,md,png}")
     p.add_argument("--collect", nargs="+", default=None, metavar="RESULTS",
                    help="merge results.json files (or their directories) of runs on different rank counts into "
                         "OUT/scaling.{json,md,png}, and measure nothing")
@@ -99,6 +107,26 @@ def _config(args):
         raise ConfigError(f"--compute-factor={args.compute_factor} must be >= 1 (DLIO: compute at least the loader's time)")
     if args.container and not os.path.exists(args.container):
         raise ConfigError(f"--container={args.container}: no such file or directory")
+    storage = sweep = None
+    if args.storage is not None or args.storage_sweep is not None:
+        from tools.bench.storage import DEFAULT_LADDER
+        from tools.pfs.model import parse_spec
+        from tools.pfs.mount import fuse_available
+
+        if args.storage is not None and args.storage_sweep is not None:
+            raise ConfigError("--storage and --storage-sweep: give one (the sweep sets the storage of each rung)")
+        if args.storage is not None:
+            storage = parse_spec(args.storage)
+            if storage.is_local and args.storage.strip() == "local":
+                storage = None
+        else:
+            sweep = tuple(args.storage_sweep) or DEFAULT_LADDER
+            for spec in sweep:
+                parse_spec(spec)  # every rung checked before anything runs
+        needs_fuse = storage is not None or any(s != "local" for s in (sweep or ()))
+        reason = fuse_available() if needs_fuse else None
+        if reason:
+            raise ConfigError(f"--storage/--storage-sweep need FUSE: {reason}")
     caches = ("cold", "warm")
     if args.cold != args.warm:
         caches = ("cold",) if args.cold else ("warm",)
@@ -108,7 +136,8 @@ def _config(args):
                        decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
                        compute_factor=args.compute_factor, train_samples=train or None, cold_repeat=cold_repeat,
                        zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
-                       mosaic_venv=args.mosaic_venv, plots=not args.no_plots,
+                       mosaic_venv=args.mosaic_venv, plots=not args.no_plots, storage=storage,
+                       storage_sweep=sweep,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
 
 
@@ -163,5 +192,9 @@ def run(args) -> int:
         if comm.Get_size() != 1:
             raise ConfigError("--scaling launches its own mpiexec runs: start it as one process, not under mpiexec")
         return _scaling(args, sys.argv[1:])
-    runner.run(comm, _config(args))
+    cfg = _config(args)
+    if cfg.storage_sweep is not None:
+        runner.run_storage_sweep(comm, cfg)
+    else:
+        runner.run(comm, cfg)
     return 0

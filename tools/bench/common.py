@@ -186,7 +186,12 @@ def evict(paths) -> int:
     folder included), so the next read is cold; files that cannot be opened are left out.
     Returns the bytes advised (datastore.pagecache.evict_files)."""
     from datastore.pagecache import evict_files
+    from tools.pfs.mount import pfs_mountpoints, under_pfs_mount
 
+    # Files served by a `dstore pfs` mount have no page cache (direct I/O): every read already pays the
+    # model, and opening each one to advise it would spend the model's operations between passes.
+    mps = pfs_mountpoints()
+    paths = [p for p in paths if not under_pfs_mount(p, mps)]
     return evict_files(files_under(paths), skip_unopenable=True)
 
 

@@ -3,6 +3,7 @@ outputs. Every rank runs it; rank 0 prints the progress and writes the files."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -11,7 +12,7 @@ import time
 
 import numpy as np
 
-from tools.bench import baselines, layouts, limits, mosaic, report, store_bench, training_view
+from tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
 from tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
 from tools.bench.data import (DataSet, container_files, container_path, data_tag, load_dataset, prepare_data,
                               repeated_container)
@@ -42,6 +43,10 @@ class BenchConfig:
     mosaic_venv: str | None = None
     plots: bool = True
     command: str = ""
+    storage: "PfsModel | None" = None
+    """Every reader reads through a `dstore pfs` mount of the data with this model (--storage)."""
+    storage_sweep: tuple[str, ...] | None = None
+    """Storage specs of --storage-sweep (the training view on each)."""
 
 
 TV_H5PY = "h5py Dataset (contiguous) + DataLoader"
@@ -72,7 +77,35 @@ def machine() -> str:
 
 
 def run(comm, cfg: BenchConfig) -> dict:
-    """Runs the whole bench on every rank of `comm`; rank 0 writes the outputs and returns the results."""
+    """Runs the whole bench on every rank of `comm`; rank 0 writes the outputs and returns the results.
+    With `cfg.storage`, every reader reads through a pfs mount that is always unmounted at the end."""
+    with contextlib.ExitStack() as stack:
+        return _run(comm, cfg, stack)
+
+
+def prepare(comm, cfg: BenchConfig, prog: Progress, notes: list[str]) -> DataSet:
+    """The data every reader reads (generated or given), with the per-sample copies of the baselines."""
+    folder = None
+    data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+    if cfg.container:
+        hdf5, zarr_path = cfg.container, None
+        notes.append(f"container given: {cfg.container}; the h5py (Zarr) per-sample baseline over the container "
+                     "as written runs only on an HDF5 (Zarr) container, the folder and Mosaic baselines only if "
+                     "its source files are on disk")
+    else:
+        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides,
+                              progress=prog)
+        tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
+        hdf5 = container_path(data_dir, tag, "hdf5")
+        zarr_path = container_path(data_dir, tag, "zarr")
+    data = load_dataset(hdf5, zarr_path, folder)
+    prog.note(f"per-sample copies for the h5py and zarr baselines in {data_dir} (written once, then reused)")
+    data.h5py_contiguous = layouts.contiguous_hdf5(comm, data.container, data.offsets, data.labels, data_dir)
+    data.zarr_per_sample = layouts.per_sample_zarr(comm, data.container, data.offsets, data.labels, data_dir)
+    return data
+
+
+def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
     rank, size = comm.Get_rank(), comm.Get_size()
     caches = [c for c in ("cold", "warm") if c in cfg.caches]
     steps = 14 + 5 * len(caches) + (1 if cfg.growth else 0)
@@ -91,23 +124,18 @@ def run(comm, cfg: BenchConfig) -> dict:
 
     # --- data ------------------------------------------------------------------------------------
     prog.start("data")
-    folder = None
     data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
-    if cfg.container:
-        hdf5, zarr_path = cfg.container, None
-        notes.append(f"container given: {cfg.container}; the h5py (Zarr) per-sample baseline over the container "
-                     "as written runs only on an HDF5 (Zarr) container, the folder and Mosaic baselines only if "
-                     "its source files are on disk")
-    else:
-        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides,
-                              progress=prog)
-        tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
-        hdf5 = container_path(data_dir, tag, "hdf5")
-        zarr_path = container_path(data_dir, tag, "zarr")
-    data = load_dataset(hdf5, zarr_path, folder)
-    prog.note(f"per-sample copies for the h5py and zarr baselines in {data_dir} (written once, then reused)")
-    data.h5py_contiguous = layouts.contiguous_hdf5(comm, data.container, data.offsets, data.labels, data_dir)
-    data.zarr_per_sample = layouts.per_sample_zarr(comm, data.container, data.offsets, data.labels, data_dir)
+    data = prepare(comm, cfg, prog, notes)
+    mnt = None
+    if cfg.storage is not None:
+        mnt = stack.enter_context(storage.mounted(comm, storage.mount_roots(data_dir, cfg.container), cfg.storage))
+        data = mnt.translate_dataset(data)
+        prog.note(f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
+                  f"({cfg.storage.describe()}) at {', '.join(mnt.mountpoints)}")
+        notes.append(f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
+                     f"zarr, the training view) read through a `dstore pfs` mount with {cfg.storage.describe()}; "
+                     "files there have no page cache, so cold and warm passes both pay the model (the growth "
+                     "sweep's repeated container is on local disk)")
     notes.append(f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with h5py's "
                  f"defaults (the fair per-sample baseline; the goal ratio uses it). {report.H5PY_CONTAINER}: the "
                  "container as written, whose `data` is chunked (8 MiB when ingested by dstore): with h5py's "
@@ -174,7 +202,10 @@ def run(comm, cfg: BenchConfig) -> dict:
             add(baselines.per_sample_pass(comm, data.zarr, "zarr", data.offsets, data.labels,
                                           name=report.ZARR_CONTAINER, cache=cache, seed=cfg.seed, limit=limit))
     prog.start("baseline: Mosaic Streaming")
-    if cfg.mosaic and data.files is not None:
+    if cfg.storage is not None and cfg.mosaic:
+        notes.append("Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its own "
+                     "process in its own venv, not routed through the mount)")
+    elif cfg.mosaic and data.files is not None:
         # MDS shards are kept beside the data and reused; keyed by the container they mirror.
         tag = os.path.splitext(os.path.basename(os.path.normpath(data.container)))[0]
         work = os.path.join(cfg.data_dir or os.path.join(cfg.out, "data"), f"mosaic-{tag}")
@@ -218,6 +249,11 @@ def run(comm, cfg: BenchConfig) -> dict:
         prog.start(f"growth: {', '.join(f'{n:,}' for n in cfg.growth)} samples")
         growth = run_growth(comm, cfg, data, prog)
 
+    storage_meta = None
+    if mnt is not None:
+        stack.close()  # unmount now, so that what the mounts served is known and recorded
+        storage_meta = {"spec": cfg.storage.describe(), "model": cfg.storage.to_dict(), "roots": mnt.roots,
+                        "mount_stats": mnt.stats}
     results = {
         "meta": {
             "ranks": size, "num_samples": data.num_samples, "total_bytes": data.total_bytes,
@@ -228,6 +264,7 @@ def run(comm, cfg: BenchConfig) -> dict:
             "container": data.container, "zarr": data.zarr, "files": data.files is not None,
             "cores": os.cpu_count(), "bench_seconds": None, "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
             "busy_cores_at_start": None if busy is None else round(busy, 2),
+            "storage": storage_meta,
         },
         "measurements": report.measurement_dicts(ms),
         "training_view": tv,
@@ -300,3 +337,46 @@ def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[di
         out.append({"num_samples": n, "total_bytes": int(big.offsets[n]), "store": st.to_dict(), "raw_rma": rm.to_dict()})
         prog.note(f"{n:,} samples: store {st.us_per_sample:.1f} us/sample, raw RMA {rm.us_per_sample:.1f} us/sample")
     return out
+
+
+def run_storage_sweep(comm, cfg: BenchConfig) -> dict:
+    """`--storage-sweep`: the training view (store and each baseline, decoded images, DLIO's sleep per
+    step) on each storage model of `cfg.storage_sweep`, with the compute per step fixed once from the
+    store's decode time on local disk. Rank 0 writes storage-sweep.{json,md,png} in cfg.out."""
+    import json
+
+    rank = comm.Get_rank()
+    ladder = tuple(cfg.storage_sweep)
+    prog = Progress(comm, 2 + len(ladder))
+    notes: list[str] = []
+    t_start = time.perf_counter()
+    prog.start("data")
+    data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+    data = prepare(comm, cfg, prog, notes)
+    n = min(cfg.train_samples or data.num_samples, data.num_samples)
+    prog.start("store: decode through StoreLoader on local disk (sets the compute per step)")
+    _dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed,
+                                           num_threads=cfg.decode_threads, size=cfg.decode_size,
+                                           sample_range=(0, n))
+    compute = max(step_s * cfg.compute_factor, 1e-3)
+    prog.note(f"compute per step: {compute * 1e3:.1f} ms ({cfg.compute_factor:g} x the store's {step_s * 1e3:.1f} ms)")
+    sw = storage.sweep(comm, cfg, data, data_dir, ladder, n, compute, prog)
+    meta = {"ranks": comm.Get_size(), "num_samples": n, "batch_size": cfg.batch_size, "seed": cfg.seed,
+            "num_workers": cfg.num_workers, "decode_threads": cfg.decode_threads, "machine": machine(),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
+            "container": data.container, "cores": os.cpu_count(), "ladder": list(ladder),
+            "bench_seconds": round(time.perf_counter() - t_start, 1)}
+    results = {"meta": meta, "storage_sweep": sw, "notes": notes}
+    if rank == 0:
+        os.makedirs(cfg.out, exist_ok=True)
+        paths = [os.path.join(cfg.out, "storage-sweep.json"), os.path.join(cfg.out, "storage-sweep.md")]
+        with open(paths[0], "w") as fh:
+            json.dump(results, fh, indent=1)
+        with open(paths[1], "w") as fh:
+            fh.write(storage.sweep_markdown(sw, meta))
+        if cfg.plots:
+            paths.append(storage.sweep_plot(sw, os.path.join(cfg.out, "storage-sweep.png")))
+        prog.note("wrote " + ", ".join(paths))
+        print(storage.sweep_markdown(sw, meta), flush=True)
+    comm.Barrier()
+    return results

@@ -2,8 +2,8 @@
 
 Every open, stat and readdir pays the open latency, every read request the latency, and each takes
 its tokens from the mount's one iops bucket (reads also from its bandwidth bucket). Direct I/O
-(`direct_io`, attribute and entry timeouts 0) keeps the kernel's caches from hiding the model: every
-read and every lookup of every epoch reaches it. libfuse runs requests on several threads, so
+(`direct_io`) keeps the kernel's page cache from hiding the model: every read of every epoch reaches
+it, as does every open; names and attributes are cached for one second (METADATA_CACHE_S). libfuse runs requests on several threads, so
 concurrent readers overlap their latencies but share the caps, as clients of one job share a file
 system. No MPI here: this runs in its own process (`python -m tools.pfs.fs` or `dstore pfs`).
 """
@@ -22,6 +22,9 @@ from tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_ra
 
 FSNAME = "dstore-pfs"
 """The name the mount shows in /proc/mounts (`dstore-pfs on /mnt type fuse.dstore-pfs`)."""
+
+METADATA_CACHE_S = 1.0
+"""Seconds the kernel keeps a looked-up name and its attributes (FUSE entry/attr timeouts)."""
 
 _STAT_KEYS = ("st_mode", "st_ino", "st_dev", "st_nlink", "st_uid", "st_gid", "st_size",
               "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blocks", "st_blksize")
@@ -50,9 +53,12 @@ def _operations_class():
                 config.direct_io = 1  # no kernel page cache: every read of every epoch reaches the model
                 config.kernel_cache = 0
                 config.auto_cache = 0
-                config.attr_timeout = 0.0  # every stat reaches the metadata model
-                config.entry_timeout = 0.0
-                config.negative_timeout = 0.0
+                # Names and attributes are cached for METADATA_CACHE_S, as a Lustre client caches them
+                # under its locks: a path's directories are not looked up again for every file, but
+                # every open reaches the model, and an epoch later every stat does again.
+                config.attr_timeout = METADATA_CACHE_S
+                config.entry_timeout = METADATA_CACHE_S
+                config.negative_timeout = METADATA_CACHE_S
             if conn is not None:
                 conn.max_read = self.model.params.max_read
                 if hasattr(conn, "max_readahead"):

@@ -101,6 +101,18 @@ def stale_mounts(fstype: str = "fuse." + FSNAME) -> list[str]:
     return [m for m, t in fuse_mounts() if t == fstype and is_stale(m)]
 
 
+def pfs_mountpoints() -> list[str]:
+    """Mountpoints of every `dstore pfs` mount this process can see."""
+    return [m for m, t in fuse_mounts() if t == "fuse." + FSNAME]
+
+
+def under_pfs_mount(path, mountpoints: list[str] | None = None) -> bool:
+    """Whether `path` lies in a `dstore pfs` mount (checked by path, without touching the mount)."""
+    p = os.path.abspath(os.fspath(path))
+    mps = pfs_mountpoints() if mountpoints is None else mountpoints
+    return any(p == m or p.startswith(m.rstrip("/") + "/") for m in mps)
+
+
 def check_mountpoint(mountpoint: str) -> str:
     """The mountpoint's absolute path, if a mount can be made there.
 
