@@ -35,17 +35,21 @@ import warnings
 
 import numpy as np
 
-from datastore import plan, prefault
+from datastore import plan, prefault, tiers
 from datastore import shuffle as shuffle_mod
 from datastore.collective import AGREED, agree, is_agreed
 from datastore.errors import ConfigError, FormatError, MemoryBudgetError
 from datastore.formats.base import ContainerReader
-from datastore.memory import budget_error, default_budget, parse_bytes
+from datastore.memory import budget_error, default_budget, fmt_bytes, parse_bytes
+from datastore.storage import StorageEpoch, StorageReader
 from datastore.window import Arena, node_comm
 
 log = logging.getLogger("datastore.store")
 
 POPULATIONS = ("preload", "dynamic")
+
+PRELOAD_SCRATCH = 8 << 20
+"""Bytes of the piece a tiered preload reads its block through, keeping only the resident samples."""
 
 
 @dataclasses.dataclass
@@ -139,11 +143,20 @@ class DataStore:
         sample_range: (start, stop): serve only container samples [start, stop).
         memory_budget: bytes per rank (int or e.g. "8G"); None: $DSTORE_MEMORY_BUDGET, else 70% of
             the node's MemAvailable shared by its ranks.
+        overflow: what happens when a rank's share (plus its buffers) exceeds its budget:
+            ``serve`` (default): each rank keeps a seeded random subset of its samples that fits
+            (datastore.tiers) and the rest is read from the container by the rank that needs it,
+            `storage_lookahead` steps ahead in `storage_threads` threads, adjacent samples in one
+            read (rank 0 logs a warning saying the resident fraction and the bytes per epoch read
+            from storage); order, exactly-once and resumption do not change. ``error``: raise
+            MemoryBudgetError. A replicated copy that does not fit always raises.
+        storage_lookahead: steps whose storage reads are in flight ahead of the one consumed.
+        storage_threads: threads reading from storage (each opens its own reader of the container).
     """
 
     def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
                  population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
-                 memory_budget=None, node_views=None):
+                 memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.batch_size = _positive_int("batch_size", batch_size)
@@ -162,6 +175,9 @@ class DataStore:
             node_views = os.environ.get("DSTORE_NODE_VIEWS", "1").strip().lower() not in ("0", "false", "no", "off")
         self.node_views = bool(node_views)
         self._budget_arg = None if memory_budget is None else parse_bytes(memory_budget)
+        self.overflow = tiers.check_overflow(overflow)
+        self.storage_lookahead = _positive_int("storage_lookahead", storage_lookahead, 0)
+        self.storage_threads = _positive_int("storage_threads", storage_threads)
         if self.batch_size < self.size:
             raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
                               f"number of ranks ({self.size})")
@@ -186,6 +202,10 @@ class DataStore:
         self._segs = {}  # rank -> its window, for this rank and the node peers it maps
         self._loaded = None  # dynamic: which of this rank's samples are in its window
         self._bufs = []
+        self._resident = None  # bool[N] when only part of the data fits (overflow="serve"), else None
+        self._storage = None  # its StorageReader
+        self._sbufs = []  # storage read buffers, storage_lookahead + 1
+        self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self._resume = None
         self._next = (0, 0)
         self._active = None
@@ -257,8 +277,48 @@ class DataStore:
             raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
         msg = budget_error([row[:5] for row in rows], offsets=self.offsets, bufs=bufs,
                            replicate=self.replicate)
-        if msg:  # every rank saw the same rows, so every rank raises the same error
+        if msg and self.overflow == "serve" and not self.replicate:
+            self._choose_resident([row[2] for row in rows], bufs)
+        elif msg:  # every rank saw the same rows, so every rank raises the same error
             raise MemoryBudgetError(msg)
+
+    def _tier_buffers(self, bufs: int) -> int:
+        """Bytes a rank holds besides resident data when tiered: receive buffers and storage buffers
+        (the preload's scratch piece is no larger than these and is gone before they exist)."""
+        return bufs + (self.storage_lookahead + 1) * self._recv_bound()
+
+    def tier_overhead(self) -> int:
+        """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
+        buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
+        bufs = 0 if (self.replicate or self.size == 1) else (self.prefetch + 1) * self._recv_bound()
+        return self._tier_buffers(bufs)
+
+    def _choose_resident(self, caps, bufs: int) -> None:
+        """Overflow served: every rank computes the same resident set from the gathered budgets."""
+        extra = self._tier_buffers(bufs)
+        keep = np.asarray(caps, dtype=np.int64) - extra
+        if keep.min() < 0:
+            r = int(np.argmin(keep))
+            raise MemoryBudgetError(
+                f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
+                f"{fmt_bytes(extra)} of buffers (receive, and {self.storage_lookahead + 1} steps of storage "
+                f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
+                f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
+        resident = tiers.resident_mask(self.sizes, self.layout.owner, keep, self.seed)
+        self._resident = resident
+        self.layout = plan.scattered_layout(tiers.resident_offsets(self.sizes, resident), self.layout.owner,
+                                            self.size)
+        total = int(self.offsets[-1])
+        res_bytes = int(self.sizes[resident].sum())
+        self.tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
+                     "storage_bytes": total - res_bytes}
+        if self.rank == 0:
+            log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
+                        "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
+                        "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
+                        fmt_bytes(total), 100.0 * self.tier["resident_fraction"], int(resident.sum()),
+                        self.num_samples, fmt_bytes(total - res_bytes), getattr(self.container, "path", "storage"),
+                        self.storage_lookahead)
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them."""
@@ -299,13 +359,20 @@ class DataStore:
                 nbytes = b - a
             else:
                 self._segs = self._arena.map_peers(peers, self.layout.nbytes)
+                if self._resident is not None:
+                    self._storage = StorageReader(self.container.path, self.storage_threads)
                 if self.population == "preload":
                     lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-                    self._preload(lo, hi, self._arena.local)
-                    nbytes = self._arena.local.size
+                    if self._resident is None:
+                        self._preload(lo, hi, self._arena.local)
+                        nbytes = self._arena.local.size
+                    else:
+                        nbytes = self._preload_resident(lo, hi)
                 else:
                     self._loaded = np.zeros(self.num_samples, dtype=bool)
                     self._loaded[self.layout.owner != self.rank] = True  # only own samples are tracked
+                    if self._resident is not None:
+                        self._loaded[~self._resident] = True  # served from storage, never loaded
         except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
             exc = e
         try:
@@ -324,12 +391,15 @@ class DataStore:
             self._failed = True
             raise
 
-    def _read_error(self, exc: BaseException, lo: int, hi: int) -> FormatError:
-        """A FormatError naming the container and the samples among served [lo, hi) that cannot be
-        read (each tried alone, on this failure path only), or the range if none fails alone."""
+    def _read_error(self, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
+        """A FormatError naming the container and the samples among served [lo, hi) (or `ids`) that
+        cannot be read (each tried alone, on this failure path only), or the range if none fails alone."""
         path = getattr(self.container, "path", "the container")
         bad = []
-        for i in range(lo, min(hi, lo + 4096)):
+        tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
+        if ids is not None:
+            lo, hi = (int(min(tried)), int(max(tried)) + 1) if len(tried) else (0, 1)
+        for i in tried:
             try:
                 self.container.read_range(self.start + i, self.start + i + 1)
             except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
@@ -375,6 +445,41 @@ class DataStore:
                 raise self._read_error(exc, max(s, lo), min(max(e, s + 1), hi)) from exc
 
         prefault.read_in_pieces(read, out)
+
+    def _preload_resident(self, lo: int, hi: int) -> int:
+        """Tiered preload: block [lo, hi) read in pieces of PRELOAD_SCRATCH bytes (one sequential
+        pass, no read of a piece without a resident sample), its resident samples copied into the
+        window. Returns the bytes read."""
+        res, off, sizes = self._resident, self.offsets, self.sizes
+        local, disp = self._arena.local, self.layout.disp
+        ids = np.arange(lo, hi)
+        ids = ids[res[ids] & (sizes[ids] > 0)]
+        if ids.size == 0:
+            return 0
+        cap = max(1, (self.storage_lookahead + 1) * self._recv_bound())  # counted in the budget
+        scratch = np.empty(min(PRELOAD_SCRATCH, cap, int(off[hi] - off[lo])), dtype=np.uint8)
+        nread, k = 0, 0
+        while k < ids.size:
+            a = int(ids[k])
+            # the piece: resident samples from a on whose bytes end within the scratch buffer
+            m = max(k + 1, int(np.searchsorted(off[ids[k:] + 1], off[a] + scratch.size, side="right")) + k)
+            b = int(ids[m - 1]) + 1
+            n = int(off[b] - off[a])
+            if n > scratch.size:  # one sample larger than the scratch piece: straight into the window
+                self._read(a, b, local[int(disp[a]):int(disp[a]) + n])
+            else:
+                self._read(a, b, scratch[:n])
+                part = ids[k:m]
+                heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
+                ends = np.append(heads[1:], part.size)
+                for h, e in zip(heads.tolist(), ends.tolist()):
+                    x, y = int(part[h]), int(part[e - 1]) + 1
+                    src = int(off[x] - off[a])
+                    cnt = int(off[y] - off[x])
+                    local[int(disp[x]):int(disp[x]) + cnt] = scratch[src:src + cnt]
+            nread += n
+            k = m
+        return nread
 
     def _add_population(self, seconds: float, nbytes: int) -> None:
         p = self._pop
@@ -450,6 +555,7 @@ class DataStore:
                     self._add_population(time.perf_counter() - t0, n)
         st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
                   samples_node=0, samples_remote=0, pads=0, bytes_local=0, bytes_node=0, bytes_remote=0, gets=0,
+                  samples_storage=0, bytes_storage=0, storage_reads=0, storage_wait_seconds=0.0,
                   wait_seconds=0.0, fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0,
                   population_bytes=0,
                   population_MBps=0.0)
@@ -467,8 +573,16 @@ class DataStore:
         mapped = np.zeros(self.size, dtype=bool)
         mapped[list(segs)] = True
         nbuf = self.prefetch + 1
+        tier = None
+        if self._resident is not None:  # non-resident samples: read ahead from storage by this rank
+            tier = StorageEpoch(self._storage, sched, first, self._resident, self.offsets, self._base_byte,
+                                self.storage_lookahead, self._sbufs)
+            self._sbufs = tier.bufs
+            owner = np.where(tier.from_storage, self.rank, owner[ids_all])  # per entry: no get for these
+        else:
+            owner = owner[ids_all]
         if not self.replicate:  # exact receive buffer sizes for this epoch
-            rb = np.where(~mapped[owner[ids_all]], self.sizes[ids_all], 0)
+            rb = np.where(~mapped[owner], self.sizes[ids_all], 0)
             per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
             need = int(per_step[first:].max(initial=0))
             if len(self._bufs) != nbuf or self._bufs[0].size < need:
@@ -480,7 +594,7 @@ class DataStore:
             t = time.perf_counter()
             sl = sched.step(s)
             ids = ids_all[sl]
-            f = plan.plan_fetch(owner[ids], disp[ids], sizes[ids], rank, mapped)
+            f = plan.plan_fetch(owner[sl], disp[ids], sizes[ids], rank, mapped)
             reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
                 if f.run_len.size else []
             st["fetch_seconds"] += time.perf_counter() - t
@@ -513,12 +627,28 @@ class DataStore:
                     st["get_wait_seconds"] += t2 - t1
                     st["fetch_seconds"] += t2 - t1
                     buf = ro[slot] if ro else None
-                    own = owner[ids]
+                    sl = sched.step(s)
+                    own = owner[sl]
                     samples = [(segs[o] if l else buf)[a:a + n] for l, o, a, n in
                                zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
-                    batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
                     mine = own == rank
-                    peer = f.local & ~mine
+                    if tier is not None:
+                        try:
+                            views, nread, nruns = tier.take(s)
+                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                            failure = self._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
+                            break
+                        t3 = time.perf_counter()
+                        st["storage_wait_seconds"] += t3 - t2
+                        st["fetch_seconds"] += t3 - t2
+                        stor = tier.from_storage[sl]
+                        samples = [v if v is not None else x for v, x in zip(views, samples)]
+                        mine &= ~stor
+                        st["samples_storage"] += int(stor.sum())
+                        st["bytes_storage"] += int(sizes[ids[stor]].sum())
+                        st["storage_reads"] += nruns
+                    batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
+                    peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
                     st["steps"] += 1
                     st["samples"] += ids.size
                     st["pads"] += int(pad.sum())
@@ -536,11 +666,17 @@ class DataStore:
                     if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
                         pending.append(issue(steps[k], slot))
                         k += 1
+                    if tier is not None:
+                        tier.release()
             finally:
                 for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
                     arena.wait(item[5])
+                if tier is not None:
+                    tier.close()
+        if tier is not None and not lazy:  # a rank whose storage read failed waits here for the others
+            self._agree(failure)
         st["epoch_seconds"] = time.perf_counter() - t_epoch
-        delivered = st["bytes_local"] + st["bytes_node"] + st["bytes_remote"]
+        delivered = st["bytes_local"] + st["bytes_node"] + st["bytes_remote"] + st["bytes_storage"]
         st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
         if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             t1 = time.perf_counter()
@@ -589,6 +725,12 @@ class DataStore:
         self._next = (epoch, step)
 
     # ----------------------------------------------------------------- lifetime
+    def _close_storage(self) -> None:
+        storage, self._storage = self._storage, None
+        self._sbufs = []
+        if storage is not None:
+            storage.close()
+
     def _close_container(self) -> None:
         if self._owns_container and self.container is not None:
             self.container.close()
@@ -615,6 +757,7 @@ class DataStore:
         self._view = None
         self._segs = {}
         self._bufs = []
+        self._close_storage()
         if arena is not None:
             arena.free()
         if self._nodecomm is not None:
@@ -650,6 +793,7 @@ class DataStore:
         if self._arena is not None:
             log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
         self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
+        self._close_storage()
         self._close_container()
         self._owns_container = False
 

@@ -16,7 +16,9 @@ import scenarios  # noqa: E402
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
     # 157 samples of 0..20,000 bytes, some empty: not a multiple of the batch (12) nor of 1..4 ranks.
-    return scenarios.make_container(str(tmp_path_factory.mktemp("store") / "uneven.h5"))
+    path = scenarios.make_container(str(tmp_path_factory.mktemp("store") / "uneven.h5"))
+    scenarios.make_tier_container(path)  # beside it, for the tiered scenario
+    return path
 
 
 @pytest.mark.parametrize("name", sorted(scenarios.SCENARIOS))

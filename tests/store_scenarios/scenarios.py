@@ -22,13 +22,13 @@ from datastore.store import DataStore
 BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
 
 
-def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5", **options):
-    """A container with varied sample sizes (empty ones included); returns its path. `options` go
-    to the writer (e.g. chunk_bytes)."""
+def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5", large=20000, **options):
+    """A container with varied sample sizes (empty ones included, every fifth up to `large` bytes,
+    the others up to 2000); returns its path. `options` go to the writer (e.g. chunk_bytes)."""
     rng = np.random.default_rng(seed)
     with create_writer(path, fmt, encoding=encoding, class_names=[f"c{i}" for i in range(5)], **options) as w:
         for i in range(n):
-            size = 0 if i % 11 == 3 else int(rng.integers(1, 2000 if i % 5 else 20000))
+            size = 0 if i % 11 == 3 else int(rng.integers(1, 2000 if i % 5 else large))
             w.append(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), int(rng.integers(0, 5)), f"s{i}", i)
     return path
 
@@ -106,8 +106,9 @@ def check_stats(store, got, reader):
     mine = rows[store.rank]
     nbytes = int(np.diff(reader.offsets)[got[0]].sum())
     if (mine["samples"], mine["pads"], mine["steps"]) != (got[0].size, int(got[2].sum()), store.steps_per_epoch) \
-            or mine["bytes_local"] + mine["bytes_node"] + mine["bytes_remote"] != nbytes \
-            or mine["samples_local"] + mine["samples_node"] + mine["samples_remote"] != got[0].size:
+            or mine["bytes_local"] + mine["bytes_node"] + mine["bytes_remote"] + mine["bytes_storage"] != nbytes \
+            or mine["samples_local"] + mine["samples_node"] + mine["samples_remote"] + mine["samples_storage"] \
+            != got[0].size:
         raise AssertionError(f"stats disagree with the deliveries: {mine}")
     if store.size == 1 and (mine["samples_remote"] or mine["gets"] or mine["samples_node"]):
         raise AssertionError("one rank fetched remote samples")
@@ -206,9 +207,9 @@ def scenario_budget(comm, path):
     by environment variable; a replicated copy that does not fit fails the same way."""
     reader = open_container(path)
     total = int(reader.offsets[-1])
-    cases = [dict(memory_budget=total // (4 * comm.size)), dict(memory_budget="1KB", replicate=True)]
+    cases = [dict(memory_budget=total // (4 * comm.size), overflow="error"), dict(memory_budget="1KB", replicate=True)]
     os.environ["DSTORE_MEMORY_BUDGET"] = "2KiB"
-    cases.append({})
+    cases.append(dict(overflow="error"))
     try:
         for kw in cases:
             try:
@@ -220,7 +221,7 @@ def scenario_budget(comm, path):
                     raise AssertionError(f"unclear message: {msg}") from None
                 if not kw.get("replicate") and "ranks" not in msg:
                     raise AssertionError(f"message does not say how many ranks fit: {msg}") from None
-                if kw == {} and "DSTORE_MEMORY_BUDGET=2KiB" not in msg:
+                if kw == dict(overflow="error") and "DSTORE_MEMORY_BUDGET=2KiB" not in msg:
                     raise AssertionError(f"message does not name the env var: {msg}") from None
                 msgs = comm.allgather(msg)
                 if len(set(msgs)) != 1:
@@ -229,6 +230,15 @@ def scenario_budget(comm, path):
                 raise AssertionError(f"no MemoryBudgetError for {kw}")
     finally:
         del os.environ["DSTORE_MEMORY_BUDGET"]
+    # Served overflow: a budget below the buffers alone is still refused, saying so.
+    try:
+        with DataStore(comm, reader, batch_size=BATCH, memory_budget="2KiB"):
+            pass
+    except MemoryBudgetError as exc:
+        if "even with nothing resident" not in str(exc) or "buffers" not in str(exc):
+            raise AssertionError(f"unclear message: {exc}") from None
+    else:
+        raise AssertionError("no MemoryBudgetError for a budget below the buffers")
     # A generous budget works.
     with DataStore(comm, reader, batch_size=BATCH, memory_budget=10 * total + 10**6) as st:
         run_epoch(st, 0)
@@ -336,6 +346,106 @@ def scenario_mixed_nodes(comm, path):
         if 1 < k < comm.size and not (node and remote):  # the point of this run: both kinds in one epoch
             raise AssertionError(f"{k} ranks per node on {comm.size} ranks served {node} node / {remote} remote samples")
         check_delivery(comm, reader, got, epoch=1, policy="global", seed=9, drop_last=False)
+    reader.close()
+
+
+def tier_container(path):
+    """The container scenario_tiered uses beside `path` (made by the caller: make_tier_container)."""
+    return os.path.splitext(path)[0] + "-tier.h5"
+
+
+def make_tier_container(path):
+    """1201 samples of 0..4,000 bytes beside `path`, for scenario_tiered; returns its path."""
+    return make_container(tier_container(path), n=1201, seed=1, large=4000)
+
+
+def _tiered(comm, reader, fraction=0.45, **kw):
+    """A store whose budget keeps about `fraction` of each rank's share resident (overflow served)."""
+    probe = DataStore(comm, reader, **kw)
+    budget = probe.tier_overhead() + int(fraction * int(probe.layout.nbytes.max()))
+    probe.close()
+    return DataStore(comm, reader, memory_budget=budget, **kw)
+
+
+def check_tier(comm, st, got, reader):
+    """Collective: the store is tiered; a sample is resident in one window or none (ranks agree on
+    the set; each window holds only its own resident samples within budget); this rank read from
+    storage exactly the non-resident samples it delivered, each byte once."""
+    if st._resident is None:
+        raise AssertionError("the store is not tiered")
+    masks = comm.allgather(st._resident)
+    if any(not np.array_equal(m, masks[0]) for m in masks):
+        raise AssertionError("ranks disagree on the resident set")
+    res = st._resident
+    if not 0.2 < st.tier["resident_fraction"] < 0.8:
+        raise AssertionError(f"resident fraction {st.tier['resident_fraction']}")
+    mine = np.nonzero((st.layout.owner == st.rank) & res)[0]
+    if int(st.layout.nbytes[st.rank]) != int(st.sizes[mine].sum()):
+        raise AssertionError("window size differs from its resident samples' bytes")
+    ranges = sorted(st._storage.epoch_ranges)
+    if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):
+        raise AssertionError(f"rank {comm.rank}: a byte was read from storage twice in one epoch")
+    ids = np.unique(got[0]) - st.start
+    want = int(st.sizes[ids[~res[ids]]].sum())
+    if sum(b - a for a, b in ranges) != want or st.stats["bytes_storage"] < want:
+        raise AssertionError(f"rank {comm.rank}: read {sum(b - a for a, b in ranges)} bytes from storage, "
+                             f"its non-resident deliveries hold {want}")
+    total = comm.allreduce(sum(b - a for a, b in ranges))
+    kept = np.unique(np.concatenate(comm.allgather(ids)))
+    if total != int(st.sizes[kept[~res[kept]]].sum()):
+        raise AssertionError("the ranks together did not read exactly the non-resident bytes")
+
+
+def scenario_tiered(comm, path):
+    """Data larger than the budget (about 45% resident): every policy and population delivers what
+    a fully resident store delivers (same ids, order and bytes), each epoch reads exactly the
+    non-resident bytes from storage once; overflow="error" refuses; a mid-epoch state resumes on
+    another number of ranks (another resident set) with nothing lost or repeated. Runs on
+    tier_container(path) (more, smaller samples: buffers small beside a rank's share)."""
+    import io
+
+    import torch
+
+    reader = open_container(tier_container(path))
+    for policy, population, drop_last, lookahead in (("global", "preload", False, 4), ("global", "dynamic", True, 0),
+                                                     ("local", "preload", True, 1), ("partial", "dynamic", False, 2)):
+        kw = dict(batch_size=BATCH, seed=6, shuffle=policy, population=population, drop_last=drop_last,
+                  partial_fraction=0.5)
+        with _tiered(comm, reader, storage_lookahead=lookahead, **kw) as st, DataStore(comm, reader, **kw) as full:
+            for epoch in (0, 1):
+                got, ref = run_epoch(st, epoch), run_epoch(full, epoch)
+                check_tier(comm, st, got, reader)
+                check_stats(st, got, reader)
+                for x, y in zip(got, ref):
+                    if not np.array_equal(x, y):
+                        raise AssertionError(f"tiered != resident ({policy}, {population}, epoch {epoch})")
+                check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=6, drop_last=drop_last,
+                               steps_per_epoch=st.steps_per_epoch)
+    try:
+        with _tiered(comm, reader, batch_size=BATCH, overflow="error"):
+            pass
+    except MemoryBudgetError:
+        pass
+    else:
+        raise AssertionError("overflow='error' served data larger than the budget")
+    sub_size = max(1, comm.size - 1)
+    sub = comm.Split(0 if comm.rank < sub_size else 1, comm.rank)
+    try:
+        with _tiered(comm, reader, fraction=0.6, batch_size=BATCH, seed=2) as st:
+            first = run_epoch(st, 1, steps=4)
+            buf = io.BytesIO()
+            torch.save(st.state_dict(), buf)
+        rest = tuple(np.zeros(0, t) for t in (np.int64, np.int64, bool, np.int64, np.int64))
+        if comm.rank < sub_size:
+            with _tiered(sub, reader, fraction=0.3, batch_size=BATCH) as st2:
+                st2.load_state_dict(torch.load(io.BytesIO(comm.bcast(buf.getvalue())), weights_only=True))
+                rest = run_epoch(st2, 1)
+        else:
+            comm.bcast(None)
+        both = tuple(np.concatenate([x, y]) for x, y in zip(first, rest))
+        check_delivery(comm, reader, both, epoch=1, policy="global", seed=2, drop_last=False)
+    finally:
+        sub.Free()
     reader.close()
 
 
