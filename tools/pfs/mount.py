@@ -86,11 +86,12 @@ def is_mounted(mountpoint: str) -> bool:
 
 
 def is_stale(mountpoint: str) -> bool:
-    """A FUSE mount at `mountpoint` whose file system process is gone (stat fails with ENOTCONN)."""
+    """A FUSE mount at `mountpoint` whose file system process is gone (statfs fails with ENOTCONN;
+    statfs, unlike stat, is never answered from the kernel's attribute cache)."""
     if not is_mounted(mountpoint):
         return False
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as exc:
         return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
