@@ -25,6 +25,22 @@ def _size(text: str) -> tuple[int, int]:
     return (parts[0], parts[-1])
 
 
+class _DeprecatedAlias(argparse.Action):
+    """Stores the value; warns (on stderr, once per use) when given under an old option name."""
+
+    def __init__(self, option_strings, dest, deprecated=None, **kwargs):
+        self.deprecated = deprecated or {}
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string in self.deprecated:
+            import warnings
+
+            warnings.warn(f"{option_string} is deprecated: use {self.deprecated[option_string]}",
+                          FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags; each maps onto one field of training.run.TrainConfig."""
     d = p.add_argument_group("data")
@@ -43,8 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--shuffle", choices=("global", "local", "partial"), default="global", help="store shuffle policy")
     d.add_argument("--population", choices=("preload", "dynamic"), default="preload", help="store population")
     d.add_argument("--prefetch", type=int, default=2, help="batches fetched ahead")
-    d.add_argument("--threads", type=int, default=2, help="decode/augment threads per rank")
+    d.add_argument("--decode-threads", "--threads", dest="decode_threads", type=int, default=2,
+                   action=_DeprecatedAlias, deprecated={"--threads": "--decode-threads"},
+                   help="decode/augment threads per rank (StoreLoader's decode_threads; --threads: deprecated)")
     d.add_argument("--memory-budget", type=int, default=None, help="bytes a rank may hold (store check)")
+    d.add_argument("--overflow", choices=("serve", "error"), default="serve",
+                   help="data over the memory budget: serve the rest from storage (default) or refuse")
     d.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial global batch")
     d.add_argument("--augment", choices=("auto", "on", "off"), default="auto",
                    help="auto: random crop with padding + flip for images of 32x32 and up, none below")

@@ -52,12 +52,13 @@ class TrainConfig:
     channels: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-    threads: int = 2
+    decode_threads: int = 2
     prefetch: int = 2
     shuffle: str = "global"
     population: str = "preload"
     drop_last: bool = False
     memory_budget: int | None = None
+    overflow: str = "serve"
     loader: str = "store"
     direct_cold: bool = False
     device: str = "cpu"
@@ -89,8 +90,8 @@ class TrainConfig:
             raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
         if self.direct_cold and self.loader != "direct":
             raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
-        if self.threads < 1 or self.prefetch < 0:
-            raise ConfigError(f"threads={self.threads} must be >= 1 and prefetch={self.prefetch} >= 0")
+        if self.decode_threads < 1 or self.prefetch < 0:
+            raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
@@ -152,7 +153,7 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
 
     return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
-                     sample_range=sample_range, memory_budget=cfg.memory_budget)
+                     sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
 
 
 def _transforms(cfg: TrainConfig, spec, input_size):
@@ -186,6 +187,9 @@ def _describe(stats: dict) -> str:
                 f"{st['pads']} pad), {_human_bytes(moved)}, {_human_bytes(st['bytes_remote'])} of it in "
                 f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
                 f"{st['wait_seconds'] * 1e3:.1f} ms")
+        if st.get("samples_storage"):  # data larger than the memory budget: the rest from storage
+            line += (f"; from storage {st['samples_storage']} samples, {_human_bytes(st['bytes_storage'])} in "
+                     f"{st['storage_reads']} reads (wait {st['storage_wait_seconds'] * 1e3:.1f} ms)")
         if st.get("population_seconds"):
             line += (f"; population {_human_bytes(st['population_bytes'])} in "
                      f"{st['population_seconds'] * 1e3:.1f} ms ({st['population_MBps']:.1f} MB/s)")
@@ -284,7 +288,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched))
         train_tf, eval_tf = _transforms(cfg, spec, input_size)
         # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
-        opts = dict(num_threads=cfg.threads, channels=cfg.channels, size=tuple(input_size))
+        opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
         loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, **opts))
         eval_loader = None
         if held_range is not None or val_reader is not None:
@@ -330,7 +334,7 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
     start_epoch, resume_step, global_step = 0, 0, 0
     if ck is not None:
         trainer.load_state_dict(ck)
-        train_src.load_state_dict(from_safe(ck["store"]))
+        loader.load_state_dict(from_safe(ck["store"]))
         rngs = ck["rng"]
         set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.size else rngs[0])
         start_epoch, resume_step, global_step = int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
@@ -346,7 +350,11 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
         # (epoch, step_in_epoch) is the next batch the loop has not trained on.
         if step_in_epoch >= spe:
             epoch, step_in_epoch = epoch + 1, 0
-        state = {**trainer.state_dict(), "store": _store_position(train_src, epoch, step_in_epoch),
+        position = loader.state_dict()  # the loader's position after what it yielded (not its read-ahead)
+        if (position["epoch"], position["step"]) != (epoch, step_in_epoch):
+            raise RuntimeError(f"the loader is at epoch {position['epoch']} step {position['step']}, the loop at "
+                               f"epoch {epoch} step {step_in_epoch}")
+        state = {**trainer.state_dict(), "store": position,
                  "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
                  "global_step": global_step, "config": _plain_config(cfg), "meta": meta}
         if main:
@@ -451,21 +459,6 @@ def _bar(cfg, main, total, epoch):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=f"epoch {epoch}", leave=False, mininterval=0.5)
-
-
-def _store_position(source, epoch: int, step_in_epoch: int) -> dict:
-    """The source's state_dict, pointing at (epoch, step_in_epoch) -- the next untrained batch.
-
-    The source itself may already be ahead (the loader prefetches), so the position comes from
-    the loop's own count. Under the global policy the store resumes from `position` (an index in
-    the global order, which does not depend on the number of ranks), else from `step`.
-    """
-    state = dict(source.state_dict())
-    state["epoch"], state["step"] = int(epoch), int(step_in_epoch)
-    if "position" in state:
-        global_policy = state.get("shuffle", "global") == "global"
-        state["position"] = int(step_in_epoch) * int(state["batch_size"]) if global_policy else int(step_in_epoch)
-    return state
 
 
 def _plain_config(cfg: TrainConfig) -> dict:
