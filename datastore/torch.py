@@ -1,8 +1,16 @@
 """The PyTorch adapter: a DataStore's batches decoded in a thread pool, `ahead` batches ahead, as tensors.
 
-    loader = StoreLoader(store, transform=None, num_threads=2, size=(224, 224), ahead=2)
-    for images, labels in loader.epoch(e):   # images: uint8 [b, C, H, W]; labels: int64 [b]
-        ...
+    loader = StoreLoader(store, transform=None, decode_threads=2, size=(224, 224), ahead=2)
+    for epoch in range(start, epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:          # images: uint8 [b, C, H, W]; labels: int64 [b]
+            ...
+        state = loader.state_dict()            # the position after what it has yielded: resumable
+
+`StoreLoader` is a `torch.utils.data.IterableDataset` whose items are whole batches, so
+`DataLoader(loader, batch_size=None)` (num_workers=0) also works. Worker processes are refused:
+they would fork a process that holds MPI windows after MPI_Init, and the decoding they would
+parallelise already runs in `decode_threads` threads (numpy, Pillow and torch release the GIL).
 
 All MPI stays on the calling thread: before returning batch k the adapter fetches batches up to
 k + ahead from the store and hands their samples to the pool, so their decoding overlaps the
@@ -25,11 +33,68 @@ import dataclasses
 import threading
 import time
 
+import inspect
+import warnings
+
 import numpy as np
 import torch
+import torch.utils.data
 
 from datastore.decode import decode_sample
 from datastore.errors import ConfigError
+
+
+class seeded:  # noqa: N801 - used like a function: transform=seeded(fn)
+    """Marks `fn(array, rng) -> tensor` as a seeded transform: the loader calls it with a numpy
+    Generator seeded from (store seed, epoch, sample id), so augmentation is the same whatever
+    the thread or rank count, and resumes exactly. A plain one-argument transform (torchvision
+    style, `fn(array)`) draws from its own RNG instead and is not reproducible across threads.
+
+    Without this wrapper a callable is still taken as seeded when its second positional parameter
+    is required or named `rng` (the loader's original form, e.g. training.augment.ImageTransform).
+    """
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise ConfigError(f"seeded({fn!r}): the transform must be callable (array, rng) -> tensor")
+        self.fn = fn
+
+    def __call__(self, arr, rng):
+        return self.fn(arr, rng)
+
+    def __repr__(self):
+        return f"seeded({self.fn!r})"
+
+
+def _takes_rng(fn) -> bool:
+    """True if `fn` is the seeded (array, rng) form: wrapped in `seeded`, or two required positionals."""
+    if isinstance(fn, seeded):
+        return True
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: the plain form
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2:
+        return False
+    second = positional[1]
+    return second.default is second.empty or second.name == "rng"
+
+
+def _device(device):
+    """None (leave batches on the CPU) or a torch.device that exists here."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r} is not a torch device: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} was asked for but torch sees no CUDA GPU; use device=None or 'cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def _size_pair(size):
@@ -64,8 +129,9 @@ class _Decode:
     """One batch being decoded: its chunks run in the pool, and the chunk that finishes last
     stacks the batch into one tensor there, so the caller only picks up `result`."""
 
-    def __init__(self, batch):
+    def __init__(self, batch, pin: bool = False):
         self.batch = batch
+        self.pin = pin
         self.futures = []  # the chunks' futures (to cancel or wait for when abandoned)
         self.result = concurrent.futures.Future()  # -> (images, thread-seconds of decoding)
         self._lock = threading.Lock()
@@ -100,31 +166,42 @@ class _Decode:
             if len(shapes) > 1:
                 raise ConfigError(f"samples of step {self.batch.step} decode to different shapes "
                                   f"{sorted(shapes)[:4]}; pass size=(H, W) or a transform that makes them equal")
-            self.result.set_result((torch.stack(tensors), self._secs))
+            images = torch.stack(tensors)
+            self.result.set_result((images.pin_memory() if self.pin else images, self._secs))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             self.result.set_exception(exc)
         self.parts = []
 
 
-class StoreLoader:
-    """Iterates a DataStore's epochs as (images, labels) tensors.
+class StoreLoader(torch.utils.data.IterableDataset):
+    """Iterates a DataStore's epochs as (images, labels) tensors, as a PyTorch data loader does.
+
+    `iter(loader)` runs the epoch set with `set_epoch` (then the next one), `len(loader)` is the
+    steps per epoch, and `state_dict()` / `load_state_dict()` save and restore the position after
+    the last batch it yielded (as Mosaic's StreamingDataLoader and torchdata's StatefulDataLoader
+    do): the store itself may be up to `ahead` batches further on, which the state leaves out.
 
     Args:
-        store: an entered DataStore.
-        transform: None, or a callable (HWC uint8 ndarray, numpy Generator) -> CHW tensor or
-            ndarray, run per sample in the pool. The array may be a read-only view of the
-            sample's bytes (raw encoding): copy before changing it in place. The generator is
-            seeded from (store seed, epoch, sample id), so augmentation is reproducible whatever
-            the thread or rank count.
-        num_threads: decode threads.
+        store: an entered DataStore (or training.data.DirectSource).
+        transform: None, or a per-sample callable run in the decode threads on the HWC uint8
+            ndarray, returning a CHW tensor or an ndarray: either one-argument (torchvision style,
+            `fn(array)`) or seeded (`seeded(fn)` with `fn(array, rng)`: a numpy Generator seeded
+            from (store seed, epoch, sample id), so augmentation is reproducible whatever the
+            thread or rank count). The array may be a read-only view of the sample's bytes (raw
+            encoding): copy before changing it in place.
+        decode_threads: decode threads (`num_threads` is its deprecated old name).
         channels: 1 or 3 to convert images to; None keeps grey as 1 and the rest as RGB.
         size: (H, W) or an int: resize every decoded image to it (JPEG decodes at the smallest DCT
             scale still at least this large). Without it, all samples of a batch must share a shape.
         ahead: batches decoding ahead of the one returned (>= 1). 1 decodes straight from the
             store's views (no copy) but lets one slow batch show as waiting; >= 2 copies each
-            fetched batch's bytes once (see the module docstring). The store itself is then up
-            to `ahead` batches further on than the caller: a trainer that saves a position must
-            count the batches it trained on (as training/run.py does), not ask the store.
+            fetched batch's bytes once (see the module docstring).
+        pin_memory: stack each batch into page-locked memory (in the decode thread), so a copy to
+            the GPU can be asynchronous. Without a CUDA device it warns and is ignored, as
+            DataLoader does.
+        device: None, or where batches are delivered (e.g. "cuda", "cuda:1"): copied with
+            non_blocking=True on a side CUDA stream that the caller's stream then waits for, so
+            the copy overlaps the GPU work still queued from the previous step.
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
@@ -135,24 +212,42 @@ class StoreLoader:
             copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2).
     """
 
-    def __init__(self, store, transform=None, num_threads: int = 2, channels=None, size=None, ahead: int = 2):
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise ConfigError(f"num_threads={num_threads!r} must be an integer >= 1")
+    def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
+                 ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None):
+        if num_threads is not None:
+            if decode_threads is not None:
+                raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
+            warnings.warn("StoreLoader(num_threads=) is deprecated: use decode_threads=", DeprecationWarning,
+                          stacklevel=2)
+            decode_threads = num_threads
+        decode_threads = 2 if decode_threads is None else decode_threads
+        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or decode_threads < 1:
+            raise ConfigError(f"decode_threads={decode_threads!r} must be an integer >= 1")
         if isinstance(ahead, bool) or not isinstance(ahead, (int, np.integer)) or ahead < 1:
             raise ConfigError(f"ahead={ahead!r} must be an integer >= 1")
         if channels not in (None, 1, 3):
             raise ConfigError(f"channels={channels!r} must be None, 1 or 3")
         if transform is not None and not callable(transform):
-            raise ConfigError(f"transform={transform!r} must be callable (ndarray, rng) -> tensor")
+            raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
+                              f"with fn(array, rng)")
+        self.device = _device(device)
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
+                          UserWarning, stacklevel=2)
+            pin_memory = False
+        self.pin_memory = bool(pin_memory)
+        self._stream = torch.cuda.Stream(self.device) if self.device is not None and self.device.type == "cuda" else None
         self.store = store
         self.transform = transform
+        self._seeded = transform is not None and _takes_rng(transform)
         self.channels = channels
         self.size = _size_pair(size)
-        self.num_threads = num_threads
+        self.decode_threads = decode_threads
         self.ahead = int(ahead)
-        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="dstore-decode")
+        self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
         self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
         self._epoch = 0
+        self._pos = None  # (epoch, step) after the last batch yielded; None: the store's own position
         self._active = None  # the open epoch's generator
         self._closed = False
         self.last_ids = np.zeros(0, np.int64)
@@ -160,6 +255,11 @@ class StoreLoader:
         self.last_wait_seconds = 0.0
         self.last_decode_seconds = 0.0
         self.stats = {}
+
+    @property
+    def num_threads(self) -> int:
+        """Deprecated name of `decode_threads`."""
+        return self.decode_threads
 
     def __len__(self) -> int:
         return self.store.steps_per_epoch
@@ -169,7 +269,43 @@ class StoreLoader:
         self._epoch = int(epoch)
 
     def __iter__(self):
-        return self.epoch(self._epoch)
+        if torch.utils.data.get_worker_info() is not None:
+            raise ConfigError("StoreLoader cannot run in DataLoader worker processes (num_workers > 0): a worker "
+                              "is a fork of a process that holds MPI windows, after MPI_Init. Use "
+                              "DataLoader(loader, batch_size=None) with num_workers=0, or the loader itself; "
+                              "decoding already runs in its decode_threads threads")
+        epoch = self._epoch
+        self._epoch += 1  # a plain `for epoch ...: for batch in loader` walks the epochs
+        return self.epoch(epoch)
+
+    def __getstate__(self):
+        raise ConfigError("a StoreLoader cannot be pickled (it holds an MPI data store and threads); DataLoader "
+                          "with num_workers > 0 and a spawn/forkserver context would: use num_workers=0")
+
+    # -------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """The store's state_dict at the position after the last batch this loader yielded (the
+        next one it would yield), not where the store's read-ahead has got to. Plain ints and
+        strings: it goes into a checkpoint as is (torch.save with weights_only=True)."""
+        state = dict(self.store.state_dict())
+        if self._pos is None:
+            return state
+        epoch, step = self._pos
+        if step >= len(self):
+            epoch, step = epoch + 1, 0
+        state["epoch"], state["step"] = int(epoch), int(step)
+        if "position" in state:  # global order: an index in it, which does not depend on the rank count
+            global_policy = state.get("shuffle", "global") == "global"
+            state["position"] = step * int(state["batch_size"]) if global_policy else step
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues at what state_dict() returned: the next `iter(loader)` (or `epoch(e)` of the
+        saved epoch) starts at the saved batch. Ends an open epoch first."""
+        self._end_epoch()
+        self.store.load_state_dict(state)
+        self._epoch = int(self.store.state_dict()["epoch"])
+        self._pos = None
 
     # -------------------------------------------------------------- decoding
     def _decode_one(self, data, sid: int, epoch: int):
@@ -181,8 +317,10 @@ class StoreLoader:
             if not arr.flags.writeable:  # a raw sample viewing the batch's bytes: copy out of it
                 arr = arr.copy()
             return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
-        rng = np.random.default_rng([self.store.seed, epoch, sid])
-        out = self.transform(arr, rng)
+        if self._seeded:
+            out = self.transform(arr, np.random.default_rng([self.store.seed, epoch, sid]))
+        else:
+            out = self.transform(arr)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
 
     def _decode_chunk(self, job, k: int, samples, ids) -> None:
@@ -211,11 +349,11 @@ class StoreLoader:
         return dataclasses.replace(batch, samples=samples)
 
     def _submit(self, job) -> None:
-        """Decodes `job.batch` in up to num_threads chunks in the pool."""
+        """Decodes `job.batch` in up to decode_threads chunks in the pool."""
         batch = job.batch
         n = len(batch.samples)
         ids = batch.ids.tolist()
-        cuts = [(n * k) // self.num_threads for k in range(self.num_threads + 1)]
+        cuts = [(n * k) // self.decode_threads for k in range(self.decode_threads + 1)]
         spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
         job.expect(len(spans))
         job.futures = [self._pool.submit(self._decode_chunk, job, k, batch.samples[a:b], ids[a:b])
@@ -255,7 +393,7 @@ class StoreLoader:
                 nxt = next(it, None)  # with ahead=1, the views of the batch before are released here
                 if nxt is None:
                     return
-                job = _Decode(nxt)
+                job = _Decode(nxt, pin=self.pin_memory)
                 pending.append(job)
                 if self.ahead == 1:
                     self._submit(job)
@@ -271,12 +409,14 @@ class StoreLoader:
                 labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
                 ids, pad = batch.ids.copy(), batch.pad.copy()
                 top_up(self.ahead)
+                images, labels = self._to_device(images, labels)
                 self.last_wait_seconds = time.perf_counter() - t0
                 self.last_decode_seconds = secs
                 self.last_ids, self.last_pad = ids, pad
                 self.stats["batches"] += 1
                 self.stats["wait_seconds"] += self.last_wait_seconds
                 self.stats["decode_seconds"] += secs
+                self._pos = (batch.epoch, batch.step + 1)
                 yield images, labels
                 t0 = time.perf_counter()
         finally:
@@ -291,6 +431,25 @@ class StoreLoader:
             concurrent.futures.wait(futs)
             pending.clear()
             it.close()
+
+    def _to_device(self, images, labels):
+        """The batch on `self.device` (unchanged without one). On CUDA the copies run on a side
+        stream, overlapping what the caller's stream still has queued; the caller's stream then
+        waits for them, and record_stream keeps the memory from being reused before its use."""
+        if self.device is None:
+            return images, labels
+        if self._stream is None:
+            return images.to(self.device), labels.to(self.device)
+        if self.pin_memory:
+            labels = labels.pin_memory()
+        with torch.cuda.stream(self._stream):
+            images = images.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self._stream)
+        images.record_stream(current)
+        labels.record_stream(current)
+        return images, labels
 
     def _end_epoch(self) -> None:
         active, self._active = self._active, None

@@ -15,7 +15,7 @@ from datastore.decode import decode_sample
 from datastore.errors import ConfigError
 from datastore.formats import create_writer, open_container
 from datastore.store import DataStore
-from datastore.torch import StoreLoader, resize
+from datastore.torch import StoreLoader, resize, seeded
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def png_container(tmp_path_factory):
 
 def test_tensors_match_the_container(raw_container):
     reader = open_container(raw_container)
-    with DataStore(MPI.COMM_SELF, reader, batch_size=8, seed=3) as st, StoreLoader(st, num_threads=3) as ld:
+    with DataStore(MPI.COMM_SELF, reader, batch_size=8, seed=3) as st, StoreLoader(st, decode_threads=3) as ld:
         seen = []
         ld.set_epoch(1)
         for images, labels in ld:
@@ -71,7 +71,7 @@ def test_transform_is_reproducible_and_float(raw_container):
     with DataStore(MPI.COMM_SELF, raw_container, batch_size=6) as st:
         runs = []
         for threads in (1, 4):
-            with StoreLoader(st, transform=aug, num_threads=threads) as ld:
+            with StoreLoader(st, transform=aug, decode_threads=threads) as ld:
                 runs.append([x for x, _ in ld.epoch(2)])
         assert runs[0][0].dtype == torch.float32
         assert all(torch.equal(a, b) for a, b in zip(*runs))  # same seed/epoch/id -> same augmentation
@@ -94,7 +94,7 @@ def test_mixed_shapes_need_size(png_container):
 def test_resize_and_bad_arguments():
     a = np.zeros((4, 6, 3), np.uint8)
     assert resize(a, (4, 6)) is a and resize(a, (2, 3)).shape == (2, 3, 3)
-    for kw in (dict(num_threads=0), dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
+    for kw in (dict(decode_threads=0), dict(num_threads=1, decode_threads=1), dict(device="nowhere"), dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
         with pytest.raises(ConfigError):
             StoreLoader(object(), **kw)
 
@@ -112,10 +112,10 @@ def _epoch_record(ld, epoch):
 def test_ahead_delivers_each_sample_once_as_ahead_1_does(raw_container, png_container, ahead, policy):
     for path, kw in ((raw_container, {}), (png_container, dict(size=(6, 7)))):
         with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=5, shuffle=policy, prefetch=1) as st:
-            with StoreLoader(st, num_threads=2, ahead=1, **kw) as ld:
+            with StoreLoader(st, decode_threads=2, ahead=1, **kw) as ld:
                 ref = _epoch_record(ld, 1)
                 assert ld.stats["copy_bytes"] == 0  # ahead=1 decodes from the store's views
-            with StoreLoader(st, num_threads=3, ahead=ahead, **kw) as ld:
+            with StoreLoader(st, decode_threads=3, ahead=ahead, **kw) as ld:
                 got = _epoch_record(ld, 1)
                 assert ld.stats["batches"] == len(got) == st.steps_per_epoch
                 assert ld.stats["copy_bytes"] == int(np.diff(st.offsets)[np.concatenate([g[2] for g in got])].sum())
@@ -138,7 +138,7 @@ def test_ahead_views_survive_the_store_moving_on(raw_container):
         return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
     with DataStore(MPI.COMM_SELF, reader, batch_size=5, seed=2, prefetch=0) as st, \
-            StoreLoader(st, transform=late, num_threads=1, ahead=4) as ld:
+            StoreLoader(st, transform=late, decode_threads=1, ahead=4) as ld:
         for images, _ in ld.epoch(0):
             for img, i in zip(images, ld.last_ids):
                 want = decode_sample(reader.sample(int(i))[0], reader.info)
@@ -173,7 +173,7 @@ class _Counting:
 def test_abandoning_an_epoch_leaves_no_decode_running(raw_container, ahead):
     tf = _Counting()
     with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=1) as st:
-        ld = StoreLoader(st, transform=tf, num_threads=3, ahead=ahead)
+        ld = StoreLoader(st, transform=tf, decode_threads=3, ahead=ahead)
         it = ld.epoch(0)
         next(it)
         next(it)
@@ -202,7 +202,7 @@ def test_an_error_in_a_transform_propagates(raw_container, ahead):
     reader.close()
     tf = _Counting(fail_on=target)
     with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=1) as st:
-        with StoreLoader(st, transform=tf, num_threads=2, ahead=ahead) as ld:
+        with StoreLoader(st, transform=tf, decode_threads=2, ahead=ahead) as ld:
             seen = []
             with pytest.raises(ValueError, match="bad sample in the transform"):
                 for _ in ld.epoch(0):
@@ -223,3 +223,87 @@ def test_ahead_argument_and_resize_is_writable(png_container):
         with DataStore(MPI.COMM_SELF, png_container, batch_size=4) as st, \
                 StoreLoader(st, size=(7, 7), transform=lambda a, rng: torch.from_numpy(a).permute(2, 0, 1)) as ld:
             assert sum(x.shape[0] for x, _ in ld.epoch(0)) == 11
+
+
+# ------------------------------------------------------------------ the loader as PyTorch users expect it
+def _ids(loader, it):
+    out = []
+    for _ in it:
+        out.append(loader.last_ids.tolist())
+    return out
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_state_dict_is_the_position_of_what_was_yielded(raw_container, ahead):
+    """The store reads ahead; the loader's state is after the batches it handed out, and a new
+    loader (a restarted job) continues there with nothing lost or repeated."""
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=5) as st, StoreLoader(st, ahead=ahead) as ld:
+        whole = _ids(ld, ld.epoch(1))
+        assert len(whole) == len(ld) == 10
+        ld.set_epoch(1)
+        it = iter(ld)
+        first = [next(it) and ld.last_ids.tolist() for _ in range(3)]
+        state = ld.state_dict()
+        assert (state["epoch"], state["step"], state["position"]) == (1, 3, 12)
+        assert st.state_dict()["step"] > 3 or ahead == 1  # the store itself is further on
+        it.close()
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=4, seed=5) as st, StoreLoader(st, ahead=ahead) as ld:
+        ld.load_state_dict(state)
+        rest = _ids(ld, ld)  # iter(loader) after load_state_dict: the saved epoch, from the saved batch
+        assert first + rest == whole
+        assert ld.state_dict()["epoch"] == 2 and ld.state_dict()["step"] == 0  # epoch done: the next one
+        nxt = _ids(ld, ld)  # iter again: the next epoch, as Mosaic's loader does
+        assert nxt == _ids(ld, ld.epoch(2))
+
+
+def test_a_torch_dataloader_takes_it_without_workers(raw_container):
+    from torch.utils.data import DataLoader, IterableDataset
+
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=8, seed=3) as st, StoreLoader(st) as ld:
+        assert isinstance(ld, IterableDataset)
+        ld.set_epoch(0)
+        direct = [(x.clone(), y.clone()) for x, y in ld]
+        ld.set_epoch(0)
+        via = list(DataLoader(ld, batch_size=None))
+        assert len(via) == len(direct) == 5
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(direct, via))
+        with pytest.raises(Exception, match="worker processes"):
+            list(DataLoader(ld, batch_size=None, num_workers=1, multiprocessing_context="fork"))
+        with pytest.raises(ConfigError, match="num_workers=0"):
+            import pickle
+
+            pickle.dumps(ld)  # what a spawn or forkserver worker start would do
+
+
+def test_one_argument_and_seeded_transforms(raw_container):
+    def plain(arr):  # torchvision style: one argument
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1).float() / 255
+
+    def aug(arr, noise):  # seeded form under another parameter name: wrapped explicitly
+        return plain(arr) + float(noise.random())
+
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=8) as st:
+        with StoreLoader(st, transform=plain) as ld:
+            x, _ = next(iter(ld))
+            assert x.dtype == torch.float32 and float(x.max()) <= 1.0
+        runs = []
+        for threads in (1, 3):
+            with StoreLoader(st, transform=seeded(aug), decode_threads=threads) as ld:
+                runs.append(torch.cat([x for x, _ in ld.epoch(0)]))
+        assert torch.equal(runs[0], runs[1])
+
+
+def test_devices_pinning_and_the_old_thread_name(raw_container):
+    with DataStore(MPI.COMM_SELF, raw_container, batch_size=8) as st:
+        with StoreLoader(st, device="cpu") as ld:
+            x, y = next(iter(ld))
+            assert x.device.type == "cpu" and y.device.type == "cpu"
+        with pytest.warns(DeprecationWarning, match="decode_threads"):
+            ld = StoreLoader(st, num_threads=3)
+        assert ld.decode_threads == 3
+        ld.close()
+        if not torch.cuda.is_available():
+            with pytest.warns(UserWarning, match="pin_memory"):
+                StoreLoader(st, pin_memory=True).close()
+            with pytest.raises(ConfigError, match="no CUDA"):
+                StoreLoader(st, device="cuda")

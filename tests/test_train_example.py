@@ -1,4 +1,6 @@
-"""The documented "use the store from your own script" example runs under mpiexec -n 2 and learns."""
+"""The documented "use the store from your own script" example runs under mpiexec -n 2 and learns,
+and, stopped mid-epoch and started again from its checkpoint (the loader's state_dict), ends with
+exactly the model of the run that was never stopped."""
 
 import re
 from pathlib import Path
@@ -6,14 +8,38 @@ from pathlib import Path
 import pytest
 from mpirun import REPO, run_mpi
 
+SCRIPT = REPO / "docs" / "examples" / "train_own_script.py"
+RESULT = r"test accuracy ([0-9.]+) on (\d+) samples; weight sum (\S+)"
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("example")
+    # No container: the example ingests digits into a temporary directory (here under tmp).
+    res = run_mpi(2, ["python", str(SCRIPT), "--epochs", "3"], timeout=120, env={"TMPDIR": str(tmp)})
+    return tmp, res
+
 
 @pytest.mark.mpi
-def test_own_script_example_runs(tmp_path):
-    script = REPO / "docs" / "examples" / "train_own_script.py"
-    # No container: the example ingests digits into a temporary directory (here under tmp_path).
-    res = run_mpi(2, ["python", str(script), "--epochs", "3"], timeout=120, env={"TMPDIR": str(tmp_path)})
-    m = re.search(r"test accuracy ([0-9.]+) on (\d+) samples", res.stdout)
+def test_own_script_example_runs(full_run):
+    tmp, res = full_run
+    m = re.search(RESULT, res.stdout)
     assert m, res.stdout + res.stderr
     assert int(m.group(2)) == 1797 - int(1797 * 0.8)
     assert float(m.group(1)) > 0.6, res.stdout  # chance is 0.1
-    assert list(Path(tmp_path).glob("*/digits.h5"))
+    assert list(Path(tmp).glob("*/digits.h5"))
+
+
+@pytest.mark.mpi
+def test_own_script_resumes_from_the_loaders_state_dict(full_run, tmp_path):
+    tmp, res = full_run
+    (container,) = Path(tmp).glob("*/digits.h5")
+    ck = tmp_path / "ck.pt"
+    args = ["python", str(SCRIPT), str(container), "--epochs", "3", "--checkpoint", str(ck)]
+    # 30 steps: 7 steps into epoch 1 (23 steps per epoch), with the loader's read-ahead in flight.
+    stopped = run_mpi(2, args + ["--stop-after-steps", "30"], timeout=120)
+    assert "stopped after 30 steps at 1:7" in stopped.stdout, stopped.stdout
+    resumed = run_mpi(2, args, timeout=120)
+    want, got = re.search(RESULT, res.stdout), re.search(RESULT, resumed.stdout)
+    assert got, resumed.stdout + resumed.stderr
+    assert got.groups() == want.groups(), (res.stdout, resumed.stdout)

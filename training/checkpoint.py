@@ -55,11 +55,15 @@ def from_safe(value):
 
 
 def rng_state() -> dict:
-    """This process's RNG states (torch CPU, numpy legacy global, Python `random`)."""
+    """This process's RNG states (torch CPU, the current CUDA device's when CUDA is in use, numpy
+    legacy global, Python `random`)."""
     import torch
 
     np_state = np.random.get_state(legacy=False)
+    # The current device's (a rank drives one GPU): resumable whatever GPUs another node shows.
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {
+        "cuda": cuda,
         "torch": torch.get_rng_state(),
         "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
                   "pos": int(np_state["state"]["pos"]),
@@ -73,6 +77,9 @@ def set_rng_state(state: dict) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")  # absent in checkpoints made before it was recorded
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
     npst = state["numpy"]
     np.random.set_state({"bit_generator": "MT19937",
                          "state": {"key": npst["key"].numpy().astype(np.uint32), "pos": npst["pos"]},

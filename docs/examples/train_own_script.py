@@ -1,9 +1,14 @@
 """Using the store from your own PyTorch script: a plain training loop, no dstore trainer.
 
     mpiexec -n 2 python docs/examples/train_own_script.py [CONTAINER] [--epochs N]
+                 [--checkpoint ck.pt [--stop-after-steps K]]
 
 With no container it ingests the built-in `digits` set into a temporary file first. Everything
 training-specific here is ordinary PyTorch; the store only replaces the Dataset/DataLoader.
+With --checkpoint, the script saves model, optimizer and `loader.state_dict()` (the position after
+the batches it trained on) there every 10 steps and at the end, and resumes from it if it exists:
+a run stopped with --stop-after-steps and started again ends with the same model as one that was
+never stopped.
 """
 
 import argparse
@@ -23,8 +28,10 @@ from datastore.torch import StoreLoader
 from training.dist import init_distributed
 
 
-def to_tensor(img: np.ndarray, rng) -> torch.Tensor:
-    """Runs in the loader's decode threads: an (H, W, C) uint8 image -> a normalised CHW float tensor."""
+def to_tensor(img: np.ndarray) -> torch.Tensor:
+    """Runs in the loader's decode threads: an (H, W, C) uint8 image -> a normalised CHW float tensor.
+    (A seeded augmentation takes the loader's per-sample rng instead: transform=seeded(fn) with
+    fn(img, rng), from datastore.torch.)"""
     x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)
     return (x - 0.3) / 0.35
 
@@ -33,6 +40,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("container", nargs="?")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--checkpoint", default=None, help="save here; resume from it if it exists")
+    parser.add_argument("--stop-after-steps", type=int, default=0, help="stop (after saving) after K steps")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
 
@@ -58,14 +67,41 @@ def main():
         # random order, so its tail is a random held-out set.
         with DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train, \
                 DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test, \
-                StoreLoader(train, transform=to_tensor, num_threads=2) as loader, \
+                StoreLoader(train, transform=to_tensor, decode_threads=2) as loader, \
                 StoreLoader(test, transform=to_tensor) as test_loader:
-            for epoch in range(args.epochs):
-                for images, labels in loader.epoch(epoch):
+            if args.checkpoint and os.path.exists(args.checkpoint):
+                ck = torch.load(args.checkpoint, weights_only=True)
+                model.load_state_dict(ck["model"])
+                opt.load_state_dict(ck["optimizer"])
+                loader.load_state_dict(ck["loader"])  # the next iter(loader) continues mid-epoch
+            steps = 0
+
+            def save():
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict()}
+                if comm.rank == 0:
+                    torch.save(state, args.checkpoint)
+                comm.Barrier()
+
+            while loader.state_dict()["epoch"] < args.epochs:
+                for images, labels in loader:  # this epoch's batches (from the resumed one, if any)
                     loss = F.cross_entropy(ddp(images), labels)
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
+                    steps += 1
+                    if args.checkpoint and steps % 10 == 0:
+                        save()
+                    if steps == args.stop_after_steps:
+                        break
+                if steps == args.stop_after_steps:
+                    break
+            if args.checkpoint:
+                save()
+            if steps == args.stop_after_steps:
+                if comm.rank == 0:
+                    print(f"stopped after {steps} steps at {loader.state_dict()['epoch']}:"
+                          f"{loader.state_dict()['step']}", flush=True)
+                return
             correct = total = 0
             with torch.no_grad():
                 for images, labels in test_loader.epoch(0):
@@ -74,7 +110,9 @@ def main():
         counts = torch.tensor([correct, total])
         dist.all_reduce(counts, group=ctx.group)
     if comm.rank == 0:
-        print(f"test accuracy {counts[0] / counts[1]:.3f} on {int(counts[1])} samples", flush=True)
+        weights = sum(float(p.double().sum()) for p in model.parameters())
+        print(f"test accuracy {counts[0] / counts[1]:.3f} on {int(counts[1])} samples; weight sum {weights:.9e}",
+              flush=True)
 
 
 if __name__ == "__main__":

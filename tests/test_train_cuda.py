@@ -1,0 +1,63 @@
+"""The CUDA path: pinned batches, non-blocking device copies, the CUDA RNG in checkpoints, nccl over
+MPI. Run where torch sees a GPU; skipped (not passed) elsewhere."""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from datastore.formats import create_writer
+from datastore.store import DataStore
+from datastore.torch import StoreLoader
+from training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cuda") / "raw.h5")
+    rng = np.random.default_rng(7)
+    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
+                       raw_shape=(8, 8, 3)) as w:
+        for i in range(50):
+            w.append(rng.integers(0, 256, 192, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
+    return path
+
+
+def test_pinned_batches_and_device_copies_equal_the_cpu_ones(container):
+    with DataStore(MPI.COMM_SELF, container, batch_size=8, seed=1) as st:
+        with StoreLoader(st) as ld:
+            cpu = [(x.clone(), y.clone()) for x, y in ld.epoch(0)]
+        with StoreLoader(st, pin_memory=True) as ld:
+            pinned = list(ld.epoch(0))
+        assert all(x.is_pinned() for x, _ in pinned)
+        with StoreLoader(st, pin_memory=True, device="cuda") as ld:
+            on_gpu = []
+            for x, y in ld.epoch(0):
+                assert x.device.type == "cuda" and y.device.type == "cuda"
+                on_gpu.append((x.float().sum().item(), y.cpu()))  # work on the caller's stream
+        for (x, y), (s, y2) in zip(cpu, on_gpu):
+            assert float(x.float().sum()) == s and torch.equal(y, y2)
+
+
+def test_cuda_rng_state_survives_a_checkpoint(tmp_path):
+    torch.cuda.manual_seed(123)
+    torch.rand(4, device="cuda")
+    state = rng_state()
+    assert state["cuda"] is not None
+    want = torch.rand(8, device="cuda").cpu()
+    path = save_checkpoint(tmp_path / "ck.pt", {"rng": [state]})
+    torch.cuda.manual_seed(999)
+    set_rng_state(load_checkpoint(path)["rng"][0])
+    assert torch.equal(torch.rand(8, device="cuda").cpu(), want)
+
+
+def test_nccl_group_over_mpi_on_one_rank():
+    from training.dist import init_distributed
+
+    with init_distributed(MPI.COMM_SELF, "cuda") as ctx:
+        assert ctx.backend == "nccl" and ctx.device.type == "cuda"
+        t = torch.ones(3, device=ctx.device)
+        torch.distributed.all_reduce(t, group=ctx.group)
+        assert t.sum().item() == 3.0
