@@ -45,15 +45,92 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int:
     return 0
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+_UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+def _read_int(path: str):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return _UNLIMITED
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _inactive_file(stat_path: str, key: str) -> int:
+    try:
+        with open(stat_path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cgroup_headroom(proc_cgroup: str | None = None, root: str | None = None) -> tuple[int, str] | None:
+    """(bytes, which cgroup) this process's memory cgroups still allow, or None if none sets a limit.
+
+    A batch system's memory cap (Slurm `--mem`, a container's limit) is a cgroup limit, v2
+    (`memory.max`, `memory.current`) or v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes`),
+    set on the job's cgroup or an ancestor: every level from this process's cgroup up to the root
+    is read and the tightest kept. Reclaimable page cache (inactive files) counts as free.
+    """
+    proc_cgroup, root = proc_cgroup or PROC_CGROUP, root or CGROUP_ROOT
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    candidates = []  # (dir, limit file, usage file, stat key)
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "" and os.path.isfile(os.path.join(root, "cgroup.controllers")):
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                         "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        # From this process's cgroup up to the hierarchy's root (inside a container the mount's
+        # root is the process's own cgroup, and the path as listed may not exist under it).
+        for k in range(len(parts), -1, -1):
+            candidates.append((os.path.join(base, *parts[:k]), *files))
+    best = None
+    for d, limit_file, usage_file, key in candidates:
+        limit = _read_int(os.path.join(d, limit_file))
+        if limit is None or limit >= _UNLIMITED:
+            continue
+        usage = _read_int(os.path.join(d, usage_file)) or 0
+        free = max(0, limit - usage + _inactive_file(os.path.join(d, "memory.stat"), key))
+        if best is None or free < best[0]:
+            best = (free, f"cgroup {d} limit {fmt_bytes(limit)}")
+    return best
+
+
 def default_budget(ranks_on_node: int) -> tuple[int, str]:
-    """(bytes, where it came from): the env var if set, else SAFE_FRACTION of MemAvailable shared
-    by the node's ranks."""
+    """(bytes, where it came from): the env var if set, else SAFE_FRACTION of what the node has
+    available (MemAvailable, or less if a memory cgroup such as a Slurm --mem cap allows less)
+    shared by the node's ranks."""
     env = os.environ.get(ENV_VAR)
     if env:
         return parse_bytes(env, ENV_VAR), f"${ENV_VAR}={env}"
     avail = mem_available()
+    what = f"MemAvailable {fmt_bytes(avail)}"
+    cg = cgroup_headroom()
+    if cg is not None and cg[0] < avail:
+        avail, what = cg[0], f"{fmt_bytes(cg[0])} left under {cg[1]}"
     return int(avail * SAFE_FRACTION) // max(ranks_on_node, 1), (
-        f"default: {SAFE_FRACTION:.0%} of MemAvailable {fmt_bytes(avail)} over {ranks_on_node} rank(s) on the node")
+        f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node")
 
 
 def fmt_bytes(n: float) -> str:

@@ -142,3 +142,41 @@ def test_resume_on_another_container_of_the_same_size_is_refused(tmp_path):
     os.rename(a, moved)
     ok = _train([str(moved), "--resume", "auto"], tmp_path)
     assert ok.returncode == 0 and "resumed from" in ok.stdout, ok.stdout + ok.stderr
+
+
+# ------------------------------------------------------------------ memory budget under cgroups
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
+    from datastore import memory
+
+    # v2: a Slurm-like job cgroup with a 2 GiB cap above the step's own (unlimited) cgroup.
+    v2 = tmp_path / "v2"
+    _write(v2 / "cgroup.controllers", "memory\n")
+    _write(v2 / "slurm/job_7/memory.max", str(2 << 30))
+    _write(v2 / "slurm/job_7/memory.current", str(512 << 20))
+    _write(v2 / "slurm/job_7/memory.stat", f"anon 1\ninactive_file {256 << 20}\n")
+    _write(v2 / "slurm/job_7/step_0/memory.max", "max\n")
+    _write(tmp_path / "cg2", "0::/slurm/job_7/step_0\n")
+    free, where = memory.cgroup_headroom(str(tmp_path / "cg2"), str(v2))
+    assert free == (2 << 30) - (512 << 20) + (256 << 20) and "job_7" in where
+
+    # v1: the memory controller's own hierarchy; "no limit" is a huge number.
+    v1 = tmp_path / "v1"
+    _write(v1 / "memory/job/memory.limit_in_bytes", str(1 << 30))
+    _write(v1 / "memory/job/memory.usage_in_bytes", str(100 << 20))
+    _write(v1 / "memory/memory.limit_in_bytes", "9223372036854771712\n")
+    _write(tmp_path / "cg1", "9:pids:/\n4:memory:/job\n")
+    assert memory.cgroup_headroom(str(tmp_path / "cg1"), str(v1))[0] == (1 << 30) - (100 << 20)
+    _write(tmp_path / "none", "4:memory:/\n")
+    assert memory.cgroup_headroom(str(tmp_path / "none"), str(v1 / "nothing")) is None
+
+    monkeypatch.delenv(memory.ENV_VAR, raising=False)
+    monkeypatch.setattr(memory, "PROC_CGROUP", str(tmp_path / "cg1"))
+    monkeypatch.setattr(memory, "CGROUP_ROOT", str(v1))
+    budget, source = memory.default_budget(2)
+    assert budget == int(((1 << 30) - (100 << 20)) * memory.SAFE_FRACTION) // 2, source
+    assert "cgroup" in source
