@@ -62,6 +62,9 @@ def detect_format(path) -> str:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ContainerNotFoundError(f"{path}: no such container (file or directory)")
+    if not os.path.isdir(path) and not os.path.isfile(path):  # opening a FIFO would wait for a writer
+        raise FormatError(f"{path}: not a regular file or directory (a FIFO, socket or device?); "
+                          "a container is an HDF5 file, a Zarr directory or a JSON manifest")
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
             return "sharded"

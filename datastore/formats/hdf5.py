@@ -13,9 +13,12 @@ from datastore.formats.base import ContainerReader
 from datastore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
+    INDEX_FLOOR_BYTES,
+    MAX_COMPRESSION,
     SampleBuffer,
     StreamingWriter,
     check_byte_range,
+    check_declared,
     check_index,
     check_out,
     parse_info,
@@ -60,6 +63,21 @@ def _attr_value(key: str, value):
     if value is None:
         raise ConfigError(f"attribute {key!r} is None; HDF5 cannot store it")
     return value
+
+
+def _check_stored(path: str, key: str, dset: h5py.Dataset) -> None:
+    """FormatError if `dset` declares far more bytes than the file stores of it. HDF5 reads chunks
+    never written as fill values, so a small file can declare any size. `data` may leave all-fill
+    chunks out (and be compressed): at most MAX_COMPRESSION times what is stored, plus one chunk.
+    An index array must be stored (compressed: up to MAX_COMPRESSION times), but for a floor."""
+    declared = int(np.prod(dset.shape, dtype=np.int64)) * dset.dtype.itemsize
+    stored = int(dset.id.get_storage_size())
+    if key == "data":
+        check_declared(path, key, declared, stored, ratio=MAX_COMPRESSION,
+                       slack=int(dset.chunks[0]) if dset.chunks else 0)
+        return
+    filtered = dset.id.get_create_plist().get_nfilters() > 0
+    check_declared(path, key, declared, stored, ratio=MAX_COMPRESSION if filtered else 1, slack=INDEX_FLOOR_BYTES)
 
 
 class _DirectData:
@@ -177,6 +195,8 @@ class HDF5Reader(ContainerReader):
             data = f["data"]
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
+            for key in ARRAYS:  # before anything of a declared size is read or allocated
+                _check_stored(self.path, key, f[key])
             self.offsets = f["offsets"][()].astype(np.int64, copy=False)
             self.labels = f["labels"][()].astype(np.int64, copy=False)
             self.checksums = f["checksums"][()].astype(np.uint32, copy=False)

@@ -108,6 +108,24 @@ def parse_info(attrs: dict, path: str) -> ContainerInfo:
         raise FormatError(f"{path}: {exc}") from exc
 
 
+MAX_COMPRESSION = 50_000
+"""The largest ratio of declared to stored bytes believed for a compressed array (zstd reaches about
+25,000:1 on runs of zeros, gzip about 1,000:1); more is a hostile or damaged file."""
+
+INDEX_FLOOR_BYTES = 64 << 20
+"""Declared bytes of one index array accepted whatever the stored size (zarr leaves out chunks that
+hold only the fill value, so an all-zero `labels` array may store nothing at all)."""
+
+
+def check_declared(path: str, what: str, declared: int, stored: int, *, ratio: int = 1, slack: int = 0) -> None:
+    """Raises FormatError if array `what` declares more bytes than `stored` bytes on disk can hold
+    (times `ratio` for compressed data, plus `slack`): checked before anything of that size is
+    allocated, so a small file declaring a terabyte costs nothing."""
+    if declared > stored * ratio + slack:
+        raise FormatError(f"{path}: array {what!r} declares {declared} bytes but the file stores only {stored} "
+                          "bytes of it (damaged, truncated or not written by dstore); refusing to read it")
+
+
 def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarray, labels: np.ndarray,
                 checksums: np.ndarray, source_index: np.ndarray, names_len: int) -> None:
     """Raises FormatError naming what is inconsistent among the index arrays, `data` and the attributes."""

@@ -21,9 +21,12 @@ from datastore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
     INDEX_CHUNK,
+    INDEX_FLOOR_BYTES,
+    MAX_COMPRESSION,
     SampleBuffer,
     StreamingWriter,
     check_byte_range,
+    check_declared,
     check_index,
     check_out,
     parse_info,
@@ -90,12 +93,65 @@ class _ChunkFiles:
                 os.close(fd)
 
 
+def _scan_store(root: str) -> dict[str, int]:
+    """The number of files under each top-level entry of a Zarr directory (metadata included).
+    Raises FormatError naming the first entry that is neither a file nor a directory (a FIFO would
+    block the first read for ever). Uses only the directory entries' types: no stat per chunk."""
+    counts: dict[str, int] = {}
+    stack = [(root, None)]
+    seen = set()
+    while stack:
+        directory, top = stack.pop()
+        try:
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in seen:
+                raise FormatError(f"{directory}: a directory link loop inside the Zarr store")
+            seen.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(directory))
+        except OSError as exc:
+            raise FormatError(f"{directory}: cannot list the Zarr store: {exc.strerror or exc}") from exc
+        for entry in entries:
+            key = top or entry.name
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError as exc:
+                raise FormatError(f"{entry.path}: cannot examine: {exc.strerror or exc}") from exc
+            if is_dir:
+                stack.append((entry.path, key))
+            elif is_file:
+                counts[key] = counts.get(key, 0) + 1
+            else:
+                raise FormatError(f"{entry.path}: not a regular file or directory (a FIFO, socket, device or "
+                                  "broken link?) inside the Zarr store")
+    return counts
+
+
+def _check_declared_sizes(path: str, group, files: dict[str, int]) -> None:
+    """FormatError if an array declares far more bytes than its chunk files can hold (zarr reads a
+    missing chunk as fill values, so a few KB of metadata can declare a terabyte). `data` is bounded
+    by its chunk count (other writers leave all-fill chunks out, and may compress: at most
+    MAX_COMPRESSION times that, plus one chunk); an index array, which zarr stores compressed and
+    without all-fill chunks, by the data's size (an index entry per sample is small next to a
+    sample) with a floor."""
+    data = group["data"]
+    chunk = int(data.chunks[0])
+    data_files = max(files.get("data", 0) - 1, 0)  # one of them is zarr.json
+    stored = data_files * chunk
+    check_declared(path, "data", int(data.nbytes), stored, ratio=MAX_COMPRESSION, slack=chunk)
+    for key in ARRAYS[1:]:
+        arr = group[key]
+        declared = int(np.prod(arr.shape, dtype=np.int64)) * max(int(arr.dtype.itemsize), 8)
+        check_declared(path, key, declared, max(stored, int(data.nbytes)) if stored else 0, ratio=64,
+                       slack=INDEX_FLOOR_BYTES)
+
+
 class ZarrReader(ContainerReader):
     """Reads a container from a Zarr v3 directory (read-only, so many ranks may open it at once)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
         self._group = self._files = None
+        files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
             group = zarr.open_group(self.path, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
@@ -110,6 +166,7 @@ class ZarrReader(ContainerReader):
             data = group["data"]
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
+            _check_declared_sizes(self.path, group, files)
             self.offsets = np.asarray(group["offsets"][...], dtype=np.int64)
             self.labels = np.asarray(group["labels"][...], dtype=np.int64)
             self.checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
