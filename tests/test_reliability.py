@@ -140,3 +140,174 @@ def test_overwrite_of_a_sharded_container(images, tmp_path):
     with pytest.raises(ContainerExistsError, match=shard.name):
         run_ingest(images, out, shards=2, overwrite=True)
     assert shard.read_bytes() == b"precious"
+
+
+# --- defect 7: a FIFO where a container or shard should be never hangs ------------------------------
+
+@pytest.mark.parametrize("name", ["c.h5", "c"])
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_fifo_as_container_is_refused(tmp_path, name, command):
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    one_clear_error(dstore(command, fifo, timeout=30), str(fifo), "not a regular file")
+
+
+def test_a_fifo_as_a_shard_or_manifest_is_refused(tmp_path):
+    import json
+
+    shard = write_samples(tmp_path / "s0.h5", "hdf5", random_samples(5))
+    with open_container(shard) as r:
+        attrs = {"version": 1, "encoding": "jpeg", "class_names": ["a", "b", "c"], "num_samples": 10,
+                 "total_bytes": 2 * r.total_bytes, "source": ""}
+        entry = {"num_samples": 5, "total_bytes": r.total_bytes}
+    os.mkfifo(tmp_path / "s1.h5")
+    (tmp_path / "m.json").write_text(json.dumps({
+        "format": "dstore-sharded", "version": 1, "attrs": attrs, "complete": True,
+        "shards": [dict(entry, path="s0.h5"), dict(entry, path="s1.h5")]}))
+    for command in ("info", "verify"):
+        one_clear_error(dstore(command, tmp_path / "m.json", timeout=30), "s1.h5", "not a regular file")
+    os.mkfifo(tmp_path / "fifo.json")
+    one_clear_error(dstore("info", tmp_path / "fifo.json", timeout=30), "fifo.json", "not a regular file")
+
+
+def test_a_fifo_as_a_zarr_chunk_is_refused(tmp_path):
+    path = write_samples(tmp_path / "c.zarr", "zarr", random_samples(40, max_bytes=4000), chunk_bytes=16384)
+    chunk = os.path.join(path, "data", "c", "1")
+    os.remove(chunk)
+    os.mkfifo(chunk)
+    one_clear_error(dstore("verify", path, timeout=30), chunk)
+
+
+# --- defect 5: symlink loops are reported, links to ancestors do not duplicate images --------------
+
+def test_a_file_symlink_loop_is_a_bad_sample_not_a_crash(images, tmp_path):
+    loop = images / "class001" / "loop.jpg"
+    os.symlink("loop.jpg", loop)
+    report = run_ingest(images, tmp_path / "out.h5", on_error="skip")
+    assert report.samples == 6
+    assert [(w, r) for w, r in report.skipped if "loop" in r] == [(str(loop), "symbolic link loop")]
+    from datastore.errors import SampleError
+
+    with pytest.raises(SampleError, match=f"{loop}: symbolic link loop"):
+        run_ingest(images, tmp_path / "out2.h5")
+
+
+@pytest.mark.parametrize("target", ["root", "root_parent", "other_class", "own_class"])
+def test_a_symlink_to_an_ancestor_or_another_class_duplicates_nothing(images, tmp_path, target):
+    link = images / "class000" / "sub"
+    dest = {"root": images, "root_parent": images.parent, "other_class": images / "class002",
+            "own_class": images / "class000"}[target]
+    os.symlink(dest, link)
+    report = run_ingest(images, tmp_path / "out.h5", on_error="skip", keep_order=True)
+    assert report.samples == 6, report.summary()
+    with open_container(tmp_path / "out.h5") as r:
+        names = [r.name(i) for i in range(len(r))]
+    assert len(set(names)) == 6 and not any("sub/" in n for n in names)
+    assert [w for w, _ in report.skipped] == [str(link)], report.skipped
+    from datastore.errors import SampleError
+
+    with pytest.raises(SampleError, match=str(link)):
+        run_ingest(images, tmp_path / "out2.h5")
+
+
+def test_a_symlink_to_a_directory_outside_the_root_is_followed(images, tmp_path):
+    extra = tmp_path / "elsewhere"
+    small_jpegs(str(extra), 3, seed=7, num_classes=1)
+    os.symlink(extra / "class000", images / "class001" / "more")
+    report = run_ingest(images, tmp_path / "out.h5")
+    assert report.samples == 9 and not report.skipped
+
+
+# --- defect 6: declared sizes are checked against the file before anything is allocated ------------
+
+def hostile_hdf5(path, *, data_bytes: int, num_samples: int = 1) -> str:
+    """A small HDF5 file whose attributes and dataset shapes declare `data_bytes` of data and
+    `num_samples` samples, none of it stored (reads would give fill values)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", shape=(data_bytes,), dtype=np.uint8, chunks=(1 << 20,))
+        for key, dtype in (("labels", np.int64), ("checksums", np.uint32), ("source_index", np.int64)):
+            f.create_dataset(key, shape=(num_samples,), dtype=dtype, chunks=(min(num_samples, 1 << 16),))
+        offsets = f.create_dataset("offsets", shape=(num_samples + 1,), dtype=np.int64,
+                                   chunks=(min(num_samples + 1, 1 << 16),))
+        offsets[-1] = data_bytes
+        f.create_dataset("names", shape=(num_samples,), dtype=h5py.string_dtype(),
+                         chunks=(min(num_samples, 1 << 16),))
+        f.attrs.update(version=1, encoding="jpeg", class_names=["a"], num_samples=num_samples,
+                       total_bytes=data_bytes, source="", complete=True)
+    return os.fspath(path)
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_hdf5_declaring_a_terabyte_is_refused_quickly(tmp_path, command):
+    path = hostile_hdf5(tmp_path / "big.h5", data_bytes=1 << 40)
+    assert os.path.getsize(path) < 100_000
+    one_clear_error(dstore(command, path, timeout=60), path, "declares")
+
+
+def test_hdf5_declaring_many_samples_is_refused(tmp_path):
+    path = hostile_hdf5(tmp_path / "many.h5", data_bytes=1 << 20, num_samples=(1 << 25))
+    with pytest.raises(FormatError, match="declares"):
+        open_container(path)
+
+
+def test_zarr_declaring_a_terabyte_is_refused(tmp_path):
+    import json
+
+    path = write_samples(tmp_path / "c.zarr", "zarr", random_samples(5))
+    meta = json.loads((tmp_path / "c.zarr" / "data" / "zarr.json").read_text())
+    meta["shape"] = [1 << 40]
+    (tmp_path / "c.zarr" / "data" / "zarr.json").write_text(json.dumps(meta))
+    group = json.loads((tmp_path / "c.zarr" / "zarr.json").read_text())
+    group["attributes"]["total_bytes"] = 1 << 40
+    (tmp_path / "c.zarr" / "zarr.json").write_text(json.dumps(group))
+    with pytest.raises(FormatError, match="declares"):
+        open_container(path)
+
+
+def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with 3 GB of address space: a hostile size that drives an
+    allocation fails (or times out) instead of taking the machine."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + str(REPO / "tests"))
+    try:
+        return subprocess.run(["bash", "-c", f'ulimit -v 3000000; exec "{sys.executable}" -c "$0"', code],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"HANG or runaway allocation: {code}") from None
+
+
+def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
+    from ingest_helpers import cifar_batch, write_pickle
+
+    np.savez(tmp_path / "a.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 2 ** 40]))
+    batch = cifar_batch(3)
+    batch[b"labels"] = [0, 1, 2 ** 40]
+    write_pickle(str(tmp_path / "data_batch_1"), batch)
+    for spec in (tmp_path / "a.npz", tmp_path / "data_batch_1"):
+        res = _limited("import sys\nfrom datastore.ingest import open_source\nfrom datastore.errors import SampleError\n"
+                       f"try:\n    open_source({str(spec)!r})\nexcept SampleError as e:\n    print('REFUSED', e)\n")
+        assert "REFUSED" in res.stdout and str(2 ** 40) in res.stdout, res.stdout + res.stderr
+
+
+# --- defect 4: any number of class names, in both backends -------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_twenty_two_thousand_classes(tmp_path, fmt):
+    names = [f"n{i:08d}_some_long_class_description" for i in range(21841)]
+    samples = [(b"x" * 10, 21840 - i, f"s{i}", i) for i in range(3)]
+    path = write_samples(tmp_path / f"c.{fmt}", fmt, samples, class_names=names)
+    with open_container(path) as r:
+        assert r.info.class_names == tuple(names) and r.labels.tolist() == [21840, 21839, 21838]
+
+
+def test_old_hdf5_with_class_names_in_an_attribute_is_still_read(tmp_path):
+    import h5py
+
+    path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(4))
+    with h5py.File(path, "r+") as f:
+        if "class_names" in f:
+            del f["class_names"]
+        f.attrs["class_names"] = np.array(["a", "b", "c"], dtype=h5py.string_dtype())
+    with open_container(path) as r:
+        assert r.info.class_names == ("a", "b", "c")

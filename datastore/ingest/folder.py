@@ -4,7 +4,9 @@ original file bytes.
 Listing rules:
 - classes are the sub-directories of root, sorted by name; label i is the i-th; hidden ones
   (a leading `.`) are left out;
-- files are found recursively below each class directory (symlinks followed, loops cut), sorted;
+- files are found recursively below each class directory, sorted; symbolic links are followed,
+  except a link loop and a directory link back into the source tree (to the root, above it, or
+  below it: its images would be listed twice, maybe under another class), which are bad entries;
 - a file is a sample if its extension is one of IMAGE_EXTENSIONS (case-insensitive); other files
   (`.txt`, hidden files, files directly in root) are ignored and listed in the report's `ignored`;
 - a sample path that is not a regular file (a broken symlink, a FIFO) is a bad sample;
@@ -21,6 +23,7 @@ Validation (`validate`), what each costs per file on top of reading it (measured
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 
@@ -140,11 +143,16 @@ class FolderSource(Source):
             top = sorted(os.scandir(self.root), key=lambda e: e.name)
         except OSError as exc:
             raise SampleError(f"{self.root}: cannot list: {exc.strerror or exc}") from exc
+        self._real_root = os.path.realpath(self.root)
         classes, files, labels = [], [], []
         for entry in top:
             if entry.name.startswith("."):
                 self.ignored.append(entry.path)
-            elif entry.is_dir():
+                continue
+            is_dir, problem = self._examine(entry)
+            if problem is not None:
+                self._bad(entry.path, problem, on_error)
+            elif is_dir:
                 classes.append(entry.name)
             else:
                 self.ignored.append(entry.path)  # files directly in root belong to no class
@@ -162,10 +170,38 @@ class FolderSource(Source):
                 labels.append(label)
         return classes, files, labels
 
+    def _bad(self, where: str, reason: str, on_error: str) -> None:
+        """A listing problem: an error with on_error="raise", else listed as skipped."""
+        if on_error == "raise":
+            raise SampleError(f"{where}: {reason}")
+        self.skipped.append((where, reason))
+
+    def _examine(self, entry) -> tuple[bool, str | None]:
+        """(is a directory to walk, why not to take it): a link loop (ELOOP) or a directory link back
+        into the source tree (root, one of its ancestors, or a directory below root, which would list
+        images twice, perhaps under another class) is a problem; a link elsewhere is followed."""
+        try:
+            is_dir = entry.is_dir()
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return False, "symbolic link loop"
+            return False, f"cannot examine: {exc.strerror or exc}"
+        if not is_dir or not entry.is_symlink():
+            return is_dir, None
+        real = os.path.realpath(entry.path)
+        root, here = self._real_root, os.path.realpath(os.path.dirname(entry.path))
+        if os.path.join(here, "").startswith(os.path.join(real, "")):
+            return True, f"symbolic link loop: points to {real}, a directory above it"
+        if os.path.join(root, "").startswith(os.path.join(real, "")) or real.startswith(os.path.join(root, "")):
+            return True, (f"symbolic link to {real}, inside the source (or above it): its images would be "
+                          "listed twice")
+        return True, None
+
     def _walk(self, directory, exts, on_error, found, seen):
         try:
             st = os.stat(directory)
-            if (st.st_dev, st.st_ino) in seen:  # a symlink loop
+            if (st.st_dev, st.st_ino) in seen:  # reached again through a link outside the source tree
+                self._bad(directory, "symbolic link loop (a directory reached twice through links)", on_error)
                 return
             seen.add((st.st_dev, st.st_ino))
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -179,18 +215,19 @@ class FolderSource(Source):
             rel = entry.path[len(os.path.join(self.root, "")):]  # scandir builds entry.path from root
             if entry.name.startswith("."):
                 self.ignored.append(entry.path)
-            elif entry.is_dir():
+                continue
+            is_dir, problem = self._examine(entry)
+            if problem is not None:
+                self._bad(entry.path, problem, on_error)
+            elif is_dir:
                 self._walk(entry.path, exts, on_error, found, seen)
             elif os.path.splitext(entry.name)[1].lower() not in exts:
                 self.ignored.append(entry.path)
             elif entry.is_file():
                 found.append(rel)
             else:
-                reason = ("broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
-                          else "not a regular file")
-                if on_error == "raise":
-                    raise SampleError(f"{entry.path}: {reason}")
-                self.skipped.append((entry.path, reason))
+                self._bad(entry.path, "broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
+                          else "not a regular file", on_error)
 
     def __len__(self) -> int:
         return len(self._files)
