@@ -180,3 +180,63 @@ def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
     budget, source = memory.default_budget(2)
     assert budget == int(((1 << 30) - (100 << 20)) * memory.SAFE_FRACTION) // 2, source
     assert "cgroup" in source
+
+
+# ------------------------------------------------------------------ flags
+def _subparsers():
+    import argparse
+
+    from tools.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, sub.choices
+
+
+def test_help_states_every_options_default():
+    _, commands = _subparsers()
+    missing = []
+    for name, sp in commands.items():
+        fmt = sp._get_formatter()
+        for action in sp._actions:
+            if not action.option_strings or action.nargs == 0:
+                continue  # positionals and on/off flags
+            if "default" not in fmt._get_help_string(action):
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert not missing, missing
+
+
+def test_memory_budget_takes_units_and_threads_have_one_name():
+    parser, _ = _subparsers()
+    assert parser.parse_args(["train", "--memory-budget", "8G"]).memory_budget == 8 * 10**9
+    assert parser.parse_args(["train", "--memory-budget", "512MiB"]).memory_budget == 512 * 2**20
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--memory-budget", "lots"])
+    assert parser.parse_args(["train", "--decode-threads", "3"]).decode_threads == 3
+    with pytest.warns(FutureWarning, match="--decode-threads"):
+        assert parser.parse_args(["train", "--threads", "5"]).decode_threads == 5
+
+
+def test_every_command_summary_has_json():
+    _, commands = _subparsers()
+    # bench writes results.json and pfs --stats-json: their summaries are files already.
+    without = [name for name, sp in commands.items() if "--json" not in sp._option_string_actions
+               and name not in ("bench", "pfs")]
+    assert not without, without
+
+
+def test_train_and_verify_json(tmp_path):
+    import json
+
+    path = _container(tmp_path / "c.h5", n=60)
+    res = subprocess.run([sys.executable, "-m", "tools", "verify", "--json", path], capture_output=True, text=True,
+                         env=_env(), cwd=tmp_path, timeout=60)
+    rep = json.loads(res.stdout)
+    assert rep["ok"] is True and rep["num_samples"] == 60, res.stdout
+    res = subprocess.run([sys.executable, "-m", "tools", "train", path, "--epochs", "1", "--json", "--batch-size",
+                          "16", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=_env(),
+                         cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)  # stdout is the JSON object alone; the progress lines went to stderr
+    assert summary["run_dir"] == str(tmp_path / "run") and len(summary["epochs"]) == 1
+    assert summary["test"]["samples"] == 12 and "epoch 0:" in res.stderr

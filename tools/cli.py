@@ -36,6 +36,21 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _every_default_shown(parser: argparse.ArgumentParser) -> None:
+    """Gives every option that takes a value a help text that states its default (argparse prints
+    nothing for an option without help, and _HelpFormatter skips a None default)."""
+    for action in parser._actions:
+        if not action.option_strings or action.nargs == 0 or action.default is argparse.SUPPRESS:
+            continue  # positionals, on/off flags, --help
+        text = action.help or ""
+        if "default" in text:
+            continue
+        if action.default is None:
+            action.help = (text + " " if text else "") + "(default: not set)"
+        elif not text:
+            action.help = "(default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dstore",
@@ -56,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
                            formatter_class=_HelpFormatter)
         mod.add_arguments(p)
+        _every_default_shown(p)
         p.set_defaults(_run=mod.run)
     return parser
 

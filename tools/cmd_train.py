@@ -109,6 +109,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(lower wins); ties keep the trainer's own model, NaN always loses")
     t.add_argument("--tournament-fraction", type=float, default=0.1, metavar="F",
                    help="share of each trainer's part of the training set held out as its tournament set")
+    t.add_argument("--ltfb-strategy", choices=("pairwise", "truncation"), default="pairwise",
+                   help="pairwise: seeded pairs swap models, each keeps the better on its own tournament set; "
+                        "truncation: all scores gathered, the bottom --truncation-fraction of the trainers "
+                        "take the models of the top as many (default: pairwise)")
+    t.add_argument("--truncation-fraction", type=float, default=0.25, metavar="F",
+                   help="truncation: share of the trainers in the top and in the bottom (at least 1, at most "
+                        "K/2; default: 0.25)")
+    t.add_argument("--explore", default="", metavar="NAMES",
+                   help="hyperparameters to explore, comma-separated, of lr, weight_decay, momentum: trainers "
+                        "start from seeded perturbations of the given values, and a trainer that takes another's "
+                        "model perturbs its values by a seeded factor (0.8 or 1.25) (default: none)")
 
     r = p.add_argument_group("run directory, checkpoints, resumption")
     r.add_argument("--run-dir", default=None, help="where metrics.jsonl, config.json and checkpoint.pt go "

@@ -9,6 +9,7 @@ HELP = ("Check a container: recompute every sample's checksum, check labels agai
 def add_arguments(parser) -> None:
     parser.add_argument("container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)")
     parser.add_argument("--decode", action="store_true", help="also decode every sample (slow)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
 
 
 def run(args) -> int:
@@ -19,5 +20,11 @@ def run(args) -> int:
     comm = MPI.COMM_WORLD
     report = verify_container(args.container, comm=comm, decode=args.decode)
     if comm.Get_rank() == 0:
-        print(report.summary(), flush=True)
+        if args.json:
+            import dataclasses
+            import json
+
+            print(json.dumps({**dataclasses.asdict(report), "ok": report.ok}, default=str), flush=True)
+        else:
+            print(report.summary(), flush=True)
     return 0 if report.ok else 1
