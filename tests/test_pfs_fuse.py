@@ -17,7 +17,7 @@ import pytest
 
 from datastore.errors import ConfigError
 from tools.pfs import PfsModel, StaleMountError, fuse_available, parse_spec, pfs_mount, stale_mounts
-from tools.pfs.mount import check_mountpoint, force_unmount, is_mounted
+from tools.pfs.mount import check_mountpoint, force_unmount, is_mounted, pfs_mountpoints
 
 REASON = fuse_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"FUSE tests need FUSE: {REASON}")
@@ -61,6 +61,7 @@ def _pread_all(path, n, size, nthreads, seed=0):
 
 def test_bytes_through_the_mount_equal_the_source(source):
     with pfs_mount(source, model=parse_spec("local")) as mnt:
+        assert pfs_mountpoints(source) == [mnt.mountpoint]
         assert sorted(os.listdir(mnt.mountpoint)) == sorted(os.listdir(source))
         for name, size in SIZES.items():
             assert os.stat(mnt.path(name)).st_size == size
@@ -94,6 +95,7 @@ def test_bytes_through_the_mount_equal_the_source(source):
             open(mnt.path("one"), "r+b")
     assert mnt.stats["reads"] > 1000 and mnt.stats["read_bytes"] > 0
     assert not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
+    assert pfs_mountpoints(source) == []
 
 
 @pytest.mark.parametrize("spec, n, size, nthreads, lower", [

@@ -21,7 +21,7 @@ from datastore.errors import ConfigError
 from tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
 
 FSNAME = "dstore-pfs"
-"""The name the mount shows in /proc/mounts (`dstore-pfs on /mnt type fuse.dstore-pfs`)."""
+"""The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
 
 METADATA_CACHE_S = 1.0
 """Seconds the kernel keeps a looked-up name and its attributes (FUSE entry/attr timeouts)."""
@@ -143,7 +143,7 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
     t0 = time.monotonic()
     error = None
     try:
-        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, fsname=FSNAME,
+        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, fsname=f"{FSNAME}:{source}" if "," not in source else FSNAME,
                      subtype=FSNAME, default_permissions=True, max_read=params.max_read)
     except RuntimeError as exc:
         # libfuse's signal handler stores the signal as the loop's error, so fuse_main returns

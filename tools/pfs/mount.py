@@ -65,16 +65,18 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def fuse_mounts() -> list[tuple[str, str]]:
-    """(mountpoint, file system type) of every FUSE mount this process can see."""
+def fuse_mounts() -> list[tuple[str, str, str]]:
+    """(mountpoint, file system type, source) of every FUSE mount this process can see; a `dstore pfs`
+    mount's source reads `dstore-pfs:SOURCE`."""
     out = []
     try:
         with open("/proc/self/mountinfo") as fh:
             for line in fh:
                 left, _, right = line.partition(" - ")
-                fstype = right.split()[0] if right else ""
+                fields = right.split()
+                fstype = fields[0] if fields else ""
                 if fstype.startswith("fuse"):
-                    out.append((_unescape(left.split()[4]), fstype))
+                    out.append((_unescape(left.split()[4]), fstype, _unescape(fields[1]) if len(fields) > 1 else ""))
     except OSError:
         pass
     return out
@@ -82,7 +84,7 @@ def fuse_mounts() -> list[tuple[str, str]]:
 
 def is_mounted(mountpoint: str) -> bool:
     mp = os.path.abspath(mountpoint)
-    return any(m == mp for m, _ in fuse_mounts())
+    return any(m == mp for m, _, _ in fuse_mounts())
 
 
 def is_stale(mountpoint: str) -> bool:
@@ -99,12 +101,13 @@ def is_stale(mountpoint: str) -> bool:
 
 def stale_mounts(fstype: str = "fuse." + FSNAME) -> list[str]:
     """Mountpoints of `dstore pfs` mounts whose process is gone (a killed run's leftovers)."""
-    return [m for m, t in fuse_mounts() if t == fstype and is_stale(m)]
+    return [m for m, t, _ in fuse_mounts() if t == fstype and is_stale(m)]
 
 
-def pfs_mountpoints() -> list[str]:
-    """Mountpoints of every `dstore pfs` mount this process can see."""
-    return [m for m, t in fuse_mounts() if t == "fuse." + FSNAME]
+def pfs_mountpoints(source=None) -> list[str]:
+    """Mountpoints of every `dstore pfs` mount this process can see (of `source` only, if given)."""
+    want = None if source is None else f"{FSNAME}:{os.path.realpath(os.fspath(source))}"
+    return [m for m, t, src in fuse_mounts() if t == "fuse." + FSNAME and (want is None or src == want)]
 
 
 def under_pfs_mount(path, mountpoints: list[str] | None = None) -> bool:
