@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 
 from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import ArraySamples
+from datastore.ingest.source import ArraySamples, check_label_count
 
 IMAGE_KEYS = ("x", "images", "data", "X", "x_train", "image", "imgs", "arr_0")
 LABEL_KEYS = ("y", "labels", "targets", "Y", "y_train", "label", "arr_1")
@@ -96,6 +96,7 @@ class ArraySource(ArraySamples):
         self._labels = self._check_labels(lab, n)
         num_classes = int(self._labels.max()) + 1 if n else 0
         if class_names is None:
+            check_label_count(self.path, num_classes - 1)
             class_names = tuple(str(i) for i in range(num_classes))
         elif len(class_names) < num_classes:
             raise SampleError(f"{self.path}: label {num_classes - 1} but only {len(class_names)} class names")

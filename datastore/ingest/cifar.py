@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 
 from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import ArraySamples
+from datastore.ingest.source import ArraySamples, check_label_count
 
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST = ("test_batch",)
@@ -163,6 +163,7 @@ class CifarSource(ArraySamples):
         self._images = np.ascontiguousarray(np.concatenate(images)) if images else np.zeros((0, 32, 32, 3), np.uint8)
         self._labels = np.concatenate(label_parts) if label_parts else np.zeros(0, np.int64)
         num_classes = int(self._labels.max()) + 1 if self._labels.size else 0
+        check_label_count(os.path.abspath(path), num_classes - 1)
         self.class_names = self._class_names(meta_path, label_key, num_classes)
         if num_classes > len(self.class_names):
             raise SampleError(f"{path}: label {num_classes - 1} but the meta file names only "

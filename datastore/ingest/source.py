@@ -15,7 +15,19 @@ from typing import ClassVar
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from datastore.errors import ConfigError, SampleError
+
+MAX_CLASSES = 1 << 20
+"""The most classes a source may imply by its largest label when it names no classes (ImageNet-21k
+has 21,841): a stray label of 2**40 would otherwise build 2**40 class names."""
+
+
+def check_label_count(where: str, max_label: int) -> None:
+    """SampleError naming `where` if labels up to `max_label` imply more than MAX_CLASSES classes."""
+    if max_label >= MAX_CLASSES:
+        raise SampleError(f"{where}: label {max_label} would make {max_label + 1} classes, more than the "
+                          f"{MAX_CLASSES} allowed without class names; the labels are damaged or not class indices")
+
 
 SOURCE_TYPES = ("auto", "folder", "cifar", "arrays", "digits", "synthetic")
 """Values of `source_type`; `auto` decides from the spec (see `source_type_of`)."""
