@@ -11,7 +11,6 @@ exchange over the world communicator, the log); `train_trainers` runs a job of K
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import os
 import time
@@ -20,10 +19,13 @@ import zlib
 import numpy as np
 
 from datastore.errors import ConfigError
+from training import exchange, hparams
 from training.metrics import JsonLog
 
 METRICS = ("accuracy", "loss")
 """Tournament metrics: accuracy is better higher, loss lower."""
+STRATEGIES = ("pairwise", "truncation")
+"""How a round picks who takes whose model (Tournament._pairwise / Tournament._truncation)."""
 LOG_NAME = "tournament.jsonl"
 _TAG = 7301  # the model exchange's message tag (nothing else in a run sends point-to-point)
 
@@ -87,6 +89,46 @@ def partner_of(pairs: list[tuple[int, int]], trainer: int) -> int | None:
     return None
 
 
+def truncation_count(trainers: int, fraction: float) -> int:
+    """How many trainers form the top and the bottom of a truncation round: floor(K x fraction),
+    at least 1 and at most K // 2 (so the two never overlap)."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"--truncation-fraction {fraction} must be in (0, 1)")
+    return min(trainers // 2, max(1, int(trainers * fraction)))
+
+
+def rank_trainers(scores: list[float], metric: str) -> list[int]:
+    """Trainers from best to worst score (NaN last; equal scores in trainer order)."""
+    if metric not in METRICS:
+        raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
+    sign = -1.0 if metric == "accuracy" else 1.0
+
+    def key(k):
+        bad = math.isnan(scores[k])
+        return (bad, 0.0 if bad else sign * scores[k], k)
+
+    return sorted(range(len(scores)), key=key)
+
+
+def truncation_plan(scores: list[float], metric: str, fraction: float, seed: int,
+                    round_index: int) -> dict[int, int]:
+    """Truncation selection: {bottom trainer: the top trainer whose model it takes}.
+
+    All trainers' scores (each its own model on its own tournament set) are ranked; the bottom
+    truncation_count trainers are matched with the top as many by a seeded permutation of the
+    top, so every rank computes the same plan from the gathered scores with no further messages,
+    and each top model is copied at most once. A bottom trainer whose score does not lose to its
+    donor's (a tie, or both NaN: partner_wins) keeps its own model and is left out of the plan.
+    """
+    order = rank_trainers(scores, metric)
+    q = truncation_count(len(scores), fraction) if len(scores) > 1 else 0
+    if q == 0:
+        return {}
+    top, bottom = order[:q], order[len(order) - q:]
+    donors = np.random.default_rng((seed, round_index, 0x7C)).permutation(top)
+    return {int(b): int(d) for b, d in zip(bottom, donors) if partner_wins(scores[b], scores[int(d)], metric)}
+
+
 def partner_wins(own: float, theirs: float, metric: str) -> bool:
     """The decision rule: True if the partner's model beats the trainer's own.
 
@@ -136,18 +178,23 @@ def state_crc(state) -> int:
 
 def to_bytes(state: dict) -> bytes:
     """A state dict as torch.save bytes (a deep copy: nothing shares storage with live tensors)."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
+    return exchange.pack(state).tobytes()
 
 
-def from_bytes(data: bytes) -> dict:
+def from_bytes(data) -> dict:
     """Inverse of to_bytes, with torch.load(weights_only=True): a received model runs no code."""
-    import torch
+    return exchange.unpack(np.frombuffer(data, dtype=np.uint8))
 
-    return torch.load(io.BytesIO(data), weights_only=True)
+
+def check_config(cfg) -> None:
+    """The LTFB extensions' fields of a TrainConfig: raises ConfigError naming the flag."""
+    if cfg.ltfb_strategy not in STRATEGIES:
+        raise ConfigError(f"--ltfb-strategy {cfg.ltfb_strategy!r} is not one of {STRATEGIES}")
+    truncation_count(2, cfg.truncation_fraction)
+    names = hparams.parse(cfg.explore)
+    if names and cfg.trainers < 2:
+        raise ConfigError(f"--explore {cfg.explore} needs --trainers K > 1 (hyperparameters travel between trainers)")
+    hparams.check(names, {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "momentum": cfg.momentum})
 
 
 # --- one match, on the ranks of one trainer ---------------------------------------------------
@@ -194,7 +241,8 @@ class Tournament:
 
     World rank r is local rank r % M of trainer r // M. Local rank i of trainer a exchanges with
     local rank i of trainer b directly (all ranks of a trainer hold the same model), so no rank
-    sends more than one model per round.
+    sends more than one model per round. A model crosses as torch.save bytes in blocks
+    (training.exchange), so its size is not limited by one MPI message.
 
     Args:
         world: the communicator of the whole job (not owned).
@@ -205,19 +253,31 @@ class Tournament:
         fraction: share of each trainer's part kept for its tournament set.
         log_path: where world rank 0 writes the tournament log.
         say: how world rank 0 reports a round (one line).
+        strategy: "pairwise" (the paper: seeded pairs, each judges both models on its own set) or
+            "truncation" (all scores gathered, the bottom fraction takes the top's models).
+        truncation: the truncation strategy's fraction (training.ltfb.truncation_count).
+        explore: hyperparameter names explored (training.hparams); a trainer that takes another's
+            model perturbs the hyperparameters that came with it.
+        block: bytes per message of the exchange (0: training.exchange.BLOCK).
     """
 
     def __init__(self, world, trainers: int, *, seed: int, metric: str, every: int, fraction: float,
-                 log_path: str | None, say=None):
+                 log_path: str | None, say=None, strategy: str = "pairwise", truncation: float = 0.25,
+                 explore: tuple[str, ...] = (), block: int = 0):
         from training.dist import node_position
 
         if metric not in METRICS:
             raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"--ltfb-strategy {strategy!r} is not one of {STRATEGIES}")
+        truncation_count(max(2, int(trainers)), truncation)  # checks the fraction
         self.world = world
         self.trainers = int(trainers)
         self.ranks = ranks_per_trainer(world.Get_size(), self.trainers)
         self.trainer, self.local_rank = divmod(world.Get_rank(), self.ranks)
         self.seed, self.metric, self.every, self.fraction = int(seed), metric, int(every), float(fraction)
+        self.strategy, self.truncation = strategy, float(truncation)
+        self.explore, self.block = hparams.parse(explore), int(block)
         self.rounds = 0
         # The ranks of all trainers on a node share its cores and its GPUs: numbered over the world.
         self.node_rank, self.node_ranks = node_position(world)
@@ -248,30 +308,31 @@ class Tournament:
             self.play(trainer, loader, global_step)
 
     def play(self, trainer, loader, global_step: int) -> list[dict] | None:
-        """One round (collective over world): pair, exchange, duel, log.
+        """One round (collective over world): choose, exchange, judge, explore, log.
 
         Returns:
             On world rank 0, the round's log records (one per trainer); None elsewhere.
         """
         t0 = time.perf_counter()
-        pairs = pair_trainers(self.trainers, self.seed, self.rounds)
-        partner = partner_of(pairs, self.trainer)
         own_state = trainer.state_dict()
         record = {"round": self.rounds, "global_step": int(global_step), "trainer": self.trainer,
-                  "partner": partner, "pair": None, "metric": self.metric, "crc_own": state_crc(own_state),
-                  "own_score": None, "partner_score": None, "winner": None, "kept": self.trainer,
-                  "crc_partner": None}
-        if partner is not None:
-            record["pair"] = next(list(p) for p in pairs if self.trainer in p)
-            blob = to_bytes(own_state)
-            peer = partner * self.ranks + self.local_rank
-            theirs = from_bytes(self.world.sendrecv(blob, dest=peer, sendtag=_TAG, source=peer, recvtag=_TAG))
-            match = duel(trainer, loader, theirs, from_bytes(blob), self.metric)
-            record.update(crc_partner=state_crc(theirs), own_score=match.own_score,
-                          partner_score=match.partner_score, winner="partner" if match.partner_won else "own",
-                          kept=partner if match.partner_won else self.trainer)
-        kept = state_crc(trainer.state_dict())
-        record.update(crc_kept=kept, ranks_agree=len(set(trainer.ctx.comm.allgather(kept))) == 1,
+                  "strategy": self.strategy, "partner": None, "pair": None, "metric": self.metric,
+                  "crc_own": state_crc(own_state), "own_score": None, "partner_score": None, "winner": None,
+                  "kept": self.trainer, "crc_partner": None}
+        if self.strategy == "pairwise":
+            self._pairwise(trainer, loader, own_state, record)
+        else:
+            self._truncation(trainer, loader, own_state, record)
+        record["crc_kept"] = state_crc(trainer.state_dict())  # what the trainer took, as it was sent
+        if self.explore:
+            record["hparams_own"] = hparams.get(own_state)
+            if record["kept"] != self.trainer:  # took another's model: explore around its values
+                values = hparams.perturb(hparams.get(trainer.state_dict()), self.explore, self.seed, self.rounds,
+                                         self.trainer)
+                trainer.load_state_dict(hparams.put(trainer.state_dict(), values))
+            record["hparams"] = hparams.get(trainer.state_dict())
+        held = state_crc(trainer.state_dict())
+        record.update(crc_held=held, ranks_agree=len(set(trainer.ctx.comm.allgather(held))) == 1,
                       seconds=time.perf_counter() - t0)
         records = self.world.gather(record if self.local_rank == 0 else None, root=0)
         self.rounds += 1
@@ -280,8 +341,46 @@ class Tournament:
         records = sorted((r for r in records if r is not None), key=lambda r: r["trainer"])
         for r in records:
             self._log.write(r)
-        self._say(describe_round(records))
+        self._say(describe_round(records, self.explore))
         return records
+
+    def _peer(self, trainer: int) -> int:
+        """The world rank of `trainer`'s rank with this rank's local rank."""
+        return trainer * self.ranks + self.local_rank
+
+    def _pairwise(self, trainer, loader, own_state: dict, record: dict) -> None:
+        """The paper's round: seeded pairs swap models, each keeps the better on its own set."""
+        pairs = pair_trainers(self.trainers, self.seed, self.rounds)
+        partner = partner_of(pairs, self.trainer)
+        if partner is None:
+            return
+        record.update(partner=partner, pair=next(list(p) for p in pairs if self.trainer in p))
+        blob = exchange.pack(own_state)
+        theirs = exchange.unpack(exchange.sendrecv(self.world, blob, self._peer(partner), _TAG, block=self.block))
+        match = duel(trainer, loader, theirs, exchange.unpack(blob), self.metric)
+        record.update(crc_partner=state_crc(theirs), own_score=match.own_score, partner_score=match.partner_score,
+                      winner="partner" if match.partner_won else "own",
+                      kept=partner if match.partner_won else self.trainer)
+
+    def _truncation(self, trainer, loader, own_state: dict, record: dict) -> None:
+        """Truncation selection: every trainer scores its own model on its own set, the scores are
+        gathered, and each bottom trainer loads the model of the top trainer the seeded plan gives it
+        (truncation_plan: computed alike on every rank from the scores, no further messages)."""
+        own = float(trainer.evaluate(loader)[self.metric])
+        gathered = self.world.allgather(own)
+        scores = [float(gathered[k * self.ranks]) for k in range(self.trainers)]  # each trainer's rank 0
+        plan = truncation_plan(scores, self.metric, self.truncation, self.seed, self.rounds)
+        record.update(own_score=scores[self.trainer], winner="own",
+                      position=rank_trainers(scores, self.metric).index(self.trainer),
+                      sent_to=sorted(b for b, d in plan.items() if d == self.trainer))
+        for b in record["sent_to"]:
+            exchange.send(self.world, exchange.pack(own_state), self._peer(b), _TAG, block=self.block)
+        donor = plan.get(self.trainer)
+        if donor is not None:
+            theirs = exchange.unpack(exchange.recv(self.world, self._peer(donor), _TAG, block=self.block))
+            trainer.load_state_dict(theirs)
+            record.update(partner=donor, partner_score=scores[donor], crc_partner=state_crc(theirs),
+                          winner="partner", kept=donor)
 
     def close(self) -> None:
         """Closes the log. Safe to call twice."""
@@ -296,16 +395,20 @@ def _checkpoint_steps(job: str, trainers: int) -> list[int]:
             for k in range(trainers)]
 
 
-def describe_round(records: list[dict]) -> str:
+def describe_round(records: list[dict], explore: tuple[str, ...] = ()) -> str:
     """One line for a round's records (what each trainer kept, and the scores it saw)."""
     head = f"tournament round {records[0]['round']} at step {records[0]['global_step']}:"
     parts = []
     for r in records:
         if r["partner"] is None:
-            parts.append(f"trainer {r['trainer']} sat out")
+            part = (f"trainer {r['trainer']} sat out" if r["own_score"] is None else
+                    f"trainer {r['trainer']} kept its model ({r['metric']} {_num(r['own_score'])})")
         else:
-            parts.append(f"trainer {r['trainer']} kept {r['kept']}'s model ({r['metric']} "
-                         f"{_num(r['own_score'])} own vs {_num(r['partner_score'])} from {r['partner']})")
+            part = (f"trainer {r['trainer']} kept {r['kept']}'s model ({r['metric']} "
+                    f"{_num(r['own_score'])} own vs {_num(r['partner_score'])} from {r['partner']})")
+        if explore and r.get("hparams"):
+            part += f" [{hparams.describe(r['hparams'], explore)}]"
+        parts.append(part)
     return head + " " + "; ".join(parts)
 
 
@@ -344,14 +447,23 @@ def train_trainers(cfg, world, *, say) -> dict:
                               f"the same steps, so one trainer's save was interrupted: resume an earlier copy)")
     # A resumed job without --run-dir continues in the directory it resumes.
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
+    explore = hparams.parse(cfg.explore)
     tournament = Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
-                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, LOG_NAME), say=say)
+                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, LOG_NAME), say=say,
+                            strategy=cfg.ltfb_strategy, truncation=cfg.truncation_fraction, explore=explore)
     k = tournament.trainer
+    # With --explore, trainer k starts from its own seeded perturbation of the given values (a resumed
+    # trainer then takes the values its checkpoint's optimizer and scheduler state hold).
+    given = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "momentum": cfg.momentum}
+    starts = [hparams.initial(given, explore, cfg.seed, j) for j in range(cfg.trainers)]
     mine = dataclasses.replace(cfg, seed=cfg.seed + k, run_dir=os.path.join(run_dir, f"trainer{k}"),
-                               progress=cfg.progress and k == 0)  # one progress bar, not K
+                               progress=cfg.progress and k == 0, **starts[k])  # one progress bar, not K
     if main:
-        say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s); trainer k uses seed {cfg.seed}+k and "
-            f"{run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, LOG_NAME)}")
+        say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s), {cfg.ltfb_strategy} rounds; trainer k "
+            f"uses seed {cfg.seed}+k and {run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, LOG_NAME)}")
+        if explore:
+            say("exploring " + ", ".join(explore) + ": trainers start from "
+                + "; ".join(f"{j}: {hparams.describe(v, explore)}" for j, v in enumerate(starts)))
     resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
     comm = tournament.split()
     try:

@@ -75,6 +75,9 @@ class TrainConfig:
     ltfb_round: int = 0
     ltfb_metric: str = "accuracy"
     tournament_fraction: float = 0.1
+    ltfb_strategy: str = "pairwise"
+    truncation_fraction: float = 0.25
+    explore: str = ""
 
     def check(self) -> None:
         """Raises ConfigError naming the first field with a value that is not allowed."""
@@ -106,6 +109,9 @@ class TrainConfig:
             raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
+        from training.ltfb import check_config as check_ltfb
+
+        check_ltfb(self)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -470,7 +476,7 @@ def _check_compatible(ck: dict, cfg: TrainConfig, meta: dict) -> None:
     old = ck.get("config", {})
     defaults = TrainConfig.__dataclass_fields__
     for key in ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainers", "ltfb_round", "ltfb_metric",
-                "tournament_fraction"):
+                "tournament_fraction", "ltfb_strategy", "truncation_fraction", "explore"):
         was = old.get(key, defaults[key].default)  # checkpoints made before a field existed had its default
         if was != getattr(cfg, key):
             raise ConfigError(f"cannot resume: the checkpoint was made with {key}={was!r}, "
