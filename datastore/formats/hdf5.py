@@ -24,6 +24,9 @@ from datastore.formats.layout import (
     parse_info,
 )
 
+CLASS_NAMES = "class_names"
+"""The dataset holding the class names (an attribute in files written before it)."""
+
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 SUFFIXES = (".h5", ".hdf5")
 _DIRECT_READ_BYTES = 1 << 20
@@ -188,6 +191,9 @@ class HDF5Reader(ContainerReader):
     def _load(self, f: h5py.File) -> None:
         try:
             attrs = {k: _py(v) for k, v in f.attrs.items()}
+            if CLASS_NAMES in f:  # since the class-names dataset; older files hold an attribute
+                _check_stored(self.path, CLASS_NAMES, f[CLASS_NAMES])
+                attrs[CLASS_NAMES] = [str(c) for c in f[CLASS_NAMES].asstr()[()]]
             self.info = parse_info(attrs, self.path)
             missing = [a for a in ARRAYS if a not in f]
             if missing:
@@ -299,6 +305,11 @@ class HDF5Writer(StreamingWriter):
             f.create_dataset(key, data=arr)
         f.create_dataset("names", data=np.array(buf.names, dtype=object),
                          dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
+        attrs = dict(attrs)
+        # A dataset, not an attribute: an object header holds at most 64 KiB of attributes, about
+        # 4,000 class names; ImageNet-21k has 21,841.
+        f.create_dataset(CLASS_NAMES, data=np.array(list(attrs.pop(CLASS_NAMES)), dtype=object),
+                         dtype=h5py.string_dtype("utf-8"))
         for key, value in attrs.items():
             f.attrs[key] = _attr_value(key, value)
         f.flush()
