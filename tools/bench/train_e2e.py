@@ -1,0 +1,123 @@
+"""`python -m tools.bench.train_e2e CONTAINER`: `mpiexec -n R dstore train` end to end on local disk and
+through `dstore pfs` models, with the store and with the direct (per-sample) loader.
+
+For each storage rung and loader it runs a real training job on the container (through a fresh mount
+of the container's directory for a pfs rung) and reads the job's metrics.jsonl: steady-state
+samples/s is the mean over the epochs after the first, and the store's population (before epoch 0)
+is reported apart. Writes OUT/train-e2e.{json,md}. Run it as one process (it launches mpiexec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from tools.pfs.model import parse_spec
+from tools.pfs.mount import pfs_mount
+
+DEFAULT_RUNGS = ("local", "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
+
+
+def _mpiexec() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else "mpiexec"
+
+
+def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, extra: list[str],
+            timeout: float) -> dict:
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tools", "train", path, "--loader", loader,
+           "--epochs", str(epochs), "--run-dir", run_dir, "--no-progress", *extra]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(shlex.quote, cmd))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    epochs_rec, io = [], []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if "epoch" in rec and "train_samples_per_s" in rec:
+                epochs_rec.append(rec)
+            if rec.get("io_stats"):
+                io = rec["io_stats"]
+    rates = [r["train_samples_per_s"] for r in epochs_rec]
+    steady = rates[1:] or rates
+    pop = max((s.get("population_seconds") or 0.0) for s in io) if io else 0.0
+    return {"loader": loader, "command": " ".join(map(shlex.quote, cmd)), "job_wall_seconds": wall,
+            "epoch_samples_per_s": rates, "steady_samples_per_s": sum(steady) / len(steady),
+            "data_wait_frac": [r.get("train_data_wait_frac") for r in epochs_rec],
+            "population_seconds": pop, "log_tail": res.stdout.strip().splitlines()[-4:]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.bench.train_e2e", description=__doc__)
+    p.add_argument("container", help="an HDF5 container (e.g. the bench's DATA_DIR/set-2048-s0.h5)")
+    p.add_argument("--rungs", nargs="+", default=list(DEFAULT_RUNGS), help="storage specs: local or pfs:...")
+    p.add_argument("--loaders", default="store,direct")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", default="train-e2e-out")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("extra", nargs="*", help="after --: more `dstore train` options")
+    args = p.parse_args(argv)
+    for spec in args.rungs:
+        if spec != "local":
+            parse_spec(spec)
+    src_dir, name = os.path.split(os.path.realpath(args.container))
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for spec in args.rungs:
+        for loader in args.loaders.split(","):
+            run_dir = os.path.join(args.out, f"{len(rows):02d}-{loader}")
+            print(f"== {spec}, --loader {loader}", flush=True)
+            if spec == "local":
+                row = run_one(os.path.join(src_dir, name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
+                              extra=args.extra, timeout=args.timeout)
+                stats = None
+            else:
+                with pfs_mount(src_dir, model=parse_spec(spec)) as mnt:
+                    row = run_one(mnt.path(name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
+                                  extra=args.extra, timeout=args.timeout)
+                stats = mnt.stats
+            row.update(spec=spec, mount_stats=stats)
+            rows.append(row)
+            print(f"   steady {row['steady_samples_per_s']:.0f} samples/s (epochs: "
+                  f"{', '.join(f'{r:.0f}' for r in row['epoch_samples_per_s'])}), population "
+                  f"{row['population_seconds']:.2f} s", flush=True)
+    md = markdown(rows, args)
+    with open(os.path.join(args.out, "train-e2e.json"), "w") as fh:
+        json.dump({"command": " ".join(map(shlex.quote, sys.argv)), "rows": rows}, fh, indent=1)
+    with open(os.path.join(args.out, "train-e2e.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+    return 0
+
+
+def markdown(rows: list[dict], args) -> str:
+    by = {(r["spec"], r["loader"]): r for r in rows}
+    loaders = args.loaders.split(",")
+    local_store = by.get(("local", "store"))
+    lines = [f"`mpiexec -n {args.ranks} dstore train` ({args.epochs} epochs; steady state = mean of epochs 1..), "
+             "samples/s:", "",
+             "| storage | " + " | ".join(f"--loader {x}" for x in loaders)
+             + " | store population | store / best other | store vs store on local disk |",
+             "|---|" + "---:|" * (len(loaders) + 3)]
+    for spec in args.rungs:
+        cells = [f"{by[(spec, x)]['steady_samples_per_s']:,.0f}" if (spec, x) in by else "-" for x in loaders]
+        store = by.get((spec, "store"))
+        others = [by[(spec, x)]["steady_samples_per_s"] for x in loaders if x != "store" and (spec, x) in by]
+        ratio = f"{store['steady_samples_per_s'] / max(others):.2f}x" if store and others else "-"
+        vs = (f"{store['steady_samples_per_s'] / local_store['steady_samples_per_s'] - 1:+.0%}"
+              if store and local_store else "-")
+        pop = f"{store['population_seconds']:.2f} s" if store else "-"
+        lines.append(f"| {spec} | " + " | ".join(cells) + f" | {pop} | {ratio} | {vs} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
