@@ -188,6 +188,8 @@ def main(argv=None) -> None:
                      "au": row["au"], "au_steady": row["au_steady"],
                      "storage_bytes": sum(s["bytes_storage"] for s in stats), "nonresident_bytes": nonres,
                      "storage_reads": sum(s["storage_reads"] for s in stats),
+                     "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
+                     "consumer_wait_s": max(s["wait_seconds"] for s in stats),
                      "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow, "budget_per_rank": budget if f < 1 else None,
                      "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))]})
     if args.raw_reads:
