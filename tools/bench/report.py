@@ -120,6 +120,12 @@ def markdown(results: dict[str, Any]) -> str:
         if meta.get("busy_cores_at_start") is not None:
             line += f"; cores busy just before the run: {meta['busy_cores_at_start']:.2f}"
         out.append(line + ".")
+    if meta.get("storage"):
+        st = meta["storage"]
+        served = "; ".join(f"{x['ops']:,} operations, {x['read_bytes'] / 1e6:,.0f} MB served"
+                           for x in st.get("mount_stats") or [] if x)
+        out.append(f"Storage: every reader read through `dstore pfs` ({st['spec']})" + (f"; {served}" if served else "")
+                   + ". Cold and warm passes both pay the model (no page cache on the mount).")
     delivery = [m for m in results["measurements"] if m["group"] != "decode"]
     decode = [m for m in results["measurements"] if m["group"] == "decode"]
     out += ["", "## Throughput (raw bytes delivered)", "", throughput_table(delivery), ""]
