@@ -21,6 +21,12 @@ Rules a user can rely on (the arithmetic is in datastore.plan and datastore.shuf
   repeated. Under ``local``/``partial`` the same holds on the same number of ranks; on another
   number the resumed epoch continues at the same step of the new ranks' orders (samples may be
   repeated or missed in that one epoch; a warning is logged), later epochs are exact.
+* Data larger than the memory budget (``overflow="serve"``, the default): each rank keeps a
+  seeded random subset of its samples in its window and the rest are read from the container by
+  the rank that delivers them, ahead of need (datastore.tiers, datastore.storage). None of the
+  rules above depends on residency.
+* Failure: every collective step first agrees that no rank failed (datastore.collective); a read
+  error on one rank is raised on every rank, naming the container and the samples.
 """
 
 from __future__ import annotations
@@ -101,11 +107,15 @@ class DataStore:
 
     Attributes:
         steps_per_epoch, num_samples, info (ContainerInfo), rank, size, seed, layout (plan.Layout).
+        tier: {resident_fraction, resident_bytes, storage_bytes}: the bytes kept in the windows and
+            the bytes read from storage per epoch (all samples resident unless over budget).
         stats: this rank's figures for the current or last epoch: steps, samples (local: its own
             window; node: a node peer's window, mapped; remote: fetched with gets; pads), bytes
             (local/node/remote), gets (one per coalesced run), wait_seconds (time the
             consumer was blocked in the store), fetch_seconds (planning, issuing and completing
-            gets), get_wait_seconds, epoch_seconds, delivered_GBps, and the store's population
+            gets), get_wait_seconds, epoch_seconds, delivered_GBps; with data over the budget,
+            samples_storage / bytes_storage (served from the container), storage_reads (one per
+            coalesced run) and storage_wait_seconds; and the store's population
             so far (population_seconds, population_bytes, population_MBps). Logged at INFO
             ("datastore.store") at the end of each epoch.
 

@@ -136,3 +136,56 @@ def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_pat
         assert line is not None, out
         assert "FormatError" in line and path in line and "truncated" in line, line
         assert "sample" in line and "(s" in line, line  # names the samples: index and source name
+
+
+_FAILING_STORAGE = (
+    "import os, sys\n"
+    "import numpy as np\n"
+    "from mpi4py import MPI\n"
+    "from datastore.store import DataStore\n"
+    "comm = MPI.COMM_WORLD\n"
+    "path, chunk = sys.argv[1], 1 << 16\n"
+    "probe = DataStore(comm, path, batch_size=12)\n"
+    "budget = probe.tier_overhead() + int(0.4 * int(probe.layout.nbytes.max()))\n"
+    "probe.close()\n"
+    "try:\n"
+    "    with DataStore(comm, path, batch_size=12, memory_budget=budget, seed=3) as st:\n"
+    "        off = st.offsets\n"
+    "        # a non-resident sample that ends its chunk: truncating the chunk at its start breaks it alone\n"
+    "        k = off[:-1] // chunk\n"
+    "        ok = ~st._resident & (st.sizes > 0) & (off[1:] >= (k + 1) * chunk)\n"
+    "        i = int(np.nonzero(ok)[0][len(np.nonzero(ok)[0]) // 2])\n"
+    "        comm.Barrier()\n"
+    "        if comm.rank == 0:\n"
+    "            os.truncate(os.path.join(path, 'data', 'c', str(k[i])), int(off[i] - k[i] * chunk))\n"
+    "            print(f'broken sample {i}', flush=True)\n"
+    "        comm.Barrier()\n"
+    "        for e in (0, 1):\n"
+    "            for b in st.epoch(e):\n"
+    "                pass\n"
+    "except Exception as exc:\n"
+    "    print(f'rank {comm.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
+    "    raise\n"
+    "print('finished', flush=True)\n"
+)
+
+
+@pytest.mark.mpi
+def test_a_storage_read_failing_mid_epoch_on_one_rank_ends_the_job_on_every_rank(tmp_path):
+    # The tiered store reads non-resident samples during the epoch. One non-resident sample is
+    # broken after population, so exactly one rank's storage read fails mid-epoch: it stops and
+    # waits in the epoch-end agreement, where the others meet it; every rank raises the error
+    # naming that sample, even in a plain script (no `-m mpi4py`).
+    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=4000, fmt="zarr",
+                                    chunk_bytes=1 << 16)
+    script = tmp_path / "read.py"
+    script.write_text(_FAILING_STORAGE)
+    res = run_mpi(3, ["python", str(script), path], timeout=90, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "finished" not in res.stdout, out
+    i = int(next(x for x in res.stdout.splitlines() if x.startswith("broken sample")).split()[-1])
+    lines = [x for x in res.stdout.splitlines() if " raised " in x]
+    assert sorted(x.split()[1] for x in lines) == ["0", "1", "2"], out
+    assert all("FormatError" in x and path in x and f"sample {i} (s{i})" in x for x in lines), out
+    assert sum("(on rank " in x for x in lines) == 2, out  # one rank failed; the others were told
