@@ -110,38 +110,37 @@ def test_torchrun_is_refused_once(tmp_path, rank, prints):
 
 
 # ------------------------------------------------------------------ resume safety
-def _train(args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tools", "train", *args, "--no-progress", "--epochs", "2"],
-                          capture_output=True, text=True, env=_env(), cwd=cwd, timeout=timeout)
-
-
-@pytest.mark.slow
 def test_resume_on_another_container_of_the_same_size_is_refused(tmp_path):
+    """In-process on COMM_SELF (the CLI path is the same train() call)."""
     from mpi4py import MPI
 
+    from datastore.errors import ConfigError
     from datastore.formats import open_container
-    from datastore.ingest import ingest
+    from training.run import TrainConfig, train
 
-    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
-    ingest("digits", a, comm=MPI.COMM_SELF, seed=0, progress=False)
-    ingest("digits", b, comm=MPI.COMM_SELF, seed=1, progress=False)  # same samples, another order
+    def run(data, **kw):
+        cfg = TrainConfig(data=data, epochs=2, batch_size=16, runs_root=str(tmp_path / "runs"), progress=False, **kw)
+        return train(cfg, MPI.COMM_SELF, say=lines.append)
+
+    lines = []
+    # Same sample count, same sizes (so the same total bytes), other bytes.
+    a, b = _container(tmp_path / "a.h5", n=80, seed=0), _container(tmp_path / "b.h5", n=80, seed=1)
     with open_container(a) as ra, open_container(b) as rb:
         assert (ra.num_samples, ra.total_bytes) == (rb.num_samples, rb.total_bytes)
-    first = _train([a, "--stop-after-steps", "3"], tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
+    assert run(a, stop_after_steps=3)["stopped_early"]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    metrics_before = (run_dir / "config.json").read_text(), sorted(p.name for p in run_dir.iterdir())
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
 
-    res = _train([b, "--resume", "auto"], tmp_path)  # auto: the newest runs/*/checkpoint.pt, made on a.h5
-    assert res.returncode != 0, res.stdout
-    assert "cannot resume" in res.stderr and a in res.stderr and b in res.stderr, res.stderr
-    assert "checksums_sha256" in res.stderr, res.stderr
-    assert ((run_dir / "config.json").read_text(), sorted(p.name for p in run_dir.iterdir())) == metrics_before
+    with pytest.raises(ConfigError, match="cannot resume") as err:
+        run(b, resume="auto")  # auto: the newest runs/*/checkpoint.pt, made on a.h5
+    assert a in str(err.value) and b in str(err.value) and "checksums_sha256" in str(err.value)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # nothing appended or rewritten
 
-    moved = tmp_path / "moved.h5"  # the same container under another name resumes
+    moved = str(tmp_path / "moved.h5")  # the same container under another name resumes
     os.rename(a, moved)
-    ok = _train([str(moved), "--resume", "auto"], tmp_path)
-    assert ok.returncode == 0 and "resumed from" in ok.stdout, ok.stdout + ok.stderr
+    lines.clear()
+    assert not run(moved, resume="auto")["stopped_early"]
+    assert any(line.startswith("resumed from") for line in lines), lines
 
 
 # ------------------------------------------------------------------ memory budget under cgroups

@@ -263,6 +263,11 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                                                    gpu_index=tournament.node_rank if tournament else None))
         _share_cores(tournament.node_ranks if tournament else ctx.local_size, cfg.deterministic)
         reader = stack.enter_context(open_container(data_path))
+        container = container_identity(reader)
+        ck = None
+        if resume_path:  # checked before any store exists or anything is written
+            ck = load_checkpoint(resume_path)
+            check_same_container(ck.get("meta", {}).get("container"), container, resume_path)
         val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
         if val_reader is not None and val_reader.info.class_names != reader.info.class_names:
             raise ConfigError(f"--val {cfg.val} has classes {val_reader.info.class_names[:5]}... but {data_path} "
@@ -308,14 +313,15 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
             ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
             on_step = functools.partial(tournament.after_step, trainer, tour_loader)
         meta = {"model": name, "input_size": list(input_size), "spec": dataclasses.asdict(spec),
-                "data": data_path, "container": container_identity(reader),
+                "data": data_path, "container": container,
                 "train_samples": train_range[1] - train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
-        return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta, on_step)
+        return _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta, on_step,
+                    checkpoint=ck)
 
 
 def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path, report, meta,
-         on_step=None) -> dict:
+         on_step=None, checkpoint=None) -> dict:
     """The epoch loop of train(); split out to keep each function readable.
 
     `on_step(global_step)`, if given, runs after every optimizer step (LTFB's rounds), before any
@@ -325,10 +331,8 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
 
     main = ctx.is_main
     comm = ctx.comm
-    ck = None
-    if resume_path:  # checked before anything is written: a refused resume leaves the run dir as it was
-        ck = load_checkpoint(resume_path)
-        check_same_container(ck.get("meta", {}).get("container"), meta["container"], resume_path)
+    ck = checkpoint  # resume_path's, loaded (and its container checked) by run_trainer
+    if ck is not None:  # checked before anything is written: a refused resume leaves the run dir as it was
         _check_compatible(ck, cfg, meta)
     if main:
         os.makedirs(run_dir, exist_ok=True)
