@@ -236,7 +236,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
                           UserWarning, stacklevel=2)
             pin_memory = False
         self.pin_memory = bool(pin_memory)
-        self._stream = torch.cuda.Stream(self.device) if self.device is not None and self.device.type == "cuda" else None
+        on_gpu = self.device is not None and self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if on_gpu else None
         self.store = store
         self.transform = transform
         self._seeded = transform is not None and _takes_rng(transform)

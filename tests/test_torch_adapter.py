@@ -94,7 +94,8 @@ def test_mixed_shapes_need_size(png_container):
 def test_resize_and_bad_arguments():
     a = np.zeros((4, 6, 3), np.uint8)
     assert resize(a, (4, 6)) is a and resize(a, (2, 3)).shape == (2, 3, 3)
-    for kw in (dict(decode_threads=0), dict(num_threads=1, decode_threads=1), dict(device="nowhere"), dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
+    for kw in (dict(decode_threads=0), dict(num_threads=1, decode_threads=1), dict(device="nowhere"),
+               dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
         with pytest.raises(ConfigError):
             StoreLoader(object(), **kw)
 
