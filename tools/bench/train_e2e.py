@@ -63,11 +63,19 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", default="train-e2e-out")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--from-json", action="store_true", help="only rewrite train-e2e.md from OUT/train-e2e.json")
     p.add_argument("extra", nargs="*", help="after --: more `dstore train` options")
     args = p.parse_args(argv)
     for spec in args.rungs:
         if spec != "local":
             parse_spec(spec)
+    if args.from_json:
+        with open(os.path.join(args.out, "train-e2e.json")) as fh:
+            md = markdown(json.load(fh)["rows"], args)
+        with open(os.path.join(args.out, "train-e2e.md"), "w") as fh:
+            fh.write(md)
+        print(md)
+        return 0
     src_dir, name = os.path.split(os.path.realpath(args.container))
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -103,12 +111,16 @@ def markdown(rows: list[dict], args) -> str:
     loaders = args.loaders.split(",")
     local_store = by.get(("local", "store"))
     lines = [f"`mpiexec -n {args.ranks} dstore train` ({args.epochs} epochs; steady state = mean of epochs 1..), "
-             "samples/s:", "",
+             "samples/s (data wait: the share of the step time spent waiting for the batch):", "",
              "| storage | " + " | ".join(f"--loader {x}" for x in loaders)
              + " | store population | store / best other | store vs store on local disk |",
              "|---|" + "---:|" * (len(loaders) + 3)]
+    def cell(r):
+        waits = [w for w in r["data_wait_frac"][1:] if w is not None] or [0.0]
+        return f"{r['steady_samples_per_s']:,.0f} ({sum(waits) / len(waits):.0%})"
+
     for spec in args.rungs:
-        cells = [f"{by[(spec, x)]['steady_samples_per_s']:,.0f}" if (spec, x) in by else "-" for x in loaders]
+        cells = [cell(by[(spec, x)]) if (spec, x) in by else "-" for x in loaders]
         store = by.get((spec, "store"))
         others = [by[(spec, x)]["steady_samples_per_s"] for x in loaders if x != "store" and (spec, x) in by]
         ratio = f"{store['steady_samples_per_s'] / max(others):.2f}x" if store and others else "-"
