@@ -27,3 +27,8 @@ class SampleError(DStoreError, ValueError):
 
 class MemoryBudgetError(DStoreError, MemoryError):
     """A rank's share of the data set does not fit its memory budget."""
+
+
+class OutputError(DStoreError, OSError):
+    """The output cannot be written (read-only file system, no permission, no space); the message
+    names the path and the system's reason."""

@@ -87,39 +87,86 @@ def _decode_error(data, info, name: str) -> str | None:
     return None
 
 
+MAX_DECODE_BYTES = 1 << 30
+"""A sample larger than this is checksummed piece by piece but not decoded (it would need a buffer
+of its whole size; no image of that size is plausible)."""
+
+
+def _readable_runs(reader, a: int, b: int):
+    """(first, last, bytes or None, error or None) covering samples [a, b): one read if it
+    succeeds; else the run is halved until each failure is one sample, so one bad chunk marks
+    only the samples whose bytes it holds, not everything read with it."""
+    try:
+        yield a, b, reader.read_range(a, b), None
+    except (DStoreError, OSError) as exc:
+        if b - a == 1:
+            yield a, b, None, exc
+            return
+        mid = (a + b) // 2
+        yield from _readable_runs(reader, a, mid)
+        yield from _readable_runs(reader, mid, b)
+
+
+def _check_large(reader, i: int, read_size: int, decode: bool) -> list[str]:
+    """The checks on sample i, larger than `read_size`: its checksum computed over pieces of
+    `read_size` bytes (never a buffer of a declared size), then, if `decode`, decoded whole."""
+    lo, hi = int(reader.offsets[i]), int(reader.offsets[i + 1])
+    crc = 0
+    try:
+        for at in range(lo, hi, read_size):
+            crc = zlib.crc32(reader.read_bytes(at, min(hi, at + read_size)), crc)
+    except (DStoreError, OSError) as exc:
+        return [f"unreadable: {exc}"]
+    want = int(reader.checksums[i])
+    if crc & 0xFFFFFFFF != want:
+        return [f"checksum mismatch: stored {want:#010x}, computed {crc & 0xFFFFFFFF:#010x}"]
+    if not decode:
+        return []
+    if hi - lo > MAX_DECODE_BYTES:
+        return [f"not decoded: {hi - lo} bytes is more than {MAX_DECODE_BYTES}"]
+    err = _decode_error(reader.read_bytes(lo, hi), reader.info, reader.name(i))
+    return [] if err is None else [err]
+
+
 def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None) -> list[BadSample]:
     """Every check on samples [start, stop) of an open reader; decoding runs on `pool` (the
     decoders release the GIL) when one is given."""
     info, offsets = reader.info, reader.offsets
     nclasses = info.num_classes
     reasons: dict[int, list[str]] = {}
-    for a, b in _read_groups(offsets, start, stop, read_size):
-        try:
-            buf = reader.read_range(a, b)
-        except (DStoreError, OSError) as exc:  # an unreadable run: name every sample in it
-            for i in range(a, b):
-                reasons[i] = [f"unreadable: {exc}"]
+    for i in range(start, stop):
+        label = int(reader.labels[i])
+        if nclasses and not 0 <= label < nclasses:
+            reasons[i] = [f"label {label} is outside [0, {nclasses}) ({nclasses} class names)"]
+    for first, last in _read_groups(offsets, start, stop, read_size):
+        if last - first == 1 and int(offsets[last]) - int(offsets[first]) > read_size:
+            found = _check_large(reader, first, read_size, decode)
+            if found:
+                reasons.setdefault(first, []).extend(found)
             continue
-        view = memoryview(buf)
-        base = int(offsets[a])
-        to_decode = []
-        for i in range(a, b):
-            lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
-            got = zlib.crc32(view[lo:hi]) & 0xFFFFFFFF
-            want = int(reader.checksums[i])
-            label = int(reader.labels[i])
-            if got != want:
-                reasons.setdefault(i, []).append(f"checksum mismatch: stored {want:#010x}, computed {got:#010x}")
-            elif decode:  # bytes that fail their checksum are not worth decoding
-                to_decode.append((i, buf[lo:hi]))
-            if nclasses and not 0 <= label < nclasses:
-                reasons.setdefault(i, []).append(f"label {label} is outside [0, {nclasses}) ({nclasses} class names)")
-        if to_decode:
-            mapper = pool.map if pool is not None else map
-            errors = mapper(lambda item: _decode_error(item[1], info, reader.name(item[0])), to_decode)
-            for (i, _), err in zip(to_decode, errors):
-                if err is not None:
-                    reasons.setdefault(i, []).append(err)
+        for a, b, buf, exc in _readable_runs(reader, first, last):
+            if exc is not None:
+                for i in range(a, b):
+                    reasons.setdefault(i, []).insert(0, f"unreadable: {exc}")
+                continue
+            view = memoryview(buf)
+            base = int(offsets[a])
+            to_decode = []
+            for i in range(a, b):
+                lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
+                got = zlib.crc32(view[lo:hi]) & 0xFFFFFFFF
+                want = int(reader.checksums[i])
+                if got != want:
+                    reasons.setdefault(i, []).insert(0, f"checksum mismatch: stored {want:#010x}, "
+                                                        f"computed {got:#010x}")
+                elif decode:  # bytes that fail their checksum are not worth decoding
+                    to_decode.append((i, buf[lo:hi]))
+            if to_decode:
+                mapper = pool.map if pool is not None else map
+                errors = mapper(lambda item: _decode_error(item[1], info, reader.name(item[0])), to_decode)
+                for (i, _), err in zip(to_decode, errors):
+                    if err is not None:
+                        reasons.setdefault(i, []).append(err)
     return [BadSample(i, reader.name(i), "; ".join(r)) for i, r in sorted(reasons.items())]
 
 
@@ -144,7 +191,7 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         raise ConfigError(f"read_size={read_size} must be positive")
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
-    with open_container(path) as reader, ThreadPoolExecutor(_decode_threads(comm) if decode else 1) as pool:
+    with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(_decode_threads(comm) if decode else 1) as pool:
         bounds = block_bounds(reader.offsets, size)
         bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size,
                            pool=pool)
@@ -190,7 +237,7 @@ def container_info(path) -> dict:
     """A JSON-compatible summary of a container: format, counts, bytes, encoding, classes with
     per-class counts, and the distribution of sample sizes (min/mean/median/p95/max bytes)."""
     fmt = detect_format(path)
-    with open_container(path) as reader:
+    with open_container(path, check_labels=False) as reader:
         info = reader.info
         labels = reader.labels
         nclasses = info.num_classes

@@ -311,3 +311,159 @@ def test_old_hdf5_with_class_names_in_an_attribute_is_still_read(tmp_path):
         f.attrs["class_names"] = np.array(["a", "b", "c"], dtype=h5py.string_dtype())
     with open_container(path) as r:
         assert r.info.class_names == ("a", "b", "c")
+
+
+# --- defect 8: user errors are one clear line, never a traceback --------------------------------
+
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+          "--inh-caps=-dac_override,-dac_read_search"]
+"""Runs a command as this root user without the capabilities that bypass file permissions."""
+
+
+def dstore_without_dac(*args, cwd=None) -> subprocess.CompletedProcess:
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop the permission-bypassing capabilities")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(NO_DAC + [sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=60)
+
+
+@pytest.fixture()
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ro): writes fail with EROFS."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_read_only_output_is_one_line(images, read_only_dir, fmt):
+    out = read_only_dir / "out"
+    one_clear_error(dstore("ingest", images, out, "--format", fmt, "--no-progress"), str(read_only_dir),
+                    "Read-only file system")
+
+
+def test_unwritable_output_and_unreadable_source_are_one_line(images, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    one_clear_error(dstore_without_dac("ingest", images, locked / "out.h5", "--no-progress"), str(locked),
+                    "Permission denied")
+    os.chmod(images, 0)
+    try:
+        one_clear_error(dstore_without_dac("ingest", images, tmp_path / "out.h5", "--no-progress"), str(images),
+                        "Permission denied")
+    finally:
+        os.chmod(images, 0o755)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_non_utf8_class_directory(images, tmp_path, fmt):
+    bad = os.path.join(os.fsencode(images), b"caf\xe9")
+    os.rename(os.fsencode(images / "class002"), bad)
+    report = run_ingest(images, tmp_path / "out", fmt=fmt)
+    assert report.samples == 6
+    with open_container(tmp_path / "out") as r:
+        assert r.info.class_names == ("caf\\udce9", "class000", "class001")
+
+
+def _set_attr(path, key, value):
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f.attrs[key] = value
+
+
+@pytest.mark.parametrize("key,value", [("version", "one"), ("version", 1.5), ("num_samples", "many"),
+                                       ("num_samples", -3), ("total_bytes", "x"), ("raw_dtype", "no-such-type"),
+                                       ("raw_dtype", "object"), ("raw_shape", "abc"), ("raw_shape", [-4, 2])])
+def test_bad_attributes_are_named(tmp_path, key, value):
+    path = write_samples(tmp_path / "c.h5", "hdf5", [(bytes(12), 0, "a", 0)], encoding="raw", raw_dtype="uint8",
+                         raw_shape=(3, 4))
+    _set_attr(path, key, value)
+    with pytest.raises(FormatError, match=key):
+        open_container(path)
+    one_clear_error(dstore("info", path), path, key)
+
+
+def test_a_manifest_naming_itself_or_its_directory(tmp_path):
+    import json
+
+    shard = write_samples(tmp_path / "s.h5", "hdf5", random_samples(3))
+    with open_container(shard) as r:
+        attrs = {"version": 1, "encoding": "jpeg", "class_names": ["a", "b", "c"], "num_samples": 3,
+                 "total_bytes": r.total_bytes, "source": ""}
+    for mpath, shard_path in ((tmp_path / "m.json", "m.json"), (tmp_path / "d" / "manifest.json", ".")):
+        mpath.parent.mkdir(exist_ok=True)
+        mpath.write_text(json.dumps({"format": "dstore-sharded", "version": 1, "attrs": attrs, "complete": True,
+                                     "shards": [{"path": shard_path, "num_samples": 3,
+                                                 "total_bytes": attrs["total_bytes"]}]}))
+        with pytest.raises(FormatError, match="itself a manifest"):
+            open_container(mpath)
+        one_clear_error(dstore("verify", mpath), "itself a manifest")
+
+
+def test_labels_outside_the_class_names_are_refused_where_data_is_loaded(tmp_path):
+    samples = random_samples(6)
+    samples[4] = (samples[4][0], 7, samples[4][2], 4)
+    path = write_samples(tmp_path / "c.h5", "hdf5", samples)
+    with pytest.raises(FormatError, match=r"sample 4 .*label 7.*3 class names"):
+        open_container(path)
+    from datastore.verify import container_info, verify_container
+
+    assert container_info(path)["labels_outside_classes"] == 1  # info and verify still report them
+    assert [b.index for b in verify_container(path).bad] == [4]
+
+
+# --- defect 9: verify narrows an unreadable read to the samples really bad ---------------------------
+
+def _overlapping(offsets, lo, hi) -> list[int]:
+    """Samples with at least one byte in [lo, hi) (an empty sample holds none, so it is never bad)."""
+    return [i for i in range(len(offsets) - 1) if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
+
+
+def test_verify_narrows_a_truncated_zarr_chunk(tmp_path):
+    from datastore.verify import verify_container
+
+    chunk = 1 << 16
+    path = write_samples(tmp_path / "c.zarr", "zarr", random_samples(300, max_bytes=4000), chunk_bytes=chunk)
+    with open_container(path) as r:
+        offsets = r.offsets.tolist()
+    with open(os.path.join(path, "data", "c", "3"), "r+b") as f:
+        f.truncate(chunk // 2)
+    bad = [b.index for b in verify_container(path).bad]
+    assert bad == _overlapping(offsets, 3 * chunk + chunk // 2, 4 * chunk)
+    assert 0 < len(bad) < 40
+
+
+def test_verify_narrows_a_corrupt_gzip_chunk(tmp_path):
+    import h5py
+
+    from datastore.verify import verify_container
+
+    chunk = 1 << 16
+    src = write_samples(tmp_path / "plain.h5", "hdf5", random_samples(300, max_bytes=4000))
+    path = str(tmp_path / "gzip.h5")
+    with h5py.File(src, "r") as a, h5py.File(path, "w") as b:
+        for key in a:
+            if key == "data":
+                b.create_dataset("data", data=a["data"][()], chunks=(chunk,), compression="gzip")
+            else:
+                a.copy(key, b)
+        b.attrs.update(a.attrs)
+        info = b["data"].id.get_chunk_info(2)
+        offsets = b["offsets"][()].tolist()
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset + info.size // 2)
+        f.write(bytes(range(256)) * 4)
+    bad = [b.index for b in verify_container(path).bad]
+    assert bad == _overlapping(offsets, 2 * chunk, 3 * chunk)
+    assert 0 < len(bad) < 60

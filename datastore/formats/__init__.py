@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
+
 from datastore.errors import ConfigError, FormatError
 from datastore.formats.base import (
     ENCODINGS,
@@ -80,8 +82,12 @@ def detect_format(path) -> str:
     raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
 
 
-def open_container(path) -> ContainerReader:
+def open_container(path, *, check_labels: bool = True) -> ContainerReader:
     """Opens the container at `path`, whatever its format (see `detect_format`).
+
+    Args:
+        check_labels: refuse a container with a label outside its class names (what training
+            would index with); `dstore info`/`verify` pass False, to report such samples instead.
 
     Raises:
         ContainerNotFoundError: nothing is at `path`.
@@ -92,8 +98,31 @@ def open_container(path) -> ContainerReader:
     if fmt == "sharded":
         from datastore.formats.sharded import ShardedReader
 
-        return ShardedReader(path)
-    return _backend(fmt, 0)(path)
+        reader = ShardedReader(path)
+    else:
+        reader = _backend(fmt, 0)(path)
+    if check_labels:
+        try:
+            _check_labels(reader)
+        except BaseException:
+            reader.close()
+            raise
+    return reader
+
+
+def _check_labels(reader: ContainerReader) -> None:
+    """FormatError naming the first sample whose label is not a class index (unlabelled data, with
+    no class names, is not checked)."""
+    k = reader.info.num_classes
+    labels = reader.labels
+    if not k or labels.size == 0:
+        return
+    bad = (labels < 0) | (labels >= k)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise FormatError(f"{reader.path}: sample {i} ({reader.name(i)}) has label {int(labels[i])}, outside the "
+                          f"{k} class names [0, {k}); {int(bad.sum())} sample(s) so; `dstore verify {reader.path}` "
+                          "lists them")
 
 
 def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dtype=None, raw_shape=None,

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError
+from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError, OutputError
 from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, check_batch
 from datastore.formats.base import checksum as crc32_of
 
@@ -68,7 +68,7 @@ def check_writer_args(*, encoding: str, class_names, raw_dtype, raw_shape) -> tu
         raise ConfigError("encoding='raw' needs raw_dtype and raw_shape")
     if isinstance(class_names, str):
         raise ConfigError(f"class_names must be a sequence of strings, not the string {class_names!r}")
-    names = tuple(str(c) for c in class_names)
+    names = tuple(_stored_name(c, "class name") for c in class_names)
     if raw_dtype is not None:
         try:
             np.dtype(raw_dtype)
@@ -77,9 +77,36 @@ def check_writer_args(*, encoding: str, class_names, raw_dtype, raw_shape) -> tu
     return names
 
 
+def _int_attr(attrs: dict, key: str, path: str) -> int:
+    """Attribute `key` as a non-negative int, else a FormatError naming it and its value."""
+    value = attrs[key]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or int(value) < 0:
+        raise FormatError(f"{path}: attribute {key}={value!r} is not a non-negative integer")
+    return int(value)
+
+
+def _raw_attrs(attrs: dict, path: str) -> tuple[str | None, tuple[int, ...] | None]:
+    """(raw_dtype, raw_shape) from the attributes, checked: a numeric numpy dtype, positive ints."""
+    dtype, shape = attrs.get("raw_dtype"), attrs.get("raw_shape")
+    if dtype is not None:
+        try:
+            kind = np.dtype(str(dtype)).kind
+        except (TypeError, ValueError):
+            kind = None
+        if kind is None or kind not in "biufc":
+            raise FormatError(f"{path}: attribute raw_dtype={dtype!r} is not a numeric numpy dtype")
+        dtype = str(np.dtype(str(dtype)))
+    if shape is not None:
+        if (not isinstance(shape, (list, tuple)) or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))
+                                                        or s < 1 for s in shape)):
+            raise FormatError(f"{path}: attribute raw_shape={shape!r} is not a list of positive integers")
+        shape = tuple(int(s) for s in shape)
+    return dtype, shape
+
+
 def parse_info(attrs: dict, path: str) -> ContainerInfo:
     """ContainerInfo from stored attributes; raises IncompleteContainerError without the marker and
-    FormatError for a missing attribute or an unknown version."""
+    FormatError for a missing attribute, an unknown version or a value of the wrong kind (naming it)."""
     if not attrs.get(COMPLETE_ATTR, False):
         raise IncompleteContainerError(
             f"{path}: no completion marker (attribute {COMPLETE_ATTR!r} is missing): the container was "
@@ -87,20 +114,26 @@ def parse_info(attrs: dict, path: str) -> ContainerInfo:
     missing = [k for k in REQUIRED_ATTRS if k not in attrs]
     if missing:
         raise FormatError(f"{path}: missing attribute(s) {missing}")
-    version = int(attrs["version"])
+    version = _int_attr(attrs, "version", path)
     if version != FORMAT_VERSION:
         raise FormatError(f"{path}: unknown format version {version} (this code reads version {FORMAT_VERSION})")
-    raw_shape = attrs.get("raw_shape")
+    num_samples, total_bytes = _int_attr(attrs, "num_samples", path), _int_attr(attrs, "total_bytes", path)
+    raw_dtype, raw_shape = _raw_attrs(attrs, path)
+    names = attrs["class_names"]
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise FormatError(f"{path}: attribute class_names is not a list of strings (got {type(names).__name__})")
+    if not isinstance(attrs["encoding"], str):
+        raise FormatError(f"{path}: attribute encoding={attrs['encoding']!r} is not a string")
     reserved = set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR}
     try:
         return ContainerInfo(
             version=version,
-            encoding=str(attrs["encoding"]),
-            num_samples=int(attrs["num_samples"]),
-            total_bytes=int(attrs["total_bytes"]),
-            class_names=tuple(str(c) for c in attrs["class_names"]),
-            raw_dtype=None if attrs.get("raw_dtype") is None else str(attrs["raw_dtype"]),
-            raw_shape=None if raw_shape is None else tuple(int(s) for s in raw_shape),
+            encoding=attrs["encoding"],
+            num_samples=num_samples,
+            total_bytes=total_bytes,
+            class_names=tuple(str(c) for c in names),
+            raw_dtype=raw_dtype,
+            raw_shape=raw_shape,
             source=str(attrs.get("source", "")),
             extra={k: v for k, v in attrs.items() if k not in reserved},
         )
@@ -285,13 +318,13 @@ class SampleBuffer:
         }
 
 
-def _stored_name(name) -> str:
-    """A sample name as stored: refused with a NUL (HDF5 stores C strings, it would be cut short),
-    backslash-escaped where it is not valid Unicode (e.g. a non-UTF-8 file name decoded with
-    surrogateescape)."""
+def _stored_name(name, what: str = "sample name") -> str:
+    """A sample (or class) name as stored: refused with a NUL (HDF5 stores C strings, it would be
+    cut short), backslash-escaped where it is not valid Unicode (e.g. a non-UTF-8 file or directory
+    name decoded with surrogateescape)."""
     name = str(name)
     if "\x00" in name:
-        raise ConfigError(f"sample name {name!r} contains a NUL character")
+        raise ConfigError(f"{what} {name!r} contains a NUL character")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -476,8 +509,11 @@ class StreamingWriter(ContainerWriter):
         self._state = "open"
         try:
             self._open_tmp()
-        except BaseException:
+        except BaseException as exc:
             remove_path(self._tmp)
+            if isinstance(exc, OSError) and not isinstance(exc, DStoreError):
+                raise OutputError(f"{self.path}: cannot create the container (its temporary {self._tmp}): "
+                                  f"{exc.strerror or exc}") from exc
             raise
 
     @property

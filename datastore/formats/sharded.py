@@ -140,7 +140,7 @@ class ShardedReader(ContainerReader):
     and a byte range that spans shards read as one large read per shard into the same `out`."""
 
     def __init__(self, path):
-        from datastore.formats import open_container
+        from datastore.formats import detect_format, open_container
 
         self.path = os.fspath(path)
         manifest = read_manifest(self.path)
@@ -150,7 +150,10 @@ class ShardedReader(ContainerReader):
         self._shards: list[ContainerReader] = []
         try:
             for i, entry in enumerate(manifest["shards"]):
-                shard = open_container(entry["path"])
+                if detect_format(entry["path"]) == "sharded":  # itself, or another: no recursion
+                    raise FormatError(f"{mfile}: shard {i} ({entry['path']}) is itself a manifest; shards "
+                                      "must be HDF5 or Zarr containers")
+                shard = open_container(entry["path"], check_labels=False)
                 self._shards.append(shard)
                 if (shard.num_samples, shard.total_bytes) != (entry["num_samples"], entry["total_bytes"]):
                     raise FormatError(

@@ -82,9 +82,20 @@ def safe_load(path: str) -> dict:
     return {(k.decode("latin1") if isinstance(k, bytes) else str(k)): v for k, v in obj.items()}
 
 
+def _list(directory: str) -> set[str]:
+    try:
+        return set(os.listdir(directory))
+    except OSError as exc:
+        raise SampleError(f"{directory}: cannot list: {exc.strerror or exc}") from exc
+
+
 def looks_like_cifar_dir(path: str) -> bool:
-    """True if the directory holds CIFAR-10 or CIFAR-100 python batch files."""
-    names = set(os.listdir(path))
+    """True if the directory holds CIFAR-10 or CIFAR-100 python batch files.
+
+    Raises:
+        SampleError: the directory cannot be listed (naming it and the reason).
+    """
+    names = _list(path)
     return bool(names & set(CIFAR10_TRAIN + CIFAR10_TEST)) or (
         "meta" in names and bool(names & set(CIFAR100_TRAIN + CIFAR100_TEST)))
 
@@ -107,7 +118,7 @@ def batch_files(path: str, split: str) -> tuple[list[str], str | None]:
         files = [os.path.abspath(path)]
     else:
         directory = os.path.abspath(path)
-        names = set(os.listdir(directory))
+        names = _list(directory)
         if names & set(CIFAR10_TRAIN + CIFAR10_TEST):
             train, test = CIFAR10_TRAIN, CIFAR10_TEST
         else:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from datastore import errors as _errors
-from datastore.errors import ConfigError, DStoreError, SampleError
+from datastore.errors import ConfigError, DStoreError, OutputError, SampleError
 from datastore.ingest import plan
 from datastore.ingest.process import ON_ERROR, Block, process_block, resolve_target
 from datastore.ingest.source import Source, open_source
@@ -320,12 +320,16 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
             check_replaceable(path)
     if manifest is None:
         return False
-    if os.path.lexists(manifest):
-        os.remove(manifest)
     directory = os.path.dirname(shard_paths[0])
-    if os.path.isdir(directory):
-        return False
-    os.makedirs(directory)
+    try:
+        if os.path.lexists(manifest):
+            os.remove(manifest)
+        if os.path.isdir(directory):
+            return False
+        os.makedirs(directory)
+    except OSError as exc:
+        raise OutputError(f"{output}: cannot prepare the sharded container: {exc.strerror or exc} "
+                          f"({exc.filename or directory})") from exc
     return True
 
 
