@@ -21,7 +21,7 @@ def _case(draw):
     return sizes, owner, keep, draw(st.integers(0, 2**31))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_case())
 def test_each_rank_keeps_a_prefix_of_its_random_order_that_fits(case):
     sizes, owner, keep, seed = case
@@ -58,7 +58,7 @@ def test_the_resident_set_is_a_random_subset_spread_over_the_order():
     assert not np.array_equal(res, tiers.resident_mask(sizes, owner, np.array([250_000, 250_000]), seed=4))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=40, unique=True), st.data())
 def test_storage_reads_coalesce_consecutive_samples_and_cover_each_wanted_byte_once(ids, data):
     ids = np.array(ids, dtype=np.int64)

@@ -402,10 +402,6 @@ def scenario_tiered(comm, path):
     non-resident bytes from storage once; overflow="error" refuses; a mid-epoch state resumes on
     another number of ranks (another resident set) with nothing lost or repeated. Runs on
     tier_container(path) (more, smaller samples: buffers small beside a rank's share)."""
-    import io
-
-    import torch
-
     reader = open_container(tier_container(path))
     for policy, population, drop_last, lookahead in (("global", "preload", False, 4), ("global", "dynamic", True, 0),
                                                      ("local", "preload", True, 1), ("partial", "dynamic", False, 2)):
@@ -433,12 +429,11 @@ def scenario_tiered(comm, path):
     try:
         with _tiered(comm, reader, fraction=0.6, batch_size=BATCH, seed=2) as st:
             first = run_epoch(st, 1, steps=4)
-            buf = io.BytesIO()
-            torch.save(st.state_dict(), buf)
+            sd = st.state_dict()  # (its torch.save round trip is scenario_resume's)
         rest = tuple(np.zeros(0, t) for t in (np.int64, np.int64, bool, np.int64, np.int64))
         if comm.rank < sub_size:
             with _tiered(sub, reader, fraction=0.3, batch_size=BATCH) as st2:
-                st2.load_state_dict(torch.load(io.BytesIO(comm.bcast(buf.getvalue())), weights_only=True))
+                st2.load_state_dict(comm.bcast(sd))
                 rest = run_epoch(st2, 1)
         else:
             comm.bcast(None)
