@@ -154,6 +154,8 @@ def _check_launcher() -> int:
     MPI worlds (torchrun, srun without PMI), else 0."""
     from training.dist import launcher_mismatch
 
+    if launcher_mismatch(os.environ, 1) is None:  # no launcher of several processes: MPI not needed here
+        return 0
     problem = launcher_mismatch(os.environ, _world()[1])
     if problem is None:
         return 0
