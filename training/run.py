@@ -300,6 +300,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         train_tf, eval_tf = _transforms(cfg, spec, input_size)
         # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
         opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
+        if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
+            opts.update(pin_memory=True, device=ctx.device)
         loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, **opts))
         eval_loader = None
         if held_range is not None or val_reader is not None:
