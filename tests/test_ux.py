@@ -239,3 +239,20 @@ def test_train_and_verify_json(tmp_path):
     summary = json.loads(res.stdout)  # stdout is the JSON object alone; the progress lines went to stderr
     assert summary["run_dir"] == str(tmp_path / "run") and len(summary["epochs"]) == 1
     assert summary["test"]["samples"] == 12 and "epoch 0:" in res.stderr
+
+
+def test_progress_bar_only_on_a_terminal_unless_asked(monkeypatch):
+    from training import run
+    from training.run import TrainConfig
+
+    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: False)  # as under `> log 2>&1` or mpiexec
+    assert run._bar(TrainConfig(progress=None), True, 10, 0) is None
+    assert run._bar(TrainConfig(progress=False), True, 10, 0) is None
+    bar = run._bar(TrainConfig(progress=True), True, 10, 0)  # --progress: drawn on a pipe too
+    assert bar is not None
+    bar.close()
+    assert run._bar(TrainConfig(progress=True), False, 10, 0) is None  # never on other ranks
+    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: True)
+    bar = run._bar(TrainConfig(progress=None), True, 10, 0)
+    assert bar is not None
+    bar.close()
