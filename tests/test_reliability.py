@@ -467,3 +467,32 @@ def test_verify_narrows_a_corrupt_gzip_chunk(tmp_path):
     bad = [b.index for b in verify_container(path).bad]
     assert bad == _overlapping(offsets, 2 * chunk, 3 * chunk)
     assert 0 < len(bad) < 60
+
+
+# --- defect 8 (checkpoints): an unusable checkpoint is a named error that never suggests unpickling code
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "not_a_checkpoint", "wrong_dict", "malicious"])
+def test_unusable_checkpoints_are_named(tmp_path, kind):
+    torch = pytest.importorskip("torch")
+    from training.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        save_checkpoint(path, {"model": {"w": torch.zeros(1000)}, "epoch": 1})
+        path.write_bytes(path.read_bytes()[:300])
+    elif kind == "not_a_checkpoint":
+        path.write_text("hello")
+    elif kind == "wrong_dict":
+        torch.save({"w": torch.zeros(3)}, path)
+    else:
+        torch.save({"model": _Payload()}, path)
+    with pytest.raises(ConfigError, match=str(path)) as err:
+        load_checkpoint(path, required=("model", "epoch"))
+    assert "weights_only=False" not in str(err.value) and "pwned" not in str(err.value)

@@ -110,18 +110,39 @@ def save_checkpoint(path: str | os.PathLike, payload: dict) -> str:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict:
+def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict:
     """Loads a checkpoint written by save_checkpoint (weights_only=True: no code is unpickled).
 
+    Args:
+        required: keys the checkpoint must have (a file of another program lacks them).
+
     Raises:
-        ConfigError: if `path` does not exist.
+        ConfigError: if `path` does not exist, is empty, truncated, not a checkpoint, holds anything
+            but tensors and plain data (refused, never unpickled), or lacks a required key.
     """
     import torch
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ConfigError(f"resume checkpoint {path!r} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types (EOFError, RuntimeError, UnpicklingError...)
+        # Not torch's own text: for a refused object it advises weights_only=False, which would run
+        # whatever code the file names.
+        if os.path.getsize(path) == 0:
+            why = "the file is empty"
+        elif "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            why = "it holds objects other than tensors and plain data, which are refused (not unpickled)"
+        else:
+            why = f"truncated or not a PyTorch checkpoint ({type(exc).__name__})"
+        raise ConfigError(f"resume checkpoint {path}: cannot be loaded: {why}") from None
+    if not isinstance(ck, dict):
+        raise ConfigError(f"resume checkpoint {path}: holds a {type(ck).__name__}, not a dstore checkpoint")
+    missing = [k for k in required if k not in ck]
+    if missing:
+        raise ConfigError(f"resume checkpoint {path}: not a dstore training checkpoint (no {missing})")
+    return ck
 
 
 def resolve_job_resume(resume: str | None, run_dir: str | None, runs_root: str, trainers: int) -> str | None:

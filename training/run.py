@@ -266,7 +266,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         container = container_identity(reader)
         ck = None
         if resume_path:  # checked before any store exists or anything is written
-            ck = load_checkpoint(resume_path)
+            ck = load_checkpoint(resume_path, required=("model", "optimizer", "store", "rng", "epoch",
+                                                        "step_in_epoch", "global_step"))
             check_same_container(ck.get("meta", {}).get("container"), container, resume_path)
         val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
         if val_reader is not None and val_reader.info.class_names != reader.info.class_names:
