@@ -24,6 +24,8 @@ LABEL_KEYS = ("y", "labels", "targets", "Y", "y_train", "label", "arr_1")
 
 
 def _load(path: str, **kwargs):
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read for ever
+        raise SampleError(f"{path}: not a regular file (a directory, FIFO, socket or device?)")
     try:
         return np.load(path, allow_pickle=False, **kwargs)
     except FileNotFoundError as exc:
