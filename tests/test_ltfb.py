@@ -1,6 +1,8 @@
 """LTFB (`dstore train --trainers K`): the pure parts (layout, data parts, pairing, decision rule,
-state checksum) exhaustively; one side of a match in-process on COMM_SELF with a real store and
-Trainer; and real tournaments under mpiexec, whose log must agree with the models the trainers hold."""
+truncation plan, state checksum, block plan, hyperparameter exploration) exhaustively; one side of a
+match and the blocked exchange in-process on COMM_SELF with a real store and Trainer; and real
+tournaments (pairwise, truncation, with exploration) under mpiexec, whose log must agree with the
+models the trainers hold."""
 
 import json
 import math
@@ -13,8 +15,10 @@ from hypothesis import strategies as st
 from mpirun import run_mpi
 
 from datastore.errors import ConfigError
-from training.ltfb import (duel, from_bytes, pair_trainers, partner_of, partner_wins, ranks_per_trainer,
-                           state_crc, to_bytes, trainer_parts)
+from training import exchange, hparams
+from training.ltfb import (duel, from_bytes, pair_trainers, partner_of, partner_wins, rank_trainers,
+                           ranks_per_trainer, state_crc, to_bytes, trainer_parts, truncation_count,
+                           truncation_plan)
 from training.metrics import read_jsonl
 
 # --- pure parts -----------------------------------------------------------------------------
@@ -141,6 +145,131 @@ def test_resume_of_a_job_names_what_is_missing(tmp_path):
         resolve_job_resume(str(tmp_path / "nothing.pt"), None, str(tmp_path / "runs"), 2)
 
 
+# --- truncation selection, the exchange's blocks, exploration (pure) --------------------------
+
+
+def test_truncation_count_is_at_least_one_and_at_most_half():
+    assert [truncation_count(k, 0.25) for k in (2, 3, 4, 8, 9, 16)] == [1, 1, 1, 2, 2, 4]
+    assert truncation_count(4, 0.5) == 2 and truncation_count(5, 0.9) == 2 and truncation_count(10, 0.01) == 1
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ConfigError, match=f"--truncation-fraction {bad}"):
+            truncation_count(4, bad)
+
+
+def test_ranking_puts_nan_last_and_breaks_ties_by_trainer():
+    nan = math.nan
+    assert rank_trainers([0.5, 0.9, nan, 0.5, 0.1], "accuracy") == [1, 0, 3, 4, 2]
+    assert rank_trainers([0.5, 0.9, nan, 0.5, 0.1], "loss") == [4, 0, 3, 1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(scores=st.lists(st.one_of(st.floats(0, 1), st.just(math.nan), st.sampled_from([0.25, 0.5])), min_size=1,
+                       max_size=12),
+       metric=st.sampled_from(["accuracy", "loss"]), fraction=st.floats(0.01, 0.99), seed=st.integers(0, 2**31),
+       round_index=st.integers(0, 10**5))
+def test_truncation_plan_moves_top_models_to_the_bottom(scores, metric, fraction, seed, round_index):
+    plan = truncation_plan(scores, metric, fraction, seed, round_index)
+    assert plan == truncation_plan(list(scores), metric, fraction, seed, round_index)  # same on every rank
+    k = len(scores)
+    order = rank_trainers(scores, metric)
+    q = truncation_count(k, fraction) if k > 1 else 0
+    top, bottom = set(order[:q]), set(order[k - q:])
+    assert set(plan) <= bottom and set(plan.values()) <= top and not top & bottom
+    assert len(set(plan.values())) == len(plan)  # each top model copied at most once
+    for b, d in plan.items():
+        assert partner_wins(scores[b], scores[d], metric)  # only a strictly better (non-NaN) model is taken
+    if k > 1 and all(not math.isnan(x) for x in scores) and len(set(scores)) == k:
+        assert len(plan) == q  # distinct scores: every bottom trainer takes a top model
+
+
+def test_truncation_plan_is_seeded():
+    scores = [0.9, 0.8, 0.1, 0.2, 0.7, 0.3]  # top (0.5): 0, 1, 4; bottom: 5, 3, 2
+    plans = {tuple(sorted(truncation_plan(scores, "accuracy", 0.5, 0, r).items())) for r in range(30)}
+    assert len(plans) > 1 and all(dict(p).keys() == {2, 3, 5} and set(dict(p).values()) == {0, 1, 4} for p in plans)
+    assert truncation_plan([0.5, 0.5], "accuracy", 0.5, 0, 0) == {}  # a tie keeps the own model
+    assert truncation_plan([0.5], "accuracy", 0.5, 0, 0) == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(length=st.integers(0, 2**42), block=st.integers(1, exchange.MAX_BLOCK))
+def test_blocks_cover_any_length_in_messages_one_count_can_name(length, block):
+    if length // block > 2000:  # keep the list small; the arithmetic is the same
+        block = max(block, length // 2000 + 1)
+        if block > exchange.MAX_BLOCK:
+            return
+    parts = exchange.blocks(length, block)
+    assert parts[0][0] == 0 and parts[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert all(0 < hi - lo <= block for lo, hi in parts) or parts == [(0, 0)]
+
+
+def test_blocks_of_a_state_over_2_gib_stay_under_the_count_limit():
+    # The default block for a 5 GiB + 3 state: every message is a legal MPI count of bytes.
+    parts = exchange.blocks(5 * 2**30 + 3)
+    assert len(parts) == 6 and max(hi - lo for lo, hi in parts) == exchange.BLOCK < 2**31 - 1
+    assert parts[-1] == (5 * 2**30, 5 * 2**30 + 3)
+    for bad in (0, 2**31):
+        with pytest.raises(ValueError, match="block="):
+            exchange.blocks(10, bad)
+
+
+def test_unpack_runs_no_code_and_a_damaged_state_is_named():
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    import io
+    import pickle
+
+    buf = io.BytesIO()
+    torch.save({"model": Payload()}, buf)  # what a hostile peer could send
+    with pytest.raises(pickle.UnpicklingError):
+        exchange.unpack(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+    data = exchange.pack({"w": torch.arange(10)})
+    header = exchange._header(data)
+    damaged = data.copy()
+    damaged[-5] ^= 1
+    with pytest.raises(exchange.ExchangeError, match="received from rank 3 is damaged"):
+        exchange._check(damaged, header, 3)
+
+
+def test_explore_names_and_values_are_checked():
+    assert hparams.parse("lr, momentum") == ("lr", "momentum") and hparams.parse("") == ()
+    for bad in ("lr,lr", "beta", "lr,,momentum"):
+        with pytest.raises(ConfigError, match="--explore"):
+            hparams.parse(bad)
+    with pytest.raises(ConfigError, match="--weight-decay > 0"):
+        hparams.check(("weight_decay",), {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9})
+    with pytest.raises(ConfigError, match="--momentum in"):
+        hparams.check(("momentum",), {"lr": 0.1, "weight_decay": 0.0, "momentum": 1.0})
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31), trainer=st.integers(0, 64), round_index=st.integers(0, 10**4),
+       lr=st.floats(1e-5, 1.0), wd=st.floats(1e-6, 0.1), momentum=st.floats(0.0, 0.99))
+def test_exploration_is_seeded_and_bounded(seed, trainer, round_index, lr, wd, momentum):
+    given_values = {"lr": lr, "weight_decay": wd, "momentum": momentum}
+    names = hparams.EXPLORABLE
+    start = hparams.initial(given_values, names, seed, trainer)
+    assert start == hparams.initial(given_values, names, seed, trainer)
+    assert 1 / 3.0001 <= start["lr"] / lr <= 3.0001 and 1 / 3.0001 <= start["weight_decay"] / wd <= 3.0001
+    assert 0.0 <= start["momentum"] < 1.0
+    assert hparams.initial(given_values, ("momentum",), seed, trainer)["lr"] == lr  # only the named ones move
+    # Exploring one more name does not move the others' draws.
+    assert hparams.initial(given_values, ("lr",), seed, trainer)["lr"] == start["lr"]
+    after = hparams.perturb(start, names, seed, round_index, trainer)
+    assert after == hparams.perturb(start, names, seed, round_index, trainer)
+    assert after["lr"] / start["lr"] == pytest.approx(0.8) or after["lr"] / start["lr"] == pytest.approx(1.25)
+    assert 0.0 <= after["momentum"] < 1.0
+    assert hparams.perturb(start, (), seed, round_index, trainer) == start
+
+
+def test_trainers_start_from_different_values():
+    given_values = {"lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}
+    lrs = {hparams.initial(given_values, ("lr",), 0, k)["lr"] for k in range(8)}
+    assert len(lrs) == 8 and min(lrs) < 0.01 < max(lrs)
+
+
 # --- one side of a match, in-process ----------------------------------------------------------
 
 
@@ -168,7 +297,7 @@ def self_trainer(tmp_path):
             w.append(gen.integers(lo, lo + 100, (4, 4, 1), dtype=np.uint8), i % 2, f"s{i}", i)
     tf = ImageTransform((4, 4), 1, (0.5,), (0.25,))
     with init_distributed(MPI.COMM_SELF) as ctx, DataStore(MPI.COMM_SELF, path, batch_size=16, seed=0) as store, \
-            StoreLoader(store, transform=tf, num_threads=1, size=(4, 4)) as loader:
+            StoreLoader(store, transform=tf, decode_threads=1, size=(4, 4)) as loader:
         torch.manual_seed(0)
         model = build_model("small_cnn", 1, 2, (4, 4))
         opt = make_optimizer("adam", model.parameters(), lr=0.01)
@@ -221,6 +350,48 @@ def test_duel_keeps_the_better_model_with_its_optimizer_state(self_trainer):
     assert trainer.ddp.module is trainer.model
 
 
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_hyperparameters_travel_in_the_state_and_take_effect(self_trainer, name):
+    from training.optim import Schedule, make_optimizer, make_scheduler
+
+    trainer, loader = self_trainer
+    opt = make_optimizer(name, trainer.model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+    trainer.optimizer, trainer.scheduler = opt, make_scheduler(opt, Schedule("cosine", total=40))
+    for images, labels in loader.epoch(0):
+        trainer.train_step(images, labels, 16)
+    state = _copy(trainer.state_dict())
+    before = hparams.get(state)
+    assert before == pytest.approx({"lr": 0.02, "weight_decay": 1e-4, "momentum": 0.9})
+    assert state_crc(hparams.put(state, before)) == state_crc(state)  # putting the same values changes nothing
+    values = {"lr": 0.005, "weight_decay": 2e-4, "momentum": 0.8}
+    moved = _copy(hparams.put(state, values))
+    assert hparams.get(moved) == values and hparams.get(state) == before  # a copy; the original is untouched
+    trainer.load_state_dict(moved)  # what a trainer does after taking a model: the new values are in force
+    in_force = trainer.optimizer.param_groups[0]["lr"]
+    assert in_force == pytest.approx(state["optimizer"]["param_groups"][0]["lr"] * 0.25)
+    for images, labels in loader.epoch(1):
+        trainer.train_step(images, labels, 16)
+    group = trainer.optimizer.param_groups[0]
+    assert trainer.scheduler.base_lrs[0] == 0.005 and group["weight_decay"] == 2e-4
+    assert (group["betas"][0] if name == "adam" else group["momentum"]) == 0.8
+    # The schedule continues from where it was, on the new base.
+    assert group["lr"] == pytest.approx(0.005 * trainer.scheduler.lr_lambdas[0](trainer.scheduler.last_epoch))
+
+
+def test_exchange_in_blocks_on_comm_self(self_trainer):
+    # sendrecv to itself on COMM_SELF: the trainer's real state in 512-byte blocks, read back intact.
+    from mpi4py import MPI
+
+    trainer, _ = self_trainer
+    state = trainer.state_dict()
+    data = exchange.pack(state)
+    assert data.size > 20 * 512
+    got = exchange.sendrecv(MPI.COMM_SELF, data, 0, 5, block=512)
+    assert np.array_equal(got, data) and state_crc(exchange.unpack(got)) == state_crc(state)
+    empty = exchange.sendrecv(MPI.COMM_SELF, data[:0], 0, 5, block=512)
+    assert empty.size == 0
+
+
 # --- real tournaments under mpiexec ------------------------------------------------------------
 
 pytest_mpi = pytest.mark.mpi
@@ -228,8 +399,9 @@ SEED = 1
 # digits: 1438 training samples; 2 trainers -> 719 each, 72 of them the tournament set, 647 to
 # train on; global batch 32 -> 21 steps per epoch, 42 in 2 epochs; a round every 7 steps -> 6
 # rounds, the last at the very last step (so each trainer's final checkpoint is the model it kept).
+# Exploring the learning rate: a trainer that takes its partner's model perturbs the rate that came with it.
 RUN = ["--epochs", "2", "--batch-size", "32", "--ltfb-round", "7", "--ltfb-metric", "loss", "--seed", str(SEED),
-       "--deterministic", "--no-progress"]
+       "--explore", "lr", "--deterministic", "--no-progress"]
 STEPS, ROUND = 42, 7
 
 
@@ -276,6 +448,7 @@ def test_two_trainers_of_two_ranks_play_a_logged_tournament(two_by_two):
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in records
                    for key in ("own_score", "partner_score", "seconds"))
         _check_round(records, 2, SEED, "loss")
+        _check_explore(records, SEED, ("lr",))
     first = {r["trainer"]: r["crc_own"] for r in rounds[0]}
     assert first[0] != first[1], "the trainers started from the same model (seed + trainer index)"
     assert any(r["winner"] == "partner" for r in log), "no trainer ever took its partner's model"
@@ -295,7 +468,7 @@ def test_two_trainers_of_two_ranks_play_a_logged_tournament(two_by_two):
         assert len(test) == 1 and test[0]["test_samples"] == 359
         ck = torch.load(run_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
         assert ck["global_step"] == STEPS
-        assert state_crc({key: ck[key] for key in ("model", "optimizer", "scheduler")}) == last[k]["crc_kept"]
+        assert state_crc({key: ck[key] for key in ("model", "optimizer", "scheduler")}) == last[k]["crc_held"]
         assert f"trainer {k}: test accuracy" in res.stdout, res.stdout
     assert "best: trainer" in res.stdout and "tournament round 5 at step 42" in res.stdout, res.stdout
 
@@ -312,7 +485,7 @@ def test_an_interrupted_tournament_resumes_exactly(two_by_two, tmp_path, cache):
     res = run_mpi(4, base + ["--resume", "auto"], timeout=150, env=env)
     assert "resumed from" in res.stdout and "at epoch 0, step 10" in res.stdout, res.stdout
     keys = ("round", "global_step", "trainer", "partner", "own_score", "partner_score", "kept", "crc_own",
-            "crc_partner", "crc_kept")
+            "crc_partner", "crc_kept", "crc_held", "hparams")
     want = [{k: r[k] for k in keys} for r in read_jsonl(ref_dir / "tournament.jsonl")]
     got = [{k: r[k] for k in keys} for r in read_jsonl(tmp_path / "tournament.jsonl")]
     assert got == want
@@ -345,3 +518,108 @@ def test_trainers_that_do_not_divide_the_ranks_end_the_job(tmp_path):
     assert "error on rank" in res.stderr and "--trainers 3 does not divide the job's 2 MPI rank(s)" in res.stderr, \
         res.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- the blocked exchange, truncation and exploration under mpiexec ---------------------------
+
+
+@pytest_mpi
+def test_states_cross_in_many_small_blocks_between_ranks():
+    # Both directions at once (sizes differ, so one side runs out of blocks first) and one way, in
+    # 1000-byte messages: the same loop that cuts a > 2 GiB state into 1 GiB messages.
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "ltfb_scenarios" / "exchange.py"
+    res = run_mpi(2, ["python", str(script), "1000"], timeout=90)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [r["rank"] for r in out] == [0, 1]
+    assert out[0]["blocks"] > 30 and out[1]["blocks"] > 2 * out[0]["blocks"], out
+    assert all(r["swapped_intact"] for r in out) and out[0]["one_way_intact"] is True, out
+
+
+# 4 trainers x 1 rank: 1438 / 4 = 359 each, 36 of them the tournament set, 323 to train on; global
+# batch 16 -> 21 steps in one epoch; a round every 3 steps -> 7 rounds, the last at the last step.
+TRUNC = ["--epochs", "1", "--batch-size", "16", "--ltfb-round", "3", "--ltfb-strategy", "truncation",
+         "--truncation-fraction", "0.5", "--explore", "lr,momentum", "--lr", "0.01", "--seed", "3",
+         "--deterministic", "--no-progress"]
+TRUNC_STEPS, TRUNC_ROUND, EXPLORE = 21, 3, ("lr", "momentum")
+
+
+@pytest.fixture(scope="module")
+def four_truncating(tmp_path_factory, cache):
+    run_dir = tmp_path_factory.mktemp("ltfb_trunc")
+    res = run_mpi(4, ["dstore", "train", "--trainers", "4", "--run-dir", str(run_dir)] + TRUNC, timeout=150,
+                  env={"DSTORE_CACHE": str(cache)})
+    return run_dir, res
+
+
+def _check_explore(records, seed, names=EXPLORE):
+    """A trainer that took a model carries the donor's values times its seeded factor; the others
+    keep theirs; what it holds differs from what it took only by those values."""
+    by = {r["trainer"]: r for r in records}
+    for k, r in by.items():
+        if r["kept"] == k:
+            assert r["hparams"] == r["hparams_own"] and r["crc_held"] == r["crc_kept"], r
+        else:
+            want = hparams.perturb(by[r["kept"]]["hparams_own"], names, seed, r["round"], k)
+            assert r["hparams"] == pytest.approx(want, rel=1e-12) and r["crc_held"] != r["crc_kept"], r
+            assert r["hparams"]["weight_decay"] == by[r["kept"]]["hparams_own"]["weight_decay"]  # not explored
+
+
+@pytest_mpi
+def test_truncation_with_exploration_logs_what_each_trainer_took(four_truncating):
+    run_dir, res = four_truncating
+    log = read_jsonl(run_dir / "tournament.jsonl")
+    rounds = {}
+    for r in log:
+        rounds.setdefault(r["round"], []).append(r)
+    assert sorted(rounds) == list(range(TRUNC_STEPS // TRUNC_ROUND)), log
+    took = 0
+    for i, records in rounds.items():
+        by = {r["trainer"]: r for r in records}
+        assert sorted(by) == [0, 1, 2, 3] and {r["global_step"] for r in records} == {(i + 1) * TRUNC_ROUND}
+        scores = [by[k]["own_score"] for k in range(4)]
+        plan = truncation_plan(scores, "accuracy", 0.5, 3, i)  # recomputed from the logged scores alone
+        for k, r in by.items():
+            assert r["strategy"] == "truncation" and r["ranks_agree"] is True
+            assert r["position"] == rank_trainers(scores, "accuracy").index(k)
+            assert r["sent_to"] == sorted(b for b, d in plan.items() if d == k), (plan, r)
+            if k in plan:
+                assert r["kept"] == r["partner"] == plan[k] and r["winner"] == "partner"
+                assert r["crc_partner"] == by[plan[k]]["crc_own"]  # received what the donor had
+                assert r["crc_kept"] == by[plan[k]]["crc_own"]  # and holds exactly that (before exploring)
+                took += 1
+            else:
+                assert r["kept"] == k and r["crc_kept"] == r["crc_own"] and r["crc_partner"] is None, r
+        _check_explore(records, 3)
+    assert took >= 3, "the bottom trainers hardly ever took a model"
+    configs = [json.loads((run_dir / f"trainer{k}" / "config.json").read_text())["config"] for k in range(4)]
+    starts = [hparams.initial({"lr": 0.01, "weight_decay": 0.0, "momentum": 0.9}, EXPLORE, 3, k) for k in range(4)]
+    assert [(c["lr"], c["momentum"]) for c in configs] == [(s["lr"], s["momentum"]) for s in starts]
+    assert [r["hparams_own"]["lr"] for r in rounds[0]] == pytest.approx([s["lr"] for s in starts], rel=1e-12)
+    last = {r["trainer"]: r for r in rounds[TRUNC_STEPS // TRUNC_ROUND - 1]}
+    for k in range(4):  # each final checkpoint: the state the last round says the trainer holds
+        ck = torch.load(run_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
+        state = {key: ck[key] for key in ("model", "optimizer", "scheduler")}
+        assert ck["global_step"] == TRUNC_STEPS and state_crc(state) == last[k]["crc_held"]
+        assert hparams.get(state) == pytest.approx(last[k]["hparams"], rel=1e-12)
+    assert "exploring lr, momentum: trainers start from" in res.stdout, res.stdout
+
+
+@pytest_mpi
+def test_truncation_with_exploration_resumes_exactly(four_truncating, tmp_path, cache):
+    ref_dir, _ = four_truncating
+    base = ["dstore", "train", "--trainers", "4", "--run-dir", str(tmp_path)] + TRUNC
+    env = {"DSTORE_CACHE": str(cache)}
+    run_mpi(4, base + ["--stop-after-steps", "8"], timeout=150, env=env)  # rounds 0 and 1 played
+    res = run_mpi(4, base + ["--resume", "auto"], timeout=150, env=env)
+    assert "at epoch 0, step 8" in res.stdout, res.stdout
+    keys = ("round", "trainer", "partner", "own_score", "kept", "crc_own", "crc_kept", "crc_held", "hparams")
+    want = [{k: r[k] for k in keys} for r in read_jsonl(ref_dir / "tournament.jsonl")]
+    assert [{k: r[k] for k in keys} for r in read_jsonl(tmp_path / "tournament.jsonl")] == want
+    for k in range(4):
+        a = torch.load(ref_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
+        b = torch.load(tmp_path / f"trainer{k}" / "checkpoint.pt", weights_only=True)
+        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == \
+            state_crc({key: b[key] for key in ("model", "optimizer", "scheduler")})
+

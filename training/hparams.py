@@ -98,10 +98,10 @@ def put(state: dict, values: dict) -> dict:
     optimizer["param_groups"] = [copy.copy(g) for g in optimizer["param_groups"]]
     sched = copy.copy(state.get("scheduler"))
     ratio = values["lr"] / old["lr"] if old["lr"] > 0 else 1.0
-    for g in optimizer["param_groups"]:
+    for i, g in enumerate(optimizer["param_groups"]):
         g["lr"] = g["lr"] * ratio
-        if "initial_lr" in g:
-            g["initial_lr"] = g["initial_lr"] * ratio
+        if "initial_lr" in g:  # the first group's base is the value itself, not old x ratio (rounding)
+            g["initial_lr"] = values["lr"] if i == 0 else g["initial_lr"] * ratio
         g["weight_decay"] = values["weight_decay"]
         if "betas" in g:
             g["betas"] = (values["momentum"], *tuple(g["betas"])[1:])
@@ -111,6 +111,8 @@ def put(state: dict, values: dict) -> dict:
         for key in ("base_lrs", "_last_lr"):
             if sched.get(key) is not None:
                 sched[key] = [v * ratio for v in sched[key]]
+        if sched.get("base_lrs"):
+            sched["base_lrs"][0] = values["lr"]
     return {**state, "optimizer": optimizer, "scheduler": sched}
 
 
