@@ -507,3 +507,25 @@ def test_a_fifo_as_an_array_source_is_refused(tmp_path):
                        f"try:\n    open_source({str(tmp_path / name)!r})\nexcept SampleError as e:\n    print('REFUSED', e)\n",
                        timeout=20)
         assert "REFUSED" in res.stdout and "not a regular file" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.fixture()
+def tiny_fs(tmp_path):
+    """A 100 KiB tmpfs: writes fail with ENOSPC."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_disk_full_is_one_line_and_leaves_nothing(tiny_fs, fmt):
+    np.save(tiny_fs.parent / "x.npy", np.random.default_rng(0).integers(0, 256, (300, 32, 32), dtype=np.uint8))
+    res = dstore("ingest", tiny_fs.parent / "x.npy", tiny_fs / "out", "--format", fmt, "--no-progress")
+    one_clear_error(res, str(tiny_fs / "out"), "No space left on device")
+    assert os.listdir(tiny_fs) == []

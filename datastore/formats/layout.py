@@ -3,6 +3,7 @@ buffers, and the temporary-name/rename protocol (the layout itself is specified 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -535,11 +536,28 @@ class StreamingWriter(ContainerWriter):
 
     def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None) -> int:
         self._check_open()
-        return self._buf.append(data, label, name, source_index, checksum)
+        with self._storage_errors():
+            return self._buf.append(data, label, name, source_index, checksum)
 
     def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None) -> None:
         self._check_open()
-        self._buf.extend(data, sizes, labels, names, source_index, checksums)
+        with self._storage_errors():
+            self._buf.extend(data, sizes, labels, names, source_index, checksums)
+
+    @contextlib.contextmanager
+    def _storage_errors(self):
+        """A failed write (disk full, I/O error; h5py reports some as RuntimeError) becomes an
+        OutputError naming the container and the system's reason."""
+        try:
+            yield
+        except DStoreError:
+            raise
+        except (OSError, RuntimeError) as exc:
+            text = str(exc)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
+                "No space left on device" if "No space left" in text or "errno = 28" in text else text)
+            raise OutputError(f"{self.path}: cannot write the container (its temporary {self._tmp}): "
+                              f"{reason}") from exc
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -550,8 +568,10 @@ class StreamingWriter(ContainerWriter):
             raise ConfigError(f"cannot commit {self.path}: the writer is {self._state}")
         try:
             buf = self._buf
-            self._finish(buf, make_attrs(**self._meta, num_samples=buf.num_samples, total_bytes=buf.total_bytes))
-            move_into_place(self._tmp, self.path, self._overwrite)
+            with self._storage_errors():
+                self._finish(buf, make_attrs(**self._meta, num_samples=buf.num_samples,
+                                             total_bytes=buf.total_bytes))
+                move_into_place(self._tmp, self.path, self._overwrite)
         except BaseException:
             self.abort()
             raise
