@@ -191,3 +191,32 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
         force_unmount(str(mp))
     assert not is_mounted(str(mp)) and str(mp) not in stale_mounts()
     check_mountpoint(str(mp))  # usable again
+
+
+def test_mount_does_not_outlive_a_killed_owner(source):
+    """The process that opened pfs_mount is SIGKILLed (as an aborted MPI rank is): the file system
+    notices, unmounts and exits instead of serving forever."""
+    code = ("import sys, time; from tools.pfs import pfs_mount, PfsModel\n"
+            f"m = pfs_mount({str(source)!r}, model=PfsModel()).__enter__()\n"
+            "print(m.mountpoint, m._proc.pid, flush=True); time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        mp, fs_pid = owner.stdout.readline().split()
+        assert is_mounted(mp)
+        owner.kill()
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while is_mounted(mp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_mounted(mp)
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(fs_pid), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the file system process {fs_pid} is still running")
+    finally:
+        if owner.poll() is None:
+            owner.kill()

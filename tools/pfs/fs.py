@@ -119,8 +119,33 @@ def check_source(source: str) -> str:
     return os.path.realpath(source)
 
 
+def _watch_parent(pid: int, mountpoint: str, poll: float = 0.5) -> None:
+    """Unmounts (lazily) once process `pid` is gone, which ends the FUSE loop: a mount started by a
+    bench or test process that was killed (MPI abort, SIGKILL) does not outlive it."""
+    import subprocess
+    import threading
+
+    from tools.pfs.mount import fusermount
+
+    def watch():
+        while True:
+            time.sleep(poll)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                continue
+        prog = fusermount()
+        if prog:
+            subprocess.run([prog, "-u", "-z", mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
+
+    threading.Thread(target=watch, daemon=True, name="pfs-watch-parent").start()
+
+
 def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | None = None,
-          ready_message: bool = True) -> dict:
+          ready_message: bool = True, watch_pid: int | None = None) -> dict:
     """Mounts SOURCE at MOUNTPOINT with the model and serves in the foreground until SIGINT/SIGTERM
     (libfuse's handlers end the loop and unmount). Returns the counters, also written as JSON to
     `stats_path` if given.
@@ -140,6 +165,8 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
     if ready_message:
         print(f"dstore pfs: serving {source} at {mountpoint} with {params.describe()} "
               "(Ctrl-C or SIGTERM unmounts)", flush=True)
+    if watch_pid:
+        _watch_parent(watch_pid, mountpoint)
     t0 = time.monotonic()
     error = None
     try:
@@ -203,10 +230,12 @@ def main(argv=None) -> int:
     p.add_argument("source")
     p.add_argument("mountpoint")
     p.add_argument("--stats-json", default=None)
+    p.add_argument("--watch-pid", type=int, default=None, help="unmount when this process is gone")
     add_model_arguments(p)
     args = p.parse_args(argv)
     try:
-        stats = serve(args.source, args.mountpoint, model_from_args(args), stats_path=args.stats_json)
+        stats = serve(args.source, args.mountpoint, model_from_args(args), stats_path=args.stats_json,
+                      watch_pid=args.watch_pid)
     except ConfigError as exc:
         print(f"dstore pfs: error: {exc}", file=sys.stderr, flush=True)
         return 2

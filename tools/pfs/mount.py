@@ -209,7 +209,7 @@ class PfsMount:
         self._stats_path = os.path.join(self._tmp, "stats.json")
         self._log_path = os.path.join(self._tmp, "log.txt")
         cmd = [sys.executable, "-m", "tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
-               "--stats-json", self._stats_path]
+               "--stats-json", self._stats_path, "--watch-pid", str(os.getpid())]
         with open(self._log_path, "w") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=_child_env(), start_new_session=True)
