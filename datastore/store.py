@@ -169,6 +169,25 @@ class DataStore:
                  memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.container, self._owns_container = None, False
+        exc = None
+        try:  # an argument bad on one rank only must fail every rank, not leave them in populate()
+            self._setup(container, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                        partial_fraction=partial_fraction, population=population, replicate=replicate,
+                        prefetch=prefetch, drop_last=drop_last, sample_range=sample_range,
+                        memory_budget=memory_budget, node_views=node_views, overflow=overflow,
+                        storage_lookahead=storage_lookahead, storage_threads=storage_threads)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
+            exc = e
+        try:
+            agree(comm, exc)
+        except BaseException:
+            self._close_container()
+            raise
+
+    def _setup(self, container, *, batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
+               drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
+               storage_threads) -> None:
         self.batch_size = _positive_int("batch_size", batch_size)
         self.seed = shuffle_mod.check_seed(seed)
         if shuffle not in shuffle_mod.POLICIES:
@@ -277,12 +296,14 @@ class DataStore:
         else:
             data, cap = int(self.layout.nbytes[self.rank]), budget
         key = (self.num_samples, int(self.offsets[-1]), self.batch_size, self.seed, self.policy,
-               self.partial_fraction, self.drop_last, self.population, self.replicate, self.start, self.stop)
+               self.partial_fraction, self.drop_last, self.population, self.replicate, self.start, self.stop,
+               self.prefetch, self.overflow, self.storage_lookahead)
         rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks, key))
         odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
         if odd:  # ranks that disagree on the plan would exchange garbage or wait forever
             names = ("num_samples", "total_bytes", "batch_size", "seed", "shuffle", "partial_fraction",
-                     "drop_last", "population", "replicate", "sample_start", "sample_stop")
+                     "drop_last", "population", "replicate", "sample_start", "sample_stop", "prefetch",
+                     "overflow", "storage_lookahead")
             diff = {n: (a, b) for n, a, b in zip(names, rows[0][5], rows[odd[0]][5]) if a != b}
             raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
         msg = budget_error([row[:5] for row in rows], offsets=self.offsets, bufs=bufs,
@@ -352,7 +373,9 @@ class DataStore:
                 self._arena = Arena(nodecomm, int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0,
                                     shared=True)
             else:
-                peers = nodecomm.allgather(self.rank) if self.node_views else [self.rank]
+                peers = nodecomm.allgather(self.rank)  # always: node_views may differ between ranks
+                if not self.node_views:
+                    peers = [self.rank]
                 nodecomm.Free()
                 self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
@@ -544,6 +567,7 @@ class DataStore:
         if self._resume is not None and self._resume[0] == e:
             first = self._resume[1]
         self._resume = None
+        self._check_same_epoch(e, first)
         sched = self.schedule(e)
         ids_all = sched.ids
         lazy = False
@@ -703,6 +727,18 @@ class DataStore:
         self._active = None
         log.info("epoch %d rank %d/%d: %s", e, self.rank, self.size,
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.items()))
+
+    def _check_same_epoch(self, e: int, first: int) -> None:
+        """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
+        (ranks in different epochs would serve wrong batches without any other error)."""
+        rows = self.comm.allgather((e, first))
+        if any(r != rows[0] for r in rows):
+            odd = next(i for i, r in enumerate(rows) if r != rows[0])
+            exc = ConfigError(f"ranks iterate different epochs: rank 0 epoch {rows[0][0]} from step {rows[0][1]}, "
+                              f"rank {odd} epoch {rows[odd][0]} from step {rows[odd][1]}; every rank must iterate "
+                              f"the same epochs (and load the same state_dict)")
+            setattr(exc, AGREED, True)  # every rank saw the same rows
+            raise exc
 
     def gather_stats(self) -> list:
         """Collective: every rank's `stats` dict, in rank order."""

@@ -189,3 +189,61 @@ def test_a_storage_read_failing_mid_epoch_on_one_rank_ends_the_job_on_every_rank
     assert sorted(x.split()[1] for x in lines) == ["0", "1", "2"], out
     assert all("FormatError" in x and path in x and f"sample {i} (s{i})" in x for x in lines), out
     assert sum("(on rank " in x for x in lines) == 2, out  # one rank failed; the others were told
+
+
+_DISAGREEING = (
+    "import sys\n"
+    "from mpi4py import MPI\n"
+    "from datastore.store import DataStore\n"
+    "comm, path = MPI.COMM_WORLD, sys.argv[1]\n"
+    "r = comm.rank\n"
+    "cases = {\n"
+    "    'batch_size below the ranks on one rank': dict(batch_size=12 if r else 1),\n"
+    "    'sample_range bad on one rank': dict(batch_size=12, sample_range=(0, 10**9) if r else None),\n"
+    "    'prefetch differs': dict(batch_size=12, prefetch=r),\n"
+    "}\n"
+    "for name, kw in cases.items():\n"
+    "    try:\n"
+    "        with DataStore(comm, path, **kw) as st:\n"
+    "            for b in st.epoch(0):\n"
+    "                pass\n"
+    "    except Exception as exc:\n"
+    "        print(f'\\n{name} | rank {r} | {type(exc).__name__}: {exc}', flush=True)\n"
+    "# node_views may differ: it only says how this rank reads its node peers' samples\n"
+    "with DataStore(comm, path, batch_size=12, node_views=r == 0) as st:\n"
+    "    n = sum(len(b) for b in st.epoch(0))\n"
+    "    print(f'\\nnode_views differ | rank {r} | served {comm.allreduce(n)}', flush=True)\n"
+    "    try:\n"
+    "        for b in st.epoch(1 + r):\n"
+    "            pass\n"
+    "    except Exception as exc:\n"
+    "        print(f'\\nepochs differ | rank {r} | {type(exc).__name__}: {exc}', flush=True)\n"
+    "print(f'\\nrank {r} finished', flush=True)\n"
+)
+
+
+@pytest.mark.mpi
+def test_ranks_that_disagree_fail_together_or_are_served_alike(container, tmp_path):
+    # Issue 11 defect 3, in a plain script (no `-m mpi4py` to abort the job): an argument bad on
+    # one rank only, or different arguments that change the plan, raise on every rank (they hung:
+    # the others waited in populate()); node_views differing works (it deadlocked); ranks in
+    # different epochs raise on every rank (they served wrong batches silently).
+    script = tmp_path / "disagree.py"
+    script.write_text(_DISAGREEING)
+    res = run_mpi(2, ["python", str(script), container], timeout=90, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    lines = res.stdout.splitlines()
+    for r in (0, 1):
+        assert f"rank {r} finished" in lines, out
+
+    def said(case, r):
+        return next((x.split(" | ", 2)[2] for x in lines if x.startswith(f"{case} | rank {r} |")), None)
+
+    for r in (0, 1):
+        assert "ConfigError" in said("batch_size below the ranks on one rank", r) and "batch_size" in said(
+            "batch_size below the ranks on one rank", r), out
+        assert "sample_range" in said("sample_range bad on one rank", r), out
+        assert "differ between ranks" in said("prefetch differs", r) and "prefetch" in said("prefetch differs", r), out
+        assert said("node_views differ", r) == "served 158", out  # 157 samples and one pad
+        assert "ConfigError" in said("epochs differ", r) and "different epochs" in said("epochs differ", r), out
