@@ -54,6 +54,10 @@ log = logging.getLogger("datastore.store")
 
 POPULATIONS = ("preload", "dynamic")
 
+READER_INDEX_BYTES = 28
+"""Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
+indices, uint32 checksums): what each storage thread's reader holds."""
+
 PRELOAD_SCRATCH = 8 << 20
 """Bytes of the piece a tiered preload reads its block through, keeping only the resident samples."""
 
@@ -314,9 +318,12 @@ class DataStore:
             raise MemoryBudgetError(msg)
 
     def _tier_buffers(self, bufs: int) -> int:
-        """Bytes a rank holds besides resident data when tiered: receive buffers and storage buffers
-        (the preload's scratch piece is no larger than these and is gone before they exist)."""
-        return bufs + (self.storage_lookahead + 1) * self._recv_bound()
+        """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers
+        (the preload's scratch piece is no larger than these and is gone before they exist), and
+        the index arrays (offsets, labels, checksums, source indices) of each storage thread's own
+        reader of the container."""
+        index = READER_INDEX_BYTES * int(self.container.num_samples)
+        return bufs + (self.storage_lookahead + 1) * self._recv_bound() + self.storage_threads * index
 
     def tier_overhead(self) -> int:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
