@@ -182,7 +182,7 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
         r = subprocess.run([sys.executable, "-m", "tools", "pfs", str(source), str(mp)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "stale" in r.stderr and f"-u {mp}" in r.stderr, r.stderr
-        r = subprocess.run([sys.executable, "-m", "tools", "pfs", "--find-stale", "-", "-"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "tools", "pfs", "--find-stale"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and str(mp) in r.stdout, r.stdout
     finally:

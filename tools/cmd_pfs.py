@@ -10,8 +10,8 @@ HELP = ("serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-
 def add_arguments(p) -> None:
     from tools.pfs.fs import add_model_arguments
 
-    p.add_argument("source", metavar="SOURCE", help="the directory to serve")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory to mount it at")
+    p.add_argument("source", metavar="SOURCE", nargs="?", help="the directory to serve")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an existing directory to mount it at")
     add_model_arguments(p)
     p.add_argument("--stats-json", default=None, help="also write what was served to this JSON file on exit")
     p.add_argument("--find-stale", action="store_true",
@@ -29,6 +29,10 @@ def run(args) -> int:
         if not stale:
             print("no stale dstore pfs mounts")
         return 1 if stale else 0
+    if args.source is None or args.mountpoint is None:
+        from datastore.errors import ConfigError
+
+        raise ConfigError("dstore pfs needs SOURCE and MOUNTPOINT (or --find-stale alone)")
     model = model_from_args(args)
     reason = fuse_available()
     if reason:
