@@ -2,10 +2,11 @@
 
 Every open, stat and readdir pays the open latency, every read request the latency, and each takes
 its tokens from the mount's one iops bucket (reads also from its bandwidth bucket). Direct I/O
-(`direct_io`) keeps the kernel's page cache from hiding the model: every read of every epoch reaches
-it, as does every open; names and attributes are cached for one second (METADATA_CACHE_S). libfuse runs requests on several threads, so
-concurrent readers overlap their latencies but share the caps, as clients of one job share a file
-system. No MPI here: this runs in its own process (`python -m tools.pfs.fs` or `dstore pfs`).
+(`direct_io`) keeps the kernel's page cache from hiding the model: every read of every epoch
+reaches it, as does every open; names and attributes are cached for one second (METADATA_CACHE_S).
+libfuse runs requests on several threads, so concurrent readers overlap their latencies but share
+the caps, as clients of one job share a file system. No MPI here: this runs in its own process
+(`python -m tools.pfs.fs` or `dstore pfs`).
 """
 
 from __future__ import annotations
