@@ -357,7 +357,9 @@ class Tournament:
         record.update(partner=partner, pair=next(list(p) for p in pairs if self.trainer in p))
         blob = exchange.pack(own_state)
         theirs = exchange.unpack(exchange.sendrecv(self.world, blob, self._peer(partner), _TAG, block=self.block))
-        match = duel(trainer, loader, theirs, exchange.unpack(blob), self.metric)
+        own_copy = exchange.unpack(blob)  # shares nothing with the live tensors the partner's state overwrites
+        del blob  # at most four copies of a state at once: live, own bytes, the partner's bytes and state
+        match = duel(trainer, loader, theirs, own_copy, self.metric)
         record.update(crc_partner=state_crc(theirs), own_score=match.own_score, partner_score=match.partner_score,
                       winner="partner" if match.partner_won else "own",
                       kept=partner if match.partner_won else self.trainer)
