@@ -271,6 +271,28 @@ def test_trainers_start_from_different_values():
     assert len(lrs) == 8 and min(lrs) < 0.01 < max(lrs)
 
 
+def test_experiment_variants_and_summary():
+    import argparse
+
+    from tools.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
+
+    opts = argparse.Namespace(trainers=4, round=5, truncation_fraction=0.25, explore="lr", epochs=6, batch_size=32,
+                              lr=0.003, metric="loss", seeds=[0, 1])
+    args = {v: variant_args(v, opts) for v in VARIANTS}
+    assert args["dp"] == ["--trainers", "1"] and "--ltfb-round" not in args["dp"]
+    assert args["independent"][-1] == str(10**9)  # the trainers never meet
+    assert "--ltfb-strategy" not in args["pairwise"] and args["explore"][-2:] == ["--explore", "lr"]
+    assert args["explore"][:-2] == args["truncation"]  # exploration is the only difference
+    runs = [{"variant": "independent", "seed": s, "best": b, "mean": m, "wall_s": w, "models_taken": None}
+            for s, b, m, w in ((0, 0.6, 0.4, 10.0), (1, 0.8, 0.6, 12.0))]
+    runs.append({"variant": "pairwise", "seed": 0, "best": 0.7, "mean": 0.7, "wall_s": 11.0, "models_taken": 3})
+    rows = summarize(runs)
+    assert [r["variant"] for r in rows] == ["independent", "pairwise"]
+    assert rows[0]["best"] == pytest.approx(0.7) and rows[0]["best_sd"] == pytest.approx(math.sqrt(0.02))
+    assert rows[0]["mean"] == pytest.approx(0.5) and rows[1]["best_sd"] == 0.0 and rows[1]["models_taken"] == 3
+    table = markdown(rows, opts)
+    assert "| (b) K independent trainers, 1/K each | 0.7000 ± 0.1414 | 0.5000 ± 0.1414 | – | 11.0 ± 1.4 |" in table
+
 # --- one side of a match, in-process ----------------------------------------------------------
 
 

@@ -79,16 +79,20 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
         raise RuntimeError(f"`{' '.join(cmd)}` exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     dirs = [run_dir] if variant.startswith("dp") else [run_dir / f"trainer{j}" for j in range(opts.trainers)]
     finals, curves = zip(*(_final_and_curve(d / "metrics.jsonl") for d in dirs))
-    taken = None
+    taken = hparams = None
     if variant not in ("dp", "dp_large", "independent"):
         from training.metrics import read_jsonl
 
         log = read_jsonl(run_dir / "tournament.jsonl")
         taken = sum(r["kept"] != r["trainer"] for r in log)
+        if log and "hparams" in log[-1]:  # what each trainer trained with after the last round
+            last = max(r["round"] for r in log)
+            hparams = [r["hparams"] for r in sorted((r for r in log if r["round"] == last), key=lambda r: r["trainer"])]
     return {"variant": variant, "seed": seed, "command": " ".join(cmd[:1] + ["-n", str(opts.trainers), "dstore"]
                                                                    + cmd[cmd.index("train"):]),
             "test_by_trainer": list(finals), "best": max(finals), "mean": statistics.fmean(finals),
-            "best_curve": [max(vals) for vals in zip(*curves)], "models_taken": taken, "wall_s": wall}
+            "best_curve": [max(vals) for vals in zip(*curves)], "models_taken": taken, "final_hparams": hparams,
+            "wall_s": wall}
 
 
 def summarize(runs: list[dict]) -> list[dict]:
