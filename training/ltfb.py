@@ -2,10 +2,11 @@
 models in pairs, and each keeps whichever of the two does better on its own tournament set.
 
 Pure parts (no MPI, tested without mpiexec): the trainer layout, each trainer's share of the data,
-the pairing of a round, the decision rule, a checksum of a trainer's state. `duel` plays one side
-of a match on the ranks of one trainer; `Tournament` is one rank's part in the whole thing (the
-exchange over the world communicator, the log); `train_trainers` runs a job of K trainers (what
-`training.run.train` calls when `cfg.trainers > 1`).
+the pairing of a round, the truncation plan, the decision rule, a checksum of a trainer's state.
+`duel` plays one side of a match on the ranks of one trainer; `Tournament` is one rank's part in the
+whole thing (a round of either strategy, the exchange over the world communicator through
+training.exchange, exploration through training.hparams, the log); `train_trainers` runs a job of K
+trainers (what `training.run.train` calls when `cfg.trainers > 1`).
 """
 
 from __future__ import annotations
