@@ -108,7 +108,7 @@ _FAILING_READ = (
     "            for b in st.epoch(e):\n"
     "                pass\n"
     "except Exception as exc:\n"
-    "    print(f'rank {MPI.COMM_WORLD.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
+    "    print(f'\\nrank {MPI.COMM_WORLD.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
     "    raise\n"
     "print('finished', flush=True)\n"
 )
@@ -158,13 +158,13 @@ _FAILING_STORAGE = (
     "        comm.Barrier()\n"
     "        if comm.rank == 0:\n"
     "            os.truncate(os.path.join(path, 'data', 'c', str(k[i])), int(off[i] - k[i] * chunk))\n"
-    "            print(f'broken sample {i}', flush=True)\n"
+    "            print(f'\\nbroken sample {i}', flush=True)\n"
     "        comm.Barrier()\n"
     "        for e in (0, 1):\n"
     "            for b in st.epoch(e):\n"
     "                pass\n"
     "except Exception as exc:\n"
-    "    print(f'rank {comm.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
+    "    print(f'\\nrank {comm.rank} raised {type(exc).__name__}: {exc}', flush=True)\n"
     "    raise\n"
     "print('finished', flush=True)\n"
 )
@@ -176,7 +176,7 @@ def test_a_storage_read_failing_mid_epoch_on_one_rank_ends_the_job_on_every_rank
     # broken after population, so exactly one rank's storage read fails mid-epoch: it stops and
     # waits in the epoch-end agreement, where the others meet it; every rank raises the error
     # naming that sample, even in a plain script (no `-m mpi4py`).
-    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=4000, fmt="zarr",
+    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr",
                                     chunk_bytes=1 << 16)
     script = tmp_path / "read.py"
     script.write_text(_FAILING_STORAGE)

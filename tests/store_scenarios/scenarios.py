@@ -22,13 +22,13 @@ from datastore.store import DataStore
 BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
 
 
-def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5", large=20000, **options):
+def make_container(path, n=157, seed=0, encoding="image", fmt="hdf5", large=20000, small=2000, **options):
     """A container with varied sample sizes (empty ones included, every fifth up to `large` bytes,
-    the others up to 2000); returns its path. `options` go to the writer (e.g. chunk_bytes)."""
+    the others up to `small`); returns its path. `options` go to the writer (e.g. chunk_bytes)."""
     rng = np.random.default_rng(seed)
     with create_writer(path, fmt, encoding=encoding, class_names=[f"c{i}" for i in range(5)], **options) as w:
         for i in range(n):
-            size = 0 if i % 11 == 3 else int(rng.integers(1, 2000 if i % 5 else large))
+            size = 0 if i % 11 == 3 else int(rng.integers(1, small if i % 5 else large))
             w.append(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), int(rng.integers(0, 5)), f"s{i}", i)
     return path
 
@@ -355,8 +355,8 @@ def tier_container(path):
 
 
 def make_tier_container(path):
-    """1201 samples of 0..4,000 bytes beside `path`, for scenario_tiered; returns its path."""
-    return make_container(tier_container(path), n=1201, seed=1, large=4000)
+    """1201 samples of 0..8,000 bytes beside `path`, for scenario_tiered; returns its path."""
+    return make_container(tier_container(path), n=1201, seed=1, large=8000, small=8000)
 
 
 def _tiered(comm, reader, fraction=0.45, **kw):
