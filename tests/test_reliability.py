@@ -144,8 +144,7 @@ def test_overwrite_of_a_sharded_container(images, tmp_path):
 
 # --- defect 7: a FIFO where a container or shard should be never hangs ------------------------------
 
-@pytest.mark.parametrize("name", ["c.h5", "c"])
-@pytest.mark.parametrize("command", ["info", "verify"])
+@pytest.mark.parametrize("name,command", [("c.h5", "info"), ("c", "verify")])
 def test_a_fifo_as_container_is_refused(tmp_path, name, command):
     fifo = tmp_path / name
     os.mkfifo(fifo)
@@ -572,5 +571,5 @@ def test_kill_9_of_a_rank_during_ingest_ends_the_job_and_leaves_no_container(ima
     out = tmp_path / "out" / "c.h5"
     out.parent.mkdir()
     res = run_mpi(2, ["python", str(script), str(images), str(out)], timeout=90, check=False)
-    assert res.returncode != 0, res.stdout + res.stderr
+    assert res.returncode != 0 and "signal 9" in res.stdout + res.stderr, res.stdout + res.stderr
     assert [n for n in os.listdir(out.parent) if not n.startswith(".")] == []  # at most a dot-temporary
