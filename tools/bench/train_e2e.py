@@ -107,25 +107,29 @@ def main(argv=None) -> int:
 
 
 def markdown(rows: list[dict], args) -> str:
-    by = {(r["spec"], r["loader"]): r for r in rows}
+    """One line per rung in run order (a rung listed twice, to interleave repeats, gets two lines);
+    `store vs local` compares with the mean of the store's local-disk runs."""
     loaders = args.loaders.split(",")
-    local_store = by.get(("local", "store"))
+    local = [r["steady_samples_per_s"] for r in rows if r["spec"] == "local" and r["loader"] == "store"]
+    local_store = sum(local) / len(local) if local else None
     lines = [f"`mpiexec -n {args.ranks} dstore train` ({args.epochs} epochs; steady state = mean of epochs 1..), "
              "samples/s (data wait: the share of the step time spent waiting for the batch):", "",
              "| storage | " + " | ".join(f"--loader {x}" for x in loaders)
              + " | store population | store / best other | store vs store on local disk |",
              "|---|" + "---:|" * (len(loaders) + 3)]
+
     def cell(r):
         waits = [w for w in r["data_wait_frac"][1:] if w is not None] or [0.0]
         return f"{r['steady_samples_per_s']:,.0f} ({sum(waits) / len(waits):.0%})"
 
-    for spec in args.rungs:
-        cells = [cell(by[(spec, x)]) if (spec, x) in by else "-" for x in loaders]
-        store = by.get((spec, "store"))
-        others = [by[(spec, x)]["steady_samples_per_s"] for x in loaders if x != "store" and (spec, x) in by]
+    for i in range(0, len(rows), len(loaders)):
+        group = {r["loader"]: r for r in rows[i:i + len(loaders)]}
+        spec = rows[i]["spec"]
+        cells = [cell(group[x]) if x in group else "-" for x in loaders]
+        store = group.get("store")
+        others = [group[x]["steady_samples_per_s"] for x in loaders if x != "store" and x in group]
         ratio = f"{store['steady_samples_per_s'] / max(others):.2f}x" if store and others else "-"
-        vs = (f"{store['steady_samples_per_s'] / local_store['steady_samples_per_s'] - 1:+.0%}"
-              if store and local_store else "-")
+        vs = f"{store['steady_samples_per_s'] / local_store - 1:+.0%}" if store and local_store else "-"
         pop = f"{store['population_seconds']:.2f} s" if store else "-"
         lines.append(f"| {spec} | " + " | ".join(cells) + f" | {pop} | {ratio} | {vs} |")
     return "\n".join(lines) + "\n"
