@@ -114,17 +114,45 @@ _FAILING_READ = (
 )
 
 
+def _gzip_hdf5_with_a_corrupt_chunk(tmp_path) -> str:
+    """The scenarios' container rewritten with gzip-compressed 64 KiB data chunks (what a user's own
+    HDF5 may hold), chunk 1 (rank 0's block on 2 ranks) overwritten in its middle."""
+    import h5py
+
+    src = scenarios.make_container(str(tmp_path / "src.h5"))
+    path = str(tmp_path / "c.h5")
+    with h5py.File(src, "r") as a, h5py.File(path, "w") as b:
+        for k, v in a.attrs.items():
+            b.attrs[k] = v
+        for name in a:
+            if name == "data":
+                b.create_dataset("data", data=a["data"][()], chunks=(1 << 16,), compression="gzip")
+            else:
+                a.copy(name, b)
+    with h5py.File(path, "r") as b:
+        info = b["data"].id.get_chunk_info(1)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(b"\xff" * 64)
+    return path
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("population,replicate", [("preload", "0"), ("dynamic", "0"), ("preload", "1")])
-def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_path, population, replicate):
-    # Issue 11 defect 1: one rank's read fails (a truncated Zarr data chunk holding only samples of
-    # rank 0's block); that rank used to call the collective Win.Free while the other waited in
-    # publish(): a hang. Run as a plain script (no `-m mpi4py` to abort the job): every rank must
-    # raise an error naming the container and the samples, and the job must end.
+@pytest.mark.parametrize("fault,population,replicate", [("zarr", "preload", "0"), ("zarr", "dynamic", "0"),
+                                                        ("zarr", "preload", "1"), ("gzip", "preload", "0")])
+def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_path, fault, population, replicate):
+    # Issue 11 defect 1: one rank's read fails (a truncated Zarr data chunk, or a corrupt gzip chunk
+    # of an HDF5 file, holding only samples of rank 0's block); that rank used to call the
+    # collective Win.Free while the other waited in publish(): a hang. Run as a plain script (no
+    # `-m mpi4py` to abort the job): every rank must raise an error naming the container and the
+    # samples, and the job must end.
     import os
 
-    path = scenarios.make_container(str(tmp_path / "c.zarr"), fmt="zarr", chunk_bytes=1 << 16)
-    os.truncate(os.path.join(path, "data", "c", "1"), 1000)
+    if fault == "zarr":
+        path = scenarios.make_container(str(tmp_path / "c.zarr"), fmt="zarr", chunk_bytes=1 << 16)
+        os.truncate(os.path.join(path, "data", "c", "1"), 1000)
+    else:
+        path = _gzip_hdf5_with_a_corrupt_chunk(tmp_path)
     script = tmp_path / "read.py"
     script.write_text(_FAILING_READ)
     res = run_mpi(2, ["python", str(script), path, population, replicate], timeout=60, check=False)
@@ -134,7 +162,8 @@ def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_pat
     for r in (0, 1):
         line = next((x for x in res.stdout.splitlines() if x.startswith(f"rank {r} raised")), None)
         assert line is not None, out
-        assert "FormatError" in line and path in line and "truncated" in line, line
+        assert "FormatError" in line and path in line, line
+        assert ("truncated" if fault == "zarr" else "filter returned failure") in line, line
         assert "sample" in line and "(s" in line, line  # names the samples: index and source name
 
 
