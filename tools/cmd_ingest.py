@@ -50,7 +50,8 @@ def add_arguments(parser) -> None:
                         metavar="KEY=VALUE",
                         help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 (synthetic), "
                              "-O labels=coarse (CIFAR-100), -O images_key=x (npz)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing container")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing dstore container at OUTPUT (anything else there is refused)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
 
