@@ -134,6 +134,13 @@ class FolderSource(Source):
             raise SampleError(f"{self.root}: no image files ({', '.join(exts)}) in any of the "
                               f"{len(classes)} class directories")
         self.class_names = tuple(classes)
+        for name in classes:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                escaped = name.encode("utf-8", "backslashreplace").decode("utf-8")
+                self.notes.append(f"class directory {escaped!r} is not valid UTF-8; its class name is stored "
+                                  "backslash-escaped as shown")
         self._files = files
         self._labels = labels
         self.encoding = encoding_from_extensions(files)
