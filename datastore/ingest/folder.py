@@ -139,7 +139,7 @@ class FolderSource(Source):
                 name.encode("utf-8")
             except UnicodeEncodeError:
                 escaped = name.encode("utf-8", "backslashreplace").decode("utf-8")
-                self.notes.append(f"class directory {escaped!r} is not valid UTF-8; its class name is stored "
+                self.notes.append(f"class directory '{escaped}' is not valid UTF-8; its class name is stored "
                                   "backslash-escaped as shown")
         self._files = files
         self._labels = labels
