@@ -190,7 +190,8 @@ def main(argv=None) -> None:
                      "storage_reads": sum(s["storage_reads"] for s in stats),
                      "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
                      "consumer_wait_s": max(s["wait_seconds"] for s in stats),
-                     "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow, "budget_per_rank": budget if f < 1 else None,
+                     "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow,
+                     "budget_per_rank": budget if f < 1 else None,
                      "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))]})
     if args.raw_reads:
         rows += _raw_reads(comm, container, args)
@@ -213,13 +214,15 @@ def main(argv=None) -> None:
         for r in rows:
             print(json.dumps(r), flush=True)
         print(f"\n{comm.size} ranks, global batch {args.batch_size}, compute {args.compute_ms:g} ms/step, "
-              f"{args.threads} decode threads, page cache evicted before every epoch; {time.strftime('%H:%M UTC', time.gmtime())}")
+              f"{args.threads} decode threads, page cache evicted before every epoch; "
+              f"{time.strftime('%H:%M UTC', time.gmtime())}")
         print("| reader | resident | samples/s | AU | storage MB/epoch (non-resident MB) | reads | "
               "peak PSS growth/rank MB (budget MB) | peak RSS growth/rank MB |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             if "au" not in r:
-                print(f"| {r['name']} | - | {r['samples_per_s']:.0f} | - | {r['MBps']:.0f} MB/s | {r['reads']} | - | - |")
+                print(f"| {r['name']} | - | {r['samples_per_s']:.0f} | - | {r['MBps']:.0f} MB/s | {r['reads']} "
+                      "| - | - |")
                 continue
             nr = r.get("nonresident_bytes")
             b = r.get("budget_per_rank")
