@@ -427,7 +427,7 @@ def _available_bytes() -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("DSTORE_LARGE_TESTS") != "1" or _available_bytes() < 12 * 2**30,
                     reason="set DSTORE_LARGE_TESTS=1, with 12 GiB of memory available: two copies of a 2 GiB "
-                           "payload took 127 s on the shared 2-core machine; the 512- and 1000-byte block tests "
+                           "payload took 127-142 s on the shared 2-core machine; the 512- and 1000-byte block tests "
                            "run the same loop over many blocks")
 def test_a_payload_over_2_gib_crosses_in_blocks_on_comm_self():
     # More bytes than one MPI count can name: 3 messages of <= 1 GiB each way, CRC32 checked on arrival.

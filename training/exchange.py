@@ -47,10 +47,15 @@ def pack(state) -> np.ndarray:
 
 
 def unpack(data: np.ndarray):
-    """Inverse of pack, with torch.load(weights_only=True): tensors and plain containers only."""
+    """Inverse of pack, with torch.load(weights_only=True): tensors and plain containers only.
+
+    Tensors are read onto the host: a state sent from another rank's GPU names a device this rank
+    may not have (trainers on one node use different GPUs); load_state_dict copies them where the
+    trainer's parameters are.
+    """
     import torch
 
-    return torch.load(io.BytesIO(memoryview(np.ascontiguousarray(data))), weights_only=True)
+    return torch.load(io.BytesIO(memoryview(np.ascontiguousarray(data))), map_location="cpu", weights_only=True)
 
 
 def _header(data: np.ndarray) -> np.ndarray:
