@@ -191,7 +191,8 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         raise ConfigError(f"read_size={read_size} must be positive")
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
-    with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(_decode_threads(comm) if decode else 1) as pool:
+    threads = _decode_threads(comm) if decode else 1
+    with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(threads) as pool:
         bounds = block_bounds(reader.offsets, size)
         bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size,
                            pool=pool)

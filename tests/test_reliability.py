@@ -276,6 +276,9 @@ def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
         raise AssertionError(f"HANG or runaway allocation: {code}") from None
 
 
+REFUSE_CODE = "from datastore.ingest import open_source\nfrom datastore.errors import SampleError\n"
+
+
 def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
     from ingest_helpers import cifar_batch, write_pickle
 
@@ -284,8 +287,8 @@ def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
     batch[b"labels"] = [0, 1, 2 ** 40]
     write_pickle(str(tmp_path / "data_batch_1"), batch)
     for spec in (tmp_path / "a.npz", tmp_path / "data_batch_1"):
-        res = _limited("import sys\nfrom datastore.ingest import open_source\nfrom datastore.errors import SampleError\n"
-                       f"try:\n    open_source({str(spec)!r})\nexcept SampleError as e:\n    print('REFUSED', e)\n")
+        res = _limited(REFUSE_CODE + f"try:\n    open_source({str(spec)!r})\n"
+                       "except SampleError as e:\n    print('REFUSED', e)\n")
         assert "REFUSED" in res.stdout and str(2 ** 40) in res.stdout, res.stdout + res.stderr
 
 
@@ -427,7 +430,8 @@ def test_labels_outside_the_class_names_are_refused_where_data_is_loaded(tmp_pat
 
 def _overlapping(offsets, lo, hi) -> list[int]:
     """Samples with at least one byte in [lo, hi) (an empty sample holds none, so it is never bad)."""
-    return [i for i in range(len(offsets) - 1) if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
+    return [i for i in range(len(offsets) - 1)
+            if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
 
 
 def test_verify_narrows_a_truncated_zarr_chunk(tmp_path):
@@ -502,9 +506,8 @@ def test_a_fifo_as_an_array_source_is_refused(tmp_path):
     os.mkfifo(tmp_path / "x.npz")
     os.mkfifo(tmp_path / "y.npy")
     for name in ("x.npz", "y.npy"):
-        res = _limited("from datastore.ingest import open_source\nfrom datastore.errors import SampleError\n"
-                       f"try:\n    open_source({str(tmp_path / name)!r})\nexcept SampleError as e:\n    print('REFUSED', e)\n",
-                       timeout=20)
+        res = _limited(REFUSE_CODE + f"try:\n    open_source({str(tmp_path / name)!r})\n"
+                       "except SampleError as e:\n    print('REFUSED', e)\n", timeout=20)
         assert "REFUSED" in res.stdout and "not a regular file" in res.stdout, res.stdout + res.stderr
 
 

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import uuid
 from typing import Any, Callable
 
@@ -98,8 +97,8 @@ def _raw_attrs(attrs: dict, path: str) -> tuple[str | None, tuple[int, ...] | No
             raise FormatError(f"{path}: attribute raw_dtype={dtype!r} is not a numeric numpy dtype")
         dtype = str(np.dtype(str(dtype)))
     if shape is not None:
-        if (not isinstance(shape, (list, tuple)) or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))
-                                                        or s < 1 for s in shape)):
+        if not isinstance(shape, (list, tuple)) or any(
+                isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 1 for s in shape):
             raise FormatError(f"{path}: attribute raw_shape={shape!r} is not a list of positive integers")
         shape = tuple(int(s) for s in shape)
     return dtype, shape
@@ -362,102 +361,18 @@ def temp_path(path: str) -> str:
 
 def check_target(path: str, overwrite: bool) -> str:
     """The absolute target path; raises ContainerExistsError if it exists and not `overwrite`, or if
-    it exists and is not one of our containers (see `check_replaceable`)."""
+    it exists and is not one of our containers (see datastore.formats.replace)."""
     path = os.fspath(path)
     if os.path.lexists(path):
         if not overwrite:
             raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+        from datastore.formats.replace import check_replaceable
+
         check_replaceable(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ConfigError(f"cannot create {path}: directory {parent} does not exist")
     return os.path.abspath(path)
-
-
-_OUR_ATTRS = ("version", "encoding", "num_samples", "total_bytes")
-"""Attributes whose presence (with the arrays) marks an HDF5 file or Zarr group as one of ours."""
-
-_MAX_META_BYTES = 256 << 20
-"""A manifest or zarr.json larger than this is not read (it is not one of ours)."""
-
-
-def _read_json(path: str):
-    """The JSON value in the regular file `path`, or None if it is not one (or is absurdly large)."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_META_BYTES:
-            return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def _is_our_manifest(path: str) -> bool:
-    from datastore.formats.sharded import MANIFEST_FORMAT
-
-    value = _read_json(path)
-    return isinstance(value, dict) and value.get("format") == MANIFEST_FORMAT
-
-
-def _foreign_reason(path: str) -> str | None:
-    """None if `path` is one of our containers (an HDF5 file or Zarr group with our attributes and
-    arrays, a manifest, or a directory holding only a manifest and the shards it names), else what
-    it is instead."""
-    from datastore.formats import MANIFEST_NAME
-
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot be examined: {exc.strerror or exc}"
-    if stat.S_ISLNK(st.st_mode):
-        return "a symbolic link"
-    if stat.S_ISREG(st.st_mode):
-        if path.endswith(".json"):
-            return None if _is_our_manifest(path) else "a file that is not a dstore manifest"
-        from datastore.formats.hdf5 import is_hdf5
-
-        if not is_hdf5(path):
-            return "a file that is not HDF5"
-        import h5py
-
-        try:
-            with h5py.File(path, "r", locking=False) as f:
-                ours = all(k in f.attrs for k in _OUR_ATTRS) and all(a in f for a in ("data", "offsets"))
-        except (OSError, KeyError):
-            return "an HDF5 file that cannot be read"
-        return None if ours else "an HDF5 file without dstore's attributes"
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a regular file or directory"
-    try:
-        entries = set(os.listdir(path))
-    except OSError as exc:
-        return f"a directory that cannot be listed: {exc.strerror or exc}"
-    if MANIFEST_NAME in entries:
-        manifest = os.path.join(path, MANIFEST_NAME)
-        value = _read_json(manifest)
-        if not isinstance(value, dict) or not _is_our_manifest(manifest):
-            return f"a directory whose {MANIFEST_NAME} is not a dstore manifest"
-        shards = {str(e.get("path", "")) for e in value.get("shards", []) if isinstance(e, dict)}
-        extra = sorted(entries - {MANIFEST_NAME} - shards)
-        return f"a directory that holds more than a manifest and its shards: {extra[:5]}" if extra else None
-    if "zarr.json" in entries:
-        meta = _read_json(os.path.join(path, "zarr.json"))
-        attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
-        if not isinstance(attrs, dict) or not all(k in attrs for k in _OUR_ATTRS):
-            return "a Zarr store without dstore's attributes"
-        extra = sorted(entries - {"zarr.json", "class_names", *ARRAYS})
-        return f"a Zarr group that holds more than a dstore container: {extra[:5]}" if extra else None
-    return "a directory that is not a container"
-
-
-def check_replaceable(path: str) -> None:
-    """Raises ContainerExistsError, naming `path` and what it is, unless `path` is recognisably one
-    of our containers: `overwrite` replaces only those, never a user's files or directories."""
-    why = _foreign_reason(os.fspath(path))
-    if why is not None:
-        raise ContainerExistsError(f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
-                                   "only a container; remove it yourself or choose another output")
 
 
 def remove_path(path: str) -> None:
@@ -475,6 +390,8 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
         if not overwrite:
             raise ContainerExistsError(f"{final} appeared while it was being written; the new container "
                                        f"is left at {tmp}")
+        from datastore.formats.replace import check_replaceable
+
         check_replaceable(final)
         if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
             trash = temp_path(final) + ".old"

@@ -310,7 +310,7 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
     (so a failed rewrite never leaves a manifest over mixed shards). Returns True if it created the
     directory."""
     from datastore.formats import ContainerExistsError
-    from datastore.formats.layout import check_replaceable
+    from datastore.formats.replace import check_replaceable
 
     _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
     for path in ([] if manifest is None else [manifest]) + shard_paths:

@@ -1,0 +1,96 @@
+"""What `overwrite` may replace: only something recognisably one of our containers, never a user's
+files (an HDF5 file or Zarr group with our attributes, a manifest, a directory holding only a
+manifest and its shards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from datastore.formats.layout import ARRAYS, ContainerExistsError
+
+_OUR_ATTRS = ("version", "encoding", "num_samples", "total_bytes")
+"""Attributes whose presence (with the arrays) marks an HDF5 file or Zarr group as one of ours."""
+
+_MAX_META_BYTES = 256 << 20
+"""A manifest or zarr.json larger than this is not read (it is not one of ours)."""
+
+
+def _read_json(path: str):
+    """The JSON value in the regular file `path`, or None if it is not one (or is absurdly large)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_META_BYTES:
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _is_our_manifest(path: str) -> bool:
+    from datastore.formats.sharded import MANIFEST_FORMAT
+
+    value = _read_json(path)
+    return isinstance(value, dict) and value.get("format") == MANIFEST_FORMAT
+
+
+def _foreign_reason(path: str) -> str | None:
+    """None if `path` is one of our containers (an HDF5 file or Zarr group with our attributes and
+    arrays, a manifest, or a directory holding only a manifest and the shards it names), else what
+    it is instead."""
+    from datastore.formats import MANIFEST_NAME
+
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISREG(st.st_mode):
+        if path.endswith(".json"):
+            return None if _is_our_manifest(path) else "a file that is not a dstore manifest"
+        from datastore.formats.hdf5 import is_hdf5
+
+        if not is_hdf5(path):
+            return "a file that is not HDF5"
+        import h5py
+
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                ours = all(k in f.attrs for k in _OUR_ATTRS) and all(a in f for a in ("data", "offsets"))
+        except (OSError, KeyError):
+            return "an HDF5 file that cannot be read"
+        return None if ours else "an HDF5 file without dstore's attributes"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a regular file or directory"
+    try:
+        entries = set(os.listdir(path))
+    except OSError as exc:
+        return f"a directory that cannot be listed: {exc.strerror or exc}"
+    if MANIFEST_NAME in entries:
+        manifest = os.path.join(path, MANIFEST_NAME)
+        value = _read_json(manifest)
+        if not isinstance(value, dict) or not _is_our_manifest(manifest):
+            return f"a directory whose {MANIFEST_NAME} is not a dstore manifest"
+        shards = {str(e.get("path", "")) for e in value.get("shards", []) if isinstance(e, dict)}
+        extra = sorted(entries - {MANIFEST_NAME} - shards)
+        return f"a directory that holds more than a manifest and its shards: {extra[:5]}" if extra else None
+    if "zarr.json" in entries:
+        meta = _read_json(os.path.join(path, "zarr.json"))
+        attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
+        if not isinstance(attrs, dict) or not all(k in attrs for k in _OUR_ATTRS):
+            return "a Zarr store without dstore's attributes"
+        extra = sorted(entries - {"zarr.json", "class_names", *ARRAYS})
+        return f"a Zarr group that holds more than a dstore container: {extra[:5]}" if extra else None
+    return "a directory that is not a container"
+
+
+def check_replaceable(path: str) -> None:
+    """Raises ContainerExistsError, naming `path` and what it is, unless `path` is recognisably one
+    of our containers: `overwrite` replaces only those, never a user's files or directories."""
+    why = _foreign_reason(os.fspath(path))
+    if why is not None:
+        raise ContainerExistsError(f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
+                                   "only a container; remove it yourself or choose another output")
