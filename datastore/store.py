@@ -41,26 +41,19 @@ import warnings
 
 import numpy as np
 
-from datastore import plan, prefault, tiers
+from datastore import plan, tiers
+from datastore import populate as populate_mod
 from datastore import shuffle as shuffle_mod
 from datastore.collective import AGREED, agree, is_agreed
-from datastore.errors import ConfigError, FormatError, MemoryBudgetError
+from datastore.errors import ConfigError, FormatError
 from datastore.formats.base import ContainerReader
-from datastore.memory import budget_error, default_budget, fmt_bytes, parse_bytes
-from datastore.storage import StorageEpoch, StorageReader
-from datastore.window import Arena, node_comm
+from datastore.memory import parse_bytes
+from datastore.populate import PRELOAD_SCRATCH, READER_INDEX_BYTES  # noqa: F401 - re-exported
+from datastore.storage import StorageEpoch
 
 log = logging.getLogger("datastore.store")
 
 POPULATIONS = ("preload", "dynamic")
-
-READER_INDEX_BYTES = 28
-"""Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
-indices, uint32 checksums): what each storage thread's reader holds."""
-
-PRELOAD_SCRATCH = 8 << 20
-"""Bytes of the piece a tiered preload reads its block through, keeping only the resident samples."""
-
 
 @dataclasses.dataclass
 class Batch:
@@ -136,8 +129,8 @@ class DataStore:
         seed: seed of every shuffle.
         shuffle: ``global``, ``local`` or ``partial``.
         partial_fraction: fraction of slots exchanged per epoch under ``partial``.
-        population: ``preload`` (each rank reads its contiguous block with one large read on
-            entry) or ``dynamic`` (epoch 0 reads from the container what each rank's batches
+        population: ``preload`` (each rank reads its contiguous block on entry, in pieces,
+            `population_threads` reads in flight) or ``dynamic`` (epoch 0 reads from the container what each rank's batches
             need, and the reader keeps it: under ``global`` a sample's owner is the rank that
             takes it in epoch 0; windows are sized in advance from offsets). If the first epoch
             served is not epoch 0 from its start (a resumed job), each rank reads everything it
@@ -166,11 +159,15 @@ class DataStore:
             MemoryBudgetError. A replicated copy that does not fit always raises.
         storage_lookahead: steps whose storage reads are in flight ahead of the one consumed.
         storage_threads: threads reading from storage (each opens its own reader of the container).
+        population_threads: reads in flight while a preload fills the windows (datastore.populate):
+            1 reads in the calling thread with the store's reader; more open a reader per thread
+            (a tiered preload uses the storage threads, at most `storage_threads`).
     """
 
     def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
                  population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
-                 memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4):
+                 memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4,
+                 population_threads=4):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.container, self._owns_container = None, False
@@ -180,7 +177,8 @@ class DataStore:
                         partial_fraction=partial_fraction, population=population, replicate=replicate,
                         prefetch=prefetch, drop_last=drop_last, sample_range=sample_range,
                         memory_budget=memory_budget, node_views=node_views, overflow=overflow,
-                        storage_lookahead=storage_lookahead, storage_threads=storage_threads)
+                        storage_lookahead=storage_lookahead, storage_threads=storage_threads,
+                        population_threads=population_threads)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
         try:
@@ -191,7 +189,7 @@ class DataStore:
 
     def _setup(self, container, *, batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
                drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
-               storage_threads) -> None:
+               storage_threads, population_threads) -> None:
         self.batch_size = _positive_int("batch_size", batch_size)
         self.seed = shuffle_mod.check_seed(seed)
         if shuffle not in shuffle_mod.POLICIES:
@@ -211,6 +209,7 @@ class DataStore:
         self.overflow = tiers.check_overflow(overflow)
         self.storage_lookahead = _positive_int("storage_lookahead", storage_lookahead, 0)
         self.storage_threads = _positive_int("storage_threads", storage_threads)
+        self.population_threads = _positive_int("population_threads", population_threads)
         if self.batch_size < self.size:
             raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
                               f"number of ranks ({self.size})")
@@ -280,148 +279,19 @@ class DataStore:
         else:
             self.layout = plan.block_layout(self.offsets, self.bounds)
 
-    def _recv_bound(self) -> int:
-        """An upper bound on one receive buffer: the largest bytes a rank can get in one step."""
-        per_step = -(-self.batch_size // self.size)
-        if self.policy != "global":
-            per_step = max(per_step, -(-int(np.diff(self.bounds).max()) // self.steps_per_epoch))
-        per_step = min(per_step + 1, self.num_samples)
-        return int(np.partition(self.sizes, self.num_samples - per_step)[-per_step:].sum())
-
-    def _check_budget(self, nodecomm) -> None:
-        """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget."""
-        local_ranks = nodecomm.Get_size()
-        budget, source = ((self._budget_arg, "memory_budget argument") if self._budget_arg is not None
-                          else default_budget(local_ranks))
-        bufs = 0 if (self.replicate or self.size == 1) else (self.prefetch + 1) * self._recv_bound()
-        if self.replicate:
-            data = int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0
-            cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
-        else:
-            data, cap = int(self.layout.nbytes[self.rank]), budget
-        key = (self.num_samples, int(self.offsets[-1]), self.batch_size, self.seed, self.policy,
-               self.partial_fraction, self.drop_last, self.population, self.replicate, self.start, self.stop,
-               self.prefetch, self.overflow, self.storage_lookahead)
-        rows = self.comm.allgather((data + bufs, data, cap, source, local_ranks, key))
-        odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
-        if odd:  # ranks that disagree on the plan would exchange garbage or wait forever
-            names = ("num_samples", "total_bytes", "batch_size", "seed", "shuffle", "partial_fraction",
-                     "drop_last", "population", "replicate", "sample_start", "sample_stop", "prefetch",
-                     "overflow", "storage_lookahead")
-            diff = {n: (a, b) for n, a, b in zip(names, rows[0][5], rows[odd[0]][5]) if a != b}
-            raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
-        msg = budget_error([row[:5] for row in rows], offsets=self.offsets, bufs=bufs,
-                           replicate=self.replicate)
-        if msg and self.overflow == "serve" and not self.replicate:
-            self._choose_resident([row[2] for row in rows], bufs)
-        elif msg:  # every rank saw the same rows, so every rank raises the same error
-            raise MemoryBudgetError(msg)
-
-    def _tier_buffers(self, bufs: int) -> int:
-        """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers
-        (the preload's scratch piece is no larger than these and is gone before they exist), and
-        the index arrays (offsets, labels, checksums, source indices) of each storage thread's own
-        reader of the container."""
-        index = READER_INDEX_BYTES * int(self.container.num_samples)
-        return bufs + (self.storage_lookahead + 1) * self._recv_bound() + self.storage_threads * index
-
     def tier_overhead(self) -> int:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
         buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
-        bufs = 0 if (self.replicate or self.size == 1) else (self.prefetch + 1) * self._recv_bound()
-        return self._tier_buffers(bufs)
-
-    def _choose_resident(self, caps, bufs: int) -> None:
-        """Overflow served: every rank computes the same resident set from the gathered budgets."""
-        extra = self._tier_buffers(bufs)
-        keep = np.asarray(caps, dtype=np.int64) - extra
-        if keep.min() < 0:
-            r = int(np.argmin(keep))
-            raise MemoryBudgetError(
-                f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
-                f"{fmt_bytes(extra)} of buffers (receive, and {self.storage_lookahead + 1} steps of storage "
-                f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
-                f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
-        resident = tiers.resident_mask(self.sizes, self.layout.owner, keep, self.seed)
-        self._resident = resident
-        self.layout = plan.scattered_layout(tiers.resident_offsets(self.sizes, resident), self.layout.owner,
-                                            self.size)
-        total = int(self.offsets[-1])
-        res_bytes = int(self.sizes[resident].sum())
-        self.tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
-                     "storage_bytes": total - res_bytes}
-        if self.rank == 0:
-            log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
-                        "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
-                        "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
-                        fmt_bytes(total), 100.0 * self.tier["resident_fraction"], int(resident.sum()),
-                        self.num_samples, fmt_bytes(total - res_bytes), getattr(self.container, "path", "storage"),
-                        self.storage_lookahead)
+        return populate_mod.tier_buffers(self, populate_mod.receive_buffers(self))
 
     def populate(self) -> None:
-        """Collective: checks the budget, allocates the windows and (preload/replicate) fills them."""
+        """Collective: checks the budget, allocates the windows and (preload/replicate) fills them
+        (datastore.populate)."""
         if self._arena is not None:
             return
         if self._closed:
             raise ValueError("the DataStore is closed")
-        nodecomm = node_comm(self.comm)
-        try:
-            self._check_budget(nodecomm)
-        except BaseException as exc:
-            nodecomm.Free()
-            if isinstance(exc, (ConfigError, MemoryBudgetError)):
-                setattr(exc, AGREED, True)  # every rank saw the same gathered rows and raises alike
-            raise
-        t0 = time.perf_counter()
-        exc = None
-        try:  # window allocation is collective: a rank that fails it tells the others below
-            if self.replicate:
-                self._nodecomm = nodecomm
-                self._arena = Arena(nodecomm, int(self.offsets[-1]) if nodecomm.Get_rank() == 0 else 0,
-                                    shared=True)
-            else:
-                peers = nodecomm.allgather(self.rank)  # always: node_views may differ between ranks
-                if not self.node_views:
-                    peers = [self.rank]
-                nodecomm.Free()
-                self._arena = Arena(self.comm, int(self.layout.nbytes[self.rank]))
-        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
-            exc = e
-        self._agree(exc)
-        nbytes = 0
-        try:
-            if self.replicate:
-                self._view = self._arena.segment(0)
-                nb = plan.block_bounds(self.offsets, nodecomm.Get_size())
-                lo, hi = int(nb[nodecomm.Get_rank()]), int(nb[nodecomm.Get_rank() + 1])
-                a, b = int(self.offsets[lo]), int(self.offsets[hi])
-                self._preload(lo, hi, self._view[a:b])
-                nbytes = b - a
-            else:
-                self._segs = self._arena.map_peers(peers, self.layout.nbytes)
-                if self._resident is not None:
-                    self._storage = StorageReader(self.container.path, self.storage_threads)
-                if self.population == "preload":
-                    lo, hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-                    if self._resident is None:
-                        self._preload(lo, hi, self._arena.local)
-                        nbytes = self._arena.local.size
-                    else:
-                        nbytes = self._preload_resident(lo, hi)
-                else:
-                    self._loaded = np.zeros(self.num_samples, dtype=bool)
-                    self._loaded[self.layout.owner != self.rank] = True  # only own samples are tracked
-                    if self._resident is not None:
-                        self._loaded[~self._resident] = True  # served from storage, never loaded
-        except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
-            exc = e
-        try:
-            self._agree(exc)
-        except BaseException:
-            self._free_windows()  # collective, and every rank is here: nothing is left to MPI_Finalize
-            raise
-        self._arena.publish()
-        self._add_population(time.perf_counter() - t0, nbytes)
+        populate_mod.populate(self)
 
     def _agree(self, exc) -> None:
         """Collective (datastore.collective.agree): raises on every rank if `exc` is set on any."""
@@ -432,94 +302,8 @@ class DataStore:
             raise
 
     def _read_error(self, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
-        """A FormatError naming the container and the samples among served [lo, hi) (or `ids`) that
-        cannot be read (each tried alone, on this failure path only), or the range if none fails alone."""
-        path = getattr(self.container, "path", "the container")
-        bad = []
-        tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
-        if ids is not None:
-            lo, hi = (int(min(tried)), int(max(tried)) + 1) if len(tried) else (0, 1)
-        for i in tried:
-            try:
-                self.container.read_range(self.start + i, self.start + i + 1)
-            except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
-                bad.append(i)
-        ids = [self.start + i for i in (bad or [lo, hi - 1])]
-
-        def named(i):
-            try:
-                return f"{i} ({self.container.name(i)})"
-            except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
-                return str(i)
-
-        if bad:
-            which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(named(i) for i in ids[:5])
-            which += " ..." if len(ids) > 5 else ""
-        else:
-            which = f"samples {named(ids[0])} .. {named(ids[-1])}"
-        return FormatError(f"{path}: cannot read {which}: {type(exc).__name__}: {exc}")
-
-    def _read(self, lo: int, hi: int, out: np.ndarray) -> None:
-        """Samples [lo, hi) of the served range into `out` with one range read."""
-        if hi > lo:
-            try:
-                self.container.read_range(self.start + lo, self.start + hi, out=out)
-            except Exception as exc:
-                raise self._read_error(exc, lo, hi) from exc
-
-    def _preload(self, lo: int, hi: int, out: np.ndarray) -> None:
-        """Samples [lo, hi) into `out`, fresh window memory, in pieces whose page faults are taken
-        in a thread while the piece before is read (see datastore.prefault)."""
-        if hi <= lo:
-            return
-        first = int(self.offsets[lo])
-        base = self._base_byte + first
-        read_bytes = self.container.read_bytes
-
-        def read(a, b, view):
-            try:
-                read_bytes(base + a, base + b, out=view)
-            except Exception as exc:  # name the samples whose bytes the failed piece holds
-                s = int(np.searchsorted(self.offsets, first + a, side="right")) - 1
-                e = int(np.searchsorted(self.offsets, first + b, side="left"))
-                raise self._read_error(exc, max(s, lo), min(max(e, s + 1), hi)) from exc
-
-        prefault.read_in_pieces(read, out)
-
-    def _preload_resident(self, lo: int, hi: int) -> int:
-        """Tiered preload: block [lo, hi) read in pieces of PRELOAD_SCRATCH bytes (one sequential
-        pass, no read of a piece without a resident sample), its resident samples copied into the
-        window. Returns the bytes read."""
-        res, off, sizes = self._resident, self.offsets, self.sizes
-        local, disp = self._arena.local, self.layout.disp
-        ids = np.arange(lo, hi)
-        ids = ids[res[ids] & (sizes[ids] > 0)]
-        if ids.size == 0:
-            return 0
-        cap = max(1, (self.storage_lookahead + 1) * self._recv_bound())  # counted in the budget
-        scratch = np.empty(min(PRELOAD_SCRATCH, cap, int(off[hi] - off[lo])), dtype=np.uint8)
-        nread, k = 0, 0
-        while k < ids.size:
-            a = int(ids[k])
-            # the piece: resident samples from a on whose bytes end within the scratch buffer
-            m = max(k + 1, int(np.searchsorted(off[ids[k:] + 1], off[a] + scratch.size, side="right")) + k)
-            b = int(ids[m - 1]) + 1
-            n = int(off[b] - off[a])
-            if n > scratch.size:  # one sample larger than the scratch piece: straight into the window
-                self._read(a, b, local[int(disp[a]):int(disp[a]) + n])
-            else:
-                self._read(a, b, scratch[:n])
-                part = ids[k:m]
-                heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
-                ends = np.append(heads[1:], part.size)
-                for h, e in zip(heads.tolist(), ends.tolist()):
-                    x, y = int(part[h]), int(part[e - 1]) + 1
-                    src = int(off[x] - off[a])
-                    cnt = int(off[y] - off[x])
-                    local[int(disp[x]):int(disp[x]) + cnt] = scratch[src:src + cnt]
-            nread += n
-            k = m
-        return nread
+        """A FormatError naming the samples among served [lo, hi) (or `ids`) that cannot be read."""
+        return populate_mod.read_error(self.container, self.start, exc, lo, hi, ids=ids)
 
     def _add_population(self, seconds: float, nbytes: int) -> None:
         p = self._pop
@@ -528,19 +312,8 @@ class DataStore:
         p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
 
     def _fill_dynamic(self, ids: np.ndarray) -> int:
-        """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced)."""
-        ids = np.unique(ids[~self._loaded[ids]])
-        if ids.size == 0:
-            return 0
-        heads = np.nonzero(np.diff(ids, prepend=-2) != 1)[0]
-        ends = np.append(heads[1:], ids.size)
-        local, disp = self._arena.local, self.layout.disp
-        for h, e in zip(heads.tolist(), ends.tolist()):
-            lo, hi = int(ids[h]), int(ids[e - 1]) + 1
-            d = int(disp[lo])
-            self._read(lo, hi, local[d:d + int(self.offsets[hi] - self.offsets[lo])])
-        self._loaded[ids] = True
-        return int(self.sizes[ids].sum())
+        """Reads the not yet loaded own samples among `ids` (datastore.populate.fill_dynamic)."""
+        return populate_mod.fill_dynamic(self, ids)
 
     # ----------------------------------------------------------------- epochs
     def schedule(self, epoch: int) -> plan.Schedule:

@@ -69,6 +69,41 @@ def test_zarr_container_in_process(tmp_path):
     scenarios.scenario_dynamic(MPI.COMM_SELF, path)
 
 
+@pytest.mark.parametrize("tiered", [False, True])
+def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, monkeypatch, caplog, tiered):
+    # The preload with several reads in flight (datastore.populate), pieces smaller than a chunk:
+    # a truncated Zarr data chunk fails one piece on a worker thread; the error names the container
+    # and the sample (index and source name), as the one-thread preload's does.
+    import os
+    import re
+
+    from mpi4py import MPI
+
+    from datastore import populate
+    from datastore.errors import FormatError
+    from datastore.store import DataStore
+
+    monkeypatch.setattr(populate, "PARALLEL_PIECE", 20_000)
+    monkeypatch.setattr(populate, "PRELOAD_SCRATCH", 20_000)
+    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr",
+                                    chunk_bytes=1 << 16)
+    kw = dict(batch_size=12, seed=3, population_threads=3)
+    probe = DataStore(MPI.COMM_SELF, path, **kw)
+    off = probe.offsets
+    budget = probe.tier_overhead() + int(0.5 * int(off[-1])) if tiered else None
+    probe.close()
+    os.truncate(os.path.join(path, "data", "c", "3"), 1000)  # samples with bytes in [3*64K + 1000, 4*64K)
+    broken = np.nonzero((off[1:] > 3 * 65536 + 1000) & (off[:-1] < 4 * 65536))[0]
+    with caplog.at_level("WARNING", logger="datastore.store"), pytest.raises(FormatError) as info:
+        with DataStore(MPI.COMM_SELF, path, memory_budget=budget, **kw):
+            pass
+    assert tiered == ("exceeds the memory budget" in caplog.text), caplog.text
+    msg = str(info.value)
+    assert path in msg and "truncated" in msg, msg
+    named = [int(i) for i, j in re.findall(r"(\d+) \(s(\d+)\)", msg) if i == j]  # index (source name)
+    assert named and set(named) <= set(broken.tolist()), msg
+
+
 def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
     # The scenarios' oracle must be able to fail: feed it a correct epoch, then damaged copies.
     from mpi4py import MPI

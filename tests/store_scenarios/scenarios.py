@@ -295,6 +295,42 @@ def scenario_preload_pieces(comm, path):
     reader.close()
 
 
+def scenario_parallel_population(comm, path):
+    """A preload with several reads in flight (datastore.populate) fills every window byte-identical
+    to a one-thread preload: a rank's block, a replicated copy's node part, and a tiered window's
+    resident samples, with pieces smaller than a sample and than a block."""
+    from datastore import populate
+
+    saved = populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH
+    tier_reader = open_container(tier_container(path))
+    try:
+        populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH = 3000, 9000
+        for reader, tiered, kw in ((path, False, dict()), (path, False, dict(replicate=True)),
+                                   (tier_container(path), True, dict())):
+            windows = []
+            for threads in (1, 3):
+                args = dict(batch_size=BATCH, seed=4, population_threads=threads, **kw)
+                with (_tiered(comm, tier_reader, **args) if tiered else DataStore(comm, reader, **args)) as st:
+                    if tiered:
+                        check_tier(comm, st, run_epoch(st, 0), tier_reader)
+                    windows.append((st._view if st.replicate else st._arena.local).copy())
+                    if not tiered:
+                        got = run_epoch(st, 0)
+                        check_delivery(comm, st.container, got, epoch=0, policy="global", seed=4, drop_last=False)
+                        continue
+                    # the resident samples of this rank's window are the container's bytes
+                    mine = np.nonzero((st.layout.owner == st.rank) & st._resident & (st.sizes > 0))[0]
+                    for i in mine.tolist():
+                        d = int(st.layout.disp[i])
+                        if not np.array_equal(windows[-1][d:d + int(st.sizes[i])], tier_reader.sample(i)[0]):
+                            raise AssertionError(f"rank {comm.rank}: resident sample {i} differs ({threads=})")
+            if not np.array_equal(windows[0], windows[1]):
+                raise AssertionError(f"rank {comm.rank}: 3-thread population differs from 1-thread ({kw}, {tiered=})")
+    finally:
+        populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH = saved
+        tier_reader.close()
+
+
 def expected_split(store, ids):
     """(samples served from node peers' windows, samples fetched with gets) for `ids` delivered to
     this rank, from the owners: node peers are the ranks of this rank's run of

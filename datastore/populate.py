@@ -1,0 +1,448 @@
+"""Filling a store's windows from its container: the memory budget and the resident set, the preload
+(a rank's block, or a node's part of a replicated copy), the tiered preload (only the resident
+samples) and the dynamic population (what epoch 0 needs), with several range reads in flight.
+
+One stream of synchronous reads pays one storage round trip per request (the kernel splits a large
+read into requests of about 1 MiB that a FUSE or parallel file system serves one after the other),
+so a preload reads its block in pieces of `PARALLEL_PIECE` bytes, `population_threads` at a time.
+Each read thread opens its own reader of the container (datastore.storage.StorageReader: file
+descriptors and chunk caches are not shared between threads; the backends read with `os.preadv`,
+which releases the GIL), and a further thread faults in the pages of the pieces ahead of the reads
+(datastore.prefault). A failed piece is named by its samples (each tried alone), raised on the rank
+that read it and agreed with every other rank (datastore.collective) before anything collective.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import time
+
+import numpy as np
+
+from datastore import plan, prefault, tiers
+from datastore.collective import AGREED
+from datastore.errors import ConfigError, FormatError, MemoryBudgetError
+from datastore.memory import budget_error, default_budget, fmt_bytes
+from datastore.storage import StorageReader
+from datastore.window import Arena, node_comm
+
+log = logging.getLogger("datastore.store")
+
+READER_INDEX_BYTES = 28
+"""Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
+indices, uint32 checksums): what each storage or population thread's reader holds."""
+
+PRELOAD_SCRATCH = 8 << 20
+"""Bytes of the piece a tiered preload reads its block through, keeping only the resident samples."""
+
+PARALLEL_PIECE = 4 << 20
+"""Bytes per read of a preload with several reads in flight: a few storage requests each, and
+enough pieces in a block for the threads to share."""
+
+
+# ----------------------------------------------------------------------------- reads
+def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
+    """A FormatError naming the container and the samples among served [lo, hi) (or `ids`) that
+    cannot be read (each tried alone, on this failure path only), or the range if none fails alone.
+
+    Args:
+        container: the store's ContainerReader (used from the calling thread only).
+        start: the container index of served sample 0.
+    """
+    path = getattr(container, "path", "the container")
+    bad = []
+    tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
+    if ids is not None:
+        lo, hi = (int(min(tried)), int(max(tried)) + 1) if len(tried) else (0, 1)
+    for i in tried:
+        try:
+            container.read_range(start + i, start + i + 1)
+        except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
+            bad.append(i)
+    ids = [start + i for i in (bad or [lo, hi - 1])]
+
+    def named(i):
+        try:
+            return f"{i} ({container.name(i)})"
+        except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
+            return str(i)
+
+    if bad:
+        which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(named(i) for i in ids[:5])
+        which += " ..." if len(ids) > 5 else ""
+    else:
+        which = f"samples {named(ids[0])} .. {named(ids[-1])}"
+    return FormatError(f"{path}: cannot read {which}: {type(exc).__name__}: {exc}")
+
+
+def _done(fn, *args) -> concurrent.futures.Future:
+    """`fn(*args)` run now, in this thread, as a completed future (a one-thread population)."""
+    f = concurrent.futures.Future()
+    try:
+        f.set_result(fn(*args))
+    except Exception as exc:  # noqa: BLE001 - handed to whoever waits for the future
+        f.set_exception(exc)
+    return f
+
+
+class RangeReads:
+    """Data byte ranges of a container read into caller's arrays, `threads` at a time.
+
+    One thread: the store's own reader, in the calling thread. More: a StorageReader (`pool`, e.g.
+    the storage tier's, whose readers the budget counts already), or one opened here and closed
+    with `close()`.
+    """
+
+    def __init__(self, container, threads: int, pool: StorageReader | None = None):
+        self.container, self.threads = container, max(1, int(threads))
+        self._own = None
+        self.pool = pool
+        if self.threads > 1 and pool is None:
+            self.pool = self._own = StorageReader(container.path, self.threads)
+
+    def submit(self, lo: int, hi: int, out: np.ndarray) -> concurrent.futures.Future:
+        """Starts reading data bytes [lo, hi) into `out`."""
+        if self.pool is None:
+            return _done(self.container.read_bytes, lo, hi, out)
+        return self.pool.submit(out, [lo], [hi], [0])[0]
+
+    def close(self) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            own.close()
+
+
+def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail) -> None:
+    """Fills `out` with `submit(a, b, out[a:b])` reads of consecutive pieces, `inflight` at a time,
+    while a thread faults in the pages of the pieces ahead of the reads (the first `inflight` take
+    their faults in their reads).
+
+    Waits for every read and fault started before it returns or raises, so nothing writes into
+    `out` afterwards. A failed piece raises `fail(a, b, exc)` (the first failed piece in order).
+    """
+    n = out.size
+    if n == 0:
+        return
+    piece, inflight = max(1, int(piece)), max(1, int(inflight))
+    cuts = list(range(0, n, piece)) + [n]
+    pieces = list(zip(cuts[:-1], cuts[1:]))
+    depth = inflight + 1  # faults run this many pieces ahead of the newest read, absorbing jitter
+    reads = collections.deque()  # (a, b, future), in piece order
+    touched = collections.deque()  # (k, future)
+    queued = min(inflight, len(pieces))
+
+    def finish():
+        a, b, f = reads.popleft()
+        try:
+            f.result()
+        except Exception as exc:
+            raise fail(a, b, exc) from exc
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-prefault") as faults:
+        try:
+            for k, (a, b) in enumerate(pieces):
+                while queued < len(pieces) and queued <= k + depth:
+                    lo, hi = pieces[queued]
+                    touched.append((queued, faults.submit(prefault.touch, out[lo:hi])))
+                    queued += 1
+                if touched and touched[0][0] == k:
+                    touched.popleft()[1].result()  # piece k is faulted in
+                while len(reads) >= inflight:
+                    finish()
+                reads.append((a, b, submit(a, b, out[a:b])))
+            while reads:
+                finish()
+        finally:
+            for _, f in touched:
+                f.cancel()
+            for _, _, f in reads:
+                f.cancel()
+            concurrent.futures.wait([f for _, f in touched] + [f for _, _, f in reads])
+
+
+def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
+            out: np.ndarray) -> None:
+    """Served samples [lo, hi) into `out`, fresh window memory (its pages faulted in ahead).
+
+    Args:
+        offsets: int64[N+1] of the served samples; `base` is the data byte of served sample 0.
+    """
+    if hi <= lo:
+        return
+    first = int(offsets[lo])
+    at = base + first
+
+    def fail(a, b, exc):  # name the samples whose bytes the failed piece holds
+        s = int(np.searchsorted(offsets, first + a, side="right")) - 1
+        e = int(np.searchsorted(offsets, first + b, side="left"))
+        return read_error(container, start, exc, max(s, lo), min(max(e, s + 1), hi))
+
+    piece = prefault.PIECE_BYTES if reads.threads == 1 else min(PARALLEL_PIECE, prefault.PIECE_BYTES)
+    read_pieces(lambda a, b, view: reads.submit(at + a, at + b, view), out, piece, reads.threads, fail)
+
+
+def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
+                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray, scratch_bytes: int) -> int:
+    """Tiered preload: block [lo, hi) read in pieces (no piece without a resident sample), each
+    piece into one of `reads.threads` scratch buffers whose bytes together are at most
+    `scratch_bytes`, its resident samples then copied into `local` at `disp`. A sample larger than
+    a scratch buffer is read straight into the window. Returns the bytes read."""
+    off, sizes = offsets, np.diff(offsets)
+    ids = np.arange(lo, hi)
+    ids = ids[resident[ids] & (sizes[ids] > 0)]
+    if ids.size == 0:
+        return 0
+    nbuf = reads.threads
+    size = max(1, min(PRELOAD_SCRATCH, max(1, int(scratch_bytes)) // nbuf, int(off[hi] - off[lo])))
+    groups = []  # (k, m): resident samples ids[k:m] whose bytes end within one scratch buffer
+    k = 0
+    while k < ids.size:
+        a = int(ids[k])
+        m = max(k + 1, int(np.searchsorted(off[ids[k:] + 1], off[a] + size, side="right")) + k)
+        groups.append((k, m))
+        k = m
+    scratch = [np.empty(size, dtype=np.uint8) for _ in range(min(nbuf, len(groups)))]
+    free = list(range(len(scratch)))
+    pending = collections.deque()  # (k, m, slot or None, future)
+    nread = 0
+
+    def finish():
+        k, m, slot, f = pending.popleft()
+        a, b = int(ids[k]), int(ids[m - 1]) + 1
+        try:
+            f.result()
+        except Exception as exc:
+            raise read_error(container, start, exc, a, b) from exc
+        if slot is None:
+            return
+        part = ids[k:m]
+        heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
+        ends = np.append(heads[1:], part.size)
+        buf = scratch[slot]
+        for h, e in zip(heads.tolist(), ends.tolist()):
+            x, y = int(part[h]), int(part[e - 1]) + 1
+            src = int(off[x] - off[a])
+            cnt = int(off[y] - off[x])
+            local[int(disp[x]):int(disp[x]) + cnt] = buf[src:src + cnt]
+        free.append(slot)
+
+    try:
+        for k, m in groups:
+            while len(pending) >= nbuf or (not free and pending):
+                finish()
+            a, b = int(ids[k]), int(ids[m - 1]) + 1
+            n = int(off[b] - off[a])
+            if n > size:  # one sample larger than a scratch buffer: straight into the window
+                dst, slot = local[int(disp[a]):int(disp[a]) + n], None
+            else:
+                slot = free.pop()
+                dst = scratch[slot][:n]
+            pending.append((k, m, slot, reads.submit(base + int(off[a]), base + int(off[b]), dst)))
+            nread += n
+        while pending:
+            finish()
+    finally:  # a read failed: nothing may still write into the window or the scratch buffers
+        for *_, f in pending:
+            f.cancel()
+        concurrent.futures.wait([f for *_, f in pending])
+    return nread
+
+
+def read_samples(container, start: int, lo: int, hi: int, out: np.ndarray) -> None:
+    """Served samples [lo, hi) into `out` with one range read (errors name the samples)."""
+    if hi > lo:
+        try:
+            container.read_range(start + lo, start + hi, out=out)
+        except Exception as exc:
+            raise read_error(container, start, exc, lo, hi) from exc
+
+
+def fill_dynamic(store, ids: np.ndarray) -> int:
+    """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced)."""
+    loaded = store._loaded
+    ids = np.unique(ids[~loaded[ids]])
+    if ids.size == 0:
+        return 0
+    heads = np.nonzero(np.diff(ids, prepend=-2) != 1)[0]
+    ends = np.append(heads[1:], ids.size)
+    local, disp, off = store._arena.local, store.layout.disp, store.offsets
+    for h, e in zip(heads.tolist(), ends.tolist()):
+        lo, hi = int(ids[h]), int(ids[e - 1]) + 1
+        d = int(disp[lo])
+        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])])
+    loaded[ids] = True
+    return int(store.sizes[ids].sum())
+
+
+# ----------------------------------------------------------------------------- budget
+def recv_bound(store) -> int:
+    """An upper bound on one receive buffer: the largest bytes a rank can get in one step."""
+    per_step = -(-store.batch_size // store.size)
+    if store.policy != "global":
+        per_step = max(per_step, -(-int(np.diff(store.bounds).max()) // store.steps_per_epoch))
+    per_step = min(per_step + 1, store.num_samples)
+    return int(np.partition(store.sizes, store.num_samples - per_step)[-per_step:].sum())
+
+
+def receive_buffers(store) -> int:
+    """Bytes of a rank's receive buffers (none when replicated or alone)."""
+    return 0 if (store.replicate or store.size == 1) else (store.prefetch + 1) * recv_bound(store)
+
+
+def population_readers(store) -> int:
+    """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
+    during the population only, before the receive buffers exist."""
+    if store.population_threads == 1 or (store.population != "preload" and not store.replicate):
+        return 0
+    return store.population_threads * READER_INDEX_BYTES * int(store.container.num_samples)
+
+
+def tier_buffers(store, bufs: int) -> int:
+    """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers (the
+    preload's scratch pieces fit in these and are gone before they exist), and the index arrays
+    (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
+    preload reads with those threads)."""
+    index = READER_INDEX_BYTES * int(store.container.num_samples)
+    return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
+
+
+def check_budget(store, nodecomm) -> None:
+    """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget,
+    or (overflow served) every rank computes the same resident set."""
+    local_ranks = nodecomm.Get_size()
+    budget, source = ((store._budget_arg, "memory_budget argument") if store._budget_arg is not None
+                      else default_budget(local_ranks))
+    bufs = receive_buffers(store)
+    peak = max(bufs, population_readers(store))  # the readers are gone before the buffers exist
+    if store.replicate:
+        data = int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0
+        cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
+    else:
+        data, cap = int(store.layout.nbytes[store.rank]), budget
+    key = (store.num_samples, int(store.offsets[-1]), store.batch_size, store.seed, store.policy,
+           store.partial_fraction, store.drop_last, store.population, store.replicate, store.start, store.stop,
+           store.prefetch, store.overflow, store.storage_lookahead)
+    rows = store.comm.allgather((data + peak, data, cap, source, local_ranks, key))
+    odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
+    if odd:  # ranks that disagree on the plan would exchange garbage or wait forever
+        names = ("num_samples", "total_bytes", "batch_size", "seed", "shuffle", "partial_fraction",
+                 "drop_last", "population", "replicate", "sample_start", "sample_stop", "prefetch",
+                 "overflow", "storage_lookahead")
+        diff = {n: (a, b) for n, a, b in zip(names, rows[0][5], rows[odd[0]][5]) if a != b}
+        raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
+    msg = budget_error([row[:5] for row in rows], offsets=store.offsets, bufs=peak, replicate=store.replicate)
+    if msg and store.overflow == "serve" and not store.replicate:
+        choose_resident(store, [row[2] for row in rows], bufs)
+    elif msg:  # every rank saw the same rows, so every rank raises the same error
+        raise MemoryBudgetError(msg)
+
+
+def choose_resident(store, caps, bufs: int) -> None:
+    """Overflow served: every rank computes the same resident set from the gathered budgets."""
+    extra = tier_buffers(store, bufs)
+    keep = np.asarray(caps, dtype=np.int64) - extra
+    if keep.min() < 0:
+        r = int(np.argmin(keep))
+        raise MemoryBudgetError(
+            f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
+            f"{fmt_bytes(extra)} of buffers (receive, and {store.storage_lookahead + 1} steps of storage "
+            f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
+            f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
+    resident = tiers.resident_mask(store.sizes, store.layout.owner, keep, store.seed)
+    store._resident = resident
+    store.layout = plan.scattered_layout(tiers.resident_offsets(store.sizes, resident), store.layout.owner,
+                                         store.size)
+    total = int(store.offsets[-1])
+    res_bytes = int(store.sizes[resident].sum())
+    store.tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
+                  "storage_bytes": total - res_bytes}
+    if store.rank == 0:
+        log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
+                    "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
+                    "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
+                    fmt_bytes(total), 100.0 * store.tier["resident_fraction"], int(resident.sum()),
+                    store.num_samples, fmt_bytes(total - res_bytes), getattr(store.container, "path", "storage"),
+                    store.storage_lookahead)
+
+
+# ----------------------------------------------------------------------------- population
+def _fill(store, peers) -> int:
+    """This rank's part of the population (no collective): returns the bytes read."""
+    args = (store.container, store.start, store.offsets, store._base_byte)
+    if store.replicate:
+        store._view = store._arena.segment(0)
+        nc = store._nodecomm
+        nb = plan.block_bounds(store.offsets, nc.Get_size())
+        lo, hi = int(nb[nc.Get_rank()]), int(nb[nc.Get_rank() + 1])
+        a, b = int(store.offsets[lo]), int(store.offsets[hi])
+        reads = RangeReads(store.container, store.population_threads)
+        try:
+            preload(reads, *args, lo, hi, store._view[a:b])
+        finally:
+            reads.close()
+        return b - a
+    store._segs = store._arena.map_peers(peers, store.layout.nbytes)
+    if store._resident is not None:
+        store._storage = StorageReader(store.container.path, store.storage_threads)
+    if store.population != "preload":
+        store._loaded = np.zeros(store.num_samples, dtype=bool)
+        store._loaded[store.layout.owner != store.rank] = True  # only own samples are tracked
+        if store._resident is not None:
+            store._loaded[~store._resident] = True  # served from storage, never loaded
+        return 0
+    lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
+    if store._resident is None:
+        reads = RangeReads(store.container, store.population_threads)
+        try:
+            preload(reads, *args, lo, hi, store._arena.local)
+        finally:
+            reads.close()
+        return store._arena.local.size
+    # tiered: the storage tier's threads (and readers, counted in the budget) read the block
+    threads = min(store.population_threads, store.storage_threads)
+    reads = RangeReads(store.container, threads, pool=store._storage if threads > 1 else None)
+    scratch = max(1, (store.storage_lookahead + 1) * recv_bound(store))  # counted in the budget
+    return preload_resident(reads, *args, lo, hi, store._resident, store._arena.local, store.layout.disp, scratch)
+
+
+def populate(store) -> None:
+    """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
+    a read error on any rank frees the windows and is raised on every rank."""
+    nodecomm = node_comm(store.comm)
+    try:
+        check_budget(store, nodecomm)
+    except BaseException as exc:
+        nodecomm.Free()
+        if isinstance(exc, (ConfigError, MemoryBudgetError)):
+            setattr(exc, AGREED, True)  # every rank saw the same gathered rows and raises alike
+        raise
+    t0 = time.perf_counter()
+    exc = None
+    peers = None
+    try:  # window allocation is collective: a rank that fails it tells the others below
+        if store.replicate:
+            store._nodecomm = nodecomm
+            store._arena = Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
+        else:
+            peers = nodecomm.allgather(store.rank)  # always: node_views may differ between ranks
+            if not store.node_views:
+                peers = [store.rank]
+            nodecomm.Free()
+            store._arena = Arena(store.comm, int(store.layout.nbytes[store.rank]))
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
+        exc = e
+    store._agree(exc)
+    nbytes = 0
+    try:
+        nbytes = _fill(store, peers)
+    except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
+        exc = e
+    try:
+        store._agree(exc)
+    except BaseException:
+        store._free_windows()  # collective, and every rank is here: nothing is left to MPI_Finalize
+        raise
+    store._arena.publish()
+    store._add_population(time.perf_counter() - t0, nbytes)
