@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 HELP = ("Train a model data-parallel (torch DDP bootstrapped from MPI) on batches served by the "
         "distributed store; with no container, ingests and trains on the built-in `digits` set.")
@@ -13,6 +14,16 @@ def _floats(text: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _bytes(text: str) -> int:
+    from datastore.errors import ConfigError
+    from datastore.memory import parse_bytes
+
+    try:
+        return parse_bytes(text, "--memory-budget")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -47,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("data", nargs="?", default=None,
                    help="container to train on; none: the built-in `digits` set, ingested once into "
                         "$DSTORE_CACHE or ~/.cache/dstore")
-    d.add_argument("--val", default=None, help="separate held-out container (then --holdout is ignored)")
+    d.add_argument("--val", default=None,
+                   help="separate held-out container (then --holdout is ignored; default: none, the --holdout tail)")
     d.add_argument("--holdout", type=float, default=0.2,
                    help="fraction of the container (its tail; ingest already shuffled it) held out for evaluation")
     d.add_argument("--loader", choices=("store", "direct"), default="store",
@@ -62,16 +74,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--decode-threads", "--threads", dest="decode_threads", type=int, default=2,
                    action=_DeprecatedAlias, deprecated={"--threads": "--decode-threads"},
                    help="decode/augment threads per rank (StoreLoader's decode_threads; --threads: deprecated)")
-    d.add_argument("--memory-budget", type=int, default=None, help="bytes a rank may hold (store check)")
+    d.add_argument("--memory-budget", type=_bytes, default=None, metavar="BYTES",
+                   help="what a rank may hold in memory: bytes or e.g. 8G, 512MiB (default: $DSTORE_MEMORY_BUDGET, "
+                        "else 70%% of the node's available memory, or of its cgroup limit if lower, over its ranks)")
     d.add_argument("--overflow", choices=("serve", "error"), default="serve",
                    help="data over the memory budget: serve the rest from storage (default) or refuse")
     d.add_argument("--drop-last", action="store_true", help="drop each epoch's last partial global batch")
     d.add_argument("--augment", choices=("auto", "on", "off"), default="auto",
                    help="auto: random crop with padding + flip for images of 32x32 and up, none below")
-    d.add_argument("--channels", type=int, choices=(1, 3), default=None, help="force grey (1) or RGB (3)")
+    d.add_argument("--channels", type=int, choices=(1, 3), default=None,
+                   help="force grey (1) or RGB (3) (default: grey stays 1, the rest RGB)")
     d.add_argument("--mean", type=_floats, default=None, help="per-channel mean in [0,1] (default: measured)")
     d.add_argument("--std", type=_floats, default=None, help="per-channel std in [0,1] (default: measured)")
-    d.add_argument("--cache-dir", default=None, help="where built-in data sets are ingested")
+    d.add_argument("--cache-dir", default=None,
+                   help="where built-in data sets are ingested (default: $DSTORE_CACHE, else ~/.cache/dstore)")
 
     m = p.add_argument_group("model and optimisation")
     from training.models import model_names
@@ -123,16 +139,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     r = p.add_argument_group("run directory, checkpoints, resumption")
     r.add_argument("--run-dir", default=None, help="where metrics.jsonl, config.json and checkpoint.pt go "
-                                                   "(default: runs/<timestamp>)")
+                                                   "(default: runs/<YYYYmmdd-HHMMSS>-<pid of rank 0>)")
     r.add_argument("--resume", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint (exact sample, also mid-epoch); auto: --run-dir's "
-                        "checkpoint, else the newest runs/*/checkpoint.pt, else start fresh")
+                        "checkpoint, else the newest runs/*/checkpoint.pt, else start fresh; a checkpoint "
+                        "made on another container is refused (default: start fresh)")
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="also checkpoint every STEPS optimizer steps (always at each epoch end)")
     r.add_argument("--stop-after-steps", type=int, default=0, metavar="N",
                    help="stop (with a checkpoint) after N steps of this invocation: simulates an interruption")
     r.add_argument("--log-batches", action="store_true",
                    help="write every trained batch's sample ids to batches.rank<r>.jsonl")
+    r.add_argument("--json", action="store_true",
+                   help="rank 0's progress lines go to stderr and the run's summary (run dir, per-epoch metrics, "
+                        "test metrics) is printed on stdout as one JSON object")
     r.add_argument("--progress", dest="progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar per epoch on rank 0, on stderr (default: only when stderr is a terminal, "
                         "so batch logs get plain lines; under mpiexec stderr is a pipe: pass --progress)")
@@ -145,7 +165,22 @@ def run(args) -> int:
 
     fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
     cfg = TrainConfig(**fields)
-    result = train(cfg, MPI.COMM_WORLD)
-    if MPI.COMM_WORLD.Get_rank() == 0 and result["test"] is None and not result["stopped_early"]:
+    say = None
+    if args.json:  # stdout holds the JSON summary alone
+        def say(line):
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+    result = train(cfg, MPI.COMM_WORLD, say=say)
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        return 0
+    if args.json:
+        import json
+
+        from training.metrics import _plain
+
+        summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "ltfb")
+                   if k in result}
+        print(json.dumps(_plain(summary)), flush=True)
+    elif result["test"] is None and not result["stopped_early"]:
         print("no held-out set (--holdout 0 and no --val): no test accuracy", flush=True)
     return 0
