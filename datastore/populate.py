@@ -96,6 +96,8 @@ class RangeReads:
     """
 
     def __init__(self, container, threads: int, pool: StorageReader | None = None):
+        if pool is None and getattr(container, "path", None) is None:
+            threads = 1  # a reader without a path cannot be opened again per thread
         self.container, self.threads = container, max(1, int(threads))
         self._own = None
         self.pool = pool

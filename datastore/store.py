@@ -48,7 +48,6 @@ from datastore.collective import AGREED, agree, is_agreed
 from datastore.errors import ConfigError, FormatError
 from datastore.formats.base import ContainerReader
 from datastore.memory import parse_bytes
-from datastore.populate import PRELOAD_SCRATCH, READER_INDEX_BYTES  # noqa: F401 - re-exported
 from datastore.storage import StorageEpoch
 
 log = logging.getLogger("datastore.store")
@@ -130,8 +129,8 @@ class DataStore:
         shuffle: ``global``, ``local`` or ``partial``.
         partial_fraction: fraction of slots exchanged per epoch under ``partial``.
         population: ``preload`` (each rank reads its contiguous block on entry, in pieces,
-            `population_threads` reads in flight) or ``dynamic`` (epoch 0 reads from the container what each rank's batches
-            need, and the reader keeps it: under ``global`` a sample's owner is the rank that
+            `population_threads` reads in flight) or ``dynamic`` (epoch 0 reads from the container
+            what each rank's batches need, and the reader keeps it: under ``global`` a sample's owner is the rank that
             takes it in epoch 0; windows are sized in advance from offsets). If the first epoch
             served is not epoch 0 from its start (a resumed job), each rank reads everything it
             owns before that epoch instead.

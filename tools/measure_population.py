@@ -96,9 +96,9 @@ def main(argv=None) -> int:
                                 row = run(mnt.path(os.path.basename(src)), ranks, threads, tiered)
                         row.update(spec=spec, repeat=rep)
                         rows.append(row)
+                        rate = row["bytes"] / 1e6 / row["population_seconds"]
                         print(f"{spec:>20} ranks {ranks} tiered {tiered:.2f} threads {threads}: population "
-                              f"{row['population_seconds']:.2f} s, {row['bytes'] / 1e6 / row['population_seconds']:.0f} MB/s",
-                              flush=True)
+                              f"{row['population_seconds']:.2f} s, {rate:.0f} MB/s", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
