@@ -413,6 +413,7 @@ def populate(store) -> None:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
     nodecomm = node_comm(store.comm)
+    store._node_size = nodecomm.Get_size()
     try:
         check_budget(store, nodecomm)
     except BaseException as exc:

@@ -48,6 +48,7 @@ from datastore.collective import AGREED, agree, is_agreed
 from datastore.errors import ConfigError, FormatError
 from datastore.formats.base import ContainerReader
 from datastore.memory import parse_bytes
+from datastore.progress import ProgressThread
 from datastore.storage import StorageEpoch
 
 log = logging.getLogger("datastore.store")
@@ -84,6 +85,33 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
+
+
+_AUTO_PROGRESS = 0.002
+"""The progress thread's period where one is needed: bounds a get's wait at about 2 ms for a few
+microseconds of CPU per call (docs/reliability.md)."""
+PROGRESS_ENV = "DSTORE_PROGRESS_PERIOD"
+
+
+def _truthy(text) -> bool:
+    return str(text or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _progress_period(value) -> float | None:
+    """The progress_period argument checked (None: auto, unless $DSTORE_PROGRESS_PERIOD sets it)."""
+    where = "progress_period"
+    if value is None:
+        env = os.environ.get(PROGRESS_ENV, "").strip()
+        if not env:
+            return None
+        value, where = env, f"${PROGRESS_ENV}"
+    try:
+        period = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}={value!r} must be a number of seconds (0: no progress thread)") from None
+    if not period >= 0 or period == float("inf"):
+        raise ConfigError(f"{where}={value!r} must be a finite number of seconds >= 0 (0: no progress thread)")
+    return period
 
 
 def _positive_int(name, value, minimum=1) -> int:
@@ -161,12 +189,18 @@ class DataStore:
         population_threads: reads in flight while a preload fills the windows (datastore.populate):
             1 reads in the calling thread with the store's reader; more open a reader per thread
             (a tiered preload uses the storage threads, at most `storage_threads`).
+        progress_period: seconds between the calls of a progress thread (datastore.progress) that
+            drives this rank's MPI progress engine while it holds windows, so that other ranks'
+            gets from it complete while it computes without MPI calls; needed where gets do not
+            go through shared memory (ranks on other nodes). None (default): $DSTORE_PROGRESS_PERIOD
+            if set, else 0.002 where some rank of `comm` is on another node or shared memory is
+            forbidden (MPIR_CVAR_NOLOCAL), off otherwise; 0: off.
     """
 
     def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
                  population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
                  memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4,
-                 population_threads=4):
+                 population_threads=4, progress_period=None):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.container, self._owns_container = None, False
@@ -177,7 +211,7 @@ class DataStore:
                         prefetch=prefetch, drop_last=drop_last, sample_range=sample_range,
                         memory_budget=memory_budget, node_views=node_views, overflow=overflow,
                         storage_lookahead=storage_lookahead, storage_threads=storage_threads,
-                        population_threads=population_threads)
+                        population_threads=population_threads, progress_period=progress_period)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
         try:
@@ -188,7 +222,7 @@ class DataStore:
 
     def _setup(self, container, *, batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
                drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
-               storage_threads, population_threads) -> None:
+               storage_threads, population_threads, progress_period) -> None:
         self.batch_size = _positive_int("batch_size", batch_size)
         self.seed = shuffle_mod.check_seed(seed)
         if shuffle not in shuffle_mod.POLICIES:
@@ -209,6 +243,7 @@ class DataStore:
         self.storage_lookahead = _positive_int("storage_lookahead", storage_lookahead, 0)
         self.storage_threads = _positive_int("storage_threads", storage_threads)
         self.population_threads = _positive_int("population_threads", population_threads)
+        self.progress_period = _progress_period(progress_period)
         if self.batch_size < self.size:
             raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
                               f"number of ranks ({self.size})")
@@ -242,6 +277,8 @@ class DataStore:
         self._active = None
         self._closed = False
         self._failed = False  # an agreed failure was raised on every rank: skip further agreements
+        self._node_size = 1  # ranks of comm on this rank's node (set by the population)
+        self._progress = None  # its ProgressThread while it holds windows, where one is needed
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats = {}
 
@@ -291,6 +328,22 @@ class DataStore:
         if self._closed:
             raise ValueError("the DataStore is closed")
         populate_mod.populate(self)
+        self._start_progress()
+
+    def _start_progress(self) -> None:
+        """Starts the progress thread where other ranks' gets need this rank's progress engine."""
+        period = self.progress_period
+        if period is None:
+            remote = self.size > self._node_size or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
+            period = _AUTO_PROGRESS if (remote and not self.replicate) else 0.0
+        if period <= 0 or self._arena is None:
+            return
+        try:
+            self._progress = ProgressThread(self.comm, period).start()
+        except ConfigError as exc:  # not MPI_THREAD_MULTIPLE: gets complete at this rank's next MPI call
+            if self.progress_period is not None:
+                raise
+            log.warning("rank %d: no progress thread (%s)", self.rank, exc)
 
     def _agree(self, exc) -> None:
         """Collective (datastore.collective.agree): raises on every rank if `exc` is set on any."""
@@ -550,6 +603,11 @@ class DataStore:
         self._next = (epoch, step)
 
     # ----------------------------------------------------------------- lifetime
+    def _stop_progress(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.stop()
+
     def _close_storage(self) -> None:
         storage, self._storage = self._storage, None
         self._sbufs = []
@@ -578,6 +636,7 @@ class DataStore:
 
     def _free_windows(self) -> None:
         """Collective: frees the windows and the node communicator (safe twice)."""
+        self._stop_progress()
         arena, self._arena = self._arena, None
         self._view = None
         self._segs = {}
@@ -617,6 +676,7 @@ class DataStore:
             self._active = None
         if self._arena is not None:
             log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
+        self._stop_progress()
         self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
         self._close_storage()
         self._close_container()
