@@ -1,6 +1,17 @@
-"""dstore: a distributed in-memory data store served over MPI one-sided communication."""
+"""dstore: a distributed in-memory data store served over MPI one-sided communication.
 
-from datastore.errors import (
+The one import root of the project. The repository's folders map onto it: datastore/ is `dstore`
+(the store, formats, ingest), training/ is `dstore.training` (the trainer), tools/ is `dstore.tools`
+(the `dstore` command line, the bench and the measurement scripts); docs/design.md has the module map.
+
+`from dstore import DataStore, StoreLoader` is the public API. Both are imported on first use
+(module `__getattr__`), so `import dstore` imports neither mpi4py (whose import initialises MPI: the
+FUSE process of `dstore pfs` must not) nor torch.
+"""
+
+import importlib
+
+from dstore.errors import (
     ChecksumError,
     ConfigError,
     DStoreError,
@@ -12,13 +23,29 @@ from datastore.errors import (
 
 __version__ = "0.1.0"
 
+_LAZY = {"DataStore": "dstore.store", "StoreLoader": "dstore.torch"}
+
 __all__ = [
     "ChecksumError",
     "ConfigError",
     "DStoreError",
+    "DataStore",
     "FormatError",
     "IncompleteContainerError",
     "MemoryBudgetError",
     "SampleError",
+    "StoreLoader",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dstore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

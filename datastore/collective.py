@@ -10,8 +10,8 @@ failure flag and, only when some rank failed, an allgather of the messages; then
 
 from __future__ import annotations
 
-from datastore import errors as _errors
-from datastore.errors import DStoreError
+from dstore import errors as _errors
+from dstore.errors import DStoreError
 
 AGREED = "_dstore_agreed"
 """Attribute set (True) on an exception every rank of the communicator has raised together."""

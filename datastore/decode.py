@@ -1,6 +1,6 @@
 """Decoding a sample's bytes into an HWC uint8 array: simplejpeg for JPEG, Pillow for the rest, raw as is.
 
-Both libraries release the GIL, so callers decode in a thread pool (see datastore.torch).
+Both libraries release the GIL, so callers decode in a thread pool (see dstore.torch).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import io
 
 import numpy as np
 
-from datastore.errors import SampleError
+from dstore.errors import SampleError
 
 _JPEG_MAGIC = b"\xff\xd8"
 _PNG_MAGIC = b"\x89PNG"

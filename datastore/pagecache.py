@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import warnings
 
-from datastore.formats import MANIFEST_NAME
-from datastore.formats.layout import ContainerNotFoundError
+from dstore.formats import MANIFEST_NAME
+from dstore.formats.layout import ContainerNotFoundError
 
 
 def container_files(path) -> list[str]:
@@ -37,7 +37,7 @@ def container_files(path) -> list[str]:
         files.append(path)
     manifest = path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
     if os.path.isfile(manifest):
-        from datastore.formats.sharded import read_manifest
+        from dstore.formats.sharded import read_manifest
 
         for entry in read_manifest(path)["shards"]:
             files.extend(f for f in container_files(entry["path"]) if f not in files)

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 
 STATE_VERSION = 1
@@ -165,7 +165,7 @@ def dealt_schedule(seq: np.ndarray, steps: int, pad_id: int) -> Schedule:
 
 def rank_schedule(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, nranks: int,
                   rank: int, drop_last: bool) -> Schedule:
-    """Rank's deliveries for an epoch whose order (datastore.shuffle.epoch_order) is `order`."""
+    """Rank's deliveries for an epoch whose order (dstore.shuffle.epoch_order) is `order`."""
     if policy == "global":
         return global_schedule(order, batch_size, nranks, rank, drop_last)
     steps = steps_per_epoch(order.size, batch_size, drop_last)

@@ -5,11 +5,11 @@ samples) and the dynamic population (what epoch 0 needs), with several range rea
 One stream of synchronous reads pays one storage round trip per request (the kernel splits a large
 read into requests of about 1 MiB that a FUSE or parallel file system serves one after the other),
 so a preload reads its block in pieces of `PARALLEL_PIECE` bytes, `population_threads` at a time.
-Each read thread opens its own reader of the container (datastore.storage.StorageReader: file
+Each read thread opens its own reader of the container (dstore.storage.StorageReader: file
 descriptors and chunk caches are not shared between threads; the backends read with `os.preadv`,
 which releases the GIL), and a further thread faults in the pages of the pieces ahead of the reads
-(datastore.prefault). A failed piece is named by its samples (each tried alone), raised on the rank
-that read it and agreed with every other rank (datastore.collective) before anything collective.
+(dstore.prefault). A failed piece is named by its samples (each tried alone), raised on the rank
+that read it and agreed with every other rank (dstore.collective) before anything collective.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import time
 
 import numpy as np
 
-from datastore import plan, prefault, tiers
-from datastore.collective import AGREED
-from datastore.errors import ConfigError, FormatError, MemoryBudgetError
-from datastore.memory import budget_error, default_budget, fmt_bytes
-from datastore.storage import StorageReader
-from datastore.window import Arena, node_comm
+from dstore import plan, prefault, tiers
+from dstore.collective import AGREED
+from dstore.errors import ConfigError, FormatError, MemoryBudgetError
+from dstore.memory import budget_error, default_budget, fmt_bytes
+from dstore.storage import StorageReader
+from dstore.window import Arena, node_comm
 
-log = logging.getLogger("datastore.store")
+log = logging.getLogger("dstore.store")
 
 READER_INDEX_BYTES = 28
 """Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source

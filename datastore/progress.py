@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 PROBE_TAG = 32767
 """The tag the thread probes for; nothing is ever sent with it (MPI guarantees tags up to 32767)."""

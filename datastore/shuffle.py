@@ -3,7 +3,7 @@
 Three policies, all returning one int64 permutation of ``range(num_samples)``:
 
 * ``global``: one permutation of all samples; it depends only on (seed, epoch), never on the
-  number of ranks. The plan (datastore.plan) cuts it into global batches and per-rank slices.
+  number of ranks. The plan (dstore.plan) cuts it into global batches and per-rank slices.
 * ``local``: each rank's contiguous block (``bounds[r]:bounds[r+1]``) is permuted within itself,
   so rank r's part of the result is ``result[bounds[r]:bounds[r+1]]`` and holds only its own
   samples (no traffic). The within-block order comes from one random key per sample drawn from
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 POLICIES = ("global", "local", "partial")
 """The shuffle policies a store accepts."""

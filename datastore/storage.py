@@ -3,7 +3,7 @@
 Each worker thread opens its own reader of the container (file descriptors and chunk-file caches
 are not shared between threads), and the backends read with `os.preadv`, which releases the GIL,
 so reads overlap each other, decoding and the training step. The store submits a step's coalesced
-runs (datastore.tiers.plan_storage) a bounded number of steps ahead and waits for them when the
+runs (dstore.tiers.plan_storage) a bounded number of steps ahead and waits for them when the
 step is consumed. Every read is counted, and the byte ranges read in the current epoch are kept so
 that a test can check that no byte was read twice.
 """
@@ -21,7 +21,7 @@ class StorageReader:
     """Reads byte ranges of `path`'s data in `threads` threads.
 
     Args:
-        path: the container (anything datastore.formats.open_container opens).
+        path: the container (anything dstore.formats.open_container opens).
         threads: worker threads (>= 1).
 
     Attributes:
@@ -42,7 +42,7 @@ class StorageReader:
     def _reader(self):
         r = getattr(self._local, "reader", None)
         if r is None:
-            from datastore.formats import open_container
+            from dstore.formats import open_container
 
             r = open_container(self.path)
             self._local.reader = r
@@ -122,7 +122,7 @@ class StorageEpoch:
 
     def __init__(self, reader: StorageReader, sched, first: int, resident: np.ndarray, offsets: np.ndarray,
                  base: int, lookahead: int, bufs: list):
-        from datastore import tiers
+        from dstore import tiers
 
         self._tiers = tiers
         self.reader, self.sched, self.offsets, self.base = reader, sched, offsets, int(base)

@@ -1,7 +1,7 @@
 """`DataStore`: a container spread over the memory of the ranks of a communicator, served as
 shuffled mini-batches with MPI one-sided gets.
 
-Rules a user can rely on (the arithmetic is in datastore.plan and datastore.shuffle):
+Rules a user can rely on (the arithmetic is in dstore.plan and dstore.shuffle):
 
 * Order: the epoch's global order is a pure function of (seed, epoch); global batch s is its
   positions ``[s*B, (s+1)*B)`` and rank r takes the contiguous part ``[n*r//P, n*(r+1)//P)`` of it
@@ -23,9 +23,9 @@ Rules a user can rely on (the arithmetic is in datastore.plan and datastore.shuf
   repeated or missed in that one epoch; a warning is logged), later epochs are exact.
 * Data larger than the memory budget (``overflow="serve"``, the default): each rank keeps a
   seeded random subset of its samples in its window and the rest are read from the container by
-  the rank that delivers them, ahead of need (datastore.tiers, datastore.storage). None of the
+  the rank that delivers them, ahead of need (dstore.tiers, dstore.storage). None of the
   rules above depends on residency.
-* Failure: every collective step first agrees that no rank failed (datastore.collective); a read
+* Failure: every collective step first agrees that no rank failed (dstore.collective); a read
   error on one rank is raised on every rank, naming the container and the samples.
 """
 
@@ -41,17 +41,17 @@ import warnings
 
 import numpy as np
 
-from datastore import plan, tiers
-from datastore import populate as populate_mod
-from datastore import shuffle as shuffle_mod
-from datastore.collective import AGREED, agree, is_agreed
-from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import ContainerReader
-from datastore.memory import parse_bytes
-from datastore.progress import ProgressThread
-from datastore.storage import StorageEpoch
+from dstore import plan, tiers
+from dstore import populate as populate_mod
+from dstore import shuffle as shuffle_mod
+from dstore.collective import AGREED, agree, is_agreed
+from dstore.errors import ConfigError, FormatError
+from dstore.formats.base import ContainerReader
+from dstore.memory import parse_bytes
+from dstore.progress import ProgressThread
+from dstore.storage import StorageEpoch
 
-log = logging.getLogger("datastore.store")
+log = logging.getLogger("dstore.store")
 
 POPULATIONS = ("preload", "dynamic")
 
@@ -141,7 +141,7 @@ class DataStore:
             samples_storage / bytes_storage (served from the container), storage_reads (one per
             coalesced run) and storage_wait_seconds; and the store's population
             so far (population_seconds, population_bytes, population_MBps). Logged at INFO
-            ("datastore.store") at the end of each epoch.
+            ("dstore.store") at the end of each epoch.
 
     Samples are served as read-only views: local ones straight from this rank's window, those of
     another rank on the same node straight from its window where the MPI library shares it
@@ -150,7 +150,7 @@ class DataStore:
 
     Args:
         comm: an mpi4py communicator (any, e.g. a trainer's sub-communicator or COMM_SELF).
-        container: a path (opened with datastore.formats.open_container and closed by the store)
+        container: a path (opened with dstore.formats.open_container and closed by the store)
             or an open ContainerReader (left open).
         batch_size: the GLOBAL batch size B (>= the number of ranks).
         seed: seed of every shuffle.
@@ -179,17 +179,17 @@ class DataStore:
             the node's MemAvailable shared by its ranks.
         overflow: what happens when a rank's share (plus its buffers) exceeds its budget:
             ``serve`` (default): each rank keeps a seeded random subset of its samples that fits
-            (datastore.tiers) and the rest is read from the container by the rank that needs it,
+            (dstore.tiers) and the rest is read from the container by the rank that needs it,
             `storage_lookahead` steps ahead in `storage_threads` threads, adjacent samples in one
             read (rank 0 logs a warning saying the resident fraction and the bytes per epoch read
             from storage); order, exactly-once and resumption do not change. ``error``: raise
             MemoryBudgetError. A replicated copy that does not fit always raises.
         storage_lookahead: steps whose storage reads are in flight ahead of the one consumed.
         storage_threads: threads reading from storage (each opens its own reader of the container).
-        population_threads: reads in flight while a preload fills the windows (datastore.populate):
+        population_threads: reads in flight while a preload fills the windows (dstore.populate):
             1 reads in the calling thread with the store's reader; more open a reader per thread
             (a tiered preload uses the storage threads, at most `storage_threads`).
-        progress_period: seconds between the calls of a progress thread (datastore.progress) that
+        progress_period: seconds between the calls of a progress thread (dstore.progress) that
             drives this rank's MPI progress engine while it holds windows, so that other ranks'
             gets from it complete while it computes without MPI calls; needed where gets do not
             go through shared memory (ranks on other nodes). None (default): $DSTORE_PROGRESS_PERIOD
@@ -251,7 +251,7 @@ class DataStore:
         if isinstance(container, ContainerReader):
             self.container, self._owns_container = container, False
         elif isinstance(container, (str, os.PathLike)):
-            from datastore.formats import open_container
+            from dstore.formats import open_container
 
             self.container, self._owns_container = open_container(container), True
         else:
@@ -322,7 +322,7 @@ class DataStore:
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them
-        (datastore.populate)."""
+        (dstore.populate)."""
         if self._arena is not None:
             return
         if self._closed:
@@ -346,7 +346,7 @@ class DataStore:
             log.warning("rank %d: no progress thread (%s)", self.rank, exc)
 
     def _agree(self, exc) -> None:
-        """Collective (datastore.collective.agree): raises on every rank if `exc` is set on any."""
+        """Collective (dstore.collective.agree): raises on every rank if `exc` is set on any."""
         try:
             agree(self.comm, exc)
         except BaseException:
@@ -364,7 +364,7 @@ class DataStore:
         p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
 
     def _fill_dynamic(self, ids: np.ndarray) -> int:
-        """Reads the not yet loaded own samples among `ids` (datastore.populate.fill_dynamic)."""
+        """Reads the not yet loaded own samples among `ids` (dstore.populate.fill_dynamic)."""
         return populate_mod.fill_dynamic(self, ids)
 
     # ----------------------------------------------------------------- epochs

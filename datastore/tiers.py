@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 OVERFLOWS = ("serve", "error")
 """What a store does when its data exceed the budget: serve the rest from storage, or refuse."""
@@ -63,7 +63,7 @@ def resident_mask(sizes: np.ndarray, owner: np.ndarray, keep: np.ndarray, seed: 
 
 def resident_offsets(sizes: np.ndarray, resident: np.ndarray) -> np.ndarray:
     """Offsets int64[N+1] over the resident samples only (a non-resident sample takes no bytes), the
-    input of datastore.plan.scattered_layout for a window that holds only the resident samples."""
+    input of dstore.plan.scattered_layout for a window that holds only the resident samples."""
     eff = np.where(resident, np.asarray(sizes, dtype=np.int64), 0)
     out = np.zeros(eff.size + 1, dtype=np.int64)
     np.cumsum(eff, out=out[1:])

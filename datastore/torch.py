@@ -40,8 +40,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from datastore.decode import decode_sample
-from datastore.errors import ConfigError
+from dstore.decode import decode_sample
+from dstore.errors import ConfigError
 
 
 class seeded:  # noqa: N801 - used like a function: transform=seeded(fn)
@@ -51,7 +51,7 @@ class seeded:  # noqa: N801 - used like a function: transform=seeded(fn)
     style, `fn(array)`) draws from its own RNG instead and is not reproducible across threads.
 
     Without this wrapper a callable is still taken as seeded when its second positional parameter
-    is required or named `rng` (the loader's original form, e.g. training.augment.ImageTransform).
+    is required or named `rng` (the loader's original form, e.g. dstore.training.augment.ImageTransform).
     """
 
     def __init__(self, fn):
@@ -182,7 +182,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
     do): the store itself may be up to `ahead` batches further on, which the state leaves out.
 
     Args:
-        store: an entered DataStore (or training.data.DirectSource).
+        store: an entered DataStore (or dstore.training.data.DirectSource).
         transform: None, or a per-sample callable run in the decode threads on the HWC uint8
             ndarray, returning a CHW tensor or an ndarray: either one-argument (torchvision style,
             `fn(array)`) or seeded (`seeded(fn)` with `fn(array, rng)`: a numpy Generator seeded
@@ -205,7 +205,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
-        last_pad: bool[b], which of them are padding repeats (see datastore.store).
+        last_pad: bool[b], which of them are padding repeats (see dstore.store).
         last_wait_seconds: how long the caller waited for the last batch.
         last_decode_seconds: thread-seconds spent decoding the last batch.
         stats: totals for the current epoch (batches, wait_seconds, decode_seconds, and

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from datastore.errors import ConfigError, DStoreError, SampleError
-from datastore.formats import detect_format, open_container
-from datastore.plan import block_bounds
+from dstore.errors import ConfigError, DStoreError, SampleError
+from dstore.formats import detect_format, open_container
+from dstore.plan import block_bounds
 
 READ_SIZE = 64 << 20
 """How many bytes verification reads at once (whole samples; a larger sample is read alone)."""
@@ -78,7 +78,7 @@ def _read_groups(offsets: np.ndarray, start: int, stop: int, read_size: int):
 
 def _decode_error(data, info, name: str) -> str | None:
     """Why a sample does not decode, or None if it does."""
-    from datastore.decode import decode_sample
+    from dstore.decode import decode_sample
 
     try:
         decode_sample(data, info, name=name)

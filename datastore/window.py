@@ -14,7 +14,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 
 class Arena:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.formats import create_writer, detect_format, open_container, write_manifest
+from dstore.formats import create_writer, detect_format, open_container, write_manifest
 
 BACKENDS = ("hdf5", "zarr", "sharded-hdf5", "sharded-zarr")
 SUFFIX = {"hdf5": ".h5", "zarr": ".zarr"}
@@ -105,7 +105,7 @@ def set_attr(path: str, key: str, value=None, *, delete: bool = False) -> None:
     else:
         import json
 
-        from datastore.formats.sharded import manifest_file
+        from dstore.formats.sharded import manifest_file
 
         mfile = manifest_file(path)
         with open(mfile) as f:

@@ -10,14 +10,14 @@ import zlib
 
 import numpy as np
 
-from datastore.ingest.synthetic import generate_image_folder
+from dstore.ingest.synthetic import generate_image_folder
 
 
 def digit_png(index: int, side: int = 32) -> bytes:
     """Digit `index` of scikit-learn's digits, upscaled to side x side, as PNG bytes (mode L)."""
     from PIL import Image
 
-    from datastore.ingest.digits import digits_arrays
+    from dstore.ingest.digits import digits_arrays
 
     images, _ = digits_arrays()
     im = Image.fromarray(images[index, :, :, 0]).resize((side, side), Image.NEAREST)
@@ -64,7 +64,7 @@ def check_container_against_folder(path: str, root: str, *, expect_encoding: str
     computes it on the rank that processed the sample, not the writer), labels match the class
     folder, every listed file (less `exclude`, full paths) is there once, and the source indices are
     the listing's positions. Raises AssertionError otherwise."""
-    from datastore.formats import open_container
+    from dstore.formats import open_container
 
     files = listing(root)
     if exclude:

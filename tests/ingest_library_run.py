@@ -8,7 +8,7 @@ import sys
 
 from mpi4py import MPI
 
-from datastore.ingest import ingest
+from dstore.ingest import ingest
 
 
 def main(results_dir, specs):

@@ -35,10 +35,9 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool =
     if argv and argv[0] == "python":
         argv[0] = sys.executable
     elif argv and argv[0] == "dstore":
-        argv = [sys.executable, "-m", "tools"] + argv[1:]
+        argv = [sys.executable, "-m", "dstore.tools"] + argv[1:]
     cmd = [mpiexec(), "-n", str(nprocs)] + argv
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.setdefault("OMP_NUM_THREADS", "1")
     if env:

@@ -9,8 +9,8 @@ import os
 import pytest
 from mpirun import run_mpi
 
-from tools.bench import layouts, mosaic, report, runner
-from tools.bench.common import Measurement
+from dstore.tools.bench import layouts, mosaic, report, runner
+from dstore.tools.bench.common import Measurement
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -102,7 +102,7 @@ def test_per_sample_copies_hold_the_container_and_are_reused(tmp_path):
     import zarr
     from mpi4py import MPI
 
-    from datastore.formats import create_writer, open_container
+    from dstore.formats import create_writer, open_container
 
     src = str(tmp_path / "c.h5")
     rng = np.random.default_rng(0)
@@ -201,10 +201,10 @@ def test_quick_run_on_1_and_2_ranks(tmp_path):
 
 
 def test_generated_data_options_and_their_errors():
-    from datastore.errors import ConfigError
-    from tools.bench.data import data_tag
-    from tools.cli import build_parser
-    from tools.cmd_bench import _config
+    from dstore.errors import ConfigError
+    from dstore.tools.bench.data import data_tag
+    from dstore.tools.cli import build_parser
+    from dstore.tools.cmd_bench import _config
 
     def config(*argv):
         return _config(build_parser().parse_args(["bench", *argv]))

@@ -8,7 +8,7 @@ from mpirun import run_mpi
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "tools", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "dstore.tools", "--help"], capture_output=True, text=True, check=True)
     assert "dstore" in out.stdout
 
 
@@ -19,8 +19,8 @@ def test_error_on_one_rank_ends_job(tmp_path, nprocs):
     script = tmp_path / "fail.py"
     script.write_text(
         "from mpi4py import MPI\n"
-        "from tools.cli import abort_on_error\n"
-        "from datastore.errors import FormatError\n"
+        "from dstore.tools.cli import abort_on_error\n"
+        "from dstore.errors import FormatError\n"
         "def work():\n"
         "    if MPI.COMM_WORLD.rank == 1:\n"
         "        raise FormatError('bad container /x/y.h5: no completion marker')\n"

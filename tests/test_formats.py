@@ -13,8 +13,8 @@ from formats_helpers import BACKENDS, SUFFIX, build, random_samples, replace_arr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore.errors import ConfigError, FormatError, IncompleteContainerError
-from datastore.formats import (
+from dstore.errors import ConfigError, FormatError, IncompleteContainerError
+from dstore.formats import (
     FORMATS,
     ContainerExistsError,
     ContainerNotFoundError,
@@ -274,7 +274,7 @@ class TestWriter:
 
 
 def _open_as_hdf5(path):
-    from datastore.formats.hdf5 import HDF5Reader
+    from dstore.formats.hdf5 import HDF5Reader
 
     return HDF5Reader(path)
 

@@ -13,10 +13,10 @@ from formats_helpers import random_samples, write_samples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore import prefault
-from datastore.errors import FormatError
-from datastore.formats import open_container
-from datastore.formats.hdf5 import HDF5Reader
+from dstore import prefault
+from dstore.errors import FormatError
+from dstore.formats import open_container
+from dstore.formats.hdf5 import HDF5Reader
 
 SAMPLES = random_samples(60, seed=3)
 WHOLE = b"".join(s[0] for s in SAMPLES)

@@ -8,9 +8,9 @@ import zlib
 import numpy as np
 import pytest
 
-from datastore.formats import open_container
-from datastore.ingest import open_source
-from datastore.ingest.plan import group_chunk, sample_order
+from dstore.formats import open_container
+from dstore.ingest import open_source
+from dstore.ingest.plan import group_chunk, sample_order
 from ingest_helpers import add_bad, check_container_against_folder, leftovers, listing, make_mixed_folder, write_cifar10
 from mpirun import run_mpi
 
@@ -31,7 +31,7 @@ def ingest_cli(nprocs, *args, check=True):
 def verify(path):
     from mpi4py import MPI
 
-    from datastore.verify import verify_container
+    from dstore.verify import verify_container
 
     report = verify_container(str(path), comm=MPI.COMM_SELF)
     assert report.ok, report.summary()
@@ -124,7 +124,7 @@ def test_cifar_and_synthetic_two_ranks(tmp_path):
 
     ingest_cli(2, "synthetic", tmp_path / "s.h5", "--count", 16, "--seed", 3, "--mean-bytes", 3000,
                "--min-side", 48, "-O", "max_side=64")
-    from datastore.ingest.synthetic import SyntheticSource
+    from dstore.ingest.synthetic import SyntheticSource
 
     src = SyntheticSource(16, seed=3, mean_bytes=3000, min_side=48, max_side=64)
     with open_container(str(tmp_path / "s.h5")) as c:

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore.errors import ConfigError
-from datastore.ingest import plan
+from dstore.errors import ConfigError
+from dstore.ingest import plan
 
 
 def test_sample_order_is_a_seeded_permutation():

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from datastore.errors import ConfigError, SampleError
-from datastore.formats import ContainerExistsError, open_container
-from datastore.ingest import ingest, open_source
-from datastore.ingest.cifar import CifarSource
-from datastore.ingest.synthetic import SyntheticSource, generate_image_folder
+from dstore.errors import ConfigError, SampleError
+from dstore.formats import ContainerExistsError, open_container
+from dstore.ingest import ingest, open_source
+from dstore.ingest.cifar import CifarSource
+from dstore.ingest.synthetic import SyntheticSource, generate_image_folder
 from ingest_helpers import (
     BAD_KINDS,
     Exploit,
@@ -145,7 +145,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
     assert report.encoding == "raw"
     from PIL import Image
 
-    from datastore.decode import decode_image
+    from dstore.decode import decode_image
     with open_container(str(tmp_path / "r.h5")) as c:
         assert c.info.raw_shape == (16, 12, 3) and c.info.raw_dtype == "uint8"
         for j in (0, c.num_samples - 1):
@@ -261,7 +261,7 @@ def test_synthetic_is_seeded_imagenet_sized_and_learnable(tmp_path):
     assert blobs[0] != other.load(0)
     mean = np.mean([len(x) for x in blobs])
     assert 0.8 * 110_000 < mean < 1.2 * 110_000, mean
-    from datastore.decode import decode_image
+    from dstore.decode import decode_image
 
     sides = [decode_image(x).shape[:2] for x in blobs[:10]]
     assert all(333 <= h <= 500 and 333 <= w <= 500 for h, w in sides) and len(set(sides)) > 5
@@ -291,9 +291,9 @@ def test_open_source_detects_types(mixed, tmp_path):
 
 
 def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path):
-    from datastore.formats import create_writer
-    from datastore.ingest.digits import DigitsSource
-    from datastore.ingest.writer import BackgroundWriter
+    from dstore.formats import create_writer
+    from dstore.ingest.digits import DigitsSource
+    from dstore.ingest.writer import BackgroundWriter
 
     class BadLabel(DigitsSource):
         def label(self, i):
@@ -316,7 +316,7 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
     assert report.samples == 20
     from PIL import Image
 
-    from datastore.ingest.digits import digits_arrays
+    from dstore.ingest.digits import digits_arrays
     images, _ = digits_arrays()
     with open_container(str(tmp_path / "d16.h5")) as c:
         assert c.info.raw_shape == (16, 16, 1)
@@ -328,8 +328,8 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
 
 def test_a_file_that_cannot_be_read_is_a_sample_error(tmp_path):
     # What a permission error does, in a form root cannot read past: the file vanished after listing.
-    from datastore.ingest.folder import FolderSource
-    from datastore.ingest.process import process_block, resolve_target
+    from dstore.ingest.folder import FolderSource
+    from dstore.ingest.process import process_block, resolve_target
 
     root = tmp_path / "images"
     small_jpegs(str(root), 4)

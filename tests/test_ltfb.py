@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpirun import run_mpi
 
-from datastore.errors import ConfigError
-from training import exchange, hparams
-from training.ltfb import (duel, from_bytes, pair_trainers, partner_of, partner_wins, rank_trainers,
+from dstore.errors import ConfigError
+from dstore.training import exchange, hparams
+from dstore.training.ltfb import (duel, from_bytes, pair_trainers, partner_of, partner_wins, rank_trainers,
                            ranks_per_trainer, state_crc, to_bytes, trainer_parts, truncation_count,
                            truncation_plan)
-from training.metrics import read_jsonl
+from dstore.training.metrics import read_jsonl
 
 # --- pure parts -----------------------------------------------------------------------------
 
@@ -111,8 +111,8 @@ def test_state_crc_sees_every_value_and_survives_a_round_trip():
 
 
 def test_config_checks_name_the_flag():
-    from tools.cli import build_parser
-    from training.run import TrainConfig
+    from dstore.tools.cli import build_parser
+    from dstore.training.run import TrainConfig
 
     args = build_parser().parse_args(["train", "--trainers", "2", "--ltfb-round", "5", "--ltfb-metric", "loss",
                                       "--tournament-fraction", "0.2"])
@@ -129,7 +129,7 @@ def test_config_checks_name_the_flag():
 
 
 def test_resume_of_a_job_names_what_is_missing(tmp_path):
-    from training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
+    from dstore.training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
 
     job = tmp_path / "runs" / "job"
     (job / "trainer0").mkdir(parents=True)
@@ -274,7 +274,7 @@ def test_trainers_start_from_different_values():
 def test_experiment_variants_and_summary():
     import argparse
 
-    from tools.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
+    from dstore.tools.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
 
     opts = argparse.Namespace(trainers=4, round=5, truncation_fraction=0.25, explore="lr", epochs=6, batch_size=32,
                               lr=0.003, metric="loss", seeds=[0, 1])
@@ -302,14 +302,14 @@ def self_trainer(tmp_path):
     raw container (dark vs bright 4x4 images)."""
     from mpi4py import MPI
 
-    from datastore.formats import create_writer
-    from datastore.store import DataStore
-    from datastore.torch import StoreLoader
-    from training.augment import ImageTransform
-    from training.dist import init_distributed
-    from training.loop import Trainer
-    from training.models import build_model
-    from training.optim import Schedule, make_optimizer, make_scheduler
+    from dstore.formats import create_writer
+    from dstore.store import DataStore
+    from dstore.torch import StoreLoader
+    from dstore.training.augment import ImageTransform
+    from dstore.training.dist import init_distributed
+    from dstore.training.loop import Trainer
+    from dstore.training.models import build_model
+    from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 
     path = str(tmp_path / "easy.h5")
     gen = np.random.default_rng(0)
@@ -375,7 +375,7 @@ def test_duel_keeps_the_better_model_with_its_optimizer_state(self_trainer):
 
 @pytest.mark.parametrize("name", ["adam", "sgd"])
 def test_hyperparameters_travel_in_the_state_and_take_effect(self_trainer, name):
-    from training.optim import Schedule, make_optimizer, make_scheduler
+    from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 
     trainer, loader = self_trainer
     opt = make_optimizer(name, trainer.model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)

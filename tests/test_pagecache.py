@@ -1,4 +1,4 @@
-"""datastore.pagecache: evict() runs on real containers of every backend and returns their files'
+"""dstore.pagecache: evict() runs on real containers of every backend and returns their files'
 total size; a missing path and an unopenable file are named in the error; without posix_fadvise
 it warns and does nothing. (Whether the kernel really dropped the pages is not asserted: it may
 keep them.) No MPI."""
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from datastore import pagecache
-from datastore.formats import open_container
-from datastore.formats.layout import ContainerNotFoundError
+from dstore import pagecache
+from dstore.formats import open_container
+from dstore.formats.layout import ContainerNotFoundError
 from formats_helpers import BACKENDS, build, random_samples
 
 
@@ -31,7 +31,7 @@ def test_evict_covers_every_file_of_the_container(tmp_path, backend):
 
 
 def test_sharded_manifest_file_includes_shards_elsewhere(tmp_path):
-    from datastore.formats import write_manifest
+    from dstore.formats import write_manifest
     from formats_helpers import write_samples
 
     samples = random_samples(6)

@@ -9,17 +9,17 @@ import os
 import pytest
 from mpirun import run_mpi
 
-from datastore.errors import ConfigError
-from tools.bench import storage
-from tools.pfs import fuse_available, parse_spec
-from tools.pfs.mount import pfs_mountpoints
+from dstore.errors import ConfigError
+from dstore.tools.bench import storage
+from dstore.tools.pfs import fuse_available, parse_spec
+from dstore.tools.pfs.mount import pfs_mountpoints
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _config(*argv):
-    from tools.cli import build_parser
-    from tools.cmd_bench import _config as config
+    from dstore.tools.cli import build_parser
+    from dstore.tools.cmd_bench import _config as config
 
     return config(build_parser().parse_args(["bench", *argv]))
 

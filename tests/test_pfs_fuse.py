@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from datastore.errors import ConfigError
-from tools.pfs import PfsModel, StaleMountError, fuse_available, parse_spec, pfs_mount, stale_mounts
-from tools.pfs.mount import check_mountpoint, force_unmount, is_mounted, pfs_mountpoints
+from dstore.errors import ConfigError
+from dstore.tools.pfs import PfsModel, StaleMountError, fuse_available, parse_spec, pfs_mount, stale_mounts
+from dstore.tools.pfs.mount import check_mountpoint, force_unmount, is_mounted, pfs_mountpoints
 
 REASON = fuse_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"FUSE tests need FUSE: {REASON}")
@@ -126,7 +126,7 @@ def test_dstore_pfs_unmounts_on_sigterm_and_reports(source, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
     stats = tmp_path / "stats.json"
-    proc = subprocess.Popen([sys.executable, "-m", "tools", "pfs", str(source), str(mp), "--latency", "1ms",
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "1ms",
                              "--stats-json", str(stats)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -149,7 +149,7 @@ def test_dstore_pfs_unmounts_on_sigterm_and_reports(source, tmp_path):
 def test_bad_source_leaves_no_mount(tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
-    r = subprocess.run([sys.executable, "-m", "tools", "pfs", str(tmp_path / "nope"), str(mp)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", str(tmp_path / "nope"), str(mp)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "SOURCE" in r.stderr and "nope" in r.stderr, r.stderr
     assert not is_mounted(str(mp))
@@ -170,7 +170,7 @@ def test_error_in_the_body_still_unmounts(source):
 def test_stale_mount_is_detected_and_named(source, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "tools.pfs.fs", str(source), str(mp), "--latency", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_mounted(str(mp), proc)
@@ -179,10 +179,10 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
         assert str(mp) in stale_mounts()
         with pytest.raises(StaleMountError, match=f"fusermount3? -u {mp}"):
             check_mountpoint(str(mp))
-        r = subprocess.run([sys.executable, "-m", "tools", "pfs", str(source), str(mp)], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "stale" in r.stderr and f"-u {mp}" in r.stderr, r.stderr
-        r = subprocess.run([sys.executable, "-m", "tools", "pfs", "--find-stale"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", "--find-stale"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and str(mp) in r.stdout, r.stdout
     finally:
@@ -196,7 +196,7 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
 def test_mount_does_not_outlive_a_killed_owner(source):
     """The process that opened pfs_mount is SIGKILLed (as an aborted MPI rank is): the file system
     notices, unmounts and exits instead of serving forever."""
-    code = ("import sys, time; from tools.pfs import pfs_mount, PfsModel\n"
+    code = ("import sys, time; from dstore.tools.pfs import pfs_mount, PfsModel\n"
             f"m = pfs_mount({str(source)!r}, model=PfsModel()).__enter__()\n"
             "print(m.mountpoint, m._proc.pid, flush=True); time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore.errors import ConfigError
-from tools.pfs.model import (DEFAULTS, Model, PfsModel, TokenBucket, parse_bandwidth, parse_rate, parse_spec,
+from dstore.errors import ConfigError
+from dstore.tools.pfs.model import (DEFAULTS, Model, PfsModel, TokenBucket, parse_bandwidth, parse_rate, parse_spec,
                              parse_time)
 
 

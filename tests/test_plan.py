@@ -1,10 +1,10 @@
-"""Property tests of the store's arithmetic (datastore.plan), without MPI."""
+"""Property tests of the store's arithmetic (dstore.plan), without MPI."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore import plan, shuffle
+from dstore import plan, shuffle
 
 sizes = st.lists(st.integers(0, 1000), min_size=1, max_size=200)
 
@@ -128,7 +128,7 @@ def test_contiguous_samples_coalesce_into_one_get():
 def test_resume_point_checks_the_state():
     import pytest
 
-    from datastore.errors import ConfigError
+    from dstore.errors import ConfigError
 
     cur = {"version": 1, "seed": 0, "epoch": 0, "step": 0, "position": 0, "batch_size": 8, "num_samples": 50,
            "shuffle": "global", "partial_fraction": 0.25, "drop_last": 0, "nranks": 2, "sample_start": 0,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from datastore.errors import ConfigError, FormatError
-from datastore.formats import ContainerExistsError, create_writer, open_container
-from datastore.ingest import ingest
+from dstore.errors import ConfigError, FormatError
+from dstore.formats import ContainerExistsError, create_writer, open_container
+from dstore.ingest import ingest
 from formats_helpers import random_samples, write_samples
 from ingest_helpers import small_jpegs
 from mpirun import REPO
@@ -28,10 +28,9 @@ def run_ingest(source, output, **kw):
 
 def dstore(*args, cwd=None, timeout=60, user=None) -> subprocess.CompletedProcess:
     """`dstore ARGS` as a separate process (one rank); a hang fails the test with its output."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
-                              cwd=cwd or REPO, env=env, timeout=timeout, user=user)
+        return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
+                              cwd=cwd or REPO, timeout=timeout, user=user)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"HANG: dstore {' '.join(map(str, args))} did not finish in {timeout}s\n"
                              f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}") from None
@@ -185,7 +184,7 @@ def test_a_file_symlink_loop_is_a_bad_sample_not_a_crash(images, tmp_path):
     report = run_ingest(images, tmp_path / "out.h5", on_error="skip")
     assert report.samples == 6
     assert [(w, r) for w, r in report.skipped if "loop" in r] == [(str(loop), "symbolic link loop")]
-    from datastore.errors import SampleError
+    from dstore.errors import SampleError
 
     with pytest.raises(SampleError, match=f"{loop}: symbolic link loop"):
         run_ingest(images, tmp_path / "out2.h5")
@@ -203,7 +202,7 @@ def test_a_symlink_to_an_ancestor_or_another_class_duplicates_nothing(images, tm
         names = [r.name(i) for i in range(len(r))]
     assert len(set(names)) == 6 and not any("sub/" in n for n in names)
     assert [w for w, _ in report.skipped] == [str(link)], report.skipped
-    from datastore.errors import SampleError
+    from dstore.errors import SampleError
 
     with pytest.raises(SampleError, match=str(link)):
         run_ingest(images, tmp_path / "out2.h5")
@@ -268,7 +267,7 @@ def test_zarr_declaring_a_terabyte_is_refused(tmp_path):
 def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with 3 GB of address space: a hostile size that drives an
     allocation fails (or times out) instead of taking the machine."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + str(REPO / "tests"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
     try:
         return subprocess.run(["bash", "-c", f'ulimit -v 3000000; exec "{sys.executable}" -c "$0"', code],
                               capture_output=True, text=True, env=env, timeout=timeout)
@@ -276,7 +275,7 @@ def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
         raise AssertionError(f"HANG or runaway allocation: {code}") from None
 
 
-REFUSE_CODE = "from datastore.ingest import open_source\nfrom datastore.errors import SampleError\n"
+REFUSE_CODE = "from dstore.ingest import open_source\nfrom dstore.errors import SampleError\n"
 
 
 def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
@@ -327,9 +326,8 @@ def dstore_without_dac(*args, cwd=None) -> subprocess.CompletedProcess:
 
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to drop the permission-bypassing capabilities")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(NO_DAC + [sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=60)
+    return subprocess.run(NO_DAC + [sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, timeout=60)
 
 
 @pytest.fixture()
@@ -420,7 +418,7 @@ def test_labels_outside_the_class_names_are_refused_where_data_is_loaded(tmp_pat
     path = write_samples(tmp_path / "c.h5", "hdf5", samples)
     with pytest.raises(FormatError, match=r"sample 4 .*label 7.*3 class names"):
         open_container(path)
-    from datastore.verify import container_info, verify_container
+    from dstore.verify import container_info, verify_container
 
     assert container_info(path)["labels_outside_classes"] == 1  # info and verify still report them
     assert [b.index for b in verify_container(path).bad] == [4]
@@ -435,7 +433,7 @@ def _overlapping(offsets, lo, hi) -> list[int]:
 
 
 def test_verify_narrows_a_truncated_zarr_chunk(tmp_path):
-    from datastore.verify import verify_container
+    from dstore.verify import verify_container
 
     chunk = 1 << 16
     path = write_samples(tmp_path / "c.zarr", "zarr", random_samples(300, max_bytes=4000), chunk_bytes=chunk)
@@ -451,7 +449,7 @@ def test_verify_narrows_a_truncated_zarr_chunk(tmp_path):
 def test_verify_narrows_a_corrupt_gzip_chunk(tmp_path):
     import h5py
 
-    from datastore.verify import verify_container
+    from dstore.verify import verify_container
 
     chunk = 1 << 16
     src = write_samples(tmp_path / "plain.h5", "hdf5", random_samples(300, max_bytes=4000))
@@ -483,7 +481,7 @@ class _Payload:
 @pytest.mark.parametrize("kind", ["empty", "truncated", "not_a_checkpoint", "wrong_dict", "malicious"])
 def test_unusable_checkpoints_are_named(tmp_path, kind):
     torch = pytest.importorskip("torch")
-    from training.checkpoint import load_checkpoint, save_checkpoint
+    from dstore.training.checkpoint import load_checkpoint, save_checkpoint
 
     path = tmp_path / "checkpoint.pt"
     if kind == "empty":
@@ -548,8 +546,8 @@ def test_a_manifest_pointing_at_a_system_file_is_refused(tmp_path):
 KILL_SCRIPT = """
 import os, signal, sys
 from mpi4py import MPI
-from datastore.ingest import ingest
-from datastore.ingest.folder import FolderSource
+from dstore.ingest import ingest
+from dstore.ingest.folder import FolderSource
 
 if MPI.COMM_WORLD.rank == 1:  # rank 1 dies by SIGKILL at its third sample, mid-ingest
     load, seen = FolderSource.load, []

@@ -11,11 +11,11 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from datastore.decode import decode_sample
-from datastore.errors import ConfigError
-from datastore.formats import create_writer, open_container
-from datastore.store import DataStore
-from datastore.torch import StoreLoader, resize, seeded
+from dstore.decode import decode_sample
+from dstore.errors import ConfigError
+from dstore.formats import create_writer, open_container
+from dstore.store import DataStore
+from dstore.torch import StoreLoader, resize, seeded
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from mpirun import run_mpi
 
-from training.metrics import read_jsonl
+from dstore.training.metrics import read_jsonl
 
 pytestmark = pytest.mark.mpi
 
@@ -88,7 +88,7 @@ def test_bad_input_ends_the_job_with_a_precise_message(tmp_path):
 def test_direct_cold_run_evicts_each_epoch_and_records_the_flag(tmp_path):
     import numpy as np
 
-    from datastore.formats import create_writer
+    from dstore.formats import create_writer
 
     path = str(tmp_path / "small.h5")
     gen = np.random.default_rng(0)

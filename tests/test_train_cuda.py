@@ -6,10 +6,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from datastore.formats import create_writer
-from datastore.store import DataStore
-from datastore.torch import StoreLoader
-from training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from dstore.formats import create_writer
+from dstore.store import DataStore
+from dstore.torch import StoreLoader
+from dstore.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
 
@@ -54,7 +54,7 @@ def test_cuda_rng_state_survives_a_checkpoint(tmp_path):
 
 
 def test_nccl_group_over_mpi_on_one_rank():
-    from training.dist import init_distributed
+    from dstore.training.dist import init_distributed
 
     with init_distributed(MPI.COMM_SELF, "cuda") as ctx:
         assert ctx.backend == "nccl" and ctx.device.type == "cuda"

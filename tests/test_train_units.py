@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from datastore.errors import ConfigError
-from training.augment import ImageTransform, channel_stats, default_augmentation, resize_to, to_channels
-from training.checkpoint import (from_safe, load_checkpoint, resolve_resume, rng_state, save_checkpoint,
+from dstore.errors import ConfigError
+from dstore.training.augment import ImageTransform, channel_stats, default_augmentation, resize_to, to_channels
+from dstore.training.checkpoint import (from_safe, load_checkpoint, resolve_resume, rng_state, save_checkpoint,
                                  set_rng_state)
-from training.data import split_ranges
-from training.loop import global_batch_count
-from training.metrics import JsonLog, read_jsonl
-from training.models import build_model, default_model, get_model, model_names
-from training.optim import Schedule, make_optimizer
+from dstore.training.data import split_ranges
+from dstore.training.loop import global_batch_count
+from dstore.training.metrics import JsonLog, read_jsonl
+from dstore.training.models import build_model, default_model, get_model, model_names
+from dstore.training.optim import Schedule, make_optimizer
 
 
 def test_cosine_schedule_with_warmup():
@@ -144,7 +144,7 @@ def test_json_log(tmp_path):
 def test_direct_baseline_delivers_what_the_store_does(tmp_path):
     from mpirun import REPO, run_mpi
 
-    from datastore.formats import create_writer
+    from dstore.formats import create_writer
 
     gen = np.random.default_rng(0)
     path = str(tmp_path / "small.h5")
@@ -157,8 +157,8 @@ def test_direct_baseline_delivers_what_the_store_does(tmp_path):
 
 
 def test_every_train_flag_is_a_config_field():
-    from tools.cli import build_parser
-    from training.run import TrainConfig
+    from dstore.tools.cli import build_parser
+    from dstore.training.run import TrainConfig
 
     args = build_parser().parse_args(["train", "x.h5", "--image-size", "16x24", "--mean", "0.5,0.4,0.3",
                                       "--resume", "auto", "--no-progress"])
@@ -173,8 +173,8 @@ def test_every_train_flag_is_a_config_field():
 
 
 def test_direct_cold_only_with_the_direct_loader():
-    from tools.cli import build_parser
-    from training.run import TrainConfig
+    from dstore.tools.cli import build_parser
+    from dstore.training.run import TrainConfig
 
     parse = build_parser().parse_args
     assert parse(["train", "x.h5"]).direct_cold is False
@@ -191,8 +191,8 @@ def test_cuda_device_choice_without_a_gpu(monkeypatch):
     import torch
     from mpi4py import MPI
 
-    from datastore.errors import ConfigError
-    from training.dist import init_distributed
+    from dstore.errors import ConfigError
+    from dstore.training.dist import init_distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA GPU"):

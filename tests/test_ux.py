@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 from mpirun import REPO, run_mpi
 
-from datastore.formats import create_writer
-from training.dist import launcher_mismatch
+from dstore.formats import create_writer
+from dstore.training.dist import launcher_mismatch
 
 
 def _env(**extra):
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
                 "RANK", "SLURM_PROCID"):
         env.pop(var, None)
@@ -49,8 +48,8 @@ def test_default_run_leaves_a_plain_small_log(tmp_path, cache):
 FAIL = (
     "import sys\n"
     "from mpi4py import MPI\n"
-    "from tools.cli import abort_on_error\n"
-    "from datastore.errors import ConfigError\n"
+    "from dstore.tools.cli import abort_on_error\n"
+    "from dstore.errors import ConfigError\n"
     "def work():\n"
     "    if MPI.COMM_WORLD.rank in {int(r) for r in sys.argv[1].split(',')}:\n"
     "        raise ConfigError('epochs=0 must be >= 1')\n"
@@ -73,7 +72,7 @@ def test_one_copy_of_an_error_per_job(tmp_path, failing, printer):
 def test_closed_stdout_ends_quietly(tmp_path):
     """`dstore info --json X | head -1`: the reader is gone before dstore writes."""
     path = _container(tmp_path / "c.h5")
-    proc = subprocess.Popen([sys.executable, "-m", "tools", "info", "--json", path], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "info", "--json", path], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=_env(), cwd=REPO)
     proc.stdout.close()  # as `head` does after its line
     err = proc.stderr.read().decode()
@@ -98,7 +97,7 @@ def test_launcher_mismatch_names_the_launcher():
 def test_torchrun_is_refused_once(tmp_path, rank, prints):
     """What each of torchrun's processes sees: WORLD_SIZE=2 and an MPI world of one."""
     env = _env(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, DSTORE_CACHE=str(tmp_path))
-    res = subprocess.run([sys.executable, "-m", "tools", "train", "--run-dir", str(tmp_path / "run")],
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", "--run-dir", str(tmp_path / "run")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "digits.h5").exists()
@@ -114,9 +113,9 @@ def test_resume_on_another_container_of_the_same_size_is_refused(tmp_path):
     """In-process on COMM_SELF (the CLI path is the same train() call)."""
     from mpi4py import MPI
 
-    from datastore.errors import ConfigError
-    from datastore.formats import open_container
-    from training.run import TrainConfig, train
+    from dstore.errors import ConfigError
+    from dstore.formats import open_container
+    from dstore.training.run import TrainConfig, train
 
     def run(data, **kw):
         cfg = TrainConfig(data=data, epochs=2, batch_size=16, runs_root=str(tmp_path / "runs"), progress=False, **kw)
@@ -150,7 +149,7 @@ def _write(path, text):
 
 
 def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
-    from datastore import memory
+    from dstore import memory
 
     # v2: a Slurm-like job cgroup with a 2 GiB cap above the step's own (unlimited) cgroup.
     v2 = tmp_path / "v2"
@@ -185,7 +184,7 @@ def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
 def _subparsers():
     import argparse
 
-    from tools.cli import build_parser
+    from dstore.tools.cli import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -228,11 +227,11 @@ def test_train_and_verify_json(tmp_path):
     import json
 
     path = _container(tmp_path / "c.h5", n=60)
-    res = subprocess.run([sys.executable, "-m", "tools", "verify", "--json", path], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", "--json", path], capture_output=True, text=True,
                          env=_env(), cwd=tmp_path, timeout=60)
     rep = json.loads(res.stdout)
     assert rep["ok"] is True and rep["num_samples"] == 60, res.stdout
-    res = subprocess.run([sys.executable, "-m", "tools", "train", path, "--epochs", "1", "--json", "--batch-size",
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", path, "--epochs", "1", "--json", "--batch-size",
                           "16", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=_env(),
                          cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -242,8 +241,8 @@ def test_train_and_verify_json(tmp_path):
 
 
 def test_progress_bar_only_on_a_terminal_unless_asked(monkeypatch):
-    from training import run
-    from training.run import TrainConfig
+    from dstore.training import run
+    from dstore.training.run import TrainConfig
 
     monkeypatch.setattr(run, "_stderr_is_terminal", lambda: False)  # as under `> log 2>&1` or mpiexec
     assert run._bar(TrainConfig(progress=None), True, 10, 0) is None

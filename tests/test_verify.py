@@ -14,9 +14,9 @@ import pytest
 from formats_helpers import BACKENDS, build, flip_byte, image_bytes, random_samples, write_samples
 from mpirun import REPO, run_mpi
 
-from datastore.errors import IncompleteContainerError
-from datastore.formats import open_container
-from datastore.verify import BadSample, container_info, format_info, verify_container
+from dstore.errors import IncompleteContainerError
+from dstore.formats import open_container
+from dstore.verify import BadSample, container_info, format_info, verify_container
 
 SAMPLES = random_samples(30, seed=3)
 BAD = 18  # the sample the corruption tests damage
@@ -24,7 +24,7 @@ BAD_NAME = SAMPLES[BAD][2]
 
 
 def dstore(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
                           cwd=REPO, check=check, timeout=120)
 
 
@@ -44,7 +44,7 @@ def test_flipped_byte_is_found_by_index_and_name(tmp_path, backend):
 def test_a_wrong_caller_checksum_is_stored_as_given_and_found_by_verify(tmp_path, fmt):
     # A writer trusts a checksum its caller vouches for (ingest's processing ranks send theirs);
     # verify is what catches a wrong one, by index and name, whether it came through append or extend.
-    from datastore.formats import checksum, create_writer
+    from dstore.formats import checksum, create_writer
 
     samples = SAMPLES[:12]
     path = tmp_path / f"c.{'h5' if fmt == 'hdf5' else 'zarr'}"
@@ -99,7 +99,7 @@ def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
     script.write_text(
         "import sys\n"
         "from mpi4py import MPI\n"
-        "from datastore.verify import verify_container\n"
+        "from dstore.verify import verify_container\n"
         "comm = MPI.COMM_WORLD\n"
         f"r = verify_container({path!r}, comm=comm, read_size=1000)\n"
         "reports = comm.allgather([(b.index, b.name) for b in r.bad])\n"

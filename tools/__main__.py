@@ -1,7 +1,7 @@
-"""`python -m tools` runs the `dstore` command line."""
+"""`python -m dstore.tools` runs the `dstore` command line."""
 
 import sys
 
-from tools.cli import main
+from dstore.tools.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """`dstore` entry point: subcommand dispatch, and ending the whole MPI job when any rank fails.
 
-Each subcommand lives in its own module `tools.cmd_<name>` exposing HELP, `add_arguments(parser)`
+Each subcommand lives in its own module `dstore.tools.cmd_<name>` exposing HELP, `add_arguments(parser)`
 and `run(args) -> int`. Those modules keep heavy imports (torch, h5py, zarr) inside `run`, so
 `dstore --help` is fast.
 """
@@ -15,12 +15,12 @@ import time
 import traceback
 
 COMMANDS = {
-    "ingest": "tools.cmd_ingest",
-    "verify": "tools.cmd_verify",
-    "info": "tools.cmd_info",
-    "train": "tools.cmd_train",
-    "bench": "tools.cmd_bench",
-    "pfs": "tools.cmd_pfs",
+    "ingest": "dstore.tools.cmd_ingest",
+    "verify": "dstore.tools.cmd_verify",
+    "info": "dstore.tools.cmd_info",
+    "train": "dstore.tools.cmd_train",
+    "bench": "dstore.tools.cmd_bench",
+    "pfs": "dstore.tools.cmd_pfs",
 }
 
 
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dstore",
         description="Distributed in-memory data store for deep-learning training over MPI RMA.",
     )
-    from datastore import __version__
+    from dstore import __version__
 
     parser.add_argument("--version", action="version", version=f"dstore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -113,7 +113,7 @@ def abort_on_error(fn, *args):
     every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
     of one rank is still printed, by that rank. A closed stdout (BrokenPipeError) ends quietly.
     """
-    from datastore.errors import DStoreError
+    from dstore.errors import DStoreError
 
     try:
         return fn(*args)
@@ -152,7 +152,7 @@ def abort_on_error(fn, *args):
 def _check_launcher() -> int:
     """2 (after one message, from the launcher's rank 0) if this process is one of N separate 1-rank
     MPI worlds (torchrun, srun without PMI), else 0."""
-    from training.dist import launcher_mismatch
+    from dstore.training.dist import launcher_mismatch
 
     if launcher_mismatch(os.environ, 1) is None:  # no launcher of several processes: MPI not needed here
         return 0

@@ -78,8 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args):
-    from datastore.errors import ConfigError
-    from tools.bench.runner import BenchConfig
+    from dstore.errors import ConfigError
+    from dstore.tools.bench.runner import BenchConfig
 
     count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
     batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
@@ -93,7 +93,7 @@ def _config(args):
     if args.mean_kb <= 0:
         raise ConfigError(f"--mean-kb={args.mean_kb} must be > 0")
     if not args.container:
-        from datastore.ingest.synthetic import noise_amplitude
+        from dstore.ingest.synthetic import noise_amplitude
 
         try:  # before anything is generated: can JPEGs of these sides average this size?
             noise_amplitude(args.mean_kb * 1000, args.sides[0], args.sides[1])
@@ -109,9 +109,9 @@ def _config(args):
         raise ConfigError(f"--container={args.container}: no such file or directory")
     storage = sweep = None
     if args.storage is not None or args.storage_sweep is not None:
-        from tools.bench.storage import DEFAULT_LADDER
-        from tools.pfs.model import parse_spec
-        from tools.pfs.mount import fuse_available
+        from dstore.tools.bench.storage import DEFAULT_LADDER
+        from dstore.tools.pfs.model import parse_spec
+        from dstore.tools.pfs.mount import fuse_available
 
         if args.storage is not None and args.storage_sweep is not None:
             raise ConfigError("--storage and --storage-sweep: give one (the sweep sets the storage of each rung)")
@@ -143,8 +143,8 @@ def _config(args):
 
 def _scaling(args, argv: list[str]) -> int:
     """Runs this command under mpiexec for each rank count, then merges the results."""
-    from datastore.errors import ConfigError
-    from tools.bench.report import collect
+    from dstore.errors import ConfigError
+    from dstore.tools.bench.report import collect
 
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = here if os.path.exists(here) else "mpiexec"
@@ -163,7 +163,7 @@ def _scaling(args, argv: list[str]) -> int:
     outs = []
     for k in args.scaling:
         out = os.path.join(args.out, f"n{k}")
-        cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "tools", "bench", *rest, "--out", out,
+        cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "dstore.tools", "bench", *rest, "--out", out,
                "--data-dir", data_dir]
         print(f"== {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
         code = subprocess.call(cmd)
@@ -178,7 +178,7 @@ def _scaling(args, argv: list[str]) -> int:
 def run(args) -> int:
     from mpi4py import MPI
 
-    from tools.bench import report, runner
+    from dstore.tools.bench import report, runner
 
     comm = MPI.COMM_WORLD
     if args.collect:
@@ -187,7 +187,7 @@ def run(args) -> int:
                 print(f"wrote {p}")
         return 0
     if args.scaling:
-        from datastore.errors import ConfigError
+        from dstore.errors import ConfigError
 
         if comm.Get_size() != 1:
             raise ConfigError("--scaling launches its own mpiexec runs: start it as one process, not under mpiexec")

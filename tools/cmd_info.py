@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import json
 
-    from datastore.verify import container_info, format_info
+    from dstore.verify import container_info, format_info
 
     summary = container_info(args.container)
     print(json.dumps(summary, indent=2) if args.json else format_info(summary), flush=True)

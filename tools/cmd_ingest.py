@@ -61,7 +61,7 @@ def run(args) -> int:
 
     from mpi4py import MPI
 
-    from datastore.ingest import ingest
+    from dstore.ingest import ingest
 
     fmt = args.fmt or ("zarr" if args.output.rstrip("/").lower().endswith(".zarr") else "hdf5")
     options = dict(args.source_option)

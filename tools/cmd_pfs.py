@@ -8,7 +8,7 @@ HELP = ("serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-
 
 
 def add_arguments(p) -> None:
-    from tools.pfs.fs import add_model_arguments
+    from dstore.tools.pfs.fs import add_model_arguments
 
     p.add_argument("source", metavar="SOURCE", nargs="?", help="the directory to serve")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an existing directory to mount it at")
@@ -19,8 +19,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tools.pfs.fs import model_from_args, serve, summary
-    from tools.pfs.mount import fuse_available, PfsMountError, stale_mounts, unmount_command
+    from dstore.tools.pfs.fs import model_from_args, serve, summary
+    from dstore.tools.pfs.mount import fuse_available, PfsMountError, stale_mounts, unmount_command
 
     if args.find_stale:
         stale = stale_mounts()
@@ -30,7 +30,7 @@ def run(args) -> int:
             print("no stale dstore pfs mounts")
         return 1 if stale else 0
     if args.source is None or args.mountpoint is None:
-        from datastore.errors import ConfigError
+        from dstore.errors import ConfigError
 
         raise ConfigError("dstore pfs needs SOURCE and MOUNTPOINT (or --find-stale alone)")
     model = model_from_args(args)

@@ -17,8 +17,8 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _bytes(text: str) -> int:
-    from datastore.errors import ConfigError
-    from datastore.memory import parse_bytes
+    from dstore.errors import ConfigError
+    from dstore.memory import parse_bytes
 
     try:
         return parse_bytes(text, "--memory-budget")
@@ -53,7 +53,7 @@ class _DeprecatedAlias(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags; each maps onto one field of training.run.TrainConfig."""
+    """The flags; each maps onto one field of dstore.training.run.TrainConfig."""
     d = p.add_argument_group("data")
     d.add_argument("data", nargs="?", default=None,
                    help="container to train on; none: the built-in `digits` set, ingested once into "
@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where built-in data sets are ingested (default: $DSTORE_CACHE, else ~/.cache/dstore)")
 
     m = p.add_argument_group("model and optimisation")
-    from training.models import model_names
+    from dstore.training.models import model_names
 
     m.add_argument("--model", default="auto", choices=("auto",) + model_names(),
                    help="auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise")
@@ -161,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from mpi4py import MPI
 
-    from training.run import TrainConfig, train
+    from dstore.training.run import TrainConfig, train
 
     fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
     cfg = TrainConfig(**fields)
@@ -176,7 +176,7 @@ def run(args) -> int:
     if args.json:
         import json
 
-        from training.metrics import _plain
+        from dstore.training.metrics import _plain
 
         summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "ltfb")
                    if k in result}

@@ -15,7 +15,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from mpi4py import MPI
 
-    from datastore.verify import verify_container
+    from dstore.verify import verify_container
 
     comm = MPI.COMM_WORLD
     report = verify_container(args.container, comm=comm, decode=args.decode)

@@ -1,6 +1,6 @@
 """The LTFB experiment: does the tournament pay, at equal total compute, on the real `digits` set?
 
-    python -m tools.ltfb_experiment [--out docs/ltfb] [--trainers 4] [--seeds 0 1 2] [--epochs 6]
+    python -m dstore.tools.ltfb_experiment [--out docs/ltfb] [--trainers 4] [--seeds 0 1 2] [--epochs 6]
                                     [--batch-size 32] [--round 5] [--lr 0.003] [--explore lr,momentum]
 
 Every variant is one `mpiexec -n K dstore train` job of K ranks, with the same global batch size,
@@ -54,7 +54,7 @@ def variant_args(variant: str, opts) -> list[str]:
 
 
 def _final_and_curve(metrics_path: Path) -> tuple[float | None, list[float]]:
-    from training.metrics import read_jsonl
+    from dstore.training.metrics import read_jsonl
 
     rows = read_jsonl(metrics_path)
     curve = [r["val_accuracy"] for r in rows if "epoch" in r and "val_accuracy" in r]
@@ -67,7 +67,7 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
     run_dir = work / f"{variant}-seed{seed}"
     mpiexec = Path(sys.executable).parent / "mpiexec"
     batch = opts.batch_size * (opts.trainers if variant == "dp_large" else 1)
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(opts.trainers), sys.executable, "-m", "tools",
+    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(opts.trainers), sys.executable, "-m", "dstore.tools",
            "train", "--epochs", str(opts.epochs), "--batch-size", str(batch), "--lr", str(opts.lr),
            "--seed", str(seed), "--ltfb-metric", opts.metric, "--no-progress", "--run-dir", str(run_dir)] + \
         variant_args(variant, opts)
@@ -81,7 +81,7 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
     finals, curves = zip(*(_final_and_curve(d / "metrics.jsonl") for d in dirs))
     taken = hparams = None
     if variant not in ("dp", "dp_large", "independent"):
-        from training.metrics import read_jsonl
+        from dstore.training.metrics import read_jsonl
 
         log = read_jsonl(run_dir / "tournament.jsonl")
         taken = sum(r["kept"] != r["trainer"] for r in log)

@@ -1,8 +1,8 @@
-"""Measures the store's one-time population (datastore.populate) against `population_threads`: on
+"""Measures the store's one-time population (dstore.populate) against `population_threads`: on
 local disk with the container evicted from the page cache before every run, and through `dstore pfs`
 mounts of the container's directory. Prints a markdown table and writes JSON.
 
-    python -m tools.measure_population /tmp/pfs9/data/set-2048-s0.h5 --ranks 1 2 --threads 1 4 \\
+    python -m dstore.tools.measure_population /tmp/pfs9/data/set-2048-s0.h5 --ranks 1 2 --threads 1 4 \\
         --rungs local pfs:latency=2ms pfs:latency=8ms --repeat 2 --out /tmp/pop.json
 
 Each run is its own `mpiexec -n R` job (this module with --worker) that opens a DataStore, populates
@@ -30,7 +30,7 @@ def _mpiexec() -> str:
 def worker(path: str, threads: int, tiered: float) -> None:
     from mpi4py import MPI
 
-    from datastore.store import DataStore
+    from dstore.store import DataStore
 
     comm = MPI.COMM_WORLD
     kw = dict(batch_size=64, population_threads=threads)
@@ -52,7 +52,7 @@ def worker(path: str, threads: int, tiered: float) -> None:
 
 
 def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tools.measure_population", "--worker", path,
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools.measure_population", "--worker", path,
            "--threads", str(threads), "--tiered", str(tiered)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -76,9 +76,9 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.container, args.threads[0], args.tiered)
         return 0
-    from datastore import pagecache
-    from tools.pfs.model import parse_spec
-    from tools.pfs.mount import pfs_mount
+    from dstore import pagecache
+    from dstore.tools.pfs.model import parse_spec
+    from dstore.tools.pfs.mount import pfs_mount
 
     src = os.path.realpath(args.container)
     rows = []

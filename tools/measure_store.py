@@ -19,9 +19,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from datastore import plan, shuffle
-from datastore.formats import create_writer, open_container
-from datastore.store import DataStore
+from dstore import plan, shuffle
+from dstore.formats import create_writer, open_container
+from dstore.store import DataStore
 
 
 def make_data(path: str, n: int, size: int, seed: int = 0) -> None:

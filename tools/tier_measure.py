@@ -1,10 +1,10 @@
 """Measures the tiered store (data larger than the memory budget) in the bench's training view.
 
-    mpiexec -n 2 python -m tools.tier_measure --data-dir DIR [--count 1500] [--fractions 1 0.5 0.25 0]
+    mpiexec -n 2 python -m dstore.tools.tier_measure --data-dir DIR [--count 1500] [--fractions 1 0.5 0.25 0]
 
 For each resident fraction f the store gets a budget of its buffers plus f of a rank's share
 (f >= 1: no limit); the page cache is evicted before every epoch; one epoch of decoded batches runs
-with a fixed sleep per step as compute (tools.bench.training_view: AU = compute / wall). Printed per
+with a fixed sleep per step as compute (dstore.tools.bench.training_view: AU = compute / wall). Printed per
 fraction: samples/s, AU, bytes read from storage in the epoch (all ranks) against the non-resident
 bytes, and each rank's peak RSS growth over the epoch against its budget. A DataLoader over the
 source files (cold) is the baseline. Prints one JSON line per row, then a Markdown table.
@@ -73,11 +73,11 @@ def _raw_reads(comm, container, args) -> list:
     would). Rows carry samples/s (pieces: bytes/s over the mean sample size)."""
     import numpy as np
 
-    from datastore import tiers
-    from datastore.formats import open_container
-    from datastore.storage import StorageReader
-    from datastore.store import DataStore
-    from tools.bench.common import evict_on_nodes
+    from dstore import tiers
+    from dstore.formats import open_container
+    from dstore.storage import StorageReader
+    from dstore.store import DataStore
+    from dstore.tools.bench.common import evict_on_nodes
 
     rows = []
     with open_container(container) as r:
@@ -129,10 +129,10 @@ def _raw_reads(comm, container, args) -> list:
 def main(argv=None) -> None:
     from mpi4py import MPI
 
-    from datastore.store import DataStore
-    from tools.bench import baselines, training_view
-    from tools.bench.common import evict_on_nodes
-    from tools.bench.data import container_path, data_tag, load_dataset, prepare_data
+    from dstore.store import DataStore
+    from dstore.tools.bench import baselines, training_view
+    from dstore.tools.bench.common import evict_on_nodes
+    from dstore.tools.bench.data import container_path, data_tag, load_dataset, prepare_data
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)

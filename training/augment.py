@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 
 def to_channels(img: np.ndarray, channels: int) -> np.ndarray:

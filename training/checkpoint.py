@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

@@ -1,7 +1,7 @@
 """From a container to training tensors: the built-in data set cache, the input spec (size,
 channels, normalisation) read off the container, the train/held-out split, and the loaders.
 
-Two batch sources feed the same decode-and-augment pipeline (datastore.torch.StoreLoader):
+Two batch sources feed the same decode-and-augment pipeline (dstore.torch.StoreLoader):
 `DataStore` (the distributed in-memory store, the point of this project) and `DirectSource`, a
 baseline that reads every sample from the container file when its batch is due, in the same
 global order, so the two can be compared with everything else equal.
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 LOADERS = ("store", "direct")
 BUILTIN = {"digits": "digits.h5"}
@@ -36,7 +36,7 @@ def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> 
     the other ranks wait for it; the container appears atomically (written under a temporary name
     and renamed), so a finished file is never half-written. A failure is raised on every rank.
     """
-    from training.dist import on_root
+    from dstore.training.dist import on_root
 
     if name not in BUILTIN:
         raise ConfigError(f"built-in data set {name!r} is not one of {tuple(BUILTIN)}")
@@ -56,7 +56,7 @@ def _ingest_once(name: str, path: str) -> str:
             if not os.path.exists(path):  # another job may have made it while we waited
                 from mpi4py import MPI
 
-                from datastore.ingest import ingest
+                from dstore.ingest import ingest
 
                 print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)", flush=True)
                 ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
@@ -102,7 +102,7 @@ def split_ranges(num_samples: int, holdout: float) -> tuple[tuple[int, int], tup
 
 
 def _first_images(reader, start: int, count: int, channels: int | None) -> list[np.ndarray]:
-    from datastore.decode import decode_sample
+    from dstore.decode import decode_sample
 
     stop = min(reader.num_samples, start + count)
     return [decode_sample(reader.sample(i)[0], reader.info, channels=channels, name=reader.name(i))
@@ -116,7 +116,7 @@ def _read_spec(reader, train_range, channels, mean, std, stats_samples) -> Input
     h, w, c = images[0].shape
     want_c = channels or (1 if c == 1 else 3)
     if mean is None or std is None:
-        from training.augment import channel_stats, to_channels
+        from dstore.training.augment import channel_stats, to_channels
 
         m, s = channel_stats([to_channels(img, want_c) for img in images])
         mean = m if mean is None else mean
@@ -135,7 +135,7 @@ def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | N
     training sample. Unless `mean` and `std` are given, they are measured on the first
     `stats_samples` training samples.
     """
-    from training.dist import on_root
+    from dstore.training.dist import on_root
 
     spec = on_root(comm, _read_spec, reader, train_range, channels, mean, std, stats_samples)
     if spec.num_classes < 2:
@@ -162,7 +162,7 @@ class DirectSource:
 
     def __init__(self, comm, reader, *, batch_size: int, seed: int = 0, drop_last: bool = False,
                  sample_range: tuple[int, int] | None = None, prefetch: int = 2):
-        from datastore import plan
+        from dstore import plan
 
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.reader = reader
@@ -186,7 +186,7 @@ class DirectSource:
         self._epoch, self._step = int(state["epoch"]), int(state["step"])
 
     def _read_batch(self, schedule, s: int, epoch: int):
-        from datastore.store import Batch
+        from dstore.store import Batch
 
         sl = schedule.step(s)
         ids = schedule.ids[sl]
@@ -204,7 +204,7 @@ class DirectSource:
 
     def epoch(self, epoch: int):
         """Yields this rank's batches of `epoch` (from the saved step if resuming into it)."""
-        from datastore import plan, shuffle
+        from dstore import plan, shuffle
 
         first = self._step if epoch == self._epoch else 0
         order = shuffle.global_order(self.num_samples, self.seed, epoch) + self.start

@@ -17,7 +17,7 @@ import gc
 import socket
 from typing import Any
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 DEVICES = ("cpu", "cuda")
 _collect_at_exit = False

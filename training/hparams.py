@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 EXPLORABLE = ("lr", "weight_decay", "momentum")
 INIT_SPREAD = 3.0

@@ -1,6 +1,6 @@
 """The data-parallel step and evaluation: a Trainer wrapping a model in DDP over an explicit group.
 
-The Trainer knows nothing of where batches come from; `training.run` wires it to the store, the
+The Trainer knows nothing of where batches come from; `dstore.training.run` wires it to the store, the
 checkpoints and the logs, and LTFB drives several Trainers (one per sub-communicator) the same way.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from training.metrics import EpochMeter
+from dstore.training.metrics import EpochMeter
 
 
 def global_batch_count(num_samples: int, batch_size: int, step: int) -> int:

@@ -5,8 +5,8 @@ Pure parts (no MPI, tested without mpiexec): the trainer layout, each trainer's 
 the pairing of a round, the truncation plan, the decision rule, a checksum of a trainer's state.
 `duel` plays one side of a match on the ranks of one trainer; `Tournament` is one rank's part in the
 whole thing (a round of either strategy, the exchange over the world communicator through
-training.exchange, exploration through training.hparams, the log); `train_trainers` runs a job of K
-trainers (what `training.run.train` calls when `cfg.trainers > 1`).
+dstore.training.exchange, exploration through dstore.training.hparams, the log); `train_trainers` runs a job of K
+trainers (what `dstore.training.run.train` calls when `cfg.trainers > 1`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import zlib
 
 import numpy as np
 
-from datastore.errors import ConfigError
-from training import exchange, hparams
-from training.metrics import JsonLog
+from dstore.errors import ConfigError
+from dstore.training import exchange, hparams
+from dstore.training.metrics import JsonLog
 
 METRICS = ("accuracy", "loss")
 """Tournament metrics: accuracy is better higher, loss lower."""
@@ -217,7 +217,7 @@ def duel(trainer, loader, partner_state: dict, own_state: dict, metric: str) -> 
     its references to the parameters, and scored; if the own model wins, `own_state` is loaded back.
 
     Args:
-        trainer: a training.loop.Trainer.
+        trainer: a dstore.training.loop.Trainer.
         loader: the trainer's tournament loader (a StoreLoader).
         partner_state: the partner's Trainer.state_dict().
         own_state: a copy of this trainer's state_dict() that shares no storage with the live
@@ -243,7 +243,7 @@ class Tournament:
     World rank r is local rank r % M of trainer r // M. Local rank i of trainer a exchanges with
     local rank i of trainer b directly (all ranks of a trainer hold the same model), so no rank
     sends more than one model per round. A model crosses as torch.save bytes in blocks
-    (training.exchange), so its size is not limited by one MPI message.
+    (dstore.training.exchange), so its size is not limited by one MPI message.
 
     Args:
         world: the communicator of the whole job (not owned).
@@ -256,16 +256,16 @@ class Tournament:
         say: how world rank 0 reports a round (one line).
         strategy: "pairwise" (the paper: seeded pairs, each judges both models on its own set) or
             "truncation" (all scores gathered, the bottom fraction takes the top's models).
-        truncation: the truncation strategy's fraction (training.ltfb.truncation_count).
-        explore: hyperparameter names explored (training.hparams); a trainer that takes another's
+        truncation: the truncation strategy's fraction (dstore.training.ltfb.truncation_count).
+        explore: hyperparameter names explored (dstore.training.hparams); a trainer that takes another's
             model perturbs the hyperparameters that came with it.
-        block: bytes per message of the exchange (0: training.exchange.BLOCK).
+        block: bytes per message of the exchange (0: dstore.training.exchange.BLOCK).
     """
 
     def __init__(self, world, trainers: int, *, seed: int, metric: str, every: int, fraction: float,
                  log_path: str | None, say=None, strategy: str = "pairwise", truncation: float = 0.25,
                  explore: tuple[str, ...] = (), block: int = 0):
-        from training.dist import node_position
+        from dstore.training.dist import node_position
 
         if metric not in METRICS:
             raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
@@ -392,7 +392,7 @@ class Tournament:
 
 def _checkpoint_steps(job: str, trainers: int) -> list[int]:
     """The global step each trainer's checkpoint in `job` was taken at."""
-    from training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from dstore.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
     return [int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"])
             for k in range(trainers)]
@@ -429,14 +429,14 @@ def train_trainers(cfg, world, *, say) -> dict:
     `<run dir>/tournament.jsonl`. At the end world rank 0 reports every trainer's test accuracy.
 
     Returns:
-        training.run.train's dict for this rank's trainer, plus "ltfb": {"trainer", "trainers",
+        dstore.training.run.train's dict for this rank's trainer, plus "ltfb": {"trainer", "trainers",
         "ranks_per_trainer", "tournaments", "run_dir", "test_by_trainer": [per trainer: accuracy
         or None], "best_trainer"}.
     """
-    from training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
-    from training.data import ensure_builtin
-    from training.dist import on_root
-    from training.run import new_run_dir, run_trainer
+    from dstore.training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
+    from dstore.training.data import ensure_builtin
+    from dstore.training.dist import on_root
+    from dstore.training.run import new_run_dir, run_trainer
 
     main = world.Get_rank() == 0
     ranks_per_trainer(world.Get_size(), cfg.trainers)  # before anything else, the same error on every rank

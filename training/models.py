@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

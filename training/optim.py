@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "step", "constant")

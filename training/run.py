@@ -18,13 +18,13 @@ import time
 
 import numpy as np
 
-from datastore.errors import ConfigError
-from training.checkpoint import (CHECKPOINT_NAME, check_same_container, container_identity, from_safe,
+from dstore.errors import ConfigError
+from dstore.training.checkpoint import (CHECKPOINT_NAME, check_same_container, container_identity, from_safe,
                                  load_checkpoint, resolve_resume, rng_state, save_checkpoint, set_rng_state)
-from training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
-from training.loop import StepTimer, Trainer, global_batch_count
-from training.ltfb import METRICS as LTFB_METRICS
-from training.metrics import EpochMeter, JsonLog
+from dstore.training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
+from dstore.training.loop import StepTimer, Trainer, global_batch_count
+from dstore.training.ltfb import METRICS as LTFB_METRICS
+from dstore.training.metrics import EpochMeter, JsonLog
 
 
 @dataclasses.dataclass
@@ -109,7 +109,7 @@ class TrainConfig:
             raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
-        from training.ltfb import check_config as check_ltfb
+        from dstore.training.ltfb import check_config as check_ltfb
 
         check_ltfb(self)
 
@@ -155,7 +155,7 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     if cfg.loader == "direct":
         return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
                             sample_range=sample_range, prefetch=max(1, cfg.prefetch))
-    from datastore.store import DataStore
+    from dstore.store import DataStore
 
     return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
@@ -163,7 +163,7 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
 
 
 def _transforms(cfg: TrainConfig, spec, input_size):
-    from training.augment import ImageTransform, default_augmentation
+    from dstore.training.augment import ImageTransform, default_augmentation
 
     pad, flip = default_augmentation(input_size)
     if cfg.augment == "off":
@@ -210,7 +210,7 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     """Runs a whole training job on `comm` (collective); returns the final metrics on every rank.
 
     With cfg.trainers > 1, `comm` is split into that many trainers playing an LTFB tournament
-    (training.ltfb.train_trainers); otherwise all of `comm` is one data-parallel trainer.
+    (dstore.training.ltfb.train_trainers); otherwise all of `comm` is one data-parallel trainer.
 
     Args:
         cfg: the run's configuration.
@@ -222,14 +222,14 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
          "stopped_early": bool, "store_stats": dict}, and with trainers > 1 also "ltfb": {...}.
     """
     cfg.check()
-    from training.dist import on_root
+    from dstore.training.dist import on_root
 
     if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
         cfg = dataclasses.replace(cfg, progress=_stderr_is_terminal())
 
     say = say or _say
     if cfg.trainers > 1:
-        from training.ltfb import train_trainers
+        from dstore.training.ltfb import train_trainers
 
         return train_trainers(cfg, comm, say=say)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
@@ -244,16 +244,16 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
     """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
 
     Args:
-        tournament: this rank's training.ltfb.Tournament under LTFB, else None. With one, the
+        tournament: this rank's dstore.training.ltfb.Tournament under LTFB, else None. With one, the
             trainer trains on its part of the training range, plays a round every
             `tournament.every` steps on the part's tail, and shares the node's cores with the
             other trainers' ranks.
     """
-    from datastore.formats import open_container
-    from datastore.torch import StoreLoader
-    from training.dist import init_distributed
-    from training.models import build_model, default_model, get_model
-    from training.optim import Schedule, make_optimizer, make_scheduler
+    from dstore.formats import open_container
+    from dstore.torch import StoreLoader
+    from dstore.training.dist import init_distributed
+    from dstore.training.models import build_model, default_model, get_model
+    from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 
     seed_everything(cfg.seed, cfg.deterministic)
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
@@ -447,7 +447,7 @@ def _evict_containers(ctx, paths) -> None:
     """--direct-cold: node-local rank 0 drops the containers' pages from its node's page cache
     (one cache per node), and no rank reads before that is done, so the epoch's per-sample reads
     come from storage as they would for data larger than memory."""
-    from datastore.pagecache import evict
+    from dstore.pagecache import evict
 
     if ctx.local_rank == 0:
         for path in paths:

@@ -8,8 +8,8 @@ import os
 
 import numpy as np
 
-from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import (
+from dstore.errors import ConfigError, FormatError
+from dstore.formats.base import (
     ENCODINGS,
     FORMAT_VERSION,
     ContainerInfo,
@@ -17,11 +17,11 @@ from datastore.formats.base import (
     ContainerWriter,
     checksum,
 )
-from datastore.formats.layout import ContainerExistsError, ContainerNotFoundError
+from dstore.formats.layout import ContainerExistsError, ContainerNotFoundError
 
 FORMATS = {
-    "hdf5": ("datastore.formats.hdf5", "HDF5Reader", "HDF5Writer"),
-    "zarr": ("datastore.formats.zarr_backend", "ZarrReader", "ZarrWriter"),
+    "hdf5": ("dstore.formats.hdf5", "HDF5Reader", "HDF5Writer"),
+    "zarr": ("dstore.formats.zarr_backend", "ZarrReader", "ZarrWriter"),
 }
 """Writable backends: name -> (module, reader class, writer class). Modules load on first use, so
 importing this package does not import zarr."""
@@ -75,7 +75,7 @@ def detect_format(path) -> str:
         raise FormatError(f"{path}: a directory with neither {MANIFEST_NAME} (sharded) nor zarr.json (Zarr v3)")
     if path.endswith(".json"):
         return "sharded"
-    from datastore.formats.hdf5 import SUFFIXES, is_hdf5
+    from dstore.formats.hdf5 import SUFFIXES, is_hdf5
 
     if is_hdf5(path) or path.endswith(SUFFIXES):
         return "hdf5"
@@ -96,7 +96,7 @@ def open_container(path, *, check_labels: bool = True) -> ContainerReader:
     """
     fmt = detect_format(path)
     if fmt == "sharded":
-        from datastore.formats.sharded import ShardedReader
+        from dstore.formats.sharded import ShardedReader
 
         reader = ShardedReader(path)
     else:
@@ -152,7 +152,7 @@ def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dt
 
 
 def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwrite: bool = False) -> str:
-    """Writes a sharded container's manifest over finished shards; see datastore.formats.sharded."""
-    from datastore.formats.sharded import write_manifest as _write
+    """Writes a sharded container's manifest over finished shards; see dstore.formats.sharded."""
+    from dstore.formats.sharded import write_manifest as _write
 
     return _write(path, shard_paths, extra_attrs=extra_attrs, overwrite=overwrite)

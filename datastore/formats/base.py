@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from datastore.errors import ConfigError, FormatError
+from dstore.errors import ConfigError, FormatError
 
 FORMAT_VERSION = 1
 """Version of the container layout written by this code (attribute `version`)."""

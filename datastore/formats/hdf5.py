@@ -8,9 +8,9 @@ import os
 import h5py
 import numpy as np
 
-from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import ContainerReader
-from datastore.formats.layout import (
+from dstore.errors import ConfigError, FormatError
+from dstore.formats.base import ContainerReader
+from dstore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
     INDEX_FLOOR_BYTES,
@@ -272,7 +272,7 @@ class HDF5Reader(ContainerReader):
 class HDF5Writer(StreamingWriter):
     """Streams samples into a temporary `.h5` beside `path` in chunks of `chunk_bytes`; `commit()`
     writes the index arrays, the attributes, the completion marker last, and renames it to `path`.
-    Arguments: see `datastore.formats.create_writer`."""
+    Arguments: see `dstore.formats.create_writer`."""
 
     _file = None
     _data = None

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from datastore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError, OutputError
-from datastore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, check_batch
-from datastore.formats.base import checksum as crc32_of
+from dstore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError, OutputError
+from dstore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, check_batch
+from dstore.formats.base import checksum as crc32_of
 
 ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
 """The arrays every container holds (the sharded manifest holds none: its shards do)."""
@@ -361,12 +361,12 @@ def temp_path(path: str) -> str:
 
 def check_target(path: str, overwrite: bool) -> str:
     """The absolute target path; raises ContainerExistsError if it exists and not `overwrite`, or if
-    it exists and is not one of our containers (see datastore.formats.replace)."""
+    it exists and is not one of our containers (see dstore.formats.replace)."""
     path = os.fspath(path)
     if os.path.lexists(path):
         if not overwrite:
             raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
-        from datastore.formats.replace import check_replaceable
+        from dstore.formats.replace import check_replaceable
 
         check_replaceable(path)
     parent = os.path.dirname(os.path.abspath(path))
@@ -390,7 +390,7 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
         if not overwrite:
             raise ContainerExistsError(f"{final} appeared while it was being written; the new container "
                                        f"is left at {tmp}")
-        from datastore.formats.replace import check_replaceable
+        from dstore.formats.replace import check_replaceable
 
         check_replaceable(final)
         if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)

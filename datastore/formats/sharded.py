@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 
-from datastore.errors import ConfigError, FormatError, IncompleteContainerError
-from datastore.formats.base import FORMAT_VERSION, ContainerReader
-from datastore.formats.layout import (
+from dstore.errors import ConfigError, FormatError, IncompleteContainerError
+from dstore.formats.base import FORMAT_VERSION, ContainerReader
+from dstore.formats.layout import (
     COMPLETE_ATTR,
     ContainerNotFoundError,
     check_byte_range,
@@ -32,7 +32,7 @@ _SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
 
 def manifest_file(path) -> str:
     """The manifest file for `path`: `path` itself if it ends in .json, else `path/manifest.json`."""
-    from datastore.formats import MANIFEST_NAME
+    from dstore.formats import MANIFEST_NAME
 
     path = os.fspath(path)
     return path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
@@ -57,7 +57,7 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
         ConfigError: no shards, or shards that disagree (the message names both).
         IncompleteContainerError, FormatError: a shard that is not a finished container.
     """
-    from datastore.formats import detect_format, open_container
+    from dstore.formats import detect_format, open_container
 
     shard_paths = [os.fspath(p) for p in shard_paths]
     if not shard_paths:
@@ -140,7 +140,7 @@ class ShardedReader(ContainerReader):
     and a byte range that spans shards read as one large read per shard into the same `out`."""
 
     def __init__(self, path):
-        from datastore.formats import detect_format, open_container
+        from dstore.formats import detect_format, open_container
 
         self.path = os.fspath(path)
         manifest = read_manifest(self.path)

@@ -15,9 +15,9 @@ from zarr.codecs import BytesCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
-from datastore.errors import ConfigError, FormatError
-from datastore.formats.base import ContainerReader
-from datastore.formats.layout import (
+from dstore.errors import ConfigError, FormatError
+from dstore.formats.base import ContainerReader
+from dstore.formats.layout import (
     ARRAYS,
     COMPLETE_ATTR,
     INDEX_CHUNK,
@@ -222,7 +222,7 @@ class ZarrReader(ContainerReader):
 class ZarrWriter(StreamingWriter):
     """Streams samples into a temporary Zarr v3 directory beside `path`, `data` uncompressed in chunks
     of `chunk_bytes`; `commit()` writes the index arrays, the attributes, the marker last, and
-    renames the directory to `path`. Arguments: see `datastore.formats.create_writer`."""
+    renames the directory to `path`. Arguments: see `dstore.formats.create_writer`."""
 
     _group = None
     _data = None

@@ -16,8 +16,8 @@ import zipfile
 
 import numpy as np
 
-from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import ArraySamples, check_label_count
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.source import ArraySamples, check_label_count
 
 IMAGE_KEYS = ("x", "images", "data", "X", "x_train", "image", "imgs", "arr_0")
 LABEL_KEYS = ("y", "labels", "targets", "Y", "y_train", "label", "arr_1")

@@ -15,8 +15,8 @@ import pickle
 
 import numpy as np
 
-from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import ArraySamples, check_label_count
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.source import ArraySamples, check_label_count
 
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST = ("test_batch",)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.ingest.source import ArraySamples
+from dstore.ingest.source import ArraySamples
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:

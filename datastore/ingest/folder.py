@@ -27,9 +27,9 @@ import errno
 import io
 import os
 
-from datastore.decode import sniff
-from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import Source
+from dstore.decode import sniff
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.source import Source
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 """Extensions taken as images (torchvision's IMG_EXTENSIONS plus `.gif`)."""

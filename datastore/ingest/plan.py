@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 
 def sample_order(num_samples: int, seed: int, keep_order: bool = False) -> np.ndarray:

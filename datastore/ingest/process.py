@@ -7,10 +7,10 @@ import dataclasses
 
 import numpy as np
 
-from datastore.decode import decode_image, sniff
-from datastore.errors import ConfigError, SampleError
-from datastore.formats.base import checksum
-from datastore.ingest.source import Source
+from dstore.decode import decode_image, sniff
+from dstore.errors import ConfigError, SampleError
+from dstore.formats.base import checksum
+from dstore.ingest.source import Source
 
 ON_ERROR = ("raise", "skip")
 STORED_ENCODINGS = ("jpeg", "png", "image", "raw")

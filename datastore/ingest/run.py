@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
-from datastore import errors as _errors
-from datastore.errors import ConfigError, DStoreError, OutputError, SampleError
-from datastore.ingest import plan
-from datastore.ingest.process import ON_ERROR, Block, process_block, resolve_target
-from datastore.ingest.source import Source, open_source
-from datastore.ingest.writer import BackgroundWriter
+from dstore import errors as _errors
+from dstore.errors import ConfigError, DStoreError, OutputError, SampleError
+from dstore.ingest import plan
+from dstore.ingest.process import ON_ERROR, Block, process_block, resolve_target
+from dstore.ingest.source import Source, open_source
+from dstore.ingest.writer import BackgroundWriter
 
 
 class IngestError(DStoreError, RuntimeError):
@@ -103,7 +103,7 @@ def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[s
     if output.endswith(".json"):
         stem = output[:-len(".json")]
         return output, [f"{stem}-{s:05d}-of-{shards:05d}{suffix}" for s in range(shards)]
-    from datastore.formats import MANIFEST_NAME
+    from dstore.formats import MANIFEST_NAME
 
     return (os.path.join(output, MANIFEST_NAME),
             [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)])
@@ -119,7 +119,7 @@ _REMOTE_TYPES = {cls.__name__: cls for cls in vars(_errors).values()
 
 def _remote(name: str, text: str, rank: int) -> DStoreError:
     """The error to raise for a failure that happened on another rank (same type where it is ours)."""
-    from datastore.formats import ContainerExistsError, ContainerNotFoundError
+    from dstore.formats import ContainerExistsError, ContainerNotFoundError
 
     types = dict(_REMOTE_TYPES, ContainerExistsError=ContainerExistsError,
                  ContainerNotFoundError=ContainerNotFoundError)
@@ -191,7 +191,7 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                  fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar) -> _Shard | None:
     """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
     first rank, which returns the shard's record; the others return None)."""
-    from datastore.formats import create_writer
+    from dstore.formats import create_writer
 
     m, k = gcomm.Get_size(), gcomm.Get_rank()
     out, pending = None, None
@@ -272,7 +272,7 @@ def _wait(request) -> None:
 
 
 def _check_args(fmt, shards, on_error, count, output):
-    from datastore.formats import FORMATS
+    from dstore.formats import FORMATS
 
     if fmt not in FORMATS:
         raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
@@ -309,8 +309,8 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
     with `overwrite`); for a sharded container creates its directory and removes an old manifest
     (so a failed rewrite never leaves a manifest over mixed shards). Returns True if it created the
     directory."""
-    from datastore.formats import ContainerExistsError
-    from datastore.formats.replace import check_replaceable
+    from dstore.formats import ContainerExistsError
+    from dstore.formats.replace import check_replaceable
 
     _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
     for path in ([] if manifest is None else [manifest]) + shard_paths:
@@ -345,7 +345,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         output: the container path (`x.h5`, `x.zarr`); with shards > 1 a directory (or `x.json`).
         comm: an mpi4py communicator (default MPI.COMM_WORLD).
         fmt: `hdf5` or `zarr`.
-        shards: number of shard files (see datastore.ingest.plan for which ranks write which).
+        shards: number of shard files (see dstore.ingest.plan for which ranks write which).
         seed: seed of the write order (for `synthetic`, also of the generated images).
         keep_order: write in source order instead of a seeded random order.
         encoding: stored encoding; None keeps the source's (see process.resolve_target).
@@ -422,7 +422,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
             exc = SampleError(f"{source}: no samples left to write: all {n} were skipped")
         elif manifest is not None and rank == 0:
             try:
-                from datastore.formats import write_manifest
+                from dstore.formats import write_manifest
 
                 write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
@@ -453,6 +453,6 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
 
 
 def _remove(path: str) -> None:
-    from datastore.formats.layout import remove_path
+    from dstore.formats.layout import remove_path
 
     remove_path(path)

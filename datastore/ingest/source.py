@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from datastore.errors import ConfigError, SampleError
+from dstore.errors import ConfigError, SampleError
 
 MAX_CLASSES = 1 << 20
 """The most classes a source may imply by its largest label when it names no classes (ImageNet-21k
@@ -127,11 +127,11 @@ def source_type_of(spec: str) -> str:
     if lower.endswith((".npy", ".npz")):
         return "arrays"
     if os.path.isdir(spec):
-        from datastore.ingest.cifar import looks_like_cifar_dir
+        from dstore.ingest.cifar import looks_like_cifar_dir
 
         return "cifar" if looks_like_cifar_dir(spec) else "folder"
     if os.path.isfile(spec):
-        from datastore.ingest.cifar import looks_like_cifar_file
+        from dstore.ingest.cifar import looks_like_cifar_file
 
         if looks_like_cifar_file(spec):
             return "cifar"
@@ -176,13 +176,13 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
 def _source_class(kind: str) -> type[Source]:
     """The class implementing source type `kind` (imported on demand: each pulls its own libraries)."""
     if kind == "folder":
-        from datastore.ingest.folder import FolderSource as cls
+        from dstore.ingest.folder import FolderSource as cls
     elif kind == "cifar":
-        from datastore.ingest.cifar import CifarSource as cls
+        from dstore.ingest.cifar import CifarSource as cls
     elif kind == "arrays":
-        from datastore.ingest.arrays import ArraySource as cls
+        from dstore.ingest.arrays import ArraySource as cls
     elif kind == "digits":
-        from datastore.ingest.digits import DigitsSource as cls
+        from dstore.ingest.digits import DigitsSource as cls
     else:
-        from datastore.ingest.synthetic import SyntheticSource as cls
+        from dstore.ingest.synthetic import SyntheticSource as cls
     return cls

@@ -13,8 +13,8 @@ import os
 
 import numpy as np
 
-from datastore.errors import ConfigError, SampleError
-from datastore.ingest.source import Source
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.source import Source
 
 # Noise amplitude -> mean JPEG bytes per pixel at quality 90 (measured over 40 images each).
 _AMPLITUDE = np.array([0, 2, 5, 10, 15, 20, 25, 30, 40, 60, 80, 100, 128], dtype=np.float64)

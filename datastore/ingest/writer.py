@@ -12,14 +12,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from datastore.ingest.source import Source
+from dstore.ingest.source import Source
 
 
 class BackgroundWriter:
     """Appends rounds of samples to a ContainerWriter on one worker thread.
 
     Args:
-        writer: an open ContainerWriter (from datastore.formats.create_writer).
+        writer: an open ContainerWriter (from dstore.formats.create_writer).
         source: where labels and names come from.
         order: the write order (source index at each position).
         on_written: called with the number of positions done after each round (progress).

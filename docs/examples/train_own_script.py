@@ -22,16 +22,15 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from datastore.formats import open_container
-from datastore.store import DataStore
-from datastore.torch import StoreLoader
-from training.dist import init_distributed
+from dstore import DataStore, StoreLoader
+from dstore.formats import open_container
+from dstore.training.dist import init_distributed
 
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
     """Runs in the loader's decode threads: an (H, W, C) uint8 image -> a normalised CHW float tensor.
     (A seeded augmentation takes the loader's per-sample rng instead: transform=seeded(fn) with
-    fn(img, rng), from datastore.torch.)"""
+    fn(img, rng), from dstore.torch.)"""
     x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)
     return (x - 0.3) / 0.35
 
@@ -49,7 +48,7 @@ def main():
     if path is None:  # rank 0 ingests the real digits set once; the others wait
         path = comm.bcast(os.path.join(tempfile.mkdtemp(), "digits.h5") if comm.rank == 0 else None)
         if comm.rank == 0:
-            from datastore.ingest import ingest
+            from dstore.ingest import ingest
 
             ingest("digits", path, comm=MPI.COMM_SELF, progress=False)
         comm.Barrier()

@@ -1,4 +1,4 @@
-"""Scenario for tests/test_ltfb.py, run with mpiexec -n 2: training.exchange moves states of unequal
+"""Scenario for tests/test_ltfb.py, run with mpiexec -n 2: dstore.training.exchange moves states of unequal
 sizes both ways (sendrecv) and one way (send/recv) in many small blocks.
 
 argv: BLOCK_BYTES. Each rank builds a synthetic state from its rank (rank 1's is several times
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from training import exchange
-from training.ltfb import state_crc
+from dstore.training import exchange
+from dstore.training.ltfb import state_crc
 
 TAG = 11
 

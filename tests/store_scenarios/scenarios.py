@@ -14,10 +14,10 @@ import zlib
 
 import numpy as np
 
-from datastore import plan, shuffle
-from datastore.errors import ConfigError, MemoryBudgetError
-from datastore.formats import create_writer, open_container
-from datastore.store import DataStore
+from dstore import plan, shuffle
+from dstore.errors import ConfigError, MemoryBudgetError
+from dstore.formats import create_writer, open_container
+from dstore.store import DataStore
 
 BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
 
@@ -264,10 +264,10 @@ def scenario_replicate_and_range(comm, path):
 
 
 def scenario_preload_pieces(comm, path):
-    """Preload in pieces (datastore.prefault) leaves each rank's window byte-identical to its block,
+    """Preload in pieces (dstore.prefault) leaves each rank's window byte-identical to its block,
     with pieces smaller than a sample, than a block, and larger than every block, and with empty
     blocks (a range of empty samples); replicate's shared copy too."""
-    from datastore import prefault
+    from dstore import prefault
 
     reader = open_container(path)
     empty = [i for i in range(reader.num_samples) if reader.offsets[i + 1] == reader.offsets[i]]
@@ -296,10 +296,10 @@ def scenario_preload_pieces(comm, path):
 
 
 def scenario_parallel_population(comm, path):
-    """A preload with several reads in flight (datastore.populate) fills every window byte-identical
+    """A preload with several reads in flight (dstore.populate) fills every window byte-identical
     to a one-thread preload: a rank's block, a replicated copy's node part, and a tiered window's
     resident samples, with pieces smaller than a sample and than a block."""
-    from datastore import populate
+    from dstore import populate
 
     saved = populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH
     tier_reader = open_container(tier_container(path))

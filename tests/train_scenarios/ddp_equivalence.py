@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from training.dist import init_distributed
-from training.loop import Trainer
-from training.models import build_model
-from training.optim import Schedule, make_optimizer, make_scheduler
+from dstore.training.dist import init_distributed
+from dstore.training.loop import Trainer
+from dstore.training.models import build_model
+from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 
 STEPS, GLOBAL_BATCH = 3, 13
 

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from datastore.formats import open_container
-from datastore.store import DataStore
-from training.data import DirectSource
+from dstore.formats import open_container
+from dstore.store import DataStore
+from dstore.training.data import DirectSource
 
 
 def deliveries(source, epoch):

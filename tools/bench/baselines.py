@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from tools.bench.common import Measurement, evict_on_nodes, measure, rank_split
+from dstore.tools.bench.common import Measurement, evict_on_nodes, measure, rank_split
 
 # --- datasets (module level, so DataLoader workers can pickle them under any start method) ----------
 
@@ -59,7 +59,7 @@ class ContainerSampleDataset:
 
     def __init__(self, path: str, backend: str, offsets, labels, decode: bool = False, size=(224, 224)):
         if backend not in ("h5py", "zarr"):
-            from datastore.errors import ConfigError
+            from dstore.errors import ConfigError
 
             raise ConfigError(f"backend={backend!r} is not one of ('h5py', 'zarr')")
         self.path = os.fspath(path)
@@ -104,8 +104,8 @@ def decode_resized(data, size, name: str):
     CHW uint8 tensor, so that every loader in the training view does the same work per sample."""
     import torch
 
-    from datastore.decode import decode_image
-    from datastore.torch import resize
+    from dstore.decode import decode_image
+    from dstore.torch import resize
 
     arr = decode_image(data, channels=3, min_size=size, name=name)
     return torch.from_numpy(np.array(resize(np.ascontiguousarray(arr), size))).permute(2, 0, 1)
@@ -182,7 +182,7 @@ def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, name: str
             b += ds[i][0].nbytes
         return len(indices), b
 
-    from tools.bench.layouts import chunk_bytes
+    from dstore.tools.bench.layouts import chunk_bytes
 
     return measure(comm, name, "baseline", cache, run, backend=backend, path=os.path.abspath(path),
                    chunk_bytes=chunk_bytes(path, backend))

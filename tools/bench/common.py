@@ -184,9 +184,9 @@ def files_under(paths) -> list[str]:
 def evict(paths) -> int:
     """Drops the page-cache pages of every file under `paths` (files or directories, an image
     folder included), so the next read is cold; files that cannot be opened are left out.
-    Returns the bytes advised (datastore.pagecache.evict_files)."""
-    from datastore.pagecache import evict_files
-    from tools.pfs.mount import pfs_mountpoints, under_pfs_mount
+    Returns the bytes advised (dstore.pagecache.evict_files)."""
+    from dstore.pagecache import evict_files
+    from dstore.tools.pfs.mount import pfs_mountpoints, under_pfs_mount
 
     # Files served by a `dstore pfs` mount have no page cache (direct I/O): every read already pays the
     # model, and opening each one to advise it would spend the model's operations between passes.

@@ -60,7 +60,7 @@ def _h5_current(path: str, key: str) -> bool:
 def _write_h5(path: str, container: str, offsets, labels, key: str) -> None:
     import h5py
 
-    from datastore.formats import open_container
+    from dstore.formats import open_container
 
     tmp = path + ".tmp"
     with h5py.File(tmp, "w", locking=False) as f, open_container(container) as r:
@@ -86,7 +86,7 @@ def _zarr_current(path: str, key: str) -> bool:
 def _write_zarr(path: str, container: str, offsets, labels, key: str) -> None:
     import zarr
 
-    from datastore.formats import open_container
+    from dstore.formats import open_container
 
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -106,7 +106,7 @@ def _write_zarr(path: str, container: str, offsets, labels, key: str) -> None:
 
 def _ensure(comm, path: str, container: str, offsets, labels, current, write) -> str:
     """Rank 0 writes the copy unless a current one exists; every rank gets its path or rank 0's error."""
-    from datastore.errors import ConfigError
+    from dstore.errors import ConfigError
 
     err = None
     if comm.Get_rank() == 0:

@@ -7,16 +7,16 @@ import os
 
 import numpy as np
 
-from datastore.plan import block_bounds, global_schedule
-from datastore.shuffle import global_order
-from tools.bench.common import (RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, SEQ_READ_FRESH, Measurement, evict_on_nodes,
+from dstore.plan import block_bounds, global_schedule
+from dstore.shuffle import global_order
+from dstore.tools.bench.common import (RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, SEQ_READ_FRESH, Measurement, evict_on_nodes,
                                 measure)
 
 
 def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
                epoch: int = 0) -> list[np.ndarray]:
     """Rank `rank`'s sample indices, step by step, in the store's own global-shuffle epoch
-    (datastore.shuffle.global_order + datastore.plan.global_schedule, last short batch kept)."""
+    (dstore.shuffle.global_order + dstore.plan.global_schedule, last short batch kept)."""
     sched = global_schedule(global_order(num_samples, seed, epoch), batch_size, size, rank, False)
     return [sched.ids[sched.step(s)][~sched.pad[sched.step(s)]] for s in range(sched.steps)]
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tools.bench.common import Measurement, quiet_barrier
+from dstore.tools.bench.common import Measurement, quiet_barrier
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "venv-mosaic"

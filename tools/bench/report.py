@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from tools.bench.common import (FOLDER, H5PY, H5PY_CONTAINER, POP_PRELOAD, RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ,
+from dstore.tools.bench.common import (FOLDER, H5PY, H5PY_CONTAINER, POP_PRELOAD, RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ,
                                 SEQ_READ_FRESH, STORE_GETS, STORE_MAIN, ZARR, ZARR_CONTAINER, Measurement, fmt_rate)
 
 GOALS = (

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
-from tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
-from tools.bench.data import (DataSet, container_files, container_path, data_tag, load_dataset, prepare_data,
+from dstore.tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
+from dstore.tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
+from dstore.tools.bench.data import (DataSet, container_files, container_path, data_tag, load_dataset, prepare_data,
                               repeated_container)
 
 
@@ -289,7 +289,7 @@ def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
 def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, n: int, prog: Progress) -> dict:
     """AU of the store and of each baseline that can run, over the first `n` samples, with
     compute = factor x the store's fetch+decode time per step."""
-    from datastore.store import DataStore
+    from dstore.store import DataStore
 
     compute = max(store_step_s * cfg.compute_factor, 1e-3)
     rows = []

@@ -9,7 +9,7 @@ import math
 import os
 import time
 
-from tools.pfs.model import PfsModel, parse_spec
+from dstore.tools.pfs.model import PfsModel, parse_spec
 
 DEFAULT_LADDER = ("local", "pfs:latency=0,iops=unlimited,bandwidth=unlimited", "pfs:latency=0.5ms,iops=2000",
                   "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
@@ -72,7 +72,7 @@ def mounted(comm, roots: list[str], model: PfsModel):
     of its node, then closes. An error while mounting on one node raises on every rank."""
     from mpi4py import MPI
 
-    from tools.pfs.mount import PfsMount
+    from dstore.tools.pfs.mount import PfsMount
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     mounts: list[PfsMount] = []
@@ -91,7 +91,7 @@ def mounted(comm, roots: list[str], model: PfsModel):
         errs = comm.allgather(err)
         bad = [e for e in errs if e]
         if bad:
-            from tools.pfs.mount import PfsMountError
+            from dstore.tools.pfs.mount import PfsMountError
 
             raise PfsMountError(f"--storage: mounting the pfs model failed: {bad[0]}")
         info.mountpoints = node.bcast([m.mountpoint for m in mounts], root=0)
@@ -108,8 +108,8 @@ def mounted(comm, roots: list[str], model: PfsModel):
 
 def _store_population_and_view(comm, cfg, data, n: int, compute: float):
     """Preload population time (timed across ranks) and the store's training-view row."""
-    from datastore.store import DataStore
-    from tools.bench import training_view
+    from dstore.store import DataStore
+    from dstore.tools.bench import training_view
 
     comm.Barrier()
     t0 = time.perf_counter()
@@ -134,8 +134,8 @@ def _max():
 def training_rows(comm, cfg, data, n: int, compute: float, prog) -> tuple[float, list[dict]]:
     """The training view of the store and of each baseline over `data` (paths as given: local or
     through a mount); returns (the store's population seconds, rows)."""
-    from tools.bench import baselines, training_view
-    from tools.bench.runner import TV_H5PY, TV_ZARR
+    from dstore.tools.bench import baselines, training_view
+    from dstore.tools.bench.runner import TV_H5PY, TV_ZARR
 
     pop, store_row = _store_population_and_view(comm, cfg, data, n, compute)
     rows = [store_row]
@@ -221,7 +221,7 @@ def sweep_markdown(sw: dict, meta: dict) -> str:
 
 
 def sweep_plot(sw: dict, path: str) -> str:
-    from tools.bench.report import _plt
+    from dstore.tools.bench.report import _plt
 
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -1,4 +1,4 @@
-"""`python -m tools.bench.train_e2e CONTAINER`: `mpiexec -n R dstore train` end to end on local disk and
+"""`python -m dstore.tools.bench.train_e2e CONTAINER`: `mpiexec -n R dstore train` end to end on local disk and
 through `dstore pfs` models, with the store and with the direct (per-sample) loader.
 
 For each storage rung and loader it runs a real training job on the container (through a fresh mount
@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from tools.pfs.model import parse_spec
-from tools.pfs.mount import pfs_mount
+from dstore.tools.pfs.model import parse_spec
+from dstore.tools.pfs.mount import pfs_mount
 
 DEFAULT_RUNGS = ("local", "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
 
@@ -30,7 +30,7 @@ def _mpiexec() -> str:
 
 def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, extra: list[str],
             timeout: float) -> dict:
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tools", "train", path, "--loader", loader,
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools", "train", path, "--loader", loader,
            "--epochs", str(epochs), "--run-dir", run_dir, "--no-progress", *extra]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -55,7 +55,7 @@ def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, ex
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.train_e2e", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.bench.train_e2e", description=__doc__)
     p.add_argument("container", help="an HDF5 container (e.g. the bench's DATA_DIR/set-2048-s0.h5)")
     p.add_argument("--rungs", nargs="+", default=list(DEFAULT_RUNGS), help="storage specs: local or pfs:...")
     p.add_argument("--loaders", default="store,direct")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from tools.bench.common import evict_on_nodes, rank_split
+from dstore.tools.bench.common import evict_on_nodes, rank_split
 
 
 def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
@@ -52,7 +52,7 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
 
 def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: int, size) -> dict:
     """The training view of the store: one epoch of decoded batches from `StoreLoader`."""
-    from datastore.torch import StoreLoader
+    from dstore.torch import StoreLoader
 
     with StoreLoader(store, num_threads=num_threads, size=size) as loader:
         row = au_loop(comm, "store (StoreLoader)", lambda: loader.epoch(epoch), compute_seconds)
@@ -64,7 +64,7 @@ def dataloader_iter(comm, dataset, *, batch_size: int, num_workers: int, seed: i
     """A factory for one epoch of a torch DataLoader over `dataset` (rank's DistributedSampler-like share)."""
     from torch.utils.data import DataLoader
 
-    from tools.bench.baselines import collate_list
+    from dstore.tools.bench.baselines import collate_list
 
     rank, size = comm.Get_rank(), comm.Get_size()
     indices = rank_split(len(dataset), rank, size, seed, epoch).tolist()

@@ -1,4 +1,4 @@
-"""`python -m tools.pfs.calibrate DIR`: the file system's own overhead against the plain disk, and the
+"""`python -m dstore.tools.pfs.calibrate DIR`: the file system's own overhead against the plain disk, and the
 model's delivered latency / iops / bandwidth against what was asked. Prints Markdown tables.
 
 Both sides read the same file with its pages in the page cache (read once first), so the overhead
@@ -13,8 +13,8 @@ import random
 import threading
 import time
 
-from tools.pfs.model import PfsModel, parse_spec
-from tools.pfs.mount import pfs_mount
+from dstore.tools.pfs.model import PfsModel, parse_spec
+from dstore.tools.pfs.mount import pfs_mount
 
 
 def _sequential(path: str, block: int = 1 << 20) -> tuple[int, float]:
@@ -97,7 +97,7 @@ def caps(src_dir: str, name: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.pfs.calibrate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.pfs.calibrate", description=__doc__)
     p.add_argument("dir", help="a directory to create the test file in (on the disk to compare with)")
     p.add_argument("--size-mb", type=int, default=400)
     p.add_argument("--count", type=int, default=2000)

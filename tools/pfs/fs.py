@@ -6,7 +6,7 @@ its tokens from the mount's one iops bucket (reads also from its bandwidth bucke
 reaches it, as does every open; names and attributes are cached for one second (METADATA_CACHE_S).
 libfuse runs requests on several threads, so concurrent readers overlap their latencies but share
 the caps, as clients of one job share a file system. No MPI here: this runs in its own process
-(`python -m tools.pfs.fs` or `dstore pfs`).
+(`python -m dstore.tools.pfs.fs` or `dstore pfs`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import os
 import sys
 import time
 
-from datastore.errors import ConfigError
-from tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
+from dstore.errors import ConfigError
+from dstore.tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
 
 FSNAME = "dstore-pfs"
 """The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
@@ -126,7 +126,7 @@ def _watch_parent(pid: int, mountpoint: str, poll: float = 0.5) -> None:
     import subprocess
     import threading
 
-    from tools.pfs.mount import fusermount
+    from dstore.tools.pfs.mount import fusermount
 
     def watch():
         while True:
@@ -155,7 +155,7 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
         ConfigError: SOURCE is not a directory, MOUNTPOINT is not an empty directory, or a stale
             mount is there (the message names the command that removes it).
     """
-    from tools.pfs.mount import check_mountpoint
+    from dstore.tools.pfs.mount import check_mountpoint
 
     import mfusepy
 
@@ -201,7 +201,7 @@ def summary(stats: dict) -> str:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model's options (shared by `dstore pfs` and `python -m tools.pfs.fs`)."""
+    """The model's options (shared by `dstore pfs` and `python -m dstore.tools.pfs.fs`)."""
     d = DEFAULTS
     p.add_argument("--latency", default="2ms", help="added to every read request (e.g. 2ms, 500us, 0)")
     p.add_argument("--open-latency", default=None,
@@ -225,9 +225,9 @@ def model_from_args(args) -> PfsModel:
 
 
 def main(argv=None) -> int:
-    """`python -m tools.pfs.fs SOURCE MOUNTPOINT [model options] [--stats-json PATH]`: what
-    tools.pfs.mount starts (no MPI imported, so it is safe to start from an MPI rank)."""
-    p = argparse.ArgumentParser(prog="python -m tools.pfs.fs")
+    """`python -m dstore.tools.pfs.fs SOURCE MOUNTPOINT [model options] [--stats-json PATH]`: what
+    dstore.tools.pfs.mount starts (no MPI imported, so it is safe to start from an MPI rank)."""
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.pfs.fs")
     p.add_argument("source")
     p.add_argument("mountpoint")
     p.add_argument("--stats-json", default=None)

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-from datastore.errors import ConfigError
+from dstore.errors import ConfigError
 
 UNLIMITED = math.inf
 

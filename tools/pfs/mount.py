@@ -1,12 +1,12 @@
 """Starting and stopping a `dstore pfs` mount from Python, and finding mounts a killed run left behind.
 
-    from tools.pfs import pfs_mount, parse_spec
+    from dstore.tools.pfs import pfs_mount, parse_spec
 
     with pfs_mount("data/", model=parse_spec("pfs:latency=2ms,iops=2000")) as mnt:
         read_everything(mnt.path("x.h5"))
     print(mnt.stats)   # what the mount served
 
-The file system runs in its own process (`python -m tools.pfs.fs`, no MPI in it); the context
+The file system runs in its own process (`python -m dstore.tools.pfs.fs`, no MPI in it); the context
 manager returns once the mount is live, and on exit always unmounts and reaps that process, also
 after an error in the body or a file system that died.
 """
@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from datastore.errors import ConfigError, DStoreError
-from tools.pfs.model import DEFAULTS, PfsModel
+from dstore.errors import ConfigError, DStoreError
+from dstore.tools.pfs.model import DEFAULTS, PfsModel
 
 FSNAME = "dstore-pfs"
 
@@ -153,8 +153,6 @@ def _child_env() -> dict:
     never be taken for an MPI rank."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_"))}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -170,7 +168,7 @@ class PfsMount:
 
     Attributes:
         mountpoint: the absolute mountpoint.
-        stats: after exit, what the mount served (tools.pfs.model.Counters fields, wall_seconds).
+        stats: after exit, what the mount served (dstore.tools.pfs.model.Counters fields, wall_seconds).
     """
 
     def __init__(self, source, mountpoint=None, model: PfsModel = DEFAULTS, *, timeout: float = 30.0):
@@ -208,7 +206,7 @@ class PfsMount:
         check_mountpoint(self.mountpoint)
         self._stats_path = os.path.join(self._tmp, "stats.json")
         self._log_path = os.path.join(self._tmp, "log.txt")
-        cmd = [sys.executable, "-m", "tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
+        cmd = [sys.executable, "-m", "dstore.tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
                "--stats-json", self._stats_path, "--watch-pid", str(os.getpid())]
         with open(self._log_path, "w") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,0 +1,95 @@
+"""The package: one import root `dstore` over the repository's three folders (datastore/ -> dstore,
+training/ -> dstore.training, tools/ -> dstore.tools), in the wheel and in the source."""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FOLDERS = {"datastore": "dstore", "training": "dstore/training", "tools": "dstore/tools"}
+OLD_ROOTS = {"datastore", "training", "tools"}
+
+
+def _source_files(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (REPO / f).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The wheel built from a clean copy of the sources (no stale build/ of an earlier layout)."""
+    pytest.importorskip("setuptools")
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(src)], check=True, capture_output=True, timeout=120)
+    (whl,) = out.glob("*.whl")
+    assert whl.name.startswith("dstore_mpi-"), whl.name
+    with zipfile.ZipFile(whl) as zf:
+        yield zf
+
+
+def test_wheel_installs_only_dstore(wheel):
+    top = {name.split("/")[0] for name in wheel.namelist()}
+    dist_info = {t for t in top if t.endswith(".dist-info")}
+    assert len(dist_info) == 1 and top - dist_info == {"dstore"}, sorted(top)
+    entry_points = wheel.read(f"{dist_info.pop()}/entry_points.txt").decode()
+    assert "dstore = dstore.tools.cli:main" in entry_points
+
+
+def test_wheel_holds_every_module(wheel):
+    # The package list in pyproject.toml is explicit: a new sub-package must be added there.
+    names = set(wheel.namelist())
+    missing = [str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)
+               if f"{FOLDERS[p.relative_to(REPO).parts[0]]}/{'/'.join(p.relative_to(REPO).parts[1:])}" not in names]
+    assert not missing, f"in the repository but not in the wheel (add them to [tool.setuptools] packages): {missing}"
+
+
+def test_import_root_is_light_and_installed(tmp_path):
+    # From a directory outside the repository (only the install can provide `dstore`), as a process
+    # started by mpiexec would: the root imports neither torch nor mpi4py (whose import initialises
+    # MPI), and the public API is there on first use.
+    code = ("import sys, dstore\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\n"
+            "assert not heavy, heavy\n"
+            "from dstore import DataStore, StoreLoader\n"
+            "import dstore.training.run, dstore.tools.cli\n"
+            "print(DataStore.__module__, StoreLoader.__module__, dstore.tools.cli.__name__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["dstore.store", "dstore.torch", "dstore.tools.cli"]
+
+
+def test_no_import_of_the_old_roots():
+    # datastore/training/tools are folders, not import names: an `import training` would pick up
+    # whatever `training` the current directory or site-packages holds.
+    bad = []
+    for path in _source_files(*FOLDERS, "tests"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                mods = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                # code in strings, run by subprocesses
+                mods = [line.split()[1] for line in node.value.splitlines()
+                        if line.strip().startswith(("from ", "import ")) and len(line.split()) > 1]
+            elif isinstance(node, ast.List):
+                # [sys.executable, "-m", MODULE, ...]
+                items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                mods = [str(m) for flag, m in zip(items, items[1:]) if flag == "-m"]
+            else:
+                continue
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {m}" for m in mods if m.split(".")[0] in OLD_ROOTS]
+    assert not bad, bad
