@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.plan import block_bounds
 
 ENV_VAR = "DSTORE_MEMORY_BUDGET"
 """Environment variable that overrides the default per-rank budget (bytes, or e.g. `8G`, `512MiB`)."""
@@ -144,8 +145,6 @@ def fmt_bytes(n: float) -> str:
 
 def ranks_needed(offsets: np.ndarray, budget_for_data: int, start: int, limit: int = 1 << 20):
     """The fewest ranks (>= start) whose byte-balanced blocks each fit `budget_for_data`, or None."""
-    from dstore.plan import block_bounds
-
     offsets = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(offsets)
     if budget_for_data <= 0 or (sizes.size and sizes.max() > budget_for_data):

@@ -14,7 +14,8 @@ import os
 import warnings
 
 from dstore.formats import MANIFEST_NAME
-from dstore.formats.layout import ContainerNotFoundError
+from dstore.formats.base import ContainerNotFoundError
+from dstore.formats.sharded import read_manifest
 
 
 def container_files(path) -> list[str]:
@@ -37,8 +38,6 @@ def container_files(path) -> list[str]:
         files.append(path)
     manifest = path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
     if os.path.isfile(manifest):
-        from dstore.formats.sharded import read_manifest
-
         for entry in read_manifest(path)["shards"]:
             files.extend(f for f in container_files(entry["path"]) if f not in files)
     return files

@@ -24,7 +24,6 @@ import numpy as np
 
 from dstore.errors import ConfigError
 
-
 STATE_VERSION = 1
 """Version of the DataStore state dict layout."""
 

@@ -16,6 +16,9 @@ import threading
 
 import numpy as np
 
+from dstore import tiers
+from dstore.formats import open_container
+
 
 class StorageReader:
     """Reads byte ranges of `path`'s data in `threads` threads.
@@ -42,8 +45,6 @@ class StorageReader:
     def _reader(self):
         r = getattr(self._local, "reader", None)
         if r is None:
-            from dstore.formats import open_container
-
             r = open_container(self.path)
             self._local.reader = r
             with self._lock:
@@ -122,8 +123,6 @@ class StorageEpoch:
 
     def __init__(self, reader: StorageReader, sched, first: int, resident: np.ndarray, offsets: np.ndarray,
                  base: int, lookahead: int, bufs: list):
-        from dstore import tiers
-
         self._tiers = tiers
         self.reader, self.sched, self.offsets, self.base = reader, sched, offsets, int(base)
         ids = sched.ids

@@ -46,6 +46,7 @@ from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, agree, is_agreed
 from dstore.errors import ConfigError, FormatError
+from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.memory import parse_bytes
 from dstore.progress import ProgressThread
@@ -251,8 +252,6 @@ class DataStore:
         if isinstance(container, ContainerReader):
             self.container, self._owns_container = container, False
         elif isinstance(container, (str, os.PathLike)):
-            from dstore.formats import open_container
-
             self.container, self._owns_container = open_container(container), True
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
@@ -495,7 +494,7 @@ class DataStore:
                     buf = ro[slot] if ro else None
                     sl = sched.step(s)
                     own = owner[sl]
-                    samples = [(segs[o] if l else buf)[a:a + n] for l, o, a, n in
+                    samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
                                zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
                     mine = own == rank
                     if tier is not None:

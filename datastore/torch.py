@@ -30,10 +30,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import inspect
 import threading
 import time
-
-import inspect
 import warnings
 
 import numpy as np
@@ -44,7 +43,7 @@ from dstore.decode import decode_sample
 from dstore.errors import ConfigError
 
 
-class seeded:  # noqa: N801 - used like a function: transform=seeded(fn)
+class seeded:  # lower case: used like a function, transform=seeded(fn)
     """Marks `fn(array, rng) -> tensor` as a seeded transform: the loader calls it with a numpy
     Generator seeded from (store seed, epoch, sample id), so augmentation is the same whatever
     the thread or rank count, and resumes exactly. A plain one-argument transform (torchvision

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import detect_format, open_container
 from dstore.plan import block_bounds
@@ -78,8 +79,6 @@ def _read_groups(offsets: np.ndarray, start: int, stop: int, read_size: int):
 
 def _decode_error(data, info, name: str) -> str | None:
     """Why a sample does not decode, or None if it does."""
-    from dstore.decode import decode_sample
-
     try:
         decode_sample(data, info, name=name)
     except SampleError as exc:

@@ -357,7 +357,9 @@ class TestManifest:
 
 
 samples_strategy = st.lists(
-    st.tuples(st.binary(max_size=300), st.integers(0, 2), st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12), st.integers(-1, 2**40)),
+    st.tuples(st.binary(max_size=300), st.integers(0, 2),
+              st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+              st.integers(-1, 2**40)),
     max_size=25,
 )
 

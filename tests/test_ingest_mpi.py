@@ -7,12 +7,12 @@ import zlib
 
 import numpy as np
 import pytest
+from ingest_helpers import add_bad, check_container_against_folder, leftovers, listing, make_mixed_folder, write_cifar10
+from mpirun import run_mpi
 
 from dstore.formats import open_container
 from dstore.ingest import open_source
 from dstore.ingest.plan import group_chunk, sample_order
-from ingest_helpers import add_bad, check_container_against_folder, leftovers, listing, make_mixed_folder, write_cifar10
-from mpirun import run_mpi
 
 pytestmark = pytest.mark.mpi
 

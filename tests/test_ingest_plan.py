@@ -50,7 +50,7 @@ def test_every_position_is_written_once_by_exactly_one_group(n, shards, ranks, c
         for rnd in rounds:
             assert len(rnd) == m
             assert rnd[0][0] == prev_end, "a round's chunks continue where the last round ended"
-            for (a, b), (c, _) in zip(rnd, rnd[1:]):
+            for (_, b), (c, _) in zip(rnd, rnd[1:]):
                 assert b == c, "a round's chunks are consecutive, so the writer keeps the order"
             for a, b in rnd:
                 seen[a:b] += 1

@@ -5,13 +5,6 @@ import os
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-
-from dstore.errors import ConfigError, SampleError
-from dstore.formats import ContainerExistsError, open_container
-from dstore.ingest import ingest, open_source
-from dstore.ingest.cifar import CifarSource
-from dstore.ingest.synthetic import SyntheticSource, generate_image_folder
 from ingest_helpers import (
     BAD_KINDS,
     Exploit,
@@ -24,6 +17,13 @@ from ingest_helpers import (
     write_cifar10,
     write_pickle,
 )
+from mpi4py import MPI
+
+from dstore.errors import ConfigError, SampleError
+from dstore.formats import ContainerExistsError, open_container
+from dstore.ingest import ingest, open_source
+from dstore.ingest.cifar import CifarSource
+from dstore.ingest.synthetic import SyntheticSource, generate_image_folder
 
 SELF = MPI.COMM_SELF
 

@@ -17,9 +17,20 @@ from mpirun import run_mpi
 
 from dstore.errors import ConfigError
 from dstore.training import exchange, hparams
-from dstore.training.ltfb import (duel, from_bytes, pair_trainers, partner_of, partner_wins, rank_trainers,
-                           ranks_per_trainer, state_crc, to_bytes, trainer_parts, truncation_count,
-                           truncation_plan)
+from dstore.training.ltfb import (
+    duel,
+    from_bytes,
+    pair_trainers,
+    partner_of,
+    partner_wins,
+    rank_trainers,
+    ranks_per_trainer,
+    state_crc,
+    to_bytes,
+    trainer_parts,
+    truncation_count,
+    truncation_plan,
+)
 from dstore.training.metrics import read_jsonl
 
 # --- pure parts -----------------------------------------------------------------------------
@@ -140,8 +151,8 @@ def test_resume_of_a_job_names_what_is_missing(tmp_path):
         resolve_job_resume("auto", None, str(tmp_path / "runs"), 2)
     (job / "trainer1").mkdir()
     (job / "trainer1" / CHECKPOINT_NAME).write_bytes(b"x")
-    for given in ("auto", str(job), str(job / "trainer1" / CHECKPOINT_NAME)):
-        assert resolve_job_resume(given, None, str(tmp_path / "runs"), 2) == str(job), given
+    for spec in ("auto", str(job), str(job / "trainer1" / CHECKPOINT_NAME)):
+        assert resolve_job_resume(spec, None, str(tmp_path / "runs"), 2) == str(job), spec
     with pytest.raises(ConfigError, match="give the job's run directory"):
         resolve_job_resume(str(tmp_path / "nothing.pt"), None, str(tmp_path / "runs"), 2)
 

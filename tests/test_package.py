@@ -57,8 +57,9 @@ def test_wheel_holds_every_module(wheel):
 def test_import_root_is_light_and_installed(tmp_path):
     # From a directory outside the repository (only the install can provide `dstore`), as a process
     # started by mpiexec would: the root imports neither torch nor mpi4py (whose import initialises
-    # MPI), and the public API is there on first use.
-    code = ("import sys, dstore\n"
+    # MPI), nor do the command line (`dstore --help` stays fast) and the FUSE server of `dstore pfs`
+    # (started from MPI ranks, it must not be taken for one); the public API is there on first use.
+    code = ("import sys, dstore, dstore.tools.cli, dstore.tools.pfs.fs\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\n"
             "assert not heavy, heavy\n"
             "from dstore import DataStore, StoreLoader\n"
@@ -93,3 +94,46 @@ def test_no_import_of_the_old_roots():
                 continue
             bad += [f"{path.relative_to(REPO)}:{node.lineno}: {m}" for m in mods if m.split(".")[0] in OLD_ROOTS]
     assert not bad, bad
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = [*FOLDERS[rel.parts[0]].split("/"), *rel.parts[1:]]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_module_imports_form_no_cycle():
+    # Imports at module level (where they belong) must form a DAG; a cycle hidden by an import
+    # inside a function counts too, since it is a cycle all the same.
+    modules = {_module_name(p): p for p in _source_files(*FOLDERS)}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name and not name.startswith(t + "."):  # a package's own parents are loaded first
+                    deps.add(t)
+        edges[name] = deps
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(n: str, stack: list[str]) -> None:
+        state[n] = 1
+        for d in sorted(edges[n]):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[n] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n, [n])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)

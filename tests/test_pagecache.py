@@ -6,11 +6,10 @@ keep them.) No MPI."""
 import os
 
 import pytest
+from formats_helpers import BACKENDS, build, random_samples
 
 from dstore import pagecache
-from dstore.formats import open_container
-from dstore.formats.layout import ContainerNotFoundError
-from formats_helpers import BACKENDS, build, random_samples
+from dstore.formats import ContainerNotFoundError, open_container
 
 
 def _sizes(paths):
@@ -31,8 +30,9 @@ def test_evict_covers_every_file_of_the_container(tmp_path, backend):
 
 
 def test_sharded_manifest_file_includes_shards_elsewhere(tmp_path):
-    from dstore.formats import write_manifest
     from formats_helpers import write_samples
+
+    from dstore.formats import write_manifest
 
     samples = random_samples(6)
     (tmp_path / "a").mkdir()

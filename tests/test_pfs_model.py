@@ -10,8 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstore.errors import ConfigError
-from dstore.tools.pfs.model import (DEFAULTS, Model, PfsModel, TokenBucket, parse_bandwidth, parse_rate, parse_spec,
-                             parse_time)
+from dstore.tools.pfs.model import (
+    DEFAULTS,
+    Model,
+    PfsModel,
+    TokenBucket,
+    parse_bandwidth,
+    parse_rate,
+    parse_spec,
+    parse_time,
+)
 
 
 @pytest.mark.parametrize("text, seconds", [("2ms", 2e-3), ("500us", 5e-4), ("0.5s", 0.5), ("0", 0.0),

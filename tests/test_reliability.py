@@ -11,14 +11,14 @@ import sys
 
 import numpy as np
 import pytest
+from formats_helpers import random_samples, write_samples
+from ingest_helpers import small_jpegs
 from mpi4py import MPI
+from mpirun import REPO
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import ContainerExistsError, create_writer, open_container
 from dstore.ingest import ingest
-from formats_helpers import random_samples, write_samples
-from ingest_helpers import small_jpegs
-from mpirun import REPO
 
 
 def run_ingest(source, output, **kw):

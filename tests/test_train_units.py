@@ -12,8 +12,14 @@ import torch
 
 from dstore.errors import ConfigError
 from dstore.training.augment import ImageTransform, channel_stats, default_augmentation, resize_to, to_channels
-from dstore.training.checkpoint import (from_safe, load_checkpoint, resolve_resume, rng_state, save_checkpoint,
-                                 set_rng_state)
+from dstore.training.checkpoint import (
+    from_safe,
+    load_checkpoint,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from dstore.training.data import split_ranges
 from dstore.training.loop import global_batch_count
 from dstore.training.metrics import JsonLog, read_jsonl

@@ -14,6 +14,10 @@ import sys
 import time
 import traceback
 
+from dstore import __version__
+from dstore.errors import DStoreError
+from dstore.training.dist import launcher_mismatch
+
 COMMANDS = {
     "ingest": "dstore.tools.cmd_ingest",
     "verify": "dstore.tools.cmd_verify",
@@ -56,8 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dstore",
         description="Distributed in-memory data store for deep-learning training over MPI RMA.",
     )
-    from dstore import __version__
-
     parser.add_argument("--version", action="version", version=f"dstore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -113,8 +115,6 @@ def abort_on_error(fn, *args):
     every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
     of one rank is still printed, by that rank. A closed stdout (BrokenPipeError) ends quietly.
     """
-    from dstore.errors import DStoreError
-
     try:
         return fn(*args)
     except SystemExit:
@@ -152,8 +152,6 @@ def abort_on_error(fn, *args):
 def _check_launcher() -> int:
     """2 (after one message, from the launcher's rank 0) if this process is one of N separate 1-rank
     MPI worlds (torchrun, srun without PMI), else 0."""
-    from dstore.training.dist import launcher_mismatch
-
     if launcher_mismatch(os.environ, 1) is None:  # no launcher of several processes: MPI not needed here
         return 0
     problem = launcher_mismatch(os.environ, _world()[1])

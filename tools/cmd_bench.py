@@ -8,6 +8,10 @@ import shlex
 import subprocess
 import sys
 
+from dstore.errors import ConfigError
+from dstore.tools.pfs.model import parse_spec
+from dstore.tools.pfs.mount import fuse_available
+
 HELP = ("benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
         "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots")
 
@@ -78,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args):
-    from dstore.errors import ConfigError
+    # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.tools.bench.runner import BenchConfig
 
     count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
@@ -93,6 +97,7 @@ def _config(args):
     if args.mean_kb <= 0:
         raise ConfigError(f"--mean-kb={args.mean_kb} must be > 0")
     if not args.container:
+        # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
         from dstore.ingest.synthetic import noise_amplitude
 
         try:  # before anything is generated: can JPEGs of these sides average this size?
@@ -109,10 +114,8 @@ def _config(args):
         raise ConfigError(f"--container={args.container}: no such file or directory")
     storage = sweep = None
     if args.storage is not None or args.storage_sweep is not None:
+        # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
         from dstore.tools.bench.storage import DEFAULT_LADDER
-        from dstore.tools.pfs.model import parse_spec
-        from dstore.tools.pfs.mount import fuse_available
-
         if args.storage is not None and args.storage_sweep is not None:
             raise ConfigError("--storage and --storage-sweep: give one (the sweep sets the storage of each rung)")
         if args.storage is not None:
@@ -143,7 +146,7 @@ def _config(args):
 
 def _scaling(args, argv: list[str]) -> int:
     """Runs this command under mpiexec for each rank count, then merges the results."""
-    from dstore.errors import ConfigError
+    # here, not at the top (as in every cmd module): it loads h5py and matplotlib, which `dstore --help` must not
     from dstore.tools.bench.report import collect
 
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -178,6 +181,7 @@ def _scaling(args, argv: list[str]) -> int:
 def run(args) -> int:
     from mpi4py import MPI
 
+    # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.tools.bench import report, runner
 
     comm = MPI.COMM_WORLD
@@ -187,8 +191,6 @@ def run(args) -> int:
                 print(f"wrote {p}")
         return 0
     if args.scaling:
-        from dstore.errors import ConfigError
-
         if comm.Get_size() != 1:
             raise ConfigError("--scaling launches its own mpiexec runs: start it as one process, not under mpiexec")
         return _scaling(args, sys.argv[1:])

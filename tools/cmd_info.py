@@ -13,6 +13,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import json
 
+    # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
     from dstore.verify import container_info, format_info
 
     summary = container_info(args.container)

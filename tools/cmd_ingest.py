@@ -61,6 +61,7 @@ def run(args) -> int:
 
     from mpi4py import MPI
 
+    # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
     from dstore.ingest import ingest
 
     fmt = args.fmt or ("zarr" if args.output.rstrip("/").lower().endswith(".zarr") else "hdf5")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dstore.errors import ConfigError
+from dstore.tools.pfs.fs import add_model_arguments, model_from_args, serve, summary
+from dstore.tools.pfs.mount import PfsMountError, fuse_available, stale_mounts, unmount_command
+
 HELP = ("serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-system model (latency per read "
         "and per open, iops and bandwidth shared by every reader, no page cache) until Ctrl-C/SIGTERM; "
         "see docs/storage.md")
 
 
 def add_arguments(p) -> None:
-    from dstore.tools.pfs.fs import add_model_arguments
-
     p.add_argument("source", metavar="SOURCE", nargs="?", help="the directory to serve")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an existing directory to mount it at")
     add_model_arguments(p)
@@ -19,9 +21,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from dstore.tools.pfs.fs import model_from_args, serve, summary
-    from dstore.tools.pfs.mount import fuse_available, PfsMountError, stale_mounts, unmount_command
-
     if args.find_stale:
         stale = stale_mounts()
         for mp in stale:
@@ -30,8 +29,6 @@ def run(args) -> int:
             print("no stale dstore pfs mounts")
         return 1 if stale else 0
     if args.source is None or args.mountpoint is None:
-        from dstore.errors import ConfigError
-
         raise ConfigError("dstore pfs needs SOURCE and MOUNTPOINT (or --find-stale alone)")
     model = model_from_args(args)
     reason = fuse_available()

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dstore.errors import ConfigError
+from dstore.memory import parse_bytes
+from dstore.training.metrics import _plain
+from dstore.training.models import model_names
+
 HELP = ("Train a model data-parallel (torch DDP bootstrapped from MPI) on batches served by the "
         "distributed store; with no container, ingests and trains on the built-in `digits` set.")
 
@@ -17,9 +22,6 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _bytes(text: str) -> int:
-    from dstore.errors import ConfigError
-    from dstore.memory import parse_bytes
-
     try:
         return parse_bytes(text, "--memory-budget")
     except ConfigError as exc:
@@ -90,8 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where built-in data sets are ingested (default: $DSTORE_CACHE, else ~/.cache/dstore)")
 
     m = p.add_argument_group("model and optimisation")
-    from dstore.training.models import model_names
-
     m.add_argument("--model", default="auto", choices=("auto",) + model_names(),
                    help="auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise")
     m.add_argument("--image-size", type=_size, default=None, metavar="N|HxW",
@@ -161,6 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from mpi4py import MPI
 
+    # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.training.run import TrainConfig, train
 
     fields = {f: getattr(args, f) for f in TrainConfig.__dataclass_fields__ if hasattr(args, f)}
@@ -175,8 +176,6 @@ def run(args) -> int:
         return 0
     if args.json:
         import json
-
-        from dstore.training.metrics import _plain
 
         summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "ltfb")
                    if k in result}

@@ -15,6 +15,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from mpi4py import MPI
 
+    # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
     from dstore.verify import verify_container
 
     comm = MPI.COMM_WORLD

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dstore.training.metrics import read_jsonl
+
 VARIANTS = ("dp", "dp_large", "independent", "pairwise", "truncation", "explore")
 LABELS = {"dp": "(a) 1 data-parallel trainer, all data", "dp_large": "(a') the same, global batch K x B",
           "independent": "(b) K independent trainers, 1/K each",
@@ -54,8 +56,6 @@ def variant_args(variant: str, opts) -> list[str]:
 
 
 def _final_and_curve(metrics_path: Path) -> tuple[float | None, list[float]]:
-    from dstore.training.metrics import read_jsonl
-
     rows = read_jsonl(metrics_path)
     curve = [r["val_accuracy"] for r in rows if "epoch" in r and "val_accuracy" in r]
     final = [r["test_accuracy"] for r in rows if r.get("final") and "test_accuracy" in r]
@@ -81,8 +81,6 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
     finals, curves = zip(*(_final_and_curve(d / "metrics.jsonl") for d in dirs))
     taken = hparams = None
     if variant not in ("dp", "dp_large", "independent"):
-        from dstore.training.metrics import read_jsonl
-
         log = read_jsonl(run_dir / "tournament.jsonl")
         taken = sum(r["kept"] != r["trainer"] for r in log)
         if log and "hparams" in log[-1]:  # what each trainer trained with after the last round
@@ -115,7 +113,8 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict], opts) -> str:
     head = (f"K = {opts.trainers} trainers x 1 rank (dp: 1 trainer x {opts.trainers} ranks), {opts.epochs} epochs, "
-            f"global batch {opts.batch_size}, lr {opts.lr}, rounds every {opts.round} steps on {opts.metric}, truncation fraction "
+            f"global batch {opts.batch_size}, lr {opts.lr}, rounds every {opts.round} steps on {opts.metric}, "
+            "truncation fraction "
             f"{opts.truncation_fraction}, explore {opts.explore}; seeds {opts.seeds}. Mean ± sd over seeds.\n\n")
     lines = ["| variant | best test accuracy | mean test accuracy | models taken per job | wall time (s) |",
              "| --- | --- | --- | --- | --- |"]

@@ -21,6 +21,10 @@ import subprocess
 import sys
 import time
 
+from dstore import pagecache
+from dstore.tools.pfs.model import parse_spec
+from dstore.tools.pfs.mount import pfs_mount
+
 
 def _mpiexec() -> str:
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -28,6 +32,7 @@ def _mpiexec() -> str:
 
 
 def worker(path: str, threads: int, tiered: float) -> None:
+    # Here, not at the top: importing them initialises MPI, and the driver that starts mpiexec must not.
     from mpi4py import MPI
 
     from dstore.store import DataStore
@@ -76,10 +81,6 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.container, args.threads[0], args.tiered)
         return 0
-    from dstore import pagecache
-    from dstore.tools.pfs.model import parse_spec
-    from dstore.tools.pfs.mount import pfs_mount
-
     src = os.path.realpath(args.container)
     rows = []
     modes = [0.0] + ([args.tiered] if args.tiered else [])

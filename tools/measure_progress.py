@@ -18,6 +18,9 @@ import time
 
 import numpy as np
 
+from dstore.progress import ProgressThread
+from dstore.window import Arena
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,9 +29,6 @@ def main() -> None:
     parser.add_argument("--period-ms", type=float, default=0.0, help="progress thread period; 0: none")
     args = parser.parse_args()
     from mpi4py import MPI
-
-    from dstore.progress import ProgressThread
-    from dstore.window import Arena
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from dstore.store import DataStore
+
 
 def _rss_mib() -> float:
     with open("/proc/self/status") as f:
@@ -40,8 +42,6 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=2)
     args = parser.parse_args()
     from mpi4py import MPI
-
-    from dstore.store import DataStore
 
     comm = MPI.COMM_WORLD
     long_run, lifetimes, exact = [], [], True

@@ -16,6 +16,14 @@ import argparse
 import json
 import time
 
+from dstore import tiers
+from dstore.formats import open_container
+from dstore.storage import StorageReader
+from dstore.store import DataStore
+from dstore.tools.bench import baselines, training_view
+from dstore.tools.bench.common import evict_on_nodes
+from dstore.tools.bench.data import container_path, data_tag, load_dataset, prepare_data
+
 
 def _vm(key: str) -> int:
     with open("/proc/self/status") as fh:
@@ -73,12 +81,6 @@ def _raw_reads(comm, container, args) -> list:
     would). Rows carry samples/s (pieces: bytes/s over the mean sample size)."""
     import numpy as np
 
-    from dstore import tiers
-    from dstore.formats import open_container
-    from dstore.storage import StorageReader
-    from dstore.store import DataStore
-    from dstore.tools.bench.common import evict_on_nodes
-
     rows = []
     with open_container(container) as r:
         offsets = np.asarray(r.offsets)
@@ -128,11 +130,6 @@ def _raw_reads(comm, container, args) -> list:
 
 def main(argv=None) -> None:
     from mpi4py import MPI
-
-    from dstore.store import DataStore
-    from dstore.tools.bench import baselines, training_view
-    from dstore.tools.bench.common import evict_on_nodes
-    from dstore.tools.bench.data import container_path, data_tag, load_dataset, prepare_data
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)

@@ -17,7 +17,13 @@ import time
 
 import numpy as np
 
+from dstore import plan, shuffle
+from dstore.decode import decode_sample
 from dstore.errors import ConfigError
+from dstore.ingest import ingest
+from dstore.store import Batch
+from dstore.training.augment import channel_stats, to_channels
+from dstore.training.dist import on_root
 
 LOADERS = ("store", "direct")
 BUILTIN = {"digits": "digits.h5"}
@@ -36,8 +42,6 @@ def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> 
     the other ranks wait for it; the container appears atomically (written under a temporary name
     and renamed), so a finished file is never half-written. A failure is raised on every rank.
     """
-    from dstore.training.dist import on_root
-
     if name not in BUILTIN:
         raise ConfigError(f"built-in data set {name!r} is not one of {tuple(BUILTIN)}")
     directory = directory or cache_dir()
@@ -55,8 +59,6 @@ def _ingest_once(name: str, path: str) -> str:
         try:
             if not os.path.exists(path):  # another job may have made it while we waited
                 from mpi4py import MPI
-
-                from dstore.ingest import ingest
 
                 print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)", flush=True)
                 ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
@@ -102,8 +104,6 @@ def split_ranges(num_samples: int, holdout: float) -> tuple[tuple[int, int], tup
 
 
 def _first_images(reader, start: int, count: int, channels: int | None) -> list[np.ndarray]:
-    from dstore.decode import decode_sample
-
     stop = min(reader.num_samples, start + count)
     return [decode_sample(reader.sample(i)[0], reader.info, channels=channels, name=reader.name(i))
             for i in range(start, stop)]
@@ -116,8 +116,6 @@ def _read_spec(reader, train_range, channels, mean, std, stats_samples) -> Input
     h, w, c = images[0].shape
     want_c = channels or (1 if c == 1 else 3)
     if mean is None or std is None:
-        from dstore.training.augment import channel_stats, to_channels
-
         m, s = channel_stats([to_channels(img, want_c) for img in images])
         mean = m if mean is None else mean
         std = s if std is None else std
@@ -135,8 +133,6 @@ def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | N
     training sample. Unless `mean` and `std` are given, they are measured on the first
     `stats_samples` training samples.
     """
-    from dstore.training.dist import on_root
-
     spec = on_root(comm, _read_spec, reader, train_range, channels, mean, std, stats_samples)
     if spec.num_classes < 2:
         raise ConfigError(f"the container has {spec.num_classes} class name(s); training needs >= 2")
@@ -162,8 +158,6 @@ class DirectSource:
 
     def __init__(self, comm, reader, *, batch_size: int, seed: int = 0, drop_last: bool = False,
                  sample_range: tuple[int, int] | None = None, prefetch: int = 2):
-        from dstore import plan
-
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.reader = reader
         self.info = reader.info
@@ -186,8 +180,6 @@ class DirectSource:
         self._epoch, self._step = int(state["epoch"]), int(state["step"])
 
     def _read_batch(self, schedule, s: int, epoch: int):
-        from dstore.store import Batch
-
         sl = schedule.step(s)
         ids = schedule.ids[sl]
         t0 = time.perf_counter()
@@ -204,8 +196,6 @@ class DirectSource:
 
     def epoch(self, epoch: int):
         """Yields this rank's batches of `epoch` (from the saved step if resuming into it)."""
-        from dstore import plan, shuffle
-
         first = self._step if epoch == self._epoch else 0
         order = shuffle.global_order(self.num_samples, self.seed, epoch) + self.start
         schedule = plan.global_schedule(order, self.batch_size, self.size, self.rank, self.drop_last)

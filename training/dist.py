@@ -93,7 +93,7 @@ class DistContext:
         self.group = None
         self._store = None
 
-    def __enter__(self) -> "DistContext":
+    def __enter__(self) -> DistContext:
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -168,7 +168,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
     # Rank 0 hosts the store; a port can be taken between picking and binding, so retry a few.
     timeout = datetime.timedelta(seconds=timeout_s)
     store = None
-    for attempt in range(5):
+    for _ in range(5):
         addr = (_rendezvous_host(), _free_port()) if rank == 0 else None
         host, port = comm.bcast(addr, root=0)
         err = None

@@ -5,15 +5,14 @@ Pure parts (no MPI, tested without mpiexec): the trainer layout, each trainer's 
 the pairing of a round, the truncation plan, the decision rule, a checksum of a trainer's state.
 `duel` plays one side of a match on the ranks of one trainer; `Tournament` is one rank's part in the
 whole thing (a round of either strategy, the exchange over the world communicator through
-dstore.training.exchange, exploration through dstore.training.hparams, the log); `train_trainers` runs a job of K
-trainers (what `dstore.training.run.train` calls when `cfg.trainers > 1`).
+dstore.training.exchange, exploration through dstore.training.hparams, the log). A job of K trainers
+is run by dstore.training.run.train_trainers (what `train` calls when `cfg.trainers > 1`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 import zlib
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.training import exchange, hparams
+from dstore.training.dist import node_position
 from dstore.training.metrics import JsonLog
 
 METRICS = ("accuracy", "loss")
@@ -265,8 +265,6 @@ class Tournament:
     def __init__(self, world, trainers: int, *, seed: int, metric: str, every: int, fraction: float,
                  log_path: str | None, say=None, strategy: str = "pairwise", truncation: float = 0.25,
                  explore: tuple[str, ...] = (), block: int = 0):
-        from dstore.training.dist import node_position
-
         if metric not in METRICS:
             raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
         if strategy not in STRATEGIES:
@@ -390,14 +388,6 @@ class Tournament:
         self._log.close()
 
 
-def _checkpoint_steps(job: str, trainers: int) -> list[int]:
-    """The global step each trainer's checkpoint in `job` was taken at."""
-    from dstore.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
-
-    return [int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"])
-            for k in range(trainers)]
-
-
 def describe_round(records: list[dict], explore: tuple[str, ...] = ()) -> str:
     """One line for a round's records (what each trainer kept, and the scores it saw)."""
     head = f"tournament round {records[0]['round']} at step {records[0]['global_step']}:"
@@ -417,77 +407,3 @@ def describe_round(records: list[dict], explore: tuple[str, ...] = ()) -> str:
 
 def _num(x) -> str:
     return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
-
-
-# --- a whole job ------------------------------------------------------------------------------
-
-def train_trainers(cfg, world, *, say) -> dict:
-    """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
-    `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
-
-    Trainer k trains with seed cfg.seed + k in `<run dir>/trainer<k>/`; the tournament log goes to
-    `<run dir>/tournament.jsonl`. At the end world rank 0 reports every trainer's test accuracy.
-
-    Returns:
-        dstore.training.run.train's dict for this rank's trainer, plus "ltfb": {"trainer", "trainers",
-        "ranks_per_trainer", "tournaments", "run_dir", "test_by_trainer": [per trainer: accuracy
-        or None], "best_trainer"}.
-    """
-    from dstore.training.checkpoint import CHECKPOINT_NAME, resolve_job_resume
-    from dstore.training.data import ensure_builtin
-    from dstore.training.dist import on_root
-    from dstore.training.run import new_run_dir, run_trainer
-
-    main = world.Get_rank() == 0
-    ranks_per_trainer(world.Get_size(), cfg.trainers)  # before anything else, the same error on every rank
-    data_path = cfg.data or ensure_builtin(world, "digits", cfg.cache_dir)
-    resumed = on_root(world, resolve_job_resume, cfg.resume, cfg.run_dir, cfg.runs_root, cfg.trainers)
-    if resumed is not None:
-        steps = on_root(world, _checkpoint_steps, resumed, cfg.trainers)
-        if len(set(steps)) != 1:
-            raise ConfigError(f"--resume: the trainers' checkpoints in {resumed} are at different global steps "
-                              f"{steps}; a tournament resumes only from checkpoints of one step (they are taken at "
-                              f"the same steps, so one trainer's save was interrupted: resume an earlier copy)")
-    # A resumed job without --run-dir continues in the directory it resumes.
-    run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
-    explore = hparams.parse(cfg.explore)
-    tournament = Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
-                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, LOG_NAME), say=say,
-                            strategy=cfg.ltfb_strategy, truncation=cfg.truncation_fraction, explore=explore)
-    k = tournament.trainer
-    # With --explore, trainer k starts from its own seeded perturbation of the given values (a resumed
-    # trainer then takes the values its checkpoint's optimizer and scheduler state hold).
-    given = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "momentum": cfg.momentum}
-    starts = [hparams.initial(given, explore, cfg.seed, j) for j in range(cfg.trainers)]
-    mine = dataclasses.replace(cfg, seed=cfg.seed + k, run_dir=os.path.join(run_dir, f"trainer{k}"),
-                               progress=cfg.progress and k == 0, **starts[k])  # one progress bar, not K
-    if main:
-        say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s), {cfg.ltfb_strategy} rounds; trainer k "
-            f"uses seed {cfg.seed}+k and {run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, LOG_NAME)}")
-        if explore:
-            say("exploring " + ", ".join(explore) + ": trainers start from "
-                + "; ".join(f"{j}: {hparams.describe(v, explore)}" for j, v in enumerate(starts)))
-    resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
-    comm = tournament.split()
-    try:
-        result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
-                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament)
-    finally:
-        comm.Free()
-        tournament.close()
-    test = result["test"]
-    every = world.allgather(None if test is None else (test["accuracy"], test["loss"], test["samples"]))
-    by_trainer = [every[j * tournament.ranks] for j in range(cfg.trainers)]
-    accuracies = [None if t is None else t[0] for t in by_trainer]
-    scored = [j for j, a in enumerate(accuracies) if a is not None and not math.isnan(a)]
-    best = max(scored, key=lambda j: accuracies[j]) if scored else None
-    if main:
-        for j, t in enumerate(by_trainer):
-            say(f"trainer {j}: " + ("no test accuracy" if t is None else
-                                    f"test accuracy {t[0]:.4f} ({t[2]} held-out samples), loss {t[1]:.4f}"))
-        if best is not None:
-            say(f"best: trainer {best}, test accuracy {accuracies[best]:.4f} "
-                f"(after {tournament.rounds} tournament round(s))")
-    return {**result, "ltfb": {"trainer": k, "trainers": cfg.trainers, "ranks_per_trainer": tournament.ranks,
-                               "tournaments": tournament.rounds, "run_dir": run_dir,
-                               "test_by_trainer": accuracies, "best_trainer": best}}

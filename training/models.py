@@ -7,7 +7,7 @@ resizes or crops images to it, so a model never sees a size it was not built for
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from dstore.errors import ConfigError
 

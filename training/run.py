@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import random
 import sys
@@ -19,12 +20,31 @@ import time
 import numpy as np
 
 from dstore.errors import ConfigError
-from dstore.training.checkpoint import (CHECKPOINT_NAME, check_same_container, container_identity, from_safe,
-                                 load_checkpoint, resolve_resume, rng_state, save_checkpoint, set_rng_state)
+from dstore.formats import open_container
+from dstore.pagecache import evict
+from dstore.store import DataStore
+from dstore.torch import StoreLoader
+from dstore.training import hparams, ltfb
+from dstore.training.augment import ImageTransform, default_augmentation
+from dstore.training.checkpoint import (
+    CHECKPOINT_NAME,
+    check_same_container,
+    container_identity,
+    from_safe,
+    load_checkpoint,
+    resolve_job_resume,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from dstore.training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
+from dstore.training.dist import init_distributed, on_root
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
 from dstore.training.ltfb import METRICS as LTFB_METRICS
 from dstore.training.metrics import EpochMeter, JsonLog
+from dstore.training.models import build_model, default_model, get_model
+from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 
 
 @dataclasses.dataclass
@@ -109,9 +129,7 @@ class TrainConfig:
             raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
-        from dstore.training.ltfb import check_config as check_ltfb
-
-        check_ltfb(self)
+        ltfb.check_config(self)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -155,16 +173,12 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     if cfg.loader == "direct":
         return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
                             sample_range=sample_range, prefetch=max(1, cfg.prefetch))
-    from dstore.store import DataStore
-
     return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
                      sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
 
 
 def _transforms(cfg: TrainConfig, spec, input_size):
-    from dstore.training.augment import ImageTransform, default_augmentation
-
     pad, flip = default_augmentation(input_size)
     if cfg.augment == "off":
         pad, flip = 0, False
@@ -210,7 +224,7 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     """Runs a whole training job on `comm` (collective); returns the final metrics on every rank.
 
     With cfg.trainers > 1, `comm` is split into that many trainers playing an LTFB tournament
-    (dstore.training.ltfb.train_trainers); otherwise all of `comm` is one data-parallel trainer.
+    (train_trainers, below); otherwise all of `comm` is one data-parallel trainer.
 
     Args:
         cfg: the run's configuration.
@@ -222,15 +236,11 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
          "stopped_early": bool, "store_stats": dict}, and with trainers > 1 also "ltfb": {...}.
     """
     cfg.check()
-    from dstore.training.dist import on_root
-
     if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
         cfg = dataclasses.replace(cfg, progress=_stderr_is_terminal())
 
     say = say or _say
     if cfg.trainers > 1:
-        from dstore.training.ltfb import train_trainers
-
         return train_trainers(cfg, comm, say=say)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
@@ -249,12 +259,6 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
             `tournament.every` steps on the part's tail, and shares the node's cores with the
             other trainers' ranks.
     """
-    from dstore.formats import open_container
-    from dstore.torch import StoreLoader
-    from dstore.training.dist import init_distributed
-    from dstore.training.models import build_model, default_model, get_model
-    from dstore.training.optim import Schedule, make_optimizer, make_scheduler
-
     seed_everything(cfg.seed, cfg.deterministic)
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
@@ -447,8 +451,6 @@ def _evict_containers(ctx, paths) -> None:
     """--direct-cold: node-local rank 0 drops the containers' pages from its node's page cache
     (one cache per node), and no rank reads before that is done, so the epoch's per-sample reads
     come from storage as they would for data larger than memory."""
-    from dstore.pagecache import evict
-
     if ctx.local_rank == 0:
         for path in paths:
             evict(path)
@@ -492,3 +494,78 @@ def _check_compatible(ck: dict, cfg: TrainConfig, meta: dict) -> None:
         if ck.get("meta", {}).get(key) != meta[key]:
             raise ConfigError(f"cannot resume: the checkpoint's {key} is {ck.get('meta', {}).get(key)!r}, "
                               f"this run's is {meta[key]!r}")
+
+
+# --- a job of several trainers (LTFB) ---------------------------------------------------------
+
+def train_trainers(cfg, world, *, say) -> dict:
+    """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
+    `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
+
+    Trainer k trains with seed cfg.seed + k in `<run dir>/trainer<k>/`; the tournament log goes to
+    `<run dir>/tournament.jsonl`. At the end world rank 0 reports every trainer's test accuracy.
+
+    Returns:
+        dstore.training.run.train's dict for this rank's trainer, plus "ltfb": {"trainer", "trainers",
+        "ranks_per_trainer", "tournaments", "run_dir", "test_by_trainer": [per trainer: accuracy
+        or None], "best_trainer"}.
+    """
+    main = world.Get_rank() == 0
+    ltfb.ranks_per_trainer(world.Get_size(), cfg.trainers)  # before anything else, the same error on every rank
+    data_path = cfg.data or ensure_builtin(world, "digits", cfg.cache_dir)
+    resumed = on_root(world, resolve_job_resume, cfg.resume, cfg.run_dir, cfg.runs_root, cfg.trainers)
+    if resumed is not None:
+        steps = on_root(world, _checkpoint_steps, resumed, cfg.trainers)
+        if len(set(steps)) != 1:
+            raise ConfigError(f"--resume: the trainers' checkpoints in {resumed} are at different global steps "
+                              f"{steps}; a tournament resumes only from checkpoints of one step (they are taken at "
+                              f"the same steps, so one trainer's save was interrupted: resume an earlier copy)")
+    # A resumed job without --run-dir continues in the directory it resumes.
+    run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
+    explore = hparams.parse(cfg.explore)
+    tournament = ltfb.Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
+                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, ltfb.LOG_NAME), say=say,
+                            strategy=cfg.ltfb_strategy, truncation=cfg.truncation_fraction, explore=explore)
+    k = tournament.trainer
+    # With --explore, trainer k starts from its own seeded perturbation of the given values (a resumed
+    # trainer then takes the values its checkpoint's optimizer and scheduler state hold).
+    given = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "momentum": cfg.momentum}
+    starts = [hparams.initial(given, explore, cfg.seed, j) for j in range(cfg.trainers)]
+    mine = dataclasses.replace(cfg, seed=cfg.seed + k, run_dir=os.path.join(run_dir, f"trainer{k}"),
+                               progress=cfg.progress and k == 0, **starts[k])  # one progress bar, not K
+    if main:
+        say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s), {cfg.ltfb_strategy} rounds; trainer k "
+            f"uses seed {cfg.seed}+k and {run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, ltfb.LOG_NAME)}")
+        if explore:
+            say("exploring " + ", ".join(explore) + ": trainers start from "
+                + "; ".join(f"{j}: {hparams.describe(v, explore)}" for j, v in enumerate(starts)))
+    resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
+    comm = tournament.split()
+    try:
+        result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
+                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament)
+    finally:
+        comm.Free()
+        tournament.close()
+    test = result["test"]
+    every = world.allgather(None if test is None else (test["accuracy"], test["loss"], test["samples"]))
+    by_trainer = [every[j * tournament.ranks] for j in range(cfg.trainers)]
+    accuracies = [None if t is None else t[0] for t in by_trainer]
+    scored = [j for j, a in enumerate(accuracies) if a is not None and not math.isnan(a)]
+    best = max(scored, key=lambda j: accuracies[j]) if scored else None
+    if main:
+        for j, t in enumerate(by_trainer):
+            say(f"trainer {j}: " + ("no test accuracy" if t is None else
+                                    f"test accuracy {t[0]:.4f} ({t[2]} held-out samples), loss {t[1]:.4f}"))
+        if best is not None:
+            say(f"best: trainer {best}, test accuracy {accuracies[best]:.4f} "
+                f"(after {tournament.rounds} tournament round(s))")
+    return {**result, "ltfb": {"trainer": k, "trainers": cfg.trainers, "ranks_per_trainer": tournament.ranks,
+                               "tournaments": tournament.rounds, "run_dir": run_dir,
+                               "test_by_trainer": accuracies, "best_trainer": best}}
+
+
+def _checkpoint_steps(job: str, trainers: int) -> list[int]:
+    """The global step each trainer's checkpoint in `job` was taken at."""
+    return [int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"])
+            for k in range(trainers)]

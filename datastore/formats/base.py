@@ -13,14 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from dstore.errors import ConfigError, FormatError
+from dstore.errors import ConfigError, DStoreError, FormatError
 
 FORMAT_VERSION = 1
 """Version of the container layout written by this code (attribute `version`)."""
 
+ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
+"""The arrays every container holds (the sharded manifest holds none: its shards do)."""
+
 ENCODINGS = ("jpeg", "png", "image", "raw")
 """`jpeg`/`png`: every sample is such a file's bytes; `image`: encoded files of mixed formats
 (decoders sniff the magic bytes); `raw`: each sample is `raw_shape` elements of `raw_dtype`, C order."""
+
+
+class ContainerExistsError(DStoreError, FileExistsError):
+    """The path a writer would create already exists and `overwrite` was not given."""
+
+
+class ContainerNotFoundError(DStoreError, FileNotFoundError):
+    """Nothing is at the path given as a container."""
 
 
 def checksum(data) -> int:

@@ -9,9 +9,8 @@ import h5py
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError
-from dstore.formats.base import ContainerReader
+from dstore.formats.base import ARRAYS, ContainerReader
 from dstore.formats.layout import (
-    ARRAYS,
     COMPLETE_ATTR,
     INDEX_FLOOR_BYTES,
     MAX_COMPRESSION,
@@ -27,21 +26,10 @@ from dstore.formats.layout import (
 CLASS_NAMES = "class_names"
 """The dataset holding the class names (an attribute in files written before it)."""
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-SUFFIXES = (".h5", ".hdf5")
 _DIRECT_READ_BYTES = 1 << 20
 """Through h5py (filtered data): from this size on, a read with `out` goes straight into it."""
 _MAX_PREAD = 1 << 30
 """Bytes asked of one preadv call (Linux returns at most about 2 GiB per call anyway)."""
-
-
-def is_hdf5(path: str) -> bool:
-    """True if `path` is a file that starts with the HDF5 signature."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
-    except OSError:
-        return False
 
 
 def _py(value):

@@ -8,16 +8,22 @@ import json
 import os
 import shutil
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from dstore.errors import ConfigError, DStoreError, FormatError, IncompleteContainerError, OutputError
-from dstore.formats.base import ENCODINGS, FORMAT_VERSION, ContainerInfo, ContainerWriter, check_batch
+from dstore.formats.base import (
+    ENCODINGS,
+    FORMAT_VERSION,
+    ContainerExistsError,
+    ContainerInfo,
+    ContainerWriter,
+    check_batch,
+)
 from dstore.formats.base import checksum as crc32_of
-
-ARRAYS = ("data", "offsets", "labels", "checksums", "names", "source_index")
-"""The arrays every container holds (the sharded manifest holds none: its shards do)."""
+from dstore.formats.replace import check_replaceable
 
 COMPLETE_ATTR = "complete"
 """The completion marker: an attribute set to True, written after everything else."""
@@ -30,14 +36,6 @@ contiguous range read is a few large I/Os."""
 
 INDEX_CHUNK = 1 << 18
 """Chunk length (elements) of the per-sample arrays."""
-
-
-class ContainerExistsError(DStoreError, FileExistsError):
-    """The path a writer would create already exists and `overwrite` was not given."""
-
-
-class ContainerNotFoundError(DStoreError, FileNotFoundError):
-    """Nothing is at the path given as a container."""
 
 
 def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
@@ -366,8 +364,6 @@ def check_target(path: str, overwrite: bool) -> str:
     if os.path.lexists(path):
         if not overwrite:
             raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
-        from dstore.formats.replace import check_replaceable
-
         check_replaceable(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -390,8 +386,6 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
         if not overwrite:
             raise ContainerExistsError(f"{final} appeared while it was being written; the new container "
                                        f"is left at {tmp}")
-        from dstore.formats.replace import check_replaceable
-
         check_replaceable(final)
         if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
             trash = temp_path(final) + ".old"

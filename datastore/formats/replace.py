@@ -8,7 +8,10 @@ import json
 import os
 import stat
 
-from dstore.formats.layout import ARRAYS, ContainerExistsError
+import h5py
+
+from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, is_hdf5
+from dstore.formats.base import ARRAYS, ContainerExistsError
 
 _OUR_ATTRS = ("version", "encoding", "num_samples", "total_bytes")
 """Attributes whose presence (with the arrays) marks an HDF5 file or Zarr group as one of ours."""
@@ -30,8 +33,6 @@ def _read_json(path: str):
 
 
 def _is_our_manifest(path: str) -> bool:
-    from dstore.formats.sharded import MANIFEST_FORMAT
-
     value = _read_json(path)
     return isinstance(value, dict) and value.get("format") == MANIFEST_FORMAT
 
@@ -40,8 +41,6 @@ def _foreign_reason(path: str) -> str | None:
     """None if `path` is one of our containers (an HDF5 file or Zarr group with our attributes and
     arrays, a manifest, or a directory holding only a manifest and the shards it names), else what
     it is instead."""
-    from dstore.formats import MANIFEST_NAME
-
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -51,12 +50,8 @@ def _foreign_reason(path: str) -> str | None:
     if stat.S_ISREG(st.st_mode):
         if path.endswith(".json"):
             return None if _is_our_manifest(path) else "a file that is not a dstore manifest"
-        from dstore.formats.hdf5 import is_hdf5
-
         if not is_hdf5(path):
             return "a file that is not HDF5"
-        import h5py
-
         try:
             with h5py.File(path, "r", locking=False) as f:
                 ours = all(k in f.attrs for k in _OUR_ATTRS) and all(a in f for a in ("data", "offsets"))

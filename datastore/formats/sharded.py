@@ -9,10 +9,10 @@ import os
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError, IncompleteContainerError
-from dstore.formats.base import FORMAT_VERSION, ContainerReader
+from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, detect_format, open_backend
+from dstore.formats.base import FORMAT_VERSION, ContainerNotFoundError, ContainerReader
 from dstore.formats.layout import (
     COMPLETE_ATTR,
-    ContainerNotFoundError,
     check_byte_range,
     check_out,
     check_target,
@@ -23,17 +23,12 @@ from dstore.formats.layout import (
     temp_path,
 )
 
-MANIFEST_FORMAT = "dstore-sharded"
-"""Value of the manifest's `format` key."""
-
 _SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
 """Attributes every shard of one container must agree on."""
 
 
 def manifest_file(path) -> str:
     """The manifest file for `path`: `path` itself if it ends in .json, else `path/manifest.json`."""
-    from dstore.formats import MANIFEST_NAME
-
     path = os.fspath(path)
     return path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
 
@@ -57,8 +52,6 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
         ConfigError: no shards, or shards that disagree (the message names both).
         IncompleteContainerError, FormatError: a shard that is not a finished container.
     """
-    from dstore.formats import detect_format, open_container
-
     shard_paths = [os.fspath(p) for p in shard_paths]
     if not shard_paths:
         raise ConfigError("write_manifest needs at least one shard (shard_paths is empty)")
@@ -69,9 +62,10 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
     base = os.path.dirname(target)
     entries, first = [], None
     for p in shard_paths:
-        if detect_format(p) == "sharded":
+        fmt = detect_format(p)
+        if fmt == "sharded":
             raise ConfigError(f"shard {p} is itself a manifest; shards must be HDF5 or Zarr containers")
-        with open_container(p) as r:
+        with open_backend(p, fmt) as r:
             info = r.info
         attrs = {k: getattr(info, k) for k in _SHARED_KEYS}
         if first is None:
@@ -140,8 +134,6 @@ class ShardedReader(ContainerReader):
     and a byte range that spans shards read as one large read per shard into the same `out`."""
 
     def __init__(self, path):
-        from dstore.formats import detect_format, open_container
-
         self.path = os.fspath(path)
         manifest = read_manifest(self.path)
         mfile = manifest["file"]
@@ -150,10 +142,11 @@ class ShardedReader(ContainerReader):
         self._shards: list[ContainerReader] = []
         try:
             for i, entry in enumerate(manifest["shards"]):
-                if detect_format(entry["path"]) == "sharded":  # itself, or another: no recursion
+                fmt = detect_format(entry["path"])
+                if fmt == "sharded":  # itself, or another: no recursion
                     raise FormatError(f"{mfile}: shard {i} ({entry['path']}) is itself a manifest; shards "
                                       "must be HDF5 or Zarr containers")
-                shard = open_container(entry["path"], check_labels=False)
+                shard = open_backend(entry["path"], fmt, check_labels=False)
                 self._shards.append(shard)
                 if (shard.num_samples, shard.total_bytes) != (entry["num_samples"], entry["total_bytes"]):
                     raise FormatError(

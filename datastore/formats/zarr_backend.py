@@ -16,9 +16,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
 from dstore.errors import ConfigError, FormatError
-from dstore.formats.base import ContainerReader
+from dstore.formats.base import ARRAYS, ContainerReader
 from dstore.formats.layout import (
-    ARRAYS,
     COMPLETE_ATTR,
     INDEX_CHUNK,
     INDEX_FLOOR_BYTES,
@@ -31,7 +30,6 @@ from dstore.formats.layout import (
     check_out,
     parse_info,
 )
-
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""

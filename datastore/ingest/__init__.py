@@ -26,7 +26,8 @@ on every rank, and leaves no container behind; "skip" leaves bad samples out and
 reason in `IngestReport.skipped`. Non-image files in an image folder are ignored (`report.ignored`).
 """
 
+from dstore.ingest.registry import open_source
 from dstore.ingest.run import IngestError, IngestReport, ingest
-from dstore.ingest.source import SOURCE_TYPES, Source, open_source
+from dstore.ingest.source import SOURCE_TYPES, Source
 
 __all__ = ["SOURCE_TYPES", "IngestError", "IngestReport", "Source", "ingest", "open_source"]

@@ -22,9 +22,20 @@ import numpy as np
 
 from dstore import errors as _errors
 from dstore.errors import ConfigError, DStoreError, OutputError, SampleError
+from dstore.formats import (
+    FORMATS,
+    MANIFEST_NAME,
+    ContainerExistsError,
+    ContainerNotFoundError,
+    create_writer,
+    write_manifest,
+)
+from dstore.formats.layout import remove_path
+from dstore.formats.replace import check_replaceable
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR, Block, process_block, resolve_target
-from dstore.ingest.source import Source, open_source
+from dstore.ingest.registry import open_source
+from dstore.ingest.source import Source
 from dstore.ingest.writer import BackgroundWriter
 
 
@@ -103,8 +114,6 @@ def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[s
     if output.endswith(".json"):
         stem = output[:-len(".json")]
         return output, [f"{stem}-{s:05d}-of-{shards:05d}{suffix}" for s in range(shards)]
-    from dstore.formats import MANIFEST_NAME
-
     return (os.path.join(output, MANIFEST_NAME),
             [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)])
 
@@ -119,8 +128,6 @@ _REMOTE_TYPES = {cls.__name__: cls for cls in vars(_errors).values()
 
 def _remote(name: str, text: str, rank: int) -> DStoreError:
     """The error to raise for a failure that happened on another rank (same type where it is ours)."""
-    from dstore.formats import ContainerExistsError, ContainerNotFoundError
-
     types = dict(_REMOTE_TYPES, ContainerExistsError=ContainerExistsError,
                  ContainerNotFoundError=ContainerNotFoundError)
     cls = types.get(name)
@@ -191,8 +198,6 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                  fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar) -> _Shard | None:
     """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
     first rank, which returns the shard's record; the others return None)."""
-    from dstore.formats import create_writer
-
     m, k = gcomm.Get_size(), gcomm.Get_rank()
     out, pending = None, None
     skipped: list = []
@@ -272,8 +277,6 @@ def _wait(request) -> None:
 
 
 def _check_args(fmt, shards, on_error, count, output):
-    from dstore.formats import FORMATS
-
     if fmt not in FORMATS:
         raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
     if on_error not in ON_ERROR:
@@ -309,9 +312,6 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
     with `overwrite`); for a sharded container creates its directory and removes an old manifest
     (so a failed rewrite never leaves a manifest over mixed shards). Returns True if it created the
     directory."""
-    from dstore.formats import ContainerExistsError
-    from dstore.formats.replace import check_replaceable
-
     _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
     for path in ([] if manifest is None else [manifest]) + shard_paths:
         if os.path.lexists(path):
@@ -422,8 +422,6 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
             exc = SampleError(f"{source}: no samples left to write: all {n} were skipped")
         elif manifest is not None and rank == 0:
             try:
-                from dstore.formats import write_manifest
-
                 write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
@@ -453,6 +451,4 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
 
 
 def _remove(path: str) -> None:
-    from dstore.formats.layout import remove_path
-
     remove_path(path)

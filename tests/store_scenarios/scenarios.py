@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from dstore import plan, shuffle
+from dstore import shuffle
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.formats import create_writer, open_container
 from dstore.store import DataStore
@@ -49,7 +49,9 @@ def run_epoch(store, epoch, steps=None):
         assert len(b.samples) == b.ids.size == b.labels.size > 0
         if steps is not None and k + 1 >= steps:
             break  # what a trainer does after saving a checkpoint at this step
-    cat = (lambda x, t: np.concatenate(x) if x else np.zeros(0, t))
+    def cat(x, t):
+        return np.concatenate(x) if x else np.zeros(0, t)
+
     return (cat(ids, np.int64), cat(crcs, np.int64), cat(pads, bool), cat(labels, np.int64), cat(stepno, np.int64))
 
 
@@ -515,9 +517,9 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if na
 
 
 def main(argv):
-    from mpi4py import MPI
-
     import faulthandler
+
+    from mpi4py import MPI
 
     # A hang becomes a traceback of every rank (the launcher's timeout is the backstop).
     faulthandler.dump_traceback_later(float(os.environ.get("DSTORE_SCENARIO_TIMEOUT", "100")), exit=True)

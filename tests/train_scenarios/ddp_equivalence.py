@@ -35,7 +35,7 @@ def main():
             opt = make_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
             trainer = Trainer(ctx, model, opt, make_scheduler(opt, Schedule("cosine", total=10, warmup=2)))
             gen = np.random.default_rng(7)
-            for step in range(STEPS):
+            for _ in range(STEPS):
                 images = torch.from_numpy(gen.standard_normal((GLOBAL_BATCH, 1, 8, 8)).astype(np.float32))
                 labels = torch.from_numpy(gen.integers(0, 10, GLOBAL_BATCH))
                 lo, hi = (GLOBAL_BATCH * ctx.rank) // ctx.size, (GLOBAL_BATCH * (ctx.rank + 1)) // ctx.size

@@ -4,7 +4,6 @@ delivers the same ids, labels and bytes per step as the DataStore, also after a 
 import json
 import sys
 
-import numpy as np
 from mpi4py import MPI
 
 from dstore.formats import open_container

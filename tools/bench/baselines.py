@@ -12,7 +12,11 @@ import os
 
 import numpy as np
 
+from dstore.decode import decode_image
+from dstore.errors import ConfigError
 from dstore.tools.bench.common import Measurement, evict_on_nodes, measure, rank_split
+from dstore.tools.bench.layouts import chunk_bytes
+from dstore.torch import resize
 
 # --- datasets (module level, so DataLoader workers can pickle them under any start method) ----------
 
@@ -59,8 +63,6 @@ class ContainerSampleDataset:
 
     def __init__(self, path: str, backend: str, offsets, labels, decode: bool = False, size=(224, 224)):
         if backend not in ("h5py", "zarr"):
-            from dstore.errors import ConfigError
-
             raise ConfigError(f"backend={backend!r} is not one of ('h5py', 'zarr')")
         self.path = os.fspath(path)
         self.backend = backend
@@ -103,9 +105,6 @@ def decode_resized(data, size, name: str):
     """Decode and resize exactly as StoreLoader does (reduced-DCT JPEG decode, bilinear resize) into a
     CHW uint8 tensor, so that every loader in the training view does the same work per sample."""
     import torch
-
-    from dstore.decode import decode_image
-    from dstore.torch import resize
 
     arr = decode_image(data, channels=3, min_size=size, name=name)
     return torch.from_numpy(np.array(resize(np.ascontiguousarray(arr), size))).permute(2, 0, 1)
@@ -181,8 +180,6 @@ def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, name: str
         for i in indices:
             b += ds[i][0].nbytes
         return len(indices), b
-
-    from dstore.tools.bench.layouts import chunk_bytes
 
     return measure(comm, name, "baseline", cache, run, backend=backend, path=os.path.abspath(path),
                    chunk_bytes=chunk_bytes(path, backend))

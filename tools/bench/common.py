@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+
+from dstore.pagecache import evict_files
+from dstore.tools.pfs.mount import pfs_mountpoints, under_pfs_mount
 
 MB = 1e6
 """Throughput unit: 10^6 bytes (MB/s), as disks and networks are quoted."""
@@ -100,7 +104,7 @@ class Measurement:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+    def from_dict(cls, d: dict[str, Any]) -> Measurement:
         return cls(d["name"], d["group"], d["cache"], list(d["samples"]), list(d["bytes"]),
                    list(d["seconds"]), dict(d.get("extra", {})))
 
@@ -185,9 +189,6 @@ def evict(paths) -> int:
     """Drops the page-cache pages of every file under `paths` (files or directories, an image
     folder included), so the next read is cold; files that cannot be opened are left out.
     Returns the bytes advised (dstore.pagecache.evict_files)."""
-    from dstore.pagecache import evict_files
-    from dstore.tools.pfs.mount import pfs_mountpoints, under_pfs_mount
-
     # Files served by a `dstore pfs` mount have no page cache (direct I/O): every read already pays the
     # model, and opening each one to advise it would spend the model's operations between passes.
     mps = pfs_mountpoints()

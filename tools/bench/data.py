@@ -8,6 +8,9 @@ import os
 
 import numpy as np
 
+from dstore.formats import create_writer, detect_format, open_container
+from dstore.ingest import ingest
+from dstore.ingest.synthetic import generate_image_folder
 from dstore.tools.bench.common import files_under
 
 
@@ -46,8 +49,6 @@ class DataSet:
 
 
 def _openable(path: str) -> bool:
-    from dstore.formats import open_container
-
     try:
         with open_container(path):
             return True
@@ -78,9 +79,6 @@ def prepare_data(comm, count: int, data_dir: str, *, seed: int, mean_bytes: int 
         mean_bytes: the mean JPEG file size aimed at (dstore.ingest.synthetic).
         sides: (min, max) of the image sides, each drawn uniformly in between.
     """
-    from dstore.ingest import ingest
-    from dstore.ingest.synthetic import generate_image_folder
-
     tag = data_tag(count, seed, mean_bytes, sides)
     folder = os.path.join(data_dir, f"images-{tag}")
     marker = os.path.join(folder, ".complete")
@@ -111,8 +109,6 @@ def container_path(data_dir: str, tag: str, fmt: str) -> str:
 
 def load_dataset(container: str, zarr_path: str | None, folder: str | None) -> DataSet:
     """Index arrays and source files of a container (files only if they exist)."""
-    from dstore.formats import detect_format, open_container
-
     fmt = detect_format(container)
     if fmt == "zarr" and zarr_path is None:
         zarr_path = container
@@ -146,8 +142,6 @@ def repeated_container(comm, src: DataSet, count: int, path: str) -> DataSet:
     """An HDF5 container of `count` samples whose sample i is `src`'s sample i mod N (rank 0 writes it
     once; kept at `path` and reused). The growth sweep uses it: real sample bytes and sizes, without
     generating and encoding more images; the store does not look at the content."""
-    from dstore.formats import create_writer, open_container
-
     if comm.Get_rank() == 0 and not _openable(path):
         with open_container(src.container) as r:
             info = r.info

@@ -20,6 +20,9 @@ import zlib
 
 import numpy as np
 
+from dstore.errors import ConfigError
+from dstore.formats import open_container
+
 CONTIGUOUS_SUFFIX = ".contiguous.h5"
 PER_SAMPLE_ZARR_SUFFIX = ".per-sample.zarr"
 ZARR_CHUNK_BYTES = 128 * 1024
@@ -60,8 +63,6 @@ def _h5_current(path: str, key: str) -> bool:
 def _write_h5(path: str, container: str, offsets, labels, key: str) -> None:
     import h5py
 
-    from dstore.formats import open_container
-
     tmp = path + ".tmp"
     with h5py.File(tmp, "w", locking=False) as f, open_container(container) as r:
         data = f.create_dataset("data", shape=(int(offsets[-1]),), dtype=np.uint8)  # no chunks=: contiguous
@@ -86,8 +87,6 @@ def _zarr_current(path: str, key: str) -> bool:
 def _write_zarr(path: str, container: str, offsets, labels, key: str) -> None:
     import zarr
 
-    from dstore.formats import open_container
-
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     g = zarr.open_group(tmp, mode="w")
@@ -106,8 +105,6 @@ def _write_zarr(path: str, container: str, offsets, labels, key: str) -> None:
 
 def _ensure(comm, path: str, container: str, offsets, labels, current, write) -> str:
     """Rank 0 writes the copy unless a current one exists; every rank gets its path or rank 0's error."""
-    from dstore.errors import ConfigError
-
     err = None
     if comm.Get_rank() == 0:
         key = source_key(container, offsets)

@@ -9,8 +9,15 @@ import numpy as np
 
 from dstore.plan import block_bounds, global_schedule
 from dstore.shuffle import global_order
-from dstore.tools.bench.common import (RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ, SEQ_READ_FRESH, Measurement, evict_on_nodes,
-                                measure)
+from dstore.tools.bench.common import (
+    RAW_RMA,
+    RAW_RMA_PER_SAMPLE,
+    SEQ_READ,
+    SEQ_READ_FRESH,
+    Measurement,
+    evict_on_nodes,
+    measure,
+)
 
 
 def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,

@@ -7,8 +7,22 @@ import json
 import os
 from typing import Any
 
-from dstore.tools.bench.common import (FOLDER, H5PY, H5PY_CONTAINER, POP_PRELOAD, RAW_RMA, RAW_RMA_PER_SAMPLE, SEQ_READ,
-                                SEQ_READ_FRESH, STORE_GETS, STORE_MAIN, ZARR, ZARR_CONTAINER, Measurement, fmt_rate)
+from dstore.tools.bench.common import (
+    FOLDER,
+    H5PY,
+    H5PY_CONTAINER,
+    POP_PRELOAD,
+    RAW_RMA,
+    RAW_RMA_PER_SAMPLE,
+    SEQ_READ,
+    SEQ_READ_FRESH,
+    STORE_GETS,
+    STORE_MAIN,
+    ZARR,
+    ZARR_CONTAINER,
+    Measurement,
+    fmt_rate,
+)
 
 GOALS = (
     # key, description, numerator (name, cache), denominator (name, cache), goal
@@ -97,7 +111,8 @@ def throughput_table(ms: list[dict]) -> str:
 
 
 def decode_table(ms: list[dict]) -> str:
-    lines = ["| loader | ranks | threads per rank | samples/s total | samples/s per rank (min-max) | ms per step (slowest rank) |",
+    lines = ["| loader | ranks | threads per rank | samples/s total | samples/s per rank (min-max) "
+             "| ms per step (slowest rank) |",
              "|---|---:|---:|---:|---:|---:|"]
     for m in ms:
         pr = m["rank_samples_per_s"]
@@ -240,8 +255,9 @@ def plot_results(results: dict[str, Any], out_dir: str) -> list[str]:
 
 # --- merging runs on 1, 2, 4 ranks ---------------------------------------------------------------------
 
-SCALING_READERS = ((STORE_MAIN, "memory"), (STORE_GETS, "memory"), (RAW_RMA, "memory"), (RAW_RMA_PER_SAMPLE, "memory"), ("memcpy", "memory"),
-                   (POP_PRELOAD, "cold"), (SEQ_READ, "cold"), (SEQ_READ_FRESH, "cold"), (H5PY, "warm"), (H5PY, "cold"),
+SCALING_READERS = ((STORE_MAIN, "memory"), (STORE_GETS, "memory"), (RAW_RMA, "memory"), (RAW_RMA_PER_SAMPLE, "memory"),
+                   ("memcpy", "memory"), (POP_PRELOAD, "cold"), (SEQ_READ, "cold"), (SEQ_READ_FRESH, "cold"),
+                   (H5PY, "warm"), (H5PY, "cold"),
                    (H5PY_CONTAINER, "warm"), (FOLDER, "cold"), (ZARR, "warm"), (ZARR_CONTAINER, "warm"))
 
 

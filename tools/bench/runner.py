@@ -10,12 +10,20 @@ import platform
 import sys
 import time
 
-import numpy as np
-
+from dstore.store import DataStore
 from dstore.tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
 from dstore.tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
-from dstore.tools.bench.data import (DataSet, container_files, container_path, data_tag, load_dataset, prepare_data,
-                              repeated_container)
+from dstore.tools.bench.data import (
+    DataSet,
+    container_files,
+    container_path,
+    data_tag,
+    load_dataset,
+    prepare_data,
+    repeated_container,
+)
+from dstore.tools.bench.training_view import TV_H5PY, TV_ZARR
+from dstore.tools.pfs.model import PfsModel
 
 
 @dataclasses.dataclass
@@ -43,14 +51,11 @@ class BenchConfig:
     mosaic_venv: str | None = None
     plots: bool = True
     command: str = ""
-    storage: "PfsModel | None" = None
+    storage: PfsModel | None = None
     """Every reader reads through a `dstore pfs` mount of the data with this model (--storage)."""
     storage_sweep: tuple[str, ...] | None = None
     """Storage specs of --storage-sweep (the training view on each)."""
 
-
-TV_H5PY = "h5py Dataset (contiguous) + DataLoader"
-TV_ZARR = "zarr Dataset (128 KiB chunks) + DataLoader"
 
 CONTAINER_LAYOUT_LIMIT = 1024
 """Samples per rank of the per-sample passes over the container as written: each slice reads a whole
@@ -289,8 +294,6 @@ def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
 def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, n: int, prog: Progress) -> dict:
     """AU of the store and of each baseline that can run, over the first `n` samples, with
     compute = factor x the store's fetch+decode time per step."""
-    from dstore.store import DataStore
-
     compute = max(store_step_s * cfg.compute_factor, 1e-3)
     rows = []
     with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",

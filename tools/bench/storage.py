@@ -9,7 +9,12 @@ import math
 import os
 import time
 
+from dstore.store import DataStore
+from dstore.tools.bench import baselines, training_view
+from dstore.tools.bench.report import _plt
+from dstore.tools.bench.training_view import TV_H5PY, TV_ZARR
 from dstore.tools.pfs.model import PfsModel, parse_spec
+from dstore.tools.pfs.mount import PfsMount, PfsMountError
 
 DEFAULT_LADDER = ("local", "pfs:latency=0,iops=unlimited,bandwidth=unlimited", "pfs:latency=0.5ms,iops=2000",
                   "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
@@ -72,8 +77,6 @@ def mounted(comm, roots: list[str], model: PfsModel):
     of its node, then closes. An error while mounting on one node raises on every rank."""
     from mpi4py import MPI
 
-    from dstore.tools.pfs.mount import PfsMount
-
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     mounts: list[PfsMount] = []
     info = Mounted(model, list(roots), [])
@@ -91,8 +94,6 @@ def mounted(comm, roots: list[str], model: PfsModel):
         errs = comm.allgather(err)
         bad = [e for e in errs if e]
         if bad:
-            from dstore.tools.pfs.mount import PfsMountError
-
             raise PfsMountError(f"--storage: mounting the pfs model failed: {bad[0]}")
         info.mountpoints = node.bcast([m.mountpoint for m in mounts], root=0)
         yield info
@@ -108,9 +109,6 @@ def mounted(comm, roots: list[str], model: PfsModel):
 
 def _store_population_and_view(comm, cfg, data, n: int, compute: float):
     """Preload population time (timed across ranks) and the store's training-view row."""
-    from dstore.store import DataStore
-    from dstore.tools.bench import training_view
-
     comm.Barrier()
     t0 = time.perf_counter()
     store = DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",
@@ -134,9 +132,6 @@ def _max():
 def training_rows(comm, cfg, data, n: int, compute: float, prog) -> tuple[float, list[dict]]:
     """The training view of the store and of each baseline over `data` (paths as given: local or
     through a mount); returns (the store's population seconds, rows)."""
-    from dstore.tools.bench import baselines, training_view
-    from dstore.tools.bench.runner import TV_H5PY, TV_ZARR
-
     pop, store_row = _store_population_and_view(comm, cfg, data, n, compute)
     rows = [store_row]
     kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
@@ -221,8 +216,6 @@ def sweep_markdown(sw: dict, meta: dict) -> str:
 
 
 def sweep_plot(sw: dict, path: str) -> str:
-    from dstore.tools.bench.report import _plt
-
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = [g["label"] for g in sw["rungs"]]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dstore.store import DataStore
 from dstore.tools.bench.common import Measurement, evict_on_nodes, measure
+from dstore.torch import StoreLoader
 
 PREFETCH_ON = 2
 """Batches in flight ahead of the consumer when prefetch is on (the store's default)."""
@@ -30,8 +32,6 @@ def population(comm, container: str, evict_paths, *, mode: str, cache: str, batc
     Args:
         evict_paths: the container's files, evicted first when `cache` is `cold`.
     """
-    from dstore.store import DataStore
-
     if cache == "cold":
         evict_on_nodes(comm, evict_paths)
     holder = {}
@@ -92,8 +92,6 @@ def delivery(comm, container: str, *, shuffle: str, prefetch: int, batch_size: i
     """Raw bytes out of a preloaded store: epoch 0 untimed as warm-up, then epochs 1, 2, 3 timed, the
     fastest kept (as for the memory limits: an epoch over memory takes tens of milliseconds, so one
     descheduled rank would otherwise decide the figure)."""
-    from dstore.store import DataStore
-
     with DataStore(comm, container, batch_size=batch_size, seed=seed, shuffle=shuffle, population="preload",
                    prefetch=prefetch, sample_range=sample_range, node_views=node_views) as store:
         _epoch_bytes(store, 0)
@@ -112,9 +110,6 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
     """One epoch through `StoreLoader` (fetch + decode in threads, images as tensors) over
     `sample_range`. Returns the measurement and the slowest rank's mean seconds per step (what the
     training view's compute time is set from)."""
-    from dstore.store import DataStore
-    from dstore.torch import StoreLoader
-
     with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload",
                    sample_range=sample_range) as store:
         with StoreLoader(store, num_threads=num_threads, size=size) as loader:

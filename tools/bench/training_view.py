@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import time
 
+from dstore.tools.bench.baselines import collate_list
 from dstore.tools.bench.common import evict_on_nodes, rank_split
+from dstore.torch import StoreLoader
+
+TV_H5PY = "h5py Dataset (contiguous) + DataLoader"
+TV_ZARR = "zarr Dataset (128 KiB chunks) + DataLoader"
+"""The training view's names of the h5py and zarr per-sample baselines (runner and storage sweep)."""
 
 
 def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
@@ -52,8 +58,6 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
 
 def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: int, size) -> dict:
     """The training view of the store: one epoch of decoded batches from `StoreLoader`."""
-    from dstore.torch import StoreLoader
-
     with StoreLoader(store, num_threads=num_threads, size=size) as loader:
         row = au_loop(comm, "store (StoreLoader)", lambda: loader.epoch(epoch), compute_seconds)
     row["cache"] = "memory"
@@ -63,8 +67,6 @@ def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: i
 def dataloader_iter(comm, dataset, *, batch_size: int, num_workers: int, seed: int, epoch: int = 0):
     """A factory for one epoch of a torch DataLoader over `dataset` (rank's DistributedSampler-like share)."""
     from torch.utils.data import DataLoader
-
-    from dstore.tools.bench.baselines import collate_list
 
     rank, size = comm.Get_rank(), comm.Get_size()
     indices = rank_split(len(dataset), rank, size, seed, epoch).tolist()

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 
-from dstore.tools.pfs.model import PfsModel, parse_spec
+from dstore.tools.pfs.model import parse_spec
 from dstore.tools.pfs.mount import pfs_mount
 
 

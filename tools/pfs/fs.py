@@ -20,6 +20,7 @@ import time
 
 from dstore.errors import ConfigError
 from dstore.tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
+from dstore.tools.pfs.mount import check_mountpoint, fusermount
 
 FSNAME = "dstore-pfs"
 """The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
@@ -126,8 +127,6 @@ def _watch_parent(pid: int, mountpoint: str, poll: float = 0.5) -> None:
     import subprocess
     import threading
 
-    from dstore.tools.pfs.mount import fusermount
-
     def watch():
         while True:
             time.sleep(poll)
@@ -155,8 +154,6 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
         ConfigError: SOURCE is not a directory, MOUNTPOINT is not an empty directory, or a stale
             mount is there (the message names the command that removes it).
     """
-    from dstore.tools.pfs.mount import check_mountpoint
-
     import mfusepy
 
     source = check_source(source)
@@ -171,8 +168,9 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
     t0 = time.monotonic()
     error = None
     try:
-        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, fsname=f"{FSNAME}:{source}" if "," not in source else FSNAME,
-                     subtype=FSNAME, default_permissions=True, max_read=params.max_read)
+        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True,
+                     fsname=f"{FSNAME}:{source}" if "," not in source else FSNAME, subtype=FSNAME,
+                     default_permissions=True, max_read=params.max_read)
     except RuntimeError as exc:
         # libfuse's signal handler stores the signal as the loop's error, so fuse_main returns
         # non-zero after SIGINT/SIGTERM too; only a failure before init is a failed mount.

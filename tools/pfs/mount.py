@@ -193,7 +193,7 @@ class PfsMount:
             raise ConfigError(f"{path} is not under the mounted directory {self.source}")
         return self.mountpoint if rel == "." else os.path.join(self.mountpoint, rel)
 
-    def __enter__(self) -> "PfsMount":
+    def __enter__(self) -> PfsMount:
         reason = fuse_available()
         if reason:
             raise PfsMountError(f"cannot mount a pfs model here: {reason}")

@@ -1,0 +1,107 @@
+"""What is at a path and which backend reads it: the format names, `detect_format`, and opening one
+HDF5 or Zarr container (`open_backend`). Below sharded.py and replace.py, which both need to tell
+the formats apart; `dstore.formats.open_container` (the public entry) adds the sharded manifest."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+
+from dstore.errors import ConfigError, FormatError
+from dstore.formats.base import ContainerNotFoundError, ContainerReader
+
+FORMATS = {
+    "hdf5": ("dstore.formats.hdf5", "HDF5Reader", "HDF5Writer"),
+    "zarr": ("dstore.formats.zarr_backend", "ZarrReader", "ZarrWriter"),
+}
+"""Writable backends: name -> (module, reader class, writer class). Modules load on first use, so
+importing dstore.formats does not import zarr."""
+
+MANIFEST_NAME = "manifest.json"
+"""The file name a sharded container's manifest has when its path is a directory."""
+
+MANIFEST_FORMAT = "dstore-sharded"
+"""Value of a sharded container's manifest's `format` key."""
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+"""The signature an HDF5 file starts with."""
+
+SUFFIXES = (".h5", ".hdf5")
+"""File name endings taken as HDF5."""
+
+
+def is_hdf5(path: str) -> bool:
+    """True if `path` is a file that starts with the HDF5 signature."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(HDF5_MAGIC)) == HDF5_MAGIC
+    except OSError:
+        return False
+
+
+def backend(fmt: str, which: int):
+    """The reader (`which` 0) or writer (1) class of backend `fmt` (a key of FORMATS)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
+    module, *classes = FORMATS[fmt]
+    return getattr(importlib.import_module(module), classes[which])
+
+
+def detect_format(path) -> str:
+    """`hdf5`, `zarr` or `sharded` for what is at `path`.
+
+    Raises:
+        ContainerNotFoundError: nothing is at `path`.
+        FormatError: something is there but it is none of the three.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ContainerNotFoundError(f"{path}: no such container (file or directory)")
+    if not os.path.isdir(path) and not os.path.isfile(path):  # opening a FIFO would wait for a writer
+        raise FormatError(f"{path}: not a regular file or directory (a FIFO, socket or device?); "
+                          "a container is an HDF5 file, a Zarr directory or a JSON manifest")
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            return "sharded"
+        if os.path.isfile(os.path.join(path, "zarr.json")):
+            return "zarr"
+        raise FormatError(f"{path}: a directory with neither {MANIFEST_NAME} (sharded) nor zarr.json (Zarr v3)")
+    if path.endswith(".json"):
+        return "sharded"
+    if is_hdf5(path) or path.endswith(SUFFIXES):
+        return "hdf5"
+    raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
+
+
+def open_backend(path, fmt: str, *, check_labels: bool = True) -> ContainerReader:
+    """Opens the HDF5 or Zarr container at `path` (`fmt` from detect_format), checking its labels
+    (see `checked`)."""
+    return checked(backend(fmt, 0)(path), check_labels)
+
+
+def checked(reader: ContainerReader, check_labels: bool) -> ContainerReader:
+    """`reader`, after refusing (and closing) it if `check_labels` and a label is not a class index:
+    FormatError naming the first such sample (unlabelled data, with no class names, is not checked)."""
+    if not check_labels:
+        return reader
+    try:
+        _check_labels(reader)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def _check_labels(reader: ContainerReader) -> None:
+    k = reader.info.num_classes
+    labels = reader.labels
+    if not k or labels.size == 0:
+        return
+    bad = (labels < 0) | (labels >= k)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise FormatError(f"{reader.path}: sample {i} ({reader.name(i)}) has label {int(labels[i])}, outside the "
+                          f"{k} class names [0, {k}); {int(bad.sum())} sample(s) so; `dstore verify {reader.path}` "
+                          "lists them")
