@@ -45,6 +45,7 @@ from dstore import plan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, agree, is_agreed
+from dstore.epoch import EpochStats
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
@@ -134,7 +135,8 @@ class DataStore:
         steps_per_epoch, num_samples, info (ContainerInfo), rank, size, seed, layout (plan.Layout).
         tier: {resident_fraction, resident_bytes, storage_bytes}: the bytes kept in the windows and
             the bytes read from storage per epoch (all samples resident unless over budget).
-        stats: this rank's figures for the current or last epoch: steps, samples (local: its own
+        stats: this rank's figures for the current or last epoch (a dstore.epoch.EpochStats; None
+            before the first; `as_dict()` for a plain dict): steps, samples (local: its own
             window; node: a node peer's window, mapped; remote: fetched with gets; pads), bytes
             (local/node/remote), gets (one per coalesced run), wait_seconds (time the
             consumer was blocked in the store), fetch_seconds (planning, issuing and completing
@@ -279,7 +281,7 @@ class DataStore:
         self._node_size = 1  # ranks of comm on this rank's node (set by the population)
         self._progress = None  # its ProgressThread while it holds windows, where one is needed
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
-        self.stats = {}
+        self.stats: EpochStats | None = None  # set by each epoch
 
     # ----------------------------------------------------------------- set-up
     def _init_index(self, sample_range) -> None:
@@ -418,13 +420,8 @@ class DataStore:
                     self._agree(exc)
                     self._arena.publish()
                     self._add_population(time.perf_counter() - t0, n)
-        st = dict(epoch=e, rank=self.rank, size=self.size, steps=0, samples=0, samples_local=0,
-                  samples_node=0, samples_remote=0, pads=0, bytes_local=0, bytes_node=0, bytes_remote=0, gets=0,
-                  samples_storage=0, bytes_storage=0, storage_reads=0, storage_wait_seconds=0.0,
-                  wait_seconds=0.0, fetch_seconds=0.0, get_wait_seconds=0.0, population_seconds=0.0,
-                  population_bytes=0,
-                  population_MBps=0.0)
-        st.update(self._pop)
+        st = EpochStats(epoch=e, rank=self.rank, size=self.size)
+        st.set_population(self._pop)
         self.stats = st
         t_epoch = time.perf_counter()
         steps = list(range(first, sched.steps))
@@ -462,7 +459,7 @@ class DataStore:
             f = plan.plan_fetch(owner[sl], disp[ids], sizes[ids], rank, mapped)
             reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
                 if f.run_len.size else []
-            st["fetch_seconds"] += time.perf_counter() - t
+            st.fetch_seconds += time.perf_counter() - t
             return s, slot, ids, sched.pad[sl], f, reqs
 
         pending = collections.deque()
@@ -489,8 +486,8 @@ class DataStore:
                     t1 = time.perf_counter()
                     arena.wait(reqs)
                     t2 = time.perf_counter()
-                    st["get_wait_seconds"] += t2 - t1
-                    st["fetch_seconds"] += t2 - t1
+                    st.get_wait_seconds += t2 - t1
+                    st.fetch_seconds += t2 - t1
                     buf = ro[slot] if ro else None
                     sl = sched.step(s)
                     own = owner[sl]
@@ -504,28 +501,28 @@ class DataStore:
                             failure = self._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
                             break
                         t3 = time.perf_counter()
-                        st["storage_wait_seconds"] += t3 - t2
-                        st["fetch_seconds"] += t3 - t2
+                        st.storage_wait_seconds += t3 - t2
+                        st.fetch_seconds += t3 - t2
                         stor = tier.from_storage[sl]
                         samples = [v if v is not None else x for v, x in zip(views, samples)]
                         mine &= ~stor
-                        st["samples_storage"] += int(stor.sum())
-                        st["bytes_storage"] += int(sizes[ids[stor]].sum())
-                        st["storage_reads"] += nruns
+                        st.samples_storage += int(stor.sum())
+                        st.bytes_storage += int(sizes[ids[stor]].sum())
+                        st.storage_reads += nruns
                     batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
                     peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
-                    st["steps"] += 1
-                    st["samples"] += ids.size
-                    st["pads"] += int(pad.sum())
-                    st["samples_local"] += int(mine.sum())
-                    st["samples_node"] += int(peer.sum())
-                    st["samples_remote"] += int((~f.local).sum())
-                    st["bytes_remote"] += f.remote_bytes
-                    st["bytes_local"] += int(f.length[mine].sum())
-                    st["bytes_node"] += int(f.length[peer].sum())
-                    st["gets"] += f.run_len.size
+                    st.steps += 1
+                    st.samples += ids.size
+                    st.pads += int(pad.sum())
+                    st.samples_local += int(mine.sum())
+                    st.samples_node += int(peer.sum())
+                    st.samples_remote += int((~f.local).sum())
+                    st.bytes_remote += f.remote_bytes
+                    st.bytes_local += int(f.length[mine].sum())
+                    st.bytes_node += int(f.length[peer].sum())
+                    st.gets += f.run_len.size
                     self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
-                    st["wait_seconds"] += time.perf_counter() - t_in
+                    st.wait_seconds += time.perf_counter() - t_in
                     yield batch
                     t_in = time.perf_counter()
                     if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
@@ -540,9 +537,7 @@ class DataStore:
                     tier.close()
         if tier is not None and not lazy:  # a rank whose storage read failed waits here for the others
             self._agree(failure)
-        st["epoch_seconds"] = time.perf_counter() - t_epoch
-        delivered = st["bytes_local"] + st["bytes_node"] + st["bytes_remote"] + st["bytes_storage"]
-        st["delivered_GBps"] = delivered / 1e9 / st["epoch_seconds"] if st["epoch_seconds"] else 0.0
+        st.finish(time.perf_counter() - t_epoch)
         if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             t1 = time.perf_counter()
             n = 0
@@ -554,10 +549,10 @@ class DataStore:
             self._agree(failure)
             self._arena.publish()
             self._add_population(time.perf_counter() - t1, n)
-        st.update(self._pop)
+        st.set_population(self._pop)
         self._active = None
         log.info("epoch %d rank %d/%d: %s", e, self.rank, self.size,
-                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.items()))
+                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
 
     def _check_same_epoch(self, e: int, first: int) -> None:
         """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
@@ -572,8 +567,9 @@ class DataStore:
             raise exc
 
     def gather_stats(self) -> list:
-        """Collective: every rank's `stats` dict, in rank order."""
-        return self.comm.allgather(dict(self.stats))
+        """Collective: every rank's `stats` as a dict (`EpochStats.as_dict`; {} before the first
+        epoch), in rank order."""
+        return self.comm.allgather(self.stats.as_dict() if self.stats is not None else {})
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:

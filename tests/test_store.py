@@ -329,7 +329,7 @@ _PROGRESS = (
     "            while time.perf_counter() - t < 1.0:  # compute without MPI calls: rank 1 reads rank 0's window\n"
     "                sum(range(10000))\n"
     "    calls = st._progress.calls if running else 0\n"
-    "    wait = st.stats.get('wait_seconds', 0.0)\n"
+    "    wait = st.stats.wait_seconds\n"
     "print(f'\\nrank {r} | running {running} | calls {calls} | wait {wait:.3f}', flush=True)\n"
 )
 

@@ -435,7 +435,8 @@ def _fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, resume_path
         log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
         report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
                f"loss {test['loss']:.4f}")
-    stats = dict(getattr(train_src, "stats", {}) or {})
+    stats = getattr(train_src, "stats", None) or {}
+    stats = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)  # the store's EpochStats, or a dict
     all_stats = comm.gather(stats, root=0)
     if main:
         for r, st in enumerate(all_stats):

@@ -131,7 +131,7 @@ def scenario_exactly_once(comm, path):
                         check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=7,
                                        drop_last=drop_last, steps_per_epoch=st.steps_per_epoch)
                         check_stats(st, got, reader)
-                    if policy == "local" and st.stats["samples_remote"] != 0:
+                    if policy == "local" and st.stats.samples_remote != 0:
                         raise AssertionError("local policy moved samples between ranks")
     reader.close()
 
@@ -148,12 +148,12 @@ def scenario_dynamic(comm, path):
                 for x, y in zip(a, b):
                     if not np.array_equal(x, y):
                         raise AssertionError(f"dynamic != preload ({policy}, epoch {epoch})")
-                if epoch == 0 and policy in ("global", "local") and dyn.stats["samples_remote"]:
+                if epoch == 0 and policy in ("global", "local") and dyn.stats.samples_remote:
                     raise AssertionError("dynamic epoch 0 fetched remote samples")
                 check_delivery(comm, reader, a, epoch=epoch, policy=policy, seed=3, drop_last=drop_last,
                                steps_per_epoch=dyn.steps_per_epoch)
-            if dyn.stats["population_bytes"] != int(dyn.layout.nbytes[comm.rank]):
-                raise AssertionError(f"dynamic population read {dyn.stats['population_bytes']} bytes, "
+            if dyn.stats.population_bytes != int(dyn.layout.nbytes[comm.rank]):
+                raise AssertionError(f"dynamic population read {dyn.stats.population_bytes} bytes, "
                                      f"owns {dyn.layout.nbytes[comm.rank]}")
     reader.close()
 
@@ -253,7 +253,7 @@ def scenario_replicate_and_range(comm, path):
     with DataStore(comm, reader, batch_size=BATCH, seed=5, replicate=True) as st:
         got = run_epoch(st, 0)
         check_delivery(comm, reader, got, epoch=0, policy="global", seed=5, drop_last=False)
-        if st.stats["samples_remote"] or st.stats["gets"]:
+        if st.stats.samples_remote or st.stats.gets:
             raise AssertionError("replicated store issued gets")
     for policy in ("global", "local"):
         with DataStore(comm, reader, batch_size=BATCH, seed=5, sample_range=(20, 131), shuffle=policy) as st:
@@ -358,9 +358,9 @@ def scenario_node_views(comm, path):
                 check_stats(st, got[views], reader)
                 mine = st.stats
                 want = expected_split(st, got[views][0])
-                if (mine["samples_node"], mine["samples_remote"]) != want:
+                if (mine.samples_node, mine.samples_remote) != want:
                     raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {mine}")
-                if want[1] == 0 and mine["gets"]:
+                if want[1] == 0 and mine.gets:
                     raise AssertionError(f"rank {comm.rank}: gets issued with nothing to fetch: {mine}")
         for a, b in zip(got[True], got[False]):
             if not np.array_equal(a, b):
@@ -377,7 +377,7 @@ def scenario_mixed_nodes(comm, path):
         got = run_epoch(st, 1)
         check_stats(st, got, reader)
         want = expected_split(st, got[0])
-        if (st.stats["samples_node"], st.stats["samples_remote"]) != want:
+        if (st.stats.samples_node, st.stats.samples_remote) != want:
             raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {st.stats}")
         k = int(os.environ.get("DSTORE_RANKS_PER_NODE", "0") or 0)
         node, remote = comm.allreduce(want[0]), comm.allreduce(want[1])
@@ -425,7 +425,7 @@ def check_tier(comm, st, got, reader):
         raise AssertionError(f"rank {comm.rank}: a byte was read from storage twice in one epoch")
     ids = np.unique(got[0]) - st.start
     want = int(st.sizes[ids[~res[ids]]].sum())
-    if sum(b - a for a, b in ranges) != want or st.stats["bytes_storage"] < want:
+    if sum(b - a for a, b in ranges) != want or st.stats.bytes_storage < want:
         raise AssertionError(f"rank {comm.rank}: read {sum(b - a for a, b in ranges)} bytes from storage, "
                              f"its non-resident deliveries hold {want}")
     total = comm.allreduce(sum(b - a for a, b in ranges))

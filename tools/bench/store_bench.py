@@ -62,29 +62,14 @@ def population(comm, container: str, evict_paths, *, mode: str, cache: str, batc
 def store_bytes_held(store) -> int:
     """Bytes this rank has read into its window: the store's `population_bytes` once an epoch has
     run (dynamic), else the size of its window (preload fills it whole)."""
-    stats = store.stats or {}
-    if "population_bytes" in stats:
-        return int(stats["population_bytes"])
+    if store.stats is not None:
+        return int(store.stats.population_bytes)
     return int(store.layout.nbytes[store.rank])
 
 
 def _stats_dict(store) -> dict:
-    s = getattr(store, "stats", None)
-    if s is None:
-        return {}
-    if isinstance(s, dict):
-        d = s
-    elif hasattr(s, "as_dict"):
-        d = s.as_dict()
-    elif hasattr(s, "to_dict"):
-        d = s.to_dict()
-    elif hasattr(s, "__dataclass_fields__"):
-        import dataclasses
-
-        d = dataclasses.asdict(s)
-    else:
-        d = {k: v for k, v in vars(s).items() if not k.startswith("_")}
-    return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool))}
+    """The store's last epoch's figures as a plain dict ({} before the first epoch)."""
+    return store.stats.as_dict() if store.stats is not None else {}
 
 
 def delivery(comm, container: str, *, shuffle: str, prefetch: int, batch_size: int, seed: int,
