@@ -1,13 +1,61 @@
-"""One epoch of a DataStore: its figures (`EpochStats`).
+"""One epoch of a DataStore on one rank: `EpochRun` (the batches) and `EpochStats` (its figures).
 
-`DataStore._epoch` builds one `EpochStats` per epoch and keeps it as `store.stats`; `as_dict()`
-gives the plain dict that `gather_stats()`, the trainer's log and the benchmarks write (the same
-keys, in the same order, as the fields below).
+`DataStore.epoch(e)` iterates an `EpochRun`; its named steps, per step of the schedule, are:
+`issue` (plan the step's gets and start them, up to `prefetch + 1` steps ahead), `complete` (wait
+for them and for the step's storage reads; assemble the `Batch`) and `account` (add the step to
+the epoch's `EpochStats`). Before the first step `_start` agrees on the epoch and its start and
+fills a dynamic population where needed, and `_plan` sizes the receive buffers; after the last,
+`_finish` agrees on a read failure and logs the figures. `store.stats` is the current epoch's
+`EpochStats`; `as_dict()` gives the plain dict that `gather_stats()`, the trainer's log and the
+benchmarks write (the same keys, in the same order, as the fields below).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from dstore import plan
+from dstore.storage import StorageEpoch
+
+log = logging.getLogger("dstore.store")
+
+
+@dataclasses.dataclass
+class Batch:
+    """One rank's part of one global batch.
+
+    Attributes:
+        samples: list of uint8 arrays, each a sample's bytes (read-only views, valid until the next
+            batch is requested; copy to keep).
+        labels: int64[b].
+        ids: int64[b], container sample indices.
+        epoch: the epoch.
+        step: the step within the epoch.
+        pad: bool[b], True for padding repeats (see dstore.store's module docstring).
+    """
+
+    samples: list
+    labels: np.ndarray
+    ids: np.ndarray
+    epoch: int
+    step: int
+    pad: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of `a` (what consumers get: they must not write into windows or buffers)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 @dataclasses.dataclass
@@ -54,3 +102,216 @@ class EpochStats:
         self.epoch_seconds = seconds
         delivered = self.bytes_local + self.bytes_node + self.bytes_remote + self.bytes_storage
         self.delivered_GBps = delivered / 1e9 / seconds if seconds else 0.0
+
+
+class EpochRun:
+    """Epoch `e` of `store` on this rank, iterated once (collective: every rank iterates it).
+
+    Nothing happens before the first `next()`; an abandoned iteration (the generator closed)
+    completes the gets in flight before it unlocks the windows."""
+
+    def __init__(self, store, e: int):
+        self.store = store
+        self.e = e
+        self.failure = None  # a read error on this rank, agreed with the others where they next meet
+
+    def __iter__(self):
+        store = self.store
+        self._start()
+        self.stats = st = EpochStats(epoch=self.e, rank=store.rank, size=store.size)
+        st.set_population(store._pop)
+        store.stats = st
+        self.t_epoch = time.perf_counter()
+        self._plan()
+        steps, nbuf, lazy, tier, arena = self.steps, self.nbuf, self.lazy, self.tier, store._arena
+        pending = collections.deque()
+        t_in = self.t_epoch  # the consumer waits from its first next() on
+        reading = contextlib.nullcontext() if (store.replicate or lazy) else arena.reading()
+        with reading:
+            try:
+                k = 0
+                while k < len(steps) and k < nbuf and not lazy:
+                    pending.append(self.issue(steps[k], k % nbuf))
+                    k += 1
+                for s in steps:
+                    if lazy:
+                        t1 = time.perf_counter()
+                        try:
+                            n = store._fill_dynamic(self.ids_all[self.sched.step(s)])
+                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                            self.failure = exc
+                            break
+                        store._add_population(time.perf_counter() - t1, n)
+                        pending.append(self.issue(s, 0))
+                    item = pending.popleft()
+                    done = self.complete(item)
+                    if done is None:
+                        break
+                    batch, slot = done
+                    store._next = (self.e, s + 1) if s + 1 < self.sched.steps else (self.e + 1, 0)
+                    st.wait_seconds += time.perf_counter() - t_in
+                    yield batch
+                    t_in = time.perf_counter()
+                    if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
+                        pending.append(self.issue(steps[k], slot))
+                        k += 1
+                    if tier is not None:
+                        tier.release()
+            finally:
+                for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
+                    arena.wait(item[5])
+                if tier is not None:
+                    tier.close()
+        self._finish()
+
+    # ------------------------------------------------------------ before the first step
+    def _start(self) -> None:
+        """Collective: the epoch's first step (a loaded state's), agreed; its schedule; and, with a
+        dynamic population not yet complete, whether to read lazily (every rank serves only its own
+        samples: each step reads them) or to fill everything first."""
+        store, e = self.store, self.e
+        store.populate()
+        first = 0
+        if store._resume is not None and store._resume[0] == e:
+            first = store._resume[1]
+        store._resume = None
+        store._check_same_epoch(e, first)
+        self.first = first
+        self.sched = sched = store.schedule(e)
+        self.ids_all = sched.ids
+        self.lazy = False
+        if store._loaded is not None:
+            need = self.ids_all[sched.ptr[first]:]
+            flags = store.comm.allgather((bool(store._loaded.all()),
+                                          bool(np.all(store.layout.owner[need] == store.rank))))
+            if not all(f[0] for f in flags):
+                self.lazy = all(f[1] for f in flags)
+                if not self.lazy:  # someone needs samples nobody has read yet: fill everything first
+                    t0 = time.perf_counter()
+                    n, exc = 0, None
+                    try:
+                        n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
+                    except Exception as err:  # noqa: BLE001 - the others wait in publish()
+                        exc = err
+                    store._agree(exc)
+                    store._arena.publish()
+                    store._add_population(time.perf_counter() - t0, n)
+
+    def _plan(self) -> None:
+        """Per entry of the schedule: whose window serves it (or storage); the receive buffers."""
+        store, sched, first, ids_all = self.store, self.sched, self.first, self.ids_all
+        self.steps = list(range(first, sched.steps))
+        store._next = (self.e, first) if first < sched.steps else (self.e + 1, 0)
+        if store.replicate:
+            owner = np.full(store.num_samples, store.rank, dtype=np.int64)
+            self.disp, segs = store.offsets[:-1], {store.rank: store._view}
+        else:
+            owner, self.disp, segs = store.layout.owner, store.layout.disp, store._segs
+        self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
+        self.mapped = np.zeros(store.size, dtype=bool)
+        self.mapped[list(self.segs)] = True
+        self.nbuf = store.prefetch + 1
+        self.tier = None
+        if store._resident is not None:  # non-resident samples: read ahead from storage by this rank
+            self.tier = StorageEpoch(store._storage, sched, first, store._resident, store.offsets, store._base_byte,
+                                     store.storage_lookahead, store._sbufs)
+            store._sbufs = self.tier.bufs
+            owner = np.where(self.tier.from_storage, store.rank, owner[ids_all])  # per entry: no get for these
+        else:
+            owner = owner[ids_all]
+        self.owner = owner
+        if not store.replicate:  # exact receive buffer sizes for this epoch
+            rb = np.where(~self.mapped[owner], store.sizes[ids_all], 0)
+            per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
+            need = int(per_step[first:].max(initial=0))
+            if len(store._bufs) != self.nbuf or store._bufs[0].size < need:
+                store._bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
+        self.ro = [readonly(b) for b in store._bufs]
+
+    # ------------------------------------------------------------ per step
+    def issue(self, s: int, slot: int):
+        """Plans step `s`'s gets into receive buffer `slot` and starts them."""
+        t = time.perf_counter()
+        store = self.store
+        sl = self.sched.step(s)
+        ids = self.ids_all[sl]
+        f = plan.plan_fetch(self.owner[sl], self.disp[ids], store.sizes[ids], store.rank, self.mapped)
+        reqs = store._arena.start_gets(store._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
+            if f.run_len.size else []
+        self.stats.fetch_seconds += time.perf_counter() - t
+        return s, slot, ids, self.sched.pad[sl], f, reqs
+
+    def complete(self, item):
+        """Waits for an issued step's gets (and its storage reads) and assembles its Batch; returns
+        (batch, slot), or None after a storage read failed (kept in `failure`)."""
+        store, st, tier = self.store, self.stats, self.tier
+        s, slot, ids, pad, f, reqs = item
+        t1 = time.perf_counter()
+        store._arena.wait(reqs)
+        t2 = time.perf_counter()
+        st.get_wait_seconds += t2 - t1
+        st.fetch_seconds += t2 - t1
+        buf = self.ro[slot] if self.ro else None
+        sl = self.sched.step(s)
+        own = self.owner[sl]
+        segs = self.segs
+        samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
+                   zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
+        mine = own == store.rank
+        if tier is not None:
+            try:
+                views, nread, nruns = tier.take(s)
+            except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                self.failure = store._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
+                return None
+            t3 = time.perf_counter()
+            st.storage_wait_seconds += t3 - t2
+            st.fetch_seconds += t3 - t2
+            stor = tier.from_storage[sl]
+            samples = [v if v is not None else x for v, x in zip(views, samples)]
+            mine &= ~stor
+            st.samples_storage += int(stor.sum())
+            st.bytes_storage += int(store.sizes[ids[stor]].sum())
+            st.storage_reads += nruns
+        batch = Batch(samples, store.labels[ids], ids + store.start, self.e, s, pad)
+        peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
+        self.account(ids, pad, f, mine, peer)
+        return batch, slot
+
+    def account(self, ids, pad, f, mine, peer) -> None:
+        """Adds a delivered step to the epoch's figures."""
+        st = self.stats
+        st.steps += 1
+        st.samples += ids.size
+        st.pads += int(pad.sum())
+        st.samples_local += int(mine.sum())
+        st.samples_node += int(peer.sum())
+        st.samples_remote += int((~f.local).sum())
+        st.bytes_remote += f.remote_bytes
+        st.bytes_local += int(f.length[mine].sum())
+        st.bytes_node += int(f.length[peer].sum())
+        st.gets += f.run_len.size
+
+    # ------------------------------------------------------------ after the last step
+    def _finish(self) -> None:
+        """Collective: a storage read failure on any rank raised on every rank; a lazy population
+        completed (then published); the figures logged."""
+        store, st, failure = self.store, self.stats, self.failure
+        if self.tier is not None and not self.lazy:  # a rank whose storage read failed waits here for the others
+            store._agree(failure)
+        st.finish(time.perf_counter() - self.t_epoch)
+        if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
+            t1 = time.perf_counter()
+            n = 0
+            if failure is None:
+                try:
+                    n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
+                except Exception as exc:  # noqa: BLE001 - the others wait in publish()
+                    failure = exc
+            store._agree(failure)
+            store._arena.publish()
+            store._add_population(time.perf_counter() - t1, n)
+        st.set_population(store._pop)
+        store._active = None
+        log.info("epoch %d rank %d/%d: %s", self.e, store.rank, store.size,
+                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))

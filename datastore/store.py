@@ -31,12 +31,8 @@ Rules a user can rely on (the arithmetic is in dstore.plan and dstore.shuffle):
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
 import logging
 import os
-import time
 import warnings
 
 import numpy as np
@@ -45,49 +41,17 @@ from dstore import plan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, agree, is_agreed
-from dstore.epoch import EpochStats
+from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
+from dstore.epoch import EpochRun, EpochStats
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.memory import parse_bytes
 from dstore.progress import ProgressThread
-from dstore.storage import StorageEpoch
 
 log = logging.getLogger("dstore.store")
 
 POPULATIONS = ("preload", "dynamic")
-
-@dataclasses.dataclass
-class Batch:
-    """One rank's part of one global batch.
-
-    Attributes:
-        samples: list of uint8 arrays, each a sample's bytes (read-only views, valid until the next
-            batch is requested; copy to keep).
-        labels: int64[b].
-        ids: int64[b], container sample indices.
-        epoch: the epoch.
-        step: the step within the epoch.
-        pad: bool[b], True for padding repeats (see the module docstring).
-    """
-
-    samples: list
-    labels: np.ndarray
-    ids: np.ndarray
-    epoch: int
-    step: int
-    pad: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view of `a` (what consumers get: they must not write into windows or buffers)."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
 
 _AUTO_PROGRESS = 0.002
 """The progress thread's period where one is needed: bounds a get's wait at about 2 ms for a few
@@ -387,172 +351,12 @@ class DataStore:
         shuffle_mod.epoch_rng(self.seed, epoch)  # validates epoch
         if self._active is not None:
             self._active.close()
-        gen = self._epoch(int(epoch))
+        gen = iter(EpochRun(self, int(epoch)))  # a generator: nothing runs before the first next()
         self._active = gen
         return gen
 
     def __iter__(self):
         return self.epoch(self._next[0])
-
-    def _epoch(self, e: int):
-        self.populate()
-        first = 0
-        if self._resume is not None and self._resume[0] == e:
-            first = self._resume[1]
-        self._resume = None
-        self._check_same_epoch(e, first)
-        sched = self.schedule(e)
-        ids_all = sched.ids
-        lazy = False
-        if self._loaded is not None:
-            need = ids_all[sched.ptr[first]:]
-            flags = self.comm.allgather((bool(self._loaded.all()),
-                                         bool(np.all(self.layout.owner[need] == self.rank))))
-            if not all(f[0] for f in flags):
-                lazy = all(f[1] for f in flags)
-                if not lazy:  # someone needs samples nobody has read yet: fill everything first
-                    t0 = time.perf_counter()
-                    n, exc = 0, None
-                    try:
-                        n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
-                    except Exception as e:  # noqa: BLE001 - the others wait in publish()
-                        exc = e
-                    self._agree(exc)
-                    self._arena.publish()
-                    self._add_population(time.perf_counter() - t0, n)
-        st = EpochStats(epoch=e, rank=self.rank, size=self.size)
-        st.set_population(self._pop)
-        self.stats = st
-        t_epoch = time.perf_counter()
-        steps = list(range(first, sched.steps))
-        self._next = (e, first) if first < sched.steps else (e + 1, 0)
-        if self.replicate:
-            owner = np.full(self.num_samples, self.rank, dtype=np.int64)
-            disp, segs = self.offsets[:-1], {self.rank: self._view}
-        else:
-            owner, disp, segs = self.layout.owner, self.layout.disp, self._segs
-        segs = {r: _readonly(a) for r, a in segs.items()}  # rank -> window served in place
-        mapped = np.zeros(self.size, dtype=bool)
-        mapped[list(segs)] = True
-        nbuf = self.prefetch + 1
-        tier = None
-        if self._resident is not None:  # non-resident samples: read ahead from storage by this rank
-            tier = StorageEpoch(self._storage, sched, first, self._resident, self.offsets, self._base_byte,
-                                self.storage_lookahead, self._sbufs)
-            self._sbufs = tier.bufs
-            owner = np.where(tier.from_storage, self.rank, owner[ids_all])  # per entry: no get for these
-        else:
-            owner = owner[ids_all]
-        if not self.replicate:  # exact receive buffer sizes for this epoch
-            rb = np.where(~mapped[owner], self.sizes[ids_all], 0)
-            per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
-            need = int(per_step[first:].max(initial=0))
-            if len(self._bufs) != nbuf or self._bufs[0].size < need:
-                self._bufs = [np.empty(need, dtype=np.uint8) for _ in range(nbuf)]
-        ro = [_readonly(b) for b in self._bufs]
-        sizes, rank, arena = self.sizes, self.rank, self._arena
-
-        def issue(s, slot):
-            t = time.perf_counter()
-            sl = sched.step(s)
-            ids = ids_all[sl]
-            f = plan.plan_fetch(owner[sl], disp[ids], sizes[ids], rank, mapped)
-            reqs = arena.start_gets(self._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
-                if f.run_len.size else []
-            st.fetch_seconds += time.perf_counter() - t
-            return s, slot, ids, sched.pad[sl], f, reqs
-
-        pending = collections.deque()
-        failure = None  # a read error on this rank, agreed with the others where they next meet
-        t_in = t_epoch  # the consumer waits from its first next() on
-        reading = contextlib.nullcontext() if (self.replicate or lazy) else arena.reading()
-        with reading:
-            try:
-                k = 0
-                while k < len(steps) and k < nbuf and not lazy:
-                    pending.append(issue(steps[k], k % nbuf))
-                    k += 1
-                for s in steps:
-                    if lazy:
-                        t1 = time.perf_counter()
-                        try:
-                            n = self._fill_dynamic(ids_all[sched.step(s)])
-                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
-                            failure = exc
-                            break
-                        self._add_population(time.perf_counter() - t1, n)
-                        pending.append(issue(s, 0))
-                    _, slot, ids, pad, f, reqs = pending.popleft()
-                    t1 = time.perf_counter()
-                    arena.wait(reqs)
-                    t2 = time.perf_counter()
-                    st.get_wait_seconds += t2 - t1
-                    st.fetch_seconds += t2 - t1
-                    buf = ro[slot] if ro else None
-                    sl = sched.step(s)
-                    own = owner[sl]
-                    samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
-                               zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
-                    mine = own == rank
-                    if tier is not None:
-                        try:
-                            views, nread, nruns = tier.take(s)
-                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
-                            failure = self._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
-                            break
-                        t3 = time.perf_counter()
-                        st.storage_wait_seconds += t3 - t2
-                        st.fetch_seconds += t3 - t2
-                        stor = tier.from_storage[sl]
-                        samples = [v if v is not None else x for v, x in zip(views, samples)]
-                        mine &= ~stor
-                        st.samples_storage += int(stor.sum())
-                        st.bytes_storage += int(sizes[ids[stor]].sum())
-                        st.storage_reads += nruns
-                    batch = Batch(samples, self.labels[ids], ids + self.start, e, s, pad)
-                    peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
-                    st.steps += 1
-                    st.samples += ids.size
-                    st.pads += int(pad.sum())
-                    st.samples_local += int(mine.sum())
-                    st.samples_node += int(peer.sum())
-                    st.samples_remote += int((~f.local).sum())
-                    st.bytes_remote += f.remote_bytes
-                    st.bytes_local += int(f.length[mine].sum())
-                    st.bytes_node += int(f.length[peer].sum())
-                    st.gets += f.run_len.size
-                    self._next = (e, s + 1) if s + 1 < sched.steps else (e + 1, 0)
-                    st.wait_seconds += time.perf_counter() - t_in
-                    yield batch
-                    t_in = time.perf_counter()
-                    if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
-                        pending.append(issue(steps[k], slot))
-                        k += 1
-                    if tier is not None:
-                        tier.release()
-            finally:
-                for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
-                    arena.wait(item[5])
-                if tier is not None:
-                    tier.close()
-        if tier is not None and not lazy:  # a rank whose storage read failed waits here for the others
-            self._agree(failure)
-        st.finish(time.perf_counter() - t_epoch)
-        if lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
-            t1 = time.perf_counter()
-            n = 0
-            if failure is None:
-                try:
-                    n = self._fill_dynamic(np.nonzero(~self._loaded)[0])
-                except Exception as exc:  # noqa: BLE001 - the others wait in publish()
-                    failure = exc
-            self._agree(failure)
-            self._arena.publish()
-            self._add_population(time.perf_counter() - t1, n)
-        st.set_population(self._pop)
-        self._active = None
-        log.info("epoch %d rank %d/%d: %s", e, self.rank, self.size,
-                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
 
     def _check_same_epoch(self, e: int, first: int) -> None:
         """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
