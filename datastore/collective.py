@@ -6,12 +6,16 @@ So every collective step of the store is preceded by `agree(comm, exc)`: one sma
 failure flag and, only when some rank failed, an allgather of the messages; then every rank raises
 (its own error, or the first failing rank's as the same type, naming that rank). Errors raised by
 `agree` are marked `agreed`, so a caller knows every rank holds one and collective clean-up is safe.
+
+Used by the store (`agree`), ingest (`agree`/`raise_agreed` with its own error types and IngestError
+for foreign ones) and the trainer (`on_root`: work done on rank 0 only, its failure raised on every
+rank, as ConfigError on the others).
 """
 
 from __future__ import annotations
 
 from dstore import errors as _errors
-from dstore.errors import DStoreError
+from dstore.errors import ConfigError, DStoreError
 
 AGREED = "_dstore_agreed"
 """Attribute set (True) on an exception every rank of the communicator has raised together."""
@@ -25,14 +29,17 @@ _TYPES = {cls.__name__: cls for cls in vars(_errors).values()
           if isinstance(cls, type) and issubclass(cls, DStoreError)}
 
 
-def _message(exc: BaseException) -> tuple[str, str]:
+def message(exc: BaseException) -> tuple[str, str]:
+    """What another rank needs to raise `exc` again: (type name, text)."""
     return type(exc).__name__, str(exc)
 
 
-def _remote(name: str, text: str, rank: int) -> BaseException:
-    cls = _TYPES.get(name)
+def remote_error(name: str, text: str, rank: int, *, types=None, fallback=RemoteError) -> BaseException:
+    """The error to raise for a failure that happened on rank `rank`: the same type where it is one
+    of ours (dstore.errors, or `types`: name -> class), else `fallback` naming the type."""
+    cls = (types or {}).get(name) or _TYPES.get(name)
     if cls is None:
-        return RemoteError(f"rank {rank} failed: {name}: {text}")
+        return fallback(f"rank {rank} failed: {name}: {text}")
     return cls(f"{text} (on rank {rank})")
 
 
@@ -41,25 +48,31 @@ def is_agreed(exc: BaseException) -> bool:
     return bool(getattr(exc, AGREED, False))
 
 
-def agree(comm, exc: BaseException | None) -> None:
-    """Collective: returns if no rank passes an error, else raises on every rank.
-
-    The failing rank raises its own `exc`; the others raise the first failing rank's error (same
-    type where it is one of ours, else RemoteError), chained to nothing local.
-    """
-    from mpi4py import MPI
-
-    if not comm.allreduce(exc is not None, op=MPI.LOR):
-        return
-    msgs = comm.allgather(None if exc is None else _message(exc))
+def raise_agreed(comm, exc: BaseException | None, *, types=None, fallback=RemoteError) -> None:
+    """Collective, once every rank knows that some rank failed: every rank raises, the failing rank
+    its own `exc`, the others the first failing rank's error (see `remote_error`)."""
+    msgs = comm.allgather(None if exc is None else message(exc))
     if exc is None:
         rank, (name, text) = next((r, m) for r, m in enumerate(msgs) if m is not None)
-        exc = _remote(name, text, rank)
+        exc = remote_error(name, text, rank, types=types, fallback=fallback)
     try:
         setattr(exc, AGREED, True)
     except AttributeError:  # pragma: no cover - builtin exceptions accept attributes
         pass
     raise exc
+
+
+def agree(comm, exc: BaseException | None, *, types=None, fallback=RemoteError) -> None:
+    """Collective: returns if no rank passes an error, else raises on every rank.
+
+    The failing rank raises its own `exc`; the others raise the first failing rank's error (same
+    type where it is one of ours, else `fallback`), chained to nothing local.
+    """
+    from mpi4py import MPI
+
+    if not comm.allreduce(exc is not None, op=MPI.LOR):
+        return
+    raise_agreed(comm, exc, types=types, fallback=fallback)
 
 
 def run_agreed(comm, fn, *args, **kwargs):
@@ -72,3 +85,21 @@ def run_agreed(comm, fn, *args, **kwargs):
         exc = e
     agree(comm, exc)
     return out
+
+
+def on_root(comm, fn, *args, **kwargs):
+    """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank
+    (collective). If it raises, every rank raises: rank 0 the original exception, the others a
+    ConfigError quoting it, so no rank is left waiting."""
+    result, err = None, None
+    if comm.Get_rank() == 0:
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+            err = exc
+    result, text = comm.bcast((result, None if err is None else f"{type(err).__name__}: {err}"), root=0)
+    if err is not None:
+        raise err
+    if text is not None:
+        raise ConfigError(f"rank 0 failed: {text}")
+    return result

@@ -18,12 +18,12 @@ import time
 import numpy as np
 
 from dstore import plan, shuffle
+from dstore.collective import on_root
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError
 from dstore.ingest import ingest
 from dstore.store import Batch
 from dstore.training.augment import channel_stats, to_channels
-from dstore.training.dist import on_root
 
 LOADERS = ("store", "direct")
 BUILTIN = {"digits": "digits.h5"}

@@ -189,24 +189,6 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
                        group=dist.group.WORLD, _owns_group=True, _store=store)
 
 
-def on_root(comm, fn, *args, **kwargs):
-    """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank
-    (collective). If it raises, every rank raises: rank 0 the original exception, the others a
-    ConfigError quoting it, so no rank is left waiting."""
-    result, err = None, None
-    if comm.Get_rank() == 0:
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            err = exc
-    result, text = comm.bcast((result, None if err is None else f"{type(err).__name__}: {err}"), root=0)
-    if err is not None:
-        raise err
-    if text is not None:
-        raise ConfigError(f"rank 0 failed: {text}")
-    return result
-
-
 _LAUNCHER_VARS = (
     ("WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),
     ("LOCAL_WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),

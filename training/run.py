@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from dstore.collective import on_root
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.pagecache import evict
@@ -39,7 +40,7 @@ from dstore.training.checkpoint import (
     set_rng_state,
 )
 from dstore.training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
-from dstore.training.dist import init_distributed, on_root
+from dstore.training.dist import init_distributed
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
 from dstore.training.ltfb import METRICS as LTFB_METRICS
 from dstore.training.metrics import EpochMeter, JsonLog

@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from dstore import errors as _errors
+from dstore import collective
+from dstore.collective import message, remote_error
 from dstore.errors import ConfigError, DStoreError, OutputError, SampleError
 from dstore.formats import (
     FORMATS,
@@ -118,44 +119,25 @@ def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[s
             [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)])
 
 
-def _message(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, str(exc)
-
-
-_REMOTE_TYPES = {cls.__name__: cls for cls in vars(_errors).values()
-                 if isinstance(cls, type) and issubclass(cls, DStoreError)}
+_TYPES = {"ContainerExistsError": ContainerExistsError, "ContainerNotFoundError": ContainerNotFoundError}
 
 
 def _remote(name: str, text: str, rank: int) -> DStoreError:
-    """The error to raise for a failure that happened on another rank (same type where it is ours)."""
-    types = dict(_REMOTE_TYPES, ContainerExistsError=ContainerExistsError,
-                 ContainerNotFoundError=ContainerNotFoundError)
-    cls = types.get(name)
-    if cls is None:
-        return IngestError(f"rank {rank} failed: {name}: {text}")
-    return cls(f"{text} (on rank {rank})")
+    """The error to raise for a failure that happened on another rank (same type where it is ours,
+    else IngestError)."""
+    return remote_error(name, text, rank, types=_TYPES, fallback=IngestError)
 
 
 def _raise_agreed(comm, exc: BaseException | None) -> None:
     """Collective after a flag said some rank failed: every rank raises (its own error, or the
     first failing rank's)."""
-    msgs = comm.allgather(None if exc is None else _message(exc))
-    if exc is not None:
-        raise exc
-    rank, (name, text) = next((r, m) for r, m in enumerate(msgs) if m is not None)
-    raise _remote(name, text, rank)
+    collective.raise_agreed(comm, exc, types=_TYPES, fallback=IngestError)
 
 
 def agree(comm, exc: BaseException | None) -> None:
-    """Collective: returns if no rank passes an error, else raises on every rank."""
-    if comm.allreduce(exc is not None, op=_lor()):
-        _raise_agreed(comm, exc)
-
-
-def _lor():
-    from mpi4py import MPI
-
-    return MPI.LOR
+    """Collective: returns if no rank passes an error, else raises on every rank (dstore.collective.agree
+    with ingest's error types)."""
+    collective.agree(comm, exc, types=_TYPES, fallback=IngestError)
 
 
 def open_source_collective(comm, spec: str, **options) -> Source:
@@ -167,7 +149,7 @@ def open_source_collective(comm, spec: str, **options) -> Source:
             src = open_source(spec, **options)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
-    failed = comm.bcast(None if exc is None else _message(exc), root=0)
+    failed = comm.bcast(None if exc is None else message(exc), root=0)
     if failed:
         if exc is not None:
             raise exc
@@ -415,7 +397,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         gcomm.Free()
         if bar is not None:
             bar.close()
-    results = comm.allgather((None if exc is None else _message(exc), written))
+    results = comm.allgather((None if exc is None else message(exc), written))
     recs = sorted((r for _, part in results for r in part), key=lambda r: r.index)
     if exc is None and not any(m for m, _ in results):
         if sum(r.samples for r in recs) == 0:
@@ -425,7 +407,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
                 write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
-    failed = comm.allgather(None if exc is None else _message(exc))
+    failed = comm.allgather(None if exc is None else message(exc))
     if any(failed):
         for rec in written:
             _remove(rec.path)
