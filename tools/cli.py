@@ -92,6 +92,10 @@ copy of the error, not one per rank. Ranks wait in rank order, so of several fai
 lowest prints. Seconds, not less: on a loaded node ranks reach the same error seconds apart."""
 
 
+ABORT_FLUSH_S = 0.5
+"""Seconds a failing rank waits between printing its error and aborting the job."""
+
+
 def _error_delay(rank: int) -> float:
     return 0.0 if rank == 0 else ERROR_GRACE_S + 0.5 * min(rank, 8)
 
@@ -145,6 +149,11 @@ def abort_on_error(fn, *args):
     if size > 1:
         from mpi4py import MPI
 
+        if msg is not None:
+            # Let the launcher forward what this rank wrote before the abort tears its proxies
+            # down: MPICH's hydra dropped an already-written message now and then (an ingest error
+            # reached the user as exit 1 with an empty stderr, about 1 run in 8 under load).
+            time.sleep(ABORT_FLUSH_S)
         MPI.COMM_WORLD.Abort(code)
     return code
 
