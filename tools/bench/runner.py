@@ -22,7 +22,7 @@ from dstore.tools.bench.data import (
     prepare_data,
     repeated_container,
 )
-from dstore.tools.bench.training_view import TV_H5PY, TV_ZARR
+from dstore.tools.bench.training_view import TV_H5PY, TV_ZARR  # noqa: F401 - the bench's row names, read from here
 from dstore.tools.pfs.model import PfsModel
 
 
@@ -300,17 +300,8 @@ def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float
                    sample_range=(0, n)) as store:
         rows.append(training_view.run_store(comm, store, compute_seconds=compute, epoch=2,
                                             num_threads=cfg.decode_threads, size=cfg.decode_size))
-    kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
-    size = (cfg.decode_size, cfg.decode_size)
-    offsets, labels = data.offsets[:n + 1], data.labels[:n]
-    if data.files is not None:
-        rows.append(training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-            data.files[:n], labels, decode=True, size=size), data.files[:n], **kw))
-    # The per-sample copies (tools/bench/layouts.py), as a user training from HDF5 or Zarr would lay them out.
-    rows.append(training_view.run_baseline(comm, TV_H5PY, baselines.ContainerSampleDataset(
-        data.h5py_contiguous, "h5py", offsets, labels, decode=True, size=size), [data.h5py_contiguous], **kw))
-    rows.append(training_view.run_baseline(comm, TV_ZARR, baselines.ContainerSampleDataset(
-        data.zarr_per_sample, "zarr", offsets, labels, decode=True, size=size), [data.zarr_per_sample], **kw))
+    rows += training_view.run_baselines(comm, data, n, compute_seconds=compute, batch_size=cfg.batch_size,
+                                        num_workers=cfg.num_workers, seed=cfg.seed, decode_size=cfg.decode_size)
     for r in rows:
         prog.note(f"{r['name']}: AU {r['au']:.3f} ({r['steps']} steps, wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
     return {"compute_seconds": compute, "store_step_seconds": store_step_s, "factor": cfg.compute_factor,

@@ -10,9 +10,8 @@ import os
 import time
 
 from dstore.store import DataStore
-from dstore.tools.bench import baselines, training_view
+from dstore.tools.bench import training_view
 from dstore.tools.bench.report import _plt
-from dstore.tools.bench.training_view import TV_H5PY, TV_ZARR
 from dstore.tools.pfs.model import PfsModel, parse_spec
 from dstore.tools.pfs.mount import PfsMount, PfsMountError
 
@@ -134,16 +133,8 @@ def training_rows(comm, cfg, data, n: int, compute: float, prog) -> tuple[float,
     through a mount); returns (the store's population seconds, rows)."""
     pop, store_row = _store_population_and_view(comm, cfg, data, n, compute)
     rows = [store_row]
-    kw = dict(compute_seconds=compute, batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed)
-    size = (cfg.decode_size, cfg.decode_size)
-    offsets, labels = data.offsets[:n + 1], data.labels[:n]
-    if data.files is not None:
-        rows.append(training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-            data.files[:n], labels, decode=True, size=size), data.files[:n], **kw))
-    rows.append(training_view.run_baseline(comm, TV_H5PY, baselines.ContainerSampleDataset(
-        data.h5py_contiguous, "h5py", offsets, labels, decode=True, size=size), [data.h5py_contiguous], **kw))
-    rows.append(training_view.run_baseline(comm, TV_ZARR, baselines.ContainerSampleDataset(
-        data.zarr_per_sample, "zarr", offsets, labels, decode=True, size=size), [data.zarr_per_sample], **kw))
+    rows += training_view.run_baselines(comm, data, n, compute_seconds=compute, batch_size=cfg.batch_size,
+                                        num_workers=cfg.num_workers, seed=cfg.seed, decode_size=cfg.decode_size)
     for r in rows:
         r["samples_per_s"] = n / r["wall"] if r["wall"] > 0 else 0.0
         prog.note(f"{r['name']}: {r['samples_per_s']:,.0f} samples/s, AU {r['au']:.3f} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from dstore.tools.bench.baselines import collate_list
+from dstore.tools.bench.baselines import ContainerSampleDataset, FileBytesDataset, collate_list
 from dstore.tools.bench.common import evict_on_nodes, rank_split
 from dstore.torch import StoreLoader
 
@@ -85,3 +85,23 @@ def run_baseline(comm, name: str, dataset, evict_paths, *, compute_seconds: floa
     row["cache"] = "cold"
     row["num_workers"] = num_workers
     return row
+
+
+def run_baselines(comm, data, n: int, *, compute_seconds: float, batch_size: int, num_workers: int, seed: int,
+                  decode_size: int) -> list[dict]:
+    """The training view of every baseline over the first `n` samples of `data` (a bench DataSet):
+    a DataLoader over the files (where the data set has them), and DataLoaders over the per-sample
+    h5py and zarr copies (tools/bench/layouts.py), as a user training from HDF5 or Zarr would lay
+    them out. Every one decodes to decode_size x decode_size."""
+    kw = dict(compute_seconds=compute_seconds, batch_size=batch_size, num_workers=num_workers, seed=seed)
+    size = (decode_size, decode_size)
+    offsets, labels = data.offsets[:n + 1], data.labels[:n]
+    rows = []
+    if data.files is not None:
+        rows.append(run_baseline(comm, "DataLoader over files", FileBytesDataset(
+            data.files[:n], labels, decode=True, size=size), data.files[:n], **kw))
+    rows.append(run_baseline(comm, TV_H5PY, ContainerSampleDataset(
+        data.h5py_contiguous, "h5py", offsets, labels, decode=True, size=size), [data.h5py_contiguous], **kw))
+    rows.append(run_baseline(comm, TV_ZARR, ContainerSampleDataset(
+        data.zarr_per_sample, "zarr", offsets, labels, decode=True, size=size), [data.zarr_per_sample], **kw))
+    return rows
