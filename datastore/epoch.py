@@ -187,15 +187,7 @@ class EpochRun:
             if not all(f[0] for f in flags):
                 self.lazy = all(f[1] for f in flags)
                 if not self.lazy:  # someone needs samples nobody has read yet: fill everything first
-                    t0 = time.perf_counter()
-                    n, exc = 0, None
-                    try:
-                        n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
-                    except Exception as err:  # noqa: BLE001 - the others wait in publish()
-                        exc = err
-                    store._agree(exc)
-                    store._arena.publish()
-                    store._add_population(time.perf_counter() - t0, n)
+                    _fill_the_rest(store)
 
     def _plan(self) -> None:
         """Per entry of the schedule: whose window serves it (or storage); the receive buffers."""
@@ -301,17 +293,24 @@ class EpochRun:
             store._agree(failure)
         st.finish(time.perf_counter() - self.t_epoch)
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
-            t1 = time.perf_counter()
-            n = 0
-            if failure is None:
-                try:
-                    n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
-                except Exception as exc:  # noqa: BLE001 - the others wait in publish()
-                    failure = exc
-            store._agree(failure)
-            store._arena.publish()
-            store._add_population(time.perf_counter() - t1, n)
+            _fill_the_rest(store, failure)
         st.set_population(store._pop)
         store._active = None
         log.info("epoch %d rank %d/%d: %s", self.e, store.rank, store.size,
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
+
+
+def _fill_the_rest(store, failure=None) -> None:
+    """Collective (dynamic population): reads this rank's samples not read yet, unless `failure`
+    already happened; agrees on a failure on any rank (raised on every rank), then publishes the
+    windows and counts the time and bytes as population."""
+    t0 = time.perf_counter()
+    n = 0
+    if failure is None:
+        try:
+            n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
+        except Exception as exc:  # noqa: BLE001 - the others wait in publish(): they must learn of it
+            failure = exc
+    store._agree(failure)
+    store._arena.publish()
+    store._add_population(time.perf_counter() - t0, n)
