@@ -92,8 +92,9 @@ copy of the error, not one per rank. Ranks wait in rank order, so of several fai
 lowest prints. Seconds, not less: on a loaded node ranks reach the same error seconds apart."""
 
 
-ABORT_FLUSH_S = 0.5
-"""Seconds a failing rank waits between printing its error and aborting the job."""
+ABORT_FLUSH_S = 0.2
+"""Seconds a failing rank waits between printing its error and aborting the job. Well under the
+0.5 s between ranks' delays (`_error_delay`), or the next failing rank prints a second copy."""
 
 
 def _error_delay(rank: int) -> float:
