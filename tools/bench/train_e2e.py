@@ -65,7 +65,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--from-json", action="store_true", help="only rewrite train-e2e.md from OUT/train-e2e.json")
     p.add_argument("extra", nargs="*", help="after --: more `dstore train` options")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # argparse binds the empty `extra` together with `container`, so everything after "--" is split off first
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    args.extra = args.extra + extra
     for spec in args.rungs:
         if spec != "local":
             parse_spec(spec)
