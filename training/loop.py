@@ -24,9 +24,11 @@ class Trainer:
         model: the torch module (moved to ctx.device here).
         optimizer: built over `model.parameters()`.
         scheduler: stepped once per optimizer step (or None).
+        prepare: applied to every batch of images once it is on the device, before the model (e.g.
+            ImageTransform.normalize_batch: uint8 in, normalised float32 out); None: as given.
     """
 
-    def __init__(self, ctx, model, optimizer, scheduler=None):
+    def __init__(self, ctx, model, optimizer, scheduler=None, prepare=None):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.ctx = ctx
@@ -35,6 +37,7 @@ class Trainer:
         self.ddp = DDP(self.model, device_ids=ids, process_group=ctx.group)
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.prepare = prepare
 
     def train_step(self, images, labels, global_count: int, weights=None) -> tuple[float, int, int]:
         """One optimizer step on this rank's part of a global batch.
@@ -44,7 +47,7 @@ class Trainer:
         unevenly it is split (one step on N ranks equals one step on 1 rank with the whole batch).
 
         Args:
-            images: float tensor [b, C, H, W].
+            images: tensor [b, C, H, W]: float, or what `prepare` turns into the model's input.
             labels: int64 tensor [b].
             global_count: samples in the global batch (over all ranks).
             weights: optional float tensor [b] (0 for padding repeats that must not count).
@@ -56,7 +59,7 @@ class Trainer:
         import torch.nn.functional as F
 
         dev = self.ctx.device
-        images = images.to(dev, non_blocking=True)
+        images = self._prepare(images.to(dev, non_blocking=True))
         labels = labels.to(dev, non_blocking=True)
         self.ddp.train()
         logits = self.ddp(images)
@@ -92,7 +95,7 @@ class Trainer:
             for images, labels in loader.epoch(epoch):
                 pad = getattr(loader, "last_pad", None)
                 keep = torch.from_numpy(~pad) if pad is not None and pad.any() else None
-                images, labels = images.to(self.ctx.device), labels.to(self.ctx.device)
+                images, labels = self._prepare(images.to(self.ctx.device)), labels.to(self.ctx.device)
                 logits = self.model(images)
                 losses = F.cross_entropy(logits, labels, reduction="none")
                 hit = logits.argmax(1) == labels
@@ -102,6 +105,9 @@ class Trainer:
                 meter.update(float(losses.sum()), int(hit.sum()), int(losses.numel()))
         self.model.train()
         return meter.reduce(self.ctx.comm)
+
+    def _prepare(self, images):
+        return images if self.prepare is None else self.prepare(images)
 
     def state_dict(self) -> dict:
         """Model, optimizer and scheduler state (tensors and plain containers)."""

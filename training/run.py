@@ -185,7 +185,8 @@ def _transforms(cfg: TrainConfig, spec, input_size):
         pad, flip = 0, False
     elif cfg.augment == "on" and pad == 0:
         pad = 1
-    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std)
+    # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
+    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std, normalize=False)
     return ImageTransform(train=True, pad=pad, flip=flip, **common), ImageTransform(**common)
 
 
@@ -302,8 +303,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         spe = train_src.steps_per_epoch
         sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
                          step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
-        trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched))
         train_tf, eval_tf = _transforms(cfg, spec, input_size)
+        trainer = Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched), prepare=eval_tf.normalize_batch)
         # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
         opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
         if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
