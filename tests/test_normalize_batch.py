@@ -54,3 +54,21 @@ def test_the_trainer_prepares_every_batch_before_the_model():
 
         trainer.evaluate(OneBatch())
     assert seen == [torch.float32, torch.float32]
+
+
+def _crop_by_padding(img, pad, rng):  # the definition: pad with zeros, crop the original size
+    h, w = img.shape[:2]
+    padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
+    top, left = rng.integers(0, 2 * pad + 1, size=2)
+    return padded[top:top + h, left:left + w]
+
+
+@pytest.mark.parametrize("shape,pad", [((24, 20, 3), 3), ((5, 7, 1), 9), ((1, 1, 3), 1), ((32, 32, 3), 4)])
+def test_random_crop_equals_padding_then_cropping(shape, pad):
+    from dstore.training.augment import random_crop
+
+    img = np.random.default_rng(1).integers(1, 256, shape, dtype=np.uint8)
+    for seed in range(60):  # offsets beyond the image (pad > side) included
+        want = _crop_by_padding(img, pad, np.random.default_rng(seed))
+        got = random_crop(img, pad, np.random.default_rng(seed))
+        assert got.shape == want.shape and np.array_equal(got, want), (seed, pad)

@@ -60,9 +60,17 @@ def random_crop(img: np.ndarray, pad: int, rng) -> np.ndarray:
     if pad <= 0:
         return img
     h, w = img.shape[:2]
-    padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
     top, left = rng.integers(0, 2 * pad + 1, size=2)
-    return padded[top:top + h, left:left + w]
+    # The crop of the padded image, built without padding it (np.pad was most of the transform's
+    # cost): out[y, x] = img[y + dy, x + dx] where that lies inside the image, else 0.
+    dy, dx = int(top) - pad, int(left) - pad
+    if dy == 0 and dx == 0:
+        return img
+    out = np.zeros_like(img)
+    y0, y1, x0, x1 = max(0, -dy), min(h, h - dy), max(0, -dx), min(w, w - dx)
+    if y1 > y0 and x1 > x0:
+        out[y0:y1, x0:x1] = img[y0 + dy:y1 + dy, x0 + dx:x1 + dx]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
