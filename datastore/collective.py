@@ -10,9 +10,18 @@ failure flag and, only when some rank failed, an allgather of the messages; then
 Used by the store (`agree`), ingest (`agree`/`raise_agreed` with its own error types and IngestError
 for foreign ones) and the trainer (`on_root`: work done on rank 0 only, its failure raised on every
 rank, as ConfigError on the others).
+
+Node topology lives here too: `node_comm` (the ranks of this rank's node, as a communicator) and
+`topology` (a `Topology` value: rank, node, rank on the node), each either the machine's real
+shared-memory node or, with `emulate=True`, the store's view that $DSTORE_RANKS_PER_NODE can cut
+into smaller "nodes" for tests on one machine. mpi4py is imported inside the collectives, so this
+module can be imported where MPI must not be initialised.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
 
 from dstore import errors as _errors
 from dstore.errors import ConfigError, DStoreError
@@ -55,11 +64,15 @@ def raise_agreed(comm, exc: BaseException | None, *, types=None, fallback=Remote
     if exc is None:
         rank, (name, text) = next((r, m) for r, m in enumerate(msgs) if m is not None)
         exc = remote_error(name, text, rank, types=types, fallback=fallback)
+    _mark_agreed(exc)
+    raise exc
+
+
+def _mark_agreed(exc: BaseException) -> None:
     try:
         setattr(exc, AGREED, True)
     except AttributeError:  # pragma: no cover - builtin exceptions accept attributes
         pass
-    raise exc
 
 
 def agree(comm, exc: BaseException | None, *, types=None, fallback=RemoteError) -> None:
@@ -103,3 +116,89 @@ def on_root(comm, fn, *args, **kwargs):
     if text is not None:
         raise ConfigError(f"rank 0 failed: {text}")
     return result
+
+
+RANKS_PER_NODE_ENV = "DSTORE_RANKS_PER_NODE"
+"""For tests on one machine: treat each run of this many consecutive ranks as one node, so that a
+single-node job has samples on "other nodes" (served with gets) beside node peers' (served in place).
+Honoured only where a caller asks for the store's view (`emulate=True`)."""
+
+
+def node_comm(comm, *, emulate: bool = False):
+    """The ranks of `comm` that share this rank's node, ordered as in `comm` (collective); caller
+    frees it.
+
+    A node is the ranks that share memory (`Split_type(COMM_TYPE_SHARED)`): what cores, GPUs, the
+    page cache and a mount are shared by. With `emulate` (the store's view: which peers' windows it
+    maps, which ranks pool a budget) and $DSTORE_RANKS_PER_NODE=k, the ranks of the same machine are
+    further cut into runs of k consecutive ranks, each standing for a node (the way a multi-node job
+    is tested on one machine).
+
+    Raises:
+        ConfigError: (with `emulate`) $DSTORE_RANKS_PER_NODE is not an integer >= 1.
+    """
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    k = os.environ.get(RANKS_PER_NODE_ENV, "").strip() if emulate else ""
+    if not k:
+        return node
+    try:
+        k = int(k)
+        if k < 1:
+            raise ValueError
+    except ValueError:
+        node.Free()
+        raise ConfigError(f"${RANKS_PER_NODE_ENV}={os.environ[RANKS_PER_NODE_ENV]!r} must be an integer >= 1") from None
+    try:
+        return node.Split(comm.Get_rank() // k, comm.Get_rank())
+    finally:
+        node.Free()
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this rank is: in its communicator and on its node (the same view on every rank).
+
+    Attributes:
+        rank, size: this rank and the number of ranks in the communicator.
+        node, nodes: this rank's node (numbered in the order of their first ranks) and the number of nodes.
+        local_rank, local_size: this rank among the ranks of its node, and how many they are.
+    """
+
+    rank: int
+    size: int
+    node: int
+    nodes: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def single_node(self) -> bool:
+        """True if every rank of the communicator is on this rank's node."""
+        return self.nodes == 1
+
+
+def topology_of(comm, node) -> Topology:
+    """This rank's Topology, given its node communicator from `node_comm(comm, ...)` (collective over
+    `comm`: one allgather)."""
+    firsts = comm.allgather(node.allreduce(comm.Get_rank(), op=_min_op()))
+    leaders = sorted(set(firsts))
+    return Topology(rank=comm.Get_rank(), size=comm.Get_size(), node=leaders.index(firsts[comm.Get_rank()]),
+                    nodes=len(leaders), local_rank=node.Get_rank(), local_size=node.Get_size())
+
+
+def topology(comm, *, emulate: bool = False) -> Topology:
+    """This rank's Topology in `comm` (collective). The machine's real shared-memory nodes unless
+    `emulate` (the store's view, honouring $DSTORE_RANKS_PER_NODE; see `node_comm`)."""
+    node = node_comm(comm, emulate=emulate)
+    try:
+        return topology_of(comm, node)
+    finally:
+        node.Free()
+
+
+def _min_op():
+    from mpi4py import MPI
+
+    return MPI.MIN

@@ -22,11 +22,11 @@ import time
 import numpy as np
 
 from dstore import plan, prefault, tiers
-from dstore.collective import AGREED
+from dstore.collective import AGREED, node_comm, topology_of
 from dstore.errors import ConfigError, FormatError, MemoryBudgetError
 from dstore.memory import budget_error, default_budget, fmt_bytes
 from dstore.storage import StorageReader
-from dstore.window import Arena, node_comm
+from dstore.window import Arena
 
 log = logging.getLogger("dstore.store")
 
@@ -310,16 +310,16 @@ def tier_buffers(store, bufs: int) -> int:
     return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
 
 
-def check_budget(store, nodecomm) -> None:
+def check_budget(store) -> None:
     """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget,
     or (overflow served) every rank computes the same resident set."""
-    local_ranks = nodecomm.Get_size()
+    local_ranks = store._topology.local_size
     budget, source = ((store._budget_arg, "memory_budget argument") if store._budget_arg is not None
                       else default_budget(local_ranks))
     bufs = receive_buffers(store)
     peak = max(bufs, population_readers(store))  # the readers are gone before the buffers exist
     if store.replicate:
-        data = int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0
+        data = int(store.offsets[-1]) if store._topology.local_rank == 0 else 0
         cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
     else:
         data, cap = int(store.layout.nbytes[store.rank]), budget
@@ -412,10 +412,10 @@ def _fill(store, peers) -> int:
 def populate(store) -> None:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
-    nodecomm = node_comm(store.comm)
-    store._node_size = nodecomm.Get_size()
+    nodecomm = node_comm(store.comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
     try:
-        check_budget(store, nodecomm)
+        store._topology = topology_of(store.comm, nodecomm)
+        check_budget(store)
     except BaseException as exc:
         nodecomm.Free()
         if isinstance(exc, (ConfigError, MemoryBudgetError)):

@@ -242,7 +242,7 @@ class DataStore:
         self._active = None
         self._closed = False
         self._failed = False  # an agreed failure was raised on every rank: skip further agreements
-        self._node_size = 1  # ranks of comm on this rank's node (set by the population)
+        self._topology = None  # dstore.collective.Topology, the store's view of nodes (set by the population)
         self._progress = None  # its ProgressThread while it holds windows, where one is needed
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats: EpochStats | None = None  # set by each epoch
@@ -299,7 +299,7 @@ class DataStore:
         """Starts the progress thread where other ranks' gets need this rank's progress engine."""
         period = self.progress_period
         if period is None:
-            remote = self.size > self._node_size or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
+            remote = not self._topology.single_node or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
             period = _AUTO_PROGRESS if (remote and not self.replicate) else 0.0
         if period <= 0 or self._arena is None:
             return

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dstore.collective import topology
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import detect_format, open_container
@@ -210,13 +211,7 @@ def _decode_threads(comm) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if comm is None:
         return max(1, min(cores, 16))
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        per_node = local.Get_size()
-    finally:
-        local.Free()
+    per_node = topology(comm).local_size  # the machine's real node: cores are per machine
     return max(1, min(cores // per_node, 16))
 
 

@@ -9,12 +9,9 @@ and `reading()` wraps `Lock_all`/`Unlock_all` in try/finally.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 from mpi4py import MPI
-
-from dstore.errors import ConfigError
 
 
 class Arena:
@@ -142,34 +139,6 @@ class Arena:
         self.local = np.zeros(0, np.uint8)
         if win is not None:
             win.Free()
-
-
-RANKS_PER_NODE_ENV = "DSTORE_RANKS_PER_NODE"
-"""For tests on one machine: treat each run of this many consecutive ranks as one node, so that a
-single-node job has samples on "other nodes" (served with gets) beside node peers' (served in place)."""
-
-
-def node_comm(comm):
-    """The ranks of `comm` that share this rank's node (collective `Split_type`); caller frees it.
-
-    With $DSTORE_RANKS_PER_NODE=k, the ranks of the same machine are further cut into runs of k
-    consecutive ranks, each standing for a node (the way a multi-node job is tested on one machine).
-    """
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    k = os.environ.get(RANKS_PER_NODE_ENV, "").strip()
-    if not k:
-        return node
-    try:
-        k = int(k)
-        if k < 1:
-            raise ValueError
-    except ValueError:
-        node.Free()
-        raise ConfigError(f"${RANKS_PER_NODE_ENV}={os.environ[RANKS_PER_NODE_ENV]!r} must be an integer >= 1") from None
-    try:
-        return node.Split(comm.Get_rank() // k, comm.Get_rank())
-    finally:
-        node.Free()
 
 
 def allreduce_min(comm, value):

@@ -17,6 +17,7 @@ import gc
 import socket
 from typing import Any
 
+from dstore.collective import topology
 from dstore.errors import ConfigError
 
 DEVICES = ("cpu", "cuda")
@@ -101,17 +102,6 @@ class DistContext:
         return False
 
 
-def node_position(comm) -> tuple[int, int]:
-    """(rank, size) of this process among the ranks of `comm` on its node (MPI_COMM_TYPE_SHARED)."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
 def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu_index: int | None = None) -> DistContext:
     """Forms a torch.distributed process group over `comm` (collective over `comm`).
 
@@ -140,7 +130,8 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
         atexit.register(_collect_before_finalize)  # atexit runs handlers last-registered first
         _collect_at_exit = True
     rank, size = comm.Get_rank(), comm.Get_size()
-    local_rank, local_size = node_position(comm)
+    here = topology(comm)  # the machine's real nodes (GPUs are per machine), never $DSTORE_RANKS_PER_NODE's
+    local_rank, local_size = here.local_rank, here.local_size
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")

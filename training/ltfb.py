@@ -18,9 +18,9 @@ import zlib
 
 import numpy as np
 
+from dstore.collective import topology
 from dstore.errors import ConfigError
 from dstore.training import exchange, hparams
-from dstore.training.dist import node_position
 from dstore.training.metrics import JsonLog
 
 METRICS = ("accuracy", "loss")
@@ -279,7 +279,8 @@ class Tournament:
         self.explore, self.block = hparams.parse(explore), int(block)
         self.rounds = 0
         # The ranks of all trainers on a node share its cores and its GPUs: numbered over the world.
-        self.node_rank, self.node_ranks = node_position(world)
+        here = topology(world)  # the machine's real nodes, never $DSTORE_RANKS_PER_NODE's
+        self.node_rank, self.node_ranks = here.local_rank, here.local_size
         main = world.Get_rank() == 0
         self._say = say if (main and say is not None) else (lambda line: None)
         self._log = JsonLog(log_path if main else None)

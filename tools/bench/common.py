@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from dstore.collective import topology
 from dstore.pagecache import evict_files
 from dstore.tools.pfs.mount import pfs_mountpoints, under_pfs_mount
 
@@ -205,15 +206,10 @@ def quiet_barrier(comm, poll: float = 0.01) -> None:
 
 
 def evict_on_nodes(comm, paths) -> None:
-    """Evicts `paths` once per node (one rank of each shared-memory group), then waits for all."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        if node.Get_rank() == 0:
-            evict(paths)
-    finally:
-        node.Free()
+    """Evicts `paths` once per node (one rank of each machine's real shared-memory node: the page cache
+    is per machine), then waits for all."""
+    if topology(comm).local_rank == 0:
+        evict(paths)
     comm.Barrier()
 
 

@@ -9,6 +9,7 @@ import math
 import os
 import time
 
+from dstore.collective import node_comm
 from dstore.store import DataStore
 from dstore.tools.bench import training_view
 from dstore.tools.bench.report import _plt
@@ -74,9 +75,7 @@ def mounted(comm, roots: list[str], model: PfsModel):
     rank of the node shares one iops and one bandwidth budget, as a node's clients share a file system's
     share), and yields a `Mounted` on every rank. Always unmounts: the first rank waits for every rank
     of its node, then closes. An error while mounting on one node raises on every rank."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = node_comm(comm)  # the machine's real node (never $DSTORE_RANKS_PER_NODE's): one mount per machine
     mounts: list[PfsMount] = []
     info = Mounted(model, list(roots), [])
     ok = False

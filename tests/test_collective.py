@@ -1,0 +1,89 @@
+"""dstore.collective's topology (node_comm, topology) and root-only work (on_root): in this process on
+one rank, and under `mpiexec -n 4` with and without $DSTORE_RANKS_PER_NODE=2."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+from mpi4py import MPI
+from mpirun import run_mpi
+
+from dstore import collective
+from dstore.collective import Topology, node_comm, topology
+from dstore.errors import ConfigError
+
+COMMS = {"self": MPI.COMM_SELF, "world": MPI.COMM_WORLD}
+
+
+@pytest.mark.parametrize("name", sorted(COMMS))
+@pytest.mark.parametrize("emulate", [False, True])
+def test_one_rank_is_one_node(name, emulate, monkeypatch):
+    monkeypatch.setenv(collective.RANKS_PER_NODE_ENV, "2")
+    here = topology(COMMS[name], emulate=emulate)
+    assert here == Topology(rank=0, size=1, node=0, nodes=1, local_rank=0, local_size=1)
+    assert here.single_node
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        here.node = 1
+    node = node_comm(COMMS[name], emulate=emulate)
+    try:
+        assert (node.Get_rank(), node.Get_size()) == (0, 1)
+    finally:
+        node.Free()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_a_bad_ranks_per_node_is_refused_where_it_is_honoured(value, monkeypatch):
+    monkeypatch.setenv("DSTORE_RANKS_PER_NODE", value)
+    with pytest.raises(ConfigError) as err:
+        node_comm(MPI.COMM_SELF, emulate=True)
+    assert str(err.value) == f"$DSTORE_RANKS_PER_NODE={value!r} must be an integer >= 1"
+    with pytest.raises(ConfigError):
+        topology(MPI.COMM_SELF, emulate=True)
+    assert topology(MPI.COMM_SELF).local_size == 1  # the real node ignores it
+
+
+def expected_topology(rank: int, size: int, k: int) -> dict:
+    """On one machine, runs of k consecutive ranks stand for nodes (k = size: one node)."""
+    node = rank // k
+    return {"rank": rank, "size": size, "node": node, "nodes": -(-size // k), "local_rank": rank % k,
+            "local_size": min(k, size - node * k)}
+
+
+def check_consistent(tops: list[dict]) -> None:
+    """Every rank sees the same size and number of nodes; a node's ranks are numbered 0..n-1 among
+    themselves and say n; nodes are numbered in the order of their first ranks."""
+    assert [t["rank"] for t in tops] == list(range(len(tops)))
+    assert {(t["size"], t["nodes"]) for t in tops} == {(len(tops), tops[0]["nodes"])}
+    firsts = []
+    for node in range(tops[0]["nodes"]):
+        members = [t for t in tops if t["node"] == node]
+        assert sorted(t["local_rank"] for t in members) == list(range(len(members)))
+        assert {t["local_size"] for t in members} == {len(members)}
+        firsts.append(members[0]["rank"])
+    assert firsts == sorted(firsts)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("per_node", [None, 2])
+def test_topology_and_on_root_on_four_ranks(per_node, tmp_path):
+    n = 4
+    results, work = tmp_path / "results", tmp_path / "work"
+    results.mkdir()
+    work.mkdir()
+    (work / "taken.h5").write_bytes(b"not ours to replace")
+    env = {} if per_node is None else {"DSTORE_RANKS_PER_NODE": str(per_node)}
+    run_mpi(n, ["python", os.path.join(os.path.dirname(__file__), "collective_run.py"), str(results), str(work)],
+            timeout=90, env=env)
+    ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in range(n)]
+    k = per_node or n
+    for key, per in (("real", n), ("emulated", k)):
+        tops = [r[key] for r in ranks]
+        check_consistent(tops)
+        assert tops == [expected_topology(r, n, per) for r in range(n)], key
+    halves = [r["half_emulated"] for r in ranks]  # {0, 2} and {1, 3}: ranks 0 and 1 of a 2-rank comm
+    assert halves == [expected_topology(r // 2, 2, min(k, 2)) for r in range(n)]
+    assert [r["node_comm"] for r in ranks] == [[r, n] for r in range(n)]
+    assert [r["node_comm_emulated"] for r in ranks] == [[r % k, k] for r in range(n)]
+
+    assert (work / "taken.h5").read_bytes() == b"not ours to replace"
