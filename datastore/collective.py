@@ -7,9 +7,9 @@ failure flag and, only when some rank failed, an allgather of the messages; then
 (its own error, or the first failing rank's as the same type, naming that rank). Errors raised by
 `agree` are marked `agreed`, so a caller knows every rank holds one and collective clean-up is safe.
 
-Used by the store (`agree`), ingest (`agree`/`raise_agreed` with its own error types and IngestError
-for foreign ones) and the trainer (`on_root`: work done on rank 0 only, its failure raised on every
-rank, as ConfigError on the others).
+Used by the store (`agree`), ingest (`agree`/`raise_agreed`/`on_root` with its own error types and
+IngestError for foreign ones) and the trainer (`on_root`: work done on rank 0 only, its failure raised
+on every rank, as ConfigError on the others).
 
 Node topology lives here too: `node_comm` (the ranks of this rank's node, as a communicator) and
 `topology` (a `Topology` value: rank, node, rank on the node), each either the machine's real
@@ -100,22 +100,33 @@ def run_agreed(comm, fn, *args, **kwargs):
     return out
 
 
-def on_root(comm, fn, *args, **kwargs):
-    """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank
-    (collective). If it raises, every rank raises: rank 0 the original exception, the others a
-    ConfigError quoting it, so no rank is left waiting."""
+def on_root(comm, fn, *args, types=None, fallback=ConfigError, **kwargs):
+    """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank (collective:
+    one bcast). If it raises, every rank raises, so no rank is left waiting: rank 0 the original
+    exception, the others an error naming rank 0, marked agreed like `agree`'s.
+
+    Args:
+        types: None (the trainer's rule): the others raise `fallback` quoting rank 0's error
+            ("rank 0 failed: Type: message") whatever its type. A mapping (name -> class, may be
+            empty): the others raise the same type where it is one of dstore.errors or in `types`,
+            else `fallback` (as `agree`, see `remote_error`).
+        fallback: the class raised on the other ranks for a type not kept.
+    """
     result, err = None, None
     if comm.Get_rank() == 0:
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
             err = exc
-    result, text = comm.bcast((result, None if err is None else f"{type(err).__name__}: {err}"), root=0)
-    if err is not None:
-        raise err
-    if text is not None:
-        raise ConfigError(f"rank 0 failed: {text}")
-    return result
+    result, failed = comm.bcast((result, None if err is None else message(err)), root=0)
+    if failed is None:
+        return result
+    if err is None:
+        name, text = failed
+        err = (fallback(f"rank 0 failed: {name}: {text}") if types is None
+               else remote_error(name, text, 0, types=types, fallback=fallback))
+    _mark_agreed(err)
+    raise err
 
 
 RANKS_PER_NODE_ENV = "DSTORE_RANKS_PER_NODE"

@@ -1,7 +1,8 @@
 """Run under mpiexec by test_collective as `collective_run.py RESULTS_DIR WORK_DIR`: each rank records
-its topologies (real and emulated, over COMM_WORLD and over a sub-communicator), and writes them as
-one JSON object to RESULTS_DIR/rank<r>.json (files, not stdout, where the ranks' lines could
-interleave)."""
+its topologies (real and emulated, over COMM_WORLD and over a sub-communicator) and what `on_root`
+(and ingest, which uses it) returned or raised in a few scenarios, and writes them as one JSON object
+to RESULTS_DIR/rank<r>.json (files, not stdout, where the ranks' lines could interleave). WORK_DIR
+holds a file taken.h5 that ingest must refuse to replace."""
 
 import dataclasses
 import json
@@ -11,6 +12,25 @@ import sys
 from mpi4py import MPI
 
 from dstore import collective
+from dstore.errors import FormatError
+from dstore.ingest import ingest
+from dstore.ingest.run import IngestError, open_source_collective
+
+
+class PeerError(RuntimeError):
+    """A type known to the callers' `types` only."""
+
+
+def fail(exc):
+    raise exc
+
+
+def outcome(fn, *args, **kwargs):
+    """What `fn` returned or raised on this rank."""
+    try:
+        return {"ok": True, "value": fn(*args, **kwargs)}
+    except Exception as exc:  # noqa: BLE001 - what each rank raised is the point
+        return {"ok": False, "type": type(exc).__name__, "message": str(exc), "agreed": collective.is_agreed(exc)}
 
 
 def node_sizes(comm, emulate):
@@ -30,6 +50,15 @@ def main(results_dir, work):
         "half_emulated": dataclasses.asdict(collective.topology(half, emulate=True)),
         "node_comm": node_sizes(comm, False),
         "node_comm_emulated": node_sizes(comm, True),
+        "result": outcome(collective.on_root, comm, lambda a, b=0: [a, b, comm.Get_rank()], 5, b=7),
+        "trainer": outcome(collective.on_root, comm, fail, FormatError("bad chunk")),
+        "ours": outcome(collective.on_root, comm, fail, FormatError("bad chunk"), types={}),
+        "typed": outcome(collective.on_root, comm, fail, PeerError("peer"), types={"PeerError": PeerError},
+                         fallback=IngestError),
+        "foreign": outcome(collective.on_root, comm, fail, KeyError("k"), types={}, fallback=IngestError),
+        "open_source": outcome(open_source_collective, comm, os.path.join(work, "no-such-folder")),
+        "output_exists": outcome(ingest, "synthetic", os.path.join(work, "taken.h5"), comm=comm, count=4,
+                                 progress=False),
     }
     half.Free()
     with open(os.path.join(results_dir, f"rank{comm.Get_rank()}.json"), "w") as f:

@@ -10,8 +10,8 @@ from mpi4py import MPI
 from mpirun import run_mpi
 
 from dstore import collective
-from dstore.collective import Topology, node_comm, topology
-from dstore.errors import ConfigError
+from dstore.collective import Topology, node_comm, on_root, topology
+from dstore.errors import ConfigError, FormatError
 
 COMMS = {"self": MPI.COMM_SELF, "world": MPI.COMM_WORLD}
 
@@ -43,6 +43,19 @@ def test_a_bad_ranks_per_node_is_refused_where_it_is_honoured(value, monkeypatch
     assert topology(MPI.COMM_SELF).local_size == 1  # the real node ignores it
 
 
+def test_on_root_alone_returns_its_result_or_raises_its_own_error():
+    assert on_root(MPI.COMM_SELF, lambda a, b=0: (a, b), 1, b=2) == (1, 2)
+    exc = FormatError("bad")
+
+    def fail():
+        raise exc
+
+    for kw in ({}, {"types": {}}):
+        with pytest.raises(FormatError) as err:
+            on_root(MPI.COMM_SELF, fail, **kw)
+        assert err.value is exc and collective.is_agreed(err.value)
+
+
 def expected_topology(rank: int, size: int, k: int) -> dict:
     """On one machine, runs of k consecutive ranks stand for nodes (k = size: one node)."""
     node = rank // k
@@ -62,6 +75,10 @@ def check_consistent(tops: list[dict]) -> None:
         assert {t["local_size"] for t in members} == {len(members)}
         firsts.append(members[0]["rank"])
     assert firsts == sorted(firsts)
+
+
+def error(type_: str, message: str) -> dict:
+    return {"ok": False, "type": type_, "message": message, "agreed": True}
 
 
 @pytest.mark.mpi
@@ -86,4 +103,21 @@ def test_topology_and_on_root_on_four_ranks(per_node, tmp_path):
     assert [r["node_comm"] for r in ranks] == [[r, n] for r in range(n)]
     assert [r["node_comm_emulated"] for r in ranks] == [[r % k, k] for r in range(n)]
 
+    assert [r["result"] for r in ranks] == [{"ok": True, "value": [5, 7, 0]}] * n
+    root, others = ranks[0], ranks[1:]
+    assert root["trainer"] == root["ours"] == error("FormatError", "bad chunk")
+    assert root["typed"] == error("PeerError", "peer")
+    assert root["foreign"] == error("KeyError", "'k'")
+    for r in others:
+        assert r["trainer"] == error("ConfigError", "rank 0 failed: FormatError: bad chunk")
+        assert r["ours"] == error("FormatError", "bad chunk (on rank 0)")
+        assert r["typed"] == error("PeerError", "peer (on rank 0)")
+        assert r["foreign"] == error("IngestError", "rank 0 failed: KeyError: 'k'")
+    # ingest's rank-0-only steps: listing the source, checking the output
+    assert root["open_source"]["type"] == "ConfigError" and "no-such-folder" in root["open_source"]["message"]
+    assert root["output_exists"]["type"] == "ContainerExistsError"
+    assert "taken.h5 already exists" in root["output_exists"]["message"]
+    for key in ("open_source", "output_exists"):
+        for r in others:
+            assert r[key] == {**root[key], "message": root[key]["message"] + " (on rank 0)"}, key
     assert (work / "taken.h5").read_bytes() == b"not ours to replace"

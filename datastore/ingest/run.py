@@ -143,21 +143,16 @@ def agree(comm, exc: BaseException | None) -> None:
 def open_source_collective(comm, spec: str, **options) -> Source:
     """The source on every rank: listed on rank 0 and broadcast if listing is costly (a folder
     walk), else opened by every rank after rank 0 has succeeded. Errors reach every rank."""
-    src, exc = None, None
-    if comm.Get_rank() == 0:
-        try:
-            src = open_source(spec, **options)
-        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
-            exc = e
-    failed = comm.bcast(None if exc is None else message(exc), root=0)
-    if failed:
-        if exc is not None:
-            raise exc
-        raise _remote(*failed, 0)
-    shared = comm.bcast(src if src is not None and src.list_on_root else None, root=0)
+    opened = []
+
+    def open_on_root():
+        opened.append(open_source(spec, **options))
+        return opened[0] if opened[0].list_on_root else None
+
+    shared = collective.on_root(comm, open_on_root, types=_TYPES, fallback=IngestError)
     if shared is not None:
         return shared
-    exc = None
+    src, exc = (opened or [None])[0], None
     if comm.Get_rank() != 0:
         try:
             src = open_source(spec, **options)
@@ -362,13 +357,8 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     order = plan.sample_order(n, seed, keep_order)
     bounds = plan.shard_bounds(n, shards)
     manifest, shard_paths = output_paths(output, fmt, shards)
-    exc, created = None, False
-    if rank == 0:
-        try:
-            created = _prepare_output(source, output, manifest, shard_paths, overwrite)
-        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
-            exc = e
-    agree(comm, exc)
+    created = collective.on_root(comm, _prepare_output, source, output, manifest, shard_paths, overwrite,
+                                 types=_TYPES, fallback=IngestError)
     group = plan.group_of(rank, size, shards)
     gcomm = comm.Split(group, rank)
     groups = plan.num_groups(size, shards)
