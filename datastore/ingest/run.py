@@ -34,7 +34,7 @@ from dstore.formats import (
 from dstore.formats.layout import remove_path
 from dstore.formats.replace import check_replaceable
 from dstore.ingest import plan
-from dstore.ingest.process import ON_ERROR, Block, process_block, resolve_target
+from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
 from dstore.ingest.registry import open_source
 from dstore.ingest.source import Source
 from dstore.ingest.writer import BackgroundWriter
@@ -344,7 +344,6 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
     comm.Barrier()
@@ -352,33 +351,83 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     if source == "synthetic" or source_options.get("source_type") == "synthetic":
         source_options["seed"] = seed  # one seed: the generated images and their order
     src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
-    n = len(src) if count is None else min(len(src), int(count))
-    target = resolve_target(src, encoding, resize)
-    order = plan.sample_order(n, seed, keep_order)
-    bounds = plan.shard_bounds(n, shards)
-    manifest, shard_paths = output_paths(output, fmt, shards)
-    created = collective.on_root(comm, _prepare_output, source, output, manifest, shard_paths, overwrite,
+    job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
+                          encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite)
+    created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths, overwrite,
                                  types=_TYPES, fallback=IngestError)
-    group = plan.group_of(rank, size, shards)
-    gcomm = comm.Split(group, rank)
-    groups = plan.num_groups(size, shards)
-    sample_bytes = (int(np.prod(target.raw_shape)) * np.dtype(target.raw_dtype).itemsize
-                    if target.encoding == "raw" else src.estimated_sample_bytes)
-    extra = {"ingest_seed": int(seed), "ingest_order": "source" if keep_order else "seeded"}
-    mine = plan.shards_of_group(group, size, shards)
-    bar = None
-    if progress and rank == 0:
-        from tqdm import tqdm
+    written, exc = _write_shards(comm, job, progress)
+    recs = _finish(comm, job, written, exc, created)
+    seconds = comm.bcast(time.perf_counter() - t0, root=0)
+    return job.report(recs, seconds, comm.Get_size())
 
-        bar = tqdm(total=int(sum(bounds[s + 1] - bounds[s] for s in mine)), unit="img", mininterval=0.5,
-                   desc="ingest" if groups == 1 else f"ingest (rank 0's {len(mine)} of {shards} shards)")
+
+@dataclasses.dataclass
+class _Job:
+    """What every rank knows of an ingest once its source is open: the samples, their order, the
+    target encoding and where each shard goes."""
+
+    source: str
+    output: str
+    src: Source
+    fmt: str
+    shards: int
+    seed: int
+    keep_order: bool
+    on_error: str
+    overwrite: bool
+    n: int
+    target: Target
+    order: np.ndarray
+    bounds: np.ndarray
+    manifest: str | None
+    shard_paths: list[str]
+
+    @classmethod
+    def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
+                   on_error, count, overwrite) -> _Job:
+        """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
+        n = len(src) if count is None else min(len(src), int(count))
+        target = resolve_target(src, encoding, resize)
+        order, bounds = plan.sample_order(n, seed, keep_order), plan.shard_bounds(n, shards)
+        manifest, shard_paths = output_paths(output, fmt, shards)
+        return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
+                   manifest, shard_paths)
+
+    def sample_bytes(self) -> int:
+        """The expected bytes of a stored sample (sizes the chunks a group exchanges)."""
+        t = self.target
+        if t.encoding == "raw":
+            return int(np.prod(t.raw_shape)) * np.dtype(t.raw_dtype).itemsize
+        return self.src.estimated_sample_bytes
+
+    def report(self, recs: list[_Shard], seconds: float, ranks: int) -> IngestReport:
+        skipped = list(self.src.skipped) + [s for r in recs for s in r.skipped]
+        return IngestReport(output=os.path.abspath(os.fspath(self.output)), samples=sum(r.samples for r in recs),
+                            bytes=sum(r.bytes for r in recs), seconds=seconds, skipped=skipped,
+                            ignored=list(self.src.ignored), notes=list(self.src.notes),
+                            shards=[r.path for r in recs], encoding=self.target.encoding,
+                            num_classes=len(self.src.class_names), ranks=ranks, fmt=self.fmt)
+
+
+def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseException | None]:
+    """Collective: this rank's group writes the group's shards. Returns the records of the shards
+    this rank wrote (as its group's first rank) and this rank's error, not raised: the other groups
+    must learn of it first (`_finish`)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    group = plan.group_of(rank, size, job.shards)
+    gcomm = comm.Split(group, rank)
+    extra = {"ingest_seed": int(job.seed), "ingest_order": "source" if job.keep_order else "seeded"}
+    mine = plan.shards_of_group(group, size, job.shards)
+    sample_bytes = job.sample_bytes()
+    bar = _progress_bar(job, mine, plan.num_groups(size, job.shards)) if progress and rank == 0 else None
     written, exc = [], None
     try:
         for s in mine:
-            chunk = plan.group_chunk(int(bounds[s + 1] - bounds[s]), gcomm.Get_size(), sample_bytes)
-            rec = _write_shard(gcomm, src, target, order, int(bounds[s]), int(bounds[s + 1]), index=s,
-                               path=shard_paths[s], fmt=fmt, chunk=chunk, on_error=on_error,
-                               overwrite=overwrite, extra_attrs=extra, bar=bar)
+            lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
+            chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
+            rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
+                               fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
+                               extra_attrs=extra, bar=bar)
             if rec is not None:
                 written.append(rec)
     except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises
@@ -387,39 +436,57 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         gcomm.Free()
         if bar is not None:
             bar.close()
+    return written, exc
+
+
+def _progress_bar(job: _Job, mine, groups: int):
+    """Rank 0's progress bar over the samples of its group's shards."""
+    from tqdm import tqdm
+
+    return tqdm(total=int(sum(job.bounds[s + 1] - job.bounds[s] for s in mine)), unit="img", mininterval=0.5,
+                desc="ingest" if groups == 1 else f"ingest (rank 0's {len(mine)} of {job.shards} shards)")
+
+
+def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool) -> list[_Shard]:
+    """Collective: gathers every group's shard records and, where all went well, has rank 0 write a
+    sharded container's manifest. On any failure every rank removes what it wrote and raises (its own
+    error, or the first failing rank's). Returns the records of all shards, in shard order."""
+    rank = comm.Get_rank()
     results = comm.allgather((None if exc is None else message(exc), written))
     recs = sorted((r for _, part in results for r in part), key=lambda r: r.index)
     if exc is None and not any(m for m, _ in results):
         if sum(r.samples for r in recs) == 0:
-            exc = SampleError(f"{source}: no samples left to write: all {n} were skipped")
-        elif manifest is not None and rank == 0:
+            exc = SampleError(f"{job.source}: no samples left to write: all {job.n} were skipped")
+        elif job.manifest is not None and rank == 0:
             try:
-                write_manifest(os.path.abspath(os.fspath(output)), [r.path for r in recs], overwrite=overwrite)
+                write_manifest(os.path.abspath(os.fspath(job.output)), [r.path for r in recs],
+                               overwrite=job.overwrite)
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
     failed = comm.allgather(None if exc is None else message(exc))
-    if any(failed):
-        for rec in written:
-            _remove(rec.path)
-        comm.Barrier()
-        if rank == 0 and manifest is not None:
-            for path in (r.path for r in recs):
-                _remove(path)
-            if created:
-                try:
-                    os.rmdir(os.path.dirname(shard_paths[0]))
-                except OSError:
-                    pass
-        if exc is not None:
-            raise exc
-        r, (name, text) = next((r, m) for r, m in enumerate(failed) if m is not None)
-        raise _remote(name, text, r)
-    seconds = comm.bcast(time.perf_counter() - t0, root=0)
-    skipped = list(src.skipped) + [s for r in recs for s in r.skipped]
-    return IngestReport(output=os.path.abspath(os.fspath(output)), samples=sum(r.samples for r in recs),
-                        bytes=sum(r.bytes for r in recs), seconds=seconds, skipped=skipped,
-                        ignored=list(src.ignored), notes=list(src.notes), shards=[r.path for r in recs],
-                        encoding=target.encoding, num_classes=len(src.class_names), ranks=size, fmt=fmt)
+    if not any(failed):
+        return recs
+    _remove_written(comm, job, written, recs, created)
+    if exc is not None:
+        raise exc
+    r, (name, text) = next((r, m) for r, m in enumerate(failed) if m is not None)
+    raise _remote(name, text, r)
+
+
+def _remove_written(comm, job: _Job, written: list[_Shard], recs: list[_Shard], created: bool) -> None:
+    """Collective after a failure: every rank removes the shards it wrote; then rank 0 removes a
+    sharded container's other shards and the directory it created."""
+    for rec in written:
+        _remove(rec.path)
+    comm.Barrier()
+    if comm.Get_rank() == 0 and job.manifest is not None:
+        for path in (r.path for r in recs):
+            _remove(path)
+        if created:
+            try:
+                os.rmdir(os.path.dirname(job.shard_paths[0]))
+            except OSError:
+                pass
 
 
 def _remove(path: str) -> None:
