@@ -212,7 +212,7 @@ def test_cuda_device_choice_without_a_gpu(monkeypatch):
         raise RuntimeError("stop")
 
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    with pytest.raises(ConfigError, match="GPU 5 .* only 2 GPU"):
+    with pytest.raises(ConfigError, match=r"rank 0 would drive GPU 5 \(its node-local rank in the whole job\) .* only 2 GPU"):
         init_distributed(MPI.COMM_SELF, "cuda", gpu_index=5)
     with pytest.raises(RuntimeError, match="stop"):
         init_distributed(MPI.COMM_SELF, "cuda", gpu_index=1)

@@ -138,9 +138,12 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
         ngpu = torch.cuda.device_count()
         gpu = local_rank if gpu_index is None else int(gpu_index)
         if not 0 <= gpu < ngpu:
-            raise ConfigError(
-                f"rank {rank} would drive GPU {gpu} (its node-local rank) but this node has only {ngpu} GPU(s); "
-                f"start at most {ngpu} ranks per node")
+            from mpi4py import MPI  # only here: to name the job's rank in the error
+
+            whose = "its node-local rank" if gpu_index is None else "its node-local rank in the whole job"
+            raise ConfigError(  # the job's rank: in a trainer of LTFB, `rank` would be the trainer's
+                f"rank {MPI.COMM_WORLD.Get_rank()} would drive GPU {gpu} ({whose}) but this node has only "
+                f"{ngpu} GPU(s); start at most {ngpu} ranks per node")
         torch.cuda.set_device(gpu)
         torch_device, backend = torch.device("cuda", gpu), "nccl"
     else:
