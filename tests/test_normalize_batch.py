@@ -72,3 +72,11 @@ def test_random_crop_equals_padding_then_cropping(shape, pad):
         want = _crop_by_padding(img, pad, np.random.default_rng(seed))
         got = random_crop(img, pad, np.random.default_rng(seed))
         assert got.shape == want.shape and np.array_equal(got, want), (seed, pad)
+
+
+def test_an_untouched_read_only_sample_is_copied_not_viewed():
+    img = np.arange(8 * 8, dtype=np.uint8).reshape(8, 8, 1)
+    img.flags.writeable = False  # as a raw sample viewing the loader's batch bytes
+    out = ImageTransform((8, 8), 1, (0.5,), (0.25,), normalize=False)(img)
+    assert out.dtype == torch.uint8 and out.shape == (1, 8, 8)
+    assert not np.shares_memory(out.numpy(), img) and out.numpy().flags.writeable

@@ -123,7 +123,10 @@ class ImageTransform:
         if self.normalize:
             x = x.astype(np.float32) * (1.0 / 255.0)
             x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+        x = np.ascontiguousarray(x.transpose(2, 0, 1))
+        if not x.flags.writeable:  # a raw sample viewing the loader's bytes, untouched by the transform
+            x = x.copy()
+        return torch.from_numpy(x)
 
     def normalize_batch(self, images):
         """A uint8 batch [b, C, H, W] (on any device) as the normalised float32 batch, equal to what
