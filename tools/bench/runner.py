@@ -56,6 +56,11 @@ class BenchConfig:
     storage_sweep: tuple[str, ...] | None = None
     """Storage specs of --storage-sweep (the training view on each)."""
 
+    @property
+    def data_path(self) -> str:
+        """Where generated data and the baselines' copies are kept: --data-dir, or OUT/data."""
+        return self.data_dir or os.path.join(self.out, "data")
+
 
 CONTAINER_LAYOUT_LIMIT = 1024
 """Samples per rank of the per-sample passes over the container as written: each slice reads a whole
@@ -91,7 +96,7 @@ def run(comm, cfg: BenchConfig) -> dict:
 def prepare(comm, cfg: BenchConfig, prog: Progress, notes: list[str]) -> DataSet:
     """The data every reader reads (generated or given), with the per-sample copies of the baselines."""
     folder = None
-    data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+    data_dir = cfg.data_path
     if cfg.container:
         hdf5, zarr_path = cfg.container, None
         notes.append(f"container given: {cfg.container}; the h5py (Zarr) per-sample baseline over the container "
@@ -111,63 +116,124 @@ def prepare(comm, cfg: BenchConfig, prog: Progress, notes: list[str]) -> DataSet
 
 
 def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    caches = [c for c in ("cold", "warm") if c in cfg.caches]
-    steps = 14 + 5 * len(caches) + (1 if cfg.growth else 0)
-    prog = Progress(comm, steps)
-    notes: list[str] = []
-    ms: list[Measurement] = []
-    t_start = time.perf_counter()
-    load_start = os.getloadavg()[0]
-    # Every rank sleeps through the sample (MPICH ranks waiting in a barrier spin, and would count).
+    """The bench's passes, in order; `stack` holds the --storage mount."""
+    bench = _BenchRun(comm, cfg, stack)
+    bench.check_idle()
+    bench.data_pass()
+    bench.limits_pass()
+    bench.baselines_pass()
+    bench.store_pass()
+    step_s, n_tv = bench.decode_pass()
+    tv = bench.training_view_pass(step_s, n_tv)
+    growth = bench.growth_pass()
+    results = bench.results(tv, growth)
+    bench.write(results)
     comm.Barrier()
-    busy = busy_cores() if rank == 0 else time.sleep(0.5)
-    comm.Barrier()
-    if busy is not None and busy > 0.5:
-        prog.note(f"warning: {busy:.1f} of {os.cpu_count()} cores busy before the run: other work is running "
-                  "and every figure below is lower than this machine can do")
+    return results
+
+
+class _BenchRun:
+    """One bench run: the state its passes share, and each pass as a method (`_run` calls them in order).
+
+    Attributes:
+        comm: the ranks; every rank runs every pass.
+        cfg: what to measure.
+        stack: holds the --storage mount until `results` closes it.
+        caches: the page-cache states measured (`cold` before `warm`).
+        prog: the progress display (rank 0 prints).
+        notes: the report's notes, in order.
+        ms: every measurement, in the order taken (the order of results.json).
+        data: the data set every reader reads (set by `data_pass`).
+        evict_paths: the container's files, whose pages a cold pass evicts.
+        mnt: the --storage mount, or None.
+    """
+
+    def __init__(self, comm, cfg: BenchConfig, stack: contextlib.ExitStack):
+        self.comm, self.cfg, self.stack = comm, cfg, stack
+        self.caches = [c for c in ("cold", "warm") if c in cfg.caches]
+        self.prog = Progress(comm, 14 + 5 * len(self.caches) + (1 if cfg.growth else 0))
+        self.notes: list[str] = []
+        self.ms: list[Measurement] = []
+        self.t_start = time.perf_counter()
+        self.load_start = os.getloadavg()[0]
+        self.busy: float | None = None
+        self.data: DataSet | None = None
+        self.evict_paths: list[str] = []
+        self.mnt = None
+
+    def add(self, m: Measurement) -> None:
+        """Keeps a measurement and prints it."""
+        self.ms.append(m)
+        self.prog.result(m)
+
+    def check_idle(self) -> None:
+        """Samples the cores busy before the run (rank 0) and warns when other work is running."""
+        # Every rank sleeps through the sample (MPICH ranks waiting in a barrier spin, and would count).
+        self.comm.Barrier()
+        self.busy = busy_cores() if self.comm.Get_rank() == 0 else time.sleep(0.5)
+        self.comm.Barrier()
+        if self.busy is not None and self.busy > 0.5:
+            self.prog.note(f"warning: {self.busy:.1f} of {os.cpu_count()} cores busy before the run: other work is "
+                           "running and every figure below is lower than this machine can do")
 
     # --- data ------------------------------------------------------------------------------------
-    prog.start("data")
-    data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
-    data = prepare(comm, cfg, prog, notes)
-    mnt = None
-    if cfg.storage is not None:
-        mnt = stack.enter_context(storage.mounted(comm, storage.mount_roots(data_dir, cfg.container), cfg.storage))
-        data = mnt.translate_dataset(data)
-        prog.note(f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
-                  f"({cfg.storage.describe()}) at {', '.join(mnt.mountpoints)}")
-        notes.append(f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
-                     f"zarr, the training view) read through a `dstore pfs` mount with {cfg.storage.describe()}; "
-                     "files there have no page cache, so cold and warm passes both pay the model (the growth "
-                     "sweep's repeated container is on local disk)")
-    notes.append(f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with h5py's "
-                 f"defaults (the fair per-sample baseline; the goal ratio uses it). {report.H5PY_CONTAINER}: the "
-                 "container as written, whose `data` is chunked (8 MiB when ingested by dstore): with h5py's "
-                 "default 1 MiB chunk cache each slice reads a whole chunk; at most "
-                 f"{CONTAINER_LAYOUT_LIMIT} samples per rank.")
-    notes.append(f"{report.ZARR}: {data.zarr_per_sample}, a copy chunked in "
-                 f"{layouts.ZARR_CHUNK_BYTES // 1024} KiB; {report.ZARR_CONTAINER}: the Zarr container as written "
-                 f"(whole chunks read per slice), at most {CONTAINER_LAYOUT_LIMIT} samples per rank. zarr's own "
-                 "cost per read call (about 0.8 ms here) bounds both.")
-    prog.note(f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
-              f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB")
-    B = cfg.batch_size
+    def data_pass(self) -> None:
+        """The data set (generated or given, mounted with --storage) and the notes that describe it."""
+        self.prog.start("data")
+        self.data = prepare(self.comm, self.cfg, self.prog, self.notes)
+        if self.cfg.storage is not None:
+            self._mount()
+        self._layout_notes()
+        data = self.data
+        self.prog.note(f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
+                       f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB")
+        self.evict_paths = container_files(data.container)
 
-    def add(m):
-        ms.append(m)
-        prog.result(m)
+    def _mount(self) -> None:
+        """--storage: every reader reads the data through a pfs mount, unmounted when `stack` closes."""
+        cfg = self.cfg
+        mnt = self.stack.enter_context(storage.mounted(self.comm, storage.mount_roots(cfg.data_path, cfg.container),
+                                                       cfg.storage))
+        self.mnt = mnt
+        self.data = mnt.translate_dataset(self.data)
+        self.prog.note(f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
+                       f"({cfg.storage.describe()}) at {', '.join(mnt.mountpoints)}")
+        self.notes.append(f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
+                          f"zarr, the training view) read through a `dstore pfs` mount with {cfg.storage.describe()}; "
+                          "files there have no page cache, so cold and warm passes both pay the model (the growth "
+                          "sweep's repeated container is on local disk)")
+
+    def _layout_notes(self) -> None:
+        """What the h5py and zarr rows read: the per-sample copies, and the container as written."""
+        data = self.data
+        self.notes.append(f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with "
+                          "h5py's defaults (the fair per-sample baseline; the goal ratio uses it). "
+                          f"{report.H5PY_CONTAINER}: the container as written, whose `data` is chunked (8 MiB when "
+                          "ingested by dstore): with h5py's default 1 MiB chunk cache each slice reads a whole "
+                          f"chunk; at most {CONTAINER_LAYOUT_LIMIT} samples per rank.")
+        self.notes.append(f"{report.ZARR}: {data.zarr_per_sample}, a copy chunked in "
+                          f"{layouts.ZARR_CHUNK_BYTES // 1024} KiB; {report.ZARR_CONTAINER}: the Zarr container as "
+                          f"written (whole chunks read per slice), at most {CONTAINER_LAYOUT_LIMIT} samples per rank. "
+                          "zarr's own cost per read call (about 0.8 ms here) bounds both.")
 
     # --- limits ----------------------------------------------------------------------------------
-    prog.start("limit: memcpy")
-    add(limits.memcpy_pass(comm, data.offsets, B, cfg.seed))
-    prog.start("limit: raw RMA")
-    add(limits.raw_rma_pass(comm, data.offsets, B, cfg.seed))
-    prog.start("limit: raw RMA, one Get per sample")
-    add(limits.raw_rma_pass(comm, data.offsets, B, cfg.seed, per_sample=True))
-    evict_paths = container_files(data.container)
-    for cache in caches:
-        prog.start(f"limit: sequential read, {cache}; store population (preload), {cache}")
+    def limits_pass(self) -> None:
+        """memcpy and raw RMA over the data set's sample sizes; per cache, the sequential read of the
+        container beside the preload population it bounds."""
+        comm, offsets, B, seed = self.comm, self.data.offsets, self.cfg.batch_size, self.cfg.seed
+        self.prog.start("limit: memcpy")
+        self.add(limits.memcpy_pass(comm, offsets, B, seed))
+        self.prog.start("limit: raw RMA")
+        self.add(limits.raw_rma_pass(comm, offsets, B, seed))
+        self.prog.start("limit: raw RMA, one Get per sample")
+        self.add(limits.raw_rma_pass(comm, offsets, B, seed, per_sample=True))
+        for cache in self.caches:
+            self._read_beside_population(cache)
+
+    def _read_beside_population(self, cache: str) -> None:
+        """The sequential-read limit and the preload population compared with it, side by side."""
+        comm, cfg, data = self.comm, self.cfg, self.data
+        self.prog.start(f"limit: sequential read, {cache}; store population (preload), {cache}")
         # The limit and the population it is compared with are taken side by side, alternating,
         # `cold_repeat` times, and the median pass of each kept: cold reads move by 2x from one
         # minute to the next on shared storage, so figures taken minutes apart do not compare.
@@ -175,111 +241,163 @@ def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
         for _ in range(cfg.cold_repeat if cache == "cold" else 1):
             if data.hdf5:
                 reads.append(limits.sequential_read(comm, data.hdf5, cache))
-            pops.append(store_bench.population(comm, data.container, evict_paths, mode="preload", cache=cache,
-                                               batch_size=B, seed=cfg.seed))
+            pops.append(store_bench.population(comm, data.container, self.evict_paths, mode="preload", cache=cache,
+                                               batch_size=cfg.batch_size, seed=cfg.seed))
         if reads:
-            add(median_pass(reads))
+            self.add(median_pass(reads))
         if data.hdf5 and cache == "cold":
-            add(limits.sequential_read(comm, data.hdf5, cache, fresh=True))
-        add(median_pass(pops))
+            self.add(limits.sequential_read(comm, data.hdf5, cache, fresh=True))
+        self.add(median_pass(pops))
 
     # --- baselines -------------------------------------------------------------------------------
-    for cache in caches:
-        prog.start(f"baseline: DataLoader over files, {cache}")
+    def baselines_pass(self) -> None:
+        """The readers users use today: DataLoader over files, h5py and zarr per sample, Mosaic Streaming."""
+        for cache in self.caches:
+            self._folder_baseline(cache)
+        for cache in self.caches:
+            self._h5py_baselines(cache)
+        for cache in self.caches:
+            self._zarr_baselines(cache)
+        self._mosaic_baseline()
+
+    def _folder_baseline(self, cache: str) -> None:
+        cfg, data = self.cfg, self.data
+        self.prog.start(f"baseline: DataLoader over files, {cache}")
         if data.files is not None:
             ds = baselines.FileBytesDataset(data.files, data.labels)
-            add(baselines.dataloader_pass(comm, ds, name=report.FOLDER, cache=cache, evict_paths=data.files,
-                                          batch_size=B, num_workers=cfg.num_workers, seed=cfg.seed))
-    slow = CONTAINER_LAYOUT_LIMIT
-    for cache in caches:
-        prog.start(f"baseline: h5py per-sample, {cache}")
-        add(baselines.per_sample_pass(comm, data.h5py_contiguous, "h5py", data.offsets, data.labels,
-                                      name=report.H5PY, cache=cache, seed=cfg.seed))
+            self.add(baselines.dataloader_pass(self.comm, ds, name=report.FOLDER, cache=cache, evict_paths=data.files,
+                                               batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed))
+
+    def _h5py_baselines(self, cache: str) -> None:
+        comm, seed, data = self.comm, self.cfg.seed, self.data
+        self.prog.start(f"baseline: h5py per-sample, {cache}")
+        self.add(baselines.per_sample_pass(comm, data.h5py_contiguous, "h5py", data.offsets, data.labels,
+                                           name=report.H5PY, cache=cache, seed=seed))
         if data.hdf5:
-            add(baselines.per_sample_pass(comm, data.hdf5, "h5py", data.offsets, data.labels,
-                                          name=report.H5PY_CONTAINER, cache=cache, seed=cfg.seed, limit=slow))
-    for cache in caches:
-        prog.start(f"baseline: zarr per-sample, {cache}")
-        add(baselines.per_sample_pass(comm, data.zarr_per_sample, "zarr", data.offsets, data.labels,
-                                      name=report.ZARR, cache=cache, seed=cfg.seed, limit=cfg.zarr_limit))
+            self.add(baselines.per_sample_pass(comm, data.hdf5, "h5py", data.offsets, data.labels,
+                                               name=report.H5PY_CONTAINER, cache=cache, seed=seed,
+                                               limit=CONTAINER_LAYOUT_LIMIT))
+
+    def _zarr_baselines(self, cache: str) -> None:
+        comm, cfg, data = self.comm, self.cfg, self.data
+        self.prog.start(f"baseline: zarr per-sample, {cache}")
+        self.add(baselines.per_sample_pass(comm, data.zarr_per_sample, "zarr", data.offsets, data.labels,
+                                           name=report.ZARR, cache=cache, seed=cfg.seed, limit=cfg.zarr_limit))
         if data.zarr:
+            slow = CONTAINER_LAYOUT_LIMIT
             limit = slow if cfg.zarr_limit is None else min(slow, cfg.zarr_limit)
-            add(baselines.per_sample_pass(comm, data.zarr, "zarr", data.offsets, data.labels,
-                                          name=report.ZARR_CONTAINER, cache=cache, seed=cfg.seed, limit=limit))
-    prog.start("baseline: Mosaic Streaming")
-    if cfg.storage is not None and cfg.mosaic:
-        notes.append("Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its own "
-                     "process in its own venv, not routed through the mount)")
-    elif cfg.mosaic and data.files is not None:
-        # MDS shards are kept beside the data and reused; keyed by the container they mirror.
-        tag = os.path.splitext(os.path.basename(os.path.normpath(data.container)))[0]
-        work = os.path.join(cfg.data_dir or os.path.join(cfg.out, "data"), f"mosaic-{tag}")
-        got, note = mosaic.run_peer(comm, list(zip(data.files, data.labels.tolist())), work, seed=cfg.seed,
-                                    batch_size=B, venv=cfg.mosaic_venv)
-        for m in got:
-            if m.cache in caches:
-                add(m)
-        notes.append("Mosaic Streaming: " + note)
-        prog.note(note)
-    elif not cfg.mosaic:
-        notes.append("Mosaic Streaming: skipped (--no-mosaic)")
+            self.add(baselines.per_sample_pass(comm, data.zarr, "zarr", data.offsets, data.labels,
+                                               name=report.ZARR_CONTAINER, cache=cache, seed=cfg.seed, limit=limit))
+
+    def _mosaic_baseline(self) -> None:
+        cfg, data = self.cfg, self.data
+        self.prog.start("baseline: Mosaic Streaming")
+        if cfg.storage is not None and cfg.mosaic:
+            self.notes.append("Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its "
+                              "own process in its own venv, not routed through the mount)")
+        elif cfg.mosaic and data.files is not None:
+            # MDS shards are kept beside the data and reused; keyed by the container they mirror.
+            tag = os.path.splitext(os.path.basename(os.path.normpath(data.container)))[0]
+            work = os.path.join(cfg.data_path, f"mosaic-{tag}")
+            got, note = mosaic.run_peer(self.comm, list(zip(data.files, data.labels.tolist())), work, seed=cfg.seed,
+                                        batch_size=cfg.batch_size, venv=cfg.mosaic_venv)
+            for m in got:
+                if m.cache in self.caches:
+                    self.add(m)
+            self.notes.append("Mosaic Streaming: " + note)
+            self.prog.note(note)
+        elif not cfg.mosaic:
+            self.notes.append("Mosaic Streaming: skipped (--no-mosaic)")
 
     # --- the store -------------------------------------------------------------------------------
-    for cache in caches:
-        prog.start(f"store: population dynamic, {cache}")
-        add(store_bench.population(comm, data.container, evict_paths, mode="dynamic", cache=cache, batch_size=B,
-                                   seed=cfg.seed))
-    for shuffle in ("global", "local", "partial"):
-        for prefetch in (store_bench.PREFETCH_ON, 0):
-            prog.start(f"store: delivery, {shuffle} shuffle, prefetch {prefetch}")
-            add(store_bench.delivery(comm, data.container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
-                                     seed=cfg.seed))
-    prog.start("store: delivery, global shuffle, gets only (node views off)")
-    add(store_bench.delivery(comm, data.container, shuffle="global", prefetch=store_bench.PREFETCH_ON, batch_size=B,
-                             seed=cfg.seed, node_views=False, name=STORE_GETS))
-    prog.start("store: decode through StoreLoader")
-    n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
-    dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=B, seed=cfg.seed,
-                                          num_threads=cfg.decode_threads, size=cfg.decode_size,
-                                          sample_range=(0, n_tv))
-    add(dec)
+    def store_pass(self) -> None:
+        """Dynamic population per cache, then raw-byte delivery for each shuffle with prefetch on and
+        off, and with every sample of another rank as an RMA get (node views off)."""
+        comm, container, B, seed = self.comm, self.data.container, self.cfg.batch_size, self.cfg.seed
+        for cache in self.caches:
+            self.prog.start(f"store: population dynamic, {cache}")
+            self.add(store_bench.population(comm, container, self.evict_paths, mode="dynamic", cache=cache,
+                                            batch_size=B, seed=seed))
+        for shuffle in ("global", "local", "partial"):
+            for prefetch in (store_bench.PREFETCH_ON, 0):
+                self.prog.start(f"store: delivery, {shuffle} shuffle, prefetch {prefetch}")
+                self.add(store_bench.delivery(comm, container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
+                                              seed=seed))
+        self.prog.start("store: delivery, global shuffle, gets only (node views off)")
+        self.add(store_bench.delivery(comm, container, shuffle="global", prefetch=store_bench.PREFETCH_ON,
+                                      batch_size=B, seed=seed, node_views=False, name=STORE_GETS))
 
-    # --- training view ---------------------------------------------------------------------------
-    prog.start("training view (DLIO: sleep per step)")
-    tv = run_training_view(comm, cfg, data, step_s, n_tv, prog)
+    def decode_pass(self) -> tuple[float, int]:
+        """One epoch of decoded images through StoreLoader over the training view's samples. Returns
+        the slowest rank's seconds per step (the training view's compute is set from it) and that
+        number of samples."""
+        cfg, data = self.cfg, self.data
+        self.prog.start("store: decode through StoreLoader")
+        n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
+        dec, step_s = store_bench.decode_pass(self.comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed,
+                                              num_threads=cfg.decode_threads, size=cfg.decode_size,
+                                              sample_range=(0, n_tv))
+        self.add(dec)
+        return step_s, n_tv
 
-    # --- growth ----------------------------------------------------------------------------------
-    growth = []
-    if cfg.growth:
-        prog.start(f"growth: {', '.join(f'{n:,}' for n in cfg.growth)} samples")
-        growth = run_growth(comm, cfg, data, prog)
+    # --- training view, growth -------------------------------------------------------------------
+    def training_view_pass(self, step_s: float, n: int) -> dict:
+        """The results' `training_view`: AU of the store and of each baseline (run_training_view)."""
+        self.prog.start("training view (DLIO: sleep per step)")
+        return run_training_view(self.comm, self.cfg, self.data, step_s, n, self.prog)
 
-    storage_meta = None
-    if mnt is not None:
-        stack.close()  # unmount now, so that what the mounts served is known and recorded
-        storage_meta = {"spec": cfg.storage.describe(), "model": cfg.storage.to_dict(), "roots": mnt.roots,
-                        "mount_stats": mnt.stats}
-    results = {
-        "meta": {
-            "ranks": size, "num_samples": data.num_samples, "total_bytes": data.total_bytes,
-            "mean_sample_bytes": data.total_bytes / max(1, data.num_samples), "batch_size": B,
-            "seed": cfg.seed, "caches": caches, "num_workers": cfg.num_workers,
+    def growth_pass(self) -> list[dict]:
+        """The results' `growth` (run_growth); empty without --growth sizes."""
+        if not self.cfg.growth:
+            return []
+        self.prog.start(f"growth: {', '.join(f'{n:,}' for n in self.cfg.growth)} samples")
+        return run_growth(self.comm, self.cfg, self.data, self.prog)
+
+    # --- outputs ---------------------------------------------------------------------------------
+    def results(self, tv: dict, growth: list[dict]) -> dict:
+        """The results (report.write_outputs adds the ratios); unmounts --storage first, so that what
+        the mounts served is known and recorded."""
+        results = {
+            "meta": self._meta(self._unmount()),
+            "measurements": report.measurement_dicts(self.ms),
+            "training_view": tv,
+            "growth": growth,
+            "notes": self.notes,
+        }
+        results["meta"]["bench_seconds"] = round(time.perf_counter() - self.t_start, 1)
+        return results
+
+    def _unmount(self) -> dict | None:
+        """Closes the --storage mount; returns what the results' `meta.storage` records of it."""
+        if self.mnt is None:
+            return None
+        self.stack.close()
+        mnt, model = self.mnt, self.cfg.storage
+        return {"spec": model.describe(), "model": model.to_dict(), "roots": mnt.roots, "mount_stats": mnt.stats}
+
+    def _meta(self, storage_meta: dict | None) -> dict:
+        """The results' `meta` (bench_seconds is set last, by `results`)."""
+        cfg, data, busy = self.cfg, self.data, self.busy
+        return {
+            "ranks": self.comm.Get_size(), "num_samples": data.num_samples, "total_bytes": data.total_bytes,
+            "mean_sample_bytes": data.total_bytes / max(1, data.num_samples), "batch_size": cfg.batch_size,
+            "seed": cfg.seed, "caches": self.caches, "num_workers": cfg.num_workers,
             "decode_threads": cfg.decode_threads, "machine": machine(), "python": sys.version.split()[0],
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
             "container": data.container, "zarr": data.zarr, "files": data.files is not None,
-            "cores": os.cpu_count(), "bench_seconds": None, "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+            "cores": os.cpu_count(), "bench_seconds": None,
+            "load_average": [round(self.load_start, 2), round(os.getloadavg()[0], 2)],
             "busy_cores_at_start": None if busy is None else round(busy, 2),
             "storage": storage_meta,
-        },
-        "measurements": report.measurement_dicts(ms),
-        "training_view": tv,
-        "growth": growth,
-        "notes": notes,
-    }
-    results["meta"]["bench_seconds"] = round(time.perf_counter() - t_start, 1)
-    if rank == 0:
-        paths = report.write_outputs(results, cfg.out, plots=cfg.plots)
-        prog.note("wrote " + ", ".join(os.path.relpath(p, cfg.out) for p in paths) + f" in {cfg.out}")
+        }
+
+    def write(self, results: dict) -> None:
+        """Rank 0 writes results.json, results.md and the plots, and prints each ratio against its goal."""
+        if self.comm.Get_rank() != 0:
+            return
+        out, prog = self.cfg.out, self.prog
+        paths = report.write_outputs(results, out, plots=self.cfg.plots)
+        prog.note("wrote " + ", ".join(os.path.relpath(p, out) for p in paths) + f" in {out}")
         for r in results["ratios"]:
             val = "n/a" if r["value"] is None else f"{r['value']:.2f}"
             if r["goal"] is None:
@@ -287,8 +405,6 @@ def _run(comm, cfg: BenchConfig, stack: contextlib.ExitStack) -> dict:
                 continue
             met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
             prog.note(f"{r['description']}: {val} (goal >= {r['goal']:g}) {met}")
-    comm.Barrier()
-    return results
 
 
 def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float, n: int, prog: Progress) -> dict:
@@ -317,7 +433,7 @@ def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[di
             sizes = [n for n in sizes if n <= data.num_samples]
             prog.note(f"growth limited to the container's {data.num_samples:,} samples")
         else:
-            data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+            data_dir = cfg.data_path
             tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
             path = os.path.join(data_dir, f"repeated-{sizes[-1]}-of-{tag}.h5")
             prog.note(f"growth container: {sizes[-1]:,} samples repeating the {data.num_samples:,} generated ones")
@@ -345,7 +461,7 @@ def run_storage_sweep(comm, cfg: BenchConfig) -> dict:
     notes: list[str] = []
     t_start = time.perf_counter()
     prog.start("data")
-    data_dir = cfg.data_dir or os.path.join(cfg.out, "data")
+    data_dir = cfg.data_path
     data = prepare(comm, cfg, prog, notes)
     n = min(cfg.train_samples or data.num_samples, data.num_samples)
     prog.start("store: decode through StoreLoader on local disk (sets the compute per step)")
