@@ -3,6 +3,7 @@ data set's own sample sizes, and sequential reads of the container file, cold an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -41,8 +42,7 @@ def memcpy_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat
     sizes = np.diff(offsets)
     arena = np.ones(max(hi - lo, int(sizes.max()) + 1), dtype=np.uint8)
     steps = batch_plan(len(sizes), batch_size, rank, size, seed)
-    dst = np.zeros(int(sizes.max()) * max(len(s) for s in steps), dtype=np.uint8)
-    dst[:] = 1  # fault the pages in before timing
+    dst = _destination(sizes, steps)
     span = len(arena)
 
     def run():
@@ -74,69 +74,114 @@ def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_s
             lists the samples, so the MPI library moves the bytes with no Python in between: the
             ceiling the store is compared against.
     """
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
-    bounds = block_bounds(offsets, size)
-    base = offsets[bounds]  # byte offset where each rank's block starts
-    mine = int(base[rank + 1] - base[rank])
-    sizes = np.diff(offsets)
-    steps = batch_plan(len(sizes), batch_size, rank, size, seed)
-    owners = np.searchsorted(bounds, np.arange(len(sizes)), side="right") - 1
-    disps = offsets[:-1] - base[owners]
-    dst = np.zeros(int(sizes.max()) * max(len(s) for s in steps), dtype=np.uint8)
-    dst[:] = 1  # fault the pages in before timing
-    win = MPI.Win.Allocate(max(mine, 1), 1, comm=comm)
+    where = _Placement.of(offsets, size)
+    steps = batch_plan(len(where.sizes), batch_size, rank, size, seed)
+    dst = _destination(where.sizes, steps)
+    get = _get_per_sample if per_sample else _get_indexed
+    win = _filled_window(comm, where.block_bytes(rank))
     try:
-        arena = np.frombuffer(win.tomemory(), dtype=np.uint8)
-        arena[:] = rank + 1  # touch every page before timing
-        del arena
-        comm.Barrier()
-
-        def one_per_sample(step):
-            pos = 0
-            for i in step:
-                s = int(sizes[i])
-                win.Get([dst[pos:pos + s], MPI.BYTE], int(owners[i]), (int(disps[i]), s, MPI.BYTE))
-                pos += s
-            win.Flush_all()
-            return pos
-
-        def indexed(step):
-            step = step[np.argsort(owners[step], kind="stable")]
-            own = owners[step]
-            cuts = np.flatnonzero(np.diff(own)) + 1
-            pos, types = 0, []
-            for grp in np.split(step, cuts):
-                lens = sizes[grp]
-                n = int(lens.sum())
-                t = MPI.BYTE.Create_hindexed(lens.tolist(), disps[grp].tolist()).Commit()
-                types.append(t)
-                win.Get([dst[pos:pos + n], MPI.BYTE], int(owners[grp[0]]), (0, 1, t))
-                pos += n
-            win.Flush_all()
-            for t in types:
-                t.Free()
-            return pos
-
-        fetch = one_per_sample if per_sample else indexed
-
         def run():
-            n = b = 0
-            win.Lock_all(MPI.MODE_NOCHECK)
-            try:
-                for step in steps:
-                    b += fetch(step)
-                    n += len(step)
-            finally:
-                win.Unlock_all()
-            return n, b
+            return _rma_epoch(win, steps, lambda step: get(win, dst, where, step))
 
         name = RAW_RMA_PER_SAMPLE if per_sample else RAW_RMA
-        m = measure(comm, name, "limit", "memory", run, repeat=repeat, batch_size=batch_size)
+        return measure(comm, name, "limit", "memory", run, repeat=repeat, batch_size=batch_size)
     finally:
         win.Free()
-    return m
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where each sample lives under the store's ownership: its size, the rank whose block holds it,
+    and its byte displacement in that rank's window."""
+
+    sizes: np.ndarray
+    owners: np.ndarray
+    disps: np.ndarray
+    base: np.ndarray
+    """Byte offset where each rank's block starts (and, last, the total)."""
+
+    @classmethod
+    def of(cls, offsets: np.ndarray, size: int) -> _Placement:
+        bounds = block_bounds(offsets, size)
+        base = offsets[bounds]
+        sizes = np.diff(offsets)
+        owners = np.searchsorted(bounds, np.arange(len(sizes)), side="right") - 1
+        return cls(sizes, owners, offsets[:-1] - base[owners], base)
+
+    def block_bytes(self, rank: int) -> int:
+        return int(self.base[rank + 1] - self.base[rank])
+
+
+def _destination(sizes: np.ndarray, steps: list[np.ndarray]) -> np.ndarray:
+    """A buffer for the largest batch, its pages faulted in before timing."""
+    dst = np.zeros(int(sizes.max()) * max(len(s) for s in steps), dtype=np.uint8)
+    dst[:] = 1
+    return dst
+
+
+def _filled_window(comm, nbytes: int):
+    """This rank's block as a `Win.Allocate` window, every page touched before timing (collective)."""
+    from mpi4py import MPI
+
+    win = MPI.Win.Allocate(max(nbytes, 1), 1, comm=comm)
+    try:
+        arena = np.frombuffer(win.tomemory(), dtype=np.uint8)
+        arena[:] = comm.Get_rank() + 1
+        del arena
+        comm.Barrier()
+    except BaseException:
+        win.Free()
+        raise
+    return win
+
+
+def _rma_epoch(win, steps: list[np.ndarray], get) -> tuple[int, int]:
+    """One pass over `steps` inside one `Lock_all` epoch; `get(step)` fetches a batch and returns its bytes."""
+    from mpi4py import MPI
+
+    n = b = 0
+    win.Lock_all(MPI.MODE_NOCHECK)
+    try:
+        for step in steps:
+            b += get(step)
+            n += len(step)
+    finally:
+        win.Unlock_all()
+    return n, b
+
+
+def _get_per_sample(win, dst: np.ndarray, where: _Placement, step: np.ndarray) -> int:
+    """One `Get` per sample, then `Flush_all`."""
+    from mpi4py import MPI
+
+    pos = 0
+    for i in step:
+        s = int(where.sizes[i])
+        win.Get([dst[pos:pos + s], MPI.BYTE], int(where.owners[i]), (int(where.disps[i]), s, MPI.BYTE))
+        pos += s
+    win.Flush_all()
+    return pos
+
+
+def _get_indexed(win, dst: np.ndarray, where: _Placement, step: np.ndarray) -> int:
+    """One `Get` per owner with an hindexed datatype listing its samples, then `Flush_all`."""
+    from mpi4py import MPI
+
+    step = step[np.argsort(where.owners[step], kind="stable")]
+    cuts = np.flatnonzero(np.diff(where.owners[step])) + 1
+    pos, types = 0, []
+    for grp in np.split(step, cuts):
+        lens = where.sizes[grp]
+        n = int(lens.sum())
+        t = MPI.BYTE.Create_hindexed(lens.tolist(), where.disps[grp].tolist()).Commit()
+        types.append(t)
+        win.Get([dst[pos:pos + n], MPI.BYTE], int(where.owners[grp[0]]), (0, 1, t))
+        pos += n
+    win.Flush_all()
+    for t in types:
+        t.Free()
+    return pos
 
 
 def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20, fresh: bool = False) -> Measurement:
