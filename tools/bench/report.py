@@ -268,14 +268,36 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
     Args:
         result_paths: results.json files, or directories holding one.
     """
+    runs = sorted(_load_results(result_paths), key=lambda r: r["meta"]["ranks"])
+    ranks = [r["meta"]["ranks"] for r in runs]
+    table = _scaling_rows(runs)
+    au = [{x["key"]: x["value"] for x in (r.get("ratios") or compute_ratios(r))} for r in runs]
+    merged = {"ranks": ranks, "readers": table, "ratios": au,
+              "meta": [r["meta"] for r in runs]}
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "scaling.json"), os.path.join(out_dir, "scaling.md")]
+    with open(paths[0], "w") as fh:
+        json.dump(merged, fh, indent=1)
+    with open(paths[1], "w") as fh:
+        fh.write(_scaling_markdown(ranks, table, au))
+    if plots and table:
+        paths.append(_scaling_plot(ranks, table, os.path.join(out_dir, "scaling.png")))
+    return paths
+
+
+def _load_results(result_paths: list[str]) -> list[dict]:
     runs = []
     for p in result_paths:
         if os.path.isdir(p):
             p = os.path.join(p, "results.json")
         with open(p) as fh:
             runs.append(json.load(fh))
-    runs.sort(key=lambda r: r["meta"]["ranks"])
-    ranks = [r["meta"]["ranks"] for r in runs]
+    return runs
+
+
+def _scaling_rows(runs: list[dict]) -> list[dict]:
+    """One row per reader of SCALING_READERS measured in any run: its MB/s and samples/s in each run
+    (None where that run lacks it)."""
     table = []
     for name, cache in SCALING_READERS:
         row = {"name": name, "cache": cache, "mb_per_s": [], "samples_per_s": []}
@@ -285,16 +307,11 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
             row["samples_per_s"].append(None if m is None else m["total_samples_per_s"])
         if any(v is not None for v in row["mb_per_s"]):
             table.append(row)
-    au = []
-    for r in runs:
-        ratios = r.get("ratios") or compute_ratios(r)
-        au.append({x["key"]: x["value"] for x in ratios})
-    merged = {"ranks": ranks, "readers": table, "ratios": au,
-              "meta": [r["meta"] for r in runs]}
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, "scaling.json"), os.path.join(out_dir, "scaling.md")]
-    with open(paths[0], "w") as fh:
-        json.dump(merged, fh, indent=1)
+    return table
+
+
+def _scaling_markdown(ranks: list[int], table: list[dict], au: list[dict]) -> str:
+    """scaling.md: MB/s of each reader, then each ratio, against the rank count."""
     head = "| reader | cache | " + " | ".join(f"{k} rank(s) MB/s" for k in ranks) + " |"
     lines = ["# Scaling over rank counts", "", head, "|---|---|" + "---:|" * len(ranks)]
     for row in table:
@@ -303,26 +320,27 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
     keys = [(g[0], g[1]) for g in GOALS + EXTRA_RATIOS] + [("store_au", "store AU")]
     for key, desc in keys:
         lines.append(f"| {desc} | " + " | ".join(_num(a.get(key), "{:.2f}") for a in au) + " |")
-    with open(paths[1], "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    if plots and table:
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(10, 4.8))
-        for row in table:
-            pts = [(k, v) for k, v in zip(ranks, row["mb_per_s"]) if v is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{row['name']} ({row['cache']})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ranks, [str(k) for k in ranks])
-        ax.set_xlabel("ranks")
-        ax.set_ylabel("MB/s, all ranks together")
-        ax.set_title("Throughput against rank count")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        paths.append(os.path.join(out_dir, "scaling.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+    return "\n".join(lines) + "\n"
+
+
+def _scaling_plot(ranks: list[int], table: list[dict], path: str) -> str:
+    """scaling.png: MB/s of each reader against the rank count, log-log."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    for row in table:
+        pts = [(k, v) for k, v in zip(ranks, row["mb_per_s"]) if v is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{row['name']} ({row['cache']})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ranks, [str(k) for k in ranks])
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("MB/s, all ranks together")
+    ax.set_title("Throughput against rank count")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def measurement_dicts(ms: list[Measurement]) -> list[dict]:
