@@ -128,9 +128,7 @@ def _raw_reads(comm, container, args) -> list:
     return rows
 
 
-def main(argv=None) -> None:
-    from mpi4py import MPI
-
+def _parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--count", type=int, default=1500)
@@ -146,87 +144,127 @@ def main(argv=None) -> None:
     p.add_argument("--raw-reads", action="store_true",
                    help="also time the storage reads alone: the non-resident half per sample in the epoch's "
                         "order, against the same bytes in 4 MiB pieces (what a block-shuffled order could read)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    from mpi4py import MPI
+
+    args = _parse(argv)
     comm = MPI.COMM_WORLD
     if args.container:
         container = args.container
     else:
         prepare_data(comm, args.count, args.data_dir, seed=0, formats=("hdf5",))
         container = container_path(args.data_dir, data_tag(args.count, 0), "hdf5")
-    compute = args.compute_ms / 1e3
-    kw = dict(batch_size=args.batch_size, seed=0, storage_threads=args.storage_threads)
-    rows = []
     # Warm-up (imports, decode pool, allocator): a short resident epoch, not reported.
-    with DataStore(comm, container, sample_range=(0, 4 * args.batch_size), **kw) as st:
+    with _store(comm, container, args, sample_range=(0, 4 * args.batch_size)) as st:
         training_view.run_store(comm, st, compute_seconds=0.0, epoch=0, num_threads=args.threads,
                                 size=(args.size, args.size))
-    for f in args.fractions:
-        probe = DataStore(comm, container, **kw)
-        share = int(probe.layout.nbytes.max())
-        budget = probe.tier_overhead() + int(f * share) if f < 1 else 100 * int(probe.offsets[-1]) + (1 << 30)
-        probe.close()
-        _reset_peak()
-        rss0 = _vm("VmRSS")
-        pss = _PeakPss()
-        pss0 = pss.peak
-        with DataStore(comm, container, memory_budget=budget, **kw) as st:
-            evict_on_nodes(comm, [container])
-            row = training_view.run_store(comm, st, compute_seconds=compute, epoch=1, num_threads=args.threads,
-                                          size=(args.size, args.size))
-            stats = st.gather_stats()
-            res = st._resident
-            nonres = 0 if res is None else int(st.sizes[~res].sum())
-            tier = dict(st.tier)
-        grow = comm.allgather(_vm("VmHWM") - rss0)
-        pss_grow = comm.allgather(pss.stop() - pss0)
-        samples = sum(s["samples"] - s["pads"] for s in stats)
-        rows.append({"name": f"store, {100 * tier['resident_fraction']:.0f}% resident", "fraction_asked": f,
-                     "resident_fraction": round(tier["resident_fraction"], 4), "samples_per_s": samples / row["wall"],
-                     "au": row["au"], "au_steady": row["au_steady"],
-                     "storage_bytes": sum(s["bytes_storage"] for s in stats), "nonresident_bytes": nonres,
-                     "storage_reads": sum(s["storage_reads"] for s in stats),
-                     "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
-                     "consumer_wait_s": max(s["wait_seconds"] for s in stats),
-                     "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow,
-                     "budget_per_rank": budget if f < 1 else None,
-                     "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))]})
+    rows = [_store_row(comm, container, args, f) for f in args.fractions]
     if args.raw_reads:
         rows += _raw_reads(comm, container, args)
     if not args.no_baseline:
-        data = load_dataset(container, None, args.folder)
-        if data.files is not None:
-            _reset_peak()
-            rss0 = _vm("VmRSS")
-            pss = _PeakPss()
-            pss0 = pss.peak
-            t = training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-                data.files, data.labels, decode=True, size=(args.size, args.size)), data.files,
-                compute_seconds=compute, batch_size=args.batch_size, num_workers=2, seed=0)
-            rows.append({"name": "DataLoader over files (2 workers)", "samples_per_s": len(data.files) / t["wall"],
-                         "au": t["au"], "au_steady": t["au_steady"], "storage_bytes": int(data.offsets[-1]),
-                         "peak_rss_growth_per_rank": comm.allgather(_vm("VmHWM") - rss0),
-                         "peak_pss_growth_per_rank": comm.allgather(pss.stop() - pss0)})
-        evict_on_nodes(comm, [container])
+        rows += _baseline_rows(comm, container, args)
     if comm.rank == 0:
-        for r in rows:
-            print(json.dumps(r), flush=True)
-        print(f"\n{comm.size} ranks, global batch {args.batch_size}, compute {args.compute_ms:g} ms/step, "
-              f"{args.threads} decode threads, page cache evicted before every epoch; "
-              f"{time.strftime('%H:%M UTC', time.gmtime())}")
-        print("| reader | resident | samples/s | AU | storage MB/epoch (non-resident MB) | reads | "
-              "peak PSS growth/rank MB (budget MB) | peak RSS growth/rank MB |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            if "au" not in r:
-                print(f"| {r['name']} | - | {r['samples_per_s']:.0f} | - | {r['MBps']:.0f} MB/s | {r['reads']} "
-                      "| - | - |")
-                continue
-            nr = r.get("nonresident_bytes")
-            b = r.get("budget_per_rank")
-            print(f"| {r['name']} | {r.get('resident_fraction', '-')} | {r['samples_per_s']:.0f} | {r['au']:.2f} | "
-                  f"{r['storage_bytes'] / 1e6:.1f}" + (f" ({nr / 1e6:.1f})" if nr is not None else "") +
-                  f" | {r.get('storage_reads', '-')} | {max(r['peak_pss_growth_per_rank']) / 1e6:.0f}"
-                  + (f" ({b / 1e6:.0f})" if b else "") + f" | {max(r['peak_rss_growth_per_rank']) / 1e6:.0f} |")
+        _print_rows(comm, rows, args)
+
+
+def _store(comm, container: str, args, **more) -> DataStore:
+    return DataStore(comm, container, batch_size=args.batch_size, seed=0, storage_threads=args.storage_threads,
+                     **more)
+
+
+class _Growth:
+    """Each rank's peak RSS and PSS growth from construction to `gather`."""
+
+    def __init__(self):
+        _reset_peak()
+        self.rss0 = _vm("VmRSS")
+        self.pss = _PeakPss()
+        self.pss0 = self.pss.peak
+
+    def gather(self, comm) -> tuple[list[int], list[int]]:
+        """(RSS growth, PSS growth) of every rank (collective)."""
+        rss = comm.allgather(_vm("VmHWM") - self.rss0)
+        return rss, comm.allgather(self.pss.stop() - self.pss0)
+
+
+def _budget(comm, container: str, args, fraction: float) -> int:
+    """The memory budget that keeps `fraction` of a rank's share resident (fraction >= 1: no limit)."""
+    probe = _store(comm, container, args)
+    share = int(probe.layout.nbytes.max())
+    budget = probe.tier_overhead() + int(fraction * share) if fraction < 1 else 100 * int(probe.offsets[-1]) + (1 << 30)
+    probe.close()
+    return budget
+
+
+def _store_row(comm, container: str, args, f: float) -> dict:
+    """One epoch of the store with `f` of a rank's share resident, the page cache evicted first."""
+    budget = _budget(comm, container, args, f)
+    growth = _Growth()
+    with _store(comm, container, args, memory_budget=budget) as st:
+        evict_on_nodes(comm, [container])
+        row = training_view.run_store(comm, st, compute_seconds=args.compute_ms / 1e3, epoch=1,
+                                      num_threads=args.threads, size=(args.size, args.size))
+        stats = st.gather_stats()
+        res = st._resident
+        nonres = 0 if res is None else int(st.sizes[~res].sum())
+        tier = dict(st.tier)
+    grow, pss_grow = growth.gather(comm)
+    samples = sum(s["samples"] - s["pads"] for s in stats)
+    return {"name": f"store, {100 * tier['resident_fraction']:.0f}% resident", "fraction_asked": f,
+            "resident_fraction": round(tier["resident_fraction"], 4), "samples_per_s": samples / row["wall"],
+            "au": row["au"], "au_steady": row["au_steady"],
+            "storage_bytes": sum(s["bytes_storage"] for s in stats), "nonresident_bytes": nonres,
+            "storage_reads": sum(s["storage_reads"] for s in stats),
+            "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
+            "consumer_wait_s": max(s["wait_seconds"] for s in stats),
+            "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow,
+            "budget_per_rank": budget if f < 1 else None,
+            "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))]}
+
+
+def _baseline_rows(comm, container: str, args) -> list[dict]:
+    """A DataLoader over the source files, cold (no row without them); the page cache evicted after."""
+    rows = []
+    data = load_dataset(container, None, args.folder)
+    if data.files is not None:
+        growth = _Growth()
+        t = training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
+            data.files, data.labels, decode=True, size=(args.size, args.size)), data.files,
+            compute_seconds=args.compute_ms / 1e3, batch_size=args.batch_size, num_workers=2, seed=0)
+        grow, pss_grow = growth.gather(comm)
+        rows.append({"name": "DataLoader over files (2 workers)", "samples_per_s": len(data.files) / t["wall"],
+                     "au": t["au"], "au_steady": t["au_steady"], "storage_bytes": int(data.offsets[-1]),
+                     "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow})
+    evict_on_nodes(comm, [container])
+    return rows
+
+
+def _print_rows(comm, rows: list[dict], args) -> None:
+    """One JSON line per row, then the Markdown table."""
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    print(f"\n{comm.size} ranks, global batch {args.batch_size}, compute {args.compute_ms:g} ms/step, "
+          f"{args.threads} decode threads, page cache evicted before every epoch; "
+          f"{time.strftime('%H:%M UTC', time.gmtime())}")
+    print("| reader | resident | samples/s | AU | storage MB/epoch (non-resident MB) | reads | "
+          "peak PSS growth/rank MB (budget MB) | peak RSS growth/rank MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(_table_line(r))
+
+
+def _table_line(r: dict) -> str:
+    if "au" not in r:
+        return f"| {r['name']} | - | {r['samples_per_s']:.0f} | - | {r['MBps']:.0f} MB/s | {r['reads']} | - | - |"
+    nr = r.get("nonresident_bytes")
+    b = r.get("budget_per_rank")
+    return (f"| {r['name']} | {r.get('resident_fraction', '-')} | {r['samples_per_s']:.0f} | {r['au']:.2f} | "
+            f"{r['storage_bytes'] / 1e6:.1f}" + (f" ({nr / 1e6:.1f})" if nr is not None else "") +
+            f" | {r.get('storage_reads', '-')} | {max(r['peak_pss_growth_per_rank']) / 1e6:.0f}"
+            + (f" ({b / 1e6:.0f})" if b else "") + f" | {max(r['peak_rss_growth_per_rank']) / 1e6:.0f} |")
 
 
 if __name__ == "__main__":
