@@ -85,25 +85,14 @@ def _config(args):
     # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.tools.bench.runner import BenchConfig
 
-    count = args.count if args.count is not None else (QUICK["count"] if args.quick else 4096)
-    batch = args.batch_size if args.batch_size is not None else (QUICK["batch_size"] if args.quick else 64)
-    growth = args.growth if args.growth is not None else (_ints(QUICK["growth"]) if args.quick else (2048, 8192, 32768))
-    train = args.train_samples if args.train_samples is not None else (QUICK["train_samples"] if args.quick else 0)
-    cold_repeat = args.cold_repeat if args.cold_repeat is not None else (QUICK["cold_repeat"] if args.quick else 3)
+    count = _or_default(args, "count", 4096)
+    batch = _or_default(args, "batch_size", 64)
+    growth = _or_default(args, "growth", (2048, 8192, 32768))
+    train = _or_default(args, "train_samples", 0)
+    cold_repeat = _or_default(args, "cold_repeat", 3)
     if cold_repeat < 1:
         raise ConfigError(f"--cold-repeat={cold_repeat} must be >= 1")
-    if len(args.sides) != 2 or not 8 <= args.sides[0] <= args.sides[1]:
-        raise ConfigError(f"--sides={','.join(map(str, args.sides))} must be MIN,MAX with 8 <= MIN <= MAX")
-    if args.mean_kb <= 0:
-        raise ConfigError(f"--mean-kb={args.mean_kb} must be > 0")
-    if not args.container:
-        # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
-        from dstore.ingest.synthetic import noise_amplitude
-
-        try:  # before anything is generated: can JPEGs of these sides average this size?
-            noise_amplitude(args.mean_kb * 1000, args.sides[0], args.sides[1])
-        except ConfigError as exc:
-            raise ConfigError(f"--mean-kb={args.mean_kb:g} with --sides={args.sides[0]},{args.sides[1]}: {exc}") from None
+    _check_image_options(args)
     if count < 2:
         raise ConfigError(f"--count={count} must be >= 2")
     if batch < 1:
@@ -112,24 +101,7 @@ def _config(args):
         raise ConfigError(f"--compute-factor={args.compute_factor} must be >= 1 (DLIO: compute at least the loader's time)")
     if args.container and not os.path.exists(args.container):
         raise ConfigError(f"--container={args.container}: no such file or directory")
-    storage = sweep = None
-    if args.storage is not None or args.storage_sweep is not None:
-        # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
-        from dstore.tools.bench.storage import DEFAULT_LADDER
-        if args.storage is not None and args.storage_sweep is not None:
-            raise ConfigError("--storage and --storage-sweep: give one (the sweep sets the storage of each rung)")
-        if args.storage is not None:
-            storage = parse_spec(args.storage)
-            if storage.is_local and args.storage.strip() == "local":
-                storage = None
-        else:
-            sweep = tuple(args.storage_sweep) or DEFAULT_LADDER
-            for spec in sweep:
-                parse_spec(spec)  # every rung checked before anything runs
-        needs_fuse = storage is not None or any(s != "local" for s in (sweep or ()))
-        reason = fuse_available() if needs_fuse else None
-        if reason:
-            raise ConfigError(f"--storage/--storage-sweep need FUSE: {reason}")
+    storage, sweep = _storage_options(args)
     caches = ("cold", "warm")
     if args.cold != args.warm:
         caches = ("cold",) if args.cold else ("warm",)
@@ -142,6 +114,57 @@ def _config(args):
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots, storage=storage,
                        storage_sweep=sweep,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
+
+
+def _or_default(args, name: str, full):
+    """Option `name` as given; else what --quick sets (QUICK); else `full`, the whole run's default."""
+    given = getattr(args, name)
+    if given is not None:
+        return given
+    if not args.quick:
+        return full
+    return _ints(QUICK[name]) if name == "growth" else QUICK[name]
+
+
+def _check_image_options(args) -> None:
+    """--sides and --mean-kb, and (data to generate) whether JPEGs of these sides can average this size."""
+    if len(args.sides) != 2 or not 8 <= args.sides[0] <= args.sides[1]:
+        raise ConfigError(f"--sides={','.join(map(str, args.sides))} must be MIN,MAX with 8 <= MIN <= MAX")
+    if args.mean_kb <= 0:
+        raise ConfigError(f"--mean-kb={args.mean_kb} must be > 0")
+    if not args.container:
+        # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
+        from dstore.ingest.synthetic import noise_amplitude
+
+        try:  # before anything is generated: can JPEGs of these sides average this size?
+            noise_amplitude(args.mean_kb * 1000, args.sides[0], args.sides[1])
+        except ConfigError as exc:
+            raise ConfigError(f"--mean-kb={args.mean_kb:g} with --sides={args.sides[0]},{args.sides[1]}: {exc}") from None
+
+
+def _storage_options(args):
+    """(--storage's model or None, --storage-sweep's specs or None), every spec checked, FUSE too if needed."""
+    if args.storage is None and args.storage_sweep is None:
+        return None, None
+    # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
+    from dstore.tools.bench.storage import DEFAULT_LADDER
+
+    if args.storage is not None and args.storage_sweep is not None:
+        raise ConfigError("--storage and --storage-sweep: give one (the sweep sets the storage of each rung)")
+    storage = sweep = None
+    if args.storage is not None:
+        storage = parse_spec(args.storage)
+        if storage.is_local and args.storage.strip() == "local":
+            storage = None
+    else:
+        sweep = tuple(args.storage_sweep) or DEFAULT_LADDER
+        for spec in sweep:
+            parse_spec(spec)  # every rung checked before anything runs
+    needs_fuse = storage is not None or any(s != "local" for s in (sweep or ()))
+    reason = fuse_available() if needs_fuse else None
+    if reason:
+        raise ConfigError(f"--storage/--storage-sweep need FUSE: {reason}")
+    return storage, sweep
 
 
 def _scaling(args, argv: list[str]) -> int:
