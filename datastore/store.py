@@ -51,7 +51,7 @@ from dstore.progress import ProgressThread
 
 log = logging.getLogger("dstore.store")
 
-POPULATIONS = ("preload", "dynamic")
+POPULATIONS = tiers.POPULATIONS
 
 _AUTO_PROGRESS = 0.002
 """The progress thread's period where one is needed: bounds a get's wait at about 2 ms for a few

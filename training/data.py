@@ -25,7 +25,6 @@ from dstore.ingest import ingest
 from dstore.store import Batch
 from dstore.training.augment import channel_stats, to_channels
 
-LOADERS = ("store", "direct")
 BUILTIN = {"digits": "digits.h5"}
 """Data sets `dstore train` ingests by itself when no container is given, and their file names."""
 

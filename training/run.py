@@ -39,98 +39,13 @@ from dstore.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from dstore.training.data import LOADERS, DirectSource, ensure_builtin, probe_input, split_ranges
+from dstore.training.config import TrainConfig
+from dstore.training.data import DirectSource, ensure_builtin, probe_input, split_ranges
 from dstore.training.dist import init_distributed
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
-from dstore.training.ltfb import METRICS as LTFB_METRICS
 from dstore.training.metrics import EpochMeter, JsonLog
 from dstore.training.models import build_model, default_model, get_model
 from dstore.training.optim import Schedule, make_optimizer, make_scheduler
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything a run depends on (the CLI flags of `dstore train`, one field each)."""
-
-    data: str | None = None
-    val: str | None = None
-    holdout: float = 0.2
-    model: str = "auto"
-    image_size: tuple[int, int] | None = None
-    epochs: int = 15
-    batch_size: int = 64
-    optimizer: str = "adam"
-    lr: float = 3e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    nesterov: bool = False
-    schedule: str = "cosine"
-    warmup_epochs: float = 0.0
-    step_epochs: int = 10
-    gamma: float = 0.1
-    seed: int = 0
-    augment: str = "auto"
-    channels: int | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    decode_threads: int = 2
-    prefetch: int = 2
-    shuffle: str = "global"
-    population: str = "preload"
-    drop_last: bool = False
-    memory_budget: int | None = None
-    overflow: str = "serve"
-    loader: str = "store"
-    direct_cold: bool = False
-    device: str = "cpu"
-    run_dir: str | None = None
-    runs_root: str = "runs"
-    resume: str | None = None
-    checkpoint_every: int = 0
-    stop_after_steps: int = 0
-    deterministic: bool = False
-    log_batches: bool = False
-    progress: bool | None = None
-    cache_dir: str | None = None
-    trainers: int = 1
-    ltfb_round: int = 0
-    ltfb_metric: str = "accuracy"
-    tournament_fraction: float = 0.1
-    ltfb_strategy: str = "pairwise"
-    truncation_fraction: float = 0.25
-    explore: str = ""
-
-    def check(self) -> None:
-        """Raises ConfigError naming the first field with a value that is not allowed."""
-        if self.epochs < 1:
-            raise ConfigError(f"epochs={self.epochs} must be >= 1")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
-        if self.loader not in LOADERS:
-            raise ConfigError(f"loader={self.loader!r} is not one of {LOADERS}")
-        if self.augment not in ("auto", "on", "off"):
-            raise ConfigError(f"augment={self.augment!r} is not one of ('auto', 'on', 'off')")
-        if self.loader == "direct" and self.shuffle != "global":
-            raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
-        if self.direct_cold and self.loader != "direct":
-            raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
-        if self.decode_threads < 1 or self.prefetch < 0:
-            raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
-        if self.checkpoint_every < 0 or self.stop_after_steps < 0:
-            raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
-        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
-            raise ConfigError(f"image_size={self.image_size} must be (height, width), both >= 1")
-        if self.warmup_epochs < 0:
-            raise ConfigError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
-        if self.trainers < 1:
-            raise ConfigError(f"--trainers {self.trainers} must be >= 1")
-        if self.ltfb_round < 0:
-            raise ConfigError(f"--ltfb-round {self.ltfb_round} must be >= 0 (0: once per epoch)")
-        if self.ltfb_metric not in LTFB_METRICS:
-            raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {LTFB_METRICS}")
-        if not 0.0 < self.tournament_fraction < 1.0:
-            raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
-        ltfb.check_config(self)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -1,0 +1,199 @@
+"""TrainConfig: everything a training run depends on, and, field by field, the flag of `dstore train`.
+
+Each field's `metadata` describes its flag (read by dstore.tools.flags, which builds the parser):
+`help`, `group` (the help section), `choices`, `parse` (text -> value where the annotation does not
+say how to read it), `metavar`, `flags` (option strings where they differ from --the-field-name),
+`deprecated` (old option string -> new one), and `flag: False` for a field that is not a flag. So
+a field's default, choices and help live here once, for the library and the command alike. This
+module stays light (no torch, no MPI): `dstore --help` imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dstore.errors import ConfigError
+from dstore.memory import parse_bytes
+from dstore.shuffle import POLICIES as SHUFFLES
+from dstore.tiers import OVERFLOWS, POPULATIONS
+from dstore.training import ltfb
+from dstore.training.dist import DEVICES
+from dstore.training.models import model_names
+from dstore.training.optim import OPTIMIZERS, SCHEDULES
+
+LOADERS = ("store", "direct")
+"""What feeds the trainer: the distributed store, or the per-sample baseline (training.data.DirectSource)."""
+AUGMENTS = ("auto", "on", "off")
+"""Training augmentation: by input size (training.augment.default_augmentation), always, never."""
+CHANNELS = (1, 3)
+"""Channels the input may be forced to: grey or RGB."""
+MODELS = ("auto", *model_names())
+"""The registered models, and `auto` (chosen by input size)."""
+
+# The help sections of `dstore train`, in this order.
+DATA = "data"
+MODEL = "model and optimisation"
+LTFB = "tournament (LTFB)"
+RUN = "run directory, checkpoints, resumption"
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _bytes(text: str) -> int:
+    return parse_bytes(text, "--memory-budget")
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(v) for v in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2):
+        raise ConfigError(f"{text!r} is not N or HxW")
+    return (parts[0], parts[-1])
+
+
+def _flag(default, help=None, **meta):
+    """A field with a flag: its default and the flag's description (see the module docstring)."""
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a run depends on (the CLI flags of `dstore train`, one field each, but runs_root)."""
+
+    # --- data ---
+    data: str | None = _flag(None, "container to train on; none: the built-in `digits` set, ingested once into "
+                                   "$DSTORE_CACHE or ~/.cache/dstore", group=DATA, flags=("data",))
+    val: str | None = _flag(None, "separate held-out container (then --holdout is ignored; default: none, the "
+                                  "--holdout tail)", group=DATA)
+    holdout: float = _flag(0.2, "fraction of the container (its tail; ingest already shuffled it) held out for "
+                                "evaluation", group=DATA)
+    loader: str = _flag("store", "store: the distributed in-memory store; direct: baseline reading every sample "
+                                 "from the container file when its batch is due (same order, same decode)",
+                        group=DATA, choices=LOADERS)
+    direct_cold: bool = _flag(False, "with --loader direct: drop the container from each node's page cache before "
+                                     "every epoch, so per-sample reads come from storage (as for data larger than "
+                                     "memory)", group=DATA)
+    shuffle: str = _flag("global", "store shuffle policy", group=DATA, choices=SHUFFLES)
+    population: str = _flag("preload", "store population", group=DATA, choices=POPULATIONS)
+    prefetch: int = _flag(2, "batches fetched ahead", group=DATA)
+    decode_threads: int = _flag(2, "decode/augment threads per rank (StoreLoader's decode_threads; --threads: "
+                                   "deprecated)", group=DATA, flags=("--decode-threads", "--threads"),
+                                deprecated={"--threads": "--decode-threads"})
+    memory_budget: int | None = _flag(None, "what a rank may hold in memory: bytes or e.g. 8G, 512MiB (default: "
+                                            "$DSTORE_MEMORY_BUDGET, else 70% of the node's available memory, or "
+                                            "of its cgroup limit if lower, over its ranks)",
+                                      group=DATA, parse=_bytes, metavar="BYTES")
+    overflow: str = _flag("serve", "data over the memory budget: serve the rest from storage (default) or refuse",
+                          group=DATA, choices=OVERFLOWS)
+    drop_last: bool = _flag(False, "drop each epoch's last partial global batch", group=DATA)
+    augment: str = _flag("auto", "auto: random crop with padding + flip for images of 32x32 and up, none below",
+                         group=DATA, choices=AUGMENTS)
+    channels: int | None = _flag(None, "force grey (1) or RGB (3) (default: grey stays 1, the rest RGB)",
+                                 group=DATA, choices=CHANNELS)
+    mean: tuple[float, ...] | None = _flag(None, "per-channel mean in [0,1] (default: measured)", group=DATA,
+                                           parse=_floats)
+    std: tuple[float, ...] | None = _flag(None, "per-channel std in [0,1] (default: measured)", group=DATA,
+                                          parse=_floats)
+    cache_dir: str | None = _flag(None, "where built-in data sets are ingested (default: $DSTORE_CACHE, else "
+                                        "~/.cache/dstore)", group=DATA)
+
+    # --- model and optimisation ---
+    model: str = _flag("auto", "auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise", group=MODEL,
+                       choices=MODELS)
+    image_size: tuple[int, int] | None = _flag(None, "size images are resized to for the model (default: the "
+                                                     "model's own: the data's size for small_cnn, 32x32 for the "
+                                                     "ResNets)", group=MODEL, parse=_size, metavar="N|HxW")
+    epochs: int = _flag(15, group=MODEL)
+    batch_size: int = _flag(64, "GLOBAL batch size (split over the ranks)", group=MODEL)
+    optimizer: str = _flag("adam", group=MODEL, choices=OPTIMIZERS)
+    lr: float = _flag(3e-3, "base learning rate", group=MODEL)
+    momentum: float = _flag(0.9, "SGD momentum / Adam beta1", group=MODEL)
+    weight_decay: float = _flag(0.0, group=MODEL)
+    nesterov: bool = _flag(False, "Nesterov momentum (sgd)", group=MODEL)
+    schedule: str = _flag("cosine", group=MODEL, choices=SCHEDULES)
+    warmup_epochs: float = _flag(0.0, "linear LR warm-up", group=MODEL)
+    step_epochs: int = _flag(10, "step schedule: epochs between decays", group=MODEL)
+    gamma: float = _flag(0.1, "step schedule: decay factor", group=MODEL)
+    seed: int = _flag(0, group=MODEL)
+    deterministic: bool = _flag(False, "deterministic torch kernels, one intra-op thread: identical results run "
+                                       "to run", group=MODEL)
+    device: str = _flag("cpu", "cuda: nccl, one GPU per rank by node-local rank", group=MODEL, choices=DEVICES)
+
+    # --- tournament (LTFB) ---
+    trainers: int = _flag(1, "split the job into K trainers of N/K ranks each (K must divide N), each training "
+                             "on its own part of the training set and playing a tournament every --ltfb-round "
+                             "steps", group=LTFB, metavar="K")
+    ltfb_round: int = _flag(0, "optimizer steps between tournament rounds (default: 0 = once per epoch)",
+                            group=LTFB, metavar="STEPS")
+    ltfb_metric: str = _flag("accuracy", "what a trainer compares on its tournament set: accuracy (higher wins) "
+                                         "or loss (lower wins); ties keep the trainer's own model, NaN always "
+                                         "loses", group=LTFB, choices=ltfb.METRICS)
+    tournament_fraction: float = _flag(0.1, "share of each trainer's part of the training set held out as its "
+                                            "tournament set", group=LTFB, metavar="F")
+    ltfb_strategy: str = _flag("pairwise", "pairwise: seeded pairs swap models, each keeps the better on its own "
+                                           "tournament set; truncation: all scores gathered, the bottom "
+                                           "--truncation-fraction of the trainers take the models of the top as "
+                                           "many (default: pairwise)", group=LTFB, choices=ltfb.STRATEGIES)
+    truncation_fraction: float = _flag(0.25, "truncation: share of the trainers in the top and in the bottom (at "
+                                             "least 1, at most K/2; default: 0.25)", group=LTFB, metavar="F")
+    explore: str = _flag("", "hyperparameters to explore, comma-separated, of lr, weight_decay, momentum: "
+                             "trainers start from seeded perturbations of the given values, and a trainer that "
+                             "takes another's model perturbs its values by a seeded factor (0.8 or 1.25) "
+                             "(default: none)", group=LTFB, metavar="NAMES")
+
+    # --- run directory, checkpoints, resumption ---
+    run_dir: str | None = _flag(None, "where metrics.jsonl, config.json and checkpoint.pt go (default: "
+                                      "runs/<YYYYmmdd-HHMMSS>-<pid of rank 0>)", group=RUN)
+    runs_root: str = dataclasses.field(default="runs", metadata={"flag": False})
+    """Where a run directory is made when run_dir is None (not a flag: tests point it elsewhere)."""
+    resume: str | None = _flag(None, "continue from a checkpoint (exact sample, also mid-epoch); auto: "
+                                     "--run-dir's checkpoint, else the newest runs/*/checkpoint.pt, else start "
+                                     "fresh; a checkpoint made on another container is refused (default: start "
+                                     "fresh)", group=RUN, metavar="PATH|auto")
+    checkpoint_every: int = _flag(0, "also checkpoint every STEPS optimizer steps (always at each epoch end)",
+                                  group=RUN, metavar="STEPS")
+    stop_after_steps: int = _flag(0, "stop (with a checkpoint) after N steps of this invocation: simulates an "
+                                     "interruption", group=RUN, metavar="N")
+    log_batches: bool = _flag(False, "write every trained batch's sample ids to batches.rank<r>.jsonl", group=RUN)
+    progress: bool | None = _flag(None, "a progress bar per epoch on rank 0, on stderr (default: only when stderr "
+                                        "is a terminal, so batch logs get plain lines; under mpiexec stderr is a "
+                                        "pipe: pass --progress)", group=RUN)
+
+    def check(self) -> None:
+        """Raises ConfigError naming the first field with a value that is not allowed."""
+        if self.epochs < 1:
+            raise ConfigError(f"epochs={self.epochs} must be >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
+        if self.loader not in LOADERS:
+            raise ConfigError(f"loader={self.loader!r} is not one of {LOADERS}")
+        if self.augment not in AUGMENTS:
+            raise ConfigError(f"augment={self.augment!r} is not one of {AUGMENTS}")
+        if self.loader == "direct" and self.shuffle != "global":
+            raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
+        if self.direct_cold and self.loader != "direct":
+            raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
+        if self.decode_threads < 1 or self.prefetch < 0:
+            raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
+        if self.checkpoint_every < 0 or self.stop_after_steps < 0:
+            raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
+        if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):
+            raise ConfigError(f"image_size={self.image_size} must be (height, width), both >= 1")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+        if self.trainers < 1:
+            raise ConfigError(f"--trainers {self.trainers} must be >= 1")
+        if self.ltfb_round < 0:
+            raise ConfigError(f"--ltfb-round {self.ltfb_round} must be >= 0 (0: once per epoch)")
+        if self.ltfb_metric not in ltfb.METRICS:
+            raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {ltfb.METRICS}")
+        if not 0.0 < self.tournament_fraction < 1.0:
+            raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
+        ltfb.check_config(self)
