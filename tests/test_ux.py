@@ -241,17 +241,16 @@ def test_train_and_verify_json(tmp_path):
 
 
 def test_progress_bar_only_on_a_terminal_unless_asked(monkeypatch):
-    from dstore.training import run
-    from dstore.training.run import TrainConfig
+    from dstore.training import console
 
-    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: False)  # as under `> log 2>&1` or mpiexec
-    assert run._bar(TrainConfig(progress=None), True, 10, 0) is None
-    assert run._bar(TrainConfig(progress=False), True, 10, 0) is None
-    bar = run._bar(TrainConfig(progress=True), True, 10, 0)  # --progress: drawn on a pipe too
+    monkeypatch.setattr(console, "stderr_is_terminal", lambda: False)  # as under `> log 2>&1` or mpiexec
+    assert console.progress_bar(None, True, 10, 0) is None
+    assert console.progress_bar(False, True, 10, 0) is None
+    bar = console.progress_bar(True, True, 10, 0)  # --progress: drawn on a pipe too
     assert bar is not None
     bar.close()
-    assert run._bar(TrainConfig(progress=True), False, 10, 0) is None  # never on other ranks
-    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: True)
-    bar = run._bar(TrainConfig(progress=None), True, 10, 0)
+    assert console.progress_bar(True, False, 10, 0) is None  # never on other ranks
+    monkeypatch.setattr(console, "stderr_is_terminal", lambda: True)
+    bar = console.progress_bar(None, True, 10, 0)
     assert bar is not None
     bar.close()

@@ -1,0 +1,76 @@
+"""What a training run shows its user: progress lines, an epoch's progress bar, a rank's data-I/O line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tqdm import tqdm
+
+
+def say(line: str) -> None:
+    """Writes `line` to stdout and flushes it (how rank 0 reports progress by default)."""
+    # One write per line: under mpiexec, print's separate writes of text and newline from several
+    # ranks can interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr (where the progress bar draws) is a terminal."""
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def progress_bar(progress: bool | None, main: bool, total: int, epoch: int):
+    """A tqdm bar of `total` steps for `epoch` on the main rank, or None.
+
+    Args:
+        progress: True (--progress: drawn even on a pipe, as under mpiexec where a rank's stderr is
+            a pipe although the user sees a terminal), False, or None: only when stderr is a terminal.
+        main: whether this is the rank that draws (never on the others).
+    """
+    if progress is None:
+        progress = stderr_is_terminal()
+    if not main or not progress:
+        return None
+    return tqdm(total=total, desc=f"epoch {epoch}", leave=False, mininterval=0.5)
+
+
+def human_bytes(n: float) -> str:
+    """`n` bytes in B, kB, MB or GB (powers of 1000)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def describe_io(stats: dict) -> str:
+    """One readable line of a rank's data I/O figures (the store's last epoch, or the direct
+    reader's totals); unknown shapes fall back to key=value."""
+    if "samples_local" in stats:
+        return _describe_store(stats)
+    if "samples_read" in stats:
+        return (f"whole run: {stats['samples_read']} samples read one by one from the file, "
+                f"{human_bytes(stats['bytes_read'])} in {stats['read_s']:.2f} s")
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(stats.items()))
+
+
+def _describe_store(st: dict) -> str:
+    """describe_io's line for a DataStore's epoch figures (EpochStats.as_dict())."""
+    moved = st["bytes_local"] + st.get("bytes_node", 0) + st["bytes_remote"]
+    line = (f"epoch {st['epoch']}: {st['samples']} samples ({st['samples_local']} local, "
+            f"{st.get('samples_node', 0)} from node peers' memory, {st['samples_remote']} remote, "
+            f"{st['pads']} pad), {human_bytes(moved)}, {human_bytes(st['bytes_remote'])} of it in "
+            f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
+            f"{st['wait_seconds'] * 1e3:.1f} ms")
+    if st.get("samples_storage"):  # data larger than the memory budget: the rest from storage
+        line += (f"; from storage {st['samples_storage']} samples, {human_bytes(st['bytes_storage'])} in "
+                 f"{st['storage_reads']} reads (wait {st['storage_wait_seconds'] * 1e3:.1f} ms)")
+    if st.get("population_seconds"):
+        line += (f"; population {human_bytes(st['population_bytes'])} in "
+                 f"{st['population_seconds'] * 1e3:.1f} ms ({st['population_MBps']:.1f} MB/s)")
+    return line

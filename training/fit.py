@@ -1,0 +1,238 @@
+"""One trainer's epoch loop, `Fit`: resume, train each epoch's steps, evaluate, checkpoint, report.
+
+`dstore.training.run.run_trainer` builds the pieces (process group, model, Trainer, data sources
+and their StoreLoaders) and hands them to a `Fit`, whose `run()` is, by name:
+
+    start()                        check a checkpoint against this run, write config.json, open the logs
+    resume()                       put a checkpoint's state back (model, optimizer, data position, RNGs)
+    for each epoch: run_epoch()
+        train_step()               one batch: a weighted optimizer step, the meter, the batch log, LTFB
+        after_step()               a checkpoint every cfg.checkpoint_every steps; stop after
+                                   cfg.stop_after_steps (checkpointed, the run ends there)
+        end_epoch()                reduce the figures, evaluate held-out data, log, report, checkpoint
+    finish()                       test on the held-out data, every rank's data-I/O figures, close the logs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dstore.pagecache import evict
+from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
+from dstore.training.console import describe_io, progress_bar
+from dstore.training.loop import StepTimer, Trainer, global_batch_count
+from dstore.training.metrics import EpochMeter, JsonLog
+from dstore.training.resume import check_compatible, plain_config, restore
+
+
+@dataclasses.dataclass
+class Fit:
+    """One trainer's run over its built pieces (collective over ctx.comm: every rank runs it).
+
+    Attributes:
+        cfg: the run's TrainConfig.
+        ctx: the process group (dstore.training.dist), its `comm`, `rank`, `size`, `is_main`.
+        trainer: the Trainer (model, optimizer, schedule).
+        train_src: the training data source (a DataStore or DirectSource), for its I/O figures.
+        loader: the StoreLoader over train_src.
+        eval_loader: the held-out data's StoreLoader, or None.
+        run_dir: where config.json, metrics.jsonl and the checkpoint go.
+        report: how progress lines are shown (a no-op on ranks other than 0).
+        meta: the run's metadata for config.json and checkpoints ("model", "data", "train_samples",
+            "steps_per_epoch", ...).
+        on_step: `on_step(global_step)`, if given, runs after every optimizer step (LTFB's rounds),
+            before any checkpoint of that step, so a checkpoint holds the model the trainer kept.
+        resume_path: the checkpoint this run continues, or None.
+        resumed: that checkpoint, loaded (and its container checked) by run_trainer.
+        global_step: optimizer steps so far, counting those before a resume.
+        steps_this_run: optimizer steps of this process (what cfg.stop_after_steps counts).
+        stopped: whether the run stopped early (cfg.stop_after_steps).
+        history: the per-epoch records written to metrics.jsonl.
+    """
+
+    cfg: Any
+    ctx: Any
+    trainer: Trainer
+    train_src: Any
+    loader: Any
+    eval_loader: Any
+    run_dir: str
+    report: Callable[[str], None]
+    meta: dict
+    on_step: Callable[[int], None] | None = None
+    resume_path: str | None = None
+    resumed: dict | None = None
+    global_step: int = dataclasses.field(default=0, init=False)
+    steps_this_run: int = dataclasses.field(default=0, init=False)
+    stopped: bool = dataclasses.field(default=False, init=False)
+    history: list = dataclasses.field(default_factory=list, init=False)
+    log: Any = dataclasses.field(default=None, init=False)
+    batch_log: Any = dataclasses.field(default=None, init=False)
+
+    def run(self) -> dict:
+        """Trains to cfg.epochs (or cfg.stop_after_steps); returns what dstore.training.run.train does."""
+        self.start()
+        start_epoch, first_step = self.resume()
+        self.report(f"training {self.meta['model']} on {self.meta['train_samples']} samples of {self.meta['data']} "
+                    f"with {self.ctx.size} rank(s), global batch {self.cfg.batch_size}, "
+                    f"{self.meta['steps_per_epoch']} steps/epoch; run dir {self.run_dir}")
+        for epoch in range(start_epoch, self.cfg.epochs):
+            if not self.run_epoch(epoch, first_step if epoch == start_epoch else 0):
+                break
+        return self.finish()
+
+    # ------------------------------------------------------------ before the first step
+    def start(self) -> None:
+        """Checks a checkpoint to resume against this run (before anything is written: a refused
+        resume leaves the run dir as it was), writes config.json and opens the logs."""
+        cfg, ctx = self.cfg, self.ctx
+        if self.resumed is not None:
+            check_compatible(self.resumed, cfg, self.meta)
+        if ctx.is_main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            with open(os.path.join(self.run_dir, "config.json"), "w") as fh:
+                json.dump({"config": dataclasses.asdict(cfg), **self.meta}, fh, indent=1, default=str)
+        self.log = JsonLog(os.path.join(self.run_dir, "metrics.jsonl") if ctx.is_main else None)
+        self.batch_log = JsonLog(os.path.join(self.run_dir, f"batches.rank{ctx.rank}.jsonl")
+                                 if cfg.log_batches else None)
+
+    def resume(self) -> tuple[int, int]:
+        """Restores the checkpoint's state, if any; returns (epoch, step in it) to continue at."""
+        if self.resumed is None:
+            return 0, 0
+        epoch, step, self.global_step = restore(self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size)
+        self.report(f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step})")
+        return epoch, step
+
+    # ------------------------------------------------------------ per epoch and step
+    def run_epoch(self, epoch: int, first_step: int) -> bool:
+        """Trains `epoch` from step `first_step`; False if the run stopped in it (cfg.stop_after_steps)."""
+        cfg = self.cfg
+        if cfg.direct_cold:
+            evict_containers(self.ctx, [self.meta["data"]] + ([cfg.val] if cfg.val else []))
+        meter, timer = EpochMeter(), StepTimer()
+        bar = progress_bar(cfg.progress, self.ctx.is_main, self.meta["steps_per_epoch"], epoch)
+        step = None
+        batches = self.loader.epoch(epoch)
+        for k, (images, labels) in enumerate(batches):
+            wait = timer.waited()
+            step = first_step + k
+            loss_sum, counted = self.train_step(epoch, step, images, labels, meter, timer, wait)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")
+            if self.after_step(epoch, step):
+                self.stopped = True
+                break
+        getattr(batches, "close", lambda: None)()  # ends the loader's read-ahead if the loop broke out
+        if bar is not None:
+            bar.close()
+        if self.stopped:
+            self.checkpoint(epoch, step + 1 if step is not None else 0)
+            self.report(f"stopped after {self.steps_this_run} step(s) at epoch {epoch}; checkpoint in {self.run_dir}")
+            return False
+        self.end_epoch(epoch, meter)
+        return True
+
+    def train_step(self, epoch: int, step: int, images, labels, meter: EpochMeter, timer: StepTimer,
+                   wait: float) -> tuple[float, int]:
+        """One optimizer step on the loader's last batch (its padding repeats weighted 0); returns
+        (loss sum, samples counted) of this rank's part."""
+        ids, pad = self.loader.last_ids, self.loader.last_pad
+        weights = None if pad is None or not pad.any() else torch.from_numpy((~pad).astype(np.float32))
+        count = global_batch_count(self.meta["train_samples"], self.cfg.batch_size, step)
+        loss_sum, correct, counted = self.trainer.train_step(images, labels, count, weights)
+        meter.update(loss_sum, correct, counted, wait, timer.done())
+        self.global_step += 1
+        self.steps_this_run += 1
+        self.batch_log.write({"epoch": epoch, "step": step, "ids": ids.tolist()})
+        if self.on_step is not None:
+            self.on_step(self.global_step)
+        return loss_sum, counted
+
+    def after_step(self, epoch: int, step: int) -> bool:
+        """The checkpoint policy after step `step` of `epoch`: a checkpoint every cfg.checkpoint_every
+        global steps; True when the run stops here (cfg.stop_after_steps steps of this process)."""
+        cfg = self.cfg
+        if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0:
+            self.checkpoint(epoch, step + 1)
+        return bool(cfg.stop_after_steps and self.steps_this_run >= cfg.stop_after_steps)
+
+    def end_epoch(self, epoch: int, meter: EpochMeter) -> None:
+        """After a whole epoch: its figures reduced over the ranks, held-out evaluation, the log
+        record and progress line, and a checkpoint at the next epoch's start."""
+        train_m = meter.reduce(self.ctx.comm)
+        val_m = self.trainer.evaluate(self.eval_loader, 0) if self.eval_loader is not None else None
+        record = {"epoch": epoch, "global_step": self.global_step,
+                  "lr": self.trainer.optimizer.param_groups[0]["lr"],
+                  **{f"train_{k}": v for k, v in train_m.items()},
+                  **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
+                     if val_m else {})}
+        self.log.write(record)
+        self.history.append(record)
+        self.report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
+                    + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
+                    + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}")
+        self.checkpoint(epoch + 1, 0)
+
+    def checkpoint(self, epoch: int, step_in_epoch: int) -> None:
+        """Collective: saves the run's state at (epoch, step_in_epoch), the next batch the loop has
+        not trained on (the main rank writes it; every rank's RNG states go into it)."""
+        if step_in_epoch >= self.meta["steps_per_epoch"]:
+            epoch, step_in_epoch = epoch + 1, 0
+        position = self.loader.state_dict()  # the loader's position after what it yielded (not its read-ahead)
+        if (position["epoch"], position["step"]) != (epoch, step_in_epoch):
+            raise RuntimeError(f"the loader is at epoch {position['epoch']} step {position['step']}, the loop at "
+                               f"epoch {epoch} step {step_in_epoch}")
+        comm = self.ctx.comm
+        state = {**self.trainer.state_dict(), "store": position,
+                 "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
+                 "global_step": self.global_step, "config": plain_config(self.cfg), "meta": self.meta}
+        if self.ctx.is_main:
+            save_checkpoint(os.path.join(self.run_dir, CHECKPOINT_NAME), state)
+        comm.Barrier()
+
+    # ------------------------------------------------------------ after the last step
+    def finish(self) -> dict:
+        """Tests on the held-out data (unless stopped early), reports every rank's data-I/O figures
+        and closes the logs; returns train()'s dict."""
+        test = None
+        if not self.stopped and self.eval_loader is not None:
+            test = self.trainer.evaluate(self.eval_loader, 0)
+            self.log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
+            self.report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
+                        f"loss {test['loss']:.4f}")
+        stats = self.io_stats()
+        self.log.close()
+        self.batch_log.close()
+        return {"test": test, "epochs": self.history, "run_dir": self.run_dir, "stopped_early": self.stopped,
+                "store_stats": stats}
+
+    def io_stats(self) -> dict:
+        """Collective: this rank's data-I/O figures (the store's last epoch, or the direct reader's
+        totals); the main rank reports and logs every rank's."""
+        stats = getattr(self.train_src, "stats", None) or {}
+        stats = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)  # the store's EpochStats, or a dict
+        all_stats = self.ctx.comm.gather(stats, root=0)
+        if self.ctx.is_main:
+            for r, st in enumerate(all_stats):
+                self.report(f"data I/O rank {r} ({self.cfg.loader}): {describe_io(st)}")
+            self.log.write({"final": True, "io_stats": all_stats})
+        return stats
+
+
+def evict_containers(ctx, paths) -> None:
+    """--direct-cold: node-local rank 0 drops the containers' pages from its node's page cache
+    (one cache per node), and no rank reads before that is done, so the epoch's per-sample reads
+    come from storage as they would for data larger than memory."""
+    if ctx.local_rank == 0:
+        for path in paths:
+            evict(path)
+    ctx.comm.Barrier()
