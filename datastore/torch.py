@@ -16,7 +16,8 @@ All MPI stays on the calling thread: before returning batch k the adapter fetche
 k + ahead from the store and hands their samples to the pool, so their decoding overlaps the
 caller's work on k, and a batch that decodes slowly is absorbed by the ones queued behind it.
 The decode thread that finishes a batch last also stacks it into one tensor, so the caller's
-wait is only picking up finished batches and asking the store for the next ones.
+wait is only picking up finished batches and asking the store for the next ones. Each epoch is a
+`dstore.torch_epoch.LoaderEpoch`, with these steps by name (issue, complete, account, close).
 
 A store's sample views are valid only until its next batch is requested. With ``ahead=1`` the
 adapter decodes straight from them (no copy) and asks for the next batch only once their decode
@@ -27,11 +28,8 @@ decoding them; see `stats["copy_seconds"]`); the store moves on once that copy i
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import dataclasses
 import inspect
-import threading
 import time
 import warnings
 
@@ -41,6 +39,7 @@ import torch.utils.data
 
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError
+from dstore.torch_epoch import LoaderEpoch
 
 
 class seeded:  # lower case: used like a function, transform=seeded(fn)
@@ -124,54 +123,6 @@ def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return out.reshape(size[0], size[1], c)
 
 
-class _Decode:
-    """One batch being decoded: its chunks run in the pool, and the chunk that finishes last
-    stacks the batch into one tensor there, so the caller only picks up `result`."""
-
-    def __init__(self, batch, pin: bool = False):
-        self.batch = batch
-        self.pin = pin
-        self.futures = []  # the chunks' futures (to cancel or wait for when abandoned)
-        self.result = concurrent.futures.Future()  # -> (images, thread-seconds of decoding)
-        self._lock = threading.Lock()
-        self._left = 0
-        self._secs = 0.0
-        self._error = None
-        self.parts = []
-
-    def expect(self, chunks: int) -> None:
-        """The number of chunk_done() calls that finish the batch (one for an empty batch)."""
-        self.parts = [None] * chunks
-        self._left = max(chunks, 1)
-
-    def chunk_done(self, secs: float, error) -> None:
-        """Called by each chunk (in its thread) when it ends; the last one finishes the batch."""
-        with self._lock:
-            self._secs += secs
-            if error is not None and self._error is None:
-                self._error = error
-            self._left -= 1
-            if self._left:
-                return
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._error is not None:
-            self.result.set_exception(self._error)
-            return
-        try:
-            tensors = [t for part in self.parts for t in part]
-            shapes = {tuple(t.shape) for t in tensors}
-            if len(shapes) > 1:
-                raise ConfigError(f"samples of step {self.batch.step} decode to different shapes "
-                                  f"{sorted(shapes)[:4]}; pass size=(H, W) or a transform that makes them equal")
-            images = torch.stack(tensors)
-            self.result.set_result((images.pin_memory() if self.pin else images, self._secs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            self.result.set_exception(exc)
-        self.parts = []
-
-
 class StoreLoader(torch.utils.data.IterableDataset):
     """Iterates a DataStore's epochs as (images, labels) tensors, as a PyTorch data loader does.
 
@@ -248,7 +199,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
         self._epoch = 0
         self._pos = None  # (epoch, step) after the last batch yielded; None: the store's own position
-        self._active = None  # the open epoch's generator
+        self._active = None  # the open epoch's generator (over a LoaderEpoch)
         self._closed = False
         self.last_ids = np.zeros(0, np.int64)
         self.last_pad = np.zeros(0, bool)
@@ -332,39 +283,6 @@ class StoreLoader(torch.utils.data.IterableDataset):
             err = exc
         job.chunk_done(time.perf_counter() - t0, err)
 
-    def _own_copy(self, batch):
-        """`batch` with its samples moved into one read-only buffer of its own, so that the store's
-        views (valid only until its next batch) are no longer needed."""
-        t0 = time.perf_counter()
-        lens = np.fromiter((s.size for s in batch.samples), np.int64, len(batch.samples))
-        ends = np.cumsum(lens)
-        buf = np.empty(int(ends[-1]) if lens.size else 0, np.uint8)
-        if lens.size:
-            np.concatenate(batch.samples, out=buf)
-        buf.flags.writeable = False
-        starts = (ends - lens).tolist()
-        samples = [buf[a:b] for a, b in zip(starts, ends.tolist())]
-        self.stats["copy_seconds"] += time.perf_counter() - t0
-        self.stats["copy_bytes"] += buf.size
-        return dataclasses.replace(batch, samples=samples)
-
-    def _submit(self, job) -> None:
-        """Decodes `job.batch` in up to decode_threads chunks in the pool."""
-        batch = job.batch
-        n = len(batch.samples)
-        ids = batch.ids.tolist()
-        cuts = [(n * k) // self.decode_threads for k in range(self.decode_threads + 1)]
-        spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-        job.expect(len(spans))
-        job.futures = [self._pool.submit(self._decode_chunk, job, k, batch.samples[a:b], ids[a:b])
-                       for k, (a, b) in enumerate(spans)]
-        if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
-            job.chunk_done(0.0, None)
-
-    def _copy_and_submit(self, job) -> None:
-        job.batch = self._own_copy(job.batch)
-        self._submit(job)
-
     def epoch(self, epoch: int):
         """Yields (images, labels) for every step of `epoch` (see the class docstring).
 
@@ -373,64 +291,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if self._closed:
             raise ValueError("the StoreLoader is closed")
         self._end_epoch()
-        gen = self._run_epoch(int(epoch))
+        gen = iter(LoaderEpoch(self, int(epoch)))  # a generator: nothing runs before the first next()
         self._active = gen
         return gen
-
-    def _run_epoch(self, epoch: int):
-        t0 = time.perf_counter()
-        it = self.store.epoch(epoch)
-        self.stats = {"epoch": epoch, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0,
-                      "copy_seconds": 0.0, "copy_bytes": 0}
-        pending = collections.deque()  # _Decode jobs, oldest first
-        copying = [None]  # the copy out of the store's views of the batch fetched last (ahead >= 2)
-
-        def top_up(depth):
-            while len(pending) < depth:
-                if copying[0] is not None:  # the store may reuse that batch's views only once copied
-                    copying[0].result()
-                    copying[0] = None
-                nxt = next(it, None)  # with ahead=1, the views of the batch before are released here
-                if nxt is None:
-                    return
-                job = _Decode(nxt, pin=self.pin_memory)
-                pending.append(job)
-                if self.ahead == 1:
-                    self._submit(job)
-                else:  # copied in a thread, beside the caller's work on the batch it is given
-                    copying[0] = self._copier.submit(self._copy_and_submit, job)
-
-        try:
-            # The first batch alone first: batches queued behind it would only slow its decode.
-            top_up(1)
-            while pending:
-                images, secs = pending[0].result.result()
-                batch = pending.popleft().batch
-                labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
-                ids, pad = batch.ids.copy(), batch.pad.copy()
-                top_up(self.ahead)
-                images, labels = self._to_device(images, labels)
-                self.last_wait_seconds = time.perf_counter() - t0
-                self.last_decode_seconds = secs
-                self.last_ids, self.last_pad = ids, pad
-                self.stats["batches"] += 1
-                self.stats["wait_seconds"] += self.last_wait_seconds
-                self.stats["decode_seconds"] += secs
-                self._pos = (batch.epoch, batch.step + 1)
-                yield images, labels
-                t0 = time.perf_counter()
-        finally:
-            # Abandoned or failed: no thread may be left reading a batch's bytes (with ahead=1 the
-            # store's views) once the store's epoch ends: finish the copy, drop the decodes not
-            # started, wait for the running ones.
-            if copying[0] is not None:
-                concurrent.futures.wait([copying[0]])
-            futs = [f for job in pending for f in job.futures]
-            for f in futs:
-                f.cancel()
-            concurrent.futures.wait(futs)
-            pending.clear()
-            it.close()
 
     def _to_device(self, images, labels):
         """The batch on `self.device` (unchanged without one). On CUDA the copies run on a side
