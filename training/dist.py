@@ -120,48 +120,66 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
         ConfigError: for an unknown device, a missing GPU, or a process that already belongs to a
             different torch process group.
     """
-    import torch
     import torch.distributed as dist
 
-    global _collect_at_exit
     if device not in DEVICES:
         raise ConfigError(f"device={device!r} is not one of {DEVICES}")
-    if not _collect_at_exit:
-        atexit.register(_collect_before_finalize)  # atexit runs handlers last-registered first
-        _collect_at_exit = True
+    _collect_groups_before_finalize()
     rank, size = comm.Get_rank(), comm.Get_size()
     here = topology(comm)  # the machine's real nodes (GPUs are per machine), never $DSTORE_RANKS_PER_NODE's
-    local_rank, local_size = here.local_rank, here.local_size
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
-        ngpu = torch.cuda.device_count()
-        gpu = local_rank if gpu_index is None else int(gpu_index)
-        if not 0 <= gpu < ngpu:
-            from mpi4py import MPI  # only here: to name the job's rank in the error
-
-            whose = "its node-local rank" if gpu_index is None else "its node-local rank in the whole job"
-            raise ConfigError(  # the job's rank: in a trainer of LTFB, `rank` would be the trainer's
-                f"rank {MPI.COMM_WORLD.Get_rank()} would drive GPU {gpu} ({whose}) but this node has only "
-                f"{ngpu} GPU(s); start at most {ngpu} ranks per node")
-        torch.cuda.set_device(gpu)
-        torch_device, backend = torch.device("cuda", gpu), "nccl"
-    else:
-        torch_device, backend = torch.device("cpu"), "gloo"
-
+    torch_device, backend = _device_of(device, here.local_rank, gpu_index)
     if dist.is_initialized():
         # One torch group per process: reuse it if it is this communicator's shape, else refuse
         # rather than silently training with the wrong peers.
         if dist.get_rank() == rank and dist.get_world_size() == size:
-            return DistContext(comm, rank, size, local_rank, local_size, torch_device, dist.get_backend(),
+            return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, dist.get_backend(),
                                group=dist.group.WORLD)
         raise ConfigError(
             f"this process already belongs to a torch process group of size {dist.get_world_size()} "
             f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}")
-
-    # Rank 0 hosts the store; a port can be taken between picking and binding, so retry a few.
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = None
+    store = _rendezvous(comm, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, backend,
+                       group=dist.group.WORLD, _owns_group=True, _store=store)
+
+
+def _collect_groups_before_finalize() -> None:
+    """Registers (once) the atexit handler that collects torch groups while MPI is still whole."""
+    global _collect_at_exit
+    if not _collect_at_exit:
+        atexit.register(_collect_before_finalize)  # atexit runs handlers last-registered first
+        _collect_at_exit = True
+
+
+def _device_of(device: str, local_rank: int, gpu_index: int | None):
+    """(torch.device, backend) of this rank: the CPU with gloo, or its GPU (`gpu_index`, else its
+    node-local rank), made current, with nccl."""
+    import torch
+
+    if device != "cuda":
+        return torch.device("cpu"), "gloo"
+    if not torch.cuda.is_available():
+        raise ConfigError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
+    ngpu = torch.cuda.device_count()
+    gpu = local_rank if gpu_index is None else int(gpu_index)
+    if not 0 <= gpu < ngpu:
+        from mpi4py import MPI  # only here: to name the job's rank in the error
+
+        whose = "its node-local rank" if gpu_index is None else "its node-local rank in the whole job"
+        raise ConfigError(  # the job's rank: in a trainer of LTFB, the communicator's rank would be the trainer's
+            f"rank {MPI.COMM_WORLD.Get_rank()} would drive GPU {gpu} ({whose}) but this node has only "
+            f"{ngpu} GPU(s); start at most {ngpu} ranks per node")
+    torch.cuda.set_device(gpu)
+    return torch.device("cuda", gpu), "nccl"
+
+
+def _rendezvous(comm, timeout):
+    """The TCPStore every rank of `comm` meets at: hosted by rank 0 on a free port (collective).
+    A port can be taken between picking and binding, so rank 0 tries up to 5 ports."""
+    import torch.distributed as dist
+
+    rank, size = comm.Get_rank(), comm.Get_size()
     for _ in range(5):
         addr = (_rendezvous_host(), _free_port()) if rank == 0 else None
         host, port = comm.bcast(addr, root=0)
@@ -176,11 +194,9 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
             break
     else:
         raise ConfigError(f"rank 0 could not start the rendezvous store after 5 tries: {err}")
-    if rank != 0:
-        store = dist.TCPStore(host, port, size, False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    return DistContext(comm, rank, size, local_rank, local_size, torch_device, backend,
-                       group=dist.group.WORLD, _owns_group=True, _store=store)
+    if rank == 0:
+        return store
+    return dist.TCPStore(host, port, size, False, timeout=timeout)
 
 
 _LAUNCHER_VARS = (
