@@ -80,11 +80,11 @@ def test_a_bad_file_on_any_rank_ends_the_job_with_its_path_and_leaves_nothing(mi
     chunk = group_chunk(n, 4, open_source(str(root)).estimated_sample_bytes)
     seed = next(s for s in range(100) if (int(np.flatnonzero(sample_order(n, s) == i)[0]) // chunk) % 4 != 0)
     result = ingest_cli(4, root, tmp_path / "out.h5", "--seed", seed, check=False)
-    assert result.returncode != 0
-    assert path in result.stderr and word in result.stderr, result.stderr
+    assert result.returncode != 0 and path in result.stderr and word in result.stderr, (
+        result.returncode, result.stdout, result.stderr)
     assert leftovers(str(tmp_path)) == []
     result = ingest_cli(2, root, tmp_path / "sh", "--shards", 2, check=False)
-    assert result.returncode != 0 and path in result.stderr
+    assert result.returncode != 0 and path in result.stderr, (result.returncode, result.stdout, result.stderr)
     assert not os.path.exists(tmp_path / "sh" / "manifest.json")
     assert leftovers(str(tmp_path)) == [] and (not (tmp_path / "sh").exists() or not os.listdir(tmp_path / "sh"))
 

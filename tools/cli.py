@@ -151,9 +151,10 @@ def abort_on_error(fn, *args):
         from mpi4py import MPI
 
         if msg is not None:
-            # Let the launcher forward what this rank wrote before the abort tears its proxies
-            # down: MPICH's hydra dropped an already-written message now and then (an ingest error
-            # reached the user as exit 1 with an empty stderr, about 1 run in 8 under load).
+            # A margin for the launcher to forward what this rank wrote before the abort. Not
+            # known to be needed: with hydra a message written before Abort arrived in every run
+            # tried, even with the proxy or mpiexec stopped (SIGSTOP) across the write and the
+            # abort, and without this wait (see docs/reliability.md, "Lost error messages").
             time.sleep(ABORT_FLUSH_S)
         MPI.COMM_WORLD.Abort(code)
     return code
