@@ -2,6 +2,7 @@
 an error per job, a closed stdout ending quietly, a clear refusal under torchrun-like launchers, and
 resumption refused on another container."""
 
+import json
 import os
 import subprocess
 import sys
@@ -67,6 +68,22 @@ def test_one_copy_of_an_error_per_job(tmp_path, failing, printer):
     assert res.returncode != 0
     copies = [line for line in res.stderr.splitlines() if line.startswith("dstore: error")]
     assert copies == [f"dstore: error on rank {printer}/3: ConfigError: epochs=0 must be >= 1"], res.stderr
+
+
+@pytest.mark.mpi
+def test_info_under_mpiexec_prints_once_per_job(tmp_path):
+    """`info` is not collective: under `mpiexec -n 2` rank 0 alone prints (it printed once per rank),
+    and its error ends the job as one copy."""
+    path = _container(tmp_path / "c.h5")
+    res = run_mpi(2, ["dstore", "info", path])
+    assert res.stdout.count("encoding") == 1 and "samples" in res.stdout, res.stdout
+    res = run_mpi(2, ["dstore", "info", "--json", path])
+    assert json.loads(res.stdout)["num_samples"] == 40, res.stdout  # one JSON document, not two
+    missing = str(tmp_path / "nope.h5")
+    res = run_mpi(2, ["dstore", "info", missing], check=False)
+    copies = [line for line in res.stderr.splitlines() if line.startswith("dstore: error")]
+    assert res.returncode != 0 and len(copies) == 1 and missing in copies[0], (res.returncode, res.stderr)
+    assert res.stdout == "", res.stdout
 
 
 def test_closed_stdout_ends_quietly(tmp_path):

@@ -13,9 +13,17 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import json
 
+    from mpi4py import MPI
+
     # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
+    from dstore.collective import on_root
     from dstore.verify import container_info, format_info
 
-    summary = container_info(args.container)
-    print(json.dumps(summary, indent=2) if args.json else format_info(summary), flush=True)
-    return 0
+    def show() -> int:
+        summary = container_info(args.container)
+        print(json.dumps(summary, indent=2) if args.json else format_info(summary), flush=True)
+        return 0
+
+    # Not collective work: under mpiexec rank 0 alone reads and prints (one copy per job, not one
+    # per rank); its error is raised on every rank, so the job ends with it.
+    return on_root(MPI.COMM_WORLD, show)
