@@ -23,6 +23,7 @@ from dstore.formats.base import (
     check_batch,
 )
 from dstore.formats.base import checksum as crc32_of
+from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable
 
 COMPLETE_ATTR = "complete"
@@ -384,8 +385,8 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
     and only if it is one of ours: checked again here, just before it goes)."""
     if os.path.lexists(final):
         if not overwrite:
-            raise ContainerExistsError(f"{final} appeared while it was being written; the new container "
-                                       f"is left at {tmp}")
+            raise ContainerExistsError(f"{final} appeared while it was being written (by another job?); "
+                                       "it is left as it is and this one is not kept")
         check_replaceable(final)
         if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
             trash = temp_path(final) + ".old"
@@ -416,6 +417,7 @@ class StreamingWriter(ContainerWriter):
         make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
         self._overwrite = bool(overwrite)
         self.path = check_target(path, self._overwrite)
+        self._lock = OutputLock(self.path)  # one writer of a path at a time (released at commit/abort)
         self._tmp = temp_path(self.path)
         self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
         self._state = "open"
@@ -423,6 +425,7 @@ class StreamingWriter(ContainerWriter):
             self._open_tmp()
         except BaseException as exc:
             remove_path(self._tmp)
+            self._lock.release()
             if isinstance(exc, OSError) and not isinstance(exc, DStoreError):
                 raise OutputError(f"{self.path}: cannot create the container (its temporary {self._tmp}): "
                                   f"{exc.strerror or exc}") from exc
@@ -487,6 +490,7 @@ class StreamingWriter(ContainerWriter):
             self.abort()
             raise
         self._state = "committed"
+        self._lock.release()
         return self.path
 
     def abort(self) -> None:
@@ -497,3 +501,4 @@ class StreamingWriter(ContainerWriter):
             self._discard()
         finally:
             remove_path(self._tmp)
+            self._lock.release()

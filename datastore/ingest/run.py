@@ -32,6 +32,7 @@ from dstore.formats import (
     write_manifest,
 )
 from dstore.formats.layout import remove_path
+from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
@@ -353,10 +354,15 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                           encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite)
-    created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths, overwrite,
-                                 types=_TYPES, fallback=IngestError)
-    written, exc = _write_shards(comm, job, progress)
-    recs = _finish(comm, job, written, exc, created)
+    job_lock = _lock_output(comm, job)
+    try:
+        created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
+                                     overwrite, types=_TYPES, fallback=IngestError)
+        written, exc = _write_shards(comm, job, progress)
+        recs = _finish(comm, job, written, exc, created)
+    finally:
+        if job_lock is not None:
+            job_lock.release()
     seconds = comm.bcast(time.perf_counter() - t0, root=0)
     return job.report(recs, seconds, comm.Get_size())
 
@@ -407,6 +413,20 @@ class _Job:
                             ignored=list(self.src.ignored), notes=list(self.src.notes),
                             shards=[r.path for r in recs], encoding=self.target.encoding,
                             num_classes=len(self.src.class_names), ranks=ranks, fmt=self.fmt)
+
+
+def _lock_output(comm, job: _Job) -> OutputLock | None:
+    """Collective: rank 0 locks a sharded output for the whole job, from its checks to its manifest
+    (each shard's writer locks only its shard; a single file is locked by its writer). Every rank
+    raises ContainerExistsError if another job holds the lock. Returns rank 0's lock, else None."""
+    held = []
+
+    def take() -> None:
+        if job.manifest is not None:
+            held.append(OutputLock(job.output))
+
+    collective.on_root(comm, take, types=_TYPES, fallback=IngestError)
+    return held[0] if held else None
 
 
 def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseException | None]:
