@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from ingest_helpers import check_container_against_folder, small_jpegs
-from mpirun import REPO, mpiexec
+from mpirun import REPO, mpiexec, run_mpi
 
 from dstore.formats import ContainerExistsError, create_writer, open_container
 from dstore.formats.lock import lock_path
@@ -74,6 +74,40 @@ def _raw_container(path, n=400, seed=0):
         for i in range(n):
             w.append(rng.integers(0, 256, 64, dtype=np.uint8).tobytes(), i % 4, f"s{i}", i)
     return str(path)
+
+
+def test_kill_9_of_a_rank_during_training_ends_the_job_and_resume_finishes(tmp_path):
+    import torch
+
+    from dstore.training.metrics import read_jsonl
+
+    data = _raw_container(tmp_path / "c.h5")  # 320 training samples, global batch 32: 10 steps an epoch
+    run = tmp_path / "run"
+    common = ["--batch-size", "32", "--checkpoint-every", "2", "--seed", "1", "--log-batches", "--no-progress",
+              "--run-dir", str(run)]
+    proc = _launch(["-m", "dstore.tools", "train", data, "--epochs", "40"] + common)
+    checkpoint = run / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert checkpoint.exists(), _finish(proc, 60)  # (a job that ended, or hung, before its first checkpoint)
+    pid = _rank_pid(proc.pid, 1)
+    assert pid is not None, "rank 1 not found"
+    os.kill(pid, signal.SIGKILL)
+    code, out, err = _finish(proc, 60)  # the job must end, not hang
+    assert code != 0 and "signal 9" in out + err, (code, out, err)
+
+    saved = torch.load(checkpoint, weights_only=True)
+    step = int(saved["global_step"])
+    assert 0 < step < 20, step  # killed within the first two epochs, so the resumed run has work left
+    logged = {r: len(read_jsonl(run / f"batches.rank{r}.jsonl")) for r in (0, 1)}
+
+    res = run_mpi(2, ["dstore", "train", data, "--resume", "auto", "--epochs", "2"] + common, timeout=120)
+    assert "resumed from" in res.stdout and f"(global step {step})" in res.stdout, res.stdout
+    assert int(torch.load(checkpoint, weights_only=True)["global_step"]) == 20
+    for r in (0, 1):  # the resumed run trains every step from the checkpoint to the end, each once
+        batches = read_jsonl(run / f"batches.rank{r}.jsonl")[logged[r]:]
+        assert [(b["epoch"], b["step"]) for b in batches] == [divmod(s, 10) for s in range(step, 20)], r
 
 
 SLOW_INGEST = """
