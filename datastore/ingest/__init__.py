@@ -27,7 +27,8 @@ reason in `IngestReport.skipped`. Non-image files in an image folder are ignored
 """
 
 from dstore.ingest.registry import open_source
-from dstore.ingest.run import IngestError, IngestReport, ingest
+from dstore.ingest.report import IngestError, IngestReport
+from dstore.ingest.run import ingest
 from dstore.ingest.source import SOURCE_TYPES, Source
 
 __all__ = ["SOURCE_TYPES", "IngestError", "IngestReport", "Source", "ingest", "open_source"]

@@ -37,72 +37,9 @@ from dstore.formats.replace import check_replaceable
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
 from dstore.ingest.registry import open_source
+from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source
 from dstore.ingest.writer import BackgroundWriter
-
-
-class IngestError(DStoreError, RuntimeError):
-    """Another rank failed during ingest; the message is that rank's error."""
-
-
-@dataclasses.dataclass
-class IngestReport:
-    """What an ingest did (the same on every rank).
-
-    Attributes:
-        output: the container's path (the manifest's directory or file when sharded).
-        samples: samples written.
-        bytes: sample bytes written.
-        seconds: wall time from the start (source listing included) to the finished container.
-        skipped: (location, reason) of every sample or folder left out under on_error="skip".
-        ignored: paths not taken as samples on purpose (non-image files, hidden files).
-        notes: remarks from the source (e.g. labels defaulted to 0).
-        shards: the shard files (just `output` when not sharded).
-        encoding: the container's encoding.
-        num_classes: number of classes.
-        ranks: MPI ranks that took part.
-        fmt: `hdf5` or `zarr`.
-    """
-
-    output: str
-    samples: int
-    bytes: int
-    seconds: float
-    skipped: list[tuple[str, str]]
-    ignored: list[str]
-    notes: list[str]
-    shards: list[str]
-    encoding: str
-    num_classes: int
-    ranks: int
-    fmt: str
-
-    @property
-    def mb_per_s(self) -> float:
-        """Sample bytes written per second, in MB (10**6 bytes)."""
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
-
-    @property
-    def files_per_s(self) -> float:
-        """Samples written per second."""
-        return self.samples / self.seconds if self.seconds > 0 else float("inf")
-
-    def summary(self, max_listed: int = 50) -> str:
-        """A human-readable summary; lists up to `max_listed` skipped samples with their reasons."""
-        lines = [f"wrote {self.samples} samples ({self.bytes / 1e6:.1f} MB, {self.encoding}, "
-                 f"{self.num_classes} classes) to {self.output}"
-                 + (f" in {len(self.shards)} shards" if len(self.shards) > 1 else ""),
-                 f"{self.seconds:.2f} s on {self.ranks} rank(s): {self.mb_per_s:.1f} MB/s, "
-                 f"{self.files_per_s:.0f} files/s"]
-        lines += [f"note: {n}" for n in self.notes]
-        if self.ignored:
-            lines.append(f"ignored {len(self.ignored)} non-image or hidden file(s), e.g. {self.ignored[0]}")
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)}:")
-            lines += [f"  {where}: {reason}" for where, reason in self.skipped[:max_listed]]
-            if len(self.skipped) > max_listed:
-                lines.append(f"  ... and {len(self.skipped) - max_listed} more")
-        return "\n".join(lines)
 
 
 def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[str]]:
