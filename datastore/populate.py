@@ -35,7 +35,17 @@ READER_INDEX_BYTES = 28
 indices, uint32 checksums): what each storage or population thread's reader holds."""
 
 PRELOAD_SCRATCH = 8 << 20
-"""Bytes of the piece a tiered preload reads its block through, keeping only the resident samples."""
+"""The most bytes of one read of a tiered preload (and of each scratch buffer that a read crossing
+non-resident samples lands in before its resident samples are copied out)."""
+
+GAP_BYTES = 256 << 10
+"""The most bytes of non-resident samples one read of a tiered preload crosses (reads and drops)
+between two resident samples instead of starting another read. A gap is worth reading while it
+costs less than a request: bytes < bandwidth x the time one more request costs. A parallel file
+system job's share (dstore pfs's defaults: 1 GB/s, 2,000 requests/s, so 0.5 ms a request even with
+2 ms round trips overlapped 4 deep) gives about 500 KB; local NVMe (~2 GB/s, ~0.1 ms) about
+200 KB. Only where the container is byte-addressable (ContainerReader.byte_addressable: unfiltered
+HDF5, shards of it); elsewhere a read decodes whole chunks, so the preload reads pieces of the block."""
 
 PARALLEL_PIECE = 4 << 20
 """Bytes per read of a preload with several reads in flight: a few storage requests each, and
@@ -186,26 +196,28 @@ def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base:
 
 
 def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray, scratch_bytes: int) -> int:
-    """Tiered preload: block [lo, hi) read in pieces (no piece without a resident sample), each
-    piece into one of `reads.threads` scratch buffers whose bytes together are at most
-    `scratch_bytes`, its resident samples then copied into `local` at `disp`. A sample larger than
-    a scratch buffer is read straight into the window. Returns the bytes read."""
+                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray, scratch_bytes: int,
+                     gap: float | None = None) -> int:
+    """Tiered preload: the resident samples of block [lo, hi) into `local` at `disp`, read as
+    dstore.tiers.preload_reads plans them: runs of resident samples joined across at most `gap`
+    bytes of non-resident ones (default GAP_BYTES where the container is byte-addressable, else any
+    gap: pieces of the block), each read at most one scratch buffer long. A read without a gap goes
+    straight into the window; one with gaps into one of `reads.threads` scratch buffers (together
+    at most `scratch_bytes`), its resident samples then copied out. Returns the bytes read."""
     off, sizes = offsets, np.diff(offsets)
     ids = np.arange(lo, hi)
     ids = ids[resident[ids] & (sizes[ids] > 0)]
     if ids.size == 0:
         return 0
+    if gap is None:
+        gap = GAP_BYTES if getattr(container, "byte_addressable", False) else float("inf")
     nbuf = reads.threads
     size = max(1, min(PRELOAD_SCRATCH, max(1, int(scratch_bytes)) // nbuf, int(off[hi] - off[lo])))
-    groups = []  # (k, m): resident samples ids[k:m] whose bytes end within one scratch buffer
-    k = 0
-    while k < ids.size:
-        a = int(ids[k])
-        m = max(k + 1, int(np.searchsorted(off[ids[k:] + 1], off[a] + size, side="right")) + k)
-        groups.append((k, m))
-        k = m
-    scratch = [np.empty(size, dtype=np.uint8) for _ in range(min(nbuf, len(groups)))]
+    groups = tiers.preload_reads(ids, off, size, gap)
+    kept = np.zeros(ids.size + 1, dtype=np.int64)  # resident bytes of ids[:k]
+    np.cumsum(sizes[ids], out=kept[1:])
+    gaps = sum(int(off[ids[m - 1] + 1] - off[ids[k]]) > int(kept[m] - kept[k]) for k, m in groups)
+    scratch = [np.empty(size, dtype=np.uint8) for _ in range(min(nbuf, gaps))]
     free = list(range(len(scratch)))
     pending = collections.deque()  # (k, m, slot or None, future)
     nread = 0
@@ -232,13 +244,15 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
 
     try:
         for k, m in groups:
-            while len(pending) >= nbuf or (not free and pending):
-                finish()
             a, b = int(ids[k]), int(ids[m - 1]) + 1
             n = int(off[b] - off[a])
-            if n > size:  # one sample larger than a scratch buffer: straight into the window
+            if n == int(kept[m] - kept[k]):  # no gap: the window holds these bytes back to back
+                while len(pending) >= nbuf:
+                    finish()
                 dst, slot = local[int(disp[a]):int(disp[a]) + n], None
             else:
+                while len(pending) >= nbuf or (not free and pending):
+                    finish()
                 slot = free.pop()
                 dst = scratch[slot][:n]
             pending.append((k, m, slot, reads.submit(base + int(off[a]), base + int(off[b]), dst)))

@@ -10,6 +10,9 @@ data set exceeds the memory budget, and how a step's storage reads coalesce. No 
   independently of it.
 * Storage reads of one step: the step's non-resident entries (pads excluded; see the store),
   sorted by sample index, runs of consecutive indices coalesced into one read each.
+* Reads of the tiered preload: a rank's resident samples in index order, runs of them joined
+  across a gap of non-resident bytes no larger than a threshold (reading a small gap costs less
+  than another request), each read at most a piece long.
 """
 
 from __future__ import annotations
@@ -117,3 +120,33 @@ def plan_storage(ids: np.ndarray, want: np.ndarray, offsets: np.ndarray) -> Stor
     heads = np.nonzero(np.diff(u, prepend=-2) != 1)[0]
     ends = np.append(heads[1:], u.size)
     return StorageReads(entry, u[heads], u[ends - 1] + 1, pos[heads], int(pos[-1]))
+
+
+def preload_reads(ids: np.ndarray, offsets: np.ndarray, piece: int, gap: float) -> list:
+    """The reads of a tiered preload: groups ``(k, m)``, each one read of the bytes
+    ``[offsets[ids[k]], offsets[ids[m - 1] + 1])``, in order, covering every sample of `ids`.
+
+    A group joins consecutive samples of `ids` while the bytes between two of them (non-resident
+    samples) are at most `gap` and the group's bytes stay within `piece`; a sample larger than
+    `piece` is a group of its own. `gap=inf` joins across any gap (pieces of the block that skip
+    only what holds no sample of `ids`).
+
+    Args:
+        ids: int64[n], increasing sample indices (the resident, non-empty samples of a block).
+        offsets: int64[N+1], the samples' byte offsets.
+        piece: the most bytes of one read (>= 1).
+        gap: the most bytes of non-resident samples one read may cross between two of `ids`.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return []
+    starts, ends = offsets[ids], offsets[ids + 1]
+    breaks = np.nonzero(starts[1:] - ends[:-1] > gap)[0] + 1
+    groups = []
+    k = 0
+    for stop in np.append(breaks, ids.size).tolist():
+        while k < stop:
+            m = k + int(np.searchsorted(ends[k:stop], starts[k] + piece, side="right"))
+            groups.append((k, max(m, k + 1)))
+            k = max(m, k + 1)
+    return groups

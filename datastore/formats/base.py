@@ -115,6 +115,13 @@ class ContainerReader(abc.ABC):
     def close(self) -> None:
         """Release file handles. Safe to call twice."""
 
+    @property
+    def byte_addressable(self) -> bool:
+        """True where `read_bytes(lo, hi)` reads about hi - lo bytes from storage (unfiltered data
+        read at its file offsets), so reads that skip bytes read less; False (the default) where a
+        read fetches and decodes the whole chunks it touches."""
+        return False
+
     # --- defined once for every backend ------------------------------------------------
     def __len__(self) -> int:
         return self.info.num_samples

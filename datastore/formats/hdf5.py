@@ -212,6 +212,11 @@ class HDF5Reader(ContainerReader):
             raise ConfigError(f"{self.path}: the reader is closed")
         return self._data_id
 
+    @property
+    def byte_addressable(self) -> bool:
+        """Unfiltered data is read with preadv at its file offsets; filtered data chunk by chunk."""
+        return self._direct is not None
+
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] straight into `out` (no intermediate copy): preadv at the chunks' file offsets,
         or one HDF5 read where the data is filtered."""

@@ -186,6 +186,10 @@ class ShardedReader(ContainerReader):
         k = int(np.searchsorted(self._sample_starts, i, side="right")) - 1
         return k, i - int(self._sample_starts[k])
 
+    @property
+    def byte_addressable(self) -> bool:
+        return bool(self._shards) and all(s.byte_addressable for s in self._shards)
+
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] of the joined view: one range read per shard it touches, into one `out`."""
         lo, hi = check_byte_range(self.path, lo, hi, self.total_bytes)
