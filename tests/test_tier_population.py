@@ -125,3 +125,25 @@ def test_preload_reads_cover_the_ids_once_within_piece_and_gap(sizes, data):
         assert all(off[ids[j + 1]] - off[ids[j] + 1] <= gap for j in range(k, m - 1))
     for (k, m), (k2, _) in zip(groups, groups[1:]):  # a group ends only at a gap or at the piece
         assert off[ids[k2]] - off[ids[m - 1] + 1] > gap or off[ids[k2] + 1] - off[ids[k]] > piece
+
+
+@pytest.mark.parametrize("backend,expect", [("hdf5", True), ("zarr", False), ("sharded-hdf5", True),
+                                            ("sharded-zarr", False)])
+def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch, backend, expect):
+    # Unfiltered HDF5 (and shards of it) is read at file offsets: the preload reads the runs. Zarr
+    # decodes whole chunks per read: the preload reads pieces of the block. Both fill the window alike.
+    from formats_helpers import build, random_samples
+    from mpi4py import MPI
+
+    from dstore.formats import open_container
+
+    monkeypatch.setattr(populate, "GAP_BYTES", 0)
+    path = build(tmp_path, backend, random_samples(300, seed=2, max_bytes=3000))
+    with open_container(path) as ref, _tiered(MPI.COMM_SELF, path, 0.3, batch_size=8) as st:
+        assert ref.byte_addressable == expect
+        res, sizes = st._resident, st.sizes
+        got, resident_bytes = st._pop["population_bytes"], int(sizes[res].sum())
+        assert (got == resident_bytes) if expect else (got > 2 * resident_bytes)
+        window, disp = st._arena.local, st.layout.disp
+        for i in np.nonzero(res)[0].tolist():
+            assert np.array_equal(window[int(disp[i]):int(disp[i]) + int(sizes[i])], ref.sample(i)[0]), i
