@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +14,13 @@ from dstore.errors import ConfigError, DStoreError, FormatError, IncompleteConta
 from dstore.formats.base import (
     ENCODINGS,
     FORMAT_VERSION,
-    ContainerExistsError,
     ContainerInfo,
     ContainerWriter,
     check_batch,
 )
 from dstore.formats.base import checksum as crc32_of
 from dstore.formats.lock import OutputLock
-from dstore.formats.replace import check_replaceable
+from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
 COMPLETE_ATTR = "complete"
 """The completion marker: an attribute set to True, written after everything else."""
@@ -350,51 +346,6 @@ def _check_crcs(values) -> list[int]:
         bad = int(arr[(arr < 0) | (arr > 0xFFFFFFFF)][0])
         raise ConfigError(f"checksums: {bad} is not a CRC32 (an unsigned 32-bit value)")
     return arr.tolist()
-
-
-def temp_path(path: str) -> str:
-    """A unique temporary name in the same directory as `path` (so the final rename is atomic)."""
-    head, tail = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def check_target(path: str, overwrite: bool) -> str:
-    """The absolute target path; raises ContainerExistsError if it exists and not `overwrite`, or if
-    it exists and is not one of our containers (see dstore.formats.replace)."""
-    path = os.fspath(path)
-    if os.path.lexists(path):
-        if not overwrite:
-            raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
-        check_replaceable(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"cannot create {path}: directory {parent} does not exist")
-    return os.path.abspath(path)
-
-
-def remove_path(path: str) -> None:
-    """Removes a file or directory tree if it exists."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
-    """Renames the finished temporary to its final name (replacing an old container if allowed,
-    and only if it is one of ours: checked again here, just before it goes)."""
-    if os.path.lexists(final):
-        if not overwrite:
-            raise ContainerExistsError(f"{final} appeared while it was being written (by another job?); "
-                                       "it is left as it is and this one is not kept")
-        check_replaceable(final)
-        if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
-            trash = temp_path(final) + ".old"
-            os.rename(final, trash)
-            os.rename(tmp, final)
-            remove_path(trash)
-            return
-    os.replace(tmp, final)
 
 
 class StreamingWriter(ContainerWriter):

@@ -1,15 +1,21 @@
-"""What `overwrite` may replace: only something recognisably one of our containers, never a user's
-files (an HDF5 file or Zarr group with our attributes, a manifest, a directory holding only a
-manifest and its shards)."""
+"""Where a finished output goes, and what `overwrite` may replace there.
+
+A container is written under a temporary name beside its target and renamed into place when
+complete (`temp_path`, `check_target`, `move_into_place`); `overwrite` replaces only something
+recognisably one of our containers, never a user's files (an HDF5 file or Zarr group with our
+attributes, a manifest, a directory holding only a manifest and its shards)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import uuid
 
 import h5py
 
+from dstore.errors import ConfigError
 from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, is_hdf5
 from dstore.formats.base import ARRAYS, ContainerExistsError
 
@@ -89,3 +95,48 @@ def check_replaceable(path: str) -> None:
     if why is not None:
         raise ContainerExistsError(f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
                                    "only a container; remove it yourself or choose another output")
+
+
+def temp_path(path: str) -> str:
+    """A unique temporary name in the same directory as `path` (so the final rename is atomic)."""
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def check_target(path: str, overwrite: bool) -> str:
+    """The absolute target path; raises ContainerExistsError if it exists and not `overwrite`, or if
+    it exists and is not one of our containers (see dstore.formats.replace)."""
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        if not overwrite:
+            raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+        check_replaceable(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"cannot create {path}: directory {parent} does not exist")
+    return os.path.abspath(path)
+
+
+def remove_path(path: str) -> None:
+    """Removes a file or directory tree if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
+    """Renames the finished temporary to its final name (replacing an old container if allowed,
+    and only if it is one of ours: checked again here, just before it goes)."""
+    if os.path.lexists(final):
+        if not overwrite:
+            raise ContainerExistsError(f"{final} appeared while it was being written (by another job?); "
+                                       "it is left as it is and this one is not kept")
+        check_replaceable(final)
+        if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
+            trash = temp_path(final) + ".old"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            remove_path(trash)
+            return
+    os.replace(tmp, final)

@@ -11,17 +11,8 @@ import numpy as np
 from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, detect_format, open_backend
 from dstore.formats.base import FORMAT_VERSION, ContainerNotFoundError, ContainerReader
-from dstore.formats.layout import (
-    COMPLETE_ATTR,
-    check_byte_range,
-    check_out,
-    check_target,
-    make_attrs,
-    move_into_place,
-    parse_info,
-    remove_path,
-    temp_path,
-)
+from dstore.formats.layout import COMPLETE_ATTR, check_byte_range, check_out, make_attrs, parse_info
+from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
 _SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
 """Attributes every shard of one container must agree on."""
@@ -59,7 +50,22 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
     if not target.endswith(".json"):
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     target = check_target(target, overwrite)
-    base = os.path.dirname(target)
+    entries, first_info = _shard_entries(shard_paths, os.path.dirname(target))
+    merged = make_attrs(encoding=first_info.encoding, class_names=first_info.class_names,
+                        raw_dtype=first_info.raw_dtype, raw_shape=first_info.raw_shape,
+                        source=first_info.source,
+                        extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
+                        num_samples=sum(e["num_samples"] for e in entries),
+                        total_bytes=sum(e["total_bytes"] for e in entries))
+    manifest = {"format": MANIFEST_FORMAT, "version": FORMAT_VERSION, "shards": entries, "attrs": merged,
+                COMPLETE_ATTR: True}  # the marker, last key
+    _write_json_into_place(manifest, target, overwrite)
+    return target
+
+
+def _shard_entries(shard_paths: list[str], base: str):
+    """(the manifest's shard entries, the first shard's ContainerInfo): each shard opened and checked
+    to be an HDF5 or Zarr container agreeing with the first; paths relative to `base` below it."""
     entries, first = [], None
     for p in shard_paths:
         fmt = detect_format(p)
@@ -77,18 +83,15 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
         rel = os.path.relpath(os.path.abspath(p), base)
         entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
                         "num_samples": info.num_samples, "total_bytes": info.total_bytes})
-    merged = make_attrs(encoding=first_info.encoding, class_names=first_info.class_names,
-                        raw_dtype=first_info.raw_dtype, raw_shape=first_info.raw_shape,
-                        source=first_info.source,
-                        extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
-                        num_samples=sum(e["num_samples"] for e in entries),
-                        total_bytes=sum(e["total_bytes"] for e in entries))
-    manifest = {"format": MANIFEST_FORMAT, "version": FORMAT_VERSION, "shards": entries, "attrs": merged,
-                COMPLETE_ATTR: True}  # the marker, last key
+    return entries, first_info
+
+
+def _write_json_into_place(value, target: str, overwrite: bool) -> None:
+    """`value` as JSON at `target`: written and synced under a temporary name, then renamed."""
     tmp = temp_path(target)
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
+            json.dump(value, f, indent=1)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -96,7 +99,6 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
     except BaseException:
         remove_path(tmp)
         raise
-    return target
 
 
 def read_manifest(path) -> dict:

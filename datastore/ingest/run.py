@@ -31,9 +31,8 @@ from dstore.formats import (
     create_writer,
     write_manifest,
 )
-from dstore.formats.layout import remove_path
 from dstore.formats.lock import OutputLock
-from dstore.formats.replace import check_replaceable
+from dstore.formats.replace import check_replaceable, remove_path
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
 from dstore.ingest.registry import open_source
