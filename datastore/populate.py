@@ -229,18 +229,9 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
             f.result()
         except Exception as exc:
             raise read_error(container, start, exc, a, b) from exc
-        if slot is None:
-            return
-        part = ids[k:m]
-        heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
-        ends = np.append(heads[1:], part.size)
-        buf = scratch[slot]
-        for h, e in zip(heads.tolist(), ends.tolist()):
-            x, y = int(part[h]), int(part[e - 1]) + 1
-            src = int(off[x] - off[a])
-            cnt = int(off[y] - off[x])
-            local[int(disp[x]):int(disp[x]) + cnt] = buf[src:src + cnt]
-        free.append(slot)
+        if slot is not None:
+            _copy_runs(ids[k:m], off, scratch[slot], local, disp)
+            free.append(slot)
 
     try:
         for k, m in groups:
@@ -264,6 +255,18 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
             f.cancel()
         concurrent.futures.wait([f for *_, f in pending])
     return nread
+
+
+def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.ndarray, disp: np.ndarray) -> None:
+    """Copies the resident samples `part` (sorted ids) out of `buf`, which holds the bytes from
+    sample part[0] on, into the window `local` at `disp`: one copy per run of consecutive ids."""
+    heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
+    ends = np.append(heads[1:], part.size)
+    a = int(part[0])
+    for h, e in zip(heads.tolist(), ends.tolist()):
+        x, y = int(part[h]), int(part[e - 1]) + 1
+        src, cnt = int(off[x] - off[a]), int(off[y] - off[x])
+        local[int(disp[x]):int(disp[x]) + cnt] = buf[src:src + cnt]
 
 
 def read_samples(container, start: int, lo: int, hi: int, out: np.ndarray) -> None:
