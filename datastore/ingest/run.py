@@ -147,20 +147,10 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             _wait(gcomm.Iallgather(header, headers))
             if headers[:, 0].any():
                 _raise_agreed(gcomm, err)
-            skipped_parts, sizes, data, crcs = [block.skipped], block.sizes, block.parts, None
             if m > 1:
-                meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
-                meta[:, 0] = block.sizes
-                meta[block.sizes >= 0, 1] = block.checksums
-                metas = np.empty((int(headers[:, 2].sum()), 2), np.int64) if k == 0 else None
-                _wait(gcomm.Igatherv(meta, None if k else [metas, headers[:, 2] * 2], root=0))
-                data = _room(bufs, t % 2, int(headers[:, 1].sum())) if k == 0 else None
-                _wait(gcomm.Igatherv(block.packed(out=_room(bufs, 2, block.nbytes)),
-                                     None if k else [data, headers[:, 1]], root=0))
-                if headers[:, 3].any():
-                    skipped_parts = gcomm.gather(block.skipped, root=0)
-                if k == 0:
-                    sizes, crcs = metas[:, 0], metas[metas[:, 0] >= 0, 1]
+                skipped_parts, sizes, data, crcs = _gather_round(gcomm, block, headers, bufs, t % 2)
+            else:
+                skipped_parts, sizes, data, crcs = [block.skipped], block.sizes, block.parts, None
             if k == 0:
                 for part in skipped_parts:
                     skipped.extend(part)
@@ -172,6 +162,25 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     if k != 0:
         return None
     return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
+
+
+def _gather_round(gcomm, block: Block, headers: np.ndarray, bufs: list[np.ndarray], slot: int):
+    """Collective over a group of several ranks: one round's samples gathered on its writer (rank 0)
+    as (skipped parts, sizes (-1: skipped), packed bytes, CRC32 of the kept samples); the other
+    ranks get (their own skipped, None, None, None). `headers` is the round's allgathered
+    (error, bytes, samples, skipped) per rank; the writer receives into bufs[slot]."""
+    k = gcomm.Get_rank()
+    meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
+    meta[:, 0] = block.sizes
+    meta[block.sizes >= 0, 1] = block.checksums
+    metas = np.empty((int(headers[:, 2].sum()), 2), np.int64) if k == 0 else None
+    _wait(gcomm.Igatherv(meta, None if k else [metas, headers[:, 2] * 2], root=0))
+    data = _room(bufs, slot, int(headers[:, 1].sum())) if k == 0 else None
+    _wait(gcomm.Igatherv(block.packed(out=_room(bufs, 2, block.nbytes)), None if k else [data, headers[:, 1]], root=0))
+    skipped_parts = gcomm.gather(block.skipped, root=0) if headers[:, 3].any() else [block.skipped]
+    if k != 0:
+        return skipped_parts, None, None, None
+    return skipped_parts, metas[:, 0], data, metas[metas[:, 0] >= 0, 1]
 
 
 def _room(bufs: list[np.ndarray], slot: int, n: int) -> np.ndarray:
