@@ -21,8 +21,9 @@ from dstore.training.dist import DEVICES
 from dstore.training.models import model_names
 from dstore.training.optim import OPTIMIZERS, SCHEDULES
 
-LOADERS = ("store", "direct")
-"""What feeds the trainer: the distributed store, or the per-sample baseline (training.data.DirectSource)."""
+LOADERS = ("store", "direct", "files")
+"""What feeds the trainer: the distributed store, or a per-sample baseline (training.data.DirectSource reading
+the container, FilesSource reading the image files it was ingested from)."""
 AUGMENTS = ("auto", "on", "off")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never."""
 CHANNELS = (1, 3)
@@ -75,8 +76,16 @@ class TrainConfig:
     holdout: float = _flag(0.2, "fraction of the container (its tail; ingest already shuffled it) held out for "
                                 "evaluation", group=DATA)
     loader: str = _flag("store", "store: the distributed in-memory store; direct: baseline reading every sample "
-                                 "from the container file when its batch is due (same order, same decode)",
+                                 "from the container file when its batch is due (same order, same decode); "
+                                 "files: baseline reading every sample from its own image file, as a "
+                                 "DataLoader over an image folder does (the files the container was ingested "
+                                 "from, --files-root; same order, same decode)",
                         group=DATA, choices=LOADERS)
+    files_root: str | None = _flag(None, "with --loader files: the folder the samples' names are relative to "
+                                         "(default: the container's source folder, as ingest recorded it)",
+                                   group=DATA, metavar="FOLDER")
+    read_threads: int = _flag(4, "with --loader files: files read at once per rank (as a DataLoader's workers)",
+                              group=DATA)
     direct_cold: bool = _flag(False, "with --loader direct: drop the container from each node's page cache before "
                                      "every epoch, so per-sample reads come from storage (as for data larger than "
                                      "memory)", group=DATA)
@@ -178,8 +187,12 @@ class TrainConfig:
             raise ConfigError(f"loader={self.loader!r} is not one of {LOADERS}")
         if self.augment not in AUGMENTS:
             raise ConfigError(f"augment={self.augment!r} is not one of {AUGMENTS}")
-        if self.loader == "direct" and self.shuffle != "global":
-            raise ConfigError(f"loader='direct' supports only shuffle='global', not {self.shuffle!r}")
+        if self.loader in ("direct", "files") and self.shuffle != "global":
+            raise ConfigError(f"loader={self.loader!r} supports only shuffle='global', not {self.shuffle!r}")
+        if self.files_root is not None and self.loader != "files":
+            raise ConfigError(f"--files-root (files_root) needs --loader files, not --loader {self.loader}")
+        if self.read_threads < 1:
+            raise ConfigError(f"--read-threads (read_threads={self.read_threads}) must be >= 1")
         if self.direct_cold and self.loader != "direct":
             raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
         if self.decode_threads < 1 or self.prefetch < 0:

@@ -54,7 +54,9 @@ def describe_io(stats: dict) -> str:
     if "samples_local" in stats:
         return _describe_store(stats)
     if "samples_read" in stats:
-        return (f"whole run: {stats['samples_read']} samples read one by one from the file, "
+        how = (f"from their own files, {stats['read_threads']} at once" if "read_threads" in stats
+               else "one by one from the file")
+        return (f"whole run: {stats['samples_read']} samples read {how}, "
                 f"{human_bytes(stats['bytes_read'])} in {stats['read_s']:.2f} s")
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(stats.items()))
 

@@ -9,6 +9,7 @@ global order, so the two can be compared with everything else equal.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import queue
@@ -235,4 +236,65 @@ class DirectSource:
         return self
 
     def __exit__(self, *exc):
+        return False
+
+
+class FilesSource(DirectSource):
+    """The baseline most training jobs run: every sample read from its own image file when its batch
+    is due, as a DataLoader over an image folder does: an open, a read and a close per sample, with
+    `read_threads` files read at once (as DataLoader's workers would; file reads release the GIL).
+
+    The files are the ones the container was ingested from (`root`, default the container's
+    `source` attribute, joined with each sample's name); the labels, order and batch split are the
+    container's, so the training equals `--loader store`'s sample for sample. Only containers whose
+    samples are the files' bytes qualify (ingested as is, not re-encoded or resized): checked on the
+    first sample, and a file that is missing or has other bytes fails naming it.
+
+    Args:
+        root: the folder the sample names are relative to (default: reader.info.source).
+        read_threads: files read at once per rank.
+        (the rest as DirectSource)
+    """
+
+    def __init__(self, comm, reader, *, root: str | None = None, read_threads: int = 4, **kwargs):
+        super().__init__(comm, reader, **kwargs)
+        self.root = os.fspath(root or reader.info.source or "")
+        if not self.root or not os.path.isdir(self.root):
+            raise ConfigError(f"--loader files reads the image files {reader.path} was ingested from, but its "
+                              f"source folder {self.root!r} is not a directory here; pass --files-root FOLDER")
+        if int(read_threads) < 1:
+            raise ConfigError(f"read_threads={read_threads} must be >= 1")
+        self.read_threads = int(read_threads)
+        self.stats["read_threads"] = self.read_threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.read_threads, thread_name_prefix="files-read")
+        first = self.start
+        if self.num_samples and not np.array_equal(self._read_file(first), reader.sample(first)[0]):
+            raise ConfigError(f"{self._path(first)} does not hold the bytes of sample {first} of {reader.path} "
+                              f"(re-encoded or resized at ingest?): --loader files needs a container ingested "
+                              f"as is from these files")
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self.root, self.reader.name(int(i)))
+
+    def _read_file(self, i: int) -> np.ndarray:
+        path = self._path(i)
+        try:
+            with open(path, "rb") as fh:
+                return np.frombuffer(fh.read(), np.uint8)
+        except OSError as exc:
+            raise ConfigError(f"--loader files: cannot read sample {int(i)}'s file {path}: {exc}") from exc
+
+    def _read_batch(self, schedule, s: int, epoch: int):
+        sl = schedule.step(s)
+        ids = schedule.ids[sl]
+        t0 = time.perf_counter()
+        samples = list(self._pool.map(self._read_file, ids.tolist()))
+        self.stats["read_s"] += time.perf_counter() - t0
+        self.stats["samples_read"] += len(ids)
+        self.stats["bytes_read"] += int(sum(x.size for x in samples))
+        return Batch(samples=samples, labels=self.reader.labels[ids].astype(np.int64), ids=ids, epoch=epoch,
+                     step=s, pad=schedule.pad[sl])
+
+    def __exit__(self, *exc):
+        self._pool.shutdown(wait=True)
         return False

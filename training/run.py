@@ -28,7 +28,7 @@ from dstore.training import console, hparams, ltfb
 from dstore.training.augment import ImageTransform, default_augmentation
 from dstore.training.checkpoint import CHECKPOINT_NAME, container_identity, resolve_job_resume, resolve_resume
 from dstore.training.config import TrainConfig
-from dstore.training.data import DirectSource, ensure_builtin, probe_input, split_ranges
+from dstore.training.data import DirectSource, FilesSource, ensure_builtin, probe_input, split_ranges
 from dstore.training.dist import init_distributed
 from dstore.training.fit import Fit
 from dstore.training.loop import Trainer
@@ -206,6 +206,10 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     if cfg.loader == "direct":
         return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
                             sample_range=sample_range, prefetch=max(1, cfg.prefetch))
+    if cfg.loader == "files":
+        return FilesSource(comm, reader, root=cfg.files_root, read_threads=cfg.read_threads,
+                           batch_size=cfg.batch_size, seed=seed, drop_last=drop_last, sample_range=sample_range,
+                           prefetch=max(1, cfg.prefetch))
     return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
                      sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)

@@ -1,5 +1,8 @@
 """`python -m dstore.tools.bench.train_e2e CONTAINER`: `mpiexec -n R dstore train` end to end on local disk and
-through `dstore pfs` models, with the store and with the direct (per-sample) loader.
+through `dstore pfs` models, with the store and the per-sample baselines: `direct` (samples read from the
+container) and `files` (`--loaders store,direct,files`: samples read from the image files the container
+was ingested from, as a DataLoader over an image folder does; the folder must lie beside the container,
+so that one mount serves both).
 
 For each storage rung and loader it runs a real training job on the container (through a fresh mount
 of the container's directory for a pfs rung) and reads the job's metrics.jsonl: steady-state
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from dstore.formats import open_container
 from dstore.tools.pfs.model import parse_spec
 from dstore.tools.pfs.mount import pfs_mount
 
@@ -93,8 +97,11 @@ def main(argv=None) -> int:
                 stats = None
             else:
                 with pfs_mount(src_dir, model=parse_spec(spec)) as mnt:
+                    extra = list(args.extra)
+                    if loader == "files":  # the image folder through the same mount
+                        extra += ["--files-root", mnt.path(_folder_beside(args.container, src_dir))]
                     row = run_one(mnt.path(name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
-                                  extra=args.extra, timeout=args.timeout)
+                                  extra=extra, timeout=args.timeout)
                 stats = mnt.stats
             row.update(spec=spec, mount_stats=stats)
             rows.append(row)
@@ -108,6 +115,18 @@ def main(argv=None) -> int:
         fh.write(md)
     print(md)
     return 0
+
+
+def _folder_beside(container: str, src_dir: str) -> str:
+    """The image folder `container` was ingested from, relative to `src_dir` (the mounted directory);
+    raises SystemExit if it is not below it (a mount of src_dir would not serve it)."""
+    with open_container(container) as reader:
+        folder = os.path.realpath(reader.info.source or "")
+    rel = os.path.relpath(folder, src_dir)
+    if rel.startswith("..") or not os.path.isdir(folder):
+        raise SystemExit(f"--loaders files through a pfs mount: {container} was ingested from {folder!r}, which "
+                         f"is not a folder below {src_dir} (the mounted directory); put the images beside it")
+    return rel
 
 
 def markdown(rows: list[dict], args) -> str:
