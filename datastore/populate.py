@@ -327,11 +327,19 @@ def tier_buffers(store, bufs: int) -> int:
     return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
 
 
+def memory_needs(store) -> tuple[int, int]:
+    """(all resident: the rank's share plus its peak buffers; nothing resident: the tier's buffers),
+    as check_budget and choose_resident count them (a replicated store: the whole data set)."""
+    bufs = receive_buffers(store)
+    data = int(store.offsets[-1]) if store.replicate else int(store.layout.nbytes[store.rank])
+    return data + max(bufs, population_readers(store)), tier_buffers(store, bufs)
+
+
 def check_budget(store) -> None:
     """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget,
     or (overflow served) every rank computes the same resident set."""
     local_ranks = store._topology.local_size
-    budget, source = ((store._budget_arg, "memory_budget argument") if store._budget_arg is not None
+    budget, source = ((store._budget_arg, store._budget_source) if store._budget_arg is not None
                       else default_budget(local_ranks))
     bufs = receive_buffers(store)
     peak = max(bufs, population_readers(store))  # the readers are gone before the buffers exist

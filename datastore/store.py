@@ -206,6 +206,7 @@ class DataStore:
             node_views = os.environ.get("DSTORE_NODE_VIEWS", "1").strip().lower() not in ("0", "false", "no", "off")
         self.node_views = bool(node_views)
         self._budget_arg = None if memory_budget is None else parse_bytes(memory_budget)
+        self._budget_source = "memory_budget argument"
         self.overflow = tiers.check_overflow(overflow)
         self.storage_lookahead = _positive_int("storage_lookahead", storage_lookahead, 0)
         self.storage_threads = _positive_int("storage_threads", storage_threads)
@@ -284,6 +285,21 @@ class DataStore:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
         buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
         return populate_mod.tier_buffers(self, populate_mod.receive_buffers(self))
+
+    def memory_needs(self) -> tuple[int, int]:
+        """(bytes this rank needs to hold all its samples resident with its buffers, the least it
+        needs to serve anything: the buffers with nothing resident). Before population, no
+        communication: what a caller sharing one budget between several stores divides
+        (`limit_memory`)."""
+        return populate_mod.memory_needs(self)
+
+    def limit_memory(self, budget, source: str = "memory_budget argument") -> None:
+        """Sets this rank's memory budget (as `memory_budget=`), before the population only;
+        `source` says where it came from in the budget's messages."""
+        if self._arena is not None:
+            raise ConfigError("limit_memory() after the population: the windows are sized already")
+        self._budget_arg = parse_bytes(budget)
+        self._budget_source = source
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them

@@ -95,9 +95,9 @@ class TrainConfig:
     decode_threads: int = _flag(2, "decode/augment threads per rank (StoreLoader's decode_threads; --threads: "
                                    "deprecated)", group=DATA, flags=("--decode-threads", "--threads"),
                                 deprecated={"--threads": "--decode-threads"})
-    memory_budget: int | None = _flag(None, "what each of a rank's stores may hold in memory (the training set's, "
-                                            "and the held-out and tournament sets' each have their own; decoded "
-                                            "batches come on top): bytes or e.g. 8G, 512MiB (default: "
+    memory_budget: int | None = _flag(None, "what a rank may hold in memory for its data: the stores of the "
+                                            "training, held-out and tournament sets and the loaders' decoded "
+                                            "batches share it: bytes or e.g. 8G, 512MiB (default: "
                                             "$DSTORE_MEMORY_BUDGET, else 70% of the node's available memory, or "
                                             "of its cgroup limit if lower, over its ranks)",
                                       group=DATA, parse=_bytes, metavar="BYTES")

@@ -26,6 +26,7 @@ from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training import console, hparams, ltfb
 from dstore.training.augment import ImageTransform, default_augmentation
+from dstore.training.budget import loader_reserve, share_budget
 from dstore.training.checkpoint import CHECKPOINT_NAME, container_identity, resolve_job_resume, resolve_resume
 from dstore.training.config import TrainConfig
 from dstore.training.data import DirectSource, FilesSource, ensure_builtin, probe_input, split_ranges
@@ -130,13 +131,12 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
         name, input_size, model, optimizer = _build_model(cfg, data.spec)
-        train_src = stack.enter_context(_make_source(cfg, comm, data.reader, data.train_range, cfg.seed,
-                                                     cfg.drop_last))
+        sources = _open_sources(stack, cfg, ctx, data, input_size)
+        train_src = sources[0]
         spe = train_src.steps_per_epoch
         train_tf, eval_tf = _transforms(cfg, data.spec, input_size)
         trainer = _make_trainer(cfg, ctx, model, optimizer, spe, prepare=eval_tf.normalize_batch)
-        loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, data, train_src, input_size,
-                                                         train_tf, eval_tf)
+        loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf)
         on_step = None
         if tournament is not None:
             ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
@@ -215,22 +215,38 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
                      sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
 
 
-def _open_loaders(stack, cfg: TrainConfig, ctx, data: _Data, train_src, input_size, train_tf, eval_tf):
-    """(training loader over `train_src`, held-out loader or None, tournament loader or None), their
-    sources and loaders entered on `stack`; `train_tf` and `eval_tf` the per-sample transforms."""
+def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, input_size) -> tuple:
+    """(training source, held-out source or None, tournament source or None), entered on `stack`.
+    Stores populate when entered, so they are built first and share one memory budget per rank
+    with the loaders' batches (dstore.training.budget) before any of them populates."""
+    comm = ctx.comm
+    sources = [_make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last)]
+    if data.held_range is not None or data.val_reader is not None:
+        sources.append(_make_source(cfg, comm, data.val_reader or data.reader, data.held_range, cfg.seed + 1, False))
+    else:
+        sources.append(None)
+    sources.append(None if data.tour_range is None
+                   else _make_source(cfg, comm, data.reader, data.tour_range, cfg.seed + 2, False))
+    reader = data.reader
+    reserve = loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
+                             image_shape=(*data.spec.image_size, data.spec.channels),
+                             mean_sample_bytes=reader.total_bytes / max(reader.num_samples, 1),
+                             decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1)
+    share_budget(comm, sources, budget=cfg.memory_budget, reserve=reserve)
+    return tuple(None if s is None else stack.enter_context(s) for s in sources)
+
+
+def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, eval_tf):
+    """(training loader, held-out loader or None, tournament loader or None) over `sources`
+    (_open_sources), entered on `stack`; `train_tf` and `eval_tf` the per-sample transforms."""
+    train_src, eval_src, tour_src = sources
     # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
     opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
     if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
         opts.update(pin_memory=True, device=ctx.device)
     loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, **opts))
-    eval_loader = tour_loader = None
-    if data.held_range is not None or data.val_reader is not None:
-        eval_src = stack.enter_context(_make_source(cfg, ctx.comm, data.val_reader or data.reader, data.held_range,
-                                                    cfg.seed + 1, False))
-        eval_loader = stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
-    if data.tour_range is not None:
-        tour_src = stack.enter_context(_make_source(cfg, ctx.comm, data.reader, data.tour_range, cfg.seed + 2, False))
-        tour_loader = stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
+    eval_loader = None if eval_src is None else stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
+    tour_loader = None if tour_src is None else stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
     return loader, eval_loader, tour_loader
 
 
