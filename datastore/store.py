@@ -287,15 +287,12 @@ class DataStore:
         return populate_mod.tier_buffers(self, populate_mod.receive_buffers(self))
 
     def memory_needs(self) -> tuple[int, int]:
-        """(bytes this rank needs to hold all its samples resident with its buffers, the least it
-        needs to serve anything: the buffers with nothing resident). Before population, no
-        communication: what a caller sharing one budget between several stores divides
-        (`limit_memory`)."""
+        """(bytes to hold all this rank's samples with its buffers, the least it can serve with: the
+        buffers alone); before population, no communication (for `limit_memory`'s callers)."""
         return populate_mod.memory_needs(self)
 
     def limit_memory(self, budget, source: str = "memory_budget argument") -> None:
-        """Sets this rank's memory budget (as `memory_budget=`), before the population only;
-        `source` says where it came from in the budget's messages."""
+        """Sets this rank's memory budget (as `memory_budget=`, `source` naming it), before population."""
         if self._arena is not None:
             raise ConfigError("limit_memory() after the population: the windows are sized already")
         self._budget_arg = parse_bytes(budget)
