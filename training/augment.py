@@ -13,6 +13,7 @@ gives the same augmented images whatever the thread schedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -132,14 +133,20 @@ class ImageTransform:
         """A uint8 batch [b, C, H, W] (on any device) as the normalised float32 batch, equal to what
         `normalize=True` gives sample by sample (the same float32 operations in the same order).
         A batch that is already floating point is returned unchanged."""
-        import torch
 
         if images.is_floating_point():
             return images
-        shape = (1, len(self.mean), 1, 1)
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=images.device).view(shape)
-        std = torch.tensor(self.std, dtype=torch.float32, device=images.device).view(shape)
-        return (images.float() * (1.0 / 255.0) - mean) / std
+        return (images.float() * (1.0 / 255.0) - _per_channel(tuple(self.mean), images.device)) / _per_channel(
+            tuple(self.std), images.device)
+
+
+@functools.lru_cache(maxsize=16)
+def _per_channel(values: tuple[float, ...], device):
+    """`values` as a float32 [1, C, 1, 1] tensor on `device`, made once per (values, device), not
+    once per batch (on a GPU each would be a host-to-device copy)."""
+    import torch
+
+    return torch.tensor(values, dtype=torch.float32, device=device).view(1, len(values), 1, 1)
 
 
 def default_augmentation(size: tuple[int, int]) -> tuple[int, bool]:

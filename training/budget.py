@@ -10,6 +10,8 @@ fraction of their samples resident and serve the rest from storage (`overflow="s
 
 from __future__ import annotations
 
+import math
+
 from dstore.collective import agree, topology
 from dstore.errors import MemoryBudgetError
 from dstore.memory import default_budget, fmt_bytes
@@ -25,14 +27,8 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
     of `local_batch` samples, each as its bytes plus the decoded uint8 image at the model's input
     shape twice (the per-sample tensors and the stacked batch), and per decode thread two images at
     the data's decoded shape (the decode and its resize). `loaders`: those alive at once."""
-    def count(shape) -> int:
-        n = 1
-        for d in shape:
-            n *= int(d)
-        return n
-
-    batches = (LOADER_AHEAD + 1) * local_batch * (mean_sample_bytes + 2 * count(input_shape))
-    threads = decode_threads * 2 * count(image_shape)
+    batches = (LOADER_AHEAD + 1) * local_batch * (mean_sample_bytes + 2 * math.prod(input_shape))
+    threads = decode_threads * 2 * math.prod(image_shape)
     return int(loaders * (batches + threads))
 
 

@@ -179,20 +179,20 @@ class DirectSource:
         """Continues at the position state_dict() recorded."""
         self._epoch, self._step = int(state["epoch"]), int(state["step"])
 
+    def _read_samples(self, ids: np.ndarray) -> list[np.ndarray]:
+        """The bytes of samples `ids`, one read each from the container."""
+        return [self.reader.sample(int(i))[0] for i in ids]
+
     def _read_batch(self, schedule, s: int, epoch: int):
         sl = schedule.step(s)
         ids = schedule.ids[sl]
         t0 = time.perf_counter()
-        samples, labels = [], []
-        for i in ids:
-            data, label = self.reader.sample(int(i))
-            samples.append(data)
-            labels.append(label)
+        samples = self._read_samples(ids)
         self.stats["read_s"] += time.perf_counter() - t0
         self.stats["samples_read"] += len(ids)
         self.stats["bytes_read"] += int(sum(x.size for x in samples))
-        return Batch(samples=samples, labels=np.asarray(labels, np.int64), ids=ids, epoch=epoch, step=s,
-                     pad=schedule.pad[sl])
+        return Batch(samples=samples, labels=self.reader.labels[ids].astype(np.int64), ids=ids, epoch=epoch,
+                     step=s, pad=schedule.pad[sl])
 
     def epoch(self, epoch: int):
         """Yields this rank's batches of `epoch` (from the saved step if resuming into it)."""
@@ -284,16 +284,9 @@ class FilesSource(DirectSource):
         except OSError as exc:
             raise ConfigError(f"--loader files: cannot read sample {int(i)}'s file {path}: {exc}") from exc
 
-    def _read_batch(self, schedule, s: int, epoch: int):
-        sl = schedule.step(s)
-        ids = schedule.ids[sl]
-        t0 = time.perf_counter()
-        samples = list(self._pool.map(self._read_file, ids.tolist()))
-        self.stats["read_s"] += time.perf_counter() - t0
-        self.stats["samples_read"] += len(ids)
-        self.stats["bytes_read"] += int(sum(x.size for x in samples))
-        return Batch(samples=samples, labels=self.reader.labels[ids].astype(np.int64), ids=ids, epoch=epoch,
-                     step=s, pad=schedule.pad[sl])
+    def _read_samples(self, ids: np.ndarray) -> list[np.ndarray]:
+        """The bytes of samples `ids`, each from its file, `read_threads` files at once."""
+        return list(self._pool.map(self._read_file, ids.tolist()))
 
     def __exit__(self, *exc):
         self._pool.shutdown(wait=True)

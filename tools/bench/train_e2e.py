@@ -71,9 +71,9 @@ def main(argv=None) -> int:
     p.add_argument("extra", nargs="*", help="after --: more `dstore train` options")
     argv = sys.argv[1:] if argv is None else list(argv)
     # argparse binds the empty `extra` together with `container`, so everything after "--" is split off first
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = p.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
-    args.extra = args.extra + extra
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.extra = args.extra + argv[cut + 1:]
     for spec in args.rungs:
         if spec != "local":
             parse_spec(spec)
