@@ -330,9 +330,16 @@ def tier_buffers(store, bufs: int) -> int:
 def memory_needs(store) -> tuple[int, int]:
     """(all resident: the rank's share plus its peak buffers; nothing resident: the tier's buffers),
     as check_budget and choose_resident count them (a replicated store: the whole data set)."""
-    bufs = receive_buffers(store)
+    bufs, peak = _buffers(store)
     data = int(store.offsets[-1]) if store.replicate else int(store.layout.nbytes[store.rank])
-    return data + max(bufs, population_readers(store)), tier_buffers(store, bufs)
+    return data + peak, tier_buffers(store, bufs)
+
+
+def _buffers(store) -> tuple[int, int]:
+    """(a rank's receive buffers, the most it holds besides its data: those, or a preload's reader
+    indexes, which are gone before the buffers exist)."""
+    bufs = receive_buffers(store)
+    return bufs, max(bufs, population_readers(store))
 
 
 def check_budget(store) -> None:
@@ -341,8 +348,7 @@ def check_budget(store) -> None:
     local_ranks = store._topology.local_size
     budget, source = ((store._budget_arg, store._budget_source) if store._budget_arg is not None
                       else default_budget(local_ranks))
-    bufs = receive_buffers(store)
-    peak = max(bufs, population_readers(store))  # the readers are gone before the buffers exist
+    bufs, peak = _buffers(store)
     if store.replicate:
         data = int(store.offsets[-1]) if store._topology.local_rank == 0 else 0
         cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
