@@ -85,3 +85,21 @@ def test_a_budget_below_the_buffers_is_refused_naming_the_loaders_share(containe
         share_budget(MPI.COMM_SELF, [train, held], budget=least, reserve=50_000)
     train.close()
     held.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_budget_is_shared_on_every_rank_and_a_refusal_ends_all(container, tmp_path, n):
+    import json
+    import os
+
+    from mpirun import run_mpi
+
+    run_mpi(n, ["python", os.path.join(os.path.dirname(__file__), "budget_run.py"), container, str(tmp_path)],
+            timeout=120)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    served = [sorted(sum((r["served"][k] for r in ranks), [])) for k in (0, 1)]
+    assert served == [list(range(480)), list(range(480, 600))]  # every sample once, over all ranks
+    for r in ranks:
+        assert sum(r["budgets"]) <= r["budget"] and sum(r["used"]) <= r["budget"], r
+        assert r["refused"] is not None and "leaves" in r["refused"], r  # rank 0's refusal reached every rank
