@@ -153,6 +153,8 @@ def test_resume_of_a_job_names_what_is_missing(tmp_path):
     (job / "trainer1" / CHECKPOINT_NAME).write_bytes(b"x")
     for spec in ("auto", str(job), str(job / "trainer1" / CHECKPOINT_NAME)):
         assert resolve_job_resume(spec, None, str(tmp_path / "runs"), 2) == str(job), spec
+    # issue 19: auto with --run-dir continues only that directory's job, never another's
+    assert resolve_job_resume("auto", str(tmp_path / "runs" / "other"), str(tmp_path / "runs"), 2) is None
     with pytest.raises(ConfigError, match="give the job's run directory"):
         resolve_job_resume(str(tmp_path / "nothing.pt"), None, str(tmp_path / "runs"), 2)
 

@@ -128,7 +128,8 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume("auto", str(runs / "a"), str(runs)) is None
     (runs / "old").mkdir(parents=True)
     (runs / "old" / "checkpoint.pt").write_bytes(b"x")
-    assert resolve_resume("auto", str(runs / "a"), str(runs)) == str(runs / "old" / "checkpoint.pt")
+    # issue 19: with --run-dir, auto never continues another run's checkpoint
+    assert resolve_resume("auto", str(runs / "a"), str(runs)) is None
     assert resolve_resume("auto", None, str(runs)) == str(runs / "old" / "checkpoint.pt")
     (runs / "a").mkdir()
     (runs / "a" / "checkpoint.pt").write_bytes(b"y")

@@ -150,8 +150,8 @@ def resolve_job_resume(resume: str | None, run_dir: str | None, runs_root: str, 
 
     Args:
         resume: None (no resume); a job's run directory, or one of its trainers' checkpoints
-            (`<job>/trainer<k>/checkpoint.pt`); or "auto": `run_dir` if it holds trainer 0's
-            checkpoint, else the newest `<runs_root>/*` that does, else None.
+            (`<job>/trainer<k>/checkpoint.pt`); or "auto": with `run_dir`, that job if it holds
+            trainer 0's checkpoint, else None; without, the newest `<runs_root>/*` that does, else None.
         run_dir: this run's directory, if one was given.
         runs_root: where run directories with default names are created.
         trainers: K; the job must hold a checkpoint for each trainer.
@@ -163,7 +163,9 @@ def resolve_job_resume(resume: str | None, run_dir: str | None, runs_root: str, 
         return None
     first = os.path.join("trainer0", CHECKPOINT_NAME)
     if resume == "auto":
-        if run_dir and os.path.isfile(os.path.join(run_dir, first)):
+        if run_dir:  # this run's own directory only: never another run's checkpoint
+            if not os.path.isfile(os.path.join(run_dir, first)):
+                return None
             job = run_dir
         else:
             found = glob.glob(os.path.join(runs_root, "*", first))
@@ -188,8 +190,9 @@ def resolve_resume(resume: str | None, run_dir: str | None, runs_root: str) -> s
     """The checkpoint path `--resume` means, or None to start from scratch.
 
     Args:
-        resume: None (no resume), a path, or "auto": `<run_dir>/checkpoint.pt` if it exists, else
-            the newest `<runs_root>/*/checkpoint.pt`, else None.
+        resume: None (no resume), a path, or "auto": with `run_dir`, `<run_dir>/checkpoint.pt` if
+            it exists, else None (a run never continues another run's checkpoint); without, the
+            newest `<runs_root>/*/checkpoint.pt`, else None.
         run_dir: this run's directory, if one was given.
         runs_root: where run directories with default names are created.
     """
@@ -199,9 +202,9 @@ def resolve_resume(resume: str | None, run_dir: str | None, runs_root: str) -> s
         if not os.path.isfile(resume):
             raise ConfigError(f"--resume {resume!r}: no such checkpoint file")
         return resume
-    own = os.path.join(run_dir, CHECKPOINT_NAME) if run_dir else None
-    if own and os.path.isfile(own):
-        return own
+    if run_dir:
+        own = os.path.join(run_dir, CHECKPOINT_NAME)
+        return own if os.path.isfile(own) else None
     found = glob.glob(os.path.join(runs_root, "*", CHECKPOINT_NAME))
     return max(found, key=os.path.getmtime) if found else None
 

@@ -160,13 +160,16 @@ class TrainConfig:
                              "(default: none)", group=LTFB, metavar="NAMES")
 
     # --- run directory, checkpoints, resumption ---
-    run_dir: str | None = _flag(None, "where metrics.jsonl, config.json and checkpoint.pt go (default: "
-                                      "runs/<YYYYmmdd-HHMMSS>-<pid of rank 0>)", group=RUN)
+    run_dir: str | None = _flag(None, "where metrics.jsonl, config.json and checkpoint.pt go: a new or empty "
+                                      "directory, or one of an earlier run (a folder not made by dstore is "
+                                      "refused; one job at a time) (default: runs/<YYYYmmdd-HHMMSS>-<pid of "
+                                      "rank 0>)", group=RUN)
     runs_root: str = dataclasses.field(default="runs", metadata={"flag": False})
     """Where a run directory is made when run_dir is None (not a flag: tests point it elsewhere)."""
     resume: str | None = _flag(None, "continue from a checkpoint (exact sample, also mid-epoch); auto: "
-                                     "--run-dir's checkpoint, else the newest runs/*/checkpoint.pt, else start "
-                                     "fresh; a checkpoint made on another container is refused (default: start "
+                                     "--run-dir's checkpoint if it has one, else start fresh (without --run-dir: "
+                                     "the newest runs/*/checkpoint.pt); a checkpoint made on another container, "
+                                     "or with another schedule, is refused; --epochs may change (default: start "
                                      "fresh)", group=RUN, metavar="PATH|auto")
     checkpoint_every: int = _flag(0, "also checkpoint every STEPS optimizer steps (always at each epoch end)",
                                   group=RUN, metavar="STEPS")

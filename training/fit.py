@@ -3,7 +3,8 @@
 `dstore.training.run.run_trainer` builds the pieces (process group, model, Trainer, data sources
 and their StoreLoaders) and hands them to a `Fit`, whose `run()` is, by name:
 
-    start()                        check a checkpoint against this run, write config.json, open the logs
+    start()                        check a checkpoint against this run, write config.json (or, resumed,
+                                   resumes.jsonl), open the logs
     resume()                       put a checkpoint's state back (model, optimizer, data position, RNGs)
     for each epoch: run_epoch()
         train_step()               one batch: a weighted optimizer step, the meter, the batch log, LTFB
@@ -29,7 +30,7 @@ from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoi
 from dstore.training.console import describe_io, progress_bar
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
 from dstore.training.metrics import EpochMeter, JsonLog
-from dstore.training.resume import check_compatible, plain_config, restore
+from dstore.training.resume import check_compatible, config_changes, plain_config, restore
 
 
 @dataclasses.dataclass
@@ -74,6 +75,7 @@ class Fit:
     stopped: bool = dataclasses.field(default=False, init=False)
     history: list = dataclasses.field(default_factory=list, init=False)
     log: Any = dataclasses.field(default=None, init=False)
+    applied: list = dataclasses.field(default_factory=list, init=False)
     batch_log: Any = dataclasses.field(default=None, init=False)
 
     def run(self) -> dict:
@@ -93,22 +95,38 @@ class Fit:
         """Checks a checkpoint to resume against this run (before anything is written: a refused
         resume leaves the run dir as it was), writes config.json and opens the logs."""
         cfg, ctx = self.cfg, self.ctx
-        if self.resumed is not None:
-            check_compatible(self.resumed, cfg, self.meta)
+        self.applied = [] if self.resumed is None else check_compatible(self.resumed, cfg, self.meta)
         if ctx.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, "config.json"), "w") as fh:
-                json.dump({"config": dataclasses.asdict(cfg), **self.meta}, fh, indent=1, default=str)
+            self.write_config()
         self.log = JsonLog(os.path.join(self.run_dir, "metrics.jsonl") if ctx.is_main else None)
         self.batch_log = JsonLog(os.path.join(self.run_dir, f"batches.rank{ctx.rank}.jsonl")
                                  if cfg.log_batches else None)
+
+    def write_config(self) -> None:
+        """config.json: this run's flags and metadata. A resumed run keeps the first run's
+        config.json and records where it continued and what changed in resumes.jsonl beside it."""
+        path = os.path.join(self.run_dir, "config.json")
+        if self.resumed is None or not os.path.exists(path):
+            with open(path, "w") as fh:
+                json.dump({"config": dataclasses.asdict(self.cfg), **self.meta}, fh, indent=1, default=str)
+        if self.resumed is not None:
+            changes = config_changes(self.resumed.get("config", {}), self.cfg)
+            with JsonLog(os.path.join(self.run_dir, "resumes.jsonl")) as log:
+                log.write({"checkpoint": self.resume_path, "epoch": int(self.resumed["epoch"]),
+                           "global_step": int(self.resumed["global_step"]),
+                           "changes": {k: list(v) for k, v in changes.items()}})
 
     def resume(self) -> tuple[int, int]:
         """Restores the checkpoint's state, if any; returns (epoch, step in it) to continue at."""
         if self.resumed is None:
             return 0, 0
         epoch, step, self.global_step = restore(self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size)
-        self.report(f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step})")
+        self.report(f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step}): "
+                    f"model, optimizer, learning-rate schedule (lr now "
+                    f"{self.trainer.optimizer.param_groups[0]['lr']:.4g}), data position and RNG states restored")
+        for line in self.applied:
+            self.report(line)
         return epoch, step
 
     # ------------------------------------------------------------ per epoch and step

@@ -1,9 +1,11 @@
 """Continuing a run from its checkpoint: load it, check it against this run, put its state back.
 
 A checkpoint continues only the run it came from: the same container (checked before any store
-exists), the same config fields that fix the order of the batches and the tournament, and the same
-model and training-sample count. The checks raise ConfigError before anything is written, so a
-refused resume leaves the run directory as it was.
+exists), the same config fields that fix the order of the batches, the tournament and the
+learning-rate schedule, and the same model and training-sample count. `--epochs` may change: the
+schedule is then re-derived for the new total from the step the checkpoint was taken at. The
+checks raise ConfigError before anything is written, so a refused resume leaves the run directory
+as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from dstore.training.checkpoint import (
 
 # What a checkpoint of train() holds besides the model's, optimizer's and scheduler's state.
 REQUIRED = ("model", "optimizer", "store", "rng", "epoch", "step_in_epoch", "global_step")
+
+# Config fields that fix the learning rate at every step: the checkpoint's optimizer and scheduler
+# state hold their values, so a change would be ignored silently; it is refused instead.
+SAME_SCHEDULE = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule", "warmup_epochs",
+                 "step_epochs", "gamma")
 
 # Config fields a resumed run must share with the checkpoint's (they fix the batches' order, the
 # held-out split and the tournament).
@@ -42,25 +49,56 @@ def plain_config(cfg) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-def check_compatible(ck: dict, cfg, meta: dict) -> None:
-    """A checkpoint continues only a run with the same data, model, batch size and seed.
+def flag_name(field: str) -> str:
+    """The `dstore train` option of a TrainConfig field (`batch_size` -> `--batch-size`)."""
+    return "--" + field.replace("_", "-")
+
+
+def config_changes(old: dict, cfg) -> dict[str, tuple]:
+    """{field: (the checkpoint's value, this run's)} for every TrainConfig field that differs from
+    the checkpoint's config `old` (a field the checkpoint lacks had its default). Values compare
+    as a checkpoint holds them (plain_config), so a tuple equals its list."""
+    new = plain_config(cfg)
+    defaults = plain_config(type(cfg)())
+    return {k: (old.get(k, defaults[k]), v) for k, v in new.items() if old.get(k, defaults[k]) != v}
+
+
+def check_compatible(ck: dict, cfg, meta: dict) -> list[str]:
+    """A checkpoint continues only a run with the same data, model, batch order and learning-rate
+    schedule; --epochs may change (the schedule is re-derived for the new total, see restore).
 
     Args:
         ck: the loaded checkpoint.
         cfg: this run's TrainConfig.
         meta: this run's metadata (as written to config.json: "model", "train_samples", ...).
+
+    Returns:
+        One line per change applied (empty if none), for the run to report.
+
+    Raises:
+        ConfigError: naming the first flag whose change is refused, with the old and new value.
     """
-    old = ck.get("config", {})
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for key in SAME_CONFIG:
-        was = old.get(key, defaults[key])  # checkpoints made before a field existed had its default
-        if was != getattr(cfg, key):
-            raise ConfigError(f"cannot resume: the checkpoint was made with {key}={was!r}, "
-                              f"this run has {key}={getattr(cfg, key)!r}")
+    changes = config_changes(ck.get("config", {}), cfg)
+    for key in SAME_CONFIG + SAME_SCHEDULE:
+        if key in changes:
+            was, now = changes[key]
+            why = "it fixes the order of the batches" if key in SAME_CONFIG else "it fixes the learning rate"
+            raise ConfigError(f"cannot resume: the checkpoint was made with {flag_name(key)} {was!r}, this run has "
+                              f"{flag_name(key)} {now!r} ({why}); resume with {flag_name(key)} {was!r}, or start "
+                              f"a new run (another --run-dir, no --resume)")
     for key in ("model", "train_samples"):
         if ck.get("meta", {}).get(key) != meta[key]:
             raise ConfigError(f"cannot resume: the checkpoint's {key} is {ck.get('meta', {}).get(key)!r}, "
                               f"this run's is {meta[key]!r}")
+    applied = []
+    if "epochs" in changes:
+        was, now = changes["epochs"]
+        if now < int(ck["epoch"]):
+            raise ConfigError(f"cannot resume: the checkpoint is at epoch {int(ck['epoch'])}, past --epochs {now} "
+                              f"(it was made with --epochs {was}); give --epochs {int(ck['epoch'])} or more")
+        applied.append(f"--epochs changed from {was} to {now}: the {cfg.schedule} learning-rate schedule is "
+                       f"re-derived for {now} epochs from the step the checkpoint was taken at")
+    return applied
 
 
 def restore(ck: dict, trainer, loader, rank: int, size: int) -> tuple[int, int, int]:
@@ -68,11 +106,31 @@ def restore(ck: dict, trainer, loader, rank: int, size: int) -> tuple[int, int, 
     back; returns (epoch, step in that epoch, global step) where the run continues.
 
     A checkpoint of another rank count restores every rank's RNGs from rank 0's."""
-    trainer.load_state_dict(ck)
+    _load_keeping_schedule(trainer, ck)
     loader.load_state_dict(from_safe(ck["store"]))
     rngs = ck["rng"]
     set_rng_state(rngs[rank] if len(rngs) == size else rngs[0])
     return int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
+
+
+def _load_keeping_schedule(trainer, ck: dict) -> None:
+    """trainer.load_state_dict(ck), keeping this run's schedule (its total steps follow --epochs).
+
+    LambdaLR.load_state_dict writes the checkpoint's schedule object (its total steps) over this
+    run's, so a run resumed with more epochs went on at the old end's learning rate (0 for cosine).
+    Everything else of the scheduler (the step count, the base rates LTFB may have changed) is the
+    checkpoint's; the optimizer's rate is then set to what the kept schedule gives at that step."""
+    sched = trainer.scheduler
+    mine = [] if sched is None else [dict(vars(f)) for f in sched.lr_lambdas]
+    trainer.load_state_dict(ck)
+    if sched is None:
+        return
+    for f, d in zip(sched.lr_lambdas, mine):
+        vars(f).update(d)
+    lrs = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+    for group, lr in zip(trainer.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    sched._last_lr = lrs
 
 
 def checkpoint_steps(job: str, trainers: int) -> list[int]:

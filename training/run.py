@@ -36,6 +36,7 @@ from dstore.training.loop import Trainer
 from dstore.training.models import build_model, default_model, get_model
 from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 from dstore.training.resume import checkpoint_steps, load_for_resume
+from dstore.training.rundir import claimed_run_dir
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -90,7 +91,8 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
     # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
     run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
-    return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say)
+    with claimed_run_dir(comm, run_dir):
+        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say)
 
 
 # --- one trainer ------------------------------------------------------------------------------
@@ -280,6 +282,12 @@ def train_trainers(cfg: TrainConfig, world, *, say) -> dict:
     resumed = _resumed_job(cfg, world)
     # A resumed job without --run-dir continues in the directory it resumes.
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
+    with claimed_run_dir(world, run_dir):
+        return _run_job(cfg, world, data_path, resumed, run_dir, say)
+
+
+def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_dir: str, say) -> dict:
+    """train_trainers' job in its claimed run directory `run_dir` (resuming job directory `resumed`)."""
     explore = hparams.parse(cfg.explore)
     tournament = ltfb.Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
                             fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, ltfb.LOG_NAME), say=say,

@@ -1,0 +1,160 @@
+"""A run directory belongs to one job at a time and never to a user's folder; resume states what it
+restores and refuses, or applies, changed flags (issue 19: failures 4, 5 and 6). In-process on
+COMM_SELF: the CLI calls the same train()."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import REPO
+
+from dstore.errors import ConfigError
+from dstore.formats import create_writer
+from dstore.training.rundir import MARKER
+
+
+def _container(path, n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
+                       raw_shape=(4, 4, 1)) as w:
+        for i in range(n):
+            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
+    return str(path)
+
+
+@pytest.fixture()
+def run(tmp_path):
+    """run(**config) -> (train()'s result, the lines it reported), on a small raw container."""
+    from mpi4py import MPI
+
+    from dstore.training.run import TrainConfig, train
+
+    data = _container(tmp_path / "d.h5")
+
+    def go(**kw):
+        lines = []
+        kw = {"epochs": 1, "batch_size": 16, "runs_root": str(tmp_path / "runs"), "progress": False,
+              "holdout": 0.25, **kw}
+        return train(TrainConfig(data=data, **kw), MPI.COMM_SELF, say=lines.append), lines
+    return go
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+# ------------------------------------------------------------------ failure 4: two jobs, one run dir
+def test_a_second_job_in_a_held_run_dir_is_refused_and_the_hold_dies_with_the_job(run, tmp_path):
+    held = tmp_path / "held"
+    code = ("import sys, time; from dstore.training.rundir import RunDirClaim; c = RunDirClaim(sys.argv[1]); "
+            "c.acquire(); print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", code, str(held)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="is in use by another job now") as err:
+            run(run_dir=str(held))
+        assert str(held) in str(err.value) and "\n" not in str(err.value)
+        assert sorted(os.listdir(held)) == [MARKER]  # nothing written beside the other job's files
+    finally:
+        other.send_signal(signal.SIGKILL)  # the lock goes with the process, also on kill -9
+        other.wait(timeout=30)
+    result, _ = run(run_dir=str(held))
+    assert result["epochs"] and (held / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------ failure 5: a user's folder
+def test_a_users_folder_is_never_taken_over(run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "settings"}')
+    (mine / "metrics.jsonl").write_text("my line\n")
+    before = _snapshot(mine)
+    with pytest.raises(ConfigError, match="not made by dstore train") as err:
+        run(run_dir=str(mine))
+    assert str(mine) in str(err.value) and MARKER in str(err.value)
+    assert _snapshot(mine) == before
+
+
+def test_an_empty_folder_and_an_earlier_run_dir_are_taken(run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run(run_dir=str(empty), stop_after_steps=1)
+    assert {MARKER, "config.json", "checkpoint.pt"} <= set(os.listdir(empty))
+    result, lines = run(run_dir=str(empty), resume="auto")  # our own run dir: continued
+    assert not result["stopped_early"] and any(line.startswith("resumed from") for line in lines)
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_a_run_dir_that_is_a_file_or_unwritable_is_one_line(run, tmp_path, kind):
+    if kind == "file":
+        target = tmp_path / "f"
+        target.write_text("x")
+        match = "is a file, not a directory"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode().strip()}")
+        target = ro / "run"
+        match = "cannot create it: Read-only file system"
+    try:
+        with pytest.raises(ConfigError, match=match) as err:
+            run(run_dir=str(target))
+        assert str(target) in str(err.value) and "\n" not in str(err.value)
+    finally:
+        if kind == "unwritable":
+            subprocess.run(["umount", str(tmp_path / "ro")], check=False)
+
+
+def test_a_refused_start_leaves_no_new_run_dir(run, tmp_path):
+    with pytest.raises(ConfigError, match="no such checkpoint"):
+        run(run_dir=str(tmp_path / "new"), resume=str(tmp_path / "missing.pt"))
+    assert not (tmp_path / "new").exists()
+
+
+# ------------------------------------------------------------------ failure 6: resume with other flags
+def test_resume_auto_in_a_new_run_dir_starts_fresh(run, tmp_path):
+    run(stop_after_steps=1)  # a checkpoint in runs/<stamp>/
+    result, lines = run(run_dir=str(tmp_path / "fresh"), resume="auto")
+    assert not any(line.startswith("resumed from") for line in lines), lines
+    assert result["epochs"][0]["global_step"] == 3  # 48 training samples / 16: all three steps of epoch 0
+
+
+def test_more_epochs_on_resume_rederive_the_schedule_and_say_so(run, tmp_path):
+    rd = str(tmp_path / "r")
+    run(run_dir=rd, epochs=1)
+    result, lines = run(run_dir=rd, epochs=3, resume="auto")
+    assert any("--epochs changed from 1 to 3" in line and "re-derived" in line for line in lines), lines
+    lrs = [e["lr"] for e in result["epochs"]]
+    # cosine over 3 epochs of 3 steps, at the end of epoch 1: 0.5 * (1 + cos(pi * 6 / 9)) of 3e-3
+    assert lrs[0] == pytest.approx(3e-3 * 0.5 * (1 + np.cos(np.pi * 6 / 9))) and lrs[1] == pytest.approx(0.0)
+    first = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert first["config"]["epochs"] == 1  # the first run's config.json is kept
+    (resumed,) = [json.loads(line) for line in (tmp_path / "r" / "resumes.jsonl").read_text().splitlines()]
+    assert resumed["changes"] == {"epochs": [1, 3], "resume": [None, "auto"]} and resumed["epoch"] == 1
+
+
+@pytest.mark.parametrize("flag, field, value", [("--lr", "lr", 0.3), ("--schedule", "schedule", "step"),
+                                                ("--optimizer", "optimizer", "sgd")])
+def test_a_changed_learning_rate_or_schedule_on_resume_is_refused(run, tmp_path, flag, field, value):
+    rd = tmp_path / "r"
+    run(run_dir=str(rd), stop_after_steps=1)
+    before = _snapshot(rd)
+    with pytest.raises(ConfigError, match=f"made with {flag} .* this run has {flag} {value!r}") as err:
+        run(run_dir=str(rd), resume="auto", **{field: value})
+    assert "\n" not in str(err.value)
+    assert _snapshot(rd) == before
+
+
+def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(run, tmp_path):
+    rd = str(tmp_path / "r")
+    run(run_dir=rd, epochs=2)
+    with pytest.raises(ConfigError, match="at epoch 2, past --epochs 1"):
+        run(run_dir=rd, epochs=1, resume="auto")
