@@ -220,3 +220,51 @@ def test_mount_does_not_outlive_a_killed_owner(source):
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def test_stats_json_relative_to_the_callers_directory(source, tmp_path):
+    """issue 19: `--stats-json rel.json` lands in the caller's directory, not the file system's."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "0",
+                             "--stats-json", "rel.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        _wait_mounted(str(mp), proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        force_unmount(str(mp))
+    assert proc.returncode == 0, out
+    assert (tmp_path / "rel.json").is_file(), (out, os.listdir(tmp_path))
+
+
+def _read_quietly(path):
+    try:
+        path.read_bytes()
+    except OSError:
+        pass  # the mount ended under the read (ENOTCONN): what the test does
+
+
+def test_sigterm_ends_a_mount_with_a_read_in_its_longest_wait(source, tmp_path):
+    """issue 19: every wait is bounded (MAX_DELAY_S), so SIGTERM ends a mount whose reader is waiting."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "2s",
+                             "--open-latency", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    reader = None
+    try:
+        _wait_mounted(str(mp), proc)
+        reader = threading.Thread(target=_read_quietly, args=(mp / "one",), daemon=True)
+        reader.start()
+        time.sleep(0.5)  # the read is in the model's wait now
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)  # a mount that outlives this is the hang of issue 19
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        force_unmount(str(mp))
+    assert not is_mounted(str(mp)), out

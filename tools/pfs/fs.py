@@ -19,8 +19,8 @@ import sys
 import time
 
 from dstore.errors import ConfigError
-from dstore.tools.pfs.model import DEFAULTS, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
-from dstore.tools.pfs.mount import check_mountpoint, fusermount
+from dstore.tools.pfs.model import DEFAULTS, MAX_DELAY_S, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
+from dstore.tools.pfs.mount import PfsMountError, check_mountpoint, fusermount
 
 FSNAME = "dstore-pfs"
 """The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
@@ -151,13 +151,14 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
     `stats_path` if given.
 
     Raises:
-        ConfigError: SOURCE is not a directory, MOUNTPOINT is not an empty directory, or a stale
-            mount is there (the message names the command that removes it).
+        ConfigError: SOURCE is not a directory.
+        PfsMountError: MOUNTPOINT is not an empty directory, is SOURCE or lies inside or above it,
+            or a stale mount is there (the message names the command that removes it).
     """
     import mfusepy
 
     source = check_source(source)
-    mountpoint = check_mountpoint(mountpoint)
+    mountpoint = check_mountpoint(mountpoint, source)
     model = Model(params)
     ops = _operations_class()(source, model)
     if ready_message:
@@ -198,28 +199,45 @@ def summary(stats: dict) -> str:
             f"in {stats['wall_seconds']:.1f} s; {stats['delay_seconds']:.1f} s of request time in the model")
 
 
+def stats_path(path: str | None) -> str | None:
+    """--stats-json as an absolute path: a relative one means the caller's directory, whatever
+    directory the file system's process serves from."""
+    return None if path is None else os.path.abspath(path)
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The model's options (shared by `dstore pfs` and `python -m dstore.tools.pfs.fs`)."""
     d = DEFAULTS
-    p.add_argument("--latency", default="2ms", help="added to every read request (e.g. 2ms, 500us, 0)")
+    p.add_argument("--latency", default="2ms", help="added to every read request (e.g. 2ms, 500us, 0; at most 10s)")
     p.add_argument("--open-latency", default=None,
-                   help="added to every open, stat and readdir: the metadata server (default: --latency)")
+                   help="added to every open, stat and readdir: the metadata server (default: --latency; at most "
+                        "10s)")
     p.add_argument("--iops", default=f"{d.iops:g}/s",
                    help="operations per second for the whole mount, shared by every reader (e.g. 800/s, unlimited)")
     p.add_argument("--bandwidth", default="1GB/s",
                    help="bytes per second for the whole mount, shared by every reader (e.g. 500MB/s, unlimited)")
     p.add_argument("--jitter", type=float, default=0.0, help="each delay uniform in d x [1-J, 1+J]")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter draws")
-    p.add_argument("--burst", default="10ms", help="seconds' worth of tokens an idle bucket holds")
+    p.add_argument("--burst", default="10ms", help="seconds' worth of tokens an idle bucket holds (at most 10s)")
     p.add_argument("--max-read", type=int, default=d.max_read, help="largest read request in bytes")
 
 
+def _bounded_time(text: str, flag: str) -> float:
+    """A duration flag in seconds, refused (naming the flag) past MAX_DELAY_S."""
+    seconds = parse_time(text, flag)
+    if seconds > MAX_DELAY_S:
+        raise ConfigError(f"{flag} {text}: at most {MAX_DELAY_S:g}s (a longer wait per request makes a mount that "
+                          f"SIGTERM cannot end)")
+    return seconds
+
+
 def model_from_args(args) -> PfsModel:
-    latency = parse_time(args.latency, "--latency")
-    open_latency = latency if args.open_latency is None else parse_time(args.open_latency, "--open-latency")
+    """The PfsModel of the parsed options; every duration bounded by MAX_DELAY_S."""
+    latency = _bounded_time(args.latency, "--latency")
+    open_latency = latency if args.open_latency is None else _bounded_time(args.open_latency, "--open-latency")
     return PfsModel(latency=latency, open_latency=open_latency, iops=parse_rate(args.iops, "--iops"),
                     bandwidth=parse_bandwidth(args.bandwidth, "--bandwidth"), jitter=args.jitter,
-                    seed=args.seed, burst=parse_time(args.burst, "--burst"), max_read=args.max_read)
+                    seed=args.seed, burst=_bounded_time(args.burst, "--burst"), max_read=args.max_read)
 
 
 def main(argv=None) -> int:
@@ -233,9 +251,9 @@ def main(argv=None) -> int:
     add_model_arguments(p)
     args = p.parse_args(argv)
     try:
-        stats = serve(args.source, args.mountpoint, model_from_args(args), stats_path=args.stats_json,
+        stats = serve(args.source, args.mountpoint, model_from_args(args), stats_path=stats_path(args.stats_json),
                       watch_pid=args.watch_pid)
-    except ConfigError as exc:
+    except (ConfigError, PfsMountError) as exc:
         print(f"dstore pfs: error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(summary(stats), flush=True)

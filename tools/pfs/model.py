@@ -17,6 +17,11 @@ from dstore.errors import ConfigError
 
 UNLIMITED = math.inf
 
+MAX_DELAY_S = 10.0
+"""The longest a request may wait in the model (latencies and burst are bounded by it, and a
+request's wait for tokens is cut to it): libfuse ends its loop on SIGTERM only once every request
+in flight returns, so an unbounded wait made a mount that no signal could end."""
+
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -124,8 +129,8 @@ class PfsModel:
     def __post_init__(self):
         for name in ("latency", "open_latency", "burst"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not v >= 0 or math.isinf(v):
-                raise ConfigError(f"{name}={v!r} must be a finite number of seconds >= 0")
+            if not isinstance(v, (int, float)) or not 0 <= v <= MAX_DELAY_S:
+                raise ConfigError(f"{name}={v!r} must be a number of seconds in [0, {MAX_DELAY_S:g}s]")
         for name in ("iops", "bandwidth"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
@@ -302,7 +307,7 @@ class Model:
             wait = self._iops.reserve(1.0)
         if self._bw is not None and nbytes:
             wait = max(wait, self._bw.reserve(float(nbytes)))
-        total = wait + self._jittered(latency)
+        total = min(wait + self._jittered(latency), MAX_DELAY_S)  # see MAX_DELAY_S: a signal must end the mount
         if total > 0:
             self.sleep(total)
         return total

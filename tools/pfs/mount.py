@@ -117,12 +117,17 @@ def under_pfs_mount(path, mountpoints: list[str] | None = None) -> bool:
     return any(p == m or p.startswith(m.rstrip("/") + "/") for m in mps)
 
 
-def check_mountpoint(mountpoint: str) -> str:
-    """The mountpoint's absolute path, if a mount can be made there.
+def check_mountpoint(mountpoint: str, source=None) -> str:
+    """The mountpoint's absolute path, if a mount of `source` (if given) can be made there.
+
+    A mount at, inside or above its own source would list itself: the file system then looks up
+    its own mountpoint, waits on itself in uninterruptible sleep, and neither SIGTERM nor SIGKILL
+    ends it. A mount over a non-empty directory would hide what is there.
 
     Raises:
         StaleMountError: a mount left by a killed run is there (the message says how to remove it).
-        PfsMountError: it is not a directory, or something is mounted there already.
+        PfsMountError: it is not an empty directory, it is SOURCE or lies inside or above it, or
+            something is mounted there already.
     """
     mp = os.path.abspath(mountpoint)
     if is_stale(mp):
@@ -132,7 +137,27 @@ def check_mountpoint(mountpoint: str) -> str:
         raise PfsMountError(f"MOUNTPOINT {mp} is already a live FUSE mount; unmount it first: {unmount_command(mp)}")
     if not os.path.isdir(mp):
         raise PfsMountError(f"MOUNTPOINT {mp} " + ("is not a directory" if os.path.exists(mp) else "does not exist"))
+    if source is not None:
+        _check_apart(mp, os.path.realpath(os.fspath(source)))
+    if os.listdir(mp):
+        raise PfsMountError(f"MOUNTPOINT {mp} is not empty: a mount would hide what is in it; give an empty "
+                            f"directory")
     return mp
+
+
+def _check_apart(mp: str, src: str) -> None:
+    """Refuses a mountpoint `mp` that is the source directory `src` (a real path), or inside or above it."""
+    real = os.path.realpath(mp)
+    if real == src:
+        where = "is SOURCE itself"
+    elif real.startswith(src.rstrip("/") + "/"):
+        where = f"is inside SOURCE {src}"
+    elif src.startswith(real.rstrip("/") + "/"):
+        where = f"holds SOURCE {src}"
+    else:
+        return
+    raise PfsMountError(f"MOUNTPOINT {mp} {where}: the mount would serve itself (and wedge in the kernel); give a "
+                        f"directory outside the source")
 
 
 def force_unmount(mountpoint: str) -> bool:
@@ -203,7 +228,7 @@ class PfsMount:
         if self._own_dir:
             self.mountpoint = os.path.join(self._tmp, "mnt")
             os.mkdir(self.mountpoint)
-        check_mountpoint(self.mountpoint)
+        check_mountpoint(self.mountpoint, self.source)
         self._stats_path = os.path.join(self._tmp, "stats.json")
         self._log_path = os.path.join(self._tmp, "log.txt")
         cmd = [sys.executable, "-m", "dstore.tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
