@@ -37,7 +37,7 @@ import warnings
 
 import numpy as np
 
-from dstore import plan, tiers
+from dstore import job, plan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, agree, is_agreed
@@ -168,6 +168,7 @@ class DataStore:
                  population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
                  memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4,
                  population_threads=4, progress_period=None):
+        self._job = job.arm()  # torchrun refused; an uncaught exception aborts the job while open
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.container, self._owns_container = None, False
@@ -445,6 +446,7 @@ class DataStore:
             self._free_windows()
             self._close_container()
             self._owns_container = False
+        self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
 
     def _free_windows(self) -> None:
         """Collective: frees the windows and the node communicator (safe twice)."""

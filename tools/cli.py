@@ -11,12 +11,9 @@ import argparse
 import importlib
 import os
 import sys
-import time
-import traceback
 
-from dstore import __version__
-from dstore.errors import DStoreError
-from dstore.training.dist import launcher_mismatch
+from dstore import __version__, job
+from dstore.job import launcher_mismatch
 
 COMMANDS = {
     "ingest": "dstore.tools.cmd_ingest",
@@ -78,29 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _world():
-    """(rank, size) without forcing MPI initialisation on a plain single-process run."""
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-ERROR_GRACE_S = 3.0
-"""How long a failing rank other than 0 waits before printing: if rank 0 failed too (an error every
-rank meets, such as a bad flag or a missing file), rank 0's abort ends it first, so a job prints one
-copy of the error, not one per rank. Ranks wait in rank order, so of several failing ranks the
-lowest prints. Seconds, not less: on a loaded node ranks reach the same error seconds apart."""
-
-
-ABORT_FLUSH_S = 0.2
-"""Seconds a failing rank waits between printing its error and aborting the job. Well under the
-0.5 s between ranks' delays (`_error_delay`), or the next failing rank prints a second copy."""
-
-
-def _error_delay(rank: int) -> float:
-    return 0.0 if rank == 0 else ERROR_GRACE_S + 0.5 * min(rank, 8)
-
-
 def _quiet_broken_pipe() -> None:
     """The reader of stdout went away (`dstore info --json | head -1`): point stdout at /dev/null so
     that the interpreter's final flush does not raise again (Python's documented recipe)."""
@@ -116,9 +90,8 @@ def abort_on_error(fn, *args):
     job with a non-zero code, so that no other rank waits forever in a collective.
 
     Errors of our own types (DStoreError) print one clear line; anything else prints the traceback.
-    Rank 0 prints at once; another rank first waits `_error_delay(rank)`, so that an error met by
-    every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
-    of one rank is still printed, by that rank. A closed stdout (BrokenPipeError) ends quietly.
+    dstore.job.report_and_abort prints it (once per job) and aborts; a closed stdout
+    (BrokenPipeError) ends quietly.
     """
     try:
         return fn(*args)
@@ -132,32 +105,14 @@ def abort_on_error(fn, *args):
         code, msg = 141, None  # 128 + SIGPIPE, as a tool killed by the signal exits
     except BaseException as exc:  # noqa: BLE001 - every failure must end the job, whatever its type
         code = 1
-        if isinstance(exc, DStoreError):
-            msg = f"{type(exc).__name__}: {exc}"
-        else:
-            msg = traceback.format_exc().rstrip()
-    rank, size = _world()
-    if msg is not None:
-        if size > 1:
-            time.sleep(_error_delay(rank))
-        prefix = f"dstore: error on rank {rank}/{size}: " if size > 1 else "dstore: error: "
-        sys.stderr.write(prefix + msg + "\n")
-        sys.stderr.flush()
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_broken_pipe()
-    if size > 1:
-        from mpi4py import MPI
+        msg = job.describe(exc)
+    if msg is None:  # stdout is gone: end quietly, but still end every rank
+        if job.world()[1] > 1:
+            from mpi4py import MPI
 
-        if msg is not None:
-            # A margin for the launcher to forward what this rank wrote before the abort. Not
-            # known to be needed: with hydra a message written before Abort arrived in every run
-            # tried, even with the proxy or mpiexec stopped (SIGSTOP) across the write and the
-            # abort, and without this wait (see docs/reliability.md, "Lost error messages").
-            time.sleep(ABORT_FLUSH_S)
-        MPI.COMM_WORLD.Abort(code)
-    return code
+            MPI.COMM_WORLD.Abort(code)
+        return code
+    return job.report_and_abort(code, msg)
 
 
 def _check_launcher() -> int:
@@ -165,11 +120,10 @@ def _check_launcher() -> int:
     MPI worlds (torchrun, srun without PMI), else 0."""
     if launcher_mismatch(os.environ, 1) is None:  # no launcher of several processes: MPI not needed here
         return 0
-    problem = launcher_mismatch(os.environ, _world()[1])
+    problem = launcher_mismatch(os.environ, job.world()[1])
     if problem is None:
         return 0
-    launcher_rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
-    if launcher_rank.strip() in ("", "0"):  # one copy of the message, not one per process
+    if job.launcher_rank(os.environ) == 0:  # one copy of the message, not one per process
         sys.stderr.write(f"dstore: error: {problem}\n")
         sys.stderr.flush()
     return 2

@@ -17,8 +17,10 @@ import gc
 import socket
 from typing import Any
 
+from dstore import job
 from dstore.collective import topology
 from dstore.errors import ConfigError
+from dstore.job import launcher_mismatch as launcher_mismatch  # re-exported
 
 DEVICES = ("cpu", "cuda")
 _collect_at_exit = False
@@ -77,6 +79,7 @@ class DistContext:
     group: Any = None
     _owns_group: bool = dataclasses.field(default=False, repr=False)
     _store: Any = dataclasses.field(default=None, repr=False)
+    _job: Any = dataclasses.field(default=None, repr=False)  # its hold on dstore.job's aborting hook
 
     @property
     def is_main(self) -> bool:
@@ -85,6 +88,11 @@ class DistContext:
 
     def close(self) -> None:
         """Destroys the process group if this context created it. Safe to call twice."""
+        self._end_group()
+        if self._job is not None:
+            self._job.release()
+
+    def _end_group(self) -> None:
         if self._owns_group:
             import torch.distributed as dist
 
@@ -97,8 +105,12 @@ class DistContext:
     def __enter__(self) -> DistContext:
         return self
 
-    def __exit__(self, *exc) -> bool:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        # With an exception on its way up, the group stays (the other ranks' collectives in it
+        # would fail at once with "connection closed", printed before this rank's own error), and so
+        # does the hook that aborts the job when the exception arrives.
+        if exc_type is None:
+            self.close()
         return False
 
 
@@ -124,6 +136,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
 
     if device not in DEVICES:
         raise ConfigError(f"device={device!r} is not one of {DEVICES}")
+    held = job.arm()  # torchrun refused; an uncaught exception aborts the job while the group is open
     _collect_groups_before_finalize()
     rank, size = comm.Get_rank(), comm.Get_size()
     here = topology(comm)  # the machine's real nodes (GPUs are per machine), never $DSTORE_RANKS_PER_NODE's
@@ -133,7 +146,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
         # rather than silently training with the wrong peers.
         if dist.get_rank() == rank and dist.get_world_size() == size:
             return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, dist.get_backend(),
-                               group=dist.group.WORLD)
+                               group=dist.group.WORLD, _job=held)
         raise ConfigError(
             f"this process already belongs to a torch process group of size {dist.get_world_size()} "
             f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}")
@@ -141,7 +154,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
     store = _rendezvous(comm, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, backend,
-                       group=dist.group.WORLD, _owns_group=True, _store=store)
+                       group=dist.group.WORLD, _owns_group=True, _store=store, _job=held)
 
 
 def _collect_groups_before_finalize() -> None:
@@ -197,40 +210,3 @@ def _rendezvous(comm, timeout):
     if rank == 0:
         return store
     return dist.TCPStore(host, port, size, False, timeout=timeout)
-
-
-_LAUNCHER_VARS = (
-    ("WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),
-    ("LOCAL_WORLD_SIZE", "torchrun (or another torch.distributed launcher)"),
-    ("SLURM_STEP_NUM_TASKS", "srun without a PMI that this MPI library speaks"),
-    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun, while mpi4py uses another MPI library"),
-    ("PMI_SIZE", "an MPI launcher of another MPI library than mpi4py's"),
-)
-
-
-def launcher_mismatch(environ, mpi_size: int) -> str | None:
-    """Why this process looks started as one of N separate 1-rank MPI jobs, or None.
-
-    torchrun (and srun without a matching PMI, or another MPI's mpirun) starts N processes that
-    each see an MPI world of one: they would each train alone, all writing the same run directory.
-    The launcher's own environment variables (WORLD_SIZE, LOCAL_WORLD_SIZE, SLURM_STEP_NUM_TASKS,
-    OMPI_COMM_WORLD_SIZE, PMI_SIZE) say how many processes it started.
-
-    Args:
-        environ: the process environment (a mapping).
-        mpi_size: the size of MPI's COMM_WORLD.
-    """
-    if mpi_size != 1:
-        return None
-    for var, who in _LAUNCHER_VARS:
-        try:
-            n = int(environ.get(var, "1"))
-        except ValueError:
-            continue
-        if n > 1:
-            return (f"{var}={n} but MPI sees a world of 1 process: this looks started by {who}, which starts "
-                    f"{n} separate 1-rank MPI jobs (each would run alone, all writing the same files). dstore "
-                    f"bootstraps torch.distributed from MPI itself: start it with `mpiexec -n {n} dstore ...`, "
-                    f"or under Slurm `srun -n {n} --mpi=pmi2 dstore ...` (--mpi=pmix for Open MPI; "
-                    f"`srun --mpi=list` shows what your site offers), not torchrun")
-    return None

@@ -2,6 +2,10 @@
 
     mpiexec -n 2 python docs/examples/train_own_script.py [CONTAINER] [--epochs N]
                  [--checkpoint ck.pt [--stop-after-steps K]]
+    srun -n 2 --mpi=pmi2 python docs/examples/train_own_script.py ...     # under Slurm (pmix: Open MPI)
+
+Not torchrun: the store and the process group come from MPI (torchrun's N separate 1-rank worlds
+are refused). While the store is open, an exception on any rank prints once and ends the job.
 
 With no container it ingests the built-in `digits` set into a temporary file first. Everything
 training-specific here is ordinary PyTorch; the store only replaces the Dataset/DataLoader.
