@@ -115,3 +115,21 @@ def test_a_script_started_by_torchrun_is_refused_in_one_line(tmp_path, env, rank
         assert "mpiexec -n 2 python your_script.py" in lines[0], lines
     else:
         assert res.stderr == "", res.stderr  # one copy per job: the launcher's rank 0 prints
+
+
+# ------------------------------------------------------------------ preemption flag for own loops
+def test_a_preemption_signal_sets_the_flag_and_is_given_back(tmp_path):
+    import signal
+
+    from dstore.errors import ConfigError
+    from dstore.preemption import Preemption, parse_signals
+
+    assert parse_signals("sigterm, USR1") == ("TERM", "USR1") and parse_signals("none") == ()
+    with pytest.raises(ConfigError, match="KILL"):
+        parse_signals("TERM,KILL")
+    before = signal.getsignal(signal.SIGUSR1)
+    with Preemption("USR1") as preempt:
+        assert not preempt.requested and not preempt.agreed(MPI.COMM_SELF)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert preempt.requested and preempt.received == "USR1" and preempt.agreed(MPI.COMM_SELF)
+    assert signal.getsignal(signal.SIGUSR1) is before

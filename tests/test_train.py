@@ -1,13 +1,20 @@
 """`dstore train` under mpiexec -n 2 on the real digits set: it learns, its metrics log is well
-formed, and a run interrupted mid-epoch and resumed replays exactly the uninterrupted run."""
+formed, and a run interrupted mid-epoch (by --stop-after-steps, or by a preemption signal) and
+resumed replays exactly the uninterrupted run."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from mpirun import run_mpi
+from mpirun import REPO, mpiexec, run_mpi
 
+from dstore.preemption import PREEMPTED_EXIT
 from dstore.training.metrics import read_jsonl
 
 pytestmark = pytest.mark.mpi
@@ -103,3 +110,73 @@ def test_direct_cold_run_evicts_each_epoch_and_records_the_flag(tmp_path):
     res = run_mpi(1, ["dstore", "train", path, "--direct-cold", "--epochs", "1", "--no-progress",
                       "--run-dir", str(tmp_path / "bad")], timeout=60, check=False)
     assert res.returncode != 0 and "--direct-cold" in res.stderr and "--loader direct" in res.stderr, res.stderr
+
+
+# ------------------------------------------------------------------ preemption (Slurm's SIGTERM / --signal=USR1@120)
+def _ranks(pid: int) -> list[int]:
+    """The pids of mpiexec `pid`'s Python ranks (its descendants running this interpreter), by rank order of start."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            try:
+                if "dstore.tools" in (Path("/proc") / str(child) / "cmdline").read_text():
+                    found.append(child)
+            except OSError:
+                pass
+    return sorted(found)
+
+
+def _start_and_signal(args, env, run_dir, sig, *, one_rank: bool):
+    """Starts `mpiexec -n 2 dstore train ARGS`, and once rank 0 has trained 3 steps sends `sig` to mpiexec
+    (which forwards it to every rank, as Slurm signals every task) or to one rank only; returns (rc, out, err)."""
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", "train"] + args
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True)
+    log = Path(run_dir) / "batches.rank0.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.read_text().count("\n") >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.01)
+        os.kill(_ranks(proc.pid)[-1] if one_rank else proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("sig, one_rank", [(signal.SIGUSR1, True), (signal.SIGTERM, False)],
+                         ids=["USR1-to-one-rank", "TERM-to-mpiexec"])
+def test_a_preemption_signal_checkpoints_and_the_resume_is_the_uninterrupted_run(full_run, cache, tmp_path,
+                                                                                sig, one_rank):
+    full_dir, _ = full_run
+    env = {"DSTORE_CACHE": str(cache)}
+    rc, out, err = _start_and_signal(["--run-dir", str(tmp_path)] + COMMON, env, tmp_path, sig, one_rank=one_rank)
+    assert rc == PREEMPTED_EXIT, (rc, out, err)
+    name = "another rank" if one_rank else signal.Signals(sig).name
+    assert "stopped by " in out and ("SIG" in out or name in out) and "checkpoint in" in out, out
+    stopped = _batches(tmp_path)
+    assert len(stopped[0]) == len(stopped[1]) < 3 * STEPS_PER_EPOCH  # every rank stopped after the same step
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["global_step"] == len(stopped[0])
+    if sig == signal.SIGTERM:
+        return  # the resume is checked once, after the signal to one rank
+    second = run_mpi(2, ["dstore", "train", "--run-dir", str(tmp_path), "--resume", "auto"] + COMMON, timeout=150,
+                     env=env)
+    assert "resumed from" in second.stdout, second.stdout
+    assert _batches(tmp_path) == _batches(full_dir)  # same samples, same order, nothing repeated
+    a = torch.load(full_dir / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key

@@ -43,3 +43,25 @@ def test_own_script_resumes_from_the_loaders_state_dict(full_run, tmp_path):
     want, got = re.search(RESULT, res.stdout), re.search(RESULT, resumed.stdout)
     assert got, resumed.stdout + resumed.stderr
     assert got.groups() == want.groups(), (res.stdout, resumed.stdout)
+
+
+def test_own_script_example_takes_any_container(tmp_path):
+    """Not only 8x8 grey digits: colour images larger than 32x32, 3 classes (resized by the loader)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from dstore.formats import create_writer
+
+    path = tmp_path / "rgb.h5"
+    rng = np.random.default_rng(0)
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b", "c"], raw_dtype="uint8",
+                       raw_shape=(40, 40, 3)) as w:
+        for i in range(80):
+            w.append(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), i % 3, f"s{i}", i)
+    res = subprocess.run([sys.executable, str(SCRIPT), str(path), "--epochs", "1"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    m = re.search(RESULT, res.stdout)
+    assert m and int(m.group(2)) == 80 - int(80 * 0.8), res.stdout + res.stderr

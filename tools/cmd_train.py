@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dstore.preemption import PREEMPTED_EXIT
 from dstore.tools import flags
 from dstore.training.config import RUN, TrainConfig
 from dstore.training.metrics import _plain
@@ -34,14 +35,15 @@ def run(args) -> int:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
     result = train(cfg, MPI.COMM_WORLD, say=say)
+    code = PREEMPTED_EXIT if result.get("preempted") else 0  # every rank agreed on it
     if MPI.COMM_WORLD.Get_rank() != 0:
-        return 0
+        return code
     if args.json:
         import json
 
-        summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "ltfb")
+        summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "preempted", "ltfb")
                    if k in result}
         print(json.dumps(_plain(summary)), flush=True)
     elif result["test"] is None and not result["stopped_early"]:
         print("no held-out set (--holdout 0 and no --val): no test accuracy", flush=True)
-    return 0
+    return code

@@ -14,11 +14,12 @@ import dataclasses
 
 from dstore.errors import ConfigError
 from dstore.memory import parse_bytes
+from dstore.preemption import parse_signals
 from dstore.shuffle import POLICIES as SHUFFLES
 from dstore.tiers import OVERFLOWS, POPULATIONS
 from dstore.training import ltfb
 from dstore.training.dist import DEVICES
-from dstore.training.models import model_names
+from dstore.training.models import get_model, model_names
 from dstore.training.optim import OPTIMIZERS, SCHEDULES
 
 LOADERS = ("store", "direct", "files")
@@ -57,6 +58,10 @@ def _size(text: str) -> tuple[int, int]:
     if len(parts) not in (1, 2):
         raise ConfigError(f"{text!r} is not N or HxW")
     return (parts[0], parts[-1])
+
+
+def _signals(text: str) -> str:
+    return ",".join(parse_signals(text)) or "none"
 
 
 def _flag(default, help=None, **meta):
@@ -116,8 +121,9 @@ class TrainConfig:
                                         "~/.cache/dstore)", group=DATA)
 
     # --- model and optimisation ---
-    model: str = _flag("auto", "auto: small_cnn below 32x32, resnet_small (32x32 input) otherwise", group=MODEL,
-                       choices=MODELS)
+    model: str = _flag("auto", "one of " + ", ".join(MODELS) + ", or your own as package.module:factory (see "
+                               "docs/guide.md, 'Your own model'); auto: small_cnn below 32x32, resnet_small (32x32 "
+                               "input) otherwise", group=MODEL, metavar="NAME|pkg.mod:factory")
     image_size: tuple[int, int] | None = _flag(None, "size images are resized to for the model (default: the "
                                                      "model's own: the data's size for small_cnn, 32x32 for the "
                                                      "ResNets)", group=MODEL, parse=_size, metavar="N|HxW")
@@ -175,6 +181,12 @@ class TrainConfig:
                                   group=RUN, metavar="STEPS")
     stop_after_steps: int = _flag(0, "stop (with a checkpoint) after N steps of this invocation: simulates an "
                                      "interruption", group=RUN, metavar="N")
+    preempt_signal: str = _flag("TERM,USR1", "signals that stop the run after its current step (agreed by every "
+                                             "rank), with a checkpoint, exit code 75: --resume auto continues "
+                                             "exactly; Slurm sends TERM before a kill, or USR1 with "
+                                             "--signal=USR1@120 (comma-separated, of TERM, USR1, USR2, INT; none: "
+                                             "a signal ends the run as before)", group=RUN, metavar="SIGNALS",
+                                 parse=_signals)
     log_batches: bool = _flag(False, "write every trained batch's sample ids to batches.rank<r>.jsonl", group=RUN)
     progress: bool | None = _flag(None, "a progress bar per epoch on rank 0, on stderr (default: only when stderr "
                                         "is a terminal, so batch logs get plain lines; under mpiexec stderr is a "
@@ -182,6 +194,8 @@ class TrainConfig:
 
     def check(self) -> None:
         """Raises ConfigError naming the first field with a value that is not allowed."""
+        if self.model != "auto":
+            get_model(self.model)  # an import path is imported here: its errors before any data is read
         if self.epochs < 1:
             raise ConfigError(f"epochs={self.epochs} must be >= 1")
         if self.batch_size < 1:
@@ -214,4 +228,5 @@ class TrainConfig:
             raise ConfigError(f"--ltfb-metric {self.ltfb_metric!r} is not one of {ltfb.METRICS}")
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
+        parse_signals(self.preempt_signal)
         ltfb.check_config(self)

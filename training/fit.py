@@ -50,11 +50,14 @@ class Fit:
             "steps_per_epoch", ...).
         on_step: `on_step(global_step)`, if given, runs after every optimizer step (LTFB's rounds),
             before any checkpoint of that step, so a checkpoint holds the model the trainer kept.
+        preemption: (a dstore.preemption.Preemption, the communicator every rank of the job agrees
+            on it over), or None; when a signal arrived, the run stops after the step with a checkpoint.
         resume_path: the checkpoint this run continues, or None.
         resumed: that checkpoint, loaded (and its container checked) by run_trainer.
         global_step: optimizer steps so far, counting those before a resume.
         steps_this_run: optimizer steps of this process (what cfg.stop_after_steps counts).
-        stopped: whether the run stopped early (cfg.stop_after_steps).
+        stopped: whether the run stopped early (cfg.stop_after_steps, or a preemption).
+        preempted: the signal that stopped the run (its name), or None.
         history: the per-epoch records written to metrics.jsonl.
     """
 
@@ -68,11 +71,13 @@ class Fit:
     report: Callable[[str], None]
     meta: dict
     on_step: Callable[[int], None] | None = None
+    preemption: Any = None
     resume_path: str | None = None
     resumed: dict | None = None
     global_step: int = dataclasses.field(default=0, init=False)
     steps_this_run: int = dataclasses.field(default=0, init=False)
     stopped: bool = dataclasses.field(default=False, init=False)
+    preempted: str | None = dataclasses.field(default=None, init=False)
     history: list = dataclasses.field(default_factory=list, init=False)
     log: Any = dataclasses.field(default=None, init=False)
     applied: list = dataclasses.field(default_factory=list, init=False)
@@ -154,7 +159,9 @@ class Fit:
             bar.close()
         if self.stopped:
             self.checkpoint(epoch, step + 1 if step is not None else 0)
-            self.report(f"stopped after {self.steps_this_run} step(s) at epoch {epoch}; checkpoint in {self.run_dir}")
+            why = f" by {self.preempted}" if self.preempted else ""
+            self.report(f"stopped{why} after {self.steps_this_run} step(s) at epoch {epoch}; checkpoint in "
+                        f"{self.run_dir}")
             return False
         self.end_epoch(epoch, meter)
         return True
@@ -177,8 +184,15 @@ class Fit:
 
     def after_step(self, epoch: int, step: int) -> bool:
         """The checkpoint policy after step `step` of `epoch`: a checkpoint every cfg.checkpoint_every
-        global steps; True when the run stops here (cfg.stop_after_steps steps of this process)."""
+        global steps; True when the run stops here (cfg.stop_after_steps steps of this process, or
+        a preemption signal that some rank received, agreed over every rank: one small allreduce)."""
         cfg = self.cfg
+        # Not at an epoch's last step: that epoch's evaluation, record and checkpoint come first.
+        if self.preemption is not None and step + 1 < self.meta["steps_per_epoch"]:
+            watch, comm = self.preemption
+            if watch.agreed(comm):
+                self.preempted = "SIG" + watch.received if watch.received else "a signal to another rank"
+                return True
         if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0:
             self.checkpoint(epoch, step + 1)
         return bool(cfg.stop_after_steps and self.steps_this_run >= cfg.stop_after_steps)
@@ -231,7 +245,7 @@ class Fit:
         self.log.close()
         self.batch_log.close()
         return {"test": test, "epochs": self.history, "run_dir": self.run_dir, "stopped_early": self.stopped,
-                "store_stats": stats}
+                "preempted": self.preempted, "store_stats": stats}
 
     def io_stats(self) -> dict:
         """Collective: this rank's data-I/O figures (the store's last epoch, or the direct reader's

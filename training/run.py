@@ -22,6 +22,7 @@ import torch
 from dstore.collective import on_root
 from dstore.errors import ConfigError
 from dstore.formats import open_container
+from dstore.preemption import Preemption, parse_signals
 from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training import console, hparams, ltfb
@@ -147,8 +148,10 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                 "data": data_path, "container": data.container,
                 "train_samples": data.train_range[1] - data.train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
+        # Agreed over the whole job: under LTFB every trainer stops at the same global step.
+        watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
         fit = Fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, report, meta, on_step,
-                  resume_path=resume_path, resumed=ck)
+                  preemption=(watch, tournament.world if tournament else comm), resume_path=resume_path, resumed=ck)
         return fit.run()
 
 

@@ -7,7 +7,9 @@
 Not torchrun: the store and the process group come from MPI (torchrun's N separate 1-rank worlds
 are refused). While the store is open, an exception on any rank prints once and ends the job.
 
-With no container it ingests the built-in `digits` set into a temporary file first. Everything
+With no container it ingests the built-in `digits` set into a temporary file first. Any container
+works (raw arrays, JPEG, PNG; grey or colour; any number of classes): its image size, channels,
+classes and mean/std are measured first, and images larger than 32x32 are resized to it. Everything
 training-specific here is ordinary PyTorch; the store only replaces the Dataset/DataLoader.
 With --checkpoint, the script saves model, optimizer and `loader.state_dict()` (the position after
 the batches it trained on) there every 10 steps and at the end, and resumes from it if it exists:
@@ -17,6 +19,7 @@ never stopped.
 
 import argparse
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -28,15 +31,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dstore import DataStore, StoreLoader
 from dstore.formats import open_container
+from dstore.preemption import PREEMPTED_EXIT, Preemption
+from dstore.training.data import probe_input
 from dstore.training.dist import init_distributed
 
 
-def to_tensor(img: np.ndarray) -> torch.Tensor:
-    """Runs in the loader's decode threads: an (H, W, C) uint8 image -> a normalised CHW float tensor.
-    (A seeded augmentation takes the loader's per-sample rng instead: transform=seeded(fn) with
-    fn(img, rng), from dstore.torch.)"""
-    x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)
-    return (x - 0.3) / 0.35
+def normalizer(mean, std):
+    """The loader's transform (run in its decode threads): an (H, W, C) uint8 image -> a normalised
+    CHW float tensor. (A seeded augmentation takes the loader's per-sample rng instead:
+    transform=seeded(fn) with fn(img, rng), from dstore.torch.)"""
+    mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def to_tensor(img: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(img.astype(np.float32) / 255.0).permute(2, 0, 1)
+        return (x - mean) / std
+
+    return to_tensor
 
 
 def main():
@@ -59,19 +70,26 @@ def main():
 
     with open_container(path) as reader:
         n = reader.num_samples
-    split = int(n * 0.8)
+        split = int(n * 0.8)
+        # Image size, channels, classes and per-channel mean/std of this container, measured by rank 0
+        # on its first training samples (any encoding: raw arrays, JPEG, PNG; grey or colour).
+        spec = probe_input(comm, reader, (0, split))
+    size = spec.image_size if max(spec.image_size) <= 32 else (32, 32)  # the loader resizes larger images
+    to_tensor = normalizer(spec.mean, spec.std)
     torch.manual_seed(0)
     with init_distributed(comm, "cpu") as ctx:  # gloo process group bootstrapped over MPI
-        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                    torch.nn.Linear(64, 10))
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(spec.channels * size[0] * size[1], 64),
+                                    torch.nn.ReLU(), torch.nn.Linear(64, spec.num_classes))
         ddp = DDP(model, process_group=ctx.group)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         # Train on the first 80% and test on the rest: the container is already in a seeded
         # random order, so its tail is a random held-out set.
-        with DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train, \
+        with Preemption() as preempt, \
+                DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train, \
                 DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test, \
-                StoreLoader(train, transform=to_tensor, decode_threads=2) as loader, \
-                StoreLoader(test, transform=to_tensor) as test_loader:
+                StoreLoader(train, transform=to_tensor, decode_threads=2, channels=spec.channels,
+                            size=size) as loader, \
+                StoreLoader(test, transform=to_tensor, channels=spec.channels, size=size) as test_loader:
             if args.checkpoint and os.path.exists(args.checkpoint):
                 ck = torch.load(args.checkpoint, weights_only=True)
                 model.load_state_dict(ck["model"])
@@ -85,7 +103,8 @@ def main():
                     torch.save(state, args.checkpoint)
                 comm.Barrier()
 
-            while loader.state_dict()["epoch"] < args.epochs:
+            stop = preempted = False
+            while loader.state_dict()["epoch"] < args.epochs and not stop:
                 for images, labels in loader:  # this epoch's batches (from the resumed one, if any)
                     loss = F.cross_entropy(ddp(images), labels)
                     opt.zero_grad()
@@ -94,12 +113,16 @@ def main():
                     steps += 1
                     if args.checkpoint and steps % 10 == 0:
                         save()
-                    if steps == args.stop_after_steps:
+                    # SIGTERM/SIGUSR1 (Slurm's warning before a kill) on any rank: every rank stops after
+                    # this step (agreed: one small allreduce), saves, and exits 75 for the batch script
+                    preempted = bool(args.checkpoint) and preempt.agreed(comm)
+                    stop = preempted or steps == args.stop_after_steps
+                    if stop:
                         break
-                if steps == args.stop_after_steps:
-                    break
             if args.checkpoint:
                 save()
+            if preempted:
+                return PREEMPTED_EXIT
             if steps == args.stop_after_steps:
                 if comm.rank == 0:
                     print(f"stopped after {steps} steps at {loader.state_dict()['epoch']}:"
@@ -119,4 +142,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
