@@ -1,12 +1,27 @@
-"""Models by name: a registry of builders `(in_channels, num_classes, image_size) -> nn.Module`.
+"""Models by name: a registry of builders `(in_channels, num_classes, image_size) -> nn.Module`,
+and a user's own model by import path, `package.module:factory` (`--model` of `dstore train`).
 
-Every model states the input size it is built for (`input_size(image_size)`); the input pipeline
-resizes or crops images to it, so a model never sees a size it was not built for.
+The factory contract (a registered builder and a user's factory alike):
+
+    def factory(in_channels: int, num_classes: int, image_size: tuple[int, int]) -> torch.nn.Module
+
+* ``in_channels``: 1 (grey) or 3 (RGB), as the data hold them or `--channels` forces;
+* ``num_classes``: the container's number of classes (labels are 0 .. num_classes - 1);
+* ``image_size``: (H, W) of the images the model will be fed: the model's input size (below), or
+  `--image-size` when given. The model returns logits of shape (batch, num_classes) for inputs of
+  shape (batch, in_channels, H, W), normalised float32.
+
+Every model states the input size it is built for: ``input_size(image_size) -> (H, W)`` maps the
+data's image size to the size the model wants (a registered builder gives it to `register_model`;
+a factory may carry it as an attribute, ``factory.input_size = lambda hw: (224, 224)``; without one
+the model is fed the data's own size). The input pipeline resizes or crops images to it, so a
+model never sees a size it was not built for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 
 from dstore.errors import ConfigError
@@ -46,15 +61,42 @@ def model_names() -> tuple[str, ...]:
 
 
 def get_model(name: str) -> ModelEntry:
-    """The registry entry for `name`.
+    """The registry entry for `name`, or for a user's factory named `package.module:factory`.
 
     Raises:
-        ConfigError: naming the unknown model and the known ones.
+        ConfigError: naming the unknown model and the known ones, or what is wrong with the import path.
     """
+    if ":" in name:
+        return _imported(name)
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"model={name!r} is not one of {model_names()}") from None
+        raise ConfigError(f"model={name!r} is not one of {model_names()} nor package.module:factory") from None
+
+
+def _imported(path: str) -> ModelEntry:
+    """The entry of the factory at import path `package.module:factory` (see the module docstring)."""
+    modname, _, attr = path.partition(":")
+    if not modname or not attr:
+        raise ConfigError(f"--model {path!r}: an import path is package.module:factory")
+    try:
+        module = importlib.import_module(modname)
+    except ImportError as exc:
+        raise ConfigError(f"--model {path!r}: cannot import {modname!r} ({exc}); is it on PYTHONPATH on every "
+                          "node?") from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"--model {path!r}: module {modname!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise ConfigError(f"--model {path!r}: {attr!r} is not callable (a factory "
+                          "(in_channels, num_classes, image_size) -> torch.nn.Module)")
+    input_size = getattr(fn, "input_size", None) or (lambda hw: tuple(hw))
+    if not callable(input_size):
+        raise ConfigError(f"--model {path!r}: its input_size attribute must be a callable (H, W) -> (H, W)")
+    doc = (fn.__doc__ or "").strip().splitlines()
+    return ModelEntry(fn, input_size, doc[0] if doc else path)
 
 
 def default_model(image_size: tuple[int, int]) -> str:
@@ -66,7 +108,12 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: tuple
     """Builds model `name` for images of `image_size` (already resized to its input size)."""
     if in_channels < 1 or num_classes < 2:
         raise ConfigError(f"in_channels={in_channels} must be >= 1 and num_classes={num_classes} >= 2")
-    return get_model(name).build(in_channels, num_classes, tuple(image_size))
+    model = get_model(name).build(in_channels, num_classes, tuple(image_size))
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model {name!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 # --- models ---------------------------------------------------------------------------------------

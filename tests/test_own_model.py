@@ -1,0 +1,86 @@
+"""`--model package.module:factory`: a user's own model by import path, under the documented factory
+contract (in_channels, num_classes, image_size) -> nn.Module, with an optional `input_size` attribute."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import REPO
+
+from dstore.errors import ConfigError
+from dstore.formats import create_writer
+from dstore.training.config import TrainConfig
+from dstore.training.models import build_model, get_model
+
+FACTORY = '''
+import torch
+from torch import nn
+
+SEEN = []
+
+def tiny(in_channels, num_classes, image_size):
+    """A linear model over the whole image."""
+    SEEN.append((in_channels, num_classes, tuple(image_size)))
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size[0] * image_size[1], num_classes))
+
+tiny.input_size = lambda hw: (6, 6)
+
+def not_a_module(in_channels, num_classes, image_size):
+    return "oops"
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("my_models", None)
+
+
+def test_a_factory_by_import_path_gets_the_documented_arguments(user_module):
+    import torch
+
+    entry = get_model("my_models:tiny")
+    assert entry.input_size((28, 28)) == (6, 6) and entry.description == "A linear model over the whole image."
+    model = build_model("my_models:tiny", 3, 5, entry.input_size((28, 28)))
+    assert sys.modules["my_models"].SEEN == [(3, 5, (6, 6))]
+    assert model(torch.zeros(2, 3, 6, 6)).shape == (2, 5)
+    TrainConfig(model="my_models:tiny").check()  # imported and found at check time
+
+
+@pytest.mark.parametrize("name, says", [
+    ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+    ("my_models:missing", "has no attribute 'missing'"),
+    ("my_models:SEEN", "is not callable"),
+    ("my_models:", "package.module:factory"),
+    ("resnet_9000", "nor package.module:factory"),
+])
+def test_a_bad_model_name_is_refused_naming_what_is_wrong(user_module, name, says):
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(")):
+        TrainConfig(model=name).check()
+
+
+def test_a_factory_that_returns_no_module_is_refused(user_module):
+    with pytest.raises(ConfigError, match="not a torch.nn.Module"):
+        build_model("my_models:not_a_module", 1, 2, (4, 4))
+
+
+def test_dstore_train_trains_a_model_given_by_import_path(user_module, tmp_path):
+    path = tmp_path / "c.h5"
+    rng = np.random.default_rng(0)
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
+                       raw_shape=(8, 8, 1)) as w:
+        for i in range(40):
+            w.append(rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), i % 2, f"s{i}", i)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{user_module}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", str(path), "--model", "my_models:tiny",
+                          "--epochs", "1", "--batch-size", "8", "--run-dir", str(run_dir)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((run_dir / "config.json").read_text())
+    assert meta["model"] == "my_models:tiny" and meta["input_size"] == [6, 6]
