@@ -13,7 +13,9 @@ import os
 import sys
 
 from dstore import __version__, job
+from dstore.errors import DStoreError
 from dstore.job import launcher_mismatch
+from dstore.tools import config_file
 
 COMMANDS = {
     "ingest": "dstore.tools.cmd_ingest",
@@ -71,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=_HelpFormatter)
         mod.add_arguments(p)
         _every_default_shown(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -132,6 +134,12 @@ def _check_launcher() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):  # the file's values become defaults: the command line wins
+        try:
+            config_file.apply(args._parser, args.config, ignore=("runs_root",))
+        except DStoreError as exc:
+            args._parser.error(str(exc))
+        args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     code = _check_launcher()
     if code:

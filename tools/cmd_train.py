@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from dstore.preemption import PREEMPTED_EXIT
@@ -17,6 +18,13 @@ HELP = ("Train a model data-parallel (torch DDP bootstrapped from MPI) on batche
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """A flag per field of TrainConfig (its default, choices and help are the field's), and --json."""
     groups = flags.add_fields(p, TrainConfig)
+    groups[RUN].add_argument("--config", metavar="FILE",
+                             help="read flags from a YAML or JSON file (keys: flag names, e.g. batch_size: 256; a "
+                                  "run's config.json works as it is); flags on the command line override it "
+                                  "(default: none)")
+    groups[RUN].add_argument("--print-config", action="store_true",
+                             help="print the resolved configuration (file, then command line) as JSON, valid "
+                                  "input for --config, and exit without training")
     groups[RUN].add_argument("--json", action="store_true",
                              help="rank 0's progress lines go to stderr and the run's summary (run dir, per-epoch "
                                   "metrics, test metrics) is printed on stdout as one JSON object")
@@ -29,6 +37,13 @@ def run(args) -> int:
     from dstore.training.run import train
 
     cfg = flags.from_args(TrainConfig, args)
+    if args.print_config:
+        cfg.check()
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            import json
+
+            print(json.dumps({"config": _plain(dataclasses.asdict(cfg))}, indent=1), flush=True)
+        return 0
     say = None
     if args.json:  # stdout holds the JSON summary alone
         def say(line):
