@@ -14,6 +14,7 @@ import importlib
 from dstore.errors import (
     ChecksumError,
     ConfigError,
+    ContainerChangedError,
     DStoreError,
     FormatError,
     IncompleteContainerError,
@@ -28,6 +29,7 @@ _LAZY = {"DataStore": "dstore.store", "StoreLoader": "dstore.torch"}
 __all__ = [
     "ChecksumError",
     "ConfigError",
+    "ContainerChangedError",
     "DStoreError",
     "DataStore",
     "FormatError",

@@ -176,6 +176,8 @@ class EpochRun:
             first = store._resume[1]
         store._resume = None
         store._check_same_epoch(e, first)
+        if store._resident is not None or store._loaded is not None:  # this epoch may read from storage
+            _check_unchanged(store)
         self.first = first
         self.sched = sched = store.schedule(e)
         self.ids_all = sched.ids
@@ -206,7 +208,7 @@ class EpochRun:
         self.tier = None
         if store._resident is not None:  # non-resident samples: read ahead from storage by this rank
             self.tier = StorageEpoch(store._storage, sched, first, store._resident, store.offsets, store._base_byte,
-                                     store.storage_lookahead, store._sbufs)
+                                     store.storage_lookahead, store._sbufs, store._checks)
             store._sbufs = self.tier.bufs
             owner = np.where(self.tier.from_storage, store.rank, owner[ids_all])  # per entry: no get for these
         else:
@@ -298,6 +300,18 @@ class EpochRun:
         store._active = None
         log.info("epoch %d rank %d/%d: %s", self.e, store.rank, store.size,
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
+
+
+def _check_unchanged(store) -> None:
+    """Collective: a container whose files changed since the store opened it (another file at its
+    path, another size or modification time) is raised on every rank, naming the file, before an
+    epoch reads from it; one stat per file and one small agreement."""
+    exc = None
+    try:
+        store.container.check_unchanged()
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
+        exc = e
+    store._agree(exc)
 
 
 def _fill_the_rest(store, failure=None) -> None:

@@ -18,7 +18,19 @@ class IncompleteContainerError(FormatError):
 
 
 class ChecksumError(FormatError):
-    """A sample's bytes do not match its stored checksum."""
+    """A sample's bytes do not match its stored checksum.
+
+    Attributes:
+        samples: the indices of the samples that did not match (as the raiser counts them), where known.
+    """
+
+    def __init__(self, message: str, samples=()):
+        super().__init__(message)
+        self.samples = tuple(int(i) for i in samples)
+
+
+class ContainerChangedError(FormatError):
+    """A container's files changed (another file, size or modification time) after a job opened it."""
 
 
 class SampleError(DStoreError, ValueError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import logging
 import time
 
@@ -23,7 +24,8 @@ import numpy as np
 
 from dstore import plan, prefault, tiers
 from dstore.collective import AGREED, node_comm, topology_of
-from dstore.errors import ConfigError, FormatError, MemoryBudgetError
+from dstore.errors import ChecksumError, ConfigError, ContainerChangedError, FormatError, MemoryBudgetError
+from dstore.integrity import SampleChecks, mismatch_error
 from dstore.memory import budget_error, default_budget, fmt_bytes
 from dstore.storage import StorageReader
 from dstore.window import Arena
@@ -61,6 +63,10 @@ def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=
         container: the store's ContainerReader (used from the calling thread only).
         start: the container index of served sample 0.
     """
+    if isinstance(exc, ChecksumError) and exc.samples:  # the check names its samples: no re-reading
+        return mismatch_error(container, start, exc)
+    if isinstance(exc, ContainerChangedError):  # names the container and what changed
+        return exc
     path = getattr(container, "path", "the container")
     bad = []
     tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
@@ -97,6 +103,12 @@ def _done(fn, *args) -> concurrent.futures.Future:
     return f
 
 
+def _read_checked(container, lo: int, hi: int, out: np.ndarray, check) -> None:
+    container.read_bytes(lo, hi, out)
+    if check is not None:
+        check(out)
+
+
 class RangeReads:
     """Data byte ranges of a container read into caller's arrays, `threads` at a time.
 
@@ -112,13 +124,13 @@ class RangeReads:
         self._own = None
         self.pool = pool
         if self.threads > 1 and pool is None:
-            self.pool = self._own = StorageReader(container.path, self.threads)
+            self.pool = self._own = StorageReader(container.path, self.threads, container.opened_identity)
 
-    def submit(self, lo: int, hi: int, out: np.ndarray) -> concurrent.futures.Future:
-        """Starts reading data bytes [lo, hi) into `out`."""
+    def submit(self, lo: int, hi: int, out: np.ndarray, check=None) -> concurrent.futures.Future:
+        """Starts reading data bytes [lo, hi) into `out`, then `check(out)` in the reading thread."""
         if self.pool is None:
-            return _done(self.container.read_bytes, lo, hi, out)
-        return self.pool.submit(out, [lo], [hi], [0])[0]
+            return _done(_read_checked, self.container, lo, hi, out, check)
+        return self.pool.submit(out, [lo], [hi], [0], [check])[0]
 
     def close(self) -> None:
         own, self._own = self._own, None
@@ -126,19 +138,20 @@ class RangeReads:
             own.close()
 
 
-def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail) -> None:
+def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=None) -> None:
     """Fills `out` with `submit(a, b, out[a:b])` reads of consecutive pieces, `inflight` at a time,
     while a thread faults in the pages of the pieces ahead of the reads (the first `inflight` take
     their faults in their reads).
 
     Waits for every read and fault started before it returns or raises, so nothing writes into
     `out` afterwards. A failed piece raises `fail(a, b, exc)` (the first failed piece in order).
+    The pieces are `piece` bytes long, or cut at `cuts` (increasing, from 0 to out.size) where given.
     """
     n = out.size
     if n == 0:
         return
     piece, inflight = max(1, int(piece)), max(1, int(inflight))
-    cuts = list(range(0, n, piece)) + [n]
+    cuts = list(range(0, n, piece)) + [n] if cuts is None else list(cuts)
     pieces = list(zip(cuts[:-1], cuts[1:]))
     depth = inflight + 1  # faults run this many pieces ahead of the newest read, absorbing jitter
     reads = collections.deque()  # (a, b, future), in piece order
@@ -175,8 +188,9 @@ def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail) -> Non
 
 
 def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-            out: np.ndarray) -> None:
-    """Served samples [lo, hi) into `out`, fresh window memory (its pages faulted in ahead).
+            out: np.ndarray, checks: SampleChecks | None = None) -> None:
+    """Served samples [lo, hi) into `out`, fresh window memory (its pages faulted in ahead), in
+    pieces of whole samples, each checked against `checks` in the thread that read it.
 
     Args:
         offsets: int64[N+1] of the served samples; `base` is the data byte of served sample 0.
@@ -191,19 +205,38 @@ def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base:
         e = int(np.searchsorted(offsets, first + b, side="left"))
         return read_error(container, start, exc, max(s, lo), min(max(e, s + 1), hi))
 
+    def submit(a, b, view):  # a piece holds whole samples: checked in the thread that read it
+        s, e = (int(x) for x in np.searchsorted(offsets, (first + a, first + b), side="left"))
+        return reads.submit(at + a, at + b, view, None if checks is None else functools.partial(checks.run, lo=s, hi=e))
+
     piece = prefault.PIECE_BYTES if reads.threads == 1 else min(PARALLEL_PIECE, prefault.PIECE_BYTES)
-    read_pieces(lambda a, b, view: reads.submit(at + a, at + b, view), out, piece, reads.threads, fail)
+    read_pieces(submit, out, piece, reads.threads, fail, cuts=sample_cuts(offsets, lo, hi, piece))
+
+
+def sample_cuts(offsets: np.ndarray, lo: int, hi: int, piece: int) -> np.ndarray:
+    """Byte cuts (from 0 to the bytes of samples [lo, hi)) into pieces of whole samples, each the
+    longest run of samples within `piece` bytes, or one sample where it alone is longer."""
+    rel = offsets[lo:hi + 1] - offsets[lo]
+    cuts, at = [0], 0
+    total = int(rel[-1])
+    while at < total:
+        k = int(np.searchsorted(rel, at + piece, side="right")) - 1  # the last boundary within the piece
+        nxt = int(rel[k]) if rel[k] > at else int(rel[np.searchsorted(rel, at, side="right")])
+        cuts.append(nxt)
+        at = nxt
+    return np.asarray(cuts, dtype=np.int64)
 
 
 def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
                      resident: np.ndarray, local: np.ndarray, disp: np.ndarray, scratch_bytes: int,
-                     gap: float | None = None) -> int:
+                     gap: float | None = None, checks: SampleChecks | None = None) -> int:
     """Tiered preload: the resident samples of block [lo, hi) into `local` at `disp`, read as
     dstore.tiers.preload_reads plans them: runs of resident samples joined across at most `gap`
     bytes of non-resident ones (default GAP_BYTES where the container is byte-addressable, else any
     gap: pieces of the block), each read at most one scratch buffer long. A read without a gap goes
     straight into the window; one with gaps into one of `reads.threads` scratch buffers (together
-    at most `scratch_bytes`), its resident samples then copied out. Returns the bytes read."""
+    at most `scratch_bytes`), its resident samples then copied out. Each read's resident samples
+    are checked against `checks` in the thread that read them. Returns the bytes read."""
     off, sizes = offsets, np.diff(offsets)
     ids = np.arange(lo, hi)
     ids = ids[resident[ids] & (sizes[ids] > 0)]
@@ -246,7 +279,8 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
                     finish()
                 slot = free.pop()
                 dst = scratch[slot][:n]
-            pending.append((k, m, slot, reads.submit(base + int(off[a]), base + int(off[b]), dst)))
+            check = None if checks is None else functools.partial(checks.ids, ids=ids[k:m], at=int(off[a]))
+            pending.append((k, m, slot, reads.submit(base + int(off[a]), base + int(off[b]), dst, check)))
             nread += n
         while pending:
             finish()
@@ -269,11 +303,14 @@ def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.nda
         local[int(disp[x]):int(disp[x]) + cnt] = buf[src:src + cnt]
 
 
-def read_samples(container, start: int, lo: int, hi: int, out: np.ndarray) -> None:
-    """Served samples [lo, hi) into `out` with one range read (errors name the samples)."""
+def read_samples(container, start: int, lo: int, hi: int, out: np.ndarray, checks: SampleChecks | None = None) -> None:
+    """Served samples [lo, hi) into `out` with one range read, checked against `checks` (errors
+    name the samples)."""
     if hi > lo:
         try:
             container.read_range(start + lo, start + hi, out=out)
+            if checks is not None:
+                checks.run(out, lo, hi)
         except Exception as exc:
             raise read_error(container, start, exc, lo, hi) from exc
 
@@ -290,7 +327,7 @@ def fill_dynamic(store, ids: np.ndarray) -> int:
     for h, e in zip(heads.tolist(), ends.tolist()):
         lo, hi = int(ids[h]), int(ids[e - 1]) + 1
         d = int(disp[lo])
-        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])])
+        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])], store._checks)
     loaded[ids] = True
     return int(store.sizes[ids].sum())
 
@@ -412,13 +449,13 @@ def _fill(store, peers) -> int:
         a, b = int(store.offsets[lo]), int(store.offsets[hi])
         reads = RangeReads(store.container, store.population_threads)
         try:
-            preload(reads, *args, lo, hi, store._view[a:b])
+            preload(reads, *args, lo, hi, store._view[a:b], store._checks)
         finally:
             reads.close()
         return b - a
     store._segs = store._arena.map_peers(peers, store.layout.nbytes)
     if store._resident is not None:
-        store._storage = StorageReader(store.container.path, store.storage_threads)
+        store._storage = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
     if store.population != "preload":
         store._loaded = np.zeros(store.num_samples, dtype=bool)
         store._loaded[store.layout.owner != store.rank] = True  # only own samples are tracked
@@ -429,7 +466,7 @@ def _fill(store, peers) -> int:
     if store._resident is None:
         reads = RangeReads(store.container, store.population_threads)
         try:
-            preload(reads, *args, lo, hi, store._arena.local)
+            preload(reads, *args, lo, hi, store._arena.local, store._checks)
         finally:
             reads.close()
         return store._arena.local.size
@@ -437,12 +474,15 @@ def _fill(store, peers) -> int:
     threads = min(store.population_threads, store.storage_threads)
     reads = RangeReads(store.container, threads, pool=store._storage if threads > 1 else None)
     scratch = max(1, (store.storage_lookahead + 1) * recv_bound(store))  # counted in the budget
-    return preload_resident(reads, *args, lo, hi, store._resident, store._arena.local, store.layout.disp, scratch)
+    return preload_resident(reads, *args, lo, hi, store._resident, store._arena.local, store.layout.disp, scratch,
+                            checks=store._checks)
 
 
 def populate(store) -> None:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
+    # Every byte read from storage is checked against the container's checksums where it was read.
+    store._checks = SampleChecks(store.offsets, store.container.checksums[store.start:store.stop])
     nodecomm = node_comm(store.comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
     try:
         store._topology = topology_of(store.comm, nodecomm)

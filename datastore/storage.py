@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
+import itertools
 import threading
 
 import numpy as np
 
 from dstore import tiers
+from dstore.errors import ContainerChangedError
 from dstore.formats import open_container
+from dstore.formats.base import identities_differ
 
 
 class StorageReader:
@@ -26,14 +30,18 @@ class StorageReader:
     Args:
         path: the container (anything dstore.formats.open_container opens).
         threads: worker threads (>= 1).
+        identity: the container's identity when the job opened it (ContainerReader.opened_identity):
+            a thread whose reader opens other files fails with ContainerChangedError instead of
+            reading them. None: not checked.
 
     Attributes:
         reads, bytes: read calls and bytes read since construction.
         epoch_ranges: (lo, hi) data byte ranges read since the last `new_epoch()`.
     """
 
-    def __init__(self, path, threads: int = 4):
+    def __init__(self, path, threads: int = 4, identity: tuple | None = None):
         self.path = path
+        self.identity = identity
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="dstore-storage")
         self._local = threading.local()
         self._readers = []
@@ -46,13 +54,19 @@ class StorageReader:
         r = getattr(self._local, "reader", None)
         if r is None:
             r = open_container(self.path)
-            self._local.reader = r
             with self._lock:
                 self._readers.append(r)
+            change = identities_differ(self.identity, r.opened_identity) if self.identity else None
+            if change:  # the job's index describes the files it opened first, not these
+                raise ContainerChangedError(f"{self.path}: the container changed while this job was reading it "
+                                            f"({change}); a container must not be rewritten while a job reads it")
+            self._local.reader = r
         return r
 
-    def _read(self, lo: int, hi: int, out: np.ndarray) -> None:
+    def _read(self, lo: int, hi: int, out: np.ndarray, check=None) -> None:
         self._reader().read_bytes(lo, hi, out=out)
+        if check is not None:  # here, in the reading thread: crc32 releases the GIL
+            check(out)
         with self._lock:
             self.reads += 1
             self.bytes += hi - lo
@@ -62,14 +76,16 @@ class StorageReader:
         with self._lock:
             self.epoch_ranges = []
 
-    def submit(self, buf: np.ndarray, byte_lo, byte_hi, buf_start) -> list:
+    def submit(self, buf: np.ndarray, byte_lo, byte_hi, buf_start, checks=None) -> list:
         """Starts one read per range: data bytes ``[byte_lo[i], byte_hi[i])`` into ``buf`` at
-        ``buf_start[i]``. Returns the futures (complete them with `wait`)."""
+        ``buf_start[i]``, then ``checks[i](view)`` on the bytes read, in the same thread (None: no
+        check). Returns the futures (complete them with `wait`)."""
         out = []
-        for lo, hi, b in zip(np.asarray(byte_lo).tolist(), np.asarray(byte_hi).tolist(),
-                             np.asarray(buf_start).tolist()):
+        checks = checks if checks is not None else itertools.repeat(None)
+        for lo, hi, b, check in zip(np.asarray(byte_lo).tolist(), np.asarray(byte_hi).tolist(),
+                                    np.asarray(buf_start).tolist(), checks):
             if hi > lo:
-                out.append(self._pool.submit(self._read, lo, hi, buf[b:b + hi - lo]))
+                out.append(self._pool.submit(self._read, lo, hi, buf[b:b + hi - lo], check))
         return out
 
     @staticmethod
@@ -115,6 +131,8 @@ class StorageEpoch:
         offsets: int64[N+1] of the served samples; `base` is the data byte of sample 0.
         lookahead: steps in flight beyond the one consumed.
         bufs: the previous epoch's buffers, reused when large enough.
+        checks: a dstore.integrity.SampleChecks of the served samples: each read's samples are
+            checked against their CRC32s in the thread that read them (None: not checked).
 
     Attributes:
         from_storage: bool[M], schedule entries served by this tier (read, or a copy of a read).
@@ -122,9 +140,10 @@ class StorageEpoch:
     """
 
     def __init__(self, reader: StorageReader, sched, first: int, resident: np.ndarray, offsets: np.ndarray,
-                 base: int, lookahead: int, bufs: list):
+                 base: int, lookahead: int, bufs: list, checks=None):
         self._tiers = tiers
         self.reader, self.sched, self.offsets, self.base = reader, sched, offsets, int(base)
+        self.checks = checks
         ids = sched.ids
         start = int(sched.ptr[first])
         idx = np.nonzero(~resident[ids])[0]
@@ -157,8 +176,10 @@ class StorageEpoch:
         self._k += 1
         sl = self.sched.step(s)
         p = self._tiers.plan_storage(self.sched.ids[sl], self.read_entry[sl], self.offsets)
+        checks = None if self.checks is None else [functools.partial(self.checks.run, lo=lo, hi=hi) for lo, hi in
+                                                   zip(p.run_lo.tolist(), p.run_hi.tolist())]
         futs = self.reader.submit(self.bufs[slot], self.base + self.offsets[p.run_lo],
-                                  self.base + self.offsets[p.run_hi], p.run_buf)
+                                  self.base + self.offsets[p.run_hi], p.run_buf, checks)
         self._pending.append((s, slot, p, futs))
 
     def take(self, s: int):

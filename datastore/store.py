@@ -237,6 +237,7 @@ class DataStore:
         self._bufs = []
         self._resident = None  # bool[N] when only part of the data fits (overflow="serve"), else None
         self._storage = None  # its StorageReader
+        self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self._resume = None

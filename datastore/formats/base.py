@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import zlib
 from typing import Any
 
 import numpy as np
 
-from dstore.errors import ConfigError, DStoreError, FormatError
+from dstore.errors import ConfigError, ContainerChangedError, DStoreError, FormatError
 
 FORMAT_VERSION = 1
 """Version of the container layout written by this code (attribute `version`)."""
@@ -51,6 +52,41 @@ def check_batch(nbytes: int, sizes, **per_sample) -> None:
         raise ConfigError(f"sizes must be non-negative, got {int(np.min(sizes))}")
     if total != nbytes:
         raise ConfigError(f"sizes sum to {total} bytes but data has {nbytes}")
+
+
+def file_identity(path: str, fd: int | None = None) -> tuple:
+    """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file or directory (of the open file `fd`
+    where given: what was actually opened), or (path, None, None, None, None) where it is gone."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return (path, None, None, None, None)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def identity_change(then: tuple, now: tuple) -> str | None:
+    """What differs between two `file_identity` values of one path, in words (None: nothing)."""
+    if then == now:
+        return None
+    path, a, b = then[0], list(then[1:]), list(now[1:])
+    if b[0] is None:
+        return f"{path} is gone"
+    what = []
+    if a[:2] != b[:2]:
+        what.append("another file is at its path (device/inode differ)")
+    if a[2] != b[2]:
+        what.append(f"size {a[2]} -> {b[2]} bytes")
+    if a[3] != b[3]:
+        what.append("modification time changed")
+    return f"{path}: " + ", ".join(what)
+
+
+def identities_differ(then: tuple, now: tuple) -> str | None:
+    """What differs between two containers' identities (tuples of `file_identity`), or None."""
+    diffs = [d for d in map(identity_change, then, now) if d]
+    if len(then) != len(now):
+        diffs.append("another set of files")
+    return "; ".join(diffs) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +133,8 @@ class ContainerReader(abc.ABC):
     labels: np.ndarray
     checksums: np.ndarray
     source_index: np.ndarray
+    opened_identity: tuple = ()
+    """`identity()` when the reader was opened (set by each backend once it has opened the container)."""
 
     # --- backend primitives -------------------------------------------------------------
     @abc.abstractmethod
@@ -122,7 +160,29 @@ class ContainerReader(abc.ABC):
         read fetches and decodes the whole chunks it touches."""
         return False
 
+    def _identity_paths(self) -> list[str]:
+        """The files and directories whose identity stands for the container's (default: `path`)."""
+        return [self.path]
+
     # --- defined once for every backend ------------------------------------------------
+    def identity(self) -> tuple:
+        """The container's files as they are now: a `file_identity` per `_identity_paths()`."""
+        return tuple(file_identity(p) for p in self._identity_paths())
+
+    def changes(self, since: tuple | None = None) -> str | None:
+        """What changed in the container's files since it was opened (or since the identity
+        `since`), in words; None: nothing. One stat per file: cheap enough for every epoch."""
+        then = self.opened_identity if since is None else since
+        return identities_differ(then, self.identity()) if then else None
+
+    def check_unchanged(self, since: tuple | None = None) -> None:
+        """Raises ContainerChangedError naming the file and what changed if the container's files
+        are not the ones opened (or `since`): another file at the path, another size or time."""
+        change = self.changes(since)
+        if change:
+            raise ContainerChangedError(f"{self.path}: the container changed while this job was reading it "
+                                        f"({change}); a container must not be rewritten while a job reads it")
+
     def __len__(self) -> int:
         return self.info.num_samples
 

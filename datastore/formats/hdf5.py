@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError
-from dstore.formats.base import ARRAYS, ContainerReader
+from dstore.formats.base import ARRAYS, ContainerReader, file_identity
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     INDEX_FLOOR_BYTES,
@@ -79,9 +79,9 @@ class _DirectData:
     8 MiB of I/O per sample. Here a sample costs one system call, straight into the caller's array.
     """
 
-    def __init__(self, path: str, fd: int, chunk: int, starts: np.ndarray, fill: int):
-        self._path, self._fd, self._chunk, self._fill = path, fd, chunk, fill
-        self._starts = starts  # file offset of each chunk; -1: never written (reads as `fill`)
+    def __init__(self, path: str, fd: int, chunk: int, starts: np.ndarray):
+        self._path, self._fd, self._chunk = path, fd, chunk
+        self._starts = starts  # file offset of each chunk
 
     @classmethod
     def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset) -> _DirectData | None:
@@ -116,11 +116,16 @@ class _DirectData:
                 starts[k] = int(info.byte_offset)
         else:  # compact (bytes inside the object header) or virtual
             return None
-        fill = dset.fillvalue
+        missing = np.flatnonzero(starts < 0)
+        if size and missing.size:  # HDF5 would read it as fill values: samples that are not the ingested ones
+            k = int(missing[0])
+            raise FormatError(f"{path}: data chunk {k} (bytes [{k * chunk}, {min(size, (k + 1) * chunk)}) of data) "
+                              f"was never written ({missing.size} such chunk(s)); dstore writes every chunk, so "
+                              "a missing one is damage, never zeros")
         # A duplicate of h5py's own descriptor: the very file h5py opened, even if `path` has been
         # replaced since; preadv does not move the shared file position.
         fd = os.dup(f.id.get_vfd_handle())
-        return cls(path, fd, chunk, starts, int(fill) if fill is not None else 0)
+        return cls(path, fd, chunk, starts)
 
     def read(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Bytes [lo, hi) of the dataset into `out` (length hi - lo); chunks that lie one after the
@@ -131,10 +136,6 @@ class _DirectData:
             k, within = divmod(pos, chunk)
             base = int(starts[k])
             stop = min(hi, (k + 1) * chunk)
-            if base < 0:
-                out[pos - lo:stop - lo] = self._fill
-                pos = stop
-                continue
             while stop < hi and int(starts[k + 1]) == base + (k + 1 - pos // chunk) * chunk:
                 k += 1
                 stop = min(hi, (k + 1) * chunk)
@@ -149,6 +150,11 @@ class _DirectData:
                 raise FormatError(f"{self._path}: data bytes [{pos + done}, {pos + n}) lie past the end of "
                                   f"the file (file bytes from {at + done}): truncated?")
             done += got
+
+    @property
+    def fd(self) -> int | None:
+        """The file descriptor the reads use (None once closed)."""
+        return self._fd
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -175,6 +181,8 @@ class HDF5Reader(ContainerReader):
         except BaseException:
             self.close()
             raise
+        # The file actually opened (its descriptor), so a file replaced since is seen as another.
+        self.opened_identity = (file_identity(self.path, self._direct.fd if self._direct is not None else None),)
 
     def _load(self, f: h5py.File) -> None:
         try:

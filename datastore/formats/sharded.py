@@ -5,17 +5,40 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, detect_format, open_backend
-from dstore.formats.base import FORMAT_VERSION, ContainerNotFoundError, ContainerReader
+from dstore.formats.base import ContainerNotFoundError, ContainerReader
 from dstore.formats.layout import COMPLETE_ATTR, check_byte_range, check_out, make_attrs, parse_info
 from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
 _SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
 """Attributes every shard of one container must agree on."""
+
+MANIFEST_VERSION = 2
+"""Version of the manifest written here: 2 records each shard's identity (`IDENTITY_KEYS`)."""
+READ_VERSIONS = (1, 2)
+"""Manifest versions read: 1 (no shard identity: nothing to compare a shard with) and 2."""
+IDENTITY_KEYS = ("sample_start", "ingest_id", "checksums_crc32")
+"""What a version-2 manifest records of each shard, and a reader checks: its first sample in the
+joined view, the `ingest_id` attribute of the ingest that wrote it (None if it has none), and the
+CRC32 of its `checksums` array (little-endian uint32): a shard of another ingest, even of the same
+source, has other checksums in another order."""
+
+
+def checksums_crc32(checksums: np.ndarray) -> int:
+    """The CRC32 of a shard's `checksums` array as little-endian uint32 (its fingerprint)."""
+    return zlib.crc32(np.ascontiguousarray(checksums, dtype="<u4").tobytes()) & 0xFFFFFFFF
+
+
+def shard_identity(reader: ContainerReader, sample_start: int) -> dict:
+    """The IDENTITY_KEYS of an open shard that starts at `sample_start` of the joined view."""
+    ingest_id = reader.info.extra.get("ingest_id")
+    return {"sample_start": int(sample_start), "ingest_id": None if ingest_id is None else str(ingest_id),
+            "checksums_crc32": checksums_crc32(reader.checksums)}
 
 
 def manifest_file(path) -> str:
@@ -57,7 +80,7 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
                         extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
                         num_samples=sum(e["num_samples"] for e in entries),
                         total_bytes=sum(e["total_bytes"] for e in entries))
-    manifest = {"format": MANIFEST_FORMAT, "version": FORMAT_VERSION, "shards": entries, "attrs": merged,
+    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries, "attrs": merged,
                 COMPLETE_ATTR: True}  # the marker, last key
     _write_json_into_place(manifest, target, overwrite)
     return target
@@ -67,12 +90,15 @@ def _shard_entries(shard_paths: list[str], base: str):
     """(the manifest's shard entries, the first shard's ContainerInfo): each shard opened and checked
     to be an HDF5 or Zarr container agreeing with the first; paths relative to `base` below it."""
     entries, first = [], None
+    start = 0
     for p in shard_paths:
         fmt = detect_format(p)
         if fmt == "sharded":
             raise ConfigError(f"shard {p} is itself a manifest; shards must be HDF5 or Zarr containers")
         with open_backend(p, fmt) as r:
             info = r.info
+            identity = shard_identity(r, start)
+        start += info.num_samples
         attrs = {k: getattr(info, k) for k in _SHARED_KEYS}
         if first is None:
             first, first_path, first_info = attrs, p, info
@@ -82,7 +108,7 @@ def _shard_entries(shard_paths: list[str], base: str):
                               f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
         rel = os.path.relpath(os.path.abspath(p), base)
         entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
-                        "num_samples": info.num_samples, "total_bytes": info.total_bytes})
+                        "num_samples": info.num_samples, "total_bytes": info.total_bytes, **identity})
     return entries, first_info
 
 
@@ -115,20 +141,31 @@ def read_manifest(path) -> dict:
         raise FormatError(f"{mfile}: not a dstore manifest (key 'format' is not {MANIFEST_FORMAT!r})")
     if not manifest.get(COMPLETE_ATTR, False):
         raise IncompleteContainerError(f"{mfile}: no completion marker (key {COMPLETE_ATTR!r} is missing)")
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READ_VERSIONS:
         raise FormatError(f"{mfile}: unknown manifest version {manifest.get('version')!r} "
-                          f"(this code reads version {FORMAT_VERSION})")
+                          f"(this code reads versions {READ_VERSIONS})")
     missing = [k for k in ("shards", "attrs") if k not in manifest]
     if missing or not isinstance(manifest["shards"], list) or not manifest["shards"]:
         raise FormatError(f"{mfile}: missing or empty key(s) {missing or ['shards']}")
     base = os.path.dirname(os.path.abspath(mfile))
     for i, entry in enumerate(manifest["shards"]):
-        lacking = [k for k in ("path", "num_samples", "total_bytes") if k not in entry]
+        keys = ("path", "num_samples", "total_bytes") + (IDENTITY_KEYS if manifest["version"] >= 2 else ())
+        lacking = [k for k in keys if not isinstance(entry, dict) or k not in entry]
         if lacking:
             raise FormatError(f"{mfile}: shard entry {i} lacks {lacking}")
         entry["path"] = os.path.join(base, entry["path"])
     manifest["file"] = mfile
     return manifest
+
+
+def _check_identity(mfile: str, i: int, entry: dict, shard: ContainerReader, start: int) -> None:
+    """FormatError naming shard `i` if it is not the shard the manifest recorded (IDENTITY_KEYS)."""
+    have = shard_identity(shard, start)
+    diff = [k for k in IDENTITY_KEYS if entry[k] != have[k]]
+    if diff:
+        raise FormatError(f"{mfile}: shard {i} ({entry['path']}) is not the shard this manifest was written over: "
+                          + ", ".join(f"{k} {have[k]!r}, the manifest says {entry[k]!r}" for k in diff)
+                          + " (a shard of another ingest, or replaced?)")
 
 
 class ShardedReader(ContainerReader):
@@ -157,10 +194,18 @@ class ShardedReader(ContainerReader):
                 if shard.info.encoding != self.info.encoding or shard.info.class_names != self.info.class_names:
                     raise FormatError(f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
                                       "on encoding or class names")
+                if manifest["version"] >= 2:
+                    _check_identity(mfile, i, entry, shard, sum(s.num_samples for s in self._shards[:-1]))
             self._load()
         except BaseException:
             self.close()
             raise
+        self._mfile = mfile
+        self.opened_identity = self.identity()
+
+    def _identity_paths(self) -> list[str]:
+        """The manifest and every shard's files."""
+        return [self._mfile] + [p for s in self._shards for p in s._identity_paths()]
 
     def _load(self) -> None:
         counts = np.array([s.num_samples for s in self._shards], dtype=np.int64)

@@ -56,20 +56,25 @@ class _ChunkFiles:
         return cls(os.path.join(str(store.root), arr.store_path.path), int(arr.chunks[0]),
                    arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value))
 
-    def _fd(self, k: int) -> int | None:
+    def _fd(self, k: int) -> int:
         if k in self._fds:
             self._fds.move_to_end(k)
             return self._fds[k]
+        key = self._keys.encode_chunk_key((k,))
         try:
-            fd = os.open(os.path.join(self._root, self._keys.encode_chunk_key((k,))), os.O_RDONLY)
+            fd = os.open(os.path.join(self._root, key), os.O_RDONLY)
         except FileNotFoundError:
-            fd = None  # zarr does not write a chunk that is all fill value
+            # zarr would read it as fill values (zeros): samples that are not the ingested ones
+            raise FormatError(missing_chunk(self._root, key, k, self._chunk)) from None
         self._fds[k] = fd
         if len(self._fds) > self._MAX_OPEN:
-            old = self._fds.popitem(last=False)[1]
-            if old is not None:
-                os.close(old)
+            os.close(self._fds.popitem(last=False)[1])
         return fd
+
+    def check_present(self, lo: int, hi: int) -> None:
+        """FormatError naming the first chunk file of data bytes [lo, hi) that is missing."""
+        for k in range(lo // self._chunk, -(-hi // self._chunk)):
+            self._fd(k)
 
     def read(self, lo: int, hi: int, out: np.ndarray) -> None:
         pos = lo
@@ -77,18 +82,35 @@ class _ChunkFiles:
             k, start = divmod(pos, self._chunk)
             n = min(hi - pos, self._chunk - start)
             view = out[pos - lo:pos - lo + n]
-            fd = self._fd(k)
-            if fd is None:
-                view[:] = self._fill
-            elif os.preadv(fd, [view], start) != n:
+            if os.preadv(self._fd(k), [view], start) != n:
                 raise FormatError(f"{self._root}: chunk {self._keys.encode_chunk_key((k,))} is truncated")
             pos += n
 
     def close(self) -> None:
         fds, self._fds = self._fds, OrderedDict()
         for fd in fds.values():
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
+
+
+def missing_chunk(root: str, key: str, k: int, chunk: int) -> str:
+    """The message for a missing chunk file of `data` (chunk `k` of `chunk` bytes)."""
+    return (f"{os.path.join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
+            "missing; dstore stores every chunk, so a missing one is damage, never zeros")
+
+
+def _check_chunks(path: str, data, files: dict[str, int]) -> None:
+    """FormatError naming the first missing chunk file of `data` (and the samples it holds, by the
+    caller): counted from the scan, so a complete store costs no stat per chunk."""
+    chunk, size = int(data.chunks[0]), int(data.shape[0])
+    n = -(-size // chunk)
+    if max(files.get("data", 0) - 1, 0) >= n:  # one of the files is data/zarr.json
+        return
+    keys = data.metadata.chunk_key_encoding
+    root = os.path.join(path, "data")
+    for k in range(n):
+        key = keys.encode_chunk_key((k,))
+        if not os.path.isfile(os.path.join(root, key)):
+            raise FormatError(missing_chunk(root, key, k, chunk))
 
 
 def _scan_store(root: str) -> dict[str, int]:
@@ -165,6 +187,7 @@ class ZarrReader(ContainerReader):
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             _check_declared_sizes(self.path, group, files)
+            _check_chunks(self.path, data, files)
             self.offsets = np.asarray(group["offsets"][...], dtype=np.int64)
             self.labels = np.asarray(group["labels"][...], dtype=np.int64)
             self.checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
@@ -178,6 +201,15 @@ class ZarrReader(ContainerReader):
                     self.source_index, int(names.shape[0]) if names.ndim == 1 else -1)
         self._group, self._data, self._names = group, data, names
         self._files = _ChunkFiles.for_array(data)
+        self.opened_identity = self.identity()
+
+    def _identity_paths(self) -> list[str]:
+        """The group's and the arrays' metadata, and the directory of `data`'s chunk files (which
+        changes when a chunk file is added, removed or replaced; bytes rewritten in place are caught
+        by the samples' checksums)."""
+        paths = [os.path.join(self.path, "zarr.json")] + [os.path.join(self.path, a, "zarr.json") for a in ARRAYS]
+        chunks = os.path.join(self.path, "data", "c")  # the default chunk key encoding's directory
+        return paths + [os.path.join(self.path, "data")] + ([chunks] if os.path.isdir(chunks) else [])
 
     def _live(self):
         if self._group is None:
@@ -197,6 +229,8 @@ class ZarrReader(ContainerReader):
                 out = check_out(out, hi - lo)
                 self._files.read(lo, hi, out)
                 return out
+            if self._files is not None:  # zarr would fill a missing chunk with zeros
+                self._files.check_present(lo, hi)
             if out is None:
                 return np.asarray(data[lo:hi])
             # Decode the chunks straight into `out`: a rank's preload needs no second buffer.
@@ -244,8 +278,8 @@ class ZarrWriter(StreamingWriter):
         g = self._group
         tail = buf.tail()
         if self._data is None:  # everything fit in one buffer: one chunk of the exact size
-            arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8,
-                                 chunks=(max(tail.size, 1),), compressors=None)
+            arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8, chunks=(max(tail.size, 1),),
+                                 compressors=None, config={"write_empty_chunks": True})
             if tail.size:
                 arr[:] = tail
         elif tail.size:

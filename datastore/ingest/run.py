@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import uuid
 
 import numpy as np
 
@@ -381,7 +382,11 @@ def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseEx
     rank, size = comm.Get_rank(), comm.Get_size()
     group = plan.group_of(rank, size, job.shards)
     gcomm = comm.Split(group, rank)
-    extra = {"ingest_seed": int(job.seed), "ingest_order": "source" if job.keep_order else "seeded"}
+    # One id for every shard of this ingest (a manifest records it per shard: a shard of another
+    # ingest, even of the same source, is then refused by name).
+    ingest_id = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
+    extra = {"ingest_seed": int(job.seed), "ingest_order": "source" if job.keep_order else "seeded",
+             "ingest_id": ingest_id}
     mine = plan.shards_of_group(group, size, job.shards)
     sample_bytes = job.sample_bytes()
     bar = _progress_bar(job, mine, plan.num_groups(size, job.shards)) if progress and rank == 0 else None

@@ -1,0 +1,220 @@
+"""Integrity by construction (issue 19): every byte the store reads from storage is checked against
+the container's checksums where it was read; a container changed under a running job, a missing
+Zarr chunk and a shard of another ingest are errors naming them, never wrong bytes served."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from formats_helpers import build, random_samples, write_samples
+from mpi4py import MPI
+from mpirun import run_mpi
+from store_scenarios import scenarios
+
+from dstore.errors import ChecksumError, ContainerChangedError, FormatError
+from dstore.formats import open_container
+from dstore.store import DataStore
+
+BATCH = scenarios.BATCH
+
+
+def corrupt_in_place(path: str, sample: bytes, *, keep_time: bool = True) -> None:
+    """Inverts the first byte of `sample` where it lies in the file `path`, in place; with
+    `keep_time`, the file keeps its modification time (so only the checksums can tell)."""
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        pos = f.read().find(sample)
+    assert pos >= 0 and len(sample) > 64
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes([sample[0] ^ 0xFF]), pos)
+    finally:
+        os.close(fd)
+    if keep_time:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _sample(path: str, i: int) -> bytes:
+    with open_container(path) as r:
+        return r.sample(i)[0].tobytes()
+
+
+def _resident(path: str, **kw) -> np.ndarray:
+    with DataStore(MPI.COMM_SELF, path, **kw) as probe:
+        return probe._resident
+
+
+def _tiered_kw(path: str) -> dict:
+    probe = DataStore(MPI.COMM_SELF, path, batch_size=BATCH)
+    budget = probe.tier_overhead() + int(0.5 * int(probe.layout.nbytes.max()))
+    probe.close()
+    return dict(batch_size=BATCH, memory_budget=budget)
+
+
+def _big_sample(path: str, mask=None) -> int:
+    """A sample of over 64 bytes (where `mask` is True)."""
+    with open_container(path) as r:
+        sizes = np.diff(r.offsets)
+    ok = sizes > 64 if mask is None else (sizes > 64) & mask
+    return int(np.flatnonzero(ok)[len(np.flatnonzero(ok)) // 2])
+
+
+# --- every read path checks what it read ------------------------------------------------------------
+
+@pytest.mark.parametrize("path_kind", ["preload", "preload-1-thread", "dynamic", "tiered-preload", "tiered-read"])
+def test_every_read_from_storage_is_checked_against_the_checksums(tmp_path, path_kind):
+    # A sample's bytes change in the file after the store opened it, its size and time kept: the
+    # read that brings it into the store must fail naming it, not serve the other bytes.
+    path = scenarios.make_container(str(tmp_path / "c.h5"), n=1201, seed=2, large=8000, small=8000)
+    kw = dict(batch_size=BATCH)
+    if path_kind == "preload-1-thread":
+        kw["population_threads"] = 1
+    if path_kind == "dynamic":
+        kw["population"] = "dynamic"
+    if path_kind.startswith("tiered"):
+        kw = _tiered_kw(path)
+        resident = _resident(path, **kw)
+        assert 0 < resident.mean() < 1
+        victim = _big_sample(path, resident if path_kind == "tiered-preload" else ~resident)
+    else:
+        victim = _big_sample(path)
+    sample = _sample(path, victim)
+    st = DataStore(MPI.COMM_SELF, path, **kw)
+    served = []
+    with pytest.raises(ChecksumError) as err:
+        if path_kind in ("dynamic", "tiered-read"):
+            st.populate()
+        corrupt_in_place(path, sample)
+        with st:
+            for e in range(2):
+                for b in st.epoch(e):
+                    served += [bytes(x) for i, x in zip(b.ids.tolist(), b.samples) if i == victim]
+    st.close()
+    assert f"{path}: 1 sample(s) read from storage do not match their checksums: {victim} ('s{victim}')" in str(err.value)
+    assert all(x == sample for x in served)  # nothing but the ingested bytes was served
+
+
+def test_the_files_loaded_are_checked_and_the_identity_is_recorded(tmp_path):
+    path = scenarios.make_container(str(tmp_path / "c.h5"), n=40)
+    with open_container(path) as r:
+        assert r.changes() is None
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        assert "modification time changed" in r.changes()
+        with pytest.raises(ContainerChangedError, match=f"{path}: the container changed"):
+            r.check_unchanged()
+
+
+# --- a container changed under a running job, on every rank -----------------------------------------
+
+_CHANGED = r'''
+import os, sys
+from mpi4py import MPI
+from dstore.store import DataStore
+sys.path.insert(0, sys.argv[3])
+from test_integrity import corrupt_in_place
+comm, path, case = MPI.COMM_WORLD, sys.argv[1], sys.argv[2]
+probe = DataStore(comm, path, batch_size=12)
+budget = probe.tier_overhead() + int(0.5 * int(probe.layout.nbytes.max()))
+probe.close()
+st = DataStore(comm, path, batch_size=12, memory_budget=budget)
+try:
+    with st:
+        victims = comm.bcast(sorted(int(i) for i in (~st._resident).nonzero()[0] if st.sizes[i] > 64)[:3])
+        for b in st.epoch(0):
+            pass
+        comm.Barrier()
+        if comm.rank == 0:  # rewritten in place, as `cp` or `dd conv=notrunc` of a same-layout file would
+            for i in victims:
+                corrupt_in_place(path, bytes(st.container.sample(i)[0]), keep_time=case == "bytes")
+        comm.Barrier()
+        for e in (1, 2):
+            for b in st.epoch(e):
+                pass
+except Exception as exc:
+    print(f'\nrank {comm.rank} raised {type(exc).__name__}: {exc}', flush=True)
+    raise
+print('finished', flush=True)
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["file", "bytes"])
+def test_a_container_rewritten_between_epochs_ends_the_job_on_every_rank(tmp_path, case):
+    # The issue's scenario at small scale: a tiered store (a memory budget of about half a rank's
+    # share) over a file rewritten in place after epoch 0. "file": its time changes, so the next
+    # epoch's start refuses it; "bytes": size and time kept, so the storage reads' checksums catch
+    # it mid-epoch. Every rank raises the error naming the file; nothing finishes with rc 0.
+    path = scenarios.make_container(str(tmp_path / "t.h5"), n=1201, seed=1, large=8000, small=8000)
+    script = tmp_path / "changed.py"
+    script.write_text(_CHANGED)
+    res = run_mpi(2, ["python", str(script), path, case, os.path.dirname(__file__)], timeout=120, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "finished" not in res.stdout, out
+    lines = [x for x in res.stdout.splitlines() if " raised " in x]
+    assert sorted(x.split()[1] for x in lines) == ["0", "1"], out
+    want = "ContainerChangedError" if case == "file" else "ChecksumError"
+    assert all(want in x and f"{path}:" in x for x in lines), out
+    if case == "bytes":
+        assert any("do not match their checksums" in x for x in lines), out
+
+
+# --- a missing Zarr chunk ---------------------------------------------------------------------------
+
+def test_a_missing_zarr_chunk_is_an_error_naming_it_never_zeros(tmp_path):
+    samples = random_samples(200, seed=4, max_bytes=30000)
+    path = write_samples(tmp_path / "z.zarr", "zarr", samples, chunk_bytes=1 << 18)
+    chunk = os.path.join(path, "data", "c", "2")
+    with open_container(path) as r:  # opened before the chunk went: reads must fail, small and large
+        os.rename(chunk, chunk + ".gone")
+        lo = int(np.searchsorted(r.offsets, 2 * (1 << 18) + 10, side="right")) - 1
+        with pytest.raises(FormatError, match=r"data/c/2: data chunk 2 \(bytes \[524288, 786432\) of data\) is missing"):
+            r.sample(lo)
+        with pytest.raises(FormatError, match="data chunk 2 .* is missing"):
+            r.read_range(0, len(r))  # 3 MB: through zarr, which would fill the chunk with zeros
+        os.rename(chunk + ".gone", chunk)
+    os.remove(chunk)
+    with pytest.raises(FormatError, match="data chunk 2 .* is missing"):
+        open_container(path)
+
+
+def test_a_chunk_removed_under_a_running_store_is_named(tmp_path):
+    # Removing a chunk file changes its directory: the next epoch that reads from storage (here a
+    # dynamic population's epoch 0) refuses the container, naming the directory, before any read.
+    samples = random_samples(200, seed=4, max_bytes=30000)
+    path = write_samples(tmp_path / "z.zarr", "zarr", samples, chunk_bytes=1 << 18)
+    st = DataStore(MPI.COMM_SELF, path, batch_size=BATCH, population="dynamic")
+    st.populate()
+    os.remove(os.path.join(path, "data", "c", "1"))
+    with pytest.raises(ContainerChangedError, match=r"z\.zarr: the container changed .*z\.zarr/data/c: modification"):
+        with st:
+            for _ in st.epoch(0):
+                pass
+    st.close()
+
+
+# --- a foreign shard --------------------------------------------------------------------------------
+
+def test_a_shard_of_another_ingest_is_refused_naming_it(tmp_path):
+    samples = random_samples(90, seed=6)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    mine = build(tmp_path / "a", "sharded-hdf5", samples, shards=3)
+    other = build(tmp_path / "b", "sharded-hdf5", samples[::-1], shards=3)  # same samples, another order
+    with open_container(mine) as r:
+        shard = r.shards[1].path
+        want = r.read_range(0, len(r)).tobytes()
+    with open_container(other) as r:
+        foreign = r.shards[1].path
+    shutil.copyfile(foreign, shard)
+    with pytest.raises(FormatError, match=r"shard 1 \(.*\) is not the shard this manifest was written over: "
+                                          r"checksums_crc32"):
+        open_container(mine)
+    from dstore.verify import verify_container
+
+    with pytest.raises(FormatError, match="shard 1"):
+        verify_container(mine)
+    assert want  # the original container was readable before
