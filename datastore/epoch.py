@@ -138,14 +138,18 @@ class EpochRun:
                         t1 = time.perf_counter()
                         try:
                             n = store._fill_dynamic(self.ids_all[self.sched.step(s)])
-                        except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                        except Exception as exc:
                             self.failure = exc
+                            if store.fail_fast:
+                                raise
                             break
                         store._add_population(time.perf_counter() - t1, n)
                         pending.append(self.issue(s, 0))
                     item = pending.popleft()
                     done = self.complete(item)
                     if done is None:
+                        if store.fail_fast:  # the job aborts on it; the others may be waiting in a DDP step
+                            raise self.failure
                         break
                     batch, slot = done
                     store._next = (self.e, s + 1) if s + 1 < self.sched.steps else (self.e + 1, 0)

@@ -5,9 +5,10 @@ Every path that brings sample bytes from storage into the store (the preload's p
 preload's runs, the dynamic population, the storage tier's reads) hands its buffer to a
 `SampleChecks` right after the read, in the same thread: `zlib.crc32` releases the GIL for buffers
 over 5 KiB, so checking overlaps the other reads, decoding and the training step, as the reads do.
-A mismatch raises `ChecksumError` with the served indices; `mismatch_error` then names the
-container, the samples, and whether the container's files changed since the job opened them
-(`ContainerChangedError`), since a file rewritten under a running job is the usual cause.
+A mismatch raises `ChecksumError` with the served indices; `read_error` (the error any failed read
+becomes) then names the container, the samples, and whether the container's files changed since
+the job opened them (`ContainerChangedError`), since a file rewritten under a running job is the
+usual cause of both.
 """
 
 from __future__ import annotations
@@ -54,6 +55,43 @@ class SampleChecks:
             raise ChecksumError(f"{len(bad)} sample(s) read from storage do not match their checksums", bad)
 
 
+def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
+    """A FormatError naming the container and the samples among served [lo, hi) (or `ids`) that
+    cannot be read (each tried alone, on this failure path only), or the range if none fails alone.
+
+    Args:
+        container: the store's ContainerReader (used from the calling thread only).
+        start: the container index of served sample 0.
+    """
+    if isinstance(exc, ChecksumError) and exc.samples:  # the check names its samples: no re-reading
+        return mismatch_error(container, start, exc)
+    if isinstance(exc, ContainerChangedError):  # names the container and what changed
+        return exc
+    path = getattr(container, "path", "the container")
+    change = container.changes() if hasattr(container, "changes") else None
+    if change:  # a file rewritten under the job (a read past a truncated end, a chunk gone, ...)
+        return ContainerChangedError(f"{path}: the container changed while this job was reading it ({change}); "
+                                     f"a read failed: {type(exc).__name__}: {exc}")
+    bad = []
+    tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
+    if ids is not None:
+        lo, hi = (int(min(tried)), int(max(tried)) + 1) if len(tried) else (0, 1)
+    for i in tried:
+        try:
+            container.read_range(start + i, start + i + 1)
+        except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
+            bad.append(i)
+    ids = [start + i for i in (bad or [lo, hi - 1])]
+
+    if bad:
+        which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(
+            named(container, i) for i in ids[:5])
+        which += " ..." if len(ids) > 5 else ""
+    else:
+        which = f"samples {named(container, ids[0])} .. {named(container, ids[-1])}"
+    return FormatError(f"{path}: cannot read {which}: {type(exc).__name__}: {exc}")
+
+
 def mismatch_error(container, start: int, exc: ChecksumError) -> FormatError:
     """The error for samples whose bytes did not match their checksums (served indices in
     `exc.samples`, served sample 0 being container sample `start`): a ContainerChangedError where the
@@ -61,7 +99,7 @@ def mismatch_error(container, start: int, exc: ChecksumError) -> FormatError:
     and the samples (index and name)."""
     path = getattr(container, "path", "the container")
     ids = [start + i for i in exc.samples]
-    which = ", ".join(_named(container, i) for i in ids[:5]) + (" ..." if len(ids) > 5 else "")
+    which = ", ".join(named(container, i) for i in ids[:5]) + (" ..." if len(ids) > 5 else "")
     what = f"{len(ids)} sample(s) read from storage do not match their checksums: {which}"
     change = container.changes() if hasattr(container, "changes") else None
     if change:
@@ -71,8 +109,18 @@ def mismatch_error(container, start: int, exc: ChecksumError) -> FormatError:
                          "kept size and time?); `dstore verify` checks the whole container", ids)
 
 
-def _named(container, i: int) -> str:
+def named(container, i: int) -> str:
+    """``"i (name)"`` for container sample i, the name `shown`; the index alone if it has none."""
     try:
-        return f"{i} ({container.name(i)!r})"
+        return f"{i} ({shown(container.name(i))})"
     except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
         return str(i)
+
+
+def shown(text: str) -> str:
+    """`text` as printed in a report or an error: every character that is not printable (newlines,
+    terminal escape sequences, other control characters) written as a Python escape, so that a
+    sample's or a class's name cannot end a line or forge another (``a\nOK`` prints as ``a\\nOK``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -24,8 +24,8 @@ import numpy as np
 
 from dstore import plan, prefault, tiers
 from dstore.collective import AGREED, node_comm, topology_of
-from dstore.errors import ChecksumError, ConfigError, ContainerChangedError, FormatError, MemoryBudgetError
-from dstore.integrity import SampleChecks, mismatch_error
+from dstore.errors import ConfigError, MemoryBudgetError
+from dstore.integrity import SampleChecks, read_error
 from dstore.memory import budget_error, default_budget, fmt_bytes
 from dstore.storage import StorageReader
 from dstore.window import Arena
@@ -55,44 +55,6 @@ enough pieces in a block for the threads to share."""
 
 
 # ----------------------------------------------------------------------------- reads
-def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
-    """A FormatError naming the container and the samples among served [lo, hi) (or `ids`) that
-    cannot be read (each tried alone, on this failure path only), or the range if none fails alone.
-
-    Args:
-        container: the store's ContainerReader (used from the calling thread only).
-        start: the container index of served sample 0.
-    """
-    if isinstance(exc, ChecksumError) and exc.samples:  # the check names its samples: no re-reading
-        return mismatch_error(container, start, exc)
-    if isinstance(exc, ContainerChangedError):  # names the container and what changed
-        return exc
-    path = getattr(container, "path", "the container")
-    bad = []
-    tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
-    if ids is not None:
-        lo, hi = (int(min(tried)), int(max(tried)) + 1) if len(tried) else (0, 1)
-    for i in tried:
-        try:
-            container.read_range(start + i, start + i + 1)
-        except Exception:  # noqa: BLE001 - we are narrowing an error down to its samples
-            bad.append(i)
-    ids = [start + i for i in (bad or [lo, hi - 1])]
-
-    def named(i):
-        try:
-            return f"{i} ({container.name(i)})"
-        except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
-            return str(i)
-
-    if bad:
-        which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(named(i) for i in ids[:5])
-        which += " ..." if len(ids) > 5 else ""
-    else:
-        which = f"samples {named(ids[0])} .. {named(ids[-1])}"
-    return FormatError(f"{path}: cannot read {which}: {type(exc).__name__}: {exc}")
-
-
 def _done(fn, *args) -> concurrent.futures.Future:
     """`fn(*args)` run now, in this thread, as a completed future (a one-thread population)."""
     f = concurrent.futures.Future()

@@ -109,6 +109,8 @@ class DataStore:
             coalesced run) and storage_wait_seconds; and the store's population
             so far (population_seconds, population_bytes, population_MBps). Logged at INFO
             ("dstore.store") at the end of each epoch.
+        fail_fast: False (default): a read failing mid-epoch is raised on every rank at the epoch's end;
+            True: at once, on its rank only (for jobs that abort on any rank's error, as `dstore train`).
 
     Samples are served as read-only views: local ones straight from this rank's window, those of
     another rank on the same node straight from its window where the MPI library shares it
@@ -238,6 +240,7 @@ class DataStore:
         self._resident = None  # bool[N] when only part of the data fits (overflow="serve"), else None
         self._storage = None  # its StorageReader
         self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
+        self.fail_fast = False
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self._resume = None

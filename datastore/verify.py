@@ -19,6 +19,7 @@ from dstore.collective import topology
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import detect_format, open_container
+from dstore.integrity import shown
 from dstore.plan import block_bounds
 
 READ_SIZE = 64 << 20
@@ -33,8 +34,8 @@ class BadSample:
     name: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"sample {self.index} ({self.name}): {self.reason}"
+    def __str__(self) -> str:  # a name cannot end the line or forge another (an "OK" line)
+        return f"sample {self.index} ({shown(self.name)}): {self.reason}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,10 +275,11 @@ def format_info(summary: dict) -> str:
         f"p95 {size['p95']:.1f}  max {size['max']}",
     ]
     if s["source"]:
-        lines.append(f"  source       {s['source']}")
+        lines.append(f"  source       {shown(s['source'])}")
     lines.append(f"  classes      {s['num_classes']}")
-    width = max([len(c["name"]) for c in s["classes"]] + [4])
-    lines.extend(f"    {c['label']:>4}  {c['name']:<{width}}  {c['count']}" for c in s["classes"])
+    names = [shown(c["name"]) for c in s["classes"]]  # a class name cannot forge a line either
+    width = max([len(n) for n in names] + [4])
+    lines.extend(f"    {c['label']:>4}  {n:<{width}}  {c['count']}" for c, n in zip(s["classes"], names))
     if s["labels_outside_classes"]:
         lines.append(f"  labels outside the class names: {s['labels_outside_classes']}")
     for shard in s.get("shards", []):

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 from mpirun import run_mpi
 
-from dstore.errors import ConfigError
+from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats import open_container
 from dstore.ingest import ingest
 from dstore.ingest.synthetic import generate_image_folder
@@ -61,13 +61,67 @@ def test_missing_root_changed_bytes_and_a_vanished_file_are_named(folder_and_con
     first = open_container(path).name(0)
     with open(os.path.join(copy, first), "ab") as fh:
         fh.write(b"\0")
-    with pytest.raises(ConfigError, match="does not hold the bytes of sample 0"):
+    with pytest.raises(ChecksumError, match="does not hold the bytes of sample 0"):
         _source(path, root=copy)
     os.truncate(os.path.join(copy, first), os.path.getsize(os.path.join(folder, first)))
     src = _source(path, root=copy)
     victim = open_container(path).name(1)
     os.remove(os.path.join(copy, victim))
     with src, pytest.raises(ConfigError, match=f"cannot read sample 1's file .*{re.escape(victim)}"):
+        for _ in src.epoch(0):
+            pass
+
+
+def test_every_files_bytes_are_checked_not_only_the_first(folder_and_container, tmp_path):
+    # A source file replaced after the ingest by another of the same size: served silently before
+    # (only sample 0 was compared); now its batch fails naming the file.
+    folder, path = folder_and_container
+    copy = str(tmp_path / "copy")
+    shutil.copytree(folder, copy)
+    reader = open_container(path)
+    victim = reader.name(17)
+    with open(os.path.join(copy, victim), "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\x00\x01\x02")
+    with _source(path, root=copy) as src, pytest.raises(
+            ChecksumError, match=f"{re.escape(os.path.join(copy, victim))} does not hold the bytes of sample 17"):
+        for _ in src.epoch(0):
+            pass
+
+
+@pytest.mark.parametrize("bad", ["../outside.jpg", "/abs/outside.jpg", "sub/../../outside.jpg"])
+def test_names_that_lead_outside_the_files_root_are_refused(tmp_path, bad):
+    from dstore.formats import create_writer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    data = b"\xff\xd8" + bytes(range(200))
+    (root / "in.jpg").write_bytes(data)
+    (tmp_path / "outside.jpg").write_bytes(data)  # readable, with the right bytes: only the name is wrong
+    path = str(tmp_path / "c.h5")
+    with create_writer(path, "hdf5", encoding="jpeg", class_names=["a", "b"], source=str(root)) as w:
+        w.append(data, 0, "in.jpg", 0)
+        w.append(data, 1, bad, 1)
+    with _source(path) as src, pytest.raises(ConfigError, match=f"sample 1 of .* is named '{re.escape(bad)}', "
+                                                                 "which leads outside the files root"):
+        for _ in src.epoch(0):
+            pass
+
+
+def test_the_direct_loader_checks_the_bytes_it_reads(folder_and_container, tmp_path):
+    from dstore.training.data import DirectSource
+
+    _, path = folder_and_container
+    copy = str(tmp_path / "c.h5")
+    shutil.copyfile(path, copy)
+    reader = open_container(copy)
+    sample = reader.sample(5)[0].tobytes()
+    with open(copy, "r+b") as fh:
+        pos = fh.read().find(sample)
+        fh.seek(pos + 50)
+        fh.write(b"\x00\x00\x00")
+    src = DirectSource(MPI.COMM_SELF, reader, batch_size=10, seed=4)
+    with pytest.raises(FormatError, match=f"{re.escape(copy)}: .*1 sample.* do not match their checksums: 5 "):
         for _ in src.epoch(0):
             pass
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -93,7 +94,7 @@ def test_every_read_from_storage_is_checked_against_the_checksums(tmp_path, path
                 for b in st.epoch(e):
                     served += [bytes(x) for i, x in zip(b.ids.tolist(), b.samples) if i == victim]
     st.close()
-    assert f"{path}: 1 sample(s) read from storage do not match their checksums: {victim} ('s{victim}')" in str(err.value)
+    assert f"{path}: 1 sample(s) read from storage do not match their checksums: {victim} (s{victim})" in str(err.value)
     assert all(x == sample for x in served)  # nothing but the ingested bytes was served
 
 
@@ -218,3 +219,139 @@ def test_a_shard_of_another_ingest_is_refused_naming_it(tmp_path):
     with pytest.raises(FormatError, match="shard 1"):
         verify_container(mine)
     assert want  # the original container was readable before
+
+
+# --- the issue's scenario through `dstore train` ------------------------------------------------------
+
+def _raw_container(path: str, seed: int) -> str:
+    """1,500 random 16x16 raw images in 10 classes (every container of this kind has the same layout)."""
+    from dstore.formats import create_writer
+
+    rng = np.random.default_rng(seed)
+    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=(16, 16),
+                       class_names=[f"c{k}" for k in range(10)]) as w:
+        for i in range(1500):
+            w.append(rng.integers(0, 256, 256, dtype=np.uint8).tobytes(), int(rng.integers(0, 10)), f"s{i:04d}", i)
+    return path
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("rewrite", ["cp", "dd-keep-time"])
+def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_path, rewrite):
+    # The issue's scenario: a same-layout file copied over t.h5 while `mpiexec -n 2 dstore train t.h5
+    # --memory-budget ...` (tiered) runs, once epoch 0 is logged. "cp": truncated and written again
+    # (a new modification time: the next epoch's identity check, or a read inside an epoch, names
+    # the change). "dd-keep-time": written in place and the old time put back, so only the checksums
+    # of the bytes read can tell, mid-epoch; the failing rank raises at once (the other waits in a
+    # DDP step, not in the store's agreement). Either way: non-zero, the file named, no result.
+    import subprocess
+    import threading
+
+    from mpirun import mpiexec
+
+    path, alt = _raw_container(str(tmp_path / "t.h5"), 0), _raw_container(str(tmp_path / "alt.h5"), 1)
+    assert os.path.getsize(path) == os.path.getsize(alt)
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", "train", path, "--memory-budget", "600K",
+           "--epochs", "6", "--batch-size", "64", "--no-progress", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+    lines, seen = [], threading.Event()
+
+    def follow():
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("epoch 0:"):
+                seen.set()
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(120), "".join(lines)
+        if rewrite == "cp":
+            shutil.copyfile(alt, path)
+        else:
+            st = os.stat(path)
+            with open(alt, "rb") as src, open(path, "r+b") as dst:
+                dst.write(src.read())
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        err = proc.communicate(timeout=120)[1]
+    except BaseException:
+        os.killpg(proc.pid, 9)
+        raise
+    reader.join(10)
+    out = "".join(lines) + err
+    assert "exceeds the memory budget" in out, out  # tiered: non-resident samples come from the file
+    assert proc.returncode != 0 and "test accuracy" not in out, out
+    errors = [x for x in err.splitlines() if x.startswith("dstore: error")]
+    assert errors and all(f"{path}:" in x for x in errors), out
+    why = ("the container changed while this job was reading it",) if rewrite == "cp" else \
+        ("the container changed while this job was reading it", "do not match their checksums")
+    assert all(any(w in x for w in why) for x in errors), out
+
+
+_FAIL_FAST = r'''
+import sys
+from mpi4py import MPI
+from dstore.store import DataStore
+sys.path.insert(0, sys.argv[3])
+from test_integrity import corrupt_in_place
+comm, path, fast = MPI.COMM_WORLD, sys.argv[1], sys.argv[2] == "fast"
+other = comm.Dup()  # stands for DDP's process group: a collective per step the store does not see
+probe = DataStore(comm, path, batch_size=12)
+budget = probe.tier_overhead() + int(0.5 * int(probe.layout.nbytes.max()))
+probe.close()
+with DataStore(comm, path, batch_size=12, memory_budget=budget) as st:
+    st.fail_fast = fast
+    sched = st.schedule(1)
+    mine = [int(i) for i in sched.ids[sched.ptr[3]:] if not st._resident[i] and st.sizes[i] > 64]
+    victim = comm.bcast(mine[0] if comm.rank == 0 else None)  # read from storage by rank 0 only
+    for b in st.epoch(0):
+        other.allreduce(1)
+    comm.Barrier()
+    if comm.rank == 0:
+        corrupt_in_place(path, bytes(st.container.sample(victim)[0]))
+    comm.Barrier()
+    for b in st.epoch(1):
+        other.allreduce(1)
+print('finished', flush=True)
+'''
+
+
+@pytest.mark.mpi
+def test_a_mismatch_mid_epoch_ends_a_job_whose_ranks_wait_elsewhere(tmp_path):
+    # Only rank 0 reads the damaged sample; rank 1 goes on to its next step's collective on
+    # another communicator (as DDP's allreduce), so it never reaches the store's agreement at the
+    # epoch's end. With fail_fast (what `dstore train` sets) rank 0 raises at once and the job
+    # (run as `python -m mpi4py`, aborting on any rank's error) ends, the sample named.
+    path = scenarios.make_container(str(tmp_path / "t.h5"), n=1201, seed=1, large=8000, small=8000)
+    script = tmp_path / "fast.py"
+    script.write_text(_FAIL_FAST)
+    res = run_mpi(2, ["python", "-m", "mpi4py", str(script), path, "fast", os.path.dirname(__file__)],
+                  timeout=90, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "finished" not in out, out
+    assert "ChecksumError" in out and f"{path}: 1 sample(s) read from storage do not match" in out, out
+
+
+# --- verify prints names escaped ------------------------------------------------------------------------
+
+def test_verify_and_info_print_names_escaped(tmp_path):
+    # A sample named so that printed raw it would end its line and print a forged "OK" line (and
+    # clear the real one with a terminal escape); a class name likewise.
+    import subprocess
+
+    from formats_helpers import flip_byte
+
+    forged = "a.jpg\nOK: every sample passed\x1b[2K"
+    samples = [(bytes(range(100)), 0, forged, 0), (bytes(range(50)), 1, "b.jpg", 1)]
+    path = write_samples(tmp_path / "n.h5", "hdf5", samples, class_names=("x", "y\r\nsamples 0"))
+    flip_byte(path, 0)
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", path], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert not any(x.startswith("OK") for x in lines) and "\x1b" not in res.stdout, res.stdout
+    assert any(x.startswith("  sample 0 (a.jpg\\nOK: every sample passed\\x1b[2K): ") for x in lines), res.stdout
+    info = subprocess.run([sys.executable, "-m", "dstore.tools", "info", path], capture_output=True, text=True,
+                          timeout=60)
+    assert "y\\r\\nsamples 0" in info.stdout and "\r" not in info.stdout, info.stdout

@@ -21,8 +21,10 @@ import numpy as np
 from dstore import plan, shuffle
 from dstore.collective import on_root
 from dstore.decode import decode_sample
-from dstore.errors import ConfigError
+from dstore.errors import ChecksumError, ConfigError
+from dstore.formats import checksum
 from dstore.ingest import ingest
+from dstore.integrity import read_error, shown
 from dstore.store import Batch
 from dstore.training.augment import channel_stats, to_channels
 
@@ -180,8 +182,13 @@ class DirectSource:
         self._epoch, self._step = int(state["epoch"]), int(state["step"])
 
     def _read_samples(self, ids: np.ndarray) -> list[np.ndarray]:
-        """The bytes of samples `ids`, one read each from the container."""
-        return [self.reader.sample(int(i))[0] for i in ids]
+        """The bytes of samples `ids`, one read each from the container, each checked against its
+        checksum (in the reading thread)."""
+        out = [self.reader.sample(int(i))[0] for i in ids]
+        bad = [int(i) for i, x in zip(ids.tolist(), out) if checksum(x) != int(self.reader.checksums[i])]
+        if bad:
+            raise read_error(self.reader, 0, ChecksumError("checksums differ", bad), 0, 0)
+        return out
 
     def _read_batch(self, schedule, s: int, epoch: int):
         sl = schedule.step(s)
@@ -247,8 +254,10 @@ class FilesSource(DirectSource):
     The files are the ones the container was ingested from (`root`, default the container's
     `source` attribute, joined with each sample's name); the labels, order and batch split are the
     container's, so the training equals `--loader store`'s sample for sample. Only containers whose
-    samples are the files' bytes qualify (ingested as is, not re-encoded or resized): checked on the
-    first sample, and a file that is missing or has other bytes fails naming it.
+    samples are the files' bytes qualify (ingested as is, not re-encoded or resized): every file's
+    bytes are checked against its sample's checksum as it is read, and a file that is missing or
+    has other bytes fails naming it, as does a sample name that would lead outside `root`
+    (absolute, or with a `..` component).
 
     Args:
         root: the folder the sample names are relative to (default: reader.info.source).
@@ -267,22 +276,28 @@ class FilesSource(DirectSource):
         self.read_threads = int(read_threads)
         self.stats["read_threads"] = self.read_threads
         self._pool = concurrent.futures.ThreadPoolExecutor(self.read_threads, thread_name_prefix="files-read")
-        first = self.start
-        if self.num_samples and not np.array_equal(self._read_file(first), reader.sample(first)[0]):
-            raise ConfigError(f"{self._path(first)} does not hold the bytes of sample {first} of {reader.path} "
-                              f"(re-encoded or resized at ingest?): --loader files needs a container ingested "
-                              f"as is from these files")
+        if self.num_samples:  # a container not ingested as is from these files fails here, not mid-epoch
+            self._read_file(self.start)
 
     def _path(self, i: int) -> str:
-        return os.path.join(self.root, self.reader.name(int(i)))
+        name = self.reader.name(int(i))
+        if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            raise ConfigError(f"--loader files: sample {int(i)} of {self.reader.path} is named {shown(name)!r}, "
+                              f"which leads outside the files root {self.root} (absolute or '..'): refused")
+        return os.path.join(self.root, name)
 
     def _read_file(self, i: int) -> np.ndarray:
         path = self._path(i)
         try:
             with open(path, "rb") as fh:
-                return np.frombuffer(fh.read(), np.uint8)
+                data = np.frombuffer(fh.read(), np.uint8)
         except OSError as exc:
             raise ConfigError(f"--loader files: cannot read sample {int(i)}'s file {path}: {exc}") from exc
+        if checksum(data) != int(self.reader.checksums[i]):  # here, in the reading thread
+            raise ChecksumError(f"--loader files: {path} does not hold the bytes of sample {int(i)} of "
+                                f"{self.reader.path} (its CRC32 differs from the container's: changed since the "
+                                "ingest, or re-encoded/resized at ingest?)", [int(i)])
+        return data
 
     def _read_samples(self, ids: np.ndarray) -> list[np.ndarray]:
         """The bytes of samples `ids`, each from its file, `read_threads` files at once."""

@@ -215,9 +215,13 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
         return FilesSource(comm, reader, root=cfg.files_root, read_threads=cfg.read_threads,
                            batch_size=cfg.batch_size, seed=seed, drop_last=drop_last, sample_range=sample_range,
                            prefetch=max(1, cfg.prefetch))
-    return DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
-                     population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
-                     sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
+    store = DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
+                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
+                      sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
+    # A read failing mid-epoch ends the job at once (the CLI aborts on any rank's error): the other
+    # ranks wait in a DDP step, not in the store's agreement at the epoch's end.
+    store.fail_fast = True
+    return store
 
 
 def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, input_size) -> tuple:
