@@ -355,3 +355,62 @@ def test_verify_and_info_print_names_escaped(tmp_path):
     info = subprocess.run([sys.executable, "-m", "dstore.tools", "info", path], capture_output=True, text=True,
                           timeout=60)
     assert "y\\r\\nsamples 0" in info.stdout and "\r" not in info.stdout, info.stdout
+
+
+def test_a_shard_of_an_ingest_of_the_same_source_with_another_seed_fails_verify(tmp_path):
+    # The issue's case: shard-00001 copied from another ingest of the same source (another seed).
+    # Its samples are the source's too, so every checksum inside it matches; the manifest's record
+    # of the shard (ingest id, checksums' CRC) is what tells. `dstore verify` names the shard.
+    import subprocess
+
+    from dstore.ingest import ingest
+
+    rng = np.random.default_rng(3)
+    source = str(tmp_path / "a.npz")  # raw images of one size: a foreign shard has the recorded sizes
+    np.savez(source, x=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y=rng.integers(0, 3, 40))
+    for seed in (0, 1):
+        ingest(source, str(tmp_path / f"s{seed}"), comm=MPI.COMM_SELF, shards=4, seed=seed, progress=False)
+    with open_container(str(tmp_path / "s0")) as r:
+        ids = {s.info.extra["ingest_id"] for s in r.shards}
+        assert len(ids) == 1 and None not in ids  # one ingest: one id, in every shard
+        shard = r.shards[1].path
+    shutil.copyfile(os.path.join(tmp_path, "s1", os.path.basename(shard)), shard)
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", str(tmp_path / "s0")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "OK" not in res.stdout, res.stdout + res.stderr
+    assert f"shard 1 ({shard}) is not the shard this manifest was written over: ingest_id" in res.stderr, res.stderr
+
+
+def test_a_version_1_manifest_is_still_read_without_the_shard_check(tmp_path):
+    import json
+
+    (tmp_path / "a").mkdir()
+    samples = random_samples(30, seed=7)
+    root = build(tmp_path / "a", "sharded-zarr", samples, shards=2)
+    mfile = os.path.join(root, "manifest.json")
+    manifest = json.loads(open(mfile).read())
+    assert manifest["version"] == 2 and all("checksums_crc32" in s for s in manifest["shards"])
+    manifest["version"] = 1
+    for s in manifest["shards"]:
+        for key in ("sample_start", "ingest_id", "checksums_crc32"):
+            del s[key]
+    open(mfile, "w").write(json.dumps(manifest))
+    with open_container(root) as r:
+        assert r.read_range(0, 30).tobytes() == b"".join(s[0] for s in samples)
+    manifest["version"] = 3
+    open(mfile, "w").write(json.dumps(manifest))
+    with pytest.raises(FormatError, match=r"unknown manifest version 3 \(this code reads versions \(1, 2\)\)"):
+        open_container(root)
+
+
+def test_dstore_train_on_a_zarr_container_with_a_missing_chunk_is_one_line(tmp_path):
+    import subprocess
+
+    path = write_samples(tmp_path / "z.zarr", "zarr", random_samples(200, seed=4, max_bytes=30000),
+                         chunk_bytes=1 << 18)
+    os.remove(os.path.join(path, "data", "c", "3"))
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", path, "--epochs", "1", "--no-progress",
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    errors = [x for x in res.stderr.splitlines() if x.startswith("dstore: error")]
+    assert res.returncode != 0 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{path}/data/c/3: data chunk 3 (bytes [786432, 1048576) of data) is missing" in errors[0], res.stderr
