@@ -118,6 +118,17 @@ def cgroup_headroom(proc_cgroup: str | None = None, root: str | None = None) -> 
     return best
 
 
+def available_memory() -> tuple[int, str]:
+    """(bytes, what they are): what the node has available (MemAvailable, or less if a memory
+    cgroup such as a Slurm --mem cap allows less), for bounds checked before work starts."""
+    avail = mem_available()
+    what = f"MemAvailable {fmt_bytes(avail)}"
+    cg = cgroup_headroom()
+    if cg is not None and cg[0] < avail:
+        avail, what = cg[0], f"{fmt_bytes(cg[0])} left under {cg[1]}"
+    return avail, what
+
+
 def default_budget(ranks_on_node: int) -> tuple[int, str]:
     """(bytes, where it came from): the env var if set, else SAFE_FRACTION of what the node has
     available (MemAvailable, or less if a memory cgroup such as a Slurm --mem cap allows less)
@@ -125,11 +136,7 @@ def default_budget(ranks_on_node: int) -> tuple[int, str]:
     env = os.environ.get(ENV_VAR)
     if env:
         return parse_bytes(env, ENV_VAR), f"${ENV_VAR}={env}"
-    avail = mem_available()
-    what = f"MemAvailable {fmt_bytes(avail)}"
-    cg = cgroup_headroom()
-    if cg is not None and cg[0] < avail:
-        avail, what = cg[0], f"{fmt_bytes(cg[0])} left under {cg[1]}"
+    avail, what = available_memory()
     return int(avail * SAFE_FRACTION) // max(ranks_on_node, 1), (
         f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node")
 

@@ -12,7 +12,6 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import REPO
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
@@ -52,9 +51,10 @@ def _snapshot(folder):
 # ------------------------------------------------------------------ failure 4: two jobs, one run dir
 def test_a_second_job_in_a_held_run_dir_is_refused_and_the_hold_dies_with_the_job(run, tmp_path):
     held = tmp_path / "held"
-    code = ("import sys, time; from dstore.training.rundir import RunDirClaim; c = RunDirClaim(sys.argv[1]); "
-            "c.acquire(); print('held', flush=True); time.sleep(60)")
-    other = subprocess.Popen([sys.executable, "-c", code, str(held)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    # the other job, as dstore train holds a run dir: an exclusive flock on its marker
+    code = ("import fcntl, os, sys, time; os.makedirs(sys.argv[1]); f = open(os.path.join(sys.argv[1], sys.argv[2]), "
+            "'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", code, str(held), MARKER], stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match="is in use by another job now") as err:

@@ -11,6 +11,7 @@ module stays light (no torch, no MPI): `dstore --help` imports it.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from dstore.errors import ConfigError
 from dstore.memory import parse_bytes
@@ -31,6 +32,11 @@ CHANNELS = (1, 3)
 """Channels the input may be forced to: grey or RGB."""
 MODELS = ("auto", *model_names())
 """The registered models, and `auto` (chosen by input size)."""
+
+MAX_SEED = 2**31
+"""Seeds are below this (numpy takes < 2**32; trainer k and the held-out set add small numbers)."""
+MAX_THREADS = 1024
+"""The most --decode-threads, --read-threads or --prefetch batches a rank may be given."""
 
 # The help sections of `dstore train`, in this order.
 DATA = "data"
@@ -229,4 +235,25 @@ class TrainConfig:
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
         parse_signals(self.preempt_signal)
+        self._check_values()
         ltfb.check_config(self)
+
+    def _check_values(self) -> None:
+        """Numbers a user types: finite, in range, and bounded (issue 19); ConfigError naming the flag."""
+        for name in ("lr", "momentum", "weight_decay", "gamma", "warmup_epochs", "holdout"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be a finite number")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr {self.lr} must be > 0")
+        if not 0 <= self.seed < MAX_SEED:
+            raise ConfigError(f"--seed {self.seed} must be in [0, {MAX_SEED}) (numpy's seeds; trainer k uses seed + k)")
+        if not 0.0 <= self.holdout < 1.0:
+            raise ConfigError(f"--holdout {self.holdout} must be in [0, 1)")
+        for name, lo in (("mean", 0.0), ("std", 0.0)):
+            values = getattr(self, name) or ()
+            if any(not (lo <= v <= 1.0 and (name == "mean" or v > 0)) for v in values):
+                raise ConfigError(f"--{name} {','.join(f'{v:g}' for v in values)}: every value must be in "
+                                  + ("[0, 1]" if name == "mean" else "(0, 1]") + " (pixels scaled to [0, 1])")
+        for name in ("decode_threads", "read_threads", "prefetch"):
+            if getattr(self, name) > MAX_THREADS:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} is more than {MAX_THREADS}")

@@ -27,6 +27,7 @@ from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training import console, hparams, ltfb
 from dstore.training.augment import ImageTransform, default_augmentation
+from dstore.training.bounds import check_memory_bounds
 from dstore.training.budget import loader_reserve, share_budget
 from dstore.training.checkpoint import CHECKPOINT_NAME, container_identity, resolve_job_resume, resolve_resume
 from dstore.training.config import TrainConfig
@@ -133,8 +134,11 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         _share_cores(tournament.node_ranks if tournament else ctx.local_size, cfg.deterministic)
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
-        name, input_size, model, optimizer = _build_model(cfg, data.spec)
-        sources = _open_sources(stack, cfg, ctx, data, input_size)
+        name, input_size = _input_of(cfg, data.spec)
+        reserve = _loader_reserve(cfg, ctx, data, input_size)
+        check_memory_bounds(comm, cfg, reserve)  # before the model (sized by the input) or any store exists
+        model, optimizer = _build_model(cfg, name, data.spec, input_size)
+        sources = _open_sources(stack, cfg, ctx, data, reserve)
         train_src = sources[0]
         spe = train_src.steps_per_epoch
         train_tf, eval_tf = _transforms(cfg, data.spec, input_size)
@@ -188,14 +192,18 @@ def _tournament_part(tournament, data: _Data, report) -> dict:
             "tournament_range": list(tour_range), "dropped": dropped}
 
 
-def _build_model(cfg: TrainConfig, spec):
-    """(model name, input size (H, W), the model, its optimizer) for the measured input `spec`."""
+def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int]]:
+    """(model name, input size (H, W)) for the measured input `spec`."""
     name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
-    input_size = tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
+    return name, tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
+
+
+def _build_model(cfg: TrainConfig, name: str, spec, input_size):
+    """(the model, its optimizer) for the measured input `spec` at `input_size`."""
     model = build_model(name, spec.channels, spec.num_classes, input_size)
     optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
-    return name, input_size, model, optimizer
+    return model, optimizer
 
 
 def _make_trainer(cfg: TrainConfig, ctx, model, optimizer, steps_per_epoch: int, prepare) -> Trainer:
@@ -224,7 +232,16 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     return store
 
 
-def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, input_size) -> tuple:
+def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size) -> int:
+    """What a rank's loaders hold at most (dstore.training.budget.loader_reserve)."""
+    reader = data.reader
+    return loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
+                          image_shape=(*data.spec.image_size, data.spec.channels),
+                          mean_sample_bytes=reader.total_bytes / max(reader.num_samples, 1),
+                          decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1)
+
+
+def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tuple:
     """(training source, held-out source or None, tournament source or None), entered on `stack`.
     Stores populate when entered, so they are built first and share one memory budget per rank
     with the loaders' batches (dstore.training.budget) before any of them populates."""
@@ -236,11 +253,6 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, input_size) -> tupl
         sources.append(None)
     sources.append(None if data.tour_range is None
                    else _make_source(cfg, comm, data.reader, data.tour_range, cfg.seed + 2, False))
-    reader = data.reader
-    reserve = loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
-                             image_shape=(*data.spec.image_size, data.spec.channels),
-                             mean_sample_bytes=reader.total_bytes / max(reader.num_samples, 1),
-                             decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1)
     share_budget(comm, sources, budget=cfg.memory_budget, reserve=reserve)
     return tuple(None if s is None else stack.enter_context(s) for s in sources)
 

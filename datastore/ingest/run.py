@@ -35,6 +35,7 @@ from dstore.formats import (
 from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable, remove_path
 from dstore.ingest import plan
+from dstore.ingest.bounds import check_ingest_memory
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
 from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
@@ -300,6 +301,7 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                           encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite)
+    _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
         created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
@@ -359,6 +361,18 @@ class _Job:
                             ignored=list(self.src.ignored), notes=list(self.src.notes),
                             shards=[r.path for r in recs], encoding=self.target.encoding,
                             num_classes=len(self.src.class_names), ranks=ranks, fmt=self.fmt)
+
+
+def _check_memory(comm, job: _Job) -> None:
+    """Collective: every rank raises MemoryBudgetError if the ingest would hold more than a node
+    has available (dstore.ingest.bounds), before anything is read or written."""
+    t = job.target
+    what = (f"--resize {t.resize[0]}x{t.resize[1]} (a decoded {'x'.join(map(str, t.raw_shape))} {t.raw_dtype} image)"
+            if t.resize else "the stored sample")
+    exc = check_ingest_memory(sample_bytes=job.sample_bytes(), positions=int(np.diff(job.bounds).max(initial=0)),
+                              ranks=comm.Get_size(), shards=job.shards,
+                              ranks_on_node=collective.topology(comm).local_size, what=what)
+    agree(comm, exc)
 
 
 def _lock_output(comm, job: _Job) -> OutputLock | None:
