@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,3 +159,142 @@ def test_fewer_epochs_than_the_checkpoint_has_done_is_refused(run, tmp_path):
     run(run_dir=rd, epochs=2)
     with pytest.raises(ConfigError, match="at epoch 2, past --epochs 1"):
         run(run_dir=rd, epochs=1, resume="auto")
+
+
+# ------------------------------------------------------------------ partly held: the values a run meets
+def test_training_that_diverges_ends_with_a_clear_error_and_keeps_the_last_good_checkpoint(run, tmp_path):
+    from dstore.training.fit import DivergedError
+
+    rd = tmp_path / "r"
+    with pytest.raises(DivergedError, match=r"training diverged: the loss of epoch 0 is (nan|inf)") as err:
+        run(run_dir=str(rd), optimizer="sgd", lr=1e30, epochs=2)
+    assert "--lr" in str(err.value) and "\n" not in str(err.value)
+    assert not (rd / "checkpoint.pt").exists()  # no checkpoint of a diverged model
+
+
+@pytest.mark.parametrize("kind", ["itself", "a copy", "another shape", "another encoding"])
+def test_val_that_is_the_training_set_or_of_another_kind_is_refused(run, tmp_path, kind):
+    other = tmp_path / "other.h5"
+    if kind == "itself":
+        other = tmp_path / "d.h5"
+    elif kind == "a copy":
+        other.write_bytes((tmp_path / "d.h5").read_bytes())
+    else:
+        with create_writer(str(other), "hdf5", encoding="raw" if kind == "another shape" else "png",
+                           class_names=["a", "b"], raw_dtype="uint8" if kind == "another shape" else None,
+                           raw_shape=(8, 8, 1) if kind == "another shape" else None) as w:
+            for i in range(8):
+                w.append(_png() if kind == "another encoding" else bytes(64), i % 2, f"v{i}", i)
+    words = {"itself": "holds the same samples", "a copy": "holds the same samples",
+             "another shape": "has sample shape (8, 8, 1) but", "another encoding": "has encoding 'png' but"}[kind]
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        run(val=str(other))
+
+
+def _png():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (4, 4)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_the_digits_cache_lock_never_follows_a_symlink(tmp_path):
+    from dstore.training.data import _open_cache_lock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "digits.h5.lock").symlink_to(victim)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        _open_cache_lock(str(tmp_path / "cache" / "digits.h5.lock"))
+    assert victim.read_text() == "precious"
+
+
+def test_an_unusable_cache_is_one_line(tmp_path):
+    from mpi4py import MPI
+
+    from dstore.training.data import ensure_builtin
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="the data set cache .* cannot be used") as err:
+        ensure_builtin(MPI.COMM_SELF, "digits", str(tmp_path / "file" / "cache"))  # a path under a file
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------ hand-edited checkpoints: one line naming the key
+def _edit(ck, kind):
+    import torch
+
+    if kind == "epoch-text":
+        ck["epoch"] = "one"
+    elif kind == "global-step-negative":
+        ck["global_step"] = -3
+    elif kind == "model-list":
+        ck["model"] = [1, 2]
+    elif kind == "model-missing-tensor":
+        ck["model"].pop(next(iter(ck["model"])))
+    elif kind == "model-wrong-shape":
+        key = next(iter(ck["model"]))
+        ck["model"][key] = torch.zeros(3, 3, 3, 3, 3)
+    elif kind == "optimizer-empty":
+        ck["optimizer"] = {}
+    elif kind == "scheduler-text":
+        ck["scheduler"] = "cosine"
+    elif kind == "scheduler-foreign":
+        ck["scheduler"] = {"something": 1}
+    elif kind == "store-empty":
+        ck["store"] = {}
+    elif kind == "store-step-past-the-epoch":
+        ck["store"]["position"] = 10**6
+    elif kind == "rng-empty":
+        ck["rng"] = []
+    elif kind == "rng-missing-state":
+        ck["rng"] = [{}]
+    elif kind == "config-text":
+        ck["config"] = "lr=0.1"
+    elif kind == "meta-container-text":
+        ck["meta"]["container"] = "d.h5"
+    elif kind == "step-disagrees-with-store":
+        ck["step_in_epoch"] = ck["step_in_epoch"] + 1
+    return ck
+
+
+EDITS = {"epoch-text": "epoch", "global-step-negative": "global_step", "model-list": "model",
+         "model-missing-tensor": "model", "model-wrong-shape": "model", "optimizer-empty": "optimizer",
+         "scheduler-text": "scheduler", "scheduler-foreign": "scheduler", "store-empty": "store",
+         "store-step-past-the-epoch": "store", "rng-empty": "rng", "rng-missing-state": "rng",
+         "config-text": "config", "meta-container-text": "meta.container", "step-disagrees-with-store": "epoch"}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A real checkpoint (after one step) and the container it was made on."""
+    from mpi4py import MPI
+
+    from dstore.training.run import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("ck")
+    data = _container(root / "d.h5")
+    train(TrainConfig(data=data, epochs=1, batch_size=16, run_dir=str(root / "r"), stop_after_steps=1, progress=False),
+          MPI.COMM_SELF, say=lambda line: None)
+    return root, data
+
+
+@pytest.mark.parametrize("kind", sorted(EDITS))
+def test_a_hand_edited_checkpoint_is_one_line_naming_the_key(saved, tmp_path, kind):
+    import torch
+    from mpi4py import MPI
+
+    from dstore.training.run import TrainConfig, train
+
+    root, data = saved
+    path = tmp_path / "edited.pt"
+    torch.save(_edit(torch.load(root / "r" / "checkpoint.pt", weights_only=True), kind), path)
+    with pytest.raises(ConfigError) as err:
+        train(TrainConfig(data=data, epochs=1, batch_size=16, run_dir=str(tmp_path / "r"), resume=str(path),
+                          progress=False), MPI.COMM_SELF, say=lambda line: None)
+    text = str(err.value)
+    assert str(path) in text and f"'{EDITS[kind]}'" in text and "\n" not in text, text

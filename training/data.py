@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import os
 import queue
 import threading
@@ -50,13 +51,25 @@ def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> 
     return on_root(comm, _ingest_once, name, os.path.join(directory, BUILTIN[name]))
 
 
+def _open_cache_lock(path: str) -> int:
+    """The descriptor of the cache's lock file `path` (created, never truncated, never through a
+    symbolic link: a link planted there must not make us write its target), or a ConfigError
+    naming the cache directory (--cache-dir / $DSTORE_CACHE)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        why = "is a symbolic link (remove it)" if exc.errno == errno.ELOOP else exc.strerror
+        raise ConfigError(f"the data set cache {os.path.dirname(path)} (--cache-dir, $DSTORE_CACHE) cannot be used: "
+                          f"{exc.filename or path}: {why}") from None
+
+
 def _ingest_once(name: str, path: str) -> str:
     if os.path.exists(path):
         return path
     import fcntl
 
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "w") as lock:
+    with os.fdopen(_open_cache_lock(path + ".lock"), "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not os.path.exists(path):  # another job may have made it while we waited

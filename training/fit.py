@@ -25,12 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from dstore.errors import DStoreError
 from dstore.pagecache import evict
 from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from dstore.training.console import describe_io, progress_bar
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
 from dstore.training.metrics import EpochMeter, JsonLog
 from dstore.training.resume import check_compatible, config_changes, plain_config, restore
+
+
+class DivergedError(DStoreError, FloatingPointError):
+    """The training loss became NaN or infinite: the run ends (with its last good checkpoint)."""
 
 
 @dataclasses.dataclass
@@ -126,7 +131,8 @@ class Fit:
         """Restores the checkpoint's state, if any; returns (epoch, step in it) to continue at."""
         if self.resumed is None:
             return 0, 0
-        epoch, step, self.global_step = restore(self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size)
+        epoch, step, self.global_step = restore(self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size,
+                                                    self.resume_path or "")
         self.report(f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step}): "
                     f"model, optimizer, learning-rate schedule (lr now "
                     f"{self.trainer.optimizer.param_groups[0]['lr']:.4g}), data position and RNG states restored")
@@ -201,6 +207,10 @@ class Fit:
         """After a whole epoch: its figures reduced over the ranks, held-out evaluation, the log
         record and progress line, and a checkpoint at the next epoch's start."""
         train_m = meter.reduce(self.ctx.comm)
+        if train_m["samples"] and not np.isfinite(train_m["loss"]):  # reduced: every rank stops alike
+            raise DivergedError(f"training diverged: the loss of epoch {epoch} is {train_m['loss']} (global step "
+                                f"{self.global_step}); the last checkpoint before it is kept in {self.run_dir}; "
+                                f"lower --lr (now {self.cfg.lr:g}) or add --warmup-epochs")
         val_m = self.trainer.evaluate(self.eval_loader, 0) if self.eval_loader is not None else None
         record = {"epoch": epoch, "global_step": self.global_step,
                   "lr": self.trainer.optimizer.param_groups[0]["lr"],

@@ -10,6 +10,7 @@ as it was.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -40,8 +41,46 @@ def load_for_resume(path: str, container: dict) -> dict:
     """The checkpoint at `path`, refused (ConfigError) unless it holds a whole training state taken
     on the container whose identity is `container` (dstore.training.checkpoint.container_identity)."""
     ck = load_checkpoint(path, required=REQUIRED)
+    check_structure(ck, path)
     check_same_container(ck.get("meta", {}).get("container"), container, path)
     return ck
+
+
+def _bad(path: str, key: str, why: str) -> ConfigError:
+    return ConfigError(f"resume checkpoint {path}: {key!r} {why} (edited or damaged?); resume an intact "
+                       f"checkpoint, or start a new run")
+
+
+def check_structure(ck: dict, path: str) -> None:
+    """Refuses (ConfigError naming the key) a checkpoint whose plain entries are not of the kinds
+    train() writes: counters non-negative integers, config, meta and store dicts, one RNG state
+    (a dict) per rank. What the model, optimizer and scheduler hold is checked where it is loaded
+    (restore)."""
+    for key in ("epoch", "step_in_epoch", "global_step"):
+        v = ck[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _bad(path, key, f"is {v!r}, not a non-negative integer")
+    for key in ("model", "optimizer", "store", "config", "meta"):
+        if key in ck and not isinstance(ck[key], dict):
+            raise _bad(path, key, f"is a {type(ck[key]).__name__}, not a dict")
+    if ck.get("scheduler") is not None and not isinstance(ck["scheduler"], dict):
+        raise _bad(path, "scheduler", f"is a {type(ck['scheduler']).__name__}, not a dict")
+    container = ck.get("meta", {}).get("container")
+    if container is not None and not isinstance(container, dict):
+        raise _bad(path, "meta.container", f"is a {type(container).__name__}, not a dict")
+    rngs = ck["rng"]
+    if not isinstance(rngs, (list, tuple)) or not rngs or not all(isinstance(r, dict) for r in rngs):
+        raise _bad(path, "rng", "is not a list of per-rank RNG states")
+
+
+@contextlib.contextmanager
+def _restoring(path: str, key: str):
+    """Turns a failure to put entry `key` of checkpoint `path` back into one ConfigError naming it."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - torch and numpy raise many types for state of the wrong shape
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise _bad(path, key, f"cannot be restored: {type(exc).__name__}: {first[:300]}") from None
 
 
 def plain_config(cfg) -> dict:
@@ -101,20 +140,27 @@ def check_compatible(ck: dict, cfg, meta: dict) -> list[str]:
     return applied
 
 
-def restore(ck: dict, trainer, loader, rank: int, size: int) -> tuple[int, int, int]:
+def restore(ck: dict, trainer, loader, rank: int, size: int, path: str = "") -> tuple[int, int, int]:
     """Puts the checkpoint's model, optimizer, scheduler, data position and this rank's RNG states
     back; returns (epoch, step in that epoch, global step) where the run continues.
 
-    A checkpoint of another rank count restores every rank's RNGs from rank 0's."""
-    _load_keeping_schedule(trainer, ck)
-    loader.load_state_dict(from_safe(ck["store"]))
+    A checkpoint of another rank count restores every rank's RNGs from rank 0's. An entry that
+    cannot be put back is a ConfigError naming it (and `path`)."""
+    _load_keeping_schedule(trainer, ck, path)
+    with _restoring(path, "store"):
+        loader.load_state_dict(from_safe(ck["store"]))
+    at = loader.state_dict()
+    if (int(at["epoch"]), int(at["step"])) != (int(ck["epoch"]), int(ck["step_in_epoch"])):
+        raise _bad(path, "epoch", f"and 'step_in_epoch' ({ck['epoch']}, {ck['step_in_epoch']}) disagree with the "
+                                  f"data position in 'store' (epoch {at['epoch']}, step {at['step']})")
     rngs = ck["rng"]
-    set_rng_state(rngs[rank] if len(rngs) == size else rngs[0])
+    with _restoring(path, "rng"):
+        set_rng_state(rngs[rank] if len(rngs) == size else rngs[0])
     return int(ck["epoch"]), int(ck["step_in_epoch"]), int(ck["global_step"])
 
 
-def _load_keeping_schedule(trainer, ck: dict) -> None:
-    """trainer.load_state_dict(ck), keeping this run's schedule (its total steps follow --epochs).
+def _load_keeping_schedule(trainer, ck: dict, path: str) -> None:
+    """Trainer.load_state_dict(ck) (each entry's failure named), keeping this run's schedule (its total steps follow --epochs).
 
     LambdaLR.load_state_dict writes the checkpoint's schedule object (its total steps) over this
     run's, so a run resumed with more epochs went on at the old end's learning rate (0 for cosine).
@@ -122,9 +168,14 @@ def _load_keeping_schedule(trainer, ck: dict) -> None:
     checkpoint's; the optimizer's rate is then set to what the kept schedule gives at that step."""
     sched = trainer.scheduler
     mine = [] if sched is None else [dict(vars(f)) for f in sched.lr_lambdas]
-    trainer.load_state_dict(ck)
-    if sched is None:
+    with _restoring(path, "model"):
+        trainer.model.load_state_dict(ck["model"])
+    with _restoring(path, "optimizer"):
+        trainer.optimizer.load_state_dict(ck["optimizer"])
+    if sched is None or ck.get("scheduler") is None:
         return
+    with _restoring(path, "scheduler"):
+        sched.load_state_dict(ck["scheduler"])
     for f, d in zip(sched.lr_lambdas, mine):
         vars(f).update(d)
     lrs = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]

@@ -167,14 +167,29 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str |
     container = container_identity(reader)
     ck = load_for_resume(resume_path, container) if resume_path else None
     val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
-    if val_reader is not None and val_reader.info.class_names != reader.info.class_names:
-        raise ConfigError(f"--val {cfg.val} has classes {val_reader.info.class_names[:5]}... but {data_path} "
-                          f"has {reader.info.class_names[:5]}...; both must have the same class names")
+    if val_reader is not None:
+        check_val(cfg.val, val_reader, data_path, reader, container)
     train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
     # Measured on the whole training range, so that under LTFB every trainer normalises alike
     # and a model moved between trainers sees the inputs it was trained on.
     spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
     return _Data(reader, val_reader, container, train_range, held_range, spec), ck
+
+
+def check_val(val_path: str, val_reader, data_path: str, reader, container: dict) -> None:
+    """Refuses (ConfigError) a --val container that is the training container itself (held-out
+    figures would be training figures) or holds other classes, another encoding or another shape."""
+    if container_identity(val_reader)["checksums_sha256"] == container["checksums_sha256"]:
+        raise ConfigError(f"--val {val_path} holds the same samples as the training container {data_path}: "
+                          f"held-out figures would be training figures; give a separate container, or no --val "
+                          f"(then --holdout's tail is held out)")
+    v, t = val_reader.info, reader.info
+    for what, a, b in (("classes", v.class_names, t.class_names), ("encoding", v.encoding, t.encoding),
+                       ("sample shape", v.raw_shape, t.raw_shape), ("sample dtype", v.raw_dtype, t.raw_dtype)):
+        if a != b:
+            show = (lambda x: f"{list(x[:5])}{'...' if len(x) > 5 else ''}") if what == "classes" else repr
+            raise ConfigError(f"--val {val_path} has {what} {show(a)} but {data_path} has {show(b)}; both must "
+                              f"have the same {what}")
 
 
 def _tournament_part(tournament, data: _Data, report) -> dict:
