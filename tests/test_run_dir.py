@@ -298,3 +298,41 @@ def test_a_hand_edited_checkpoint_is_one_line_naming_the_key(saved, tmp_path, ki
                           progress=False), MPI.COMM_SELF, say=lambda line: None)
     text = str(err.value)
     assert str(path) in text and f"'{EDITS[kind]}'" in text and "\n" not in text, text
+
+
+@pytest.mark.mpi
+def test_two_ranks_refuse_a_held_run_dir_together(tmp_path):
+    """Rank 0 takes the claim; its refusal ends both ranks with its one line, never a hang."""
+    from mpirun import run_mpi
+
+    data = _container(tmp_path / "d.h5")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    res = run_mpi(2, ["dstore", "train", data, "--run-dir", str(mine), "--epochs", "1", "--no-progress"],
+                  timeout=120, check=False)
+    assert res.returncode != 0, res.stdout
+    assert "not made by dstore train" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert sorted(os.listdir(mine)) == ["notes.txt"]
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_earlier_checkpoint(tmp_path):
+    import torch
+
+    from dstore.errors import OutputError
+    from dstore.training.checkpoint import load_checkpoint, save_checkpoint
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(tiny)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        path = tiny / "checkpoint.pt"
+        save_checkpoint(path, {"epoch": 1, "w": torch.zeros(10)})
+        with pytest.raises(OutputError, match=r"No space left on device.*; the checkpoint there before is kept") as err:
+            save_checkpoint(path, {"epoch": 2, "w": torch.zeros(1_000_000)})
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+        assert load_checkpoint(path)["epoch"] == 1 and os.listdir(tiny) == ["checkpoint.pt"]
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)

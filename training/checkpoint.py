@@ -7,13 +7,14 @@ in its global order, and the loop's counters. Numpy values are converted on the 
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import random
 
 import numpy as np
 
-from dstore.errors import ConfigError
+from dstore.errors import ConfigError, OutputError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -96,18 +97,36 @@ def save_checkpoint(path: str | os.PathLike, payload: dict) -> str:
     import torch
 
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(to_safe(payload), fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write (a full disk) as RuntimeError
+        raise OutputError(f"checkpoint {path}: cannot write it: {_write_failure(exc, path)}; "
+                          + ("the checkpoint there before is kept" if os.path.exists(path) else "no checkpoint written")
+                          ) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _write_failure(exc: BaseException, path: str) -> str:
+    """Why a checkpoint could not be written, in one line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return f"{os.strerror(errno.ENOSPC)} ({st.f_bavail * st.f_frsize} bytes free)"
+    except OSError:
+        pass
+    text = str(exc).strip().splitlines()
+    return text[-1][:300] if text else type(exc).__name__
 
 
 def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict:

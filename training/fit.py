@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dstore.errors import DStoreError
+from dstore.collective import agree
+from dstore.errors import DStoreError, OutputError
 from dstore.pagecache import evict
 from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from dstore.training.console import describe_io, progress_bar
@@ -237,9 +238,13 @@ class Fit:
         state = {**self.trainer.state_dict(), "store": position,
                  "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
                  "global_step": self.global_step, "config": plain_config(self.cfg), "meta": self.meta}
+        failed = None
         if self.ctx.is_main:
-            save_checkpoint(os.path.join(self.run_dir, CHECKPOINT_NAME), state)
-        comm.Barrier()
+            try:
+                save_checkpoint(os.path.join(self.run_dir, CHECKPOINT_NAME), state)
+            except OutputError as exc:  # a full disk: every rank ends with the main rank's line
+                failed = exc
+        agree(comm, failed)
 
     # ------------------------------------------------------------ after the last step
     def finish(self) -> dict:
