@@ -27,12 +27,14 @@ def test_yaml_values_under_the_command_line(tmp_path, capsys):
 
 
 def test_a_runs_config_json_and_the_printed_config_are_valid_input(tmp_path, capsys):
-    cfg = dataclasses.replace(TrainConfig(), epochs=3, batch_size=16, seed=7, mean=(0.1, 0.2, 0.3))
+    cfg = dataclasses.replace(TrainConfig(), epochs=3, batch_size=16, seed=7, mean=(0.1, 0.2, 0.3),
+                              run_dir="runs/old", resume="auto")
     written = {"config": json.loads(json.dumps(dataclasses.asdict(cfg))), "model": "small_cnn", "ranks": 2}
     (tmp_path / "config.json").write_text(json.dumps(written))  # as Fit writes it
     got = _printed(capsys, ["--config", str(tmp_path / "config.json")])
-    want = {k: v for k, v in written["config"].items() if k != "runs_root"}
+    want = {k: v for k, v in written["config"].items() if k not in ("runs_root", "run_dir", "resume")}
     assert {k: got[k] for k in want} == want
+    assert got["run_dir"] is None and got["resume"] is None  # that run's place, not its configuration
     (tmp_path / "printed.json").write_text(json.dumps({"config": got}))
     assert _printed(capsys, ["--config", str(tmp_path / "printed.json")]) == got
 

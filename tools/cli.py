@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "config", None):  # the file's values become defaults: the command line wins
         try:
-            config_file.apply(args._parser, args.config, ignore=("runs_root",))
+            config_file.apply(args._parser, args.config)
         except DStoreError as exc:
             args._parser.error(str(exc))
         args = parser.parse_args(argv)

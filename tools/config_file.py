@@ -2,8 +2,10 @@
 
 The file is a mapping of flag names (`batch_size` or `batch-size`) to values; the `config.json` a
 training run writes (`{"config": {...}, "model": ..., ...}`) is read as its "config" part, so a run
-can be started again from it. Every key must name a flag of the command (else an error naming the
-file and the key, with the closest name); every value is checked as the flag would check it (its
+can be started again from it (but for its `run_dir` and `resume`, which name that run, not how it
+trains: the new run gets a directory of its own unless the command line names one). Every key
+must name a flag of the command (else an error naming the file and the key, with the closest
+name); every value is checked as the flag would check it (its
 type, its choices, its `parse`). The values become the parser's defaults, so any flag given on the
 command line wins. Plain argparse and PyYAML, not jsonargparse: the flags are already built from
 one dataclass (dstore.tools.flags), and this is all a file adds to them.
@@ -17,6 +19,9 @@ import json
 import os
 
 from dstore.errors import ConfigError
+
+RUN_RECORD_ONLY = ("run_dir", "resume", "runs_root")
+"""Keys of a run's config.json that say where that run was, not how to train: not taken from it."""
 
 
 def read(path: str) -> dict:
@@ -47,7 +52,7 @@ def read(path: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: holds a {type(data).__name__}, not a mapping of flag names to values")
     if isinstance(data.get("config"), dict):  # a run's config.json: its flags are under "config"
-        data = data["config"]
+        data = {k: v for k, v in data["config"].items() if k not in RUN_RECORD_ONLY}
     return data
 
 
@@ -82,13 +87,12 @@ def _value(action: argparse.Action, key: str, value, path: str):
     return value
 
 
-def apply(parser: argparse.ArgumentParser, path: str, *, ignore: tuple[str, ...] = ()) -> dict:
+def apply(parser: argparse.ArgumentParser, path: str) -> dict:
     """Makes the file's values the defaults of `parser`'s flags; returns them (by dest).
 
     Args:
         parser: the command's parser (a subparser of `dstore`).
         path: the YAML or JSON file.
-        ignore: keys a run's config.json holds that are no flags (they are skipped).
 
     Raises:
         ConfigError: naming the file and the first key that is no flag, or whose value is not allowed.
@@ -97,8 +101,6 @@ def apply(parser: argparse.ArgumentParser, path: str, *, ignore: tuple[str, ...]
     values = {}
     for key, value in read(path).items():
         dest = str(key).lstrip("-").replace("-", "_")
-        if dest in ignore:
-            continue
         if dest not in actions:
             close = difflib.get_close_matches(dest, list(actions), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
