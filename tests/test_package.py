@@ -25,7 +25,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """The wheel built from a clean copy of the sources (no stale build/ of an earlier layout)."""
     pytest.importorskip("setuptools")
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
     for folder in FOLDERS:
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -137,3 +137,16 @@ def test_module_imports_form_no_cycle():
         if n not in state:
             visit(n, [n])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_wheel_carries_the_license_and_the_one_version(wheel):
+    import dstore
+
+    names = wheel.namelist()
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    text = wheel.read(meta).decode()
+    assert f"\nVersion: {dstore.__version__}\n" in text  # read from dstore.__version__, written nowhere else
+    assert any(n.endswith("licenses/LICENSE") for n in names), names
+    assert "Apache License" in wheel.read(next(n for n in names if n.endswith("licenses/LICENSE"))).decode()
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert dstore.__version__ not in pyproject.split("[tool.setuptools.dynamic]")[0]
