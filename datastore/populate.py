@@ -353,16 +353,11 @@ def check_budget(store) -> None:
         cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
     else:
         data, cap = int(store.layout.nbytes[store.rank]), budget
-    key = (store.num_samples, int(store.offsets[-1]), store.batch_size, store.seed, store.policy,
-           store.partial_fraction, store.drop_last, store.population, store.replicate, store.start, store.stop,
-           store.prefetch, store.overflow, store.storage_lookahead)
+    key = (("num_samples", store.num_samples), ("total_bytes", int(store.offsets[-1])), *store.config.agreed())
     rows = store.comm.allgather((data + peak, data, cap, source, local_ranks, key))
     odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
-    if odd:  # ranks that disagree on the plan would exchange garbage or wait forever
-        names = ("num_samples", "total_bytes", "batch_size", "seed", "shuffle", "partial_fraction",
-                 "drop_last", "population", "replicate", "sample_start", "sample_stop", "prefetch",
-                 "overflow", "storage_lookahead")
-        diff = {n: (a, b) for n, a, b in zip(names, rows[0][5], rows[odd[0]][5]) if a != b}
+    if odd:  # ranks that disagree on the plan or the resident set would exchange wrong bytes or wait forever
+        diff = {n: (a, b) for (n, a), (_, b) in zip(rows[0][5], rows[odd[0]][5]) if a != b}
         raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
     msg = budget_error([row[:5] for row in rows], offsets=store.offsets, bufs=peak, replicate=store.replicate)
     if msg and store.overflow == "serve" and not store.replicate:

@@ -31,6 +31,7 @@ Rules a user can rely on (the arithmetic is in dstore.plan and dstore.shuffle):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -41,6 +42,7 @@ from dstore import job, plan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, agree, is_agreed
+from dstore.config import StoreConfig
 from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
 from dstore.epoch import EpochRun, EpochStats
 from dstore.errors import ConfigError, FormatError
@@ -56,34 +58,10 @@ POPULATIONS = tiers.POPULATIONS
 _AUTO_PROGRESS = 0.002
 """The progress thread's period where one is needed: bounds a get's wait at about 2 ms for a few
 microseconds of CPU per call (docs/reliability.md)."""
-PROGRESS_ENV = "DSTORE_PROGRESS_PERIOD"
 
 
 def _truthy(text) -> bool:
     return str(text or "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _progress_period(value) -> float | None:
-    """The progress_period argument checked (None: auto, unless $DSTORE_PROGRESS_PERIOD sets it)."""
-    where = "progress_period"
-    if value is None:
-        env = os.environ.get(PROGRESS_ENV, "").strip()
-        if not env:
-            return None
-        value, where = env, f"${PROGRESS_ENV}"
-    try:
-        period = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}={value!r} must be a number of seconds (0: no progress thread)") from None
-    if not period >= 0 or period == float("inf"):
-        raise ConfigError(f"{where}={value!r} must be a finite number of seconds >= 0 (0: no progress thread)")
-    return period
-
-
-def _positive_int(name, value, minimum=1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
-    return int(value)
 
 
 class DataStore:
@@ -121,67 +99,26 @@ class DataStore:
         comm: an mpi4py communicator (any, e.g. a trainer's sub-communicator or COMM_SELF).
         container: a path (opened with dstore.formats.open_container and closed by the store)
             or an open ContainerReader (left open).
-        batch_size: the GLOBAL batch size B (>= the number of ranks).
-        seed: seed of every shuffle.
-        shuffle: ``global``, ``local`` or ``partial``.
-        partial_fraction: fraction of slots exchanged per epoch under ``partial``.
-        population: ``preload`` (each rank reads its contiguous block on entry, in pieces,
-            `population_threads` reads in flight) or ``dynamic`` (epoch 0 reads from the container
-            what each rank's batches need, and the reader keeps it: under ``global`` a sample's owner is the rank that
-            takes it in epoch 0; windows are sized in advance from offsets). If the first epoch
-            served is not epoch 0 from its start (a resumed job), each rank reads everything it
-            owns before that epoch instead.
-        replicate: one full copy per node in a shared-memory window (`Win.Allocate_shared`);
-            every sample is then served from node memory with no gets. Fails with
-            MemoryBudgetError if a copy does not fit the node's budget (the per-rank budget
-            times the node's ranks). Population is then always a preload (the node's ranks each
-            read a part of the copy).
-        prefetch: batches whose gets are in flight ahead of the one being consumed.
-        node_views: serve samples owned by another rank of this node as views of its window,
-            mapped with MPI-4 `Win_shared_query`, instead of getting a copy (ranks the MPI library
-            does not map, e.g. on other nodes, are served with gets). None: on unless the
-            environment sets DSTORE_NODE_VIEWS=0. False: gets for every sample not this rank's
-            own (what a multi-node job does for other nodes' samples).
-        drop_last: drop the short last global batch (see the module docstring).
-        sample_range: (start, stop): serve only container samples [start, stop).
-        memory_budget: bytes per rank (int or e.g. "8G"); None: $DSTORE_MEMORY_BUDGET, else 70% of
-            the node's MemAvailable shared by its ranks.
-        overflow: what happens when a rank's share (plus its buffers) exceeds its budget:
-            ``serve`` (default): each rank keeps a seeded random subset of its samples that fits
-            (dstore.tiers) and the rest is read from the container by the rank that needs it,
-            `storage_lookahead` steps ahead in `storage_threads` threads, adjacent samples in one
-            read (rank 0 logs a warning saying the resident fraction and the bytes per epoch read
-            from storage); order, exactly-once and resumption do not change. ``error``: raise
-            MemoryBudgetError. A replicated copy that does not fit always raises.
-        storage_lookahead: steps whose storage reads are in flight ahead of the one consumed.
-        storage_threads: threads reading from storage (each opens its own reader of the container).
-        population_threads: reads in flight while a preload fills the windows (dstore.populate):
-            1 reads in the calling thread with the store's reader; more open a reader per thread
-            (a tiered preload uses the storage threads, at most `storage_threads`).
-        progress_period: seconds between the calls of a progress thread (dstore.progress) that
-            drives this rank's MPI progress engine while it holds windows, so that other ranks'
-            gets from it complete while it computes without MPI calls; needed where gets do not
-            go through shared memory (ranks on other nodes). None (default): $DSTORE_PROGRESS_PERIOD
-            if set, else 0.002 where some rank of `comm` is on another node or shared memory is
-            forbidden (MPIR_CVAR_NOLOCAL), off otherwise; 0: off.
+        config: a dstore.config.StoreConfig, or None to build one from `options`.
+        **options: StoreConfig's fields as keywords (`batch_size` is required), each documented
+            there: batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
+            drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
+            storage_threads, population_threads, progress_period. The validated, normalised
+            arguments are kept as `config`.
     """
 
-    def __init__(self, comm, container, *, batch_size, seed=0, shuffle="global", partial_fraction=0.25,
-                 population="preload", replicate=False, prefetch=2, drop_last=False, sample_range=None,
-                 memory_budget=None, node_views=None, overflow="serve", storage_lookahead=4, storage_threads=4,
-                 population_threads=4, progress_period=None):
+    def __init__(self, comm, container, config: StoreConfig | None = None, /, **options):
         self._job = job.arm()  # torchrun refused; an uncaught exception aborts the job while open
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.container, self._owns_container = None, False
         exc = None
         try:  # an argument bad on one rank only must fail every rank, not leave them in populate()
-            self._setup(container, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                        partial_fraction=partial_fraction, population=population, replicate=replicate,
-                        prefetch=prefetch, drop_last=drop_last, sample_range=sample_range,
-                        memory_budget=memory_budget, node_views=node_views, overflow=overflow,
-                        storage_lookahead=storage_lookahead, storage_threads=storage_threads,
-                        population_threads=population_threads, progress_period=progress_period)
+            if config is None:
+                config = StoreConfig.from_options(options)
+            elif options:
+                raise ConfigError(f"DataStore takes a StoreConfig or keywords, not both ({', '.join(options)})")
+            self._setup(container, config)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
         try:
@@ -190,35 +127,15 @@ class DataStore:
             self._close_container()
             raise
 
-    def _setup(self, container, *, batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
-               drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
-               storage_threads, population_threads, progress_period) -> None:
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.seed = shuffle_mod.check_seed(seed)
-        if shuffle not in shuffle_mod.POLICIES:
-            raise ConfigError(f"shuffle={shuffle!r} is not one of {shuffle_mod.POLICIES}")
-        self.policy = shuffle
-        self.partial_fraction = shuffle_mod.check_fraction(partial_fraction)
-        if population not in POPULATIONS:
-            raise ConfigError(f"population={population!r} is not one of {POPULATIONS}")
-        self.population = population
-        self.replicate = bool(replicate)
-        self.prefetch = _positive_int("prefetch", prefetch, 0)
-        self.drop_last = bool(drop_last)
-        if node_views is None:
-            node_views = os.environ.get("DSTORE_NODE_VIEWS", "1").strip().lower() not in ("0", "false", "no", "off")
-        self.node_views = bool(node_views)
-        self._budget_arg = None if memory_budget is None else parse_bytes(memory_budget)
-        self._budget_source = "memory_budget argument"
-        self.overflow = tiers.check_overflow(overflow)
-        self.storage_lookahead = _positive_int("storage_lookahead", storage_lookahead, 0)
-        self.storage_threads = _positive_int("storage_threads", storage_threads)
-        self.population_threads = _positive_int("population_threads", population_threads)
-        self.progress_period = _progress_period(progress_period)
-        if self.batch_size < self.size:
-            raise ConfigError(f"batch_size={batch_size} is the global batch size and must be >= the "
-                              f"number of ranks ({self.size})")
-
+    def _setup(self, container, config: StoreConfig) -> None:
+        cfg = self.config = config.checked(self.size)
+        self.batch_size, self.seed, self.policy = cfg.batch_size, cfg.seed, cfg.shuffle
+        self.partial_fraction, self.population, self.replicate = cfg.partial_fraction, cfg.population, cfg.replicate
+        self.prefetch, self.drop_last, self.node_views = cfg.prefetch, cfg.drop_last, cfg.node_views
+        self._budget_arg, self._budget_source = cfg.memory_budget, "memory_budget argument"
+        self.overflow, self.storage_lookahead = cfg.overflow, cfg.storage_lookahead
+        self.storage_threads, self.population_threads = cfg.storage_threads, cfg.population_threads
+        self.progress_period = cfg.progress_period
         if isinstance(container, ContainerReader):
             self.container, self._owns_container = container, False
         elif isinstance(container, (str, os.PathLike)):
@@ -226,7 +143,7 @@ class DataStore:
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
         try:
-            self._init_index(sample_range)
+            self._init_index(cfg.sample_range)
         except BaseException:
             self._close_container()
             raise
@@ -268,6 +185,7 @@ class DataStore:
         if stop <= start:
             raise ConfigError(f"the container {self.container.path} holds no samples")
         self.start, self.stop = start, stop
+        self.config = dataclasses.replace(self.config, sample_range=(start, stop))  # as ranks compare it
         full = np.asarray(self.container.offsets, dtype=np.int64)
         self._base_byte = int(full[start])
         self.offsets = full[start:stop + 1] - self._base_byte
@@ -301,6 +219,7 @@ class DataStore:
         if self._arena is not None:
             raise ConfigError("limit_memory() after the population: the windows are sized already")
         self._budget_arg = parse_bytes(budget)
+        self.config = dataclasses.replace(self.config, memory_budget=self._budget_arg)
         self._budget_source = source
 
     def populate(self) -> None:
@@ -416,6 +335,7 @@ class DataStore:
                           f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
                           RuntimeWarning, stacklevel=2)
         self.seed = shuffle_mod.check_seed(sd["seed"])
+        self.config = dataclasses.replace(self.config, seed=self.seed)
         self._resume = (epoch, step)
         self._next = (epoch, step)
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dstore.collective import on_root
+from dstore.config import options_from
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.preemption import Preemption, parse_signals
@@ -238,9 +239,8 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
         return FilesSource(comm, reader, root=cfg.files_root, read_threads=cfg.read_threads,
                            batch_size=cfg.batch_size, seed=seed, drop_last=drop_last, sample_range=sample_range,
                            prefetch=max(1, cfg.prefetch))
-    store = DataStore(comm, reader, batch_size=cfg.batch_size, seed=seed, shuffle=cfg.shuffle,
-                      population=cfg.population, prefetch=cfg.prefetch, drop_last=drop_last,
-                      sample_range=sample_range, memory_budget=cfg.memory_budget, overflow=cfg.overflow)
+    # every DataStore argument the run's config has (dstore.config.StoreConfig names them)
+    store = DataStore(comm, reader, **options_from(cfg, seed=seed, drop_last=drop_last, sample_range=sample_range))
     # A read failing mid-epoch ends the job at once (the CLI aborts on any rank's error): the other
     # ranks wait in a DDP step, not in the store's agreement at the epoch's end.
     store.fail_fast = True
