@@ -10,6 +10,7 @@ FUSE process of `dstore pfs` must not) nor torch.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from dstore.errors import (
     ChecksumError,
@@ -23,6 +24,10 @@ from dstore.errors import (
 )
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports them on first use
+    from dstore.store import DataStore
+    from dstore.torch import StoreLoader
 
 _LAZY = {"DataStore": "dstore.store", "StoreLoader": "dstore.torch"}
 

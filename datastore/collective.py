@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 from dstore import errors as _errors
 from dstore.errors import ConfigError, DStoreError
@@ -34,6 +35,10 @@ class RemoteError(DStoreError, RuntimeError):
     """Another rank failed; the message is that rank's error, naming the rank."""
 
 
+Fallback = Callable[[str], BaseException]
+"""What builds the error raised for a failure of a type not kept (an exception class taking a message)."""
+
+
 _TYPES = {cls.__name__: cls for cls in vars(_errors).values()
           if isinstance(cls, type) and issubclass(cls, DStoreError)}
 
@@ -43,7 +48,7 @@ def message(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, str(exc)
 
 
-def remote_error(name: str, text: str, rank: int, *, types=None, fallback=RemoteError) -> BaseException:
+def remote_error(name: str, text: str, rank: int, *, types=None, fallback: Fallback = RemoteError) -> BaseException:
     """The error to raise for a failure that happened on rank `rank`: the same type where it is one
     of ours (dstore.errors, or `types`: name -> class), else `fallback` naming the type."""
     cls = (types or {}).get(name) or _TYPES.get(name)
@@ -57,7 +62,7 @@ def is_agreed(exc: BaseException) -> bool:
     return bool(getattr(exc, AGREED, False))
 
 
-def raise_agreed(comm, exc: BaseException | None, *, types=None, fallback=RemoteError) -> None:
+def raise_agreed(comm, exc: BaseException | None, *, types=None, fallback: Fallback = RemoteError) -> None:
     """Collective, once every rank knows that some rank failed: every rank raises, the failing rank
     its own `exc`, the others the first failing rank's error (see `remote_error`)."""
     msgs = comm.allgather(None if exc is None else message(exc))
@@ -75,7 +80,7 @@ def _mark_agreed(exc: BaseException) -> None:
         pass
 
 
-def agree(comm, exc: BaseException | None, *, types=None, fallback=RemoteError) -> None:
+def agree(comm, exc: BaseException | None, *, types=None, fallback: Fallback = RemoteError) -> None:
     """Collective: returns if no rank passes an error, else raises on every rank.
 
     The failing rank raises its own `exc`; the others raise the first failing rank's error (same
@@ -100,7 +105,7 @@ def run_agreed(comm, fn, *args, **kwargs):
     return out
 
 
-def on_root(comm, fn, *args, types=None, fallback=ConfigError, **kwargs):
+def on_root(comm, fn, *args, types=None, fallback: Fallback = ConfigError, **kwargs):
     """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank (collective:
     one bcast). If it raises, every rank raises, so no rank is left waiting: rank 0 the original
     exception, the others an error naming rank 0, marked agreed like `agree`'s.

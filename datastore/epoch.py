@@ -25,6 +25,8 @@ from dstore.storage import StorageEpoch
 
 log = logging.getLogger("dstore.store")
 
+_NO_BUFFER = np.empty(0, dtype=np.uint8)
+
 
 @dataclasses.dataclass
 class Batch:
@@ -249,7 +251,7 @@ class EpochRun:
         t2 = time.perf_counter()
         st.get_wait_seconds += t2 - t1
         st.fetch_seconds += t2 - t1
-        buf = self.ro[slot] if self.ro else None
+        buf = self.ro[slot] if self.ro else _NO_BUFFER  # replicated: every sample is in a window
         sl = self.sched.step(s)
         own = self.owner[sl]
         segs = self.segs

@@ -41,7 +41,7 @@ import numpy as np
 from dstore import job, plan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
-from dstore.collective import AGREED, agree, is_agreed
+from dstore.collective import AGREED, Topology, agree, is_agreed
 from dstore.config import StoreConfig
 from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
 from dstore.epoch import EpochRun, EpochStats
@@ -137,17 +137,18 @@ class DataStore:
         self.storage_threads, self.population_threads = cfg.storage_threads, cfg.population_threads
         self.progress_period = cfg.progress_period
         if isinstance(container, ContainerReader):
-            self.container, self._owns_container = container, False
+            reader, owns = container, False
         elif isinstance(container, (str, os.PathLike)):
-            self.container, self._owns_container = open_container(container), True
+            reader, owns = open_container(container), True
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
+        self.container, self._owns_container = reader, owns
         try:
-            self._init_index(cfg.sample_range)
+            self._init_index(reader, cfg.sample_range)
         except BaseException:
             self._close_container()
             raise
-        self.info = self.container.info
+        self.info = reader.info
         self._arena = None
         self._nodecomm = None
         self._view = None  # replicate: the node's full copy
@@ -165,14 +166,14 @@ class DataStore:
         self._active = None
         self._closed = False
         self._failed = False  # an agreed failure was raised on every rank: skip further agreements
-        self._topology = None  # dstore.collective.Topology, the store's view of nodes (set by the population)
+        self._topology: Topology | None = None  # dstore.collective.Topology, the store's view of nodes (set by the population)
         self._progress = None  # its ProgressThread while it holds windows, where one is needed
         self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats: EpochStats | None = None  # set by each epoch
 
     # ----------------------------------------------------------------- set-up
-    def _init_index(self, sample_range) -> None:
-        total = self.container.num_samples
+    def _init_index(self, container: ContainerReader, sample_range) -> None:
+        total = container.num_samples
         if sample_range is None:
             start, stop = 0, total
         else:
@@ -183,14 +184,14 @@ class DataStore:
             if not 0 <= start < stop <= total:
                 raise ConfigError(f"sample_range={sample_range!r} must satisfy 0 <= start < stop <= {total}")
         if stop <= start:
-            raise ConfigError(f"the container {self.container.path} holds no samples")
+            raise ConfigError(f"the container {container.path} holds no samples")
         self.start, self.stop = start, stop
         self.config = dataclasses.replace(self.config, sample_range=(start, stop))  # as ranks compare it
-        full = np.asarray(self.container.offsets, dtype=np.int64)
+        full = np.asarray(container.offsets, dtype=np.int64)
         self._base_byte = int(full[start])
         self.offsets = full[start:stop + 1] - self._base_byte
         self.sizes = np.diff(self.offsets)
-        self.labels = np.asarray(self.container.labels[start:stop], dtype=np.int64)
+        self.labels = np.asarray(container.labels[start:stop], dtype=np.int64)
         self.num_samples = stop - start
         self.steps_per_epoch = plan.steps_per_epoch(self.num_samples, self.batch_size, self.drop_last)
         if self.steps_per_epoch == 0:
@@ -236,7 +237,8 @@ class DataStore:
         """Starts the progress thread where other ranks' gets need this rank's progress engine."""
         period = self.progress_period
         if period is None:
-            remote = not self._topology.single_node or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
+            topo = self._topology  # set by the population
+            remote = (topo is not None and not topo.single_node) or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
             period = _AUTO_PROGRESS if (remote and not self.replicate) else 0.0
         if period <= 0 or self._arena is None:
             return

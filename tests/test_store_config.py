@@ -37,7 +37,7 @@ _THREADS_DIFFER = (
 def test_storage_threads_differing_between_ranks_is_refused_on_every_rank(tmp_path):
     # Issue 21: storage_threads counts in the buffers a tiered rank holds, so it changes which
     # samples stay resident; it was not compared across ranks, and with 4 threads on rank 0 and 1
-    # on rank 1 (~39% resident) the ranks chose different resident sets and served wrong bytes for
+    # on rank 1 (about a third resident) the ranks chose different resident sets and served wrong bytes for
     # about a quarter of the samples with exit code 0. Now every rank raises a ConfigError naming it.
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=4000, seed=2, large=2000, small=2000)
     script = tmp_path / "threads.py"
