@@ -21,10 +21,10 @@ module can be imported where MPI must not be initialised.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 
 from dstore import errors as _errors
+from dstore import rc
 from dstore.errors import ConfigError, DStoreError
 
 AGREED = "_dstore_agreed"
@@ -134,10 +134,10 @@ def on_root(comm, fn, *args, types=None, fallback: Fallback = ConfigError, **kwa
     raise err
 
 
-RANKS_PER_NODE_ENV = "DSTORE_RANKS_PER_NODE"
-"""For tests on one machine: treat each run of this many consecutive ranks as one node, so that a
-single-node job has samples on "other nodes" (served with gets) beside node peers' (served in place).
-Honoured only where a caller asks for the store's view (`emulate=True`)."""
+RANKS_PER_NODE_ENV = rc.RANKS_PER_NODE.name
+"""For tests on one machine (dstore.rc.RANKS_PER_NODE): treat each run of this many consecutive
+ranks as one node, so that a single-node job has samples on "other nodes" (served with gets) beside
+node peers' (served in place). Honoured only where a caller asks for the store's view (`emulate=True`)."""
 
 
 def node_comm(comm, *, emulate: bool = False):
@@ -156,16 +156,13 @@ def node_comm(comm, *, emulate: bool = False):
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    k = os.environ.get(RANKS_PER_NODE_ENV, "").strip() if emulate else ""
-    if not k:
-        return node
     try:
-        k = int(k)
-        if k < 1:
-            raise ValueError
-    except ValueError:
+        k = rc.RANKS_PER_NODE.get() if emulate else None
+    except ConfigError:
         node.Free()
-        raise ConfigError(f"${RANKS_PER_NODE_ENV}={os.environ[RANKS_PER_NODE_ENV]!r} must be an integer >= 1") from None
+        raise
+    if k is None:
+        return node
     try:
         return node.Split(comm.Get_rank() // k, comm.Get_rank())
     finally:

@@ -13,12 +13,11 @@ docs/guide.md (`python -m dstore.config` prints it; a test compares) and the tra
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
 
-from dstore import shuffle, tiers
+from dstore import rc, shuffle, tiers
 from dstore.errors import ConfigError
 from dstore.memory import parse_bytes
 
@@ -116,7 +115,7 @@ class StoreConfig:
             partial_fraction=shuffle.check_fraction(self.partial_fraction), replicate=bool(self.replicate),
             prefetch=_positive_int("prefetch", self.prefetch, 0), drop_last=bool(self.drop_last),
             memory_budget=None if self.memory_budget is None else parse_bytes(self.memory_budget),
-            node_views=_node_views_env() if self.node_views is None else bool(self.node_views),
+            node_views=rc.NODE_VIEWS.get() if self.node_views is None else bool(self.node_views),
             overflow=tiers.check_overflow(self.overflow),
             storage_lookahead=_positive_int("storage_lookahead", self.storage_lookahead, 0),
             storage_threads=_positive_int("storage_threads", self.storage_threads),
@@ -149,21 +148,11 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
-PROGRESS_ENV = "DSTORE_PROGRESS_PERIOD"
-
-
-def _node_views_env() -> bool:
-    return os.environ.get("DSTORE_NODE_VIEWS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def _progress_period(value: Any) -> float | None:
     """The progress_period argument checked (None: auto, unless $DSTORE_PROGRESS_PERIOD sets it)."""
     where = "progress_period"
     if value is None:
-        env = os.environ.get(PROGRESS_ENV, "").strip()
-        if not env:
-            return None
-        value, where = env, f"${PROGRESS_ENV}"
+        return rc.PROGRESS_PERIOD.get()
     try:
         period = float(value)
     except (TypeError, ValueError):

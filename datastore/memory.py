@@ -7,10 +7,11 @@ import re
 
 import numpy as np
 
+from dstore import rc
 from dstore.errors import ConfigError
 from dstore.plan import block_bounds
 
-ENV_VAR = "DSTORE_MEMORY_BUDGET"
+ENV_VAR = rc.MEMORY_BUDGET.name
 """Environment variable that overrides the default per-rank budget (bytes, or e.g. `8G`, `512MiB`)."""
 
 SAFE_FRACTION = 0.7
@@ -133,9 +134,9 @@ def default_budget(ranks_on_node: int) -> tuple[int, str]:
     """(bytes, where it came from): the env var if set, else SAFE_FRACTION of what the node has
     available (MemAvailable, or less if a memory cgroup such as a Slurm --mem cap allows less)
     shared by the node's ranks."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return parse_bytes(env, ENV_VAR), f"${ENV_VAR}={env}"
+    env = rc.MEMORY_BUDGET.raw()
+    if env is not None:
+        return rc.MEMORY_BUDGET.get(), f"${ENV_VAR}={env}"
     avail, what = available_memory()
     return int(avail * SAFE_FRACTION) // max(ranks_on_node, 1), (
         f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node")

@@ -38,7 +38,7 @@ import warnings
 
 import numpy as np
 
-from dstore import job, plan, tiers
+from dstore import job, plan, rc, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore.collective import AGREED, Topology, agree, is_agreed
@@ -58,10 +58,6 @@ POPULATIONS = tiers.POPULATIONS
 _AUTO_PROGRESS = 0.002
 """The progress thread's period where one is needed: bounds a get's wait at about 2 ms for a few
 microseconds of CPU per call (docs/reliability.md)."""
-
-
-def _truthy(text) -> bool:
-    return str(text or "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 class DataStore:
@@ -238,7 +234,7 @@ class DataStore:
         period = self.progress_period
         if period is None:
             topo = self._topology  # set by the population
-            remote = (topo is not None and not topo.single_node) or _truthy(os.environ.get("MPIR_CVAR_NOLOCAL"))
+            remote = (topo is not None and not topo.single_node) or rc.MPICH_NOLOCAL.get()
             period = _AUTO_PROGRESS if (remote and not self.replicate) else 0.0
         if period <= 0 or self._arena is None:
             return

@@ -6,7 +6,6 @@ models the trainers hold."""
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpirun import run_mpi
 
+from dstore import rc
 from dstore.errors import ConfigError
 from dstore.training import exchange, hparams
 from dstore.training.ltfb import (
@@ -438,7 +438,7 @@ def _available_bytes() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("DSTORE_LARGE_TESTS") != "1" or _available_bytes() < 12 * 2**30,
+@pytest.mark.skipif(not rc.LARGE_TESTS.get() or _available_bytes() < 12 * 2**30,
                     reason="set DSTORE_LARGE_TESTS=1, with 12 GiB of memory available: two copies of a 2 GiB "
                            "payload took 127-142 s on the shared 2-core machine; the 512- and 1000-byte block tests "
                            "run the same loop over many blocks")

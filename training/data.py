@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from dstore import plan, shuffle
+from dstore import plan, rc, shuffle
 from dstore.collective import on_root
 from dstore.decode import decode_sample
 from dstore.errors import ChecksumError, ConfigError
@@ -35,7 +35,7 @@ BUILTIN = {"digits": "digits.h5"}
 
 def cache_dir() -> str:
     """Where built-in data sets are ingested: $DSTORE_CACHE, else ~/.cache/dstore."""
-    return os.environ.get("DSTORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dstore")
+    return rc.CACHE.get()
 
 
 def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> str:

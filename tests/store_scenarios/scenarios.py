@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from dstore import shuffle
+from dstore import rc, shuffle
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.formats import create_writer, open_container
 from dstore.store import DataStore
@@ -337,7 +337,7 @@ def expected_split(store, ids):
     """(samples served from node peers' windows, samples fetched with gets) for `ids` delivered to
     this rank, from the owners: node peers are the ranks of this rank's run of
     $DSTORE_RANKS_PER_NODE (all ranks when unset: one machine)."""
-    k = int(os.environ.get("DSTORE_RANKS_PER_NODE", "0") or 0) or store.size
+    k = rc.RANKS_PER_NODE.get() or store.size
     owners = store.layout.owner[ids]
     others = owners != store.rank
     node = int(np.count_nonzero(others & (owners // k == store.rank // k))) if store.node_views else 0
@@ -379,7 +379,7 @@ def scenario_mixed_nodes(comm, path):
         want = expected_split(st, got[0])
         if (st.stats.samples_node, st.stats.samples_remote) != want:
             raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {st.stats}")
-        k = int(os.environ.get("DSTORE_RANKS_PER_NODE", "0") or 0)
+        k = rc.RANKS_PER_NODE.get() or 0
         node, remote = comm.allreduce(want[0]), comm.allreduce(want[1])
         if 1 < k < comm.size and not (node and remote):  # the point of this run: both kinds in one epoch
             raise AssertionError(f"{k} ranks per node on {comm.size} ranks served {node} node / {remote} remote samples")
@@ -522,7 +522,7 @@ def main(argv):
     from mpi4py import MPI
 
     # A hang becomes a traceback of every rank (the launcher's timeout is the backstop).
-    faulthandler.dump_traceback_later(float(os.environ.get("DSTORE_SCENARIO_TIMEOUT", "100")), exit=True)
+    faulthandler.dump_traceback_later(rc.SCENARIO_TIMEOUT.get(), exit=True)
     path, names = argv[0], argv[1:] or list(SCENARIOS)
     comm = MPI.COMM_WORLD
     for name in names:

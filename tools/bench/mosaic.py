@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from dstore import rc
 from dstore.tools.bench.common import Measurement, quiet_barrier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ def find_python(venv: str | os.PathLike | None = None) -> str | None:
 
     Looks at `venv`, then $DSTORE_MOSAIC_VENV, then DEFAULT_VENV.
     """
-    for cand in (venv, os.environ.get("DSTORE_MOSAIC_VENV"), DEFAULT_VENV):
+    for cand in (venv, rc.MOSAIC_VENV.get(), DEFAULT_VENV):
         if cand:
             py = Path(cand) / "bin" / "python"
             if py.exists():
