@@ -130,8 +130,29 @@ def report_and_abort(code: int, msg: str | None) -> int:
             # A margin for the launcher to forward what this rank wrote before the abort (see
             # docs/reliability.md, "Lost error messages").
             time.sleep(ABORT_FLUSH_S)
+        unlink_mpi_shm()
         MPI.COMM_WORLD.Abort(code)
     return code
+
+
+def unlink_mpi_shm(maps: str = "/proc/self/maps") -> list[str]:
+    """Removes the names of the MPI library's shared-memory files this process has mapped
+    (`/dev/shm/mpich_shm_*`): MPICH removes them in MPI_Finalize, never on MPI_Abort, so every
+    aborted job left one (2 MiB and up) in /dev/shm. Called just before aborting: the job's other
+    ranks keep their mappings (only the name goes), and the abort ends them. Returns what went."""
+    gone = []
+    try:
+        with open(maps) as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/mpich_shm_" in line}
+    except (OSError, IndexError):
+        return gone
+    for path in sorted(p for p in paths if not p.endswith("(deleted)")):
+        try:
+            os.unlink(path)
+            gone.append(path)
+        except OSError:
+            pass  # another rank of the job removed it first
+    return gone
 
 
 # --- the exception hook while a store or a process group is open -----------------------------

@@ -99,9 +99,9 @@ def abort_on_error(fn, *args):
         return fn(*args)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        code = 130
-        msg = "interrupted"
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command unwinds on it (ingest)
+        code = getattr(exc, "exit_code", 130)
+        msg = str(exc) or "interrupted"
     except BrokenPipeError:
         _quiet_broken_pipe()
         code, msg = 141, None  # 128 + SIGPIPE, as a tool killed by the signal exits

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 HELP = ("Ingest a data set (an image folder root/<class>/<file>, CIFAR python batches, a .npy/.npz file, "
         "'digits' or 'synthetic') into an HDF5 or Zarr container, in a seeded random order. "
         "Run under mpiexec to split the work over ranks.")
@@ -56,7 +59,33 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during an ingest: it unwinds as Ctrl-C does, so every temporary and lock is removed
+    (the default action ended the process where it stood, leaving them). Exit code 128 + 15."""
+
+    exit_code = 143
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """For the `with` block, SIGTERM raises Terminated in the main thread (as SIGINT raises
+    KeyboardInterrupt); the previous handler is put back after."""
+    def on_term(signum, frame):
+        raise Terminated("terminated (SIGTERM); the partial output was removed")
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def run(args) -> int:
+    with _sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args) -> int:
     import json
 
     from mpi4py import MPI

@@ -20,7 +20,7 @@ from dstore.formats.base import (
 )
 from dstore.formats.base import checksum as crc32_of
 from dstore.formats.lock import OutputLock
-from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
+from dstore.formats.replace import check_target, move_into_place, remove_path, remove_stale_temporaries, temp_path
 
 COMPLETE_ATTR = "complete"
 """The completion marker: an attribute set to True, written after everything else."""
@@ -369,6 +369,8 @@ class StreamingWriter(ContainerWriter):
         self._overwrite = bool(overwrite)
         self.path = check_target(path, self._overwrite)
         self._lock = OutputLock(self.path)  # one writer of a path at a time (released at commit/abort)
+        if self._lock.held:  # no other writer of this path lives: its temporaries are a killed job's
+            remove_stale_temporaries(self.path)
         self._tmp = temp_path(self.path)
         self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
         self._state = "open"

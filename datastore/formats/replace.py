@@ -3,12 +3,15 @@
 A container is written under a temporary name beside its target and renamed into place when
 complete (`temp_path`, `check_target`, `move_into_place`); `overwrite` replaces only something
 recognisably one of our containers, never a user's files (an HDF5 file or Zarr group with our
-attributes, a manifest, a directory holding only a manifest and its shards)."""
+attributes, a manifest, a directory holding only a manifest, its shards and what killed writers of
+them left). A writer holding an output's lock removes the temporaries killed writers left beside
+it (`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -76,7 +79,7 @@ def _foreign_reason(path: str) -> str | None:
         if not isinstance(value, dict) or not _is_our_manifest(manifest):
             return f"a directory whose {MANIFEST_NAME} is not a dstore manifest"
         shards = {str(e.get("path", "")) for e in value.get("shards", []) if isinstance(e, dict)}
-        extra = sorted(entries - {MANIFEST_NAME} - shards)
+        extra = sorted(e for e in entries - {MANIFEST_NAME} - shards if not is_leftover(e))
         return f"a directory that holds more than a manifest and its shards: {extra[:5]}" if extra else None
     if "zarr.json" in entries:
         meta = _read_json(os.path.join(path, "zarr.json"))
@@ -95,6 +98,34 @@ def check_replaceable(path: str) -> None:
     if why is not None:
         raise ContainerExistsError(f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
                                    "only a container; remove it yourself or choose another output")
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(tmp-[0-9]+-[0-9a-f]{8}(\.old)?|lock)")
+"""Names our writers leave beside an output `name` when they are killed: the temporary
+(temp_path, `.old` while replacing a directory) and the lock file (dstore.formats.lock)."""
+
+
+def is_leftover(entry: str) -> bool:
+    """Whether directory entry `entry` is a temporary or lock file one of our writers left."""
+    return _LEFTOVER.fullmatch(entry) is not None
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Removes the temporaries of output `path` that killed writers left beside it (SIGKILL, the OOM
+    killer: no cleanup ran). Call only while holding the output's lock: then no live writer of
+    `path` exists, so every such temporary is stale. Returns what was removed."""
+    head, tail = os.path.split(os.path.abspath(path))
+    removed = []
+    try:
+        entries = os.listdir(head)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _LEFTOVER.fullmatch(entry)
+        if m and m.group("name") == tail and not entry.endswith(".lock"):
+            remove_path(os.path.join(head, entry))
+            removed.append(entry)
+    return removed
 
 
 def temp_path(path: str) -> str:

@@ -33,7 +33,7 @@ from dstore.formats import (
     write_manifest,
 )
 from dstore.formats.lock import OutputLock
-from dstore.formats.replace import check_replaceable, remove_path
+from dstore.formats.replace import check_replaceable, is_leftover, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
@@ -232,11 +232,12 @@ def _check_overlap(source: str, output: str, paths: list[str]) -> None:
 
 
 def _prepare_output(source: str, output: str, manifest: str | None, shard_paths: list[str],
-                    overwrite: bool) -> bool:
+                    overwrite: bool, locked: bool = False) -> bool:
     """On rank 0 before writing: checks the target (it may hold only our own containers, and only
     with `overwrite`); for a sharded container creates its directory and removes an old manifest
-    (so a failed rewrite never leaves a manifest over mixed shards). Returns True if it created the
-    directory."""
+    (so a failed rewrite never leaves a manifest over mixed shards), and, if `locked` (this job
+    holds the output's lock, so nobody else writes in it), the temporaries and lock files killed
+    writers left in its directory. Returns True if it created the directory."""
     _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
     for path in ([] if manifest is None else [manifest]) + shard_paths:
         if os.path.lexists(path):
@@ -250,6 +251,9 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
         if os.path.lexists(manifest):
             os.remove(manifest)
         if os.path.isdir(directory):
+            if locked and manifest == os.path.join(directory, MANIFEST_NAME):  # the directory is the output's own
+                for entry in filter(is_leftover, os.listdir(directory)):
+                    remove_path(os.path.join(directory, entry))
             return False
         os.makedirs(directory)
     except OSError as exc:
@@ -305,7 +309,8 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     job_lock = _lock_output(comm, job)
     try:
         created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
-                                     overwrite, types=_TYPES, fallback=IngestError)
+                                     overwrite, job_lock is not None and job_lock.held, types=_TYPES,
+                                     fallback=IngestError)
         written, exc = _write_shards(comm, job, progress)
         recs = _finish(comm, job, written, exc, created)
     finally:
