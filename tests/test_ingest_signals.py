@@ -94,3 +94,42 @@ def test_an_aborted_job_removes_its_mpich_shm_file(tmp_path):
     if not mapped:
         pytest.skip("this MPI library maps no /dev/shm/mpich_shm_* file")
     assert not [p for p in mapped if os.path.exists(p)], mapped
+
+
+def _png_folder(root, mode):
+    from PIL import Image
+
+    (root / "a").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (8, 8), (i, i, i)).save(root / "a" / f"{i}.png")
+    root.chmod(mode)
+    return root
+
+
+@pytest.mark.parametrize("fmt, out, shards", [("hdf5", "out.h5", 1), ("zarr", "out.zarr", 1),
+                                              ("hdf5", "outdir", 2)])
+def test_a_private_source_gives_a_private_container(tmp_path, fmt, out, shards):
+    from mpi4py import MPI
+
+    src = _png_folder(tmp_path / "private", 0o700)
+    old = os.umask(0o022)
+    try:
+        ingest(str(src), str(tmp_path / out), comm=MPI.COMM_SELF, fmt=fmt, shards=shards, progress=False)
+        assert os.umask(0o022) == 0o022  # put back after the ingest
+    finally:
+        os.umask(old)
+    modes = {p: os.stat(os.path.join(r, p)).st_mode & 0o777 for r, ds, fs in os.walk(tmp_path / out) for p in ds + fs}
+    modes[out] = os.stat(tmp_path / out).st_mode & 0o777
+    assert all(m & 0o077 == 0 for m in modes.values()), modes
+
+
+def test_a_readable_source_keeps_the_umask(tmp_path):
+    from mpi4py import MPI
+
+    src = _png_folder(tmp_path / "shared", 0o755)
+    old = os.umask(0o022)
+    try:
+        ingest(str(src), str(tmp_path / "out.h5"), comm=MPI.COMM_SELF, progress=False)
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "out.h5").st_mode & 0o777 == 0o644

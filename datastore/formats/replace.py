@@ -9,6 +9,7 @@ it (`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -171,3 +172,24 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
             remove_path(trash)
             return
     os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def private_like(source):
+    """For the `with` block, files and directories this process creates are no more readable by
+    the group or others than `source` is (its group/other read bits; nothing changes for a source
+    that is not a path): a private (0600/0700) source gave a world-readable container. Otherwise
+    the umask decides, as before. The umask is the process's, so the block should be the whole
+    write (dstore.ingest.ingest)."""
+    try:
+        mode = os.stat(os.fspath(source)).st_mode
+    except (OSError, TypeError, ValueError):
+        mode = 0o777
+    deny = (0 if mode & stat.S_IRGRP else 0o070) | (0 if mode & stat.S_IROTH else 0o007)
+    old = os.umask(0)
+    os.umask(old | deny)
+    try:
+        yield
+    finally:
+        os.umask(old)
+

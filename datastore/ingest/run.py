@@ -33,7 +33,7 @@ from dstore.formats import (
     write_manifest,
 )
 from dstore.formats.lock import OutputLock
-from dstore.formats.replace import check_replaceable, is_leftover, remove_path
+from dstore.formats.replace import check_replaceable, is_leftover, private_like, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
@@ -296,6 +296,15 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+    with private_like(source):  # a private source gives a private container
+        return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
+                       encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
+                       overwrite=overwrite, **source_options)
+
+
+def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
+            progress, overwrite, **source_options) -> IngestReport:
+    """ingest()'s work, inside its private_like block."""
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
     comm.Barrier()
