@@ -89,3 +89,17 @@ def decode_sample(data, info, *, channels: int | None = None, min_size=None, nam
         arr = decode_raw(data, info.raw_dtype, info.raw_shape, name=name)
         return arr if arr.ndim == 3 else arr.reshape(arr.shape + (1,) * (3 - arr.ndim))
     return decode_image(data, channels=channels, min_size=min_size, name=name)
+
+
+def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """An HWC uint8 array resized (bilinear) to `size` = (H, W); returned as is if already that size."""
+    if arr.shape[:2] == tuple(size):
+        return arr
+    from PIL import Image
+
+    c = arr.shape[2]
+    im = Image.fromarray(arr[:, :, 0] if c == 1 else arr)
+    # np.array, not np.asarray: Pillow's array interface hands out read-only bytes, and a read-only
+    # array makes torch.from_numpy warn (and a transform unable to work in place).
+    out = np.array(im.resize((size[1], size[0]), Image.BILINEAR))
+    return out.reshape(size[0], size[1], c)

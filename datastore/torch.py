@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import pickle
 import time
 import warnings
 
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from dstore.decode import decode_sample
+from dstore.decode import decode_sample, resize
 from dstore.errors import ConfigError
 from dstore.torch_epoch import LoaderEpoch
 
@@ -109,20 +110,6 @@ def _size_pair(size):
     return h, w
 
 
-def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """An HWC uint8 array resized (bilinear) to `size` = (H, W); returned as is if already that size."""
-    if arr.shape[:2] == tuple(size):
-        return arr
-    from PIL import Image
-
-    c = arr.shape[2]
-    im = Image.fromarray(arr[:, :, 0] if c == 1 else arr)
-    # np.array, not np.asarray: Pillow's array interface hands out read-only bytes, and a read-only
-    # array makes torch.from_numpy warn (and a transform unable to work in place).
-    out = np.array(im.resize((size[1], size[0]), Image.BILINEAR))
-    return out.reshape(size[0], size[1], c)
-
-
 class StoreLoader(torch.utils.data.IterableDataset):
     """Iterates a DataStore's epochs as (images, labels) tensors, as a PyTorch data loader does.
 
@@ -163,7 +150,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
-                 ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None):
+                 ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None,
+                 workers: int | None = None):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
@@ -197,6 +185,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
         self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
+        self._workers = self._make_workers(workers, on_gpu)
+        # NOTE [decode workers] 2: started by the copier thread, which lives as long as the loader
+        self._workers_ready = None if self._workers is None else self._copier.submit(self._workers.start)
         self._epoch = 0
         self._pos = None  # (epoch, step) after the last batch yielded; None: the store's own position
         self._active = None  # the open epoch's generator (over a LoaderEpoch)
@@ -206,6 +197,34 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.last_wait_seconds = 0.0
         self.last_decode_seconds = 0.0
         self.stats = {}
+
+    def _make_workers(self, workers, on_gpu: bool):
+        """None (decode threads) or the DecodeWorkers of `workers` processes, not yet started."""
+        if workers is None or workers == 0:
+            return None
+        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
+            raise ConfigError(f"workers={workers!r} must be an integer >= 0 (0: decode in threads)")
+        tf = self.transform
+        if tf is not None and not (hasattr(tf, "sample_part") and hasattr(tf, "batch_part")):
+            raise ConfigError(f"workers={workers} needs transform=None or one split into sample_part and batch_part "
+                              f"(dstore.training.augment.ImageTransform), not {tf!r}: use workers=0 (decode threads)")
+        size = tuple(tf.size) if tf is not None else self.size
+        info = self.store.info
+        channels = tf.channels if tf is not None else self.channels
+        if channels is None and info.encoding == "raw":
+            channels = 1 if len(info.raw_shape) == 2 else int(info.raw_shape[-1])
+        if size is None or channels is None:
+            raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) and channels= "
+                              f"(or a transform that has them)")
+        try:
+            from dstore.workers import DecodeWorkers
+
+            return DecodeWorkers(int(workers), shape=(channels, *size), info=info, channels=self.channels,
+                                 size=self.size, transform=tf, seed=self.store.seed, slots=self.ahead + 1,
+                                 pin=self.pin_memory or on_gpu)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"workers={workers}: the transform {tf!r} cannot be pickled for the worker "
+                              f"processes: {exc}") from None
 
     @property
     def num_threads(self) -> int:
@@ -295,6 +314,33 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._active = gen
         return gen
 
+    def _from_workers(self, ticket):
+        """A batch the workers decoded, copied out of its slot (to the device, or into a CPU tensor
+        of its own), with the transform's batch part (and normalisation) applied there. NOTE [decode workers] 5."""
+        images, params, secs = self._workers.collect(ticket)
+        event = None
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                images = images.to(self.device, non_blocking=True)
+                params = params.to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self._stream)
+            images.record_stream(current)
+            params.record_stream(current)
+        elif self.device is not None and self.device.type != "cpu":
+            images, params = images.to(self.device), params.to(self.device)
+        else:
+            images, params = images.clone(), params.clone()
+        self._workers.release(ticket, event)
+        tf = self.transform
+        if tf is not None:
+            images = tf.batch_part(images, params)
+            if getattr(tf, "normalize", False):
+                images = tf.normalize_batch(images)
+        return images, secs
+
     def _to_device(self, images, labels):
         """The batch on `self.device` (unchanged without one). On CUDA the copies run on a side
         stream, overlapping what the caller's stream still has queued; the caller's stream then
@@ -323,6 +369,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         """Ends an open epoch (after its running decodes) and stops the decode threads. Safe to call twice."""
         self._closed = True
         self._end_epoch()
+        if self._workers is not None:
+            concurrent.futures.wait([self._workers_ready])  # a start still running ends first
+            self._workers.close()
         self._copier.shutdown(wait=True)
         self._pool.shutdown(wait=True)
 

@@ -134,7 +134,7 @@ class LoaderEpoch:
                 return
             job = BatchDecode(nxt, pin=loader.pin_memory)
             self.pending.append(job)
-            if loader.ahead == 1:
+            if loader.ahead == 1 and loader._workers is None:
                 self.submit(job)
             else:
                 self.copying = loader._copier.submit(self.copy_and_submit, job)
@@ -153,9 +153,25 @@ class LoaderEpoch:
             job.chunk_done(0.0, None)
 
     def copy_and_submit(self, job: BatchDecode) -> None:
-        """In the copier thread: `job`'s samples moved out of the store's views, then submitted."""
-        job.batch = self.own_copy(job.batch)
-        self.submit(job)
+        """In the copier thread: `job`'s samples moved out of the store's views, then submitted to
+        the decode threads, or (with workers) into a ring slot and to the workers, `job.result`
+        then being the ticket. A failure here is `job.result`'s, so `complete` raises it."""
+        try:
+            workers = self.loader._workers
+            if workers is None:
+                job.batch = self.own_copy(job.batch)
+                self.submit(job)
+                return
+            self.loader._workers_ready.result()  # raises the start's error
+            t0 = time.perf_counter()
+            ticket = workers.submit(job.batch)
+            job.batch = dataclasses.replace(job.batch, samples=[])  # the store's views are not needed any more
+            self.stats["copy_seconds"] += time.perf_counter() - t0
+            self.stats["copy_bytes"] += int(ticket.nbytes)
+            job.result.set_result(ticket)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through job.result
+            if not job.result.done():
+                job.result.set_exception(exc)
 
     def own_copy(self, batch):
         """`batch` with its samples moved into one read-only buffer of its own, so that the store's
@@ -176,8 +192,12 @@ class LoaderEpoch:
     def complete(self) -> Ready:
         """Waits for the oldest batch's decode (raising its error) and takes it off the queue, its
         labels, ids and padding copied before the store is asked for more."""
-        images, secs = self.pending[0].result.result()
-        batch = self.pending.popleft().batch
+        job = self.pending.popleft()
+        if self.loader._workers is None:
+            images, secs = job.result.result()
+        else:  # the job is off the queue first: its answers are read even when it fails
+            images, secs = self.loader._from_workers(job.result.result())
+        batch = job.batch
         labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
         return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs)
 
@@ -193,6 +213,18 @@ class LoaderEpoch:
         st["decode_seconds"] += ready.decode_seconds
         loader._pos = (ready.epoch, ready.step + 1)
 
+    def drain_workers(self) -> None:
+        """Reads the answers of the batches the workers still have (NOTE [decode workers] 4: every
+        request is answered and read), their errors dropped: the epoch is ending anyway."""
+        workers = self.loader._workers
+        for job in self.pending:
+            try:
+                ticket = job.result.result()
+                workers.collect(ticket)
+                workers.release(ticket)
+            except Exception:  # noqa: BLE001 - a failed or dead worker's batch: nothing to read
+                continue
+
     # ------------------------------------------------------------ after the last batch
     def close(self) -> None:
         """However the epoch ended (exhausted, abandoned or failed): finishes the copy, drops the
@@ -204,5 +236,7 @@ class LoaderEpoch:
         for f in futs:
             f.cancel()
         concurrent.futures.wait(futs)
+        if self.loader._workers is not None:
+            self.drain_workers()
         self.pending.clear()
         self.batches.close()

@@ -1,5 +1,6 @@
 """Per-sample transforms `(hwc_uint8, rng) -> CHW tensor`: channel fix-up, resize, seeded random
-crop with padding and flip, and normalisation. They run in the loader's decode threads.
+crop with padding, flip, colour jitter and normalisation. They run in the loader's decode threads,
+or split: the per-sample part in its decode workers, the batch part on the batch's device.
 
 The trainer normalises whole batches on its device instead (`ImageTransform(normalize=False)` hands
 out uint8, `normalize_batch` runs after the copy): a float32 batch is 4x the bytes of a uint8 one to
@@ -87,6 +88,12 @@ class ImageTransform:
         flip: random horizontal flip.
         normalize: True: each sample becomes a normalised float32 tensor; False: an augmented uint8
             tensor, to be normalised per batch by `normalize_batch` (on the model's device).
+        jitter: colour jitter strength j: brightness and contrast each scaled by a factor drawn
+            in [1 - j, 1 + j] (0: off).
+
+    The work is in two parts: `sample_part` (resize, crop: needs the sample; run where it is
+    decoded) and `batch_part` (flip, jitter: whole-batch integer tensor ops, run on the batch's
+    device by a StoreLoader with workers). `__call__` runs both on one sample.
     """
 
     size: tuple[int, int]
@@ -97,6 +104,7 @@ class ImageTransform:
     pad: int = 0
     flip: bool = False
     normalize: bool = True
+    jitter: float = 0.0
 
     def __post_init__(self):
         if self.channels not in (1, 3):
@@ -105,17 +113,51 @@ class ImageTransform:
             raise ConfigError(f"mean={self.mean} and std={self.std} need {self.channels} value(s) each")
         if any(s <= 0 for s in self.std):
             raise ConfigError(f"std={self.std} must be positive")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError(f"jitter={self.jitter} must be in [0, 1)")
 
-    def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
-        """The augmented (H, W, C) uint8 image, before normalisation."""
+    def sample_part(self, img: np.ndarray, rng=None) -> tuple[np.ndarray, np.ndarray]:
+        """The part that needs the sample alone (CPU, no torch): the (H, W, C) uint8 image resized
+        and randomly cropped, and the int32 parameters of the rest, drawn here from the same `rng`
+        in a fixed order (crop, flip, jitter) and applied to a whole batch by `batch_part`:
+        (flip, brightness, contrast), the factors in 1/256 units (identity: `IDENTITY`)."""
         img = resize_to(to_channels(img, self.channels), self.size)
+        params = IDENTITY.copy()
         if self.train:
             if rng is None:
                 raise ConfigError("a training transform needs an rng (numpy Generator)")
             img = random_crop(img, self.pad, rng)
             if self.flip and rng.random() < 0.5:
-                img = img[:, ::-1]
-        return img
+                params[0] = 1
+            if self.jitter > 0:
+                params[1:] = np.rint(rng.uniform(1 - self.jitter, 1 + self.jitter, size=2) * 256)
+        return img, params
+
+    def batch_part(self, images, params):
+        """A uint8 batch [b, C, H, W] (on any device) with each sample's `sample_part` parameters
+        (int [b, 3]) applied: the flip, then brightness and contrast in integer arithmetic, so the
+        pixels are the same on a CPU and a GPU and the same as `__call__` sample by sample."""
+        import torch
+
+        if not (self.train and (self.flip or self.jitter > 0)):
+            return images
+        params = params.to(images.device)
+        if self.flip:
+            flip = params[:, 0].bool().view(-1, 1, 1, 1)
+            images = torch.where(flip, images.flip(-1), images)
+        if self.jitter > 0:
+            images = _jitter(images, params[:, 1].view(-1, 1, 1, 1), params[:, 2].view(-1, 1, 1, 1))
+        return images
+
+    def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
+        """The augmented (H, W, C) uint8 image, before normalisation."""
+        import torch
+
+        x, params = self.sample_part(img, rng)
+        if not (self.train and (self.flip or self.jitter > 0)):
+            return x
+        batch = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))[None]
+        return self.batch_part(batch, torch.from_numpy(params)[None])[0].permute(1, 2, 0).numpy()
 
     def __call__(self, img: np.ndarray, rng=None):
         import torch
@@ -138,6 +180,22 @@ class ImageTransform:
             return images
         return (images.float() * (1.0 / 255.0) - _per_channel(tuple(self.mean), images.device)) / _per_channel(
             tuple(self.std), images.device)
+
+
+IDENTITY = np.array([0, 256, 256], np.int32)
+"""`sample_part`'s parameters that change nothing: no flip, brightness and contrast 256/256."""
+
+
+def _jitter(images, bright, contrast):
+    """Brightness then contrast (about the image's mean) scaled by factor/256, rounded half up and
+    clipped to [0, 255], in integer arithmetic (the same result on every device)."""
+    import torch
+
+    x = torch.clamp(torch.div(images.to(torch.int32) * bright + 128, 256, rounding_mode="floor"), 0, 255)
+    n = x[0].numel()
+    mean = torch.div(x.sum(dim=(1, 2, 3), keepdim=True, dtype=torch.int64) + n // 2, n, rounding_mode="floor")
+    x = mean + torch.div((x - mean) * contrast + 128, 256, rounding_mode="floor")
+    return torch.clamp(x, 0, 255).to(torch.uint8)
 
 
 @functools.lru_cache(maxsize=16)

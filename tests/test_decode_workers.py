@@ -1,0 +1,192 @@
+"""StoreLoader(workers=N): batches bit-identical to the decode threads' (1 and 2 workers, across
+epochs, across resume on another rank count under mpiexec -n 2), the batch part of a transform the
+same on a CPU and a GPU, a worker's error naming the sample, a dead worker ending the epoch with an
+error, and no worker outliving its rank (kill -9)."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+from mpirun import run_mpi
+
+from dstore.errors import ConfigError, DStoreError, SampleError
+from dstore.formats import create_writer
+from dstore.store import DataStore
+from dstore.torch import StoreLoader
+from dstore.training.augment import IDENTITY, ImageTransform
+from dstore.workers import available_cores, default_workers
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)
+from workers_run import TRANSFORM  # noqa: E402
+
+BAD = 5  # the sample that is not a JPEG in `bad_container`
+
+
+def _jpegs(path: str, n: int, bad: int | None = None) -> str:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    with create_writer(path, "hdf5", encoding="jpeg", class_names=["a", "b"]) as w:
+        for i in range(n):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (40 + i % 7, 50 + i % 5, 3), dtype=np.uint8)).save(buf, "JPEG")
+            data = b"\xff\xd8 not a jpeg" if i == bad else buf.getvalue()
+            w.append(data, i % 2, f"p{i}.jpg", i)
+    return path
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    return _jpegs(str(tmp_path_factory.mktemp("wk") / "jpegs.h5"), 40)
+
+
+@pytest.fixture(scope="module")
+def bad_container(tmp_path_factory):
+    return _jpegs(str(tmp_path_factory.mktemp("wk") / "bad.h5"), 16, bad=BAD)
+
+
+def _run(st, epoch, **kw):
+    with StoreLoader(st, size=(32, 32), channels=3, **kw) as ld:
+        return [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(epoch)]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) and np.array_equal(i, k)
+                                    for (x, y, i), (u, v, k) in zip(a, b))
+
+
+def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
+        for epoch in (0, 1):
+            ref = _run(st, epoch, transform=TRANSFORM, decode_threads=2)
+            assert _same(ref, _run(st, epoch, transform=TRANSFORM, workers=1))
+            assert _same(ref, _run(st, epoch, transform=TRANSFORM, workers=2, ahead=1))
+        flipped = [s for (x, _, _) in ref for s in x]
+        assert len(flipped) == 40 and ref[0][0].dtype == torch.uint8
+        # no transform: the resized decode, as the threads give it
+        assert _same(_run(st, 0, decode_threads=1), _run(st, 0, workers=2))
+        # normalize=True: the batch normalised after the batch part, equal to the per-sample float path
+        as_float = ImageTransform(**{**TRANSFORM.__dict__, "normalize": True})
+        assert _same(_run(st, 1, transform=as_float, decode_threads=2), _run(st, 1, transform=as_float, workers=2))
+    other = _run_epoch_other_seed(jpegs)
+    assert not torch.equal(other[0][0], ref[0][0])
+
+
+def _run_epoch_other_seed(path):
+    with DataStore(MPI.COMM_SELF, path, batch_size=8, seed=4) as st:
+        return _run(st, 1, transform=TRANSFORM, workers=1)
+
+
+def test_the_batch_part_flips_and_jitters_as_specified():
+    tf = ImageTransform(**{**TRANSFORM.__dict__})
+    rng = np.random.default_rng(7)
+    images = torch.from_numpy(rng.integers(0, 256, (4, 3, 5, 6), dtype=np.uint8))
+    params = torch.from_numpy(np.stack([IDENTITY, [1, 256, 256], [0, 300, 256], [0, 256, 200]]).astype(np.int32))
+    out = tf.batch_part(images, params)
+    assert torch.equal(out[0], images[0]) and torch.equal(out[1], images[1].flip(-1))
+    want = np.clip(np.floor(images[2].numpy().astype(np.int64) * 300 / 256 + 0.5), 0, 255)
+    assert np.array_equal(out[2].numpy(), want)
+    x = images[3].numpy().astype(np.int64)
+    mean = np.floor(x.mean() + 0.5)
+    assert np.abs(out[3].numpy() - np.clip(mean + (x - mean) * 200 / 256, 0, 255)).max() <= 1
+    with pytest.raises(ConfigError, match="jitter"):
+        ImageTransform(**{**TRANSFORM.__dict__, "jitter": 1.5})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+def test_the_batch_part_gives_the_same_pixels_on_a_gpu(jpegs):
+    rng = np.random.default_rng(8)
+    images = torch.from_numpy(rng.integers(0, 256, (16, 3, 32, 32), dtype=np.uint8))
+    params = torch.from_numpy(np.stack([TRANSFORM.sample_part(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+                                                              np.random.default_rng(i))[1] for i in range(16)]))
+    assert torch.equal(TRANSFORM.batch_part(images, params), TRANSFORM.batch_part(images.cuda(), params).cpu())
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
+        ref = _run(st, 1, transform=TRANSFORM, decode_threads=2)
+        got = _run(st, 1, transform=TRANSFORM, workers=2, device="cuda", pin_memory=True)
+    assert all(torch.equal(x, u.cpu()) for (x, _, _), (u, _, _) in zip(ref, got))
+
+
+def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
+    with DataStore(MPI.COMM_SELF, bad_container, batch_size=4, seed=0) as st, \
+            StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
+        with pytest.raises(SampleError, match=f"cannot decode sample {BAD}:"):
+            for _ in ld.epoch(0):
+                pass
+        # requests and answers still pair: the next epoch serves the good samples up to the bad one
+        it = ld.epoch(1)
+        x, _ = next(it)
+        assert x.shape == (4, 3, 32, 32)
+        it.close()
+
+
+def test_a_dead_worker_ends_the_epoch_with_an_error(jpegs):
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=0) as st, \
+            StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
+        it = ld.epoch(0)
+        next(it)
+        os.kill(ld._workers.pids[1], signal.SIGKILL)
+        with pytest.raises(DStoreError, match=r"decode worker 1 \(pid \d+\) ended unexpectedly"):
+            for _ in it:
+                pass
+
+
+def test_workers_refuse_what_they_cannot_run(jpegs):
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4) as st:
+        with pytest.raises(ConfigError, match="sample_part"):
+            StoreLoader(st, transform=lambda a: a, size=8, channels=3, workers=1)
+        with pytest.raises(ConfigError, match="size"):
+            StoreLoader(st, workers=1)
+        with pytest.raises(ConfigError, match="workers"):
+            StoreLoader(st, size=8, channels=3, workers=-1)
+    assert 1 <= default_workers(2) <= max(1, available_cores())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill_9_of_the_rank_leaves_no_worker(jpegs):
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "workers_run.py"), "hold", jpegs],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["pids"], line
+        workers = [int(p) for p in line[2:]]
+        assert len(workers) == 2 and not any(_gone(p) for p in workers)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in workers)
+
+
+@pytest.mark.mpi
+def test_two_ranks_of_workers_and_a_resume_on_one_rank_give_the_same_pixels(jpegs, tmp_path):
+    run_mpi(2, ["python", os.path.join(HERE, "workers_run.py"), "ranks", jpegs, str(tmp_path)], timeout=120)
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
+        ref = _run(st, 1, transform=TRANSFORM, decode_threads=2)
+        by_id = {int(i): x for (xs, _, ids) in ref for x, i in zip(xs, ids)}
+        for r in range(2):
+            got = np.load(tmp_path / f"rank{r}.npz")
+            assert len(got["ids"]) == 20
+            assert all(np.array_equal(by_id[int(i)].numpy(), x) for i, x in zip(got["ids"], got["images"]))
+        with StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=1) as ld:
+            ld.load_state_dict(json.loads((tmp_path / "state.json").read_text()))
+            rest = [(x, y, ld.last_ids.copy()) for x, y in ld]
+    assert _same(rest, ref[1:])

@@ -1,0 +1,54 @@
+"""Scenarios for test_decode_workers, run as separate processes.
+
+`workers_run.py ranks CONTAINER OUT` (under mpiexec -n 2): every rank serves epoch 1 through a
+StoreLoader with 2 decode workers and saves the pixels of the samples it delivered, by id, in
+OUT/rank<r>.npz; rank 0 also saves the loader's state after the first step in OUT/state.json.
+
+`workers_run.py hold CONTAINER`: one process, a loader with 2 workers that has delivered a batch;
+prints "pids <rank> <worker> <worker>" and sleeps (the test kills it with SIGKILL).
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from dstore.store import DataStore
+from dstore.torch import StoreLoader
+from dstore.training.augment import ImageTransform
+
+TRANSFORM = ImageTransform(size=(32, 32), channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, train=True, pad=4,
+                           flip=True, jitter=0.3, normalize=False)
+
+
+def ranks(path: str, out: str) -> None:
+    comm = MPI.COMM_WORLD
+    with DataStore(comm, path, batch_size=8, seed=3) as st, \
+            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+        ids, images = [], []
+        for step, (x, _) in enumerate(ld.epoch(1)):
+            keep = ~ld.last_pad
+            ids.append(ld.last_ids[keep])
+            images.append(x.numpy()[keep])
+            if step == 0 and comm.Get_rank() == 0:
+                with open(os.path.join(out, "state.json"), "w") as fh:
+                    json.dump(ld.state_dict(), fh)
+    np.savez(os.path.join(out, f"rank{comm.Get_rank()}.npz"), ids=np.concatenate(ids), images=np.concatenate(images))
+
+
+def hold(path: str) -> None:
+    with DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st, \
+            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+        next(iter(ld.epoch(0)))
+        print("pids", os.getpid(), *ld._workers.pids, flush=True)
+        time.sleep(120)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "ranks":
+        ranks(sys.argv[2], sys.argv[3])
+    else:
+        hold(sys.argv[2])
