@@ -44,6 +44,10 @@ class Segments:
     def __init__(self):
         self.maps = {}  # (slot, kind) -> (uid, mmap, uint8 array)
 
+    def drop(self, slot: int, kind: str) -> None:
+        """Unmaps the segment of (slot, kind), if mapped."""
+        self.maps.pop((slot, kind), None)
+
     def get(self, slot: int, kind: str, where: tuple[str, int, int]) -> np.ndarray:
         """The segment at `where` = (path, size, uid) as a uint8 array, mapped once per uid."""
         path, size, uid = where
@@ -87,11 +91,16 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
                 arr, p = tf.sample_part(arr, np.random.default_rng([setup["seed"], epoch, sid]))
             except Exception as exc:  # the transform's own errors: name the sample
                 raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
-            params[i] = p
+            if setup["finish"]:  # the batch stays on the CPU: its batch part is applied here
+                arr = tf.finish(arr, p)
+            else:
+                params[i] = p
         if arr.shape != (h, w, c):
             raise RuntimeError(f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
                                f"pass size=(H, W) and channels, or a transform that makes them equal")
         pixels[i] = arr.transpose(2, 0, 1)
+    if req["fresh"]:  # a batch's own segment, the caller's from now on: unmap it here
+        segs.drop(req["slot"], "out")
 
 
 def serve(conn_in: Connection, conn_out: Connection) -> int:

@@ -151,7 +151,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
                  ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None, batch_ops: str = "auto"):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
@@ -185,6 +185,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
         self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
+        if batch_ops not in ("auto", "device", "worker"):
+            raise ConfigError(f"batch_ops={batch_ops!r} must be 'auto', 'device' or 'worker'")
+        self.batch_ops = batch_ops
         self._workers = self._make_workers(workers, on_gpu)
         # NOTE [decode workers] 2: started by the copier thread, which lives as long as the loader
         self._workers_ready = None if self._workers is None else self._copier.submit(self._workers.start)
@@ -221,10 +224,15 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
             return DecodeWorkers(int(workers), shape=(channels, *size), info=info, channels=self.channels,
                                  size=self.size, transform=tf, seed=self.store.seed, slots=self.ahead + 1,
-                                 pin=self.pin_memory or on_gpu)
+                                 pin=self.pin_memory or on_gpu, on_device=self._batch_ops_on_device(on_gpu))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigError(f"workers={workers}: the transform {tf!r} cannot be pickled for the worker "
                               f"processes: {exc}") from None
+
+    def _batch_ops_on_device(self, on_gpu: bool) -> bool:
+        """Whether the transform's batch part runs as tensor ops on the batch's device (`batch_ops`;
+        auto: where that device is a GPU) rather than in the workers."""
+        return self.batch_ops == "device" or (self.batch_ops == "auto" and on_gpu)
 
     @property
     def num_threads(self) -> int:
@@ -315,9 +323,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
         return gen
 
     def _from_workers(self, ticket):
-        """A batch the workers decoded, copied out of its slot (to the device, or into a CPU tensor
-        of its own), with the transform's batch part (and normalisation) applied there. NOTE [decode workers] 5."""
+        """A batch the workers decoded, copied once out of its slot (to the device, or on the CPU
+        into a tensor of its own), with the transform's batch part and normalisation applied there.
+        NOTE [decode workers] 5: the slot is released after the copy (on a GPU, after its event)."""
         images, params, secs = self._workers.collect(ticket)
+        slot_storage = images.untyped_storage().data_ptr()
         event = None
         if self._stream is not None:
             with torch.cuda.stream(self._stream):
@@ -331,14 +341,15 @@ class StoreLoader(torch.utils.data.IterableDataset):
             params.record_stream(current)
         elif self.device is not None and self.device.type != "cpu":
             images, params = images.to(self.device), params.to(self.device)
-        else:
-            images, params = images.clone(), params.clone()
-        self._workers.release(ticket, event)
         tf = self.transform
         if tf is not None:
-            images = tf.batch_part(images, params)
+            if not self._workers.fresh:  # else the workers applied it
+                images = tf.batch_part(images, params)
             if getattr(tf, "normalize", False):
                 images = tf.normalize_batch(images)
+        if not self._workers.fresh and images.untyped_storage().data_ptr() == slot_storage:
+            images = images.clone()  # the slot is written again: the caller gets a copy
+        self._workers.release(ticket, event)
         return images, secs
 
     def _to_device(self, images, labels):

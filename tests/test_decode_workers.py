@@ -70,13 +70,17 @@ def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
             ref = _run(st, epoch, transform=TRANSFORM, decode_threads=2)
             assert _same(ref, _run(st, epoch, transform=TRANSFORM, workers=1))
             assert _same(ref, _run(st, epoch, transform=TRANSFORM, workers=2, ahead=1))
+            # the batch part as tensor ops on the CPU batch (as on a GPU): the same pixels
+            assert _same(ref, _run(st, epoch, transform=TRANSFORM, workers=2, batch_ops="device"))
         flipped = [s for (x, _, _) in ref for s in x]
         assert len(flipped) == 40 and ref[0][0].dtype == torch.uint8
         # no transform: the resized decode, as the threads give it
         assert _same(_run(st, 0, decode_threads=1), _run(st, 0, workers=2))
         # normalize=True: the batch normalised after the batch part, equal to the per-sample float path
         as_float = ImageTransform(**{**TRANSFORM.__dict__, "normalize": True})
-        assert _same(_run(st, 1, transform=as_float, decode_threads=2), _run(st, 1, transform=as_float, workers=2))
+        ref_float = _run(st, 1, transform=as_float, decode_threads=2)
+        assert _same(ref_float, _run(st, 1, transform=as_float, workers=2))
+        assert _same(ref_float, _run(st, 1, transform=as_float, workers=1, batch_ops="device"))
     other = _run_epoch_other_seed(jpegs)
     assert not torch.equal(other[0][0], ref[0][0])
 
@@ -92,6 +96,9 @@ def test_the_batch_part_flips_and_jitters_as_specified():
     images = torch.from_numpy(rng.integers(0, 256, (4, 3, 5, 6), dtype=np.uint8))
     params = torch.from_numpy(np.stack([IDENTITY, [1, 256, 256], [0, 300, 256], [0, 256, 200]]).astype(np.int32))
     out = tf.batch_part(images, params)
+    for k in range(4):  # the numpy form decode threads and workers apply: the same pixels
+        hwc = images[k].permute(1, 2, 0).numpy()
+        assert np.array_equal(tf.finish(hwc, params[k].numpy()), out[k].permute(1, 2, 0).numpy())
     assert torch.equal(out[0], images[0]) and torch.equal(out[1], images[1].flip(-1))
     want = np.clip(np.floor(images[2].numpy().astype(np.int64) * 300 / 256 + 0.5), 0, 255)
     assert np.array_equal(out[2].numpy(), want)

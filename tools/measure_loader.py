@@ -1,12 +1,19 @@
-"""Where a training job's input time goes: the decoder alone, the loader at several thread counts,
-with and without the trainer's transform, pinned and delivered on the GPU, and the model alone.
-One rank; the loader's batches are drained as fast as they come. Prints a markdown table and
-writes JSON (docs/benchmarks.md, "On a GPU node").
+"""Where a training job's input time goes, per loader configuration: decode threads or decode
+workers. For each, the loader's samples/s, the rank process's CPU time per delivered sample
+(getrusage RUSAGE_SELF: its threads included, its worker processes not), the time per sample the
+rank's process holds the GIL (py-spy --gil, sampled in a second pass over the same batches) and so
+the per-rank ceiling (1 / GIL time per sample); also the decoder alone (simplejpeg, DCT-scaled,
+in threads) at the same core counts, and optionally the model alone. One rank; batches are drained
+as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
-    python -m dstore.tools.measure_loader set-4096-s0.h5 --threads 1 4 14 --batch-size 256 --device cuda
+    python -m dstore.tools.measure_loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
+    python -m dstore.tools.measure_loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
+        --device cuda --model resnet_small
 
-Every row reads the same container through a fresh DataStore on COMM_SELF (population excluded);
-a row's rate is `--batches` batches after one warm-up batch.
+Every row reads the same container through a fresh DataStore on COMM_SELF (population and the
+workers' start excluded); a row's figures cover `--epochs` epochs after one warm-up batch. The
+augmentation is the trainer's (`dstore train`'s training transform: resize, crop with padding,
+flip; uint8 out, normalised on the device), or none with --transform none.
 """
 
 from __future__ import annotations
@@ -14,6 +21,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
 import time
 
 import simplejpeg
@@ -24,22 +37,52 @@ from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training.augment import ImageTransform, default_augmentation
 from dstore.training.models import build_model
+from dstore.workers import available_cores
+
+SPY_RATE = 250  # py-spy samples per second
 
 
-def loader_rate(path: str, args, **kw) -> float:
-    """Samples/s of StoreLoader(**kw) over `args.batches` batches (after one), resized to args.size."""
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def drain(path: str, args, loader_kw: dict) -> tuple[int, float, float]:
+    """(samples, seconds, rank CPU seconds) over args.epochs epochs after one warm-up batch."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st, \
-            StoreLoader(st, size=(args.size, args.size), **kw) as ld:
-        it = ld.epoch(0)
-        next(it)
-        t0, n = time.perf_counter(), 0
-        for i, (x, _) in enumerate(it):
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            n += x.shape[0]
-            if i + 1 >= args.batches:
-                break
-        return n / (time.perf_counter() - t0)
+            StoreLoader(st, size=(args.size, args.size), channels=3, **loader_kw) as ld:
+        n, t0, c0 = 0, None, None
+        for epoch in range(args.epochs):
+            for x, _ in ld.epoch(epoch):
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                if t0 is None:  # the warm-up batch: workers started, pages touched
+                    t0, c0 = time.perf_counter(), _cpu()
+                    continue
+                n += int((~ld.last_pad).sum())
+        return n, time.perf_counter() - t0, _cpu() - c0
+
+
+def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
+    """GIL-held seconds of this process over the same drain, sampled by py-spy --gil (None without
+    py-spy, or where it cannot attach). Includes the samples of the warm-up batch's end."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "gil.txt")
+        proc = subprocess.Popen([spy, "record", "--gil", "--nonblocking", "--rate", str(SPY_RATE), "--format", "raw",
+                                 "-o", out, "--pid", str(os.getpid())], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attaching
+        drain(path, args, loader_kw)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        if not os.path.exists(out):
+            return None
+        with open(out) as fh:
+            samples = sum(int(line.rsplit(" ", 1)[1]) for line in fh if line.strip())
+    return samples / SPY_RATE
 
 
 def decoder_rate(path: str, args, threads: int, count: int) -> float:
@@ -64,7 +107,7 @@ def model_rate(args) -> float:
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=args.device)
     y = torch.randint(0, 10, (args.batch_size,), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    for i in range(args.batches + 3):
+    for i in range(13):
         if i == 3:
             sync()
             t0 = time.perf_counter()
@@ -72,46 +115,86 @@ def model_rate(args) -> float:
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
     sync()
-    return args.batches * args.batch_size / (time.perf_counter() - t0)
+    return 10 * args.batch_size / (time.perf_counter() - t0)
+
+
+def measure(args) -> dict:
+    pad, flip = default_augmentation((args.size, args.size))
+    tf = None if args.transform == "none" else ImageTransform(
+        size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
+        normalize=False)
+    gpu = dict(pin_memory=True, device="cuda") if args.device == "cuda" else {}
+    configs = [("threads", t, dict(decode_threads=t)) for t in args.threads]
+    configs += [("workers", w, dict(workers=w)) for w in args.workers]
+    rows = []
+    for kind, count, kw in configs:
+        kw = dict(kw, transform=tf, **gpu)
+        n, secs, cpu = drain(args.container, args, kw)
+        gil = gil_seconds(args.container, args, kw) if args.gil else None
+        rows.append({"kind": kind, "count": count, "samples": n, "samples_per_s": n / secs,
+                     "cpu_us_per_sample": 1e6 * cpu / n,
+                     "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
+                     "ceiling_samples_per_s": None if not gil else n / gil})
+    cores = sorted({1, *args.threads, *args.workers})
+    decoder = {c: decoder_rate(args.container, args, c, args.decoder_samples) for c in cores}
+    for r in rows:
+        r["decoder_alone_same_cores"] = decoder[r["count"]]
+    out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
+           "load_after": os.getloadavg(), "rows": rows,
+           "decoder_alone": [{"threads": c, "samples_per_s": r} for c, r in decoder.items()]}
+    if args.model:
+        out["model_alone"] = {"model": args.model, "device": args.device, "samples_per_s": model_rate(args)}
+    return out
+
+
+def markdown(res: dict) -> str:
+    a = res["args"]
+    lines = [f"{os.path.basename(a['container'])}: batch {a['batch_size']}, {a['size']}x{a['size']}, transform "
+             f"{a['transform']}, {a['device']}; load average before {res['load_before'][0]:.1f}, after "
+             f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available", "",
+             "| loader | samples/s | rank CPU us/sample | rank GIL-held us/sample | per-rank ceiling samples/s "
+             "| decoder alone, same cores | loader / decoder |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        gil = "n/a" if r["gil_us_per_sample"] is None else f"{r['gil_us_per_sample']:,.0f}"
+        ceil = "n/a" if not r["ceiling_samples_per_s"] else f"{r['ceiling_samples_per_s']:,.0f}"
+        lines.append(f"| {r['count']} decode {r['kind']} | {r['samples_per_s']:,.0f} | {r['cpu_us_per_sample']:,.0f} | "
+                     f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
+                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} |")
+    lines.append("")
+    lines.append("decoder alone (simplejpeg, DCT-scaled): " + ", ".join(
+        f"{d['threads']} thread(s) {d['samples_per_s']:,.0f}/s" for d in res["decoder_alone"]))
+    if "model_alone" in res:
+        m = res["model_alone"]
+        lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}): "
+                     f"{m['samples_per_s']:,.0f} samples/s")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dstore.tools.measure_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("container", help="a container of JPEGs (e.g. the bench's DATA_DIR/set-4096-s0.h5)")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 4, 14], help="decode thread counts")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--batches", type=int, default=10)
+    p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
+    p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="decode thread counts")
+    p.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="decode worker counts")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=2, help="epochs per row (after one warm-up batch)")
     p.add_argument("--size", type=int, default=224, help="edge of the resized images")
+    p.add_argument("--transform", choices=("trainer", "none"), default="trainer")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--model", default="resnet_small")
+    p.add_argument("--model", default=None, help="also time this model alone (e.g. resnet_small)")
+    p.add_argument("--no-gil", dest="gil", action="store_false", help="skip the py-spy pass")
+    p.add_argument("--decoder-samples", type=int, default=400)
     p.add_argument("--out", default="measure-loader.json")
+    p.add_argument("--md", default="measure-loader.md")
     args = p.parse_args(argv)
-    top = max(args.threads)
-    pad, flip = default_augmentation((args.size, args.size))
-    common = dict(size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad,
-                  flip=flip)
-    as_float, as_uint8 = ImageTransform(**common), ImageTransform(**common, normalize=False)
-    gpu = dict(pin_memory=True, device="cuda") if args.device == "cuda" else {}
-    rows = [(f"simplejpeg decode alone, {t} thread(s)", decoder_rate(args.container, args, t, 300 * t))
-            for t in sorted({1, top})]
-    rows += [(f"StoreLoader, uint8, {t} decode thread(s)", loader_rate(args.container, args, decode_threads=t))
-             for t in args.threads]
-    rows += [
-        (f"StoreLoader + trainer transform, per-sample float32 normalisation, {top} threads"
-         + (", pinned, on cuda" if gpu else ""), loader_rate(args.container, args, decode_threads=top,
-                                                            transform=as_float, **gpu)),
-        (f"StoreLoader + trainer transform, uint8 (normalised on the device), {top} threads"
-         + (", pinned, on cuda" if gpu else ""), loader_rate(args.container, args, decode_threads=top,
-                                                            transform=as_uint8, **gpu)),
-        (f"the model alone ({args.model}, forward + backward + step, {args.device})", model_rate(args)),
-    ]
-    print(f"batch {args.batch_size}, {args.size}x{args.size}, {args.batches} batches per row\n")
-    print("| input pipeline | samples/s |\n|---|---:|")
-    for name, rate in rows:
-        print(f"| {name} | {rate:,.0f} |")
+    args.load_before = os.getloadavg()
+    res = measure(args)
+    text = markdown(res)
+    print(text)
     with open(args.out, "w") as fh:
-        json.dump({"args": vars(args), "rows": [{"name": n, "samples_per_s": r} for n, r in rows]}, fh, indent=1)
+        json.dump(res, fh, indent=1)
+    with open(args.md, "w") as fh:
+        fh.write(text)
     return 0
 
 

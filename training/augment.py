@@ -149,15 +149,21 @@ class ImageTransform:
             images = _jitter(images, params[:, 1].view(-1, 1, 1, 1), params[:, 2].view(-1, 1, 1, 1))
         return images
 
+    def finish(self, img: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """`batch_part` on one (H, W, C) uint8 image, in numpy with the same integer arithmetic:
+        how a decode thread, or a worker whose batch stays on the CPU, applies it (there the flip
+        is only a stride of the copy the worker makes anyway, where a batch op is another pass)."""
+        if params[0]:
+            img = img[:, ::-1]
+        if params[1] != 256 or params[2] != 256:
+            x = np.clip((img.astype(np.int32) * int(params[1]) + 128) >> 8, 0, 255)
+            mean = (int(x.sum(dtype=np.int64)) + x.size // 2) // x.size
+            img = np.clip(mean + (((x - mean) * int(params[2]) + 128) >> 8), 0, 255).astype(np.uint8)
+        return img
+
     def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
         """The augmented (H, W, C) uint8 image, before normalisation."""
-        import torch
-
-        x, params = self.sample_part(img, rng)
-        if not (self.train and (self.flip or self.jitter > 0)):
-            return x
-        batch = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))[None]
-        return self.batch_part(batch, torch.from_numpy(params)[None])[0].permute(1, 2, 0).numpy()
+        return self.finish(*self.sample_part(img, rng))
 
     def __call__(self, img: np.ndarray, rng=None):
         import torch
