@@ -8,6 +8,7 @@ shared memory. It imports neither MPI nor torch, and it dies with its rank.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import os
@@ -23,6 +24,8 @@ from dstore.decode import decode_sample, resize
 from dstore.workers import params_offset
 
 _PR_SET_PDEATHSIG = 1
+KEEP_HANDED = 4
+"""Batches handed to the caller whose segments a worker keeps mapped a while (see Segments.drop)."""
 
 
 def die_with_parent(parent: int) -> None:
@@ -43,10 +46,18 @@ class Segments:
 
     def __init__(self):
         self.maps = {}  # (slot, kind) -> (uid, mmap, uint8 array)
+        self.handed = collections.deque()  # maps of the batches handed to the caller, newest last
 
     def drop(self, slot: int, kind: str) -> None:
-        """Unmaps the segment of (slot, kind), if mapped."""
-        self.maps.pop((slot, kind), None)
+        """Lets go of the segment of (slot, kind): a batch's own segment, now the caller's. Its map
+        is kept for the next KEEP_HANDED batches, so that the rank's process, letting go of a batch
+        it has used, only unmaps it, and freeing its pages (about 40 us of kernel time per 224px
+        sample, measured) mostly falls to this worker, when it unmaps it here later."""
+        have = self.maps.pop((slot, kind), None)
+        if have is not None:
+            self.handed.append(have)
+        while len(self.handed) > KEEP_HANDED:
+            self.handed.popleft()
 
     def get(self, slot: int, kind: str, where: tuple[str, int, int]) -> np.ndarray:
         """The segment at `where` = (path, size, uid) as a uint8 array, mapped once per uid."""

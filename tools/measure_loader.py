@@ -47,37 +47,49 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def drain(path: str, args, loader_kw: dict) -> tuple[int, float, float]:
-    """(samples, seconds, rank CPU seconds) over args.epochs epochs after one warm-up batch."""
+def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, float]:
+    """(samples, seconds, rank CPU seconds) over args.epochs epochs after one warm-up batch;
+    `warm()`, if given, runs after the warm-up batch and its returned callable at the end."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st, \
             StoreLoader(st, size=(args.size, args.size), channels=3, **loader_kw) as ld:
-        n, t0, c0 = 0, None, None
+        n, t0, c0, done = 0, None, None, None
         for epoch in range(args.epochs):
             for x, _ in ld.epoch(epoch):
                 if x.is_cuda:
                     torch.cuda.synchronize()
                 if t0 is None:  # the warm-up batch: workers started, pages touched
+                    done = warm() if warm is not None else None
                     t0, c0 = time.perf_counter(), _cpu()
                     continue
                 n += int((~ld.last_pad).sum())
-        return n, time.perf_counter() - t0, _cpu() - c0
+        secs, cpu = time.perf_counter() - t0, _cpu() - c0
+        if done is not None:
+            done()
+        return n, secs, cpu
 
 
 def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
-    """GIL-held seconds of this process over the same drain, sampled by py-spy --gil (None without
-    py-spy, or where it cannot attach). Includes the samples of the warm-up batch's end."""
+    """GIL-held seconds of this process over the same drain after the warm-up batch, sampled by
+    py-spy --gil (None without py-spy). py-spy is started after the warm-up batch and given a
+    second to attach while the process idles (holding no GIL), then stopped after the last batch."""
     spy = shutil.which("py-spy")
     if spy is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gil.txt")
-        proc = subprocess.Popen([spy, "record", "--gil", "--nonblocking", "--rate", str(SPY_RATE), "--format", "raw",
-                                 "-o", out, "--pid", str(os.getpid())], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # attaching
-        drain(path, args, loader_kw)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+
+        def start():
+            proc = subprocess.Popen([spy, "record", "--gil", "--nonblocking", "--rate", str(SPY_RATE), "--format",
+                                     "raw", "-o", out, "--pid", str(os.getpid())], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            time.sleep(1.5)
+
+            def stop():
+                proc.send_signal(signal.SIGINT)
+                proc.wait(60)
+            return stop
+
+        drain(path, args, loader_kw, warm=start)
         if not os.path.exists(out):
             return None
         with open(out) as fh:
@@ -135,6 +147,7 @@ def measure(args) -> dict:
                      "cpu_us_per_sample": 1e6 * cpu / n,
                      "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
                      "ceiling_samples_per_s": None if not gil else n / gil})
+        print(rows[-1], flush=True)
     cores = sorted({1, *args.threads, *args.workers})
     decoder = {c: decoder_rate(args.container, args, c, args.decoder_samples) for c in cores}
     for r in rows:
@@ -177,7 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="decode thread counts")
     p.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="decode worker counts")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=2, help="epochs per row (after one warm-up batch)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per row (after one warm-up batch)")
     p.add_argument("--size", type=int, default=224, help="edge of the resized images")
     p.add_argument("--transform", choices=("trainer", "none"), default="trainer")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
