@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+from dstore.decode_worker import KEEP_HANDED
 from dstore.errors import MemoryBudgetError
 from dstore.store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget
+from dstore.workers import WORKER_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
 import scenarios
@@ -53,6 +55,11 @@ def test_loader_reserve_counts_batches_and_decode_threads():
                          mean_sample_bytes=110_000, decode_threads=4, loaders=2)
     per = 3 * 32 * (110_000 + 2 * 224 * 224 * 3) + 4 * 2 * 375 * 500 * 3
     assert got == 2 * per
+    # decode workers: the training loader's threads replaced by processes and the batches they keep mapped
+    with_workers = loader_reserve(local_batch=32, input_shape=(224, 224, 3), image_shape=(375, 500, 3),
+                                  mean_sample_bytes=110_000, decode_threads=4, loaders=2, workers=3)
+    assert with_workers == 2 * per - 4 * 2 * 375 * 500 * 3 + 3 * (WORKER_BYTES + 2 * 375 * 500 * 3) + \
+        KEEP_HANDED * 32 * 224 * 224 * 3
 
 
 def test_stores_over_budget_share_it_and_still_deliver_every_sample(container):

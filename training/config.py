@@ -106,6 +106,10 @@ class TrainConfig:
     decode_threads: int = _flag(2, "decode/augment threads per rank (StoreLoader's decode_threads; --threads: "
                                    "deprecated)", group=DATA, flags=("--decode-threads", "--threads"),
                                 deprecated={"--threads": "--decode-threads"})
+    decode_workers: int | None = _flag(None, "decode/augment worker processes of the training loader per rank (0: "
+                                             "decode in the rank's --decode-threads threads instead; default: the "
+                                             "cores this rank may use, by its CPU affinity and cgroup quota, over "
+                                             "the node's ranks)", group=DATA, metavar="N")
     memory_budget: int | None = _flag(None, "what a rank may hold in memory for its data: the stores of the "
                                             "training, held-out and tournament sets and the loaders' decoded "
                                             "batches share it: bytes or e.g. 8G, 512MiB (default: "
@@ -220,6 +224,8 @@ class TrainConfig:
             raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
         if self.decode_threads < 1 or self.prefetch < 0:
             raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
+        if self.decode_workers is not None and self.decode_workers < 0:
+            raise ConfigError(f"--decode-workers {self.decode_workers} must be >= 0 (0: decode threads)")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):

@@ -40,6 +40,7 @@ from dstore.training.models import build_model, default_model, get_model
 from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 from dstore.training.resume import checkpoint_steps, load_for_resume
 from dstore.training.rundir import claimed_run_dir
+from dstore.workers import default_workers
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -132,11 +133,13 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
     with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
         ctx = stack.enter_context(init_distributed(comm, cfg.device,
                                                    gpu_index=tournament.node_rank if tournament else None))
-        _share_cores(tournament.node_ranks if tournament else ctx.local_size, cfg.deterministic)
+        node_ranks = tournament.node_ranks if tournament else ctx.local_size
+        _share_cores(node_ranks, cfg.deterministic)
+        workers = default_workers(node_ranks) if cfg.decode_workers is None else cfg.decode_workers
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
         name, input_size = _input_of(cfg, data.spec)
-        reserve = _loader_reserve(cfg, ctx, data, input_size)
+        reserve = _loader_reserve(cfg, ctx, data, input_size, workers)
         check_memory_bounds(comm, cfg, reserve)  # before the model (sized by the input) or any store exists
         model, optimizer = _build_model(cfg, name, data.spec, input_size)
         sources = _open_sources(stack, cfg, ctx, data, reserve)
@@ -144,7 +147,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         spe = train_src.steps_per_epoch
         train_tf, eval_tf = _transforms(cfg, data.spec, input_size)
         trainer = _make_trainer(cfg, ctx, model, optimizer, spe, prepare=eval_tf.normalize_batch)
-        loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf)
+        loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf,
+                                                         workers)
         on_step = None
         if tournament is not None:
             ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
@@ -247,13 +251,14 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     return store
 
 
-def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size) -> int:
+def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size, workers: int) -> int:
     """What a rank's loaders hold at most (dstore.training.budget.loader_reserve)."""
     reader = data.reader
     return loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
                           image_shape=(*data.spec.image_size, data.spec.channels),
                           mean_sample_bytes=reader.total_bytes / max(reader.num_samples, 1),
-                          decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1)
+                          decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1,
+                          workers=workers)
 
 
 def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tuple:
@@ -272,15 +277,17 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tu
     return tuple(None if s is None else stack.enter_context(s) for s in sources)
 
 
-def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, eval_tf):
+def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, eval_tf, workers: int):
     """(training loader, held-out loader or None, tournament loader or None) over `sources`
-    (_open_sources), entered on `stack`; `train_tf` and `eval_tf` the per-sample transforms."""
+    (_open_sources), entered on `stack`; `train_tf` and `eval_tf` the per-sample transforms. The
+    training loader decodes in `workers` processes (0: threads); the others, which run for a
+    fraction of the time, in threads, so that a rank does not hold idle worker processes."""
     train_src, eval_src, tour_src = sources
     # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
     opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
     if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
         opts.update(pin_memory=True, device=ctx.device)
-    loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, **opts))
+    loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, workers=workers, **opts))
     eval_loader = None if eval_src is None else stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
     tour_loader = None if tour_src is None else stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
     return loader, eval_loader, tour_loader
