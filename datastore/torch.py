@@ -8,9 +8,10 @@
         state = loader.state_dict()            # the position after what it has yielded: resumable
 
 `StoreLoader` is a `torch.utils.data.IterableDataset` whose items are whole batches, so
-`DataLoader(loader, batch_size=None)` (num_workers=0) also works. Worker processes are refused:
-they would fork a process that holds MPI windows after MPI_Init, and the decoding they would
-parallelise already runs in `decode_threads` threads (numpy, Pillow and torch release the GIL).
+`DataLoader(loader, batch_size=None)` (num_workers=0) also works. DataLoader's worker processes
+are refused: they would fork a process that holds MPI windows after MPI_Init. The loader's own
+`workers=N` decodes in N exec'd processes that never touch MPI, fed whole batches through shared
+memory (dstore.workers, NOTE [decode workers]): the rank then holds the GIL per batch, not per sample.
 
 All MPI stays on the calling thread: before returning batch k the adapter fetches batches up to
 k + ahead from the store and hands their samples to the pool, so their decoding overlaps the
@@ -139,6 +140,13 @@ class StoreLoader(torch.utils.data.IterableDataset):
         device: None, or where batches are delivered (e.g. "cuda", "cuda:1"): copied with
             non_blocking=True on a side CUDA stream that the caller's stream then waits for, so
             the copy overlaps the GPU work still queued from the previous step.
+        workers: None or 0: decode in `decode_threads` threads; N: in N worker processes
+            (dstore.workers). Needs the batch's shape (`size` and `channels`, or a transform with
+            them) and `transform` None or split into `sample_part`/`batch_part` (ImageTransform).
+            Batches are bit-identical to the threads'.
+        batch_ops: with workers, where the transform's batch part runs: "device" (tensor ops on
+            the batch's device, the CPU without one), "worker" (in the workers, on each sample),
+            or "auto" (device on a GPU, else worker).
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
