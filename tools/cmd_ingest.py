@@ -45,13 +45,18 @@ def add_arguments(parser) -> None:
                         help="image folder check per file: header (default; cheap, catches truncation), "
                              "full decode, or none")
     parser.add_argument("--split", choices=("train", "test", "all"), default=None, help="CIFAR split (default train)")
+    parser.add_argument("--max-side", type=int, default=None, metavar="S",
+                        help="re-encode image files whose longer side is over S px as JPEG with the longer side S "
+                             "(smaller ones are kept as they are; cheaper decode, smaller container)")
+    parser.add_argument("--quality", type=int, default=None, metavar="Q",
+                        help="JPEG quality of the images --max-side re-encodes (default 90)")
     for flag, what in (("--num-classes", "number of classes"), ("--mean-bytes", "target mean JPEG size (bytes)"),
-                       ("--min-side", "smallest image side (px)"), ("--max-side", "largest image side (px)"),
-                       ("--quality", "JPEG quality")):
+                       ("--min-side", "smallest image side (px)")):
         parser.add_argument(flag, type=int, default=None, help=f"synthetic: {what}")
     parser.add_argument("--source-option", "-O", action="append", type=_source_option, default=[],
                         metavar="KEY=VALUE",
-                        help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 (synthetic), "
+                        help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 -O max_side=500 "
+                             "-O quality=90 (synthetic: the generated images' largest side and quality), "
                              "-O labels=coarse (CIFAR-100), -O images_key=x (npz)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing dstore container at OUTPUT (anything else there is refused)")
@@ -97,14 +102,15 @@ def _run(args) -> int:
     options = dict(args.source_option)
     if args.validate is not None:
         options["validate"] = args.validate
-    for key in ("split", "num_classes", "mean_bytes", "min_side", "max_side", "quality"):
+    for key in ("split", "num_classes", "mean_bytes", "min_side"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     comm = MPI.COMM_WORLD
     report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
                     keep_order=args.keep_order, encoding=args.encoding, resize=args.resize,
                     on_error=args.on_error, count=args.count, progress=not args.no_progress,
-                    overwrite=args.overwrite, source_type=args.source_type, **options)
+                    overwrite=args.overwrite, source_type=args.source_type, reencode_max_side=args.max_side,
+                    reencode_quality=args.quality, **options)
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps({"output": report.output, "samples": report.samples, "bytes": report.bytes,

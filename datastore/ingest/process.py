@@ -10,6 +10,7 @@ import numpy as np
 from dstore.decode import decode_image, sniff
 from dstore.errors import ConfigError, SampleError
 from dstore.formats.base import checksum
+from dstore.ingest.reencode import DEFAULT_QUALITY, check_reencode, shrink
 from dstore.ingest.source import Source
 
 ON_ERROR = ("raise", "skip")
@@ -26,6 +27,8 @@ class Target:
         raw_dtype, raw_shape: for `raw`.
         expect: `jpeg`/`png` if every stored file must be of that kind, else None.
         convert: True if samples are decoded/resized rather than stored as loaded.
+        max_side, quality: encoded images whose longer side is over `max_side` are re-encoded
+            as JPEG at `quality` with that longer side (dstore.ingest.reencode); None: stored as loaded.
     """
 
     encoding: str
@@ -34,21 +37,28 @@ class Target:
     raw_shape: tuple[int, ...] | None = None
     expect: str | None = None
     convert: bool = False
+    max_side: int | None = None
+    quality: int = DEFAULT_QUALITY
 
 
-def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int] | None) -> Target:
+def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int] | None,
+                   max_side: int | None = None, quality: int | None = None) -> Target:
     """The storage plan for `source` given the requested `encoding` and `resize`.
 
     Encoded sources (folder, synthetic) keep their file bytes unless `encoding="raw"`, which needs
     `resize` (decoded images differ in size) and stores RGB uint8 (H, W, 3). `resize` alone implies
     `raw`. Raw sources (CIFAR, arrays, digits) stay raw; `resize` works on their uint8 images with 1
-    or 3 channels.
+    or 3 channels. `max_side` (encoded sources only, not with `raw`) re-encodes the larger images as
+    JPEG: a JPEG source stays `jpeg`, any other becomes `image` (its small files are kept as they are).
 
     Raises:
         ConfigError: the combination is not possible, naming the parameters and what is allowed.
     """
     if encoding is not None and encoding not in STORED_ENCODINGS:
         raise ConfigError(f"encoding={encoding!r} is not one of {STORED_ENCODINGS} (or None: keep the source's)")
+    check_reencode(max_side, quality)
+    if max_side is not None:
+        return _reencode_target(source, encoding, resize, max_side, quality)
     if source.encoding == "raw":
         if encoding not in (None, "raw"):
             raise ConfigError(f"encoding={encoding!r}: a {source.kind} source is stored raw; re-encoding "
@@ -71,6 +81,16 @@ def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int]
     if stored in ("jpeg", "png"):
         return Target(stored, expect=stored)
     return Target("image")
+
+
+def _reencode_target(source: Source, encoding, resize, max_side: int, quality: int | None) -> Target:
+    """The Target of an ingest with `max_side` (see resolve_target)."""
+    if source.encoding == "raw" or encoding == "raw" or resize is not None:
+        raise ConfigError(f"max_side={max_side} re-encodes image files; it cannot be combined with "
+                          f"{'a ' + source.kind + ' source (stored raw)' if source.encoding == 'raw' else 'raw/resize'}")
+    stored = encoding or ("jpeg" if source.encoding == "jpeg" else "image")
+    q = DEFAULT_QUALITY if quality is None else int(quality)
+    return Target(stored, expect=stored if stored in ("jpeg", "png") else None, max_side=int(max_side), quality=q)
 
 
 def convert(data, source: Source, target: Target, where: str) -> np.ndarray:
@@ -97,6 +117,8 @@ def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
     where = source.locate(i)
     if target.convert:
         data = convert(data, source, target, where)
+    elif target.max_side is not None:
+        data = shrink(data, target.max_side, target.quality, where=where) or data
     elif target.expect is not None and sniff(data) != target.expect:
         found = sniff(data)
         raise SampleError(f"{where}: is {'not a JPEG or PNG' if found == 'other' else 'a ' + found.upper()} "

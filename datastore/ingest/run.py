@@ -37,6 +37,7 @@ from dstore.formats.replace import check_replaceable, is_leftover, private_like,
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
+from dstore.ingest.reencode import reencode_attrs
 from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source
@@ -265,6 +266,7 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
 def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
+           reencode_max_side: int | None = None, reencode_quality: int | None = None,
            **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
@@ -283,6 +285,9 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
         count: use only the first `count` source samples (for `synthetic`: how many to make).
         progress: show a progress bar on rank 0.
         overwrite: replace an existing container.
+        reencode_max_side: re-encode image files whose longer side is over this many pixels as JPEG
+            with that longer side, keep the others as they are (`--max-side`; dstore.ingest.reencode).
+        reencode_quality: JPEG quality of the re-encoded images (default 90; `--quality`).
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -299,11 +304,11 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     with private_like(source):  # a private source gives a private container
         return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                        encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
-                       overwrite=overwrite, **source_options)
+                       overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), **source_options)
 
 
 def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
-            progress, overwrite, **source_options) -> IngestReport:
+            progress, overwrite, reencode, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
@@ -313,7 +318,8 @@ def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, en
         source_options["seed"] = seed  # one seed: the generated images and their order
     src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
-                          encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite)
+                          encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite,
+                          reencode=reencode)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
@@ -352,10 +358,10 @@ class _Job:
 
     @classmethod
     def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
-                   on_error, count, overwrite) -> _Job:
+                   on_error, count, overwrite, reencode=(None, None)) -> _Job:
         """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
         n = len(src) if count is None else min(len(src), int(count))
-        target = resolve_target(src, encoding, resize)
+        target = resolve_target(src, encoding, resize, *reencode)
         order, bounds = plan.sample_order(n, seed, keep_order), plan.shard_bounds(n, shards)
         manifest, shard_paths = output_paths(output, fmt, shards)
         return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
@@ -415,6 +421,8 @@ def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseEx
     ingest_id = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
     extra = {"ingest_seed": int(job.seed), "ingest_order": "source" if job.keep_order else "seeded",
              "ingest_id": ingest_id}
+    if job.target.max_side is not None:
+        extra.update(reencode_attrs(job.target.max_side, job.target.quality))
     mine = plan.shards_of_group(group, size, job.shards)
     sample_bytes = job.sample_bytes()
     bar = _progress_bar(job, mine, plan.num_groups(size, job.shards)) if progress and rank == 0 else None
