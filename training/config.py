@@ -28,6 +28,8 @@ LOADERS = ("store", "direct", "files")
 the container, FilesSource reading the image files it was ingested from)."""
 AUGMENTS = ("auto", "on", "off")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never."""
+AMPS = ("off", "bf16", "fp16")
+"""Mixed precision: none, torch.autocast to bfloat16, or to float16 with a GradScaler."""
 CHANNELS = (1, 3)
 """Channels the input may be forced to: grey or RGB."""
 MODELS = ("auto", *model_names())
@@ -152,6 +154,10 @@ class TrainConfig:
     deterministic: bool = _flag(False, "deterministic torch kernels, one intra-op thread: identical results run "
                                        "to run", group=MODEL)
     device: str = _flag("cpu", "cuda: nccl, one GPU per rank by node-local rank", group=MODEL, choices=DEVICES)
+    amp: str = _flag("off", "mixed precision (torch.autocast): bf16 (CPU or GPU), fp16 (with a gradient scaler; "
+                            "meant for GPUs), or off", group=MODEL, choices=AMPS)
+    channels_last: bool = _flag(False, "model and input batches in channels-last memory format (faster "
+                                       "convolutions on tensor-core GPUs)", group=MODEL)
 
     # --- tournament (LTFB) ---
     trainers: int = _flag(1, "split the job into K trainers of N/K ranks each (K must divide N), each training "
@@ -212,6 +218,8 @@ class TrainConfig:
             raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
         if self.loader not in LOADERS:
             raise ConfigError(f"loader={self.loader!r} is not one of {LOADERS}")
+        if self.amp not in AMPS:
+            raise ConfigError(f"amp={self.amp!r} is not one of {AMPS}")
         if self.augment not in AUGMENTS:
             raise ConfigError(f"augment={self.augment!r} is not one of {AUGMENTS}")
         if self.loader in ("direct", "files") and self.shuffle != "global":

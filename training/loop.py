@@ -8,12 +8,34 @@ from __future__ import annotations
 
 import time
 
+from dstore.errors import ConfigError
 from dstore.training.metrics import EpochMeter
+
+AMP_DTYPES = {"off": None, "bf16": "bfloat16", "fp16": "float16"}
+"""--amp value -> the torch dtype autocast computes in."""
 
 
 def global_batch_count(num_samples: int, batch_size: int, step: int) -> int:
     """Samples in global step `step` of an epoch over `num_samples` (the last one may be short)."""
     return max(0, min(batch_size, num_samples - step * batch_size))
+
+
+def autocast(device, amp: str):
+    """torch.autocast to `amp`'s type (AMP_DTYPES) on `device`, or a context that does nothing for "off"."""
+    import contextlib
+
+    import torch
+
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, AMP_DTYPES[amp]))
+
+
+def channels_last_batch(images):
+    """A 4-D batch in channels-last memory format (the same values; other tensors as they are)."""
+    import torch
+
+    return images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images
 
 
 class Trainer:
@@ -26,13 +48,27 @@ class Trainer:
         scheduler: stepped once per optimizer step (or None).
         prepare: applied to every batch of images once it is on the device, before the model (e.g.
             ImageTransform.normalize_batch: uint8 in, normalised float32 out); None: as given.
+        amp: "off", "bf16" or "fp16": the forward pass (and loss) under torch.autocast to that type;
+            fp16 also scales the loss (torch.amp.GradScaler) so small gradients do not flush to zero.
+            The weights and the optimizer stay float32.
+        channels_last: the model's weights and every input batch in channels-last memory format.
     """
 
-    def __init__(self, ctx, model, optimizer, scheduler=None, prepare=None):
+    def __init__(self, ctx, model, optimizer, scheduler=None, prepare=None, *, amp: str = "off",
+                 channels_last: bool = False):
+        import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        if amp not in AMP_DTYPES:
+            raise ConfigError(f"amp={amp!r} is not one of {tuple(AMP_DTYPES)}")
         self.ctx = ctx
+        self.amp = amp
+        self.channels_last = bool(channels_last)
         self.model = model.to(ctx.device)
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        # The scaler's state (its scale, the steps since it last grew) is part of a checkpoint.
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if amp == "fp16" else None
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DDP(self.model, device_ids=ids, process_group=ctx.group)
         self.optimizer = optimizer
@@ -62,15 +98,21 @@ class Trainer:
         images = self._prepare(images.to(dev, non_blocking=True))
         labels = labels.to(dev, non_blocking=True)
         self.ddp.train()
-        logits = self.ddp(images)
-        losses = F.cross_entropy(logits, labels, reduction="none")
+        with self._autocast():
+            logits = self.ddp(images)
+            losses = F.cross_entropy(logits.float(), labels, reduction="none")
         if weights is not None:
             weights = weights.to(dev)
             losses = losses * weights
         loss = losses.sum() * (self.ctx.size / max(global_count, 1))
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)  # skipped where the scaled gradients overflowed
+            self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
         with torch.no_grad():
@@ -96,7 +138,8 @@ class Trainer:
                 pad = getattr(loader, "last_pad", None)
                 keep = torch.from_numpy(~pad) if pad is not None and pad.any() else None
                 images, labels = self._prepare(images.to(self.ctx.device)), labels.to(self.ctx.device)
-                logits = self.model(images)
+                with self._autocast():
+                    logits = self.model(images).float()
                 losses = F.cross_entropy(logits, labels, reduction="none")
                 hit = logits.argmax(1) == labels
                 if keep is not None:
@@ -107,19 +150,28 @@ class Trainer:
         return meter.reduce(self.ctx.comm)
 
     def _prepare(self, images):
-        return images if self.prepare is None else self.prepare(images)
+        images = images if self.prepare is None else self.prepare(images)
+        return channels_last_batch(images) if self.channels_last else images
+
+    def _autocast(self):
+        return autocast(self.ctx.device, self.amp)
 
     def state_dict(self) -> dict:
-        """Model, optimizer and scheduler state (tensors and plain containers)."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": None if self.scheduler is None else self.scheduler.state_dict()}
+        """Model, optimizer, scheduler and (fp16) gradient scaler state (tensors and plain containers)."""
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores what state_dict() returned."""
+        """Restores what state_dict() returned (a checkpoint without a scaler's state starts a fresh scaler)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
 
 class StepTimer:

@@ -178,3 +178,51 @@ def resnet_small(in_channels: int, num_classes: int, image_size: tuple[int, int]
 def resnet20(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """The CIFAR ResNet-20 of He et al.; inputs resized/cropped to 32x32."""
     return _resnet(in_channels, num_classes, (16, 32, 64), 3)
+
+
+def _bottleneck_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ...]):
+    """The ImageNet ResNet of He et al. with bottleneck blocks, laid out as torchvision's (v1.5: the
+    stride on the 3x3 convolution), so parameter counts and state shapes match it."""
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        """1x1 reduce, 3x3 (carrying the stride), 1x1 expand (x4), with a 1x1 projection when the shape changes."""
+
+        expansion = 4
+
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * self.expansion
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.skip = (nn.Identity() if stride == 1 and cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.act(self.body(x) + self.skip(x))
+
+    layers = [nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for stage, count in enumerate(blocks):
+        width = 64 << stage
+        for b in range(count):
+            layers.append(Bottleneck(cin, width, 2 if (b == 0 and stage > 0) else 1))
+            cin = width * Bottleneck.expansion
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():  # torchvision's initialisation
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    return model
+
+
+@register_model("resnet50", input_size=lambda hw: (224, 224),
+                description="ResNet-50 (bottleneck blocks [3, 4, 6, 3], torchvision's layout) at 224x224")
+def resnet50(in_channels: int, num_classes: int, image_size: tuple[int, int]):
+    """ResNet-50 as torchvision builds it (25,557,032 parameters for 3 channels and 1000 classes), without
+    torchvision; inputs resized/cropped to 224x224 unless --image-size says otherwise."""
+    return _bottleneck_resnet(in_channels, num_classes, (3, 4, 6, 3))

@@ -232,7 +232,8 @@ def _make_trainer(cfg: TrainConfig, ctx, model, optimizer, steps_per_epoch: int,
     spe = steps_per_epoch
     sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
                      step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
-    return Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched), prepare=prepare)
+    return Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched), prepare=prepare, amp=cfg.amp,
+                   channels_last=cfg.channels_last)
 
 
 def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool):
