@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import signal
 
-HELP = ("Ingest a data set (an image folder root/<class>/<file>, CIFAR python batches, a .npy/.npz file, "
-        "'digits' or 'synthetic') into an HDF5 or Zarr container, in a seeded random order. "
+HELP = ("Ingest a data set (an image folder root/<class>/<file>, a folder with --labels FILE.csv, WebDataset "
+        ".tar shards, Parquet files or a Hugging Face datasets directory, CIFAR python batches, a .npy/.npz "
+        "file, 'digits' or 'synthetic') into an HDF5 or Zarr container, in a seeded random order. "
         "Run under mpiexec to split the work over ranks.")
 
 
@@ -24,7 +25,9 @@ def _source_option(text: str):
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("source", help="image folder, CIFAR batch dir or file, .npy/.npz, 'digits' or 'synthetic'")
+    parser.add_argument("source", help="image folder, folder with --labels, .tar shard(s) (a file, directory, glob "
+                                       "or {000..009} pattern), .parquet/.arrow file or directory, CIFAR batch "
+                                       "dir or file, .npy/.npz, 'digits' or 'synthetic'")
     parser.add_argument("output", help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json")
     parser.add_argument("--format", dest="fmt", choices=("hdf5", "zarr"), default=None,
                         help="container backend (default: zarr if OUTPUT ends in .zarr, else hdf5)")
@@ -39,8 +42,22 @@ def add_arguments(parser) -> None:
                         help="a bad sample stops the job (raise) or is skipped and listed (skip)")
     parser.add_argument("--count", type=int, default=None,
                         help="use the first COUNT source samples (synthetic: how many images to make; default 1000)")
-    parser.add_argument("--source-type", choices=("auto", "folder", "cifar", "arrays", "digits", "synthetic"),
-                        default="auto", help="how to read SOURCE")
+    # No `choices`: the list lives in dstore.ingest.source, which `dstore --help` must not import (it
+    # loads h5py and zarr); open_source refuses an unknown type naming the allowed ones.
+    parser.add_argument("--source-type", default="auto",
+                        help="how to read SOURCE: auto (default), folder, list, tar, parquet, cifar, arrays, digits "
+                             "or synthetic")
+    parser.add_argument("--labels", default=None, metavar="FILE.csv",
+                        help="path,label rows naming the files of SOURCE (a flat folder or any files below it); "
+                             "integer labels are class indices, others class names")
+    parser.add_argument("--classes", default=None, metavar="FILE",
+                        help="class names in label order, one per line (--labels, tar and Parquet sources)")
+    parser.add_argument("--tar-image-key", default=None, metavar="EXT[;EXT]",
+                        help="WebDataset: the image member's extension(s) (default jpg;png;jpeg)")
+    parser.add_argument("--tar-label-key", default=None, metavar="EXT", help="WebDataset: the label member's "
+                                                                            "extension (default cls)")
+    parser.add_argument("--image-column", default=None, help="Parquet/datasets: the image-bytes column (default image)")
+    parser.add_argument("--label-column", default=None, help="Parquet/datasets: the label column (default label)")
     parser.add_argument("--validate", choices=("header", "full", "none"), default=None,
                         help="image folder check per file: header (default; cheap, catches truncation), "
                              "full decode, or none")
@@ -102,9 +119,13 @@ def _run(args) -> int:
     options = dict(args.source_option)
     if args.validate is not None:
         options["validate"] = args.validate
-    for key in ("split", "num_classes", "mean_bytes", "min_side"):
+    for key in ("split", "num_classes", "mean_bytes", "min_side", "labels", "classes", "image_column",
+                "label_column"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    for key, option in (("tar_image_key", "image_key"), ("tar_label_key", "label_key")):
+        if getattr(args, key) is not None:
+            options[option] = getattr(args, key)
     comm = MPI.COMM_WORLD
     report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
                     keep_order=args.keep_order, encoding=args.encoding, resize=args.resize,

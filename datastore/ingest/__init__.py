@@ -7,6 +7,11 @@ Sources (`source_type="auto"` picks by the spec):
 - an image folder root/<class>/.../<file> (torchvision ImageFolder layout): the original file bytes,
   labels from the sorted class names; encoding `jpeg`/`png` if every file name says so, else `image`
   (see dstore.ingest.folder for listing rules and validation cost);
+- a flat folder or any list of files with `labels="FILE.csv"` (path,label; dstore.ingest.listed);
+- WebDataset tar shards, read in place (dstore.ingest.tar; `image_key`, `label_key`);
+- Parquet files or a Hugging Face `datasets` directory, via pyarrow (dstore.ingest.table;
+  `image_column`, `label_column`);
+- any iterable of (bytes, label, name) through `ingest_items` (dstore.ingest.items);
 - CIFAR-10/100 python batches (a directory or one file), read with a restricted unpickler; raw
   uint8 (32, 32, 3) (dstore.ingest.cifar);
 - a `.npz` (images + labels) or `.npy` (labels from a sidecar, else 0): raw (dstore.ingest.arrays);
@@ -26,9 +31,10 @@ on every rank, and leaves no container behind; "skip" leaves bad samples out and
 reason in `IngestReport.skipped`. Non-image files in an image folder are ignored (`report.ignored`).
 """
 
+from dstore.ingest.items import ingest_items
 from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.run import ingest
 from dstore.ingest.source import SOURCE_TYPES, Source
 
-__all__ = ["SOURCE_TYPES", "IngestError", "IngestReport", "Source", "ingest", "open_source"]
+__all__ = ["SOURCE_TYPES", "IngestError", "IngestReport", "Source", "ingest", "ingest_items", "open_source"]

@@ -100,7 +100,39 @@ def _pil_identifies(data: bytes) -> bool:
         return False
 
 
-class FolderSource(Source):
+class FileSamples(Source):
+    """Image files below `self.root`: sample i is the file `self._files[i]` (relative) with label
+    `self._labels[i]`, checked by `validate_image` at `self.validate` when loaded."""
+
+    root: str
+    validate: str
+    _files: list[str]
+    _labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def label(self, i: int) -> int:
+        return self._labels[i]
+
+    def name(self, i: int) -> str:
+        return self._files[i].replace(os.sep, "/")
+
+    def locate(self, i: int) -> str:
+        return os.path.join(self.root, self._files[i])
+
+    def load(self, i: int) -> bytes:
+        where = self.locate(i)
+        try:
+            with open(where, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise SampleError(f"{where}: cannot read: {exc.strerror or exc}") from exc
+        validate_image(data, where, self.validate)
+        return data
+
+
+class FolderSource(FileSamples):
     """Image files under root/<class>/, labels from the sorted class names.
 
     Args:
@@ -236,24 +268,3 @@ class FolderSource(Source):
                 self._bad(entry.path, "broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
                           else "not a regular file", on_error)
 
-    def __len__(self) -> int:
-        return len(self._files)
-
-    def label(self, i: int) -> int:
-        return self._labels[i]
-
-    def name(self, i: int) -> str:
-        return self._files[i].replace(os.sep, "/")
-
-    def locate(self, i: int) -> str:
-        return os.path.join(self.root, self._files[i])
-
-    def load(self, i: int) -> bytes:
-        where = self.locate(i)
-        try:
-            with open(where, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise SampleError(f"{where}: cannot read: {exc.strerror or exc}") from exc
-        validate_image(data, where, self.validate)
-        return data

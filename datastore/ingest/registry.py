@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import inspect
 import os
 
@@ -11,15 +12,21 @@ from dstore.ingest.arrays import ArraySource
 from dstore.ingest.cifar import CifarSource, looks_like_cifar_dir, looks_like_cifar_file
 from dstore.ingest.digits import DigitsSource
 from dstore.ingest.folder import FolderSource
+from dstore.ingest.listed import ListedSource
 from dstore.ingest.source import SOURCE_TYPES, Source
 from dstore.ingest.synthetic import SyntheticSource
+from dstore.ingest.table import TABLE_SUFFIXES, TableSource
+from dstore.ingest.tar import TarSource
 
 
 def source_type_of(spec: str) -> str:
     """The source type `auto` picks for `spec` (without reading any sample).
 
-    `digits` and `synthetic` are names; a `.npy`/`.npz` path is `arrays`; a CIFAR batch file or a
-    directory holding CIFAR batches is `cifar`; any other directory is an image `folder`.
+    `digits` and `synthetic` are names; a `.npy`/`.npz` path is `arrays`; a `.tar` file, a glob or
+    `{a..b}` pattern of them, or a directory holding `*.tar` files is `tar` (WebDataset shards); a
+    `.parquet`/`.arrow` file or a directory with a `datasets` `state.json`/`dataset_info.json` or
+    `*.parquet` files is `parquet`; a CIFAR batch file or a directory holding CIFAR batches is
+    `cifar`; any other directory is an image `folder` (with a `labels` CSV: `list`, see open_source).
 
     Raises:
         ConfigError: `spec` is neither a known name nor an existing path.
@@ -29,8 +36,19 @@ def source_type_of(spec: str) -> str:
     lower = spec.lower()
     if lower.endswith((".npy", ".npz")):
         return "arrays"
+    if lower.endswith(TABLE_SUFFIXES):
+        return "parquet"
+    if lower.endswith(".tar") and (os.path.isfile(spec) or any(c in spec for c in "*?[{")):
+        return "tar"
     if os.path.isdir(spec):
-        return "cifar" if looks_like_cifar_dir(spec) else "folder"
+        if looks_like_cifar_dir(spec):
+            return "cifar"
+        if glob.glob(os.path.join(spec, "*.tar")):
+            return "tar"
+        if any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json")) or \
+                glob.glob(os.path.join(spec, "*.parquet")) or glob.glob(os.path.join(spec, "data", "*.parquet")):
+            return "parquet"
+        return "folder"
     if os.path.isfile(spec):
         if looks_like_cifar_file(spec):
             return "cifar"
@@ -57,15 +75,19 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
     """
     if source_type not in SOURCE_TYPES:
         raise ConfigError(f"source_type={source_type!r} is not one of {SOURCE_TYPES}")
+    if source_type == "auto" and options.get("labels") is not None:
+        source_type = "list"  # a labels CSV names the files: a flat folder or any list of files
     kind = source_type_of(spec) if source_type == "auto" else source_type
     cls = _CLASSES[kind]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "spec", "count")]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"source type {kind!r} takes no option(s) {unknown}; its options are {sorted(allowed)}")
-    if kind == "folder":
+    if kind in ("folder", "tar"):
         return cls(spec, on_error=on_error, **options)
-    if kind in ("cifar", "arrays"):
+    if kind == "list" and options.get("labels") is None:
+        raise ConfigError("source type 'list' needs labels=FILE.csv (--labels)")
+    if kind in ("cifar", "arrays", "list", "parquet"):
         return cls(spec, **options)
     if kind == "digits":
         return cls(**options)
@@ -74,6 +96,9 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
 
 _CLASSES: dict[str, type[Source]] = {
     "folder": FolderSource,
+    "list": ListedSource,
+    "tar": TarSource,
+    "parquet": TableSource,
     "cifar": CifarSource,
     "arrays": ArraySource,
     "digits": DigitsSource,

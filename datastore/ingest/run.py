@@ -263,7 +263,7 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
     return True
 
 
-def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
+def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
            reencode_max_side: int | None = None, reencode_quality: int | None = None,
@@ -271,8 +271,9 @@ def ingest(source: str, output: str, *, comm=None, fmt: str = "hdf5", shards: in
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
-        source: an image folder, a CIFAR batch directory or file, a .npy/.npz file, `digits` or
-            `synthetic`.
+        source: an image folder, a CIFAR batch directory or file, a .npy/.npz file, `digits`,
+            `synthetic`, a folder with `labels=FILE.csv`, WebDataset tar shards, Parquet/Arrow
+            files (see dstore.ingest.registry), or a Source object (the same on every rank).
         output: the container path (`x.h5`, `x.zarr`); with shards > 1 a directory (or `x.json`).
         comm: an mpi4py communicator (default MPI.COMM_WORLD).
         fmt: `hdf5` or `zarr`.
@@ -314,9 +315,12 @@ def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, en
     resize = plan.parse_resize(resize)
     comm.Barrier()
     t0 = time.perf_counter()
-    if source == "synthetic" or source_options.get("source_type") == "synthetic":
-        source_options["seed"] = seed  # one seed: the generated images and their order
-    src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
+    if isinstance(source, Source):  # built by the caller (every rank has it), e.g. ingest_items' spool
+        src, source = source, source.description
+    else:
+        if source == "synthetic" or source_options.get("source_type") == "synthetic":
+            source_options["seed"] = seed  # one seed: the generated images and their order
+        src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                           encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite,
                           reencode=reencode)

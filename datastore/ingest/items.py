@@ -1,0 +1,155 @@
+"""Ingest from any iterable of (bytes, label, name): the Python API for data no other source reads.
+
+    from dstore.ingest import ingest_items
+    report = ingest_items(((open(p, "rb").read(), lab, p) for p, lab in pairs), "train.h5", comm=comm)
+
+An iterable can be walked only once and only where it lives, so rank 0 walks it and spools the
+bytes to one temporary file beside the output (`spool_dir`; on a cluster a file system every rank
+sees, as the output's is); the ranks then process, check and write the spooled samples in parallel
+and in the seeded order, as `dstore ingest` does, and rank 0 removes the spool. Only rank 0's
+`items` is read (the other ranks may pass None). Labels are ints or class names
+(dstore.ingest.labels); the encoding is `jpeg`/`png` if every item is one, else `image`. An item
+that is not a (bytes-like, label, name) triple, or whose bytes are not a valid image, is a bad
+sample (`on_error`), named by its name (or its position).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from dstore import collective
+from dstore.decode import sniff
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.folder import VALIDATE, validate_image
+from dstore.ingest.labels import class_names_option, resolve_labels
+from dstore.ingest.report import IngestError, IngestReport
+from dstore.ingest.source import Source
+
+
+class SpoolSource(Source):
+    """Samples spooled back to back in one file (`offsets[i]:offsets[i+1]`), with their labels and names."""
+
+    kind = "items"
+
+    def __init__(self, path: str, offsets: np.ndarray, labels: list[int], names: list[str], *,
+                 class_names: tuple[str, ...], encoding: str, validate: str, description: str):
+        super().__init__()
+        self.path, self._offsets, self._labels, self._names = path, offsets, labels, names
+        self.class_names, self.encoding, self.validate = class_names, encoding, validate
+        self.description = description
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def label(self, i: int) -> int:
+        return self._labels[i]
+
+    def name(self, i: int) -> str:
+        return self._names[i]
+
+    def load(self, i: int) -> bytes:
+        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
+        try:
+            with open(self.path, "rb") as f:
+                data = os.pread(f.fileno(), hi - lo, lo)
+        except OSError as exc:
+            raise SampleError(f"{self._names[i]}: cannot read it back from the spool {self.path}: "
+                              f"{exc.strerror or exc}") from exc
+        validate_image(data, self._names[i], self.validate)
+        return data
+
+
+def spool(items, path: str, *, class_names=None, on_error: str = "raise", validate: str = "header") -> SpoolSource:
+    """Writes every item's bytes to `path` and returns the source over them (no MPI).
+
+    Raises:
+        SampleError: with on_error="raise", the first malformed item (by name or position).
+    """
+    if validate not in VALIDATE:
+        raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
+    offsets, values, names, kinds, skipped = [0], [], [], set(), []
+    with open(path, "wb") as f:
+        for k, item in enumerate(items):
+            try:
+                data, label, name = _check_item(k, item)
+            except SampleError as exc:
+                if on_error == "raise":
+                    raise
+                skipped.append((f"item {k}", str(exc)))
+                continue
+            f.write(data)
+            offsets.append(offsets[-1] + len(data))
+            values.append(label)
+            names.append(name)
+            kinds.add(sniff(data))
+    if not names:
+        raise SampleError("ingest_items: the iterable gave no samples" + (f" ({len(skipped)} skipped)" if skipped else ""))
+    labels, classes = resolve_labels(values, "ingest_items", class_names_option(class_names))
+    encoding = kinds.pop() if len(kinds) == 1 and kinds <= {"jpeg", "png"} else "image"
+    src = SpoolSource(path, np.asarray(offsets, np.int64), labels, names, class_names=classes, encoding=encoding,
+                      validate=validate, description=f"ingest_items ({len(names)} items)")
+    src.skipped.extend(skipped)
+    return src
+
+
+def _check_item(k: int, item) -> tuple[bytes, object, str]:
+    try:
+        data, label, name = item
+    except (TypeError, ValueError):
+        raise SampleError(f"item {k}: not a (bytes, label, name) triple: {type(item).__name__}") from None
+    name = str(name) if name is not None else f"item {k}"
+    if not isinstance(data, (bytes, bytearray, memoryview, np.ndarray)):
+        raise SampleError(f"{name}: its data is {type(data).__name__}, not bytes")
+    data = bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data
+    if not isinstance(label, (int, np.integer, str)) or isinstance(label, bool):
+        raise SampleError(f"{name}: label {label!r} is neither an int nor a class name")
+    return data, int(label) if isinstance(label, (int, np.integer)) else label, name
+
+
+def ingest_items(items, output: str, *, comm=None, class_names=None, validate: str = "header",
+                 spool_dir: str | None = None, on_error: str = "raise", **options) -> IngestReport:
+    """Ingests the (bytes, label, name) items of rank 0's iterable `items` into a container at
+    `output`, processed by every rank of `comm` in the seeded order. Collective.
+
+    Args:
+        items: any iterable of (bytes-like, int label or class name, name); read on rank 0 only.
+        output: the container path, as for `ingest`.
+        comm: an mpi4py communicator (default MPI.COMM_WORLD).
+        class_names: class names in label order (a file, one per line, or a sequence); None: from
+            the labels (dstore.ingest.labels).
+        validate: per-sample image check (as for an image folder).
+        spool_dir: where the temporary spool goes (default: the output's directory).
+        on_error: `raise` or `skip` (malformed items and invalid images).
+        **options: passed to `dstore.ingest.ingest` (fmt, shards, seed, keep_order, encoding,
+            reencode_max_side, overwrite, progress, ...).
+
+    Returns:
+        The IngestReport, on every rank.
+    """
+    from dstore.ingest.run import ingest
+
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    where = spool_dir or os.path.dirname(os.path.abspath(os.fspath(output)))
+
+    def make_spool() -> SpoolSource:
+        fd, path = tempfile.mkstemp(prefix=".dstore-spool-", suffix=".bin", dir=where)
+        os.close(fd)
+        try:
+            return spool(items, path, class_names=class_names, on_error=on_error, validate=validate)
+        except BaseException:
+            os.remove(path)
+            raise
+
+    src = collective.on_root(comm, make_spool, types={}, fallback=IngestError)
+    try:
+        return ingest(src, output, comm=comm, on_error=on_error, **options)
+    finally:
+        comm.Barrier()  # every rank has read what it needed from the spool
+        if comm.Get_rank() == 0:
+            os.remove(src.path)

@@ -1,0 +1,223 @@
+"""Parquet files and Hugging Face `datasets` directories: an image-bytes column and a label column,
+read with pyarrow (an optional dependency: `pip install dstore-mpi[parquet]`).
+
+The source is a `.parquet` or `.arrow` file, or a directory: a `datasets` `save_to_disk` directory
+(its `state.json` lists the Arrow files), else every `*.parquet` (or else `*.arrow`) file below it,
+sorted (a Hub data set's `data/train-00000-of-00004.parquet`...). The image column holds the file
+bytes, either as binary or as a `datasets` Image struct (`{bytes, path}`); the label column
+integers or class names (dstore.ingest.labels). Class names come, in this order, from `classes=`,
+from the `datasets` ClassLabel feature (in `dataset_info.json` or the schema's `huggingface`
+metadata), or from the labels.
+
+Cost: listing reads only the label column. A sample is read by decoding its Parquet row group's
+image column (cached per rank, `cache_row_groups` groups); ingest's seeded order scatters a rank's
+samples over the row groups, so with row groups of R rows a rank may decode up to R samples per
+sample it keeps: write Parquet with small row groups (`datasets` uses 100 rows for images), or pass
+`keep_order=True` for one pass. Arrow files are memory-mapped and read without a copy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import glob
+import json
+import os
+
+from dstore.errors import ConfigError, SampleError
+from dstore.ingest.folder import VALIDATE, validate_image
+from dstore.ingest.labels import class_names_option, resolve_labels
+from dstore.ingest.source import Source
+
+TABLE_SUFFIXES = (".parquet", ".arrow")
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.ipc  # submodules: loaded here, used as attributes of pyarrow below
+        import pyarrow.parquet
+    except ImportError:
+        raise ConfigError("reading Parquet/Arrow needs pyarrow: pip install 'dstore-mpi[parquet]' "
+                          "(or pip install pyarrow)") from None
+    return pyarrow
+
+
+def table_files(spec: str) -> tuple[list[str], dict]:
+    """(the data files of `spec`, the `datasets` features found in its dataset_info.json or {})."""
+    if os.path.isfile(spec):
+        return [os.path.abspath(spec)], {}
+    if not os.path.isdir(spec):
+        raise SampleError(f"{spec}: neither a .parquet/.arrow file nor a directory")
+    features = {}
+    info = os.path.join(spec, "dataset_info.json")
+    if os.path.isfile(info):
+        try:
+            with open(info, encoding="utf-8") as f:
+                features = json.load(f).get("features") or {}
+        except (OSError, ValueError) as exc:
+            raise SampleError(f"{info}: cannot read: {exc}") from exc
+    state = os.path.join(spec, "state.json")
+    if os.path.isfile(state):
+        try:
+            with open(state, encoding="utf-8") as f:
+                files = [os.path.join(spec, d["filename"]) for d in json.load(f)["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SampleError(f"{state}: not a datasets state.json with _data_files: {exc}") from exc
+    else:
+        files = sorted(glob.glob(os.path.join(spec, "**", "*.parquet"), recursive=True)) or \
+            sorted(glob.glob(os.path.join(spec, "**", "*.arrow"), recursive=True))
+    if not files:
+        raise SampleError(f"{spec}: no .parquet or .arrow files")
+    return [os.path.abspath(p) for p in files], features
+
+
+def _open_arrow(pa, path: str):
+    """An Arrow file (IPC file or stream format, as `datasets` writes) as a table over a memory map."""
+    source = pa.memory_map(path)
+    try:
+        return pa.ipc.open_file(source).read_all()
+    except pa.ArrowInvalid:
+        return pa.ipc.open_stream(pa.memory_map(path)).read_all()
+
+
+class TableSource(Source):
+    """Rows of Parquet/Arrow files (see the module docstring).
+
+    Args:
+        spec: a file or a directory.
+        image_column: the column of image bytes (binary, or a struct with a `bytes` field).
+        label_column: the column of labels.
+        classes: class names in label order (a file, one per line, or a sequence), or None.
+        validate: as for an image folder.
+        cache_row_groups: Parquet row groups a process keeps decoded.
+    """
+
+    kind = "parquet"
+    list_on_root = True
+
+    def __init__(self, spec: str, *, image_column: str = "image", label_column: str = "label", classes=None,
+                 validate: str = "header", cache_row_groups: int = 4):
+        super().__init__()
+        pa = _pyarrow()
+        if validate not in VALIDATE:
+            raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
+        self.spec, self.validate = os.fspath(spec), validate
+        self.image_column, self.label_column = image_column, label_column
+        self.cache_row_groups = max(1, int(cache_row_groups))
+        self.files, features = table_files(self.spec)
+        self._parts: list[tuple[int, int, int]] = []  # (file, row group or -1 for Arrow, first row of it)
+        self._starts: list[int] = []  # global index of each part's first row
+        values: list = []
+        for k, path in enumerate(self.files):
+            features = self._list_file(pa, k, path, values) or features
+        names = class_names_option(classes)
+        label_feature = features.get(label_column) if isinstance(features, dict) else None
+        if names is None and isinstance(label_feature, dict) and label_feature.get("names"):
+            names = tuple(label_feature["names"])
+        self._labels, self.class_names = resolve_labels(values, self.spec, names)
+        self._n = len(values)
+        if not self._n:
+            raise SampleError(f"{self.spec}: no rows")
+        self.encoding = "image"
+        self.description = f"table {self.spec} (columns {image_column}, {label_column})"
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+
+    def _check_columns(self, path: str, schema) -> None:
+        for col in (self.image_column, self.label_column):
+            if schema.get_field_index(col) < 0:
+                raise SampleError(f"{path}: no column {col!r}; its columns: {schema.names} (choose with "
+                                  "--image-column / --label-column)")
+
+    def _list_file(self, pa, k: int, path: str, values: list) -> dict:
+        """Appends file k's row parts and labels; returns the `datasets` features in its schema, if any."""
+        try:
+            if path.endswith(".arrow"):
+                table = _open_arrow(pa, path)
+                self._check_columns(path, table.schema)
+                self._starts.append(len(values))
+                self._parts.append((k, -1, 0))
+                values.extend(table.column(self.label_column).to_pylist())
+                meta = table.schema.metadata or {}
+            else:
+                pf = pa.parquet.ParquetFile(path)
+                self._check_columns(path, pf.schema_arrow)
+                row = 0
+                for g in range(pf.metadata.num_row_groups):
+                    self._starts.append(len(values) + row)
+                    self._parts.append((k, g, row))
+                    row += pf.metadata.row_group(g).num_rows
+                values.extend(pf.read(columns=[self.label_column]).column(0).to_pylist())
+                meta = pf.schema_arrow.metadata or {}
+        except (OSError, pa.ArrowException) as exc:
+            raise SampleError(f"{path}: cannot read: {exc}") from exc
+        if any(v is None for v in values):
+            raise SampleError(f"{path}: the label column {self.label_column!r} has empty (null) values")
+        try:
+            return json.loads(meta.get(b"huggingface", b"{}")).get("info", {}).get("features", {}) or {}
+        except ValueError:
+            return {}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cache"] = collections.OrderedDict()  # decoded row groups stay with their process
+        return state
+
+    def __len__(self) -> int:
+        return self._n
+
+    def label(self, i: int) -> int:
+        return self._labels[i]
+
+    def _where(self, i: int) -> tuple[int, int]:
+        """(part, row within it) of sample i."""
+        p = bisect.bisect_right(self._starts, i) - 1
+        return p, i - self._starts[p]
+
+    def name(self, i: int) -> str:
+        p, row = self._where(i)
+        k, _, first = self._parts[p]
+        return f"{os.path.basename(self.files[k])}#{first + row}"
+
+    def locate(self, i: int) -> str:
+        p, row = self._where(i)
+        k, _, first = self._parts[p]
+        return f"{self.files[k]}#{first + row}"
+
+    def _column(self, p: int):
+        """The image column of part p (cached)."""
+        if p in self._cache:
+            self._cache.move_to_end(p)
+            return self._cache[p]
+        pa = _pyarrow()
+        k, group, _ = self._parts[p]
+        path = self.files[k]
+        if group < 0:
+            col = _open_arrow(pa, path).column(self.image_column)
+        else:
+            col = pa.parquet.ParquetFile(path).read_row_group(group, columns=[self.image_column]).column(0)
+        col = col.combine_chunks()
+        if pa.types.is_struct(col.type):
+            if col.type.get_field_index("bytes") < 0:
+                raise SampleError(f"{path}: image column {self.image_column!r} is a struct without a 'bytes' field")
+            col = col.field("bytes")
+        self._cache[p] = col
+        while len(self._cache) > self.cache_row_groups:
+            self._cache.popitem(last=False)
+        return col
+
+    def load(self, i: int) -> bytes:
+        where = self.locate(i)
+        p, row = self._where(i)
+        try:
+            value = self._column(p)[row].as_py()
+        except SampleError:
+            raise
+        except Exception as exc:  # pyarrow raises several types for damaged files; name the row
+            raise SampleError(f"{where}: cannot read: {type(exc).__name__}: {exc}") from exc
+        if value is None:
+            raise SampleError(f"{where}: no image bytes (null)")
+        if not isinstance(value, (bytes, bytearray)):
+            raise SampleError(f"{where}: the image column holds {type(value).__name__}, not bytes")
+        validate_image(bytes(value), where, self.validate)
+        return bytes(value)
