@@ -26,8 +26,9 @@ def _source_option(text: str):
 
 def add_arguments(parser) -> None:
     parser.add_argument("source", help="image folder, folder with --labels, .tar shard(s) (a file, directory, glob "
-                                       "or {000..009} pattern), .parquet/.arrow file or directory, CIFAR batch "
-                                       "dir or file, .npy/.npz, 'digits' or 'synthetic'")
+                                       "or {000..009} pattern), .parquet/.arrow file or directory, a dstore "
+                                       "container (re-ingested), CIFAR batch dir or file, .npy/.npz, 'digits' or "
+                                       "'synthetic'")
     parser.add_argument("output", help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json")
     parser.add_argument("--format", dest="fmt", choices=("hdf5", "zarr"), default=None,
                         help="container backend (default: zarr if OUTPUT ends in .zarr, else hdf5)")
@@ -35,6 +36,9 @@ def add_arguments(parser) -> None:
                         help="number of shard files, written in parallel (best a multiple or divisor of the ranks)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the write order")
     parser.add_argument("--keep-order", action="store_true", help="write in source order, not a seeded random order")
+    parser.add_argument("--stratify", action="store_true",
+                        help="a seeded random order with every class spread evenly: any tail `dstore train` holds "
+                             "out is then a stratified random choice")
     parser.add_argument("--encoding", choices=("jpeg", "png", "image", "raw"), default=None,
                         help="stored encoding (default: the source's; raw for image files needs --resize)")
     parser.add_argument("--resize", default=None, metavar="HxW", help="store decoded pixels resized to HxW (raw)")
@@ -45,8 +49,8 @@ def add_arguments(parser) -> None:
     # No `choices`: the list lives in dstore.ingest.source, which `dstore --help` must not import (it
     # loads h5py and zarr); open_source refuses an unknown type naming the allowed ones.
     parser.add_argument("--source-type", default="auto",
-                        help="how to read SOURCE: auto (default), folder, list, tar, parquet, cifar, arrays, digits "
-                             "or synthetic")
+                        help="how to read SOURCE: auto (default), folder, list, tar, parquet, container, cifar, arrays, "
+                             "digits or synthetic")
     parser.add_argument("--labels", default=None, metavar="FILE.csv",
                         help="path,label rows naming the files of SOURCE (a flat folder or any files below it); "
                              "integer labels are class indices, others class names")
@@ -128,7 +132,7 @@ def _run(args) -> int:
             options[option] = getattr(args, key)
     comm = MPI.COMM_WORLD
     report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
-                    keep_order=args.keep_order, encoding=args.encoding, resize=args.resize,
+                    keep_order=args.keep_order, stratify=args.stratify, encoding=args.encoding, resize=args.resize,
                     on_error=args.on_error, count=args.count, progress=not args.no_progress,
                     overwrite=args.overwrite, source_type=args.source_type, reencode_max_side=args.max_side,
                     reencode_quality=args.quality, **options)

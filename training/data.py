@@ -103,8 +103,9 @@ class InputSpec:
 def split_ranges(num_samples: int, holdout: float) -> tuple[tuple[int, int], tuple[int, int] | None]:
     """(train range, held-out range or None): the held-out set is the container's tail.
 
-    The container's order is already a seeded random mix (ingest shuffles), so the tail is a random
-    subset, and the split is the same for every run on the same container.
+    The container's order is already a seeded random mix (ingest shuffles; `--stratify`: every class
+    spread evenly), so the tail is a random subset, and the split is the same for every run on the
+    same container. A container in another order is checked first (dstore.training.holdout).
     """
     if not 0.0 <= holdout < 1.0:
         raise ConfigError(f"holdout={holdout} must be in [0, 1)")

@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import random
+import sys
 import time
 
 import numpy as np
@@ -35,6 +36,7 @@ from dstore.training.config import TrainConfig
 from dstore.training.data import DirectSource, FilesSource, ensure_builtin, probe_input, split_ranges
 from dstore.training.dist import init_distributed
 from dstore.training.fit import Fit
+from dstore.training.holdout import check_held_out
 from dstore.training.loop import Trainer
 from dstore.training.models import build_model, default_model, get_model
 from dstore.training.optim import Schedule, make_optimizer, make_scheduler
@@ -175,6 +177,9 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str |
     if val_reader is not None:
         check_val(cfg.val, val_reader, data_path, reader, container)
     train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
+    warning = check_held_out(data_path, reader.info.extra, reader.labels, held_range)  # raises if class-ordered
+    if warning and comm.Get_rank() == 0:
+        print(warning, file=sys.stderr, flush=True)
     # Measured on the whole training range, so that under LTFB every trainer normalises alike
     # and a model moved between trainers sees the inputs it was trained on.
     spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)

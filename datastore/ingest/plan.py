@@ -29,6 +29,26 @@ def sample_order(num_samples: int, seed: int, keep_order: bool = False) -> np.nd
     return np.random.default_rng(int(seed)).permutation(num_samples).astype(np.int64)
 
 
+def stratified_order(labels, seed: int) -> np.ndarray:
+    """int64[N]: a seeded random order in which every class is spread evenly, so any contiguous
+    block, in particular any tail a trainer holds out, holds each class within about one sample
+    (at most two) of its share of the block.
+
+    Class c's n_c samples are shuffled and the k-th gets the key (k + u) / n_c with u uniform in
+    [0, 1); the order sorts all samples by key (ties broken by a seeded permutation). The keys of
+    class c below any threshold t number floor(t n_c) or one more, whence the bound.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    rng = np.random.default_rng([int(seed), 1])  # not sample_order's stream: another permutation
+    keys = np.empty(labels.size, dtype=np.float64)
+    for c in np.unique(labels):
+        ids = np.flatnonzero(labels == c)
+        ids = ids[rng.permutation(ids.size)]
+        keys[ids] = (np.arange(ids.size) + rng.random(ids.size)) / ids.size
+    tie = rng.permutation(labels.size)
+    return np.lexsort((tie, keys)).astype(np.int64)
+
+
 def shard_bounds(num_samples: int, shards: int) -> np.ndarray:
     """int64[shards+1]: shard s holds positions [b[s], b[s+1]); sizes differ by at most one."""
     if shards < 1:

@@ -10,6 +10,7 @@ import os
 from dstore.errors import ConfigError
 from dstore.ingest.arrays import ArraySource
 from dstore.ingest.cifar import CifarSource, looks_like_cifar_dir, looks_like_cifar_file
+from dstore.ingest.container import ContainerSource, looks_like_container
 from dstore.ingest.digits import DigitsSource
 from dstore.ingest.folder import FolderSource
 from dstore.ingest.listed import ListedSource
@@ -26,7 +27,8 @@ def source_type_of(spec: str) -> str:
     `{a..b}` pattern of them, or a directory holding `*.tar` files is `tar` (WebDataset shards); a
     `.parquet`/`.arrow` file or a directory with a `datasets` `state.json`/`dataset_info.json` or
     `*.parquet` files is `parquet`; a CIFAR batch file or a directory holding CIFAR batches is
-    `cifar`; any other directory is an image `folder` (with a `labels` CSV: `list`, see open_source).
+    `cifar`; a dstore container (HDF5, Zarr, manifest) is `container` (re-ingested); any other
+    directory is an image `folder` (with a `labels` CSV: `list`, see open_source).
 
     Raises:
         ConfigError: `spec` is neither a known name nor an existing path.
@@ -38,6 +40,8 @@ def source_type_of(spec: str) -> str:
         return "arrays"
     if lower.endswith(TABLE_SUFFIXES):
         return "parquet"
+    if looks_like_container(spec):
+        return "container"
     if lower.endswith(".tar") and (os.path.isfile(spec) or any(c in spec for c in "*?[{")):
         return "tar"
     if os.path.isdir(spec):
@@ -87,7 +91,7 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
         return cls(spec, on_error=on_error, **options)
     if kind == "list" and options.get("labels") is None:
         raise ConfigError("source type 'list' needs labels=FILE.csv (--labels)")
-    if kind in ("cifar", "arrays", "list", "parquet"):
+    if kind in ("cifar", "arrays", "list", "parquet", "container"):
         return cls(spec, **options)
     if kind == "digits":
         return cls(**options)
@@ -99,6 +103,7 @@ _CLASSES: dict[str, type[Source]] = {
     "list": ListedSource,
     "tar": TarSource,
     "parquet": TableSource,
+    "container": ContainerSource,
     "cifar": CifarSource,
     "arrays": ArraySource,
     "digits": DigitsSource,

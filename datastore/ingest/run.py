@@ -266,7 +266,7 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
 def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
-           reencode_max_side: int | None = None, reencode_quality: int | None = None,
+           reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
            **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
@@ -280,6 +280,8 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         shards: number of shard files (see dstore.ingest.plan for which ranks write which).
         seed: seed of the write order (for `synthetic`, also of the generated images).
         keep_order: write in source order instead of a seeded random order.
+        stratify: a seeded random order in which every class is spread evenly (plan.stratified_order),
+            so any tail a trainer holds out is a stratified random choice.
         encoding: stored encoding; None keeps the source's (see process.resolve_target).
         resize: `HxW` (or (H, W)) to store decoded, resized pixels (implies encoding `raw`).
         on_error: `raise` (stop at the first bad sample, nothing left behind) or `skip`.
@@ -305,11 +307,12 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
     with private_like(source):  # a private source gives a private container
         return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                        encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
-                       overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), **source_options)
+                       overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), stratify=stratify,
+                       **source_options)
 
 
-def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
-            progress, overwrite, reencode, **source_options) -> IngestReport:
+def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
+            progress, overwrite, reencode, stratify, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
@@ -323,7 +326,7 @@ def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, en
         src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                           encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite,
-                          reencode=reencode)
+                          reencode=reencode, stratify=stratify)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
@@ -335,6 +338,8 @@ def _ingest(source: str, output: str, comm, *, fmt, shards, seed, keep_order, en
     finally:
         if job_lock is not None:
             job_lock.release()
+        if hasattr(src, "close"):  # a source holding a file open (a container being re-ingested)
+            src.close()
     seconds = comm.bcast(time.perf_counter() - t0, root=0)
     return job.report(recs, seconds, comm.Get_size())
 
@@ -359,17 +364,25 @@ class _Job:
     bounds: np.ndarray
     manifest: str | None
     shard_paths: list[str]
+    order_kind: str = "seeded"  # the `ingest_order` attribute: source, seeded or stratified
 
     @classmethod
     def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
-                   on_error, count, overwrite, reencode=(None, None)) -> _Job:
+                   on_error, count, overwrite, reencode=(None, None), stratify=False) -> _Job:
         """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
         n = len(src) if count is None else min(len(src), int(count))
         target = resolve_target(src, encoding, resize, *reencode)
-        order, bounds = plan.sample_order(n, seed, keep_order), plan.shard_bounds(n, shards)
+        if stratify and keep_order:
+            raise ConfigError("stratify=True (--stratify) and keep_order=True (--keep-order) exclude each other")
+        if stratify:
+            order = plan.stratified_order([src.label(i) for i in range(n)], seed)
+        else:
+            order = plan.sample_order(n, seed, keep_order)
+        bounds = plan.shard_bounds(n, shards)
         manifest, shard_paths = output_paths(output, fmt, shards)
+        kind = "source" if keep_order else "stratified" if stratify else "seeded"
         return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
-                   manifest, shard_paths)
+                   manifest, shard_paths, kind)
 
     def sample_bytes(self) -> int:
         """The expected bytes of a stored sample (sizes the chunks a group exchanges)."""
@@ -423,8 +436,7 @@ def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseEx
     # One id for every shard of this ingest (a manifest records it per shard: a shard of another
     # ingest, even of the same source, is then refused by name).
     ingest_id = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
-    extra = {"ingest_seed": int(job.seed), "ingest_order": "source" if job.keep_order else "seeded",
-             "ingest_id": ingest_id}
+    extra = {"ingest_seed": int(job.seed), "ingest_order": job.order_kind, "ingest_id": ingest_id}
     if job.target.max_side is not None:
         extra.update(reencode_attrs(job.target.max_side, job.target.quality))
     mine = plan.shards_of_group(group, size, job.shards)

@@ -27,7 +27,7 @@ def check_label_count(where: str, max_label: int) -> None:
                           f"{MAX_CLASSES} allowed without class names; the labels are damaged or not class indices")
 
 
-SOURCE_TYPES = ("auto", "folder", "list", "tar", "parquet", "cifar", "arrays", "digits", "synthetic")
+SOURCE_TYPES = ("auto", "folder", "list", "tar", "parquet", "container", "cifar", "arrays", "digits", "synthetic")
 """Values of `source_type`; `auto` decides from the spec (see `source_type_of`)."""
 
 
