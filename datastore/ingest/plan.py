@@ -49,6 +49,20 @@ def stratified_order(labels, seed: int) -> np.ndarray:
     return np.lexsort((tie, keys)).astype(np.int64)
 
 
+def write_order(num_samples: int, seed: int, *, keep_order: bool = False, label=None) -> tuple[np.ndarray, str]:
+    """(the write order, its `ingest_order` name): the source order, a stratified order over the
+    labels `label(i)` gives (when `label` is given), or a seeded permutation.
+
+    Raises:
+        ConfigError: both keep_order and label (stratify) are asked for.
+    """
+    if keep_order and label is not None:
+        raise ConfigError("stratify=True (--stratify) and keep_order=True (--keep-order) exclude each other")
+    if label is not None:
+        return stratified_order([label(i) for i in range(num_samples)], seed), "stratified"
+    return sample_order(num_samples, seed, keep_order), "source" if keep_order else "seeded"
+
+
 def shard_bounds(num_samples: int, shards: int) -> np.ndarray:
     """int64[shards+1]: shard s holds positions [b[s], b[s+1]); sizes differ by at most one."""
     if shards < 1:

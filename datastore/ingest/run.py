@@ -280,17 +280,15 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         shards: number of shard files (see dstore.ingest.plan for which ranks write which).
         seed: seed of the write order (for `synthetic`, also of the generated images).
         keep_order: write in source order instead of a seeded random order.
-        stratify: a seeded random order in which every class is spread evenly (plan.stratified_order),
-            so any tail a trainer holds out is a stratified random choice.
+        stratify: a seeded order with every class spread evenly (plan.stratified_order; `--stratify`).
         encoding: stored encoding; None keeps the source's (see process.resolve_target).
         resize: `HxW` (or (H, W)) to store decoded, resized pixels (implies encoding `raw`).
         on_error: `raise` (stop at the first bad sample, nothing left behind) or `skip`.
         count: use only the first `count` source samples (for `synthetic`: how many to make).
         progress: show a progress bar on rank 0.
         overwrite: replace an existing container.
-        reencode_max_side: re-encode image files whose longer side is over this many pixels as JPEG
-            with that longer side, keep the others as they are (`--max-side`; dstore.ingest.reencode).
-        reencode_quality: JPEG quality of the re-encoded images (default 90; `--quality`).
+        reencode_max_side, reencode_quality: re-encode images whose longer side is over this many px
+            as JPEG of that side and quality (default 90) (`--max-side`, `--quality`; ingest.reencode).
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -372,15 +370,9 @@ class _Job:
         """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
         n = len(src) if count is None else min(len(src), int(count))
         target = resolve_target(src, encoding, resize, *reencode)
-        if stratify and keep_order:
-            raise ConfigError("stratify=True (--stratify) and keep_order=True (--keep-order) exclude each other")
-        if stratify:
-            order = plan.stratified_order([src.label(i) for i in range(n)], seed)
-        else:
-            order = plan.sample_order(n, seed, keep_order)
+        order, kind = plan.write_order(n, seed, keep_order=keep_order, label=src.label if stratify else None)
         bounds = plan.shard_bounds(n, shards)
         manifest, shard_paths = output_paths(output, fmt, shards)
-        kind = "source" if keep_order else "stratified" if stratify else "seeded"
         return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
                    manifest, shard_paths, kind)
 
