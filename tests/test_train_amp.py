@@ -42,8 +42,10 @@ def test_autocast_computes_in_the_amp_type_and_off_leaves_float32():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("amp", ["bf16", "fp16"])
-def test_train_with_amp_and_channels_last(tmp_path, amp):
+def test_train_with_amp_and_channels_last(tmp_path):
+    # fp16 takes every path of --amp (autocast, the scaler, its checkpointed state); bf16 differs only
+    # in the type autocast computes in (test above) and in needing no scaler. One run keeps it quick.
+    amp = "fp16"
     from dstore.formats import create_writer
     from dstore.training.checkpoint import load_checkpoint
 
@@ -61,5 +63,5 @@ def test_train_with_amp_and_channels_last(tmp_path, amp):
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("epoch" in r and np.isfinite(r["train_loss"]) for r in epochs), epochs
     ck = load_checkpoint(str(run_dir / "checkpoint.pt"))
-    # fp16 scales the loss: the scaler's state is part of the checkpoint (bf16 needs none).
-    assert ("scaler" in ck) == (amp == "fp16")
+    # fp16 scales the loss: the scaler's state is part of the checkpoint.
+    assert ck["scaler"]["scale"] > 0
