@@ -77,8 +77,8 @@ def launcher_mismatch(environ, mpi_size: int, command: str = "dstore ...") -> st
 
 
 def launcher_rank(environ) -> int:
-    """This process's rank as the (wrong) launcher numbered it, so that one of them prints."""
-    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    """This process's rank as its launcher numbered it, read before MPI starts (so that one prints)."""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
         try:
             return int(environ.get(var, ""))
         except ValueError:

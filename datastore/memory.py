@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
 from dstore import rc
-from dstore.errors import ConfigError
 from dstore.plan import block_bounds
+from dstore.units import fmt_size, parse_size
 
 ENV_VAR = rc.MEMORY_BUDGET.name
 """Environment variable that overrides the default per-rank budget (bytes, or e.g. `8G`, `512MiB`)."""
@@ -17,22 +16,9 @@ ENV_VAR = rc.MEMORY_BUDGET.name
 SAFE_FRACTION = 0.7
 """Share of the node's MemAvailable the ranks of a node may fill together by default."""
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_bytes(text, what: str = "memory_budget") -> int:
-    """`text` (an int, or a string like `8G`, `1.5GiB`, `500MB`) as a number of bytes."""
-    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
-        value = int(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{what}={text!r} is not a size: use bytes or a number with K, M, G, T, KiB, MiB, GiB")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < 0:
-        raise ConfigError(f"{what}={text!r} must not be negative")
-    return value
+    """`text` (an int, or a string like `8G`, `1.5GiB`, `500MB`) as a number of bytes (dstore.units)."""
+    return parse_size(text, what)
 
 
 def mem_available(meminfo: str = "/proc/meminfo") -> int:
@@ -142,13 +128,7 @@ def default_budget(ranks_on_node: int) -> tuple[int, str]:
         f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node")
 
 
-def fmt_bytes(n: float) -> str:
-    """A byte count for people (decimal units)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000.0
-    return f"{n} B"  # pragma: no cover
+fmt_bytes = fmt_size  # the one formatter (dstore.units): SI, three significant digits
 
 
 def ranks_needed(offsets: np.ndarray, budget_for_data: int, start: int, limit: int = 1 << 20):

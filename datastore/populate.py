@@ -25,6 +25,7 @@ import numpy as np
 from dstore import plan, prefault, tiers
 from dstore.collective import AGREED, node_comm, topology_of
 from dstore.errors import ConfigError, MemoryBudgetError
+from dstore.heartbeat import Heartbeat
 from dstore.integrity import SampleChecks, read_error
 from dstore.memory import budget_error, default_budget, fmt_bytes
 from dstore.storage import StorageReader
@@ -467,7 +468,8 @@ def populate(store) -> None:
     store._agree(exc)
     nbytes = 0
     try:
-        nbytes = _fill(store, peers)
+        with Heartbeat(f"population of rank 0's {fmt_bytes(int(store.layout.nbytes[0]))}", enabled=store.rank == 0):
+            nbytes = _fill(store, peers)
     except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
         exc = e
     try:

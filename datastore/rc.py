@@ -94,11 +94,16 @@ MOSAIC_VENV = Option("DSTORE_MOSAIC_VENV", "path", None, (
 LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tests that need 12 GiB of memory")
 SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
     "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
+HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
+    "seconds between the heartbeat lines rank 0 writes during a store's population and `dstore verify`; "
+    "0: none"))
+ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
+    "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV,
-                               LARGE_TESTS, SCENARIO_TIMEOUT, MPICH_NOLOCAL)}
+                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 

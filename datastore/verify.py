@@ -19,8 +19,10 @@ from dstore.collective import topology
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import detect_format, open_container
+from dstore.heartbeat import Heartbeat
 from dstore.integrity import shown
 from dstore.plan import block_bounds
+from dstore.units import fmt_rate, fmt_size
 
 READ_SIZE = 64 << 20
 """How many bytes verification reads at once (whole samples; a larger sample is read alone)."""
@@ -57,9 +59,9 @@ class VerifyReport:
     def summary(self) -> str:
         """A few lines for people: what was checked, how fast, and every bad sample."""
         checks = "checksums, labels" + (", decoding" if self.decoded else "")
-        rate = self.total_bytes / max(self.seconds, 1e-9) / 2**20
-        lines = [f"{self.path}: {self.num_samples} samples, {self.total_bytes} bytes; checked {checks} "
-                 f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({rate:.1f} MiB/s)"]
+        rate = self.total_bytes / max(self.seconds, 1e-9)
+        lines = [f"{self.path}: {self.num_samples} samples, {fmt_size(self.total_bytes)}; checked {checks} "
+                 f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({fmt_rate(rate)})"]
         if self.ok:
             lines.append("OK: every sample passed")
         else:
@@ -77,6 +79,14 @@ def _read_groups(offsets: np.ndarray, start: int, stop: int, read_size: int):
         j = min(max(j, i + 1), stop)
         yield i, j
         i = j
+
+
+def _counted(groups, beat):
+    """`groups` ((first, last) pairs), each counted on `beat` once the caller has checked it."""
+    for first, last in groups:
+        yield first, last
+        if beat is not None:
+            beat.add(last - first)
 
 
 def _decode_error(data, info, name: str) -> str | None:
@@ -129,9 +139,10 @@ def _check_large(reader, i: int, read_size: int, decode: bool) -> list[str]:
     return [] if err is None else [err]
 
 
-def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None) -> list[BadSample]:
+def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None,
+                 beat=None) -> list[BadSample]:
     """Every check on samples [start, stop) of an open reader; decoding runs on `pool` (the
-    decoders release the GIL) when one is given."""
+    decoders release the GIL) when one is given; `beat` (a dstore.heartbeat.Heartbeat) counts them."""
     info, offsets = reader.info, reader.offsets
     nclasses = info.num_classes
     reasons: dict[int, list[str]] = {}
@@ -139,7 +150,7 @@ def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int,
         label = int(reader.labels[i])
         if nclasses and not 0 <= label < nclasses:
             reasons[i] = [f"label {label} is outside [0, {nclasses}) ({nclasses} class names)"]
-    for first, last in _read_groups(offsets, start, stop, read_size):
+    for first, last in _counted(_read_groups(offsets, start, stop, read_size), beat):
         if last - first == 1 and int(offsets[last]) - int(offsets[first]) > read_size:
             found = _check_large(reader, first, read_size, decode)
             if found:
@@ -195,8 +206,10 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
     threads = _decode_threads(comm) if decode else 1
     with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(threads) as pool:
         bounds = block_bounds(reader.offsets, size)
-        bad = _check_block(reader, int(bounds[rank]), int(bounds[rank + 1]), decode=decode, read_size=read_size,
-                           pool=pool)
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        with Heartbeat(f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples",
+                       enabled=rank == 0) as beat:
+            bad = _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
         n, total = reader.num_samples, reader.total_bytes
     if comm is not None and size > 1:
         bad = [b for part in comm.allgather(bad) for b in part]
@@ -269,7 +282,7 @@ def format_info(summary: dict) -> str:
     lines = [
         f"{s['path']}  [{s['format']}, version {s['version']}]",
         f"  samples      {s['num_samples']}",
-        f"  total bytes  {s['total_bytes']} ({s['total_bytes'] / 2**20:.2f} MiB)",
+        f"  total bytes  {s['total_bytes']} ({fmt_size(s['total_bytes'])})",
         f"  encoding     {enc}",
         f"  sample bytes min {size['min']}  mean {size['mean']:.1f}  median {size['median']:.1f}  "
         f"p95 {size['p95']:.1f}  max {size['max']}",

@@ -50,7 +50,7 @@ def test_learns_and_logs_json_lines(full_run, cache):
     final = [r for r in records if r.get("final") and "test_accuracy" in r]
     assert len(final) == 1 and final[0]["test_samples"] == 359
     assert final[0]["test_accuracy"] > 0.6, final  # chance is 0.1
-    assert "test accuracy:" in res.stdout and "data I/O rank 1" in res.stdout, res.stdout
+    assert "test accuracy:" in res.stdout and "data I/O over 2 ranks" in res.stdout, res.stdout
     assert json.loads((run_dir / "config.json").read_text())["ranks"] == 2
 
 

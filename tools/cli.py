@@ -8,11 +8,13 @@ and `run(args) -> int`. Those modules keep heavy imports (torch, h5py, zarr) ins
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
+import warnings
 
-from dstore import __version__, job
+from dstore import __version__, job, rc
 from dstore.errors import DStoreError
 from dstore.job import launcher_mismatch
 from dstore.tools import config_file
@@ -54,8 +56,42 @@ def _every_default_shown(parser: argparse.ArgumentParser) -> None:
             action.help = "(default: %(default)s)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviations (`--epoch 3` is not taken for `--epochs`: a prefix that one day matches two
+    flags would change meaning), and an unknown flag gets the closest known one suggested."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _known_options(self) -> list[str]:
+        """This parser's option strings, and those of the subcommand the command line names."""
+        known = [o for a in self._actions for o in a.option_strings]
+        argv = sys.argv[1:] if self.argv is None else self.argv
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    if name in argv:
+                        known += [o for a in sub._actions for o in a.option_strings]
+        return known
+
+    argv: list[str] | None = None  # what main() parses (None: sys.argv)
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):
+            known = self._known_options()
+            hints = []
+            for word in message.removeprefix("unrecognized arguments: ").split():
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                if word.startswith("-") and close:
+                    hints.append(f"{word.split('=')[0]}: did you mean {close[0]}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dstore",
         description="Distributed in-memory data store for deep-learning training over MPI RMA.",
     )
@@ -131,8 +167,19 @@ def _check_launcher() -> int:
     return 2
 
 
+def _warnings_once_per_job() -> None:
+    """Python warnings (a deprecated flag, pin_memory without CUDA, ...) from rank 0 only: every
+    rank meets the same ones, and 64 copies of a line hide the rest of a log. The launcher's rank
+    variables say which rank this is before MPI starts (flags are parsed first).
+    $DSTORE_ALL_RANK_WARNINGS=1 shows every rank's."""
+    if job.launcher_rank(os.environ) != 0 and not rc.ALL_RANK_WARNINGS.get():
+        warnings.simplefilter("ignore")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _warnings_once_per_job()
     parser = build_parser()
+    parser.argv = argv
     args = parser.parse_args(argv)
     if getattr(args, "config", None):  # the file's values become defaults: the command line wins
         try:

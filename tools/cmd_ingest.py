@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
 import signal
+import sys
 
 HELP = ("Ingest a data set (an image folder root/<class>/<file>, a folder with --labels FILE.csv, WebDataset "
         ".tar shards, Parquet files or a Hugging Face datasets directory, CIFAR python batches, a .npy/.npz "
@@ -13,8 +16,6 @@ HELP = ("Ingest a data set (an image folder root/<class>/<file>, a folder with -
 
 def _source_option(text: str):
     """`KEY=VALUE` for --source-option; VALUE is parsed as int if it looks like one."""
-    import argparse
-
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
@@ -81,7 +82,9 @@ def add_arguments(parser) -> None:
                              "-O labels=coarse (CIFAR-100), -O images_key=x (npz)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing dstore container at OUTPUT (anything else there is refused)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress bar on rank 0's stderr (default: only when stderr is a terminal, so "
+                             "a redirected log gets no \\r frames; under mpiexec stderr is a pipe: pass --progress)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
 
 
@@ -104,6 +107,16 @@ def _sigterm_unwinds():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _progress(asked: bool | None) -> bool:
+    """--progress / --no-progress, else a bar only where stderr is a terminal."""
+    if asked is not None:
+        return asked
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def run(args) -> int:
@@ -133,7 +146,7 @@ def _run(args) -> int:
     comm = MPI.COMM_WORLD
     report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
                     keep_order=args.keep_order, stratify=args.stratify, encoding=args.encoding, resize=args.resize,
-                    on_error=args.on_error, count=args.count, progress=not args.no_progress,
+                    on_error=args.on_error, count=args.count, progress=_progress(args.progress),
                     overwrite=args.overwrite, source_type=args.source_type, reencode_max_side=args.max_side,
                     reencode_quality=args.quality, **options)
     if comm.Get_rank() == 0:

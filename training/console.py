@@ -7,6 +7,8 @@ import sys
 
 from tqdm import tqdm
 
+from dstore.units import fmt_rate, fmt_seconds, fmt_size
+
 
 def say(line: str) -> None:
     """Writes `line` to stdout and flushes it (how rank 0 reports progress by default)."""
@@ -39,13 +41,7 @@ def progress_bar(progress: bool | None, main: bool, total: int, epoch: int):
     return tqdm(total=total, desc=f"epoch {epoch}", leave=False, mininterval=0.5)
 
 
-def human_bytes(n: float) -> str:
-    """`n` bytes in B, kB, MB or GB (powers of 1000)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+human_bytes = fmt_size  # the one formatter (dstore.units)
 
 
 def describe_io(stats: dict) -> str:
@@ -74,5 +70,46 @@ def _describe_store(st: dict) -> str:
                  f"{st['storage_reads']} reads (wait {st['storage_wait_seconds'] * 1e3:.1f} ms)")
     if st.get("population_seconds"):
         line += (f"; population {human_bytes(st['population_bytes'])} in "
-                 f"{st['population_seconds'] * 1e3:.1f} ms ({st['population_MBps']:.1f} MB/s)")
+                 f"{st['population_seconds'] * 1e3:.1f} ms ({fmt_rate(st['population_MBps'] * 1e6)})")
     return line
+
+
+# What the one-line summary over the ranks shows, per shape of a rank's figures: (label, the
+# figure from a rank's dict, how it is printed).
+_STORE_FIGURES = (
+    ("samples", lambda st: st["samples"], str),
+    ("remote", lambda st: st["bytes_remote"], fmt_size),
+    ("gets", lambda st: st["gets"], str),
+    ("fetch", lambda st: st["fetch_seconds"], fmt_seconds),
+    ("consumer wait", lambda st: st["wait_seconds"], fmt_seconds),
+    ("from storage", lambda st: st.get("bytes_storage", 0), fmt_size),
+    ("population", lambda st: st.get("population_seconds", 0.0), fmt_seconds),
+)
+_READ_FIGURES = (
+    ("samples read", lambda st: st["samples_read"], str),
+    ("bytes", lambda st: st["bytes_read"], fmt_size),
+    ("read time", lambda st: st["read_s"], fmt_seconds),
+)
+
+
+def summarize_io(all_stats: list[dict], loader: str) -> str:
+    """One line of every rank's data I/O figures (dstore train's last line before it ends): min /
+    median / max over the ranks of each figure, so 64 ranks still make one line (the per-rank
+    figures go to metrics.jsonl). One rank: describe_io's line."""
+    if len(all_stats) == 1:
+        return f"data I/O ({loader}): {describe_io(all_stats[0])}"
+    first = all_stats[0]
+    figures = (_STORE_FIGURES if "samples_local" in first else _READ_FIGURES if "samples_read" in first else ())
+    parts = []
+    for label, get, show in figures:
+        try:
+            values = sorted(get(st) for st in all_stats)
+        except KeyError:
+            continue
+        if label in ("from storage", "population") and not values[-1]:
+            continue  # nothing read from storage / no population in this epoch: not worth a column
+        median = values[(len(values) - 1) // 2]  # the lower median: one rank's own figure
+        parts.append(f"{label} {show(values[0])} / {show(median)} / {show(values[-1])}")
+    where = f", epoch {first['epoch']}" if "epoch" in first else ""
+    return (f"data I/O over {len(all_stats)} ranks ({loader}{where}), min / median / max per rank: "
+            + ", ".join(parts) + " (each rank's figures: metrics.jsonl, io_stats)")

@@ -29,7 +29,7 @@ from dstore.collective import agree
 from dstore.errors import DStoreError, OutputError
 from dstore.pagecache import evict
 from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
-from dstore.training.console import describe_io, progress_bar
+from dstore.training.console import progress_bar, summarize_io
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
 from dstore.training.metrics import EpochMeter, JsonLog
 from dstore.training.resume import check_compatible, config_changes, plain_config, restore
@@ -264,13 +264,12 @@ class Fit:
 
     def io_stats(self) -> dict:
         """Collective: this rank's data-I/O figures (the store's last epoch, or the direct reader's
-        totals); the main rank reports and logs every rank's."""
+        totals); the main rank reports them over all ranks in one line and logs every rank's."""
         stats = getattr(self.train_src, "stats", None) or {}
         stats = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)  # the store's EpochStats, or a dict
         all_stats = self.ctx.comm.gather(stats, root=0)
         if self.ctx.is_main:
-            for r, st in enumerate(all_stats):
-                self.report(f"data I/O rank {r} ({self.cfg.loader}): {describe_io(st)}")
+            self.report(summarize_io(all_stats, self.cfg.loader))  # one line however many ranks
             self.log.write({"final": True, "io_stats": all_stats})
         return stats
 

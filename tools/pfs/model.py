@@ -14,6 +14,7 @@ import threading
 import time
 
 from dstore.errors import ConfigError
+from dstore.units import parse_byte_rate, parse_duration
 
 UNLIMITED = math.inf
 
@@ -22,43 +23,28 @@ MAX_DELAY_S = 10.0
 request's wait for tokens is cut to it): libfuse ends its loop on SIGTERM only once every request
 in flight returns, so an unbounded wait made a mount that no signal could end."""
 
-_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _NO_CAP = ("unlimited", "inf", "none")
 
 
 def parse_time(text: str, name: str = "time") -> float:
-    """`2ms`, `500us`, `0.5s`, `0` -> seconds. A non-zero number needs its unit.
+    """`2ms`, `500us`, `0.5s`, `0` -> seconds (dstore.units' grammar). A non-zero number needs its unit.
 
     Raises:
-        ConfigError: naming `name`, the value and what is allowed.
+        ConfigError: naming `name` and the value.
     """
-    s = str(text).strip().lower()
-    m = re.fullmatch(_NUM + r"\s*(ns|us|µs|ms|s)?", s)
-    if not m:
-        raise ConfigError(f"{name}={text!r}: expected a duration such as 2ms, 500us or 0.01s")
-    value = float(m.group(1))
-    if m.group(2) is None:
-        if value != 0:
-            raise ConfigError(f"{name}={text!r} has no unit: write e.g. {text}ms or {text}s")
-        return 0.0
-    return value * _TIME_UNITS[m.group(2)]
+    return parse_duration(text, name)
 
 
 def parse_bandwidth(text: str, name: str = "bandwidth") -> float:
-    """`500MB/s`, `1GB/s`, `2GiB/s`, `unlimited` -> bytes per second (inf for no cap).
+    """`500MB/s`, `1G/s`, `2GiB/s`, `unlimited` -> bytes per second (inf for no cap).
 
-    MB is 10^6 bytes, MiB 2^20. Raises ConfigError naming `name` otherwise."""
+    dstore.units' size grammar per second: MB is 10^6 bytes, MiB 2^20. Raises ConfigError naming
+    `name` otherwise."""
     s = str(text).strip().lower()
     if s in _NO_CAP:
         return UNLIMITED
-    m = re.fullmatch(_NUM + r"\s*([kmgt]i?b|b)/s", s)
-    if not m:
-        raise ConfigError(f"{name}={text!r}: expected bytes per second such as 500MB/s, 1GB/s, 2GiB/s "
-                          "or 'unlimited'")
-    value = float(m.group(1)) * _BYTE_UNITS[m.group(2)]
+    value = parse_byte_rate(text, name)
     if value <= 0:
         raise ConfigError(f"{name}={text!r} must be > 0 (or 'unlimited')")
     return value

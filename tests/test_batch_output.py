@@ -1,0 +1,120 @@
+"""What a batch job's log gets: no progress-bar frames (`\\r`) unless asked, one copy of each warning
+per job, a heartbeat during long steps, the training's I/O figures as one line over all ranks, one
+unit grammar and one formatter, and no silently accepted abbreviation or typo of a flag."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from mpirun import REPO, mpiexec
+
+from dstore.heartbeat import Heartbeat, period_from_env
+from dstore.memory import fmt_bytes, parse_bytes
+from dstore.tools.cli import main
+from dstore.tools.pfs import parse_bandwidth, parse_time
+from dstore.training.console import human_bytes, summarize_io
+from dstore.units import fmt_rate, fmt_seconds, fmt_size, parse_byte_rate, parse_duration, parse_size
+
+
+def _raw_log(argv, env) -> str:
+    """`mpiexec -n 2 ARGV > log 2>&1`, as bytes decoded without newline translation (text mode turns
+    every \r into \n, so a check for \r on text-mode output could not fail)."""
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", *argv[1:]]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    log = res.stdout.decode("utf-8", "replace")
+    assert res.returncode == 0, log
+    return log
+
+
+@pytest.mark.mpi
+def test_redirected_logs_of_every_command_have_no_frames_and_one_copy_of_a_warning(tmp_path, cache):
+    env = {"DSTORE_CACHE": str(cache), "DSTORE_HEARTBEAT": "0.001"}
+    out = str(tmp_path / "d.h5")
+    logs = {}
+    for name, argv in (("ingest", ["ingest", "digits", out]),
+                       ("verify", ["verify", out, "--decode"]),
+                       ("info", ["info", out]),
+                       ("train", ["train", out, "--epochs", "1", "--threads", "1", "--run-dir", str(tmp_path / "r")])):
+        logs[name] = _raw_log(["dstore", *argv], env)
+    for name, log in logs.items():
+        assert "\r" not in log, (name, repr(log[:300]))
+    assert logs["train"].count("--threads is deprecated") == 1, logs["train"]  # not once per rank
+    assert "verify --decode (rank 0's part): " in logs["verify"]  # the heartbeat, from rank 0 alone
+    assert "(rank 1" not in logs["verify"]
+    io_lines = [ln for ln in logs["train"].splitlines() if ln.startswith("data I/O")]
+    assert len(io_lines) == 1 and io_lines[0].startswith("data I/O over 2 ranks (store"), io_lines
+    final = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in final if "io_stats" in r][0]["io_stats"]) == 2  # the per-rank detail, in JSON
+
+
+def test_one_unit_grammar_for_sizes_rates_and_times():
+    assert parse_size("8G") == parse_bytes("8G") == 8 * 10**9 and parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5e3") == 1500 and parse_size(4096) == 4096
+    assert parse_byte_rate("1G/s") == parse_bandwidth("1G/s") == 1e9  # `--bandwidth 1G/s` was refused
+    assert parse_bandwidth("2GiB/s") == 2 * 2**30 and parse_byte_rate("500 MB/s") == 5e8
+    assert parse_duration("2ms") == parse_time("2ms") == 0.002 and parse_duration("2min") == 120.0
+    for bad in ("8X", "-1", "G"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad, "size")
+
+
+def test_one_formatter_prints_si_with_three_digits():
+    assert fmt_size(38_000) == "38.0 kB"  # was "0.0 MB" in one place, "37.1 KiB" in another
+    assert fmt_size(2_200_000) == fmt_bytes(2_200_000) == human_bytes(2_200_000) == "2.20 MB"
+    assert fmt_size(512) == "512 B" and fmt_size(1.5e9) == "1.50 GB" and fmt_size(999_999) == "1.00 MB"
+    assert fmt_rate(412e6) == "412 MB/s" and fmt_rate(float("inf")) == "unlimited"
+    assert fmt_seconds(0.0034) == "3.40 ms" and fmt_seconds(1.25) == "1.25 s" and fmt_seconds(850e-6) == "850 us"
+
+
+def test_the_io_summary_is_one_line_of_min_median_max():
+    st = {"epoch": 2, "samples": 700, "samples_local": 1, "bytes_remote": 1000, "gets": 2, "fetch_seconds": 0.001,
+          "wait_seconds": 0.01}
+    ranks = [{**st, "samples": n, "bytes_remote": 1000 * n} for n in (700, 719, 738, 710)]
+    line = summarize_io(ranks, "store")
+    assert "\n" not in line and line.startswith("data I/O over 4 ranks (store, epoch 2)")
+    assert "samples 700 / 710 / 738" in line and "remote 700 kB / 710 kB / 738 kB" in line, line
+
+
+def test_a_heartbeat_writes_plain_lines_while_a_step_runs(monkeypatch):
+    out = io.StringIO()
+    with Heartbeat("verify", 10, unit="samples", period=0.01, out=out) as beat:
+        beat.add(4)
+        time.sleep(0.2)
+    lines = out.getvalue().splitlines()
+    assert lines and lines[-1].startswith("verify: 4 of 10 samples (40%) after ") and "\r" not in out.getvalue()
+    quiet = io.StringIO()
+    with Heartbeat("verify", 10, period=0.01, out=quiet, enabled=False):
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
+    monkeypatch.setenv("DSTORE_HEARTBEAT", "120")
+    assert period_from_env() == 120
+    monkeypatch.delenv("DSTORE_HEARTBEAT")
+    assert period_from_env() == 30
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--epoch", "3"], "--epoch: did you mean --epochs?"),  # a prefix was taken for --epochs
+    (["train", "--batchsize", "8"], "--batchsize: did you mean --batch-size?"),
+    (["ingest", "a", "b", "--no-progres"], "--no-progres: did you mean --no-progress?"),
+])
+def test_no_abbreviations_and_a_suggestion_for_a_typo(capsys, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_an_ingest_log_has_no_bar_unless_asked(tmp_path):
+    out = tmp_path / "x.h5"
+    np.save(tmp_path / "x.npy", np.zeros((20, 4, 4), dtype=np.uint8))
+    for flag, frames in (([], False), (["--progress"], True)):
+        res = subprocess.run([sys.executable, "-m", "dstore.tools", "ingest", str(tmp_path / "x.npy"), str(out),
+                              "--overwrite", *flag], capture_output=True, timeout=120)  # bytes: \r kept
+        assert res.returncode == 0, res.stderr
+        assert (b"\r" in res.stderr) == frames, res.stderr
