@@ -26,6 +26,7 @@ COMMANDS = {
     "train": "dstore.tools.cmd_train",
     "bench": "dstore.tools.cmd_bench",
     "pfs": "dstore.tools.cmd_pfs",
+    "plot": "dstore.tools.cmd_plot",
 }
 
 

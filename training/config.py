@@ -203,6 +203,9 @@ class TrainConfig:
                                              "--signal=USR1@120 (comma-separated, of TERM, USR1, USR2, INT; none: "
                                              "a signal ends the run as before)", group=RUN, metavar="SIGNALS",
                                  parse=_signals)
+    tensorboard: bool = _flag(False, "also write each epoch's figures as TensorBoard events in <run-dir>/tensorboard "
+                                     "(needs the tensorboard package; metrics.csv is always written beside "
+                                     "metrics.jsonl)", group=RUN)
     log_batches: bool = _flag(False, "write every trained batch's sample ids to batches.rank<r>.jsonl", group=RUN)
     progress: bool | None = _flag(None, "a progress bar per epoch on rank 0, on stderr (default: only when stderr "
                                         "is a terminal, so batch logs get plain lines; under mpiexec stderr is a "

@@ -31,7 +31,7 @@ from dstore.pagecache import evict
 from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from dstore.training.console import progress_bar, summarize_io
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
-from dstore.training.metrics import EpochMeter, JsonLog
+from dstore.training.metrics import CurveLogs, EpochMeter, JsonLog
 from dstore.training.resume import check_compatible, config_changes, plain_config, restore
 
 
@@ -88,6 +88,7 @@ class Fit:
     log: Any = dataclasses.field(default=None, init=False)
     applied: list = dataclasses.field(default_factory=list, init=False)
     batch_log: Any = dataclasses.field(default=None, init=False)
+    curves: Any = dataclasses.field(default=None, init=False)
 
     def run(self) -> dict:
         """Trains to cfg.epochs (or cfg.stop_after_steps); returns what dstore.training.run.train does."""
@@ -111,6 +112,7 @@ class Fit:
             os.makedirs(self.run_dir, exist_ok=True)
             self.write_config()
         self.log = JsonLog(os.path.join(self.run_dir, "metrics.jsonl") if ctx.is_main else None)
+        self.curves = CurveLogs(self.run_dir if ctx.is_main else None, tensorboard=cfg.tensorboard)
         self.batch_log = JsonLog(os.path.join(self.run_dir, f"batches.rank{ctx.rank}.jsonl")
                                  if cfg.log_batches else None)
 
@@ -219,6 +221,7 @@ class Fit:
                   **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
                      if val_m else {})}
         self.log.write(record)
+        self.curves.write(record)
         self.history.append(record)
         self.report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
                     + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
@@ -258,6 +261,7 @@ class Fit:
                         f"loss {test['loss']:.4f}")
         stats = self.io_stats()
         self.log.close()
+        self.curves.close()
         self.batch_log.close()
         return {"test": test, "epochs": self.history, "run_dir": self.run_dir, "stopped_early": self.stopped,
                 "preempted": self.preempted, "store_stats": stats}

@@ -1,4 +1,5 @@
-"""Training metrics: per-epoch accumulators reduced over the trainer's ranks, and a JSON-lines log.
+"""Training metrics: per-epoch accumulators reduced over the trainer's ranks, a JSON-lines log, and
+the same per-epoch records as CSV and (optionally) TensorBoard events.
 
 Reductions use the MPI communicator (a few doubles per epoch), not the torch group, so they do
 not interleave with DDP's gradient traffic.
@@ -12,6 +13,8 @@ import os
 import time
 
 import numpy as np
+
+from dstore.errors import ConfigError
 
 
 class EpochMeter:
@@ -122,3 +125,63 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Every record of a JSON-lines file (raises json.JSONDecodeError on a malformed line)."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+class CurveLogs:
+    """The per-epoch records again, for the usual viewers: `metrics.csv` (one row per epoch, the
+    numeric fields of the first record as columns) and, with `tensorboard`, TensorBoard event files
+    in `<run dir>/tensorboard/` (each numeric field a scalar at the record's global step).
+
+    Args:
+        run_dir: where they go; None makes logs that write nothing (ranks other than the main one).
+        tensorboard: also write TensorBoard events (needs the `tensorboard` package).
+
+    Raises:
+        ConfigError: `tensorboard` without the package installed.
+    """
+
+    def __init__(self, run_dir: str | None, tensorboard: bool = False):
+        self.csv_path = None if run_dir is None else os.path.join(run_dir, "metrics.csv")
+        self._columns: list[str] | None = None
+        self._tb = None
+        if tensorboard and run_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        """Adds one epoch's record (the dict written to metrics.jsonl)."""
+        if self.csv_path is None:
+            return
+        numbers = {k: v for k, v in _plain(record).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._write_csv(numbers)
+        if self._tb is not None:
+            step = int(numbers.get("global_step", numbers.get("epoch", 0)))
+            for key, value in numbers.items():
+                if key not in ("epoch", "global_step"):
+                    self._tb.add_scalar(key.replace("_", "/", 1), value, step)
+            self._tb.flush()
+
+    def _write_csv(self, numbers: dict) -> None:
+        import csv
+
+        new = not os.path.exists(self.csv_path) or os.path.getsize(self.csv_path) == 0
+        if self._columns is None:
+            if new:
+                self._columns = list(numbers)
+            else:  # a resumed run appends under the header the first run wrote
+                with open(self.csv_path, newline="", encoding="utf-8") as fh:
+                    self._columns = next(csv.reader(fh), list(numbers))
+        with open(self.csv_path, "a", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, self._columns, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(numbers)
+
+    def close(self) -> None:
+        """Closes the TensorBoard writer. Safe to call twice."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
