@@ -32,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import pickle
+import sys
 import time
 import warnings
 
@@ -260,6 +261,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
                               "is a fork of a process that holds MPI windows, after MPI_Init. Use "
                               "DataLoader(loader, batch_size=None) with num_workers=0, or the loader itself; "
                               "decoding already runs in its decode_threads threads")
+        _refuse_batching_dataloader(sys._getframe(1))
         epoch = self._epoch
         self._epoch += 1  # a plain `for epoch ...: for batch in loader` walks the epochs
         return self.epoch(epoch)
@@ -400,3 +402,16 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _refuse_batching_dataloader(caller) -> None:
+    """ConfigError if `iter(loader)` was called by a DataLoader that batches its items: a
+    StoreLoader's items are whole batches, so `DataLoader(loader)` (batch_size=1, the default)
+    would add a dimension to every tensor and silently train on (1, B, C, H, W) batches. torch has
+    no public hook for this, so the DataLoader's fetcher (the caller of `iter`) is looked at; when
+    torch's internals look different the check is skipped, never the iteration."""
+    fetcher = caller.f_locals.get("self")
+    if type(fetcher).__name__.endswith("IterableDatasetFetcher") and getattr(fetcher, "auto_collation", False):
+        raise ConfigError("DataLoader(loader) needs batch_size=None: a StoreLoader yields whole batches already "
+                          "(the store's batch_size), and a DataLoader batch_size would stack them into an extra "
+                          "dimension")

@@ -210,3 +210,16 @@ def _rendezvous(comm, timeout):
     if rank == 0:
         return store
     return dist.TCPStore(host, port, size, False, timeout=timeout)
+
+
+def torch_env(comm) -> dict[str, str]:
+    """The environment a torchrun-style library reads to join a process group (collective over
+    `comm`): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR/MASTER_PORT (rank 0's
+    host and a port free there a moment ago). For HF Accelerate (or anything that calls
+    `init_process_group(init_method="env://")`) under `mpiexec`, which sets none of them:
+    `os.environ.update(torch_env(MPI.COMM_WORLD))` before it starts."""
+    here = topology(comm)
+    addr = (_rendezvous_host(), _free_port()) if comm.Get_rank() == 0 else None
+    host, port = comm.bcast(addr, root=0)
+    return {"RANK": str(comm.Get_rank()), "WORLD_SIZE": str(comm.Get_size()), "LOCAL_RANK": str(here.local_rank),
+            "LOCAL_WORLD_SIZE": str(here.local_size), "MASTER_ADDR": host, "MASTER_PORT": str(port)}

@@ -1,0 +1,75 @@
+"""The loader among PyTorch's tools: DataLoader(loader) must say batch_size=None (else refused:
+it silently added a dimension), torchdata's StatefulDataLoader resumes exactly through the
+loader's state_dict, and HF Accelerate (given torch_env's MASTER_ADDR/PORT) and Lightning Fabric
+(its MPIEnvironment) train under `mpiexec -n 2` with the store feeding them. Each third-party test
+runs where the package is installed (none is a dependency) and is skipped with the reason elsewhere."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpirun import REPO, run_mpi
+from torch.utils.data import DataLoader
+
+from dstore import DataStore, StoreLoader
+from dstore.errors import ConfigError
+from dstore.formats import create_writer
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("eco") / "c.h5")
+    rng = np.random.default_rng(0)
+    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
+                       raw_shape=(4, 4, 1)) as w:
+        for i in range(40):
+            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
+    return path
+
+
+def _sums(batches):
+    return [int(x.sum()) for x, _ in batches]
+
+
+def test_a_dataloader_that_would_batch_the_batches_is_refused(container):
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        loader = StoreLoader(store)
+        with pytest.raises(ConfigError, match="batch_size=None"):
+            next(iter(DataLoader(loader)))  # batch_size=1 by default: a (1, 4, 1, 4, 4) batch
+        images, labels = next(iter(DataLoader(loader, batch_size=None)))
+        assert tuple(images.shape) == (4, 1, 4, 4) and tuple(labels.shape) == (4,)
+
+
+def test_statefuldataloader_resumes_exactly(container):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader",
+                              reason="torchdata is not installed (pip install --no-deps torchdata)")
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        full = _sums(StoreLoader(store))
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        dl = sdl.StatefulDataLoader(StoreLoader(store), batch_size=None)
+        it = iter(dl)
+        first = _sums(next(it) for _ in range(3))
+        state = dl.state_dict()
+    assert state["dataset_state"]["step"] == 3  # the loader's own state_dict, taken by torchdata
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        dl = sdl.StatefulDataLoader(StoreLoader(store), batch_size=None)
+        dl.load_state_dict(state)
+        rest = _sums(dl)
+    assert first + rest == full and len(full) == 10
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store, pytest.raises(ConfigError):
+        next(iter(sdl.StatefulDataLoader(StoreLoader(store))))  # batch_size=1 there too
+
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("package, script, says", [
+    ("accelerate", "accelerate_script.py", "accelerate ok DistributedType.MULTI_CPU"),
+    ("lightning", "fabric_script.py", "fabric ok MPIEnvironment"),
+])
+def test_accelerate_and_fabric_train_under_mpiexec_on_the_store(container, tmp_path, package, script, says):
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (not a dependency of dstore)")
+    res = run_mpi(2, ["python", str(REPO / "tests" / "ecosystem" / script), container, str(tmp_path / "ck")],
+                  timeout=180)
+    assert says in res.stdout, res.stdout + res.stderr  # and the two ranks' weights are equal (asserted inside)
