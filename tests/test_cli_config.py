@@ -31,8 +31,9 @@ def test_every_config_field_that_is_a_flag_is_in_the_parser_with_its_default_and
         assert action.choices == f.metadata.get("choices"), f.name
         names = f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),)
         assert set(names) <= set(action.option_strings) or action.option_strings == [], f.name
-    # and nothing else: the parser's own --help, and --json (how the summary is printed, not the run)
-    assert set(by_dest) - {f.name for f in fields} == {"help", "json"}
+    # and nothing else: the parser's own --help, --json (how the summary is printed, not the run), and
+    # --config / --print-config (where the flags come from, and showing them instead of a run)
+    assert set(by_dest) - {f.name for f in fields} == {"help", "json", "config", "print_config"}
     # no flags given: the config's own defaults, field for field
     assert flags.from_args(TrainConfig, parser.parse_args([])) == TrainConfig()
     text = " ".join(parser.format_help().split())  # the help renders (argparse formats lazily)
