@@ -26,6 +26,17 @@ def random_samples(n: int, *, seed: int = 0, max_bytes: int = 3000, nclasses: in
     return out
 
 
+def raw_container(path, *, n: int = 40, shape=(4, 4, 1), classes: int = 2, seed: int = 0) -> str:
+    """A small HDF5 container of `n` random raw uint8 images of `shape`, labels i % classes."""
+    rng = np.random.default_rng(seed)
+    names = [chr(ord("a") + k) for k in range(classes)]
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=names, raw_dtype="uint8",
+                       raw_shape=tuple(shape)) as w:
+        for i in range(n):
+            w.append(rng.integers(0, 256, tuple(shape), dtype=np.uint8), i % classes, f"s{i}", i)
+    return str(path)
+
+
 def write_samples(path, fmt: str, samples, *, class_names=("a", "b", "c"), encoding="jpeg", **kwargs) -> str:
     """One container of backend `fmt` (`hdf5`/`zarr`) holding `samples`; returns its path."""
     with create_writer(path, fmt, encoding=encoding, class_names=class_names, **kwargs) as w:

@@ -6,12 +6,11 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from formats_helpers import raw_container
 from mpirun import REPO
 
 from dstore.errors import ConfigError
-from dstore.formats import create_writer
 from dstore.training.config import TrainConfig
 from dstore.training.models import build_model, get_model
 
@@ -70,12 +69,7 @@ def test_a_factory_that_returns_no_module_is_refused(user_module):
 
 
 def test_dstore_train_trains_a_model_given_by_import_path(user_module, tmp_path):
-    path = tmp_path / "c.h5"
-    rng = np.random.default_rng(0)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(8, 8, 1)) as w:
-        for i in range(40):
-            w.append(rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), i % 2, f"s{i}", i)
+    path = raw_container(tmp_path / "c.h5", shape=(8, 8, 1))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": f"{user_module}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", str(path), "--model", "my_models:tiny",

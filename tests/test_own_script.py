@@ -6,25 +6,17 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from formats_helpers import raw_container
 from mpi4py import MPI
 from mpirun import run_mpi
 
 from dstore import DataStore, job
-from dstore.formats import create_writer
 
 LAUNCH_VARS = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
                "RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")
 
 
-def _container(path, n=40):
-    rng = np.random.default_rng(0)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
-        for i in range(n):
-            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
-    return str(path)
 
 
 # Rank 1 raises in the middle of an epoch; rank 0 goes on to the next collective (the next epoch's
@@ -66,7 +58,7 @@ def _env(**extra):
 def test_an_exception_on_one_rank_ends_the_job_once(tmp_path, body):
     script = tmp_path / "own.py"
     script.write_text(body)
-    path = _container(tmp_path / "c.h5")
+    path = raw_container(tmp_path / "c.h5")
     res = run_mpi(2, ["python", str(script), path], timeout=60, check=False, env=_env())
     assert res.returncode != 0, res
     assert "not reached" not in res.stdout
@@ -76,7 +68,7 @@ def test_an_exception_on_one_rank_ends_the_job_once(tmp_path, body):
 
 def test_the_hook_is_held_while_open_and_given_back_on_a_clean_close(tmp_path):
     before = sys.excepthook
-    path = _container(tmp_path / "c.h5")
+    path = raw_container(tmp_path / "c.h5")
     with DataStore(MPI.COMM_SELF, path, batch_size=4) as a:
         assert sys.excepthook is job._hook and job.armed()
         with DataStore(MPI.COMM_SELF, path, batch_size=4):
@@ -105,7 +97,7 @@ print("trained alone", flush=True)
 def test_a_script_started_by_torchrun_is_refused_in_one_line(tmp_path, env, rank):
     script = tmp_path / "own.py"
     script.write_text(TORCHRUN_SCRIPT)
-    path = _container(tmp_path / "c.h5")
+    path = raw_container(tmp_path / "c.h5")
     env = _env(**env, RANK=rank) if "WORLD_SIZE" in env else _env(**{**env, "SLURM_PROCID": rank})
     res = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode != 0 and "trained alone" not in res.stdout

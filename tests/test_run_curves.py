@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from formats_helpers import raw_container
 from mpirun import REPO
 
 from dstore.errors import ConfigError
-from dstore.formats import create_writer
 from dstore.training.metrics import CurveLogs
 from dstore.training.plot import plot_run
 
@@ -42,12 +41,7 @@ def test_plot_refuses_what_is_not_a_run(tmp_path):
 
 def test_a_run_writes_csv_and_tensorboard_and_plot_draws_it(tmp_path):
     pytest.importorskip("matplotlib", reason="dstore plot needs matplotlib (the bench extra)")
-    path = tmp_path / "c.h5"
-    rng = np.random.default_rng(0)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(8, 8, 1)) as w:
-        for i in range(40):
-            w.append(rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), i % 2, f"s{i}", i)
+    path = raw_container(tmp_path / "c.h5", shape=(8, 8, 1))
     run_dir = tmp_path / "run"
     argv = ["train", str(path), "--epochs", "2", "--batch-size", "8", "--run-dir", str(run_dir)]
     argv += ["--tensorboard"] if HAS_TB else []

@@ -6,26 +6,19 @@ runs where the package is installed (none is a dependency) and is skipped with t
 
 import importlib.util
 
-import numpy as np
 import pytest
+from formats_helpers import raw_container
 from mpi4py import MPI
 from mpirun import REPO, run_mpi
 from torch.utils.data import DataLoader
 
 from dstore import DataStore, StoreLoader
 from dstore.errors import ConfigError
-from dstore.formats import create_writer
 
 
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("eco") / "c.h5")
-    rng = np.random.default_rng(0)
-    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
-        for i in range(40):
-            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
-    return path
+    return raw_container(tmp_path_factory.mktemp("eco") / "c.h5")
 
 
 def _sums(batches):
