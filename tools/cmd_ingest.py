@@ -74,7 +74,8 @@ def add_arguments(parser) -> None:
                         help="JPEG quality of the images --max-side re-encodes (default 90)")
     for flag, what in (("--num-classes", "number of classes"), ("--mean-bytes", "target mean JPEG size (bytes)"),
                        ("--min-side", "smallest image side (px)")):
-        parser.add_argument(flag, type=int, default=None, help=f"synthetic: {what}")
+        parser.add_argument(flag, type=_size if flag == "--mean-bytes" else int, default=None,
+                            help=f"synthetic: {what}" + (" (e.g. 110000, 110k)" if flag == "--mean-bytes" else ""))
     parser.add_argument("--source-option", "-O", action="append", type=_source_option, default=[],
                         metavar="KEY=VALUE",
                         help="more source options, e.g. -O num_classes=100 -O mean_bytes=50000 -O max_side=500 "
@@ -107,6 +108,16 @@ def _sigterm_unwinds():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _size(text: str) -> int:
+    """--mean-bytes in dstore.units' size grammar."""
+    from dstore.units import parse_size
+
+    try:
+        return parse_size(text, "--mean-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _progress(asked: bool | None) -> bool:

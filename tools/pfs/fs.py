@@ -21,6 +21,7 @@ import time
 from dstore.errors import ConfigError
 from dstore.tools.pfs.model import DEFAULTS, MAX_DELAY_S, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
 from dstore.tools.pfs.mount import PfsMountError, check_mountpoint, fusermount
+from dstore.units import parse_size
 
 FSNAME = "dstore-pfs"
 """The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
@@ -219,7 +220,16 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jitter", type=float, default=0.0, help="each delay uniform in d x [1-J, 1+J]")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter draws")
     p.add_argument("--burst", default="10ms", help="seconds' worth of tokens an idle bucket holds (at most 10s)")
-    p.add_argument("--max-read", type=int, default=d.max_read, help="largest read request in bytes")
+    p.add_argument("--max-read", type=_size_flag, default=d.max_read,
+                   help="largest read request: bytes, or e.g. 1MiB, 128k")
+
+
+def _size_flag(text: str) -> int:
+    """A size flag in dstore.units' grammar, as argparse wants its error."""
+    try:
+        return parse_size(text, "--max-read")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bounded_time(text: str, flag: str) -> float:
