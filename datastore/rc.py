@@ -59,9 +59,9 @@ def parse(option: Option, text: str) -> Any:
             return value
         allowed = "an integer >= 1"
     elif kind == "bytes":
-        from dstore.memory import parse_bytes
+        from dstore.units import parse_size  # not dstore.memory, which imports this module
 
-        return parse_bytes(text, f"${option.name}")
+        return parse_size(text, f"${option.name}")
     elif kind == "seconds":
         try:
             value = float(text)
