@@ -87,3 +87,10 @@ def test_numbers_out_of_range_are_refused_naming_the_flag(kw, words):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kw).check()
     assert words in str(err.value)
+
+
+def test_a_synthetic_side_past_the_bound_is_refused():
+    from dstore.ingest.synthetic import MAX_SIDE, SyntheticSource
+
+    with pytest.raises(ConfigError, match=f"max_side=100000 \\(--max-side\\) is more than {MAX_SIDE}"):
+        SyntheticSource(count=1, min_side=99_000, max_side=100_000, mean_bytes=10**10)

@@ -44,6 +44,10 @@ def class_dir_names(num_classes: int) -> tuple[str, ...]:
     return tuple(f"class{k:0{width}d}" for k in range(num_classes))
 
 
+MAX_SIDE = 8192
+"""The largest side of a synthetic image (one of that size takes about 1.6 GB while it is made)."""
+
+
 def synthetic_image(i: int, *, seed: int = 0, num_classes: int = 10, amplitude: float = 20.0,
                     min_side: int = 333, max_side: int = 500) -> tuple[np.ndarray, int]:
     """Image i as (uint8[H, W, 3], label); label = i % num_classes."""
@@ -99,6 +103,8 @@ class SyntheticSource(Source):
                 raise ConfigError(f"{key}={value} must be at least {low}")
         if max_side < min_side:
             raise ConfigError(f"max_side={max_side} is smaller than min_side={min_side}")
+        if max_side > MAX_SIDE:  # an image is made in memory, several copies of H x W x 3 (noise in float)
+            raise ConfigError(f"max_side={max_side} (--max-side) is more than {MAX_SIDE} pixels")
         if not 1 <= quality <= 100:
             raise ConfigError(f"quality={quality} must be in 1..100")
         self.count, self.seed, self.num_classes = int(count), int(seed), int(num_classes)
