@@ -94,3 +94,13 @@ def test_a_synthetic_side_past_the_bound_is_refused():
 
     with pytest.raises(ConfigError, match=f"max_side=100000 \\(--max-side\\) is more than {MAX_SIDE}"):
         SyntheticSource(count=1, min_side=99_000, max_side=100_000, mean_bytes=10**10)
+
+
+def test_shards_past_the_names_five_digits_are_refused(tmp_path):
+    from mpi4py import MPI
+
+    from dstore.ingest import ingest
+
+    with pytest.raises(ConfigError, match=r"shards=1000000 \(--shards\) must be an integer in \[1, 99999\]"):
+        ingest("synthetic", str(tmp_path / "out"), comm=MPI.COMM_SELF, shards=1_000_000, count=4, progress=False)
+    assert os.listdir(tmp_path) == []

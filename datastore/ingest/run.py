@@ -202,13 +202,18 @@ def _wait(request) -> None:
         pause = min(pause * 2, 1e-3)
 
 
+MAX_SHARDS = 99_999
+"""The most shards an ingest writes (`shard-00000-of-99999`)."""
+
+
 def _check_args(fmt, shards, on_error, count, output):
     if fmt not in FORMATS:
         raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
-    if not isinstance(shards, (int, np.integer)) or shards < 1:
-        raise ConfigError(f"shards={shards!r} must be a positive integer")
+    if not isinstance(shards, (int, np.integer)) or not 1 <= shards <= MAX_SHARDS:
+        raise ConfigError(f"shards={shards!r} (--shards) must be an integer in [1, {MAX_SHARDS}] (shard names have "
+                          f"five digits)")
     if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
         raise ConfigError(f"count={count!r} must be a positive integer or None")
     lower = os.fspath(output).rstrip("/").lower()
