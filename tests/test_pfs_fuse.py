@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -268,3 +269,15 @@ def test_sigterm_ends_a_mount_with_a_read_in_its_longest_wait(source, tmp_path):
             proc.kill()
         force_unmount(str(mp))
     assert not is_mounted(str(mp)), out
+
+
+def test_a_mount_of_the_temporary_directory_itself_goes_elsewhere(tmp_path, monkeypatch):
+    """pfs_mount without a mountpoint makes its own; where the temporary directory lies inside the
+    source (a bench of files under /tmp), it goes beside the source instead of inside it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x.bin").write_bytes(b"abc")
+    monkeypatch.setattr(tempfile, "tempdir", str(src))
+    with pfs_mount(src, model=PfsModel()) as mnt:
+        assert not mnt.mountpoint.startswith(str(src) + "/")
+        assert (open(mnt.path("x.bin"), "rb").read()) == b"abc"

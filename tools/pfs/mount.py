@@ -145,14 +145,19 @@ def check_mountpoint(mountpoint: str, source=None) -> str:
     return mp
 
 
+def _within(path: str, root: str) -> bool:
+    """Whether real path `path` is `root` or lies under it."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _check_apart(mp: str, src: str) -> None:
     """Refuses a mountpoint `mp` that is the source directory `src` (a real path), or inside or above it."""
     real = os.path.realpath(mp)
     if real == src:
         where = "is SOURCE itself"
-    elif real.startswith(src.rstrip("/") + "/"):
+    elif _within(real, src):
         where = f"is inside SOURCE {src}"
-    elif src.startswith(real.rstrip("/") + "/"):
+    elif _within(src, real):
         where = f"holds SOURCE {src}"
     else:
         return
@@ -171,6 +176,17 @@ def force_unmount(mountpoint: str) -> bool:
         subprocess.run([prog, *flags, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=False, timeout=30)
     return not is_mounted(mountpoint)
+
+
+def _temp_parent(source: str) -> str | None:
+    """Where a mount's own directory is made: the temporary directory, unless it lies inside
+    `source` (a mount there would serve itself); then beside the source, or /dev/shm."""
+    if not _within(os.path.realpath(tempfile.gettempdir()), source):
+        return None
+    for d in (os.path.dirname(source), "/dev/shm"):
+        if os.path.isdir(d) and os.access(d, os.W_OK) and not _within(os.path.realpath(d), source):
+            return d
+    return None  # nowhere else: check_mountpoint refuses, naming it
 
 
 def _child_env() -> dict:
@@ -224,7 +240,7 @@ class PfsMount:
             raise PfsMountError(f"cannot mount a pfs model here: {reason}")
         if not os.path.isdir(self.source):
             raise ConfigError(f"SOURCE {self.source!r} is not a directory: dstore pfs serves a directory")
-        self._tmp = tempfile.mkdtemp(prefix="dstore-pfs-")
+        self._tmp = tempfile.mkdtemp(prefix="dstore-pfs-", dir=_temp_parent(self.source))
         if self._own_dir:
             self.mountpoint = os.path.join(self._tmp, "mnt")
             os.mkdir(self.mountpoint)
