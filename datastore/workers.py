@@ -131,8 +131,11 @@ class Segment:
         import torch
 
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
-        err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.size, 0)
-        self._pinned = int(err) == 0  # unpinned still works, only the copy is synchronous
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.size, 0)
+            self._pinned = int(err) == 0
+        except (RuntimeError, AttributeError, TypeError):  # unpinned still works, only the copy is synchronous
+            self._pinned = False
 
     def hand_over(self):
         """The segment as a uint8 tensor that owns its memory from now on: the map is freed with the

@@ -3,7 +3,7 @@ workers. For each, the loader's samples/s, the rank process's CPU time per deliv
 (getrusage RUSAGE_SELF: its threads included, its worker processes not), the time per sample the
 rank's process holds the GIL (py-spy --gil, sampled in a second pass over the same batches) and so
 the per-rank ceiling (1 / GIL time per sample); also the decoder alone (simplejpeg, DCT-scaled,
-in threads) at the same core counts, and optionally the model alone. One rank; batches are drained
+in threads) on as many cores just before each row, and optionally the model alone. One rank; batches are drained
 as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
     python -m dstore.tools.measure_loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
@@ -141,20 +141,19 @@ def measure(args) -> dict:
     rows = []
     for kind, count, kw in configs:
         kw = dict(kw, transform=tf, **gpu)
+        # the decoder alone on as many cores, just before the row: on a loaded machine the pair
+        # sees about the same share of it
+        decoder = decoder_rate(args.container, args, count, args.decoder_samples)
         n, secs, cpu = drain(args.container, args, kw)
         gil = gil_seconds(args.container, args, kw) if args.gil else None
         rows.append({"kind": kind, "count": count, "samples": n, "samples_per_s": n / secs,
                      "cpu_us_per_sample": 1e6 * cpu / n,
                      "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
-                     "ceiling_samples_per_s": None if not gil else n / gil})
+                     "ceiling_samples_per_s": None if not gil else n / gil,
+                     "decoder_alone_same_cores": decoder, "load": os.getloadavg()[0]})
         print(rows[-1], flush=True)
-    cores = sorted({1, *args.threads, *args.workers})
-    decoder = {c: decoder_rate(args.container, args, c, args.decoder_samples) for c in cores}
-    for r in rows:
-        r["decoder_alone_same_cores"] = decoder[r["count"]]
     out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
-           "load_after": os.getloadavg(), "rows": rows,
-           "decoder_alone": [{"threads": c, "samples_per_s": r} for c, r in decoder.items()]}
+           "load_after": os.getloadavg(), "rows": rows}
     if args.model:
         out["model_alone"] = {"model": args.model, "device": args.device, "samples_per_s": model_rate(args)}
     return out
@@ -166,16 +165,14 @@ def markdown(res: dict) -> str:
              f"{a['transform']}, {a['device']}; load average before {res['load_before'][0]:.1f}, after "
              f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available", "",
              "| loader | samples/s | rank CPU us/sample | rank GIL-held us/sample | per-rank ceiling samples/s "
-             "| decoder alone, same cores | loader / decoder |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| decoder alone, same cores | loader / decoder | load |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         gil = "n/a" if r["gil_us_per_sample"] is None else f"{r['gil_us_per_sample']:,.0f}"
         ceil = "n/a" if not r["ceiling_samples_per_s"] else f"{r['ceiling_samples_per_s']:,.0f}"
         lines.append(f"| {r['count']} decode {r['kind']} | {r['samples_per_s']:,.0f} | {r['cpu_us_per_sample']:,.0f} | "
                      f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
-                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} |")
+                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | {r['load']:.1f} |")
     lines.append("")
-    lines.append("decoder alone (simplejpeg, DCT-scaled): " + ", ".join(
-        f"{d['threads']} thread(s) {d['samples_per_s']:,.0f}/s" for d in res["decoder_alone"]))
     if "model_alone" in res:
         m = res["model_alone"]
         lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}): "
