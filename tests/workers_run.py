@@ -1,8 +1,9 @@
 """Scenarios for test_decode_workers, run as separate processes.
 
 `workers_run.py ranks CONTAINER OUT` (under mpiexec -n 2): every rank serves epoch 1 through a
-StoreLoader with 2 decode workers and saves the pixels of the samples it delivered, by id, in
-OUT/rank<r>.npz; rank 0 also saves the loader's state after the first step in OUT/state.json.
+StoreLoader with 2 decode workers (whose environment must lack the MPI launcher's variables) and
+saves the pixels of the samples it delivered, by id, in OUT/rank<r>.npz; rank 0 also saves the
+loader's state after the first step in OUT/state.json.
 
 `workers_run.py hold CONTAINER`: one process, a loader with 2 workers that has delivered a batch;
 prints "pids <rank> <worker> <worker>" and sleeps (the test kills it with SIGKILL).
@@ -30,6 +31,13 @@ def ranks(path: str, out: str) -> None:
             StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
         ids, images = [], []
         for step, (x, _) in enumerate(ld.epoch(1)):
+            if step == 0:  # the launcher's variables are not the workers' (NOTE [decode workers] 1)
+                assert any(k.startswith(("PMI_", "HYDRA_")) for k in os.environ), "not under mpiexec?"
+                for pid in ld._workers.pids:
+                    with open(f"/proc/{pid}/environ", "rb") as fh:
+                        env = [kv.split(b"=", 1)[0] for kv in fh.read().split(b"\0") if kv]
+                    leaked = [k for k in env if k.startswith((b"PMI_", b"PMIX_", b"HYDRA_", b"OMPI_"))]
+                    assert not leaked, f"worker {pid} has the launcher's {leaked}"
             keep = ~ld.last_pad
             ids.append(ld.last_ids[keep])
             images.append(x.numpy()[keep])
