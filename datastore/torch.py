@@ -228,12 +228,15 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if size is None or channels is None:
             raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) and channels= "
                               f"(or a transform that has them)")
+        # A batch with a buffer of its own (not on_device) is not page-locked there: it is freed with
+        # the caller's tensor, which cannot unregister it; pin_memory then copies it (_from_workers).
+        on_device = self._batch_ops_on_device(on_gpu)
         try:
             from dstore.workers import DecodeWorkers
 
             return DecodeWorkers(int(workers), shape=(channels, *size), info=info, channels=self.channels,
                                  size=self.size, transform=tf, seed=self.store.seed, slots=self.ahead + 1,
-                                 pin=self.pin_memory or on_gpu, on_device=self._batch_ops_on_device(on_gpu))
+                                 pin=(self.pin_memory or on_gpu) and on_device, on_device=on_device)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigError(f"workers={workers}: the transform {tf!r} cannot be pickled for the worker "
                               f"processes: {exc}") from None
@@ -359,6 +362,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
                 images = tf.normalize_batch(images)
         if not self._workers.fresh and images.untyped_storage().data_ptr() == slot_storage:
             images = images.clone()  # the slot is written again: the caller gets a copy
+        elif self._workers.fresh and self.pin_memory and self.device is None:
+            images = images.pin_memory()
         self._workers.release(ticket, event)
         return images, secs
 
