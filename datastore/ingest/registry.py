@@ -42,7 +42,7 @@ def source_type_of(spec: str) -> str:
         return "parquet"
     if looks_like_container(spec):
         return "container"
-    if lower.endswith(".tar") and (os.path.isfile(spec) or any(c in spec for c in "*?[{")):
+    if lower.endswith((".tar", ".tar.gz", ".tgz")) and (os.path.isfile(spec) or any(c in spec for c in "*?[{")):
         return "tar"
     if os.path.isdir(spec):
         if looks_like_cifar_dir(spec):
