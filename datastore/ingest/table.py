@@ -131,6 +131,7 @@ class TableSource(Source):
 
     def _list_file(self, pa, k: int, path: str, values: list) -> dict:
         """Appends file k's row parts and labels; returns the `datasets` features in its schema, if any."""
+        first = len(values)
         try:
             if path.endswith(".arrow"):
                 table = _open_arrow(pa, path)
@@ -151,7 +152,7 @@ class TableSource(Source):
                 meta = pf.schema_arrow.metadata or {}
         except (OSError, pa.ArrowException) as exc:
             raise SampleError(f"{path}: cannot read: {exc}") from exc
-        if any(v is None for v in values):
+        if any(v is None for v in values[first:]):
             raise SampleError(f"{path}: the label column {self.label_column!r} has empty (null) values")
         try:
             return json.loads(meta.get(b"huggingface", b"{}")).get("info", {}).get("features", {}) or {}
