@@ -171,6 +171,15 @@ def test_parquet_and_datasets_directory(files, tmp_path):
     check_round_trip(tmp_path / "d.zarr", expect, classes)
     with pytest.raises(SampleError, match="no column 'image'"):
         run(disk, tmp_path / "e.h5")
+    holes = pa.table({"image": pa.array([(flat / rows[0][0]).read_bytes(), None, b"junk"]), "label": [0, 1, None]})
+    pq.write_table(holes, tmp_path / "holes.parquet")
+    with pytest.raises(SampleError, match="holes.parquet: the label column 'label' has empty"):
+        run(tmp_path / "holes.parquet", tmp_path / "h.h5")
+    pq.write_table(holes.set_column(1, "label", pa.array([0, 1, 1])), tmp_path / "holes.parquet")
+    report = run(tmp_path / "holes.parquet", tmp_path / "h.h5", on_error="skip")
+    reasons = dict(report.skipped)
+    assert report.samples == 1 and "no image bytes" in reasons[str(tmp_path / "holes.parquet") + "#1"]
+    assert "not a valid image" in reasons[str(tmp_path / "holes.parquet") + "#2"], reasons
 
 
 def test_ingest_items_from_any_iterable(files, tmp_path):
