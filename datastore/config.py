@@ -45,10 +45,12 @@ class StoreConfig:
         "owns (no traffic); `local` plus a fraction `partial_fraction` of samples exchanged"))
     partial_fraction: float = arg(0.25, agree=True, values="float in [0, 1] (0.25)",
                                   doc="fraction of slots exchanged per epoch under `partial`")
-    population: str = arg("preload", agree=True, values="`preload` (default), `dynamic`", doc=(
+    population: str = arg("preload", agree=True, values="`preload` (default), `dynamic`, `stream`", doc=(
         "read each rank's block before training (large reads, several in flight, page faults taken in a "
         "thread beside them); or read what epoch 0 needs as it goes (under `global` a sample's owner is the "
-        "rank that takes it in epoch 0; a job resumed past epoch 0's start reads everything first)"))
+        "rank that takes it in epoch 0; a job resumed past epoch 0's start reads everything first); or the "
+        "preload's reads in a thread while the first epoch is served, its first batch read by the ranks that "
+        "deliver it (dstore.stream; tiered or replicated: a preload)"))
     replicate: bool = arg(False, agree=True, values="bool", doc=(
         "one full copy per node in shared memory (no gets at all); `MemoryBudgetError` if a copy does not fit "
         "the node's pooled budget; always preloaded"))

@@ -13,6 +13,7 @@ benchmarks write (the same keys, in the same order, as the fields below).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -20,7 +21,7 @@ import time
 
 import numpy as np
 
-from dstore import plan
+from dstore import plan, stream
 from dstore.storage import StorageEpoch
 
 log = logging.getLogger("dstore.store")
@@ -166,6 +167,8 @@ class EpochRun:
             finally:
                 for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
                     arena.wait(item[5])
+                    if item[7] is not None:  # and the stream's reads, whose buffers the next epoch reuses
+                        concurrent.futures.wait(item[7][1][3])
                 if tier is not None:
                     tier.close()
         self._finish()
@@ -211,6 +214,7 @@ class EpochRun:
         self.mapped = np.zeros(store.size, dtype=bool)
         self.mapped[list(self.segs)] = True
         self.nbuf = store.prefetch + 1
+        self.stream = store._stream  # a streaming preload still filling the windows (dstore.stream), or None
         self.tier = None
         if store._resident is not None:  # non-resident samples: read ahead from storage by this rank
             self.tier = StorageEpoch(store._storage, sched, first, store._resident, store.offsets, store._base_byte,
@@ -235,17 +239,31 @@ class EpochRun:
         store = self.store
         sl = self.sched.step(s)
         ids = self.ids_all[sl]
-        f = plan.plan_fetch(self.owner[sl], self.disp[ids], store.sizes[ids], store.rank, self.mapped)
+        own, sread = self.owner[sl], None
+        if self.stream is not None:  # samples whose piece is not yet in its owner's window: read them here
+            self.stream.poll()
+            miss = self.stream.missing(ids)
+            if miss.any():
+                if not self.stream.may_read():  # deferred to `complete`, which waits for the windows
+                    return s, slot, ids, self.sched.pad[sl], None, [], own, None
+                own = np.where(miss, store.rank, own)
+                sread = (miss, self.stream.read(ids[miss], slot))
+        f = plan.plan_fetch(own, self.disp[ids], store.sizes[ids], store.rank, self.mapped)
         reqs = store._arena.start_gets(store._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
             if f.run_len.size else []
         self.stats.fetch_seconds += time.perf_counter() - t
-        return s, slot, ids, self.sched.pad[sl], f, reqs
+        return s, slot, ids, self.sched.pad[sl], f, reqs, own, sread
 
     def complete(self, item):
         """Waits for an issued step's gets (and its storage reads) and assembles its Batch; returns
         (batch, slot), or None after a storage read failed (kept in `failure`)."""
         store, st, tier = self.store, self.stats, self.tier
-        s, slot, ids, pad, f, reqs = item
+        if item[4] is None:  # a step deferred while streaming: its samples' pieces first, then its gets
+            t0 = time.perf_counter()
+            self.stream.wait_for(item[2])
+            st.storage_wait_seconds += time.perf_counter() - t0
+            item = self.issue(item[0], item[1])
+        s, slot, ids, pad, f, reqs, own, sread = item
         t1 = time.perf_counter()
         store._arena.wait(reqs)
         t2 = time.perf_counter()
@@ -253,11 +271,23 @@ class EpochRun:
         st.fetch_seconds += t2 - t1
         buf = self.ro[slot] if self.ro else _NO_BUFFER  # replicated: every sample is in a window
         sl = self.sched.step(s)
-        own = self.owner[sl]
         segs = self.segs
         samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
                    zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
         mine = own == store.rank
+        if sread is not None:
+            miss = sread[0]
+            try:
+                got = iter(self.stream.take(sread[1], ids[miss]))
+            except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+                self.failure = exc  # a FormatError naming the samples
+                return None
+            st.storage_wait_seconds += time.perf_counter() - t2
+            samples = [next(got) if m else x for m, x in zip(miss.tolist(), samples)]
+            mine &= ~miss
+            st.samples_storage += int(miss.sum())
+            st.bytes_storage += int(store.sizes[ids[miss]].sum())
+            st.storage_reads += sread[1][4]
         if tier is not None:
             try:
                 views, nread, nruns = tier.take(s)
@@ -275,6 +305,8 @@ class EpochRun:
             st.storage_reads += nruns
         batch = Batch(samples, store.labels[ids], ids + store.start, self.e, s, pad)
         peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
+        if sread is not None:
+            peer &= ~sread[0]
         self.account(ids, pad, f, mine, peer)
         return batch, slot
 
@@ -299,6 +331,8 @@ class EpochRun:
         store, st, failure = self.store, self.stats, self.failure
         if self.tier is not None and not self.lazy:  # a rank whose storage read failed waits here for the others
             store._agree(failure)
+        elif self.stream is not None:  # every rank's block is in from here on (or every rank raises)
+            store._agree(stream.end(store) or failure)
         st.finish(time.perf_counter() - self.t_epoch)
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             _fill_the_rest(store, failure)

@@ -101,14 +101,25 @@ class RangeReads:
             own.close()
 
 
-def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=None) -> None:
-    """Fills `out` with `submit(a, b, out[a:b])` reads of consecutive pieces, `inflight` at a time,
-    while a thread faults in the pages of the pieces ahead of the reads (the first `inflight` take
-    their faults in their reads).
+def piece_bytes(threads: int) -> int:
+    """Bytes per piece of a preload reading with `threads` reads in flight."""
+    return prefault.PIECE_BYTES if threads == 1 else min(PARALLEL_PIECE, prefault.PIECE_BYTES)
+
+
+def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=None, order=None,
+                done=None) -> None:
+    """Fills `out` with `submit(a, b, out[a:b])` reads of its pieces, `inflight` at a time, while a
+    thread faults in the pages of the pieces ahead of the reads (the first `inflight` take their
+    faults in their reads).
 
     Waits for every read and fault started before it returns or raises, so nothing writes into
     `out` afterwards. A failed piece raises `fail(a, b, exc)` (the first failed piece in order).
     The pieces are `piece` bytes long, or cut at `cuts` (increasing, from 0 to out.size) where given.
+
+    Args:
+        order: the pieces' indices in the order to read them (default: consecutive).
+        done: called with k after the first k pieces of that order are all in `out` (the streaming
+            preload publishes its progress so; dstore.stream).
     """
     n = out.size
     if n == 0:
@@ -116,6 +127,9 @@ def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=N
     piece, inflight = max(1, int(piece)), max(1, int(inflight))
     cuts = list(range(0, n, piece)) + [n] if cuts is None else list(cuts)
     pieces = list(zip(cuts[:-1], cuts[1:]))
+    if order is not None:
+        pieces = [pieces[int(j)] for j in order]
+    finished = [0]
     depth = inflight + 1  # faults run this many pieces ahead of the newest read, absorbing jitter
     reads = collections.deque()  # (a, b, future), in piece order
     touched = collections.deque()  # (k, future)
@@ -127,6 +141,9 @@ def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=N
             f.result()
         except Exception as exc:
             raise fail(a, b, exc) from exc
+        finished[0] += 1
+        if done is not None:
+            done(finished[0])
 
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-prefault") as faults:
         try:
@@ -151,12 +168,14 @@ def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=N
 
 
 def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-            out: np.ndarray, checks: SampleChecks | None = None) -> None:
+            out: np.ndarray, checks: SampleChecks | None = None, order=None, done=None) -> None:
     """Served samples [lo, hi) into `out`, fresh window memory (its pages faulted in ahead), in
-    pieces of whole samples, each checked against `checks` in the thread that read it.
+    pieces of whole samples, each checked against `checks` in the thread that read it; `order` and
+    `done` as read_pieces's (the cuts: `sample_cuts(offsets, lo, hi, piece_bytes(reads.threads))`).
 
     Args:
         offsets: int64[N+1] of the served samples; `base` is the data byte of served sample 0.
+        order, done: read_pieces's (the pieces are `piece_bytes(reads.threads)` long).
     """
     if hi <= lo:
         return
@@ -172,8 +191,9 @@ def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base:
         s, e = (int(x) for x in np.searchsorted(offsets, (first + a, first + b), side="left"))
         return reads.submit(at + a, at + b, view, None if checks is None else functools.partial(checks.run, lo=s, hi=e))
 
-    piece = prefault.PIECE_BYTES if reads.threads == 1 else min(PARALLEL_PIECE, prefault.PIECE_BYTES)
-    read_pieces(submit, out, piece, reads.threads, fail, cuts=sample_cuts(offsets, lo, hi, piece))
+    piece = piece_bytes(reads.threads)
+    read_pieces(submit, out, piece, reads.threads, fail, cuts=sample_cuts(offsets, lo, hi, piece), order=order,
+                done=done)
 
 
 def sample_cuts(offsets: np.ndarray, lo: int, hi: int, piece: int) -> np.ndarray:
@@ -313,9 +333,16 @@ def receive_buffers(store) -> int:
 def population_readers(store) -> int:
     """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
     during the population only, before the receive buffers exist."""
-    if store.population_threads == 1 or (store.population != "preload" and not store.replicate):
+    if store.population_threads == 1 or (store.population == "dynamic" and not store.replicate):
         return 0
     return store.population_threads * READER_INDEX_BYTES * int(store.container.num_samples)
+
+
+def stream_buffers(store) -> int:
+    """Bytes a streaming preload (dstore.stream) holds during the epoch it serves besides the receive
+    buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays."""
+    index = READER_INDEX_BYTES * int(store.container.num_samples)
+    return (store.prefetch + 1) * recv_bound(store) + store.storage_threads * index
 
 
 def tier_buffers(store, bufs: int) -> int:
@@ -339,6 +366,8 @@ def _buffers(store) -> tuple[int, int]:
     """(a rank's receive buffers, the most it holds besides its data: those, or a preload's reader
     indexes, which are gone before the buffers exist)."""
     bufs = receive_buffers(store)
+    if store.population == "stream" and not store.replicate:  # the stream runs beside epoch 0's buffers
+        return bufs, bufs + stream_buffers(store) + population_readers(store)
     return bufs, max(bufs, population_readers(store))
 
 
@@ -414,13 +443,15 @@ def _fill(store, peers) -> int:
     store._segs = store._arena.map_peers(peers, store.layout.nbytes)
     if store._resident is not None:
         store._storage = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
-    if store.population != "preload":
+    if store.population == "dynamic":
         store._loaded = np.zeros(store.num_samples, dtype=bool)
         store._loaded[store.layout.owner != store.rank] = True  # only own samples are tracked
         if store._resident is not None:
             store._loaded[~store._resident] = True  # served from storage, never loaded
         return 0
     lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
+    if store._resident is None and store.population == "stream":  # read in the background: DataStore.populate
+        return 0
     if store._resident is None:
         reads = RangeReads(store.container, store.population_threads)
         try:

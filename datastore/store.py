@@ -41,6 +41,7 @@ import numpy as np
 from dstore import job, plan, rc, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
+from dstore import stream as stream_mod
 from dstore.collective import AGREED, Topology, agree, is_agreed
 from dstore.config import StoreConfig
 from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
@@ -155,6 +156,7 @@ class DataStore:
         self._storage = None  # its StorageReader
         self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
         self.fail_fast = False
+        self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self._resume = None
@@ -227,6 +229,8 @@ class DataStore:
         if self._closed:
             raise ValueError("the DataStore is closed")
         populate_mod.populate(self)
+        if self.population == "stream" and self._resident is None and not self.replicate:
+            self._stream = stream_mod.start(self)  # the block read in the background (dstore.stream)
         self._start_progress()
 
     def _start_progress(self) -> None:
@@ -363,7 +367,7 @@ class DataStore:
             self._active = None
         try:
             if self._arena is not None and not self._failed:
-                self._agree(None)  # a rank that failed mid-epoch waits in its agreement: meet it here
+                self._agree(stream_mod.end(self))  # a rank that failed mid-epoch waits here: meet it
         finally:
             self._free_windows()
             self._close_container()
@@ -373,6 +377,8 @@ class DataStore:
     def _free_windows(self) -> None:
         """Collective: frees the windows and the node communicator (safe twice)."""
         self._stop_progress()
+        if self._stream is not None:
+            self._stream.stop()  # nothing may write into a window being freed
         arena, self._arena = self._arena, None
         self._view = None
         self._segs = {}
@@ -413,6 +419,8 @@ class DataStore:
         if self._arena is not None:
             log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
         self._stop_progress()
+        if self._stream is not None:
+            self._stream.stop()  # local: the windows are left to MPI_Finalize, nothing writes into them
         self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
         self._close_storage()
         self._close_container()

@@ -25,8 +25,9 @@ from dstore.errors import ConfigError
 
 OVERFLOWS = ("serve", "error")
 """What a store does when its data exceed the budget: serve the rest from storage, or refuse."""
-POPULATIONS = ("preload", "dynamic")
-"""How a store fills its windows: every resident sample at construction, or during epoch 0."""
+POPULATIONS = ("preload", "dynamic", "stream")
+"""How a store fills its windows: every resident sample at construction, during epoch 0 as its
+batches need them, or in big pieces in the background while epoch 0 is served (dstore.stream)."""
 
 _STREAM = 7  # the residency's random stream, apart from the shuffles' streams of the same seed
 

@@ -55,6 +55,15 @@ class Arena:
         self.comm.Barrier()
         self._sync()
 
+    def sync(self) -> None:
+        """Memory sync of this rank's window (not collective): its local writes made visible to the
+        others, their writes to its loads; inside or outside a `reading()` epoch. Paired with a
+        message between the ranks (dstore.stream's exchange), as `publish` pairs it with a barrier."""
+        if self._reading:
+            self._win.Sync()
+        else:
+            self._sync()
+
     def _sync(self) -> None:
         self._win.Lock_all(MPI.MODE_NOCHECK)
         try:

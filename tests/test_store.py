@@ -174,7 +174,8 @@ def _gzip_hdf5_with_a_corrupt_chunk(tmp_path) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fault,population,replicate", [("zarr", "preload", "0"), ("zarr", "dynamic", "0"),
-                                                        ("zarr", "preload", "1"), ("gzip", "preload", "0")])
+                                                        ("zarr", "preload", "1"), ("gzip", "preload", "0"),
+                                                        ("zarr", "stream", "0")])
 def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_path, fault, population, replicate):
     # Issue 11 defect 1: one rank's read fails (a truncated Zarr data chunk, or a corrupt gzip chunk
     # of an HDF5 file, holding only samples of rank 0's block); that rank used to call the

@@ -516,17 +516,19 @@ def scenario_errors(comm, path):
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
-def main(argv):
+def main(argv, table=None):
+    """Runs the scenarios named in argv[1:] (all of `table`, default SCENARIOS) on argv[0]."""
     import faulthandler
 
     from mpi4py import MPI
 
     # A hang becomes a traceback of every rank (the launcher's timeout is the backstop).
     faulthandler.dump_traceback_later(rc.SCENARIO_TIMEOUT.get(), exit=True)
-    path, names = argv[0], argv[1:] or list(SCENARIOS)
+    table = SCENARIOS if table is None else table
+    path, names = argv[0], argv[1:] or list(table)
     comm = MPI.COMM_WORLD
     for name in names:
-        SCENARIOS[name](comm, path)
+        table[name](comm, path)
         comm.Barrier()
         if comm.rank == 0:
             print(f"OK {name} on {comm.size} ranks", flush=True)

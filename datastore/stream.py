@@ -1,0 +1,352 @@
+"""The streaming preload (``population="stream"``): each rank reads its block in big pieces in a
+background thread, in the order the first epoch needs them, while that epoch is already served.
+
+Why: a preload serves nothing before every rank has read its whole block, so the first batch waits
+for the slowest rank's block (1.3 s at 300 operations/s for 100 MB); a per-sample population
+(``dynamic``) starts at once but pays a storage request per sample. Here each rank still reads its
+contiguous block in `dstore.populate` pieces (the same big sequential reads as the preload), first
+the pieces holding the samples needed earliest (`plan_pieces`), and tells the others how far it
+has come. A step's sample whose piece is in its owner's window is served from there (a view or a
+get, as after a preload); one whose piece is not yet read is read from the container by the rank
+that delivers it (coalesced runs, in the storage tier's threads) and checked against the
+container's checksum. Which samples a step takes, and in what order, does not depend on where
+its bytes come from: the global order and exactly-once are the preload's.
+
+Progress protocol (cited as "the stream's exchange"): every rank's exchange thread runs a
+nonblocking allgather, on a communicator of its own (no other collective is matched with it), of
+(pieces read in order, failed, finished), `EXCHANGE_PERIOD` apart, until a result in which every
+rank has finished; the k-th result is the same on every rank, so every rank runs the same number.
+The thread runs whatever the consumer does: a rank waiting for a peer's piece never depends on that
+peer's main thread (which may be in another collective, or done with the epoch). The main thread
+adopts the newest result after `Arena.sync` (MPI_Win_sync inside its read epoch) and only then reads
+the pieces it counts. On the owner the count is taken after the reading thread's `done` (a lock
+handoff, then MPI's own fences on the send): Win_sync cannot be issued from a thread outside the
+main thread's passive-target epoch. A step whose samples are not all in yet reads them itself
+(the first, `OWN_READS`) or waits for them. Without MPI_THREAD_MULTIPLE the main thread runs the
+exchange at each step (count, Win_sync, send; receive, Win_sync, read) and never waits: every
+missing sample is then read by its consumer. At the end of an epoch served while streaming, and in
+`DataStore.close`, every rank waits for its own stream and the exchange's end (`drain`); a rank
+whose stream failed reports it, no rank reads that window, and the agreement after the drain
+raises the error on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from dstore import populate
+from dstore import shuffle as shuffle_mod
+from dstore.integrity import read_error
+from dstore.storage import StorageReader
+
+OWN_READS = 1
+"""Steps of the first epoch served while streaming whose missing samples the delivering rank reads
+itself: the first batch. Later steps wait for their owners' pieces: a sample read alone costs a
+storage request for ~0.1 MB where a piece moves 4 MB per request, so a rank reading ahead of the
+stream would only take requests from it and make the epoch longer."""
+EXCHANGE_PERIOD = 0.002
+"""Seconds between two exchanges of the exchange thread (a few microseconds of CPU each)."""
+START_GRACE = 0.5
+"""Seconds the stream waits for the first step's own reads to complete before it starts (it starts
+at once when they have): the first batch's few small reads go to storage ahead of the big pieces
+that would otherwise queue in front of them. If no epoch starts within this time, it starts anyway."""
+
+
+def start(store) -> Stream:
+    """Collective: starts reading this rank's block into its window (after the population's agreement)."""
+    lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
+    threads = store.population_threads
+    args = (store.container, store.start, store.offsets, store._base_byte, lo, hi, store._arena.local)
+
+    def fill(order, done):
+        pool = StorageReader(store.container.path, threads, store.container.opened_identity)  # never the store's reader
+        try:
+            populate.preload(populate.RangeReads(store.container, threads, pool=pool), *args, checks=store._checks,
+                             order=order, done=done)
+        finally:
+            pool.close()
+
+    return Stream(store, fill, populate.piece_bytes(threads), populate.recv_bound(store))
+
+
+def end(store) -> BaseException | None:
+    """Collective: waits for every rank's stream (`Stream.drain`) and ends the store's; returns this
+    rank's stream failure, for the agreement that follows (None without a stream)."""
+    st, store._stream = store._stream, None
+    if st is None:
+        return None
+    try:
+        st.drain()
+        store._add_population(*st.population())
+    finally:
+        st.close()
+    return st.error
+
+
+def first_use(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, steps: int) -> np.ndarray:
+    """int64[N]: the step of the epoch whose order is `order` in which each sample is delivered
+    (under ``local``/``partial`` the step its rank's dealt sequence puts it in, approximately)."""
+    n = order.size
+    step = np.zeros(n, dtype=np.int64)
+    if policy == "global":
+        step[order] = np.arange(n, dtype=np.int64) // batch_size
+        return step
+    for r in range(len(bounds) - 1):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        m = hi - lo
+        step[order[lo:hi]] = (np.arange(m, dtype=np.int64) * steps) // max(m, 1)
+    return step
+
+
+def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.ndarray) -> tuple[list, np.ndarray]:
+    """Every rank's read order of its block's pieces, and what each sample waits for.
+
+    Rank r's block (samples [bounds[r], bounds[r+1])) is cut into pieces of whole samples as
+    dstore.populate.preload cuts it (`populate.sample_cuts`, at most `piece` bytes, or one longer
+    sample); they are read earliest first use first (`use`: the step of each sample; a piece's is
+    the least of its samples'), ties in file order.
+
+    Returns:
+        (orders, need): orders[r] the piece indices of rank r in read order; need int64[N] the
+        number of rank r's pieces, in that order, that must be read before sample i is in its window
+        (0 for an empty sample).
+    """
+    need = np.zeros(offsets.size - 1, dtype=np.int64)
+    orders = []
+    for r in range(bounds.size - 1):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        rel = offsets[lo:hi + 1] - offsets[lo]
+        cuts = populate.sample_cuts(offsets, lo, hi, max(1, int(piece)))
+        count = cuts.size - 1
+        full = np.nonzero(np.diff(rel) > 0)[0]
+        which = np.searchsorted(cuts, rel[full], side="right") - 1  # each sample lies in one piece
+        earliest = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, which, use[lo + full])
+        order = np.argsort(earliest, kind="stable")
+        pos = np.empty(count, dtype=np.int64)
+        pos[order] = np.arange(count, dtype=np.int64)
+        need[lo + full] = pos[which] + 1
+        orders.append(order)
+    return orders, need
+
+
+class Stream:
+    """One rank's streaming preload and its view of every rank's progress (see the module docstring).
+
+    Args:
+        store: the DataStore (its windows allocated, nothing read yet).
+        fill: fill(order, done) reads this rank's block into its window in that piece order,
+            calling done(k) as the first k pieces are in (dstore.populate.preload), in a thread.
+        piece: the bytes per piece `fill` reads.
+        buffer_bytes: bytes of each of the `prefetch + 1` buffers a step's own reads land in.
+
+    Attributes:
+        done: every rank has read its whole block (after that, epochs need no stream).
+        prefix: int64[P], the pieces of each rank known to be in its window.
+        bytes, reads: what this rank read from the container for steps served while streaming.
+    """
+
+    def __init__(self, store, fill, piece: int, buffer_bytes: int):
+        self.store = store
+        self.done = False
+        self.failed = False
+        first_epoch = store._resume[0] if store._resume is not None else 0
+        order = shuffle_mod.epoch_order(store.policy, store.num_samples, store.bounds, store.seed, first_epoch,
+                                        store.partial_fraction)
+        use = first_use(store.policy, order, store.bounds, store.batch_size, store.steps_per_epoch)
+        orders, self.need = plan_pieces(store.offsets, store.bounds, piece, use)
+        self.owner = store.layout.owner
+        self.prefix = np.zeros(store.size, dtype=np.int64)
+        self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
+        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
+        self.bytes = self.reads = 0
+        self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
+        self._req = None
+        self._send = np.zeros(3, dtype=np.int64)
+        self._recv = np.zeros(3 * store.size, dtype=np.int64)
+        self._count = 0
+        self._error = None
+        self._finished = False
+        self._cancel = threading.Event()
+        self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
+        self._own_reads = OWN_READS
+        self._t0 = time.perf_counter()
+        self._seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(fill, orders[store.rank]), daemon=True,
+                                        name="dstore-stream")
+        self._thread.start()
+        self._latest = self._adopted = None
+        self._xthread = None
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # else the main thread exchanges at each step
+            self._xthread = threading.Thread(target=self._exchange, daemon=True, name="dstore-stream-exchange")
+            self._xthread.start()
+
+    # ----------------------------------------------------------------- the reading thread
+    def _run(self, fill, order) -> None:
+        def done(k):
+            self._count = k
+            if self._cancel.is_set():
+                raise InterruptedError("the store is closing")
+
+        self._go.wait(START_GRACE)
+        self._t0 = time.perf_counter()
+        try:
+            if self._cancel.is_set():
+                raise InterruptedError("the store is closing")
+            fill(order, done)
+        except BaseException as exc:  # noqa: BLE001 - reported through the exchange, raised by drain's caller
+            self._error = exc
+        finally:
+            self._seconds = time.perf_counter() - self._t0
+            self._finished = True
+
+    @property
+    def error(self) -> BaseException | None:
+        """This rank's stream failure, once its thread has ended (else None)."""
+        return self._error if self._finished else None
+
+    # ----------------------------------------------------------------- the exchange
+    def _start(self, sync: bool) -> None:
+        count, finished = self._count, self._finished  # counted first: the sync below covers them
+        self._send[:] = (count, int(finished and self._error is not None), int(finished))
+        if sync:
+            self.store._arena.sync()
+        self._req = self._comm.Iallgather(self._send, self._recv)
+
+    def _exchange(self) -> None:
+        """The exchange thread: exchanges, EXCHANGE_PERIOD apart, until every rank has finished."""
+        while True:
+            self._start(sync=False)  # Win_sync belongs to the main thread's epoch: see the module docstring
+            self._req.Wait()
+            self._req = None
+            rows = self._recv.reshape(self.store.size, 3).copy()
+            self._latest = rows
+            if rows[:, 2].all():
+                return
+            time.sleep(EXCHANGE_PERIOD)
+
+    def _adopt(self, rows: np.ndarray) -> None:
+        self.store._arena.sync()  # the owners' counted pieces are visible to this rank's reads from here on
+        ok = rows[:, 1] == 0
+        self.prefix = np.where(ok, rows[:, 0], 0)  # a failed rank's window is never read
+        if rows[:, 2].all():
+            self.done = True
+            self.failed = not ok.all()
+
+    def poll(self) -> None:
+        """Adopts the newest exchange result (never blocks); without the exchange thread, takes a
+        completed exchange, if any, and starts the next."""
+        if self.done:
+            return
+        if self._xthread is not None:
+            rows = self._latest
+            if rows is not None and rows is not self._adopted:
+                self._adopted = rows
+                self._adopt(rows)
+            return
+        if self._req is None:
+            self._start(sync=True)
+        if self._req.Test():
+            self._req = None
+            self._adopt(self._recv.reshape(self.store.size, 3).copy())
+            if not self.done:
+                self._start(sync=True)
+
+    def drain(self) -> None:
+        """Waits for this rank's stream, then for every rank's (collective without the exchange thread)."""
+        self._go.set()
+        self._thread.join()
+        if self._xthread is not None:
+            self._xthread.join()
+            self.poll()
+            return
+        while not self.done:
+            if self._req is None:
+                self._start(sync=True)
+            self._req.Wait()
+            self._req = None
+            self._adopt(self._recv.reshape(self.store.size, 3).copy())
+
+    # ----------------------------------------------------------------- a step's own reads
+    def may_read(self) -> bool:
+        """Whether a step with missing samples reads them itself (OWN_READS; without the exchange
+        thread, always: waiting would need the other ranks' main threads; or a rank's stream failed,
+        so its window will never hold them), else waits for them (`wait_for`)."""
+        return self._xthread is None or self._own_reads > 0 or (self.done and self.failed)
+
+    def wait_for(self, ids: np.ndarray) -> None:
+        """Polls the exchange until every sample of `ids` is whole in its owner's window, or every
+        stream has ended (a failed one's samples are then read by `read`)."""
+        while not self.done and self.missing(ids).any():
+            self.poll()
+            time.sleep(0.0005)
+
+    def missing(self, ids: np.ndarray) -> np.ndarray:
+        """bool per entry: the sample is not yet whole in its owner's window, as far as known."""
+        if self.done and not self.failed:
+            return np.zeros(ids.size, dtype=bool)
+        return self.need[ids] > self.prefix[self.owner[ids]]
+
+    def read(self, ids: np.ndarray, slot: int):
+        """Starts reading the samples `ids` (a step's missing entries) into buffer `slot`, runs of
+        consecutive samples in one read each. Returns what `take` needs."""
+        store = self.store
+        self._own_reads -= 1
+        uniq = np.unique(ids)
+        sizes = store.sizes[uniq]
+        at = np.zeros(uniq.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=at[1:])
+        heads = np.nonzero(np.diff(uniq, prepend=-2) != 1)[0]
+        ends = np.append(heads[1:], uniq.size)
+        lo, hi = uniq[heads], uniq[ends - 1] + 1
+        base = store._base_byte
+        checks = [functools.partial(store._checks.ids, ids=uniq[h:e], at=int(store.offsets[uniq[h]]))
+                  for h, e in zip(heads.tolist(), ends.tolist())]  # in the thread that read the run
+        futs = self.reader.submit(self.bufs[slot], base + store.offsets[lo], base + store.offsets[hi], at[heads],
+                                  checks)
+        self.reads += len(futs)
+        self.bytes += int(at[-1])
+        return uniq, at, slot, futs, int(lo.size)
+
+    def take(self, pending, ids: np.ndarray) -> list:
+        """Waits for `read`'s reads (each checked against the container's checksums in its thread);
+        the bytes of each entry of `ids` (read-only views of the buffer)."""
+        uniq, at, slot, futs, _ = pending
+        store = self.store
+        try:
+            self.reader.wait(futs)
+        except Exception as exc:  # a failed read, or bytes that do not match their checksums
+            raise read_error(store.container, store.start, exc, 0, 0, ids=uniq) from exc
+        buf = self.bufs[slot]
+        self._go.set()  # the first step's reads are in: the stream may start
+        view = buf.view()
+        view.flags.writeable = False
+        pos = np.searchsorted(uniq, ids)
+        return [view[int(at[p]):int(at[p + 1])] for p in pos.tolist()]
+
+    # ----------------------------------------------------------------- lifetime
+    def population(self) -> tuple[float, int]:
+        """(seconds, bytes) of this rank's block read, once its stream has finished."""
+        return self._seconds, int(self.store._arena.local.size)
+
+    def close(self) -> None:
+        """Collective after `drain` (frees the exchange's communicator); safe twice."""
+        self.stop()
+        comm, self._comm = self._comm, None
+        if comm is not None and not (self._xthread is not None and self._xthread.is_alive()):
+            comm.Free()
+
+    def stop(self) -> None:
+        """Local: ends the reading thread (at its next piece) and the step reads; safe twice."""
+        self._cancel.set()
+        self._go.set()
+        self._thread.join()
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.close()
+
