@@ -206,7 +206,7 @@ class EpochRun:
         self.steps = list(range(first, sched.steps))
         store._next = (self.e, first) if first < sched.steps else (self.e + 1, 0)
         if store.replicate:
-            owner = np.full(store.num_samples, store.rank, dtype=np.int64)
+            owner = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
             self.disp, segs = store.offsets[:-1], {store.rank: store._view}
         else:
             owner, self.disp, segs = store.layout.owner, store.layout.disp, store._segs

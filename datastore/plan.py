@@ -62,17 +62,24 @@ def block_bounds(offsets: np.ndarray, nranks: int) -> np.ndarray:
     """
     if nranks < 1:
         raise ConfigError(f"nranks={nranks} must be >= 1")
-    offsets = np.asarray(offsets, dtype=np.int64)
+    offsets = np.asarray(offsets)
     n = offsets.size - 1
-    cum = offsets + np.arange(n + 1, dtype=np.int64)  # cost of samples [0, i)
-    total = int(cum[-1])
+
+    def cum(i):  # cost of samples [0, i), looked up (no int64[N] temporary)
+        return offsets[i].astype(np.int64) + i
+
+    total = int(cum(n))
     targets = (np.arange(nranks + 1, dtype=np.int64) * total) // nranks
-    # The boundary nearest each target: the first index whose cumulative cost reaches it, or the
-    # one before if that is closer.
-    hi = np.searchsorted(cum, targets, side="left")
+    # The boundary nearest each target: the first index whose cumulative cost reaches it (a
+    # bisection over the increasing cum), or the one before if that is closer.
+    lo_b, hi = np.zeros(targets.size, dtype=np.int64), np.full(targets.size, n + 1, dtype=np.int64)
+    while np.any(lo_b < hi):
+        mid = (lo_b + hi) // 2
+        below = cum(np.minimum(mid, n)) < targets
+        lo_b, hi = np.where(below & (lo_b < hi), mid + 1, lo_b), np.where(~below & (lo_b < hi), mid, hi)
     lo = np.maximum(hi - 1, 0)
     hi = np.minimum(hi, n)
-    pick_lo = (targets - cum[lo]) < (cum[hi] - targets)
+    pick_lo = (targets - cum(lo)) < (cum(hi) - targets)
     bounds = np.where(pick_lo, lo, hi).astype(np.int64)
     bounds[0], bounds[-1] = 0, n
     return np.maximum.accumulate(bounds)
@@ -135,9 +142,12 @@ def _with_pads(ids: np.ndarray, counts: np.ndarray, pad_id: int) -> Schedule:
     return Schedule(out, ptr, pad)
 
 
-def global_schedule(order: np.ndarray, batch_size: int, nranks: int, rank: int,
-                    drop_last: bool) -> Schedule:
-    """Rank's deliveries under the global policy (see the module docstring)."""
+def global_schedule(order, batch_size: int, nranks: int, rank: int, drop_last: bool) -> Schedule:
+    """Rank's deliveries under the global policy (see the module docstring).
+
+    `order` is the epoch's order as an int64 array or as a dstore.permute.Permutation: only the
+    rank's own positions (and one pad position) are looked up, so with a Permutation the schedule
+    costs O(N/P) memory."""
     n = order.size
     steps = steps_per_epoch(n, batch_size, drop_last)
     full = min(steps, n // batch_size)
@@ -187,13 +197,85 @@ def global_assignment(num_samples: int, batch_size: int, nranks: int, drop_last:
     return out
 
 
+class Derived:
+    """An int64[n] array that is never stored: each lookup computes its entries from `fn(ids)`.
+
+    Indexed like an array (an int, a slice, an int array, a bool mask); `np.asarray` builds the
+    whole of it (O(n): for the paths that need all of it, e.g. the tiered store's resident set).
+    Comparisons with a scalar give the whole bool array, as an array's would.
+    """
+
+    def __init__(self, n: int, fn):
+        self.n, self.fn = int(n), fn
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def size(self) -> int:
+        return self.n
+
+    def __getitem__(self, ids):
+        if isinstance(ids, slice):
+            return self.fn(np.arange(*ids.indices(self.n), dtype=np.int64))
+        ids = np.asarray(ids)
+        if ids.dtype == bool:
+            return self.fn(np.nonzero(ids)[0])
+        if ids.ndim == 0:
+            i = int(ids)
+            return self.fn(np.asarray([i + self.n if i < 0 else i], dtype=np.int64))[0]
+        return self.fn(np.where(ids < 0, ids + self.n, ids).astype(np.int64, copy=False))
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[0:self.n]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getattr__(self, name):  # array methods (sum, max, ...) on the whole array
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+    __hash__ = None
+
+
+def _whole(op):
+    def method(self, *args):
+        return getattr(np.asarray(self), op)(*args)
+    method.__name__ = op
+    return method
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge", "add", "radd", "sub", "rsub", "mul", "rmul", "neg",
+            "and", "rand", "or", "ror", "floordiv", "mod"):
+    setattr(Derived, f"__{_op}__", _whole(f"__{_op}__"))
+
+
+def largest_sum(offsets: np.ndarray, k: int, chunk: int = 1 << 20) -> int:
+    """Bytes of the k largest samples (sizes from `offsets`), reading the sizes in chunks: memory
+    O(k + chunk), not O(N)."""
+    n = len(offsets) - 1
+    k = min(int(k), n)
+    if k <= 0:
+        return 0
+    best = np.zeros(0, dtype=np.int64)
+    for a in range(0, n, chunk):
+        cand = np.concatenate([best, np.diff(offsets[a:min(a + chunk, n) + 1])])
+        best = np.partition(cand, cand.size - k)[-k:] if cand.size > k else cand
+    return int(best.sum())
+
+
+def sizes_of(offsets: np.ndarray) -> Derived:
+    """Each sample's bytes, ``offsets[i+1] - offsets[i]``, computed on lookup (no int64[N] copy)."""
+    return Derived(len(offsets) - 1, lambda ids: offsets[ids + 1] - offsets[ids])
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Where every sample lives: ``owner[i]`` holds it at byte ``disp[i]`` of its window.
 
     Attributes:
-        owner: int64[N].
-        disp: int64[N], byte displacement inside the owner's window.
+        owner: int64[N] (or a `Derived` computing it: block layouts store nothing per sample).
+        disp: int64[N], byte displacement inside the owner's window (likewise).
         nbytes: int64[P], each rank's window size.
     """
 
@@ -203,12 +285,16 @@ class Layout:
 
 
 def block_layout(offsets: np.ndarray, bounds: np.ndarray) -> Layout:
-    """Layout of contiguous blocks: rank r's window is bytes ``offsets[bounds[r]]:offsets[bounds[r+1]]``."""
+    """Layout of contiguous blocks: rank r's window is bytes ``offsets[bounds[r]]:offsets[bounds[r+1]]``.
+    Owner and displacement are computed on lookup (a binary search over the P+1 bounds), so the
+    layout holds O(P), not O(N)."""
     offsets = np.asarray(offsets, dtype=np.int64)
+    bounds = np.asarray(bounds, dtype=np.int64)
     n = offsets.size - 1
-    owner = owner_of(bounds, np.arange(n))
     base = offsets[bounds]
-    return Layout(owner, offsets[:-1] - base[owner], np.diff(base))
+    owner = Derived(n, lambda ids: owner_of(bounds, ids))
+    disp = Derived(n, lambda ids: offsets[ids] - base[owner_of(bounds, ids)])
+    return Layout(owner, disp, np.diff(base))
 
 
 def scattered_layout(offsets: np.ndarray, owner: np.ndarray, nranks: int) -> Layout:

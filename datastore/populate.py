@@ -322,7 +322,7 @@ def recv_bound(store) -> int:
     if store.policy != "global":
         per_step = max(per_step, -(-int(np.diff(store.bounds).max()) // store.steps_per_epoch))
     per_step = min(per_step + 1, store.num_samples)
-    return int(np.partition(store.sizes, store.num_samples - per_step)[-per_step:].sum())
+    return plan.largest_sum(store.offsets, per_step)
 
 
 def receive_buffers(store) -> int:

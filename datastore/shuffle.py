@@ -2,15 +2,22 @@
 
 Three policies, all returning one int64 permutation of ``range(num_samples)``:
 
-* ``global``: one permutation of all samples; it depends only on (seed, epoch), never on the
-  number of ranks. The plan (dstore.plan) cuts it into global batches and per-rank slices.
+* ``global``: one permutation of all samples; it depends only on (seed, epoch, N), never on the
+  number of ranks. It is a keyed bijection (dstore.permute: a Feistel network with cycle-walking)
+  that maps a position of the order to its sample in O(1), so a rank computes only the positions
+  it serves (`global_permutation`; O(N/P) memory), never the whole order. The plan (dstore.plan)
+  cuts it into global batches and per-rank slices. (Before this bijection, the order was numpy's
+  ``Generator.permutation``; the same seed gives another order since.)
 * ``local``: each rank's contiguous block (``bounds[r]:bounds[r+1]``) is permuted within itself,
   so rank r's part of the result is ``result[bounds[r]:bounds[r+1]]`` and holds only its own
   samples (no traffic). The within-block order comes from one random key per sample drawn from
-  (seed, epoch), so it is the order those keys induce, whatever the block boundaries are.
+  (seed, epoch), so it is the order those keys induce, whatever the block boundaries are. A rank
+  draws only its block's keys (`local_block`: the generator advanced to the block's first key),
+  so its part costs O(N/P) memory.
 * ``partial``: the ``local`` result, then a random ``fraction`` of all slots exchange their
   contents among themselves (one seeded permutation of the chosen slots' contents): about that
-  fraction of the samples change hands each epoch.
+  fraction of the samples change hands each epoch. The chosen slots span all ranks, so this
+  policy still builds the whole order on every rank (O(N) per rank during the schedule's making).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.permute import Permutation
 
 POLICIES = ("global", "local", "partial")
 """The shuffle policies a store accepts."""
@@ -41,9 +49,27 @@ def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, int(epoch), int(stream)])))
 
 
+def global_permutation(num_samples: int, seed: int, epoch: int) -> Permutation:
+    """The epoch's order as a bijection: ``perm[positions]`` are the samples at those positions."""
+    epoch_rng(seed, epoch)  # validates seed and epoch
+    return Permutation(int(num_samples), (int(seed), int(epoch), _GLOBAL))
+
+
 def global_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """The epoch's permutation of all samples (int64[num_samples]); independent of rank count."""
-    return epoch_rng(seed, epoch, _GLOBAL).permutation(int(num_samples)).astype(np.int64, copy=False)
+    """The epoch's permutation of all samples (int64[num_samples]); independent of rank count.
+    O(N) memory: a store builds only its own positions (`global_permutation`)."""
+    return np.asarray(global_permutation(num_samples, seed, epoch))
+
+
+def local_block(bounds: np.ndarray, rank: int, seed: int, epoch: int) -> np.ndarray:
+    """Block `rank` of `local_order` (its samples in the order of their keys), drawing only the
+    block's keys: O(block) memory. Equal to ``local_order(bounds, seed, epoch)[bounds[rank]:bounds[rank+1]]``."""
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    rng = epoch_rng(seed, epoch, _LOCAL)
+    # One 64-bit draw per double (PCG64 + Generator.random): skipping lo draws lands on key lo.
+    rng.bit_generator.advance(lo)
+    keys = rng.random(hi - lo)
+    return lo + np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 
 
 def local_order(bounds: np.ndarray, seed: int, epoch: int) -> np.ndarray:

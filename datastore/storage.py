@@ -53,7 +53,7 @@ class StorageReader:
     def _reader(self):
         r = getattr(self._local, "reader", None)
         if r is None:
-            r = open_container(self.path)
+            r = open_container(self.path, index=False)  # byte ranges only: no index per thread
             with self._lock:
                 self._readers.append(r)
             change = identities_differ(self.identity, r.opened_identity) if self.identity else None

@@ -49,6 +49,7 @@ from dstore.epoch import EpochRun, EpochStats
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
+from dstore.index import NodeIndex, served_range
 from dstore.memory import parse_bytes
 from dstore.progress import ProgressThread
 
@@ -120,7 +121,19 @@ class DataStore:
             exc = e
         try:
             agree(comm, exc)
+            self._index = NodeIndex(comm, self.container, self.start, self.stop)  # collective, agreed
         except BaseException:
+            self._close_container()
+            raise
+        exc = None
+        try:
+            self._init_index()
+        except Exception as e:  # noqa: BLE001 - as above
+            exc = e
+        try:
+            agree(comm, exc)
+        except BaseException:
+            self._index.free()  # agreed: every rank is here
             self._close_container()
             raise
 
@@ -136,12 +149,15 @@ class DataStore:
         if isinstance(container, ContainerReader):
             reader, owns = container, False
         elif isinstance(container, (str, os.PathLike)):
-            reader, owns = open_container(container), True
+            # Attributes only: one rank per node reads the index (dstore.index.NodeIndex)
+            reader, owns = open_container(container, index=False), True
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
         self.container, self._owns_container = reader, owns
+        self._index = None
         try:
-            self._init_index(reader, cfg.sample_range)
+            self.start, self.stop = served_range(reader, cfg.sample_range)
+            self.config = dataclasses.replace(self.config, sample_range=(self.start, self.stop))  # as ranks compare it
         except BaseException:
             self._close_container()
             raise
@@ -158,7 +174,6 @@ class DataStore:
         self.fail_fast = False
         self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
-        self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self._resume = None
         self._next = (0, 0)
         self._active = None
@@ -170,27 +185,13 @@ class DataStore:
         self.stats: EpochStats | None = None  # set by each epoch
 
     # ----------------------------------------------------------------- set-up
-    def _init_index(self, container: ContainerReader, sample_range) -> None:
-        total = container.num_samples
-        if sample_range is None:
-            start, stop = 0, total
-        else:
-            try:
-                start, stop = (int(x) for x in sample_range)
-            except (TypeError, ValueError):
-                raise ConfigError(f"sample_range={sample_range!r} must be (start, stop)") from None
-            if not 0 <= start < stop <= total:
-                raise ConfigError(f"sample_range={sample_range!r} must satisfy 0 <= start < stop <= {total}")
-        if stop <= start:
-            raise ConfigError(f"the container {container.path} holds no samples")
-        self.start, self.stop = start, stop
-        self.config = dataclasses.replace(self.config, sample_range=(start, stop))  # as ranks compare it
-        full = np.asarray(container.offsets, dtype=np.int64)
-        self._base_byte = int(full[start])
-        self.offsets = full[start:stop + 1] - self._base_byte
-        self.sizes = np.diff(self.offsets)
-        self.labels = np.asarray(container.labels[start:stop], dtype=np.int64)
-        self.num_samples = stop - start
+    def _init_index(self) -> None:
+        """The served samples' arrays (from the node's shared index) and the plan built on them."""
+        self.offsets, self.labels = self._index.offsets, self._index.labels
+        self._base_byte = self._index.base_byte
+        self.sizes = plan.sizes_of(self.offsets)  # looked up, not stored: no int64[N] per rank
+        self.num_samples = self.stop - self.start
+        self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
         self.steps_per_epoch = plan.steps_per_epoch(self.num_samples, self.batch_size, self.drop_last)
         if self.steps_per_epoch == 0:
             raise ConfigError(f"batch_size={self.batch_size} with drop_last=True leaves no step: only "
@@ -273,7 +274,14 @@ class DataStore:
 
     # ----------------------------------------------------------------- epochs
     def schedule(self, epoch: int) -> plan.Schedule:
-        """This rank's deliveries in `epoch` (pure; no communication)."""
+        """This rank's deliveries in `epoch` (pure; no communication). Under ``global`` and
+        ``local`` only this rank's part of the order is built (O(N/P) memory)."""
+        if self.policy == "global":
+            perm = shuffle_mod.global_permutation(self.num_samples, self.seed, epoch)
+            return plan.global_schedule(perm, self.batch_size, self.size, self.rank, self.drop_last)
+        if self.policy == "local" and self.bounds[self.rank + 1] > self.bounds[self.rank]:
+            seq = shuffle_mod.local_block(self.bounds, self.rank, self.seed, epoch)
+            return plan.dealt_schedule(seq, self.steps_per_epoch, int(seq[0]))
         order = shuffle_mod.epoch_order(self.policy, self.num_samples, self.bounds, self.seed, epoch,
                                         self.partial_fraction)
         return plan.rank_schedule(self.policy, order, self.bounds, self.batch_size, self.size, self.rank,
@@ -370,6 +378,8 @@ class DataStore:
                 self._agree(stream_mod.end(self))  # a rank that failed mid-epoch waits here: meet it
         finally:
             self._free_windows()
+            if self._index is not None:
+                self._index.free()  # collective over the node, like the windows
             self._close_container()
             self._owns_container = False
         self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
@@ -422,6 +432,8 @@ class DataStore:
         if self._stream is not None:
             self._stream.stop()  # local: the windows are left to MPI_Finalize, nothing writes into them
         self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
+        if self._index is not None:
+            self._index.abandon()
         self._close_storage()
         self._close_container()
         self._owns_container = False

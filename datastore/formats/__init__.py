@@ -40,12 +40,16 @@ __all__ = [
 ]
 
 
-def open_container(path, *, check_labels: bool = True) -> ContainerReader:
+def open_container(path, *, check_labels: bool = True, index: bool = True) -> ContainerReader:
     """Opens the container at `path`, whatever its format (see `detect_format`).
 
     Args:
         check_labels: refuse a container with a label outside its class names (what training
             would index with); `dstore info`/`verify` pass False, to report such samples instead.
+        index: read and check the index arrays now. False: only the attributes (a reader of byte
+            ranges whose index another reader checked, e.g. a node peer's: dstore.index); the
+            arrays are read on first use, and labels are not checked. A sharded container reads
+            its shards' indexes at open either way.
 
     Raises:
         ContainerNotFoundError: nothing is at `path`.
@@ -53,8 +57,8 @@ def open_container(path, *, check_labels: bool = True) -> ContainerReader:
         FormatError: it is malformed; the message names the path and what is wrong.
     """
     fmt = detect_format(path)
-    reader = ShardedReader(path) if fmt == "sharded" else backend(fmt, 0)(path)
-    return checked(reader, check_labels)
+    reader = ShardedReader(path) if fmt == "sharded" else backend(fmt, 0)(path, index=index)
+    return checked(reader, check_labels and index)
 
 
 def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dtype=None, raw_shape=None,

@@ -114,9 +114,15 @@ class ContainerInfo:
             raise FormatError("encoding 'raw' needs raw_dtype and raw_shape attributes")
 
 
+INDEX_ARRAYS = ("offsets", "labels", "checksums", "source_index")
+"""The arrays a reader holds in memory (28 bytes per sample), read at open or on first use."""
+
+
 class ContainerReader(abc.ABC):
-    """Read access to one container. Index arrays are held in memory (16 bytes per sample);
-    sample bytes are read on demand.
+    """Read access to one container. Index arrays are held in memory (28 bytes per sample), read
+    at open, or on first use where the backend was opened with ``index=False`` (a reader that only
+    reads byte ranges, e.g. a store's rank whose node shares one index: dstore.index); sample
+    bytes are read on demand.
 
     Attributes:
         path: what was opened.
@@ -164,6 +170,28 @@ class ContainerReader(abc.ABC):
         """The files and directories whose identity stands for the container's (default: `path`)."""
         return [self.path]
 
+    def _load_index(self) -> None:
+        """Reads the INDEX_ARRAYS into attributes (backends that open without them override this)."""
+        raise AttributeError(f"{type(self).__name__} has no index arrays")
+
+    def __getattr__(self, name):
+        # Only reached when the attribute is missing: an index array not read yet (index=False).
+        if name in INDEX_ARRAYS and not name.startswith("_"):
+            self._load_index()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def index_loaded(self) -> bool:
+        """True once the index arrays are in memory."""
+        return "offsets" in self.__dict__
+
+    def drop_index(self) -> None:
+        """Forgets the index arrays (read again on next use): for a reader whose index another
+        copy replaces (dstore.index)."""
+        for name in INDEX_ARRAYS:
+            self.__dict__.pop(name, None)
+
     # --- defined once for every backend ------------------------------------------------
     def identity(self) -> tuple:
         """The container's files as they are now: a `file_identity` per `_identity_paths()`."""
@@ -192,7 +220,8 @@ class ContainerReader(abc.ABC):
 
     @property
     def total_bytes(self) -> int:
-        return int(self.offsets[-1])
+        # Without the index (index=False), the attribute the node's index reader checked against it.
+        return int(self.offsets[-1]) if self.index_loaded else int(self.info.total_bytes)
 
     def _check_index(self, i: int) -> int:
         i = int(i)

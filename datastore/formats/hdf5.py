@@ -168,7 +168,7 @@ class HDF5Reader(ContainerReader):
     Unfiltered `data` (what HDF5Writer writes) is read with os.preadv at its chunks' file offsets,
     found once at open time (_DirectData); anything else goes through h5py."""
 
-    def __init__(self, path):
+    def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
         self._file = self._direct = None
         try:
@@ -178,6 +178,8 @@ class HDF5Reader(ContainerReader):
         self._file = f
         try:
             self._load(f)
+            if index:
+                self._load_index()
         except BaseException:
             self.close()
             raise
@@ -199,21 +201,34 @@ class HDF5Reader(ContainerReader):
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             for key in ARRAYS:  # before anything of a declared size is read or allocated
                 _check_stored(self.path, key, f[key])
-            self.offsets = f["offsets"][()].astype(np.int64, copy=False)
-            self.labels = f["labels"][()].astype(np.int64, copy=False)
-            self.checksums = f["checksums"][()].astype(np.uint32, copy=False)
-            self.source_index = f["source_index"][()].astype(np.int64, copy=False)
             names = f["names"]
         except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
             raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
-        check_index(self.path, self.info, int(data.shape[0]), self.offsets, self.labels, self.checksums,
-                    self.source_index, int(names.shape[0]) if names.ndim == 1 else -1)
         self._data = data
         self._data_id = data.id
         self._direct = _DirectData.for_dataset(self.path, f, data)
+        self._names_len = int(names.shape[0]) if names.ndim == 1 else -1
         self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
+
+    def _load_index(self) -> None:
+        """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
+        f = self._file
+        if f is None:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        try:
+            offsets = f["offsets"][()].astype(np.int64, copy=False)
+            labels = f["labels"][()].astype(np.int64, copy=False)
+            checksums = f["checksums"][()].astype(np.uint32, copy=False)
+            source_index = f["source_index"][()].astype(np.int64, copy=False)
+        except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
+            raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
+        except KeyError as exc:
+            raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
+        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, source_index,
+                    self._names_len)
+        self.offsets, self.labels, self.checksums, self.source_index = offsets, labels, checksums, source_index
 
     def _live(self):
         if self._file is None:
@@ -304,8 +319,9 @@ class HDF5Writer(StreamingWriter):
             self._write_chunk(tail, buf.written)
         for key, arr in buf.index_arrays().items():
             f.create_dataset(key, data=arr)
-        f.create_dataset("names", data=np.array(buf.names, dtype=object),
-                         dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
+        names = f.create_dataset("names", dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
+        for a, block in buf.name_blocks():  # in blocks: never all names as Python objects at once
+            names[a:a + len(block)] = np.array(block, dtype=object)
         attrs = dict(attrs)
         # A dataset, not an attribute: an object header holds at most 64 KiB of attributes, about
         # 4,000 class names; ImageNet-21k has 21,841.

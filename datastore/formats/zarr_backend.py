@@ -168,7 +168,7 @@ def _check_declared_sizes(path: str, group, files: dict[str, int]) -> None:
 class ZarrReader(ContainerReader):
     """Reads a container from a Zarr v3 directory (read-only, so many ranks may open it at once)."""
 
-    def __init__(self, path):
+    def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
         self._group = self._files = None
         files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
@@ -188,20 +188,20 @@ class ZarrReader(ContainerReader):
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             _check_declared_sizes(self.path, group, files)
             _check_chunks(self.path, data, files)
-            self.offsets = np.asarray(group["offsets"][...], dtype=np.int64)
-            self.labels = np.asarray(group["labels"][...], dtype=np.int64)
-            self.checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
-            self.source_index = np.asarray(group["source_index"][...], dtype=np.int64)
             names = group["names"]
         except (OSError, ValueError, KeyError) as exc:
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
-        check_index(self.path, self.info, int(data.shape[0]), self.offsets, self.labels, self.checksums,
-                    self.source_index, int(names.shape[0]) if names.ndim == 1 else -1)
         self._group, self._data, self._names = group, data, names
         self._files = _ChunkFiles.for_array(data)
         self.opened_identity = self.identity()
+        if index:
+            try:
+                self._load_index()
+            except BaseException:
+                self.close()
+                raise
 
     def _identity_paths(self) -> list[str]:
         """The group's and the arrays' metadata, and the directory of `data`'s chunk files (which
@@ -210,6 +210,24 @@ class ZarrReader(ContainerReader):
         paths = [os.path.join(self.path, "zarr.json")] + [os.path.join(self.path, a, "zarr.json") for a in ARRAYS]
         chunks = os.path.join(self.path, "data", "c")  # the default chunk key encoding's directory
         return paths + [os.path.join(self.path, "data")] + ([chunks] if os.path.isdir(chunks) else [])
+
+    def _load_index(self) -> None:
+        """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
+        group, names = self._group, self._names
+        if group is None:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        try:
+            offsets = np.asarray(group["offsets"][...], dtype=np.int64)
+            labels = np.asarray(group["labels"][...], dtype=np.int64)
+            checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
+            source_index = np.asarray(group["source_index"][...], dtype=np.int64)
+        except (OSError, ValueError, KeyError) as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
+        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, source_index,
+                    int(names.shape[0]) if names.ndim == 1 else -1)
+        self.offsets, self.labels, self.checksums, self.source_index = offsets, labels, checksums, source_index
 
     def _live(self):
         if self._group is None:
@@ -291,8 +309,8 @@ class ZarrWriter(StreamingWriter):
                 arr[:] = values
         n = buf.num_samples
         names = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, INDEX_CHUNK)),))
-        if n:
-            names[:] = np.array(buf.names, dtype=object)
+        for a, block in buf.name_blocks(max(1, min(n, INDEX_CHUNK))):  # chunk by chunk, not all at once
+            names[a:a + len(block)] = np.array(block, dtype=object)
         g.attrs.update(attrs)
         g.attrs[COMPLETE_ATTR] = True  # the marker, last
         self._group = self._data = None

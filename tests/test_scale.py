@@ -1,0 +1,36 @@
+"""Issue 20 under mpiexec: one index per node (dstore.index.NodeIndex) read by one rank of the node,
+and the epoch's order built per rank from the bijection still delivers every sample once, in the
+same global order as on one rank."""
+
+import json
+
+import numpy as np
+import pytest
+from formats_helpers import write_samples
+from mpirun import run_mpi
+
+from dstore import plan, shuffle
+
+N = 203
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_one_rank_per_node_reads_the_index_and_the_order_is_the_global_one(tmp_path, nprocs):
+    samples = [(bytes([i % 251]) * (1 + i % 17), i % 3, f"s{i}", i) for i in range(N)]
+    path = write_samples(tmp_path / "c.h5", "hdf5", samples)
+    run_mpi(nprocs, ["python", "tests/scale_run.py", path, str(tmp_path)], timeout=120)
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nprocs)]
+    # One machine is one node: rank 0 read the index for all and dropped its own copy; no other did.
+    assert [r["bytes_read"] > 0 for r in rows] == [True] + [False] * (nprocs - 1)
+    assert not any(r["loaded"] for r in rows) and all(r["node_size"] == nprocs for r in rows)
+    assert all(r["same"] and not r["writable"] for r in rows)
+    # Every served sample once, and rank r's ids are its slices of the one global order.
+    n = N - 3
+    got = sorted(i for r in rows for i in r["ids"])
+    assert got == list(range(3, N))
+    order = shuffle.global_order(n, 5, 1) + 3
+    for r, row in enumerate(rows):
+        sched = plan.global_schedule(order, 8, nprocs, r, False)
+        assert row["ids"] == sched.ids[~sched.pad].tolist()
+    assert np.unique(got).size == n

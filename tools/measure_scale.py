@@ -1,0 +1,162 @@
+"""Memory, open time and bytes read per rank of a DataStore over many tiny samples (issue 20).
+
+Two steps, each a program with printed and JSON output:
+
+    python tools/measure_scale.py make /tmp/tiny10M.h5 10000000 [--bytes 64]
+        writes a container of N samples of `--bytes` bytes (HDF5, the library's writer) and reports
+        the writer's peak RSS (the ingest's memory at scale);
+    mpiexec -n P python tools/measure_scale.py run /tmp/tiny10M.h5 [--epochs 2] [--json out.json]
+        opens a DataStore (global order, preload, batch 1024) on P ranks and reports per rank:
+        VmRSS (private and shared parts) before the open, after it (window excluded), during the
+        first epoch, bytes read by the open (/proc/self/io), open and epoch times; checks that the
+        last epoch delivered every sample exactly once (a count per sample, summed over ranks).
+
+`--src DIR` imports `dstore` from DIR/datastore instead (e.g. a checkout of an older commit, for a
+before/after table). Figures taken on a shared machine: record `uptime` with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+
+
+def _use_source(src: str | None) -> None:
+    if not src:
+        return
+    pkg = os.path.join(src, "datastore")
+    spec = importlib.util.spec_from_file_location("dstore", os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["dstore"] = mod
+    spec.loader.exec_module(mod)
+
+
+def status() -> dict:
+    """This process's memory figures (bytes) from /proc/self/status."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssShmem", "RssFile"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def io_read() -> int:
+    """Bytes this process has read through read calls so far (rchar)."""
+    with open("/proc/self/io") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("rchar"))
+
+
+def make(path: str, n: int, nbytes: int, batch: int = 200_000) -> dict:
+    """Writes n samples of nbytes (each its index's bytes, repeated) with the library's writer."""
+    import numpy as np
+
+    from dstore.formats import create_writer
+
+    t0 = time.perf_counter()
+    with create_writer(path, "hdf5", encoding="raw", class_names=[str(i) for i in range(10)],
+                       raw_dtype="uint8", raw_shape=(nbytes,), overwrite=True) as w:
+        for a in range(0, n, batch):
+            k = min(batch, n - a)
+            ids = np.arange(a, a + k, dtype=np.int64)
+            data = np.repeat(ids.astype("<u8").view(np.uint8).reshape(k, 8), -(-nbytes // 8), axis=1)[:, :nbytes]
+            w.extend(data.ravel(), [nbytes] * k, (ids % 10).tolist(), [f"s/{i}" for i in ids.tolist()])
+    out = {"samples": n, "sample_bytes": nbytes, "seconds": time.perf_counter() - t0,
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    print(f"made {path}: {n} samples of {nbytes} B in {out['seconds']:.1f} s, writer peak RSS "
+          f"{out['peak_rss_bytes'] / 1e6:.0f} MB ({out['peak_rss_bytes'] / n:.0f} B/sample)")
+    return out
+
+
+def run(path: str, epochs: int, batch: int) -> dict | None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from dstore.store import DataStore
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    comm.Barrier()
+    s0, r0 = status(), io_read()
+    t0 = time.perf_counter()
+    store = DataStore(comm, path, batch_size=batch, seed=1, population_threads=1)
+    comm.Barrier()
+    t_open = time.perf_counter() - t0
+    s_open, r_open = status(), io_read()
+    store.populate()
+    window = int(store.layout.nbytes[rank])
+    s_pop = status()
+    n = store.num_samples
+    row = {"rank": rank, "size": size, "samples": n, "open_seconds": t_open, "open_read_bytes": r_open - r0,
+           "window_bytes": window,
+           "after_open_bytes": s_open["VmRSS"] - s0["VmRSS"],
+           "after_open_anon_bytes": s_open["RssAnon"] - s0["RssAnon"],
+           "after_population_anon_bytes": s_pop["RssAnon"] - s0["RssAnon"],
+           "after_population_shmem_bytes": s_pop["RssShmem"] - s0["RssShmem"]}
+    with store:
+        for e in range(epochs):
+            last = e == epochs - 1
+            seen = np.zeros(n, dtype=np.uint8) if last else None
+            comm.Barrier()
+            t1 = time.perf_counter()
+            first = True
+            peak = 0
+            for b in store.epoch(e):
+                if first:
+                    sb = status()
+                    peak = sb["RssAnon"] - s_pop["RssAnon"]
+                    first = False
+                if last:
+                    seen[b.ids[~b.pad]] += 1
+            comm.Barrier()
+            row[f"epoch{e}_seconds"] = time.perf_counter() - t1
+            if e == 0:
+                row["epoch_anon_bytes"] = peak  # what the epoch's plan adds, at its first batch
+        total = np.zeros_like(seen)
+        comm.Allreduce(seen, total, op=MPI.SUM)
+        row["exactly_once"] = bool(np.all(total == 1))
+    row["peak_rss_bytes"] = status()["VmHWM"]
+    rows = comm.gather(row, root=0)
+    if rank:
+        return None
+    for r in rows:
+        print(f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB; "
+              f"private after open +{r['after_open_anon_bytes'] / 1e6:.1f} MB "
+              f"({r['after_open_anon_bytes'] / n:.1f} B/sample); epoch plan +{r['epoch_anon_bytes'] / 1e6:.1f} MB "
+              f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
+              f"(window {r['window_bytes'] / 1e6:.1f} MB); epochs "
+              + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs)) + f" s; exactly once: {r['exactly_once']}")
+    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "rows": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--src", help="import dstore from DIR/datastore (an older checkout)")
+    p.add_argument("--json", help="write the figures here as JSON")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("path")
+    m.add_argument("samples", type=int)
+    m.add_argument("--bytes", type=int, default=64)
+    r = sub.add_parser("run")
+    r.add_argument("path")
+    r.add_argument("--epochs", type=int, default=2)
+    r.add_argument("--batch", type=int, default=1024)
+    a = p.parse_args(argv)
+    _use_source(a.src)
+    out = make(a.path, a.samples, a.bytes) if a.cmd == "make" else run(a.path, a.epochs, a.batch)
+    if out is not None and a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
