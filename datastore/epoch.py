@@ -223,7 +223,7 @@ class EpochRun:
             owner = np.where(self.tier.from_storage, store.rank, owner[ids_all])  # per entry: no get for these
         else:
             owner = owner[ids_all]
-        self.owner = owner
+        self.owner = owner.astype(np.int32)  # a rank number: 4 bytes per entry of the epoch, not 8
         if not store.replicate:  # exact receive buffer sizes for this epoch
             rb = np.where(~self.mapped[owner], store.sizes[ids_all], 0)
             per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)

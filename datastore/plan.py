@@ -216,6 +216,9 @@ class Derived:
         return self.n
 
     def __getitem__(self, ids):
+        if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1:  # the hot path: a step's ids
+            if ids.size == 0 or ids.min() >= 0:
+                return self.fn(ids)
         if isinstance(ids, slice):
             return self.fn(np.arange(*ids.indices(self.n), dtype=np.int64))
         ids = np.asarray(ids)

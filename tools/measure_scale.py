@@ -37,8 +37,20 @@ def _use_source(src: str | None) -> None:
     spec.loader.exec_module(mod)
 
 
+def _trim() -> None:
+    """Returns freed heap memory to the system (glibc's malloc_trim), so RSS counts live memory,
+    not what temporaries left in malloc's free lists (which glibc may keep for reuse)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: figures include free lists
+        pass
+
+
 def status() -> dict:
-    """This process's memory figures (bytes) from /proc/self/status."""
+    """This process's memory figures (bytes) from /proc/self/status, after a malloc_trim."""
+    _trim()
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
@@ -60,6 +72,7 @@ def make(path: str, n: int, nbytes: int, batch: int = 200_000) -> dict:
 
     from dstore.formats import create_writer
 
+    base = status()["VmRSS"]  # the interpreter and its imports, before the writer
     t0 = time.perf_counter()
     with create_writer(path, "hdf5", encoding="raw", class_names=[str(i) for i in range(10)],
                        raw_dtype="uint8", raw_shape=(nbytes,), overwrite=True) as w:
@@ -69,9 +82,10 @@ def make(path: str, n: int, nbytes: int, batch: int = 200_000) -> dict:
             data = np.repeat(ids.astype("<u8").view(np.uint8).reshape(k, 8), -(-nbytes // 8), axis=1)[:, :nbytes]
             w.extend(data.ravel(), [nbytes] * k, (ids % 10).tolist(), [f"s/{i}" for i in ids.tolist()])
     out = {"samples": n, "sample_bytes": nbytes, "seconds": time.perf_counter() - t0,
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss_bytes": base}
+    grown = out["peak_rss_bytes"] - base
     print(f"made {path}: {n} samples of {nbytes} B in {out['seconds']:.1f} s, writer peak RSS "
-          f"{out['peak_rss_bytes'] / 1e6:.0f} MB ({out['peak_rss_bytes'] / n:.0f} B/sample)")
+          f"{out['peak_rss_bytes'] / 1e6:.0f} MB, {grown / 1e6:.0f} MB over the interpreter's ({grown / n:.0f} B/sample)")
     return out
 
 
@@ -112,6 +126,8 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
                 if first:
                     sb = status()
                     peak = sb["RssAnon"] - s_pop["RssAnon"]
+                    if e == 0:
+                        row["first_batch_anon_bytes"] = sb["RssAnon"] - s0["RssAnon"]
                     first = False
                 if last:
                     seen[b.ids[~b.pad]] += 1
@@ -123,17 +139,30 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
         comm.Allreduce(seen, total, op=MPI.SUM)
         row["exactly_once"] = bool(np.all(total == 1))
     row["peak_rss_bytes"] = status()["VmHWM"]
+    # Metadata: private memory at the first batch less the window where the window is private (one
+    # rank: MPI allocates it from the heap); shared memory beyond the window is the node's index.
+    shm = row["after_population_shmem_bytes"]
+    row["window_private"] = shm < window // 2
+    row["metadata_private_bytes"] = row["first_batch_anon_bytes"] - (window if row["window_private"] else 0)
+    row["index_shared_bytes"] = max(0, shm - window)
     rows = comm.gather(row, root=0)
     if rank:
         return None
+    node = sum(r["metadata_private_bytes"] for r in rows) + rows[0]["index_shared_bytes"]
     for r in rows:
         print(f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB; "
               f"private after open +{r['after_open_anon_bytes'] / 1e6:.1f} MB "
               f"({r['after_open_anon_bytes'] / n:.1f} B/sample); epoch plan +{r['epoch_anon_bytes'] / 1e6:.1f} MB "
               f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
               f"(window {r['window_bytes'] / 1e6:.1f} MB); epochs "
-              + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs)) + f" s; exactly once: {r['exactly_once']}")
-    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "rows": rows}
+              + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs)) + f" s; exactly once: {r['exactly_once']}; "
+              f"metadata private {r['metadata_private_bytes'] / n:.1f} B/sample")
+    print(f"P={size} N={n}: metadata per rank (private) max {max(r['metadata_private_bytes'] for r in rows) / n:.1f} "
+          f"B/sample, node index (shared) {rows[0]['index_shared_bytes'] / n:.1f} B/sample, per node (all ranks + "
+          f"shared) {node / n:.1f} B/sample; open {max(r['open_seconds'] for r in rows):.2f} s, read at open "
+          f"{sum(r['open_read_bytes'] for r in rows) / 1e6:.1f} MB over all ranks")
+    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "node_metadata_bytes": node,
+            "rows": rows}
 
 
 def main(argv=None) -> int:

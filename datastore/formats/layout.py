@@ -253,7 +253,7 @@ class SampleBuffer:
     def name_blocks(self, size: int = 1 << 16):
         """Yields (start, list of the names of samples [start, start + len)), `size` at a time."""
         ends = np.frombuffer(self._name_ends, dtype=np.int64) if len(self._name_ends) else np.zeros(0, np.int64)
-        raw = bytes(self._names)
+        raw = self._names  # sliced in place: no second copy of all names
         for a in range(0, ends.size, size):
             e = ends[a:a + size].tolist()
             s = [int(ends[a - 1]) if a else 0] + e[:-1]
