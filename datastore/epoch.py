@@ -208,8 +208,10 @@ class EpochRun:
         if store.replicate:
             owner = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
             self.disp, segs = store.offsets[:-1], {store.rank: store._view}
+            self.base = np.zeros(store.size, dtype=np.int64)  # the node's copy: displacement = offset
         else:
             owner, self.disp, segs = store.layout.owner, store.layout.disp, store._segs
+            self.base = store.layout.base
         self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
         self.mapped = np.zeros(store.size, dtype=bool)
         self.mapped[list(self.segs)] = True
@@ -240,6 +242,9 @@ class EpochRun:
         sl = self.sched.step(s)
         ids = self.ids_all[sl]
         own, sread = self.owner[sl], None
+        start = store.offsets[ids]  # one look-up of the shared offsets gives both length and displacement
+        length = store.offsets[ids + 1] - start
+        disp = start - self.base[own] if self.base is not None else self.disp[ids]  # in the owner's window
         if self.stream is not None:  # samples whose piece is not yet in its owner's window: read them here
             self.stream.poll()
             miss = self.stream.missing(ids)
@@ -248,7 +253,7 @@ class EpochRun:
                     return s, slot, ids, self.sched.pad[sl], None, [], own, None
                 own = np.where(miss, store.rank, own)
                 sread = (miss, self.stream.read(ids[miss], slot))
-        f = plan.plan_fetch(own, self.disp[ids], store.sizes[ids], store.rank, self.mapped)
+        f = plan.plan_fetch(own, disp, length, store.rank, self.mapped)
         reqs = store._arena.start_gets(store._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
             if f.run_len.size else []
         self.stats.fetch_seconds += time.perf_counter() - t

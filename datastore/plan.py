@@ -280,11 +280,14 @@ class Layout:
         owner: int64[N] (or a `Derived` computing it: block layouts store nothing per sample).
         disp: int64[N], byte displacement inside the owner's window (likewise).
         nbytes: int64[P], each rank's window size.
+        base: int64[P+1] for a block layout (``disp[i] = offsets[i] - base[owner[i]]``, which a
+            caller that has the offsets and owners at hand computes without a lookup), else None.
     """
 
     owner: np.ndarray
     disp: np.ndarray
     nbytes: np.ndarray
+    base: np.ndarray | None = None
 
 
 def block_layout(offsets: np.ndarray, bounds: np.ndarray) -> Layout:
@@ -297,7 +300,7 @@ def block_layout(offsets: np.ndarray, bounds: np.ndarray) -> Layout:
     base = offsets[bounds]
     owner = Derived(n, lambda ids: owner_of(bounds, ids))
     disp = Derived(n, lambda ids: offsets[ids] - base[owner_of(bounds, ids)])
-    return Layout(owner, disp, np.diff(base))
+    return Layout(owner, disp, np.diff(base), base)
 
 
 def scattered_layout(offsets: np.ndarray, owner: np.ndarray, nranks: int) -> Layout:

@@ -27,6 +27,7 @@ COMMANDS = {
     "bench": "dstore.tools.cmd_bench",
     "pfs": "dstore.tools.cmd_pfs",
     "plot": "dstore.tools.cmd_plot",
+    "plan": "dstore.tools.cmd_plan",
 }
 
 
