@@ -2,7 +2,7 @@
 
 Given the data (samples N, their bytes) and the cluster (nodes, ranks per node, memory per node,
 network, the job's share of the storage, how fast each rank consumes samples), `forecast` says per
-rank: the data share, the metadata (dstore.index: 16 bytes per sample once per node; an epoch's
+rank: the data share, the metadata (dstore.index: 20 bytes per sample once per node; an epoch's
 schedule: ~13 bytes per sample the rank serves), the buffers, the decode workers' memory; the
 resident fraction (the tiered store's arithmetic: what fits the budget after buffers and metadata);
 the population time; remote and storage bytes and time per step; whether input stays off the
@@ -25,8 +25,8 @@ from dstore.errors import ConfigError
 
 REQUEST_BYTES = 1 << 20
 """Bytes of one storage request of a large read (the kernel splits reads into about 1 MiB)."""
-INDEX_BYTES = 16
-"""Per sample, once per node: offsets and labels (dstore.index.NodeIndex)."""
+INDEX_BYTES = 20
+"""Per sample, once per node: offsets, labels and checksums (dstore.index.NodeIndex)."""
 SCHEDULE_BYTES = 13
 """Per sample a rank serves in an epoch: its id (8), pad flag (1), owner (4) (dstore.epoch)."""
 RANK_BASE_BYTES = 300 << 20
@@ -111,9 +111,21 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
         samples, mean_bytes: the data set (N and its mean sample bytes).
         largest_step_bytes: the most bytes one rank's step can hold (the receive buffer); None:
             twice the mean step (a container gives the exact figure).
-        replicate: force node replication on or off; None: recommended where one copy fits a node.
+        replicate: force node replication on or off; None: the better of the two: a copy per node
+            where one fits and its population (every node reads everything) costs at most twice the
+            distributed one's, or the distributed store's input is on the critical path.
     """
     _check(cluster, samples, mean_bytes)
+    if replicate is None:
+        spread = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes,
+                          replicate=False)
+        if cluster.nodes == 1:
+            return spread
+        copy = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes,
+                        replicate=True)
+        better = copy["resident_fraction"] == 1.0 and (
+            copy["population_seconds"] <= 2 * spread["population_seconds"] or not spread["input_off_critical_path"])
+        return copy if better else spread
     c, n = cluster, int(samples)
     total = n * float(mean_bytes)
     p, rpn = c.ranks, c.ranks_per_node
@@ -126,9 +138,6 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     metadata = INDEX_BYTES * n / rpn + SCHEDULE_BYTES * n / p  # the node's index shared by its ranks
     budget = BUDGET_FRACTION * c.memory_per_node / rpn
     free = budget - metadata - recv - decode - RANK_BASE_BYTES
-    fits_node = total <= rpn * free
-    if replicate is None:
-        replicate = c.nodes > 1 and fits_node
     share = total / rpn if replicate else total / p
     resident = 1.0 if share <= 0 else max(0.0, min(1.0, free / share))
     storage_step = step_bytes * (1.0 - resident)  # non-resident samples, read by the rank that needs them

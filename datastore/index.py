@@ -1,5 +1,5 @@
-"""The served samples' index (offsets, labels) once per node, in node shared memory, read from
-storage by one rank of the node.
+"""The served samples' index (offsets, labels, checksums) once per node, in node shared memory,
+read from storage by one rank of the node.
 
 A store needs each served sample's byte offsets (who owns it, where it lies in the owner's
 window, how long it is) and its label (the batch's labels). Held by every rank that is 16 bytes
@@ -7,9 +7,10 @@ per sample per rank, read from the parallel file system by every rank at open. `
 one copy per node: the node's first rank reads the container's index (checked as at any open),
 copies the served slice into a shared-memory window (dstore.window.Arena with shared=True) and
 drops its reader's copy; the node's other ranks map that window read-only and never read the
-index (they open the container with ``index=False``: attributes only, then byte ranges). Checksums,
-names and source indices are not held: what needs them (verify, error messages, tiered checks)
-reads them from the container.
+index (they open the container with ``index=False``: attributes only, then byte ranges). The
+checksums are kept too (4 bytes per sample): every byte read from storage is checked against them
+(dstore.integrity). Names and source indices are not held: what needs them (verify, error
+messages) reads them from the container.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from dstore.errors import ConfigError
 from dstore.formats.backends import checked
 from dstore.window import Arena
 
-BYTES_PER_SAMPLE = 16
-"""Bytes per served sample of one node's index: int64 offsets and int64 labels."""
+BYTES_PER_SAMPLE = 20
+"""Bytes per served sample of one node's index: int64 offsets, int64 labels, uint32 checksums."""
 
 
 class NodeIndex:
-    """Offsets (int64[n+1], from 0) and labels (int64[n]) of container samples [start, stop), one
-    read-only copy per node (collective over `comm`; `free()` is collective too, safe twice).
+    """Offsets (int64[n+1], from 0), labels (int64[n]) and checksums (uint32[n]) of container samples
+    [start, stop), one read-only copy per node (collective over `comm`; `free()` is collective too, safe twice).
 
     Args:
         comm: the store's communicator.
@@ -63,6 +64,7 @@ class NodeIndex:
         self.base_byte = int(self._node.bcast(self.base_byte, root=0))
         self.offsets = _readonly(seg[:8 * (n + 1)].view(np.int64))
         self.labels = _readonly(seg[8 * (n + 1):8 * (2 * n + 1)].view(np.int64))
+        self.checksums = _readonly(seg[8 * (2 * n + 1):8 * (2 * n + 1) + 4 * n].view(np.uint32))
 
     @property
     def node_size(self) -> int:
@@ -82,6 +84,7 @@ class NodeIndex:
         self.base_byte = int(full[start])
         np.subtract(full[start:stop + 1], full[start], out=off)
         seg[8 * (n + 1):8 * (2 * n + 1)].view(np.int64)[:] = reader.labels[start:stop]
+        seg[8 * (2 * n + 1):8 * (2 * n + 1) + 4 * n].view(np.uint32)[:] = reader.checksums[start:stop]
         if not had:  # this reader read them for the node: the shared copy replaces its own
             reader.drop_index()
 
@@ -89,7 +92,7 @@ class NodeIndex:
         """Collective over the node: unmaps and frees the shared copy. Safe twice."""
         arena, self._arena = self._arena, None
         node, self._node = self._node, None
-        self.offsets = self.labels = None
+        self.offsets = self.labels = self.checksums = None
         if arena is not None:
             arena.free()
         if node is not None:
@@ -98,7 +101,7 @@ class NodeIndex:
     def abandon(self) -> None:
         """Local-only: drops the references (after an error another rank may not share)."""
         self._arena = self._node = None
-        self.offsets = self.labels = None
+        self.offsets = self.labels = self.checksums = None
 
 
 def served_range(container, sample_range) -> tuple[int, int]:

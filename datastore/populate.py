@@ -471,7 +471,7 @@ def populate(store) -> None:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
     # Every byte read from storage is checked against the container's checksums where it was read.
-    store._checks = SampleChecks(store.offsets, store.container.checksums[store.start:store.stop])
+    store._checks = SampleChecks(store.offsets, store.checksums)  # the node's shared copy (dstore.index)
     nodecomm = node_comm(store.comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
     try:
         store._topology = topology_of(store.comm, nodecomm)

@@ -187,7 +187,7 @@ class DataStore:
     # ----------------------------------------------------------------- set-up
     def _init_index(self) -> None:
         """The served samples' arrays (from the node's shared index) and the plan built on them."""
-        self.offsets, self.labels = self._index.offsets, self._index.labels
+        self.offsets, self.labels, self.checksums = self._index.offsets, self._index.labels, self._index.checksums
         self._base_byte = self._index.base_byte
         self.sizes = plan.sizes_of(self.offsets)  # looked up, not stored: no int64[N] per rank
         self.num_samples = self.stop - self.start

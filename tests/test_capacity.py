@@ -29,7 +29,7 @@ def test_more_nodes_shrink_the_share_not_the_node_index():
 
     a, b = f(4), f(64)
     assert b["per_rank"]["data_share_bytes"] == pytest.approx(a["per_rank"]["data_share_bytes"] / 16)
-    assert a["per_node"]["index_bytes"] == b["per_node"]["index_bytes"] == 16 * 10_000_000
+    assert a["per_node"]["index_bytes"] == b["per_node"]["index_bytes"] == 20 * 10_000_000
     assert a["resident_fraction"] < 1.0 and a["recommend"]["tiered"]  # 1 TB on 4 x 64 GB: tiered
     assert b["resident_fraction"] == 1.0 and not b["recommend"]["tiered"]
     assert a["step"]["storage_bytes"] > 0 == b["step"]["storage_bytes"]
@@ -37,10 +37,16 @@ def test_more_nodes_shrink_the_share_not_the_node_index():
     assert f(k)["resident_fraction"] == 1.0 > f(k // 2)["resident_fraction"]
 
 
-def test_replication_is_recommended_where_a_copy_fits_a_node():
-    cl = capacity.Cluster(nodes=4, ranks_per_node=4, memory_per_node=256e9, batch_size=1024)
-    f = capacity.forecast(1_000_000, 100e3, cl, PFS8)
-    assert f["replicate"] and f["step"]["remote_bytes"] == 0 and f["population_bytes"] == 4 * 1e11
+def test_replication_is_chosen_where_it_pays():
+    def f(network):
+        cl = capacity.Cluster(nodes=4, ranks_per_node=4, memory_per_node=256e9, batch_size=1024, network=network)
+        return capacity.forecast(1_000_000, 100e3, cl, PFS8)
+
+    fast = f(12.5e9)  # gets keep up: four copies' population (4x the reads) is not worth it
+    assert not fast["replicate"] and fast["input_off_critical_path"] and fast["step"]["remote_bytes"] > 0
+    slow = f(1e6)  # gets would stall every step: one copy per node, no remote traffic
+    assert slow["replicate"] and slow["step"]["remote_bytes"] == 0 and slow["population_bytes"] == 4 * 1e11
+    assert slow["population_seconds"] > 2 * fast["population_seconds"]
 
 
 def test_bad_clusters_are_refused_naming_the_parameter():
