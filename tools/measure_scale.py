@@ -115,6 +115,9 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
            "after_population_anon_bytes": s_pop["RssAnon"] - s0["RssAnon"],
            "after_population_shmem_bytes": s_pop["RssShmem"] - s0["RssShmem"]}
     with store:
+        t1 = time.perf_counter()
+        store.schedule(0)  # what building this rank's part of an epoch's order costs
+        row["schedule_seconds"] = time.perf_counter() - t1
         for e in range(epochs):
             last = e == epochs - 1
             seen = np.zeros(n, dtype=np.uint8) if last else None
