@@ -35,7 +35,16 @@ log = logging.getLogger("dstore.store")
 
 READER_INDEX_BYTES = 28
 """Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
-indices, uint32 checksums): what each storage or population thread's reader holds."""
+indices, uint32 checksums): what each storage or population thread's reader holds, unless its
+backend opens without them (ContainerReader.index_on_demand: HDF5, Zarr; see reader_index)."""
+
+
+def reader_index(store) -> int:
+    """Bytes of the index arrays one storage or population thread's reader holds: none where the
+    backend reads them on demand only (the threads read byte ranges), else all of them."""
+    if getattr(store.container, "index_on_demand", False):
+        return 0
+    return READER_INDEX_BYTES * int(store.container.num_samples)
 
 PRELOAD_SCRATCH = 8 << 20
 """The most bytes of one read of a tiered preload (and of each scratch buffer that a read crossing
@@ -335,7 +344,7 @@ def population_readers(store) -> int:
     during the population only, before the receive buffers exist."""
     if store.population_threads == 1 or (store.population == "dynamic" and not store.replicate):
         return 0
-    return store.population_threads * READER_INDEX_BYTES * int(store.container.num_samples)
+    return store.population_threads * reader_index(store)
 
 
 def stream_buffers(store) -> int:
@@ -350,7 +359,7 @@ def tier_buffers(store, bufs: int) -> int:
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
     preload reads with those threads)."""
-    index = READER_INDEX_BYTES * int(store.container.num_samples)
+    index = reader_index(store)
     return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
 
 

@@ -6,10 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from formats_helpers import write_samples
+from formats_helpers import build, random_samples, write_samples
+from mpi4py import MPI
 from mpirun import run_mpi
 
-from dstore import plan, shuffle
+from dstore import plan, populate, shuffle
+from dstore.store import DataStore
 
 N = 203
 
@@ -34,3 +36,20 @@ def test_one_rank_per_node_reads_the_index_and_the_order_is_the_global_one(tmp_p
         sched = plan.global_schedule(order, 8, nprocs, r, False)
         assert row["ids"] == sched.ids[~sched.pad].tolist()
     assert np.unique(got).size == n
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "zarr", "sharded-hdf5"])
+def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backend):
+    path = build(tmp_path, backend, random_samples(300, seed=2))
+    kw = dict(batch_size=10, seed=1, population_threads=3, storage_threads=2)
+    probe = DataStore(MPI.COMM_SELF, path, **kw)
+    lazy = not backend.startswith("sharded")
+    assert populate.population_readers(probe) == (0 if lazy else 3 * 28 * 300)
+    budget = probe.tier_overhead() + int(0.5 * int(probe.offsets[-1]))
+    probe.close()
+    with DataStore(MPI.COMM_SELF, path, memory_budget=budget, **kw) as st:  # tiered: storage threads read
+        got = sorted(int(i) for b in st.epoch(0) for i, p in zip(b.ids, b.pad) if not p)
+        readers = st._storage._readers
+        assert readers and all(r.index_loaded != lazy for r in readers)
+        assert not st.container.index_loaded or not lazy  # the store's own: the node copy replaced it
+    assert got == list(range(300))

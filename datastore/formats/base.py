@@ -135,6 +135,9 @@ class ContainerReader(abc.ABC):
 
     path: str
     info: ContainerInfo
+    index_on_demand: bool = False
+    """True where the backend opens with ``index=False`` (HDF5, Zarr): a reader that only reads byte
+    ranges then holds no index arrays (the store's storage and population threads)."""
     offsets: np.ndarray
     labels: np.ndarray
     checksums: np.ndarray

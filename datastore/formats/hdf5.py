@@ -168,6 +168,8 @@ class HDF5Reader(ContainerReader):
     Unfiltered `data` (what HDF5Writer writes) is read with os.preadv at its chunks' file offsets,
     found once at open time (_DirectData); anything else goes through h5py."""
 
+    index_on_demand = True
+
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
         self._file = self._direct = None

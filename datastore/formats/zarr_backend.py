@@ -168,6 +168,8 @@ def _check_declared_sizes(path: str, group, files: dict[str, int]) -> None:
 class ZarrReader(ContainerReader):
     """Reads a container from a Zarr v3 directory (read-only, so many ranks may open it at once)."""
 
+    index_on_demand = True
+
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
         self._group = self._files = None
