@@ -182,9 +182,12 @@ def _nodes_needed(total: float, n: int, c: Cluster, recv: float, decode: float) 
         if free > 0 and total / p <= free:
             return nodes
         if free <= 0 and INDEX_BYTES * n / c.ranks_per_node + RANK_BASE_BYTES + recv + decode > budget:
-            return None  # the per-node index alone exceeds the budget: no node count helps
+            return None  # what a rank holds besides its data exceeds its budget: no node count helps
         nodes *= 2
     return None
+
+
+_NO_NODES = "none (a rank's memory besides its data exceeds its budget)"
 
 
 def format_forecast(f: dict) -> str:
@@ -211,6 +214,6 @@ def format_forecast(f: dict) -> str:
         "input " + ("stays off" if f["input_off_critical_path"] else "is ON") + " the critical path",
         f"recommended: replicate={rec['replicate']}, tiered={rec['tiered']}, storage_lookahead="
         f"{rec['storage_lookahead']}, decode workers={rec['decode_workers']}; nodes for all resident: "
-        f"{rec['nodes_for_resident'] if rec['nodes_for_resident'] is not None else 'none (the index alone is too large)'}",
+        f"{rec['nodes_for_resident'] if rec['nodes_for_resident'] is not None else _NO_NODES}",
     ]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from formats_helpers import random_samples, write_samples
 
 from dstore import capacity
 from dstore.errors import ConfigError
@@ -65,3 +66,12 @@ def test_the_command_prints_json_forecasts():
     rows = json.loads(out.stdout)
     assert [r["nodes"] for r in rows] == [1, 16]
     assert rows[0]["resident_fraction"] < rows[1]["resident_fraction"] == 1.0
+
+
+def test_the_command_reads_a_containers_sizes(tmp_path):
+    path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(50, seed=1))
+    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", path, "--nodes", "1", "--ranks-per-node",
+                          "2", "--memory-per-node", "1G", "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    f = json.loads(out.stdout)
+    assert f["samples"] == 50 and f["ranks"] == 2 and 0 < f["per_rank"]["receive_buffer_bytes"]

@@ -91,7 +91,7 @@ def run(args) -> int:
                               threads=args.threads, workers=args.workers, decode_seconds=decode_s,
                               local_bandwidth=local_bw)
         if args.container:
-            per_step = min(-(-args.batch_size // cl.ranks) + 1, n)
+            per_step = min(-(-cl.batch_size // cl.ranks) + 1, n)
             largest = plan.largest_sum(offsets, per_step)
         out.append(capacity.forecast(n, mean, cl, storage, largest_step_bytes=largest))
     if args.json:
