@@ -3,8 +3,9 @@ read them, and the one error a mismatch becomes.
 
 Every path that brings sample bytes from storage into the store (the preload's pieces, the tiered
 preload's runs, the dynamic population, the storage tier's reads) hands its buffer to a
-`SampleChecks` right after the read, in the same thread: `zlib.crc32` releases the GIL for buffers
-over 5 KiB, so checking overlaps the other reads, decoding and the training step, as the reads do.
+`SampleChecks` right after the read, in the same thread: CRC32 (zlib-ng's, else zlib's) releases
+the GIL for buffers over 5 KiB, so checking overlaps the other reads, decoding and the training
+step, as the reads do.
 A mismatch raises `ChecksumError` with the served indices; `read_error` (the error any failed read
 becomes) then names the container, the samples, and whether the container's files changed since
 the job opened them (`ContainerChangedError`), since a file rewritten under a running job is the
@@ -13,11 +14,10 @@ usual cause of both.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
 from dstore.errors import ChecksumError, ContainerChangedError, FormatError
+from dstore.formats.base import crc32
 
 
 class SampleChecks:
@@ -50,7 +50,7 @@ class SampleChecks:
         view = memoryview(buf).cast("B")
         starts, ends = (self.offsets[ids] - at).tolist(), (self.offsets[ids + 1] - at).tolist()
         want = self.checksums[ids].tolist()
-        bad = [i for i, a, b, c in zip(ids.tolist(), starts, ends, want) if zlib.crc32(view[a:b]) != c]
+        bad = [i for i, a, b, c in zip(ids.tolist(), starts, ends, want) if crc32(view[a:b]) != c]
         if bad:
             raise ChecksumError(f"{len(bad)} sample(s) read from storage do not match their checksums", bad)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,6 +18,7 @@ from dstore.collective import topology
 from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import detect_format, open_container
+from dstore.formats.base import crc32
 from dstore.heartbeat import Heartbeat
 from dstore.integrity import shown
 from dstore.plan import block_bounds
@@ -125,7 +125,7 @@ def _check_large(reader, i: int, read_size: int, decode: bool) -> list[str]:
     crc = 0
     try:
         for at in range(lo, hi, read_size):
-            crc = zlib.crc32(reader.read_bytes(at, min(hi, at + read_size)), crc)
+            crc = crc32(reader.read_bytes(at, min(hi, at + read_size)), crc)
     except (DStoreError, OSError) as exc:
         return [f"unreadable: {exc}"]
     want = int(reader.checksums[i])
@@ -166,7 +166,7 @@ def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int,
             to_decode = []
             for i in range(a, b):
                 lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
-                got = zlib.crc32(view[lo:hi]) & 0xFFFFFFFF
+                got = crc32(view[lo:hi]) & 0xFFFFFFFF
                 want = int(reader.checksums[i])
                 if got != want:
                     reasons.setdefault(i, []).insert(0, f"checksum mismatch: stored {want:#010x}, "

@@ -416,3 +416,16 @@ def test_dstore_train_on_a_zarr_container_with_a_missing_chunk_is_one_line(tmp_p
     errors = [x for x in res.stderr.splitlines() if x.startswith("dstore: error")]
     assert res.returncode != 0 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"{path}/data/c/3: data chunk 3 (bytes [786432, 1048576) of data) is missing" in errors[0], res.stderr
+
+
+def test_the_crc32_in_use_is_zlibs():
+    # zlib-ng's CRC32 where installed: the same values as zlib's (the format's), chained or not.
+    import zlib
+
+    from dstore.formats.base import crc32
+
+    rng = np.random.default_rng(9)
+    for n in (0, 1, 5000, 5121, 110_000):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        assert crc32(memoryview(data)) == zlib.crc32(data.tobytes())
+        assert crc32(data[n // 2:], crc32(data[:n // 2])) == zlib.crc32(data.tobytes())

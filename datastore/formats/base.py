@@ -9,7 +9,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-import zlib
 from typing import Any
 
 import numpy as np
@@ -35,9 +34,15 @@ class ContainerNotFoundError(DStoreError, FileNotFoundError):
     """Nothing is at the path given as a container."""
 
 
+try:  # zlib-ng's CRC32: the same values as zlib's, about 5x faster here (SIMD); releases the GIL as zlib's
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - a platform without zlib-ng's wheels
+    from zlib import crc32
+
+
 def checksum(data) -> int:
     """CRC32 of a sample's bytes (what the `checksums` array stores), as an unsigned 32-bit int."""
-    return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
+    return crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
 
 
 def check_batch(nbytes: int, sizes, **per_sample) -> None:

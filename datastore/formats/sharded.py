@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, detect_format, open_backend
-from dstore.formats.base import ContainerNotFoundError, ContainerReader
+from dstore.formats.base import ContainerNotFoundError, ContainerReader, crc32
 from dstore.formats.layout import COMPLETE_ATTR, check_byte_range, check_out, make_attrs, parse_info
 from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
@@ -31,7 +30,7 @@ source, has other checksums in another order."""
 
 def checksums_crc32(checksums: np.ndarray) -> int:
     """The CRC32 of a shard's `checksums` array as little-endian uint32 (its fingerprint)."""
-    return zlib.crc32(np.ascontiguousarray(checksums, dtype="<u4").tobytes()) & 0xFFFFFFFF
+    return crc32(np.ascontiguousarray(checksums, dtype="<u4").tobytes()) & 0xFFFFFFFF
 
 
 def shard_identity(reader: ContainerReader, sample_start: int) -> dict:
