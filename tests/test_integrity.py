@@ -98,7 +98,7 @@ def test_every_read_from_storage_is_checked_against_the_checksums(tmp_path, path
     assert all(x == sample for x in served)  # nothing but the ingested bytes was served
 
 
-def test_the_files_loaded_are_checked_and_the_identity_is_recorded(tmp_path):
+def test_a_reader_names_what_changed_in_its_files(tmp_path):
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=40)
     with open_container(path) as r:
         assert r.changes() is None
