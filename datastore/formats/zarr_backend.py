@@ -206,12 +206,13 @@ class ZarrReader(ContainerReader):
                 raise
 
     def _identity_paths(self) -> list[str]:
-        """The group's and the arrays' metadata, and the directory of `data`'s chunk files (which
-        changes when a chunk file is added, removed or replaced; bytes rewritten in place are caught
-        by the samples' checksums)."""
-        paths = [os.path.join(self.path, "zarr.json")] + [os.path.join(self.path, a, "zarr.json") for a in ARRAYS]
-        chunks = os.path.join(self.path, "data", "c")  # the default chunk key encoding's directory
-        return paths + [os.path.join(self.path, "data")] + ([chunks] if os.path.isdir(chunks) else [])
+        """The group's and `data`'s metadata, and the directories of `data`'s chunk files (which
+        change when a chunk file is added, removed or replaced; bytes rewritten in place are caught
+        by the samples' checksums). The index arrays are read once, at open: they are not watched."""
+        data = os.path.join(self.path, "data")
+        chunks = os.path.join(data, "c")  # the default chunk key encoding's directory
+        return [os.path.join(self.path, "zarr.json"), os.path.join(data, "zarr.json"), data] + (
+            [chunks] if os.path.isdir(chunks) else [])
 
     def _load_index(self) -> None:
         """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
