@@ -194,6 +194,34 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
     check_mountpoint(str(mp))  # usable again
 
 
+def test_finding_stale_mounts_never_blocks_on_an_unresponsive_mount(source, tmp_path):
+    # Issue 21: stale_mounts() statfs'ed every dstore pfs mount of the host in this process; a mount
+    # whose file system process is alive but stopped held it (and `dstore pfs --find-stale`) in
+    # uninterruptible sleep. Now each statfs runs in a child with a timeout: the stopped mount is
+    # alive (not stale), and the call returns.
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    found = []
+    try:
+        _wait_mounted(str(mp), proc)
+        proc.send_signal(signal.SIGSTOP)  # alive, answering nothing
+        while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)  # stopped for sure before the search starts
+        finder = threading.Thread(target=lambda: found.append(stale_mounts()), daemon=True)
+        finder.start()
+        finder.join(60)  # a hang bound, not a timing: the statfs children give up after 2 s
+        assert not finder.is_alive(), "stale_mounts() blocked on a stopped mount"
+        assert str(mp) not in found[0] and is_mounted(str(mp))
+    finally:
+        proc.send_signal(signal.SIGCONT)  # releases a statfs still waiting on it
+        proc.kill()
+        proc.wait(timeout=30)
+        force_unmount(str(mp))
+    assert not is_mounted(str(mp))
+
+
 def test_mount_does_not_outlive_a_killed_owner(source):
     """The process that opened pfs_mount is SIGKILLed (as an aborted MPI rank is): the file system
     notices, unmounts and exits instead of serving forever."""

@@ -87,21 +87,52 @@ def is_mounted(mountpoint: str) -> bool:
     return any(m == mp for m, _, _ in fuse_mounts())
 
 
+STATFS_TIMEOUT = 2.0
+"""Seconds a statfs of a mount may take before the mount counts as unresponsive (alive, not stale)."""
+
+_STATFS = "import os, sys\ntry:\n    os.statvfs(sys.argv[1])\nexcept OSError as e:\n    print(e.errno)\n"
+
+
+def statfs_errors(mountpoints: list[str], timeout: float = STATFS_TIMEOUT) -> dict[str, int | None]:
+    """{mountpoint: the errno its statfs failed with, 0 if it answered, None if it did not answer
+    within `timeout`}. Each statfs runs in a child process of its own, all at once: a file system
+    whose process is alive but stopped or wedged holds its caller in uninterruptible sleep, so this
+    process never calls statfs itself. A child that does not answer is killed and not waited for
+    (it ends when the statfs returns)."""
+    procs = {mp: subprocess.Popen([sys.executable, "-I", "-S", "-c", _STATFS, mp], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for mp in mountpoints}
+    deadline = time.monotonic() + timeout
+    out: dict[str, int | None] = {}
+    for mp, proc in procs.items():
+        try:
+            text, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            out[mp] = int(text.strip() or 0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out[mp] = None
+    return out
+
+
+def _gone(err: int | None) -> bool:
+    return err in (errno.ENOTCONN, errno.ECONNABORTED)
+
+
 def is_stale(mountpoint: str) -> bool:
     """A FUSE mount at `mountpoint` whose file system process is gone (statfs fails with ENOTCONN;
-    statfs, unlike stat, is never answered from the kernel's attribute cache)."""
-    if not is_mounted(mountpoint):
-        return False
-    try:
-        os.statvfs(mountpoint)
-    except OSError as exc:
-        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
+    statfs, unlike stat, is never answered from the kernel's attribute cache). Never blocks: see
+    `statfs_errors` (an unresponsive mount is alive, so not stale)."""
+    mp = os.path.abspath(mountpoint)
+    return is_mounted(mp) and _gone(statfs_errors([mp])[mp])
 
 
 def stale_mounts(fstype: str = "fuse." + FSNAME) -> list[str]:
-    """Mountpoints of `dstore pfs` mounts whose process is gone (a killed run's leftovers)."""
-    return [m for m, t, _ in fuse_mounts() if t == fstype and is_stale(m)]
+    """Mountpoints of `dstore pfs` mounts whose process is gone (a killed run's leftovers), found
+    from /proc/self/mountinfo and one statfs per mount in a child process (never blocks on an
+    unresponsive mount)."""
+    mps = [m for m, t, _ in fuse_mounts() if t == fstype]
+    errs = statfs_errors(mps)
+    return [m for m in mps if _gone(errs[m])]
 
 
 def pfs_mountpoints(source=None) -> list[str]:
