@@ -9,6 +9,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import mpirun  # found on the path set above
+
+
+def pytest_runtest_setup(item):
+    """Before the test's fixtures: whether it may launch mpiexec (only marked `mpi`; see mpirun.MARKED)."""
+    mpirun.MARKED = item.get_closest_marker("mpi") is not None
+
+
+def pytest_runtest_teardown(item):
+    mpirun.MARKED = None
+
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):

@@ -12,9 +12,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+MARKED: bool | None = None
+"""Whether the running test is marked `mpi` (set by conftest before its fixtures; None outside a test):
+a test that launches mpiexec unmarked fails, so `pytest -m "not mpi"` stays the fast loop."""
+
 
 def mpiexec() -> str:
-    """The mpiexec beside this Python (the venv's MPICH wheel), else the one on PATH."""
+    """The mpiexec beside this Python (the venv's MPICH wheel), else the one on PATH.
+
+    Raises:
+        AssertionError: the running test launches mpiexec without the `mpi` mark.
+    """
+    if MARKED is False:
+        raise AssertionError("this test launches mpiexec: mark it @pytest.mark.mpi (pytest -m 'not mpi' skips those)")
     here = Path(sys.executable).parent / "mpiexec"
     if here.exists():
         return str(here)

@@ -563,6 +563,7 @@ ingest(sys.argv[1], sys.argv[2], progress=False)
 """
 
 
+@pytest.mark.mpi
 def test_kill_9_of_a_rank_during_ingest_ends_the_job_and_leaves_no_container(images, tmp_path):
     from mpirun import run_mpi
 

@@ -335,6 +335,7 @@ _PROGRESS = (
 )
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("period,nodes,expect", [("auto", "1", True), ("auto", "", False), ("0", "1", False)])
 def test_a_progress_thread_drives_gets_from_ranks_on_other_nodes(container, tmp_path, period, nodes, expect):
     # Issue 11 ("Also"): without shared memory a get completes only when its target calls into MPI,
