@@ -4,7 +4,7 @@ Prints Markdown tables and writes JSON.
 
     python -m dstore.tools.measure_reencode --count 512 --sides 256 384 512 --out /tmp/reencode.json
     python -m dstore.tools.measure_reencode --count 0 --accuracy --digit-side 32 --digit-sides 24 16 8 \\
-        --epochs 8 --out /tmp/reencode-digits.json
+        --epochs 6 --train-seeds 0 1 2 --out /tmp/reencode-digits.json
 
 Part 1 (`--count` > 0): `count` synthetic ImageNet-like JPEGs (dstore.ingest.synthetic: sides
 333..500, ~110 KB) written as an image folder, ingested as they are and with each `--sides` S.
@@ -16,7 +16,7 @@ of `--repeat` passes over samples held in memory; and the PSNR between what the 
 Part 2 (`--accuracy`): scikit-learn's 1,797 handwritten digits upscaled (bilinear) to
 `--digit-side` px PNGs, ingested as they are and with each `--digit-sides` S, each container
 trained the same way (`dstore train`, resnet_small at the PNG size, fixed seed, --deterministic);
-the held-out accuracy of each. Real strokes at a resolution where S below the model's input
+the held-out accuracy of each (a run per --train-seeds seed). Real strokes at a resolution where S below the model's input
 removes detail, so a loss shows where there is one.
 """
 
@@ -120,22 +120,25 @@ def _digit_folder(root: str, side: int) -> None:
         Image.fromarray(img[:, :, 0]).resize((side, side), Image.BILINEAR).save(os.path.join(d, f"{i:04d}.png"))
 
 
-def measure_accuracy(work: str, digit_side: int, sides: list[int], quality: int | None, epochs: int) -> list[dict]:
+def measure_accuracy(work: str, digit_side: int, sides: list[int], quality: int | None, epochs: int,
+                     seeds: list[int]) -> list[dict]:
     folder = os.path.join(work, "digits")
     _digit_folder(folder, digit_side)
     rows = []
     for side in [None, *sides]:
         out = os.path.join(work, f"digits-{side or 'orig'}.h5")
         _ingest(folder, out, side, quality if side else None)
-        run_dir = os.path.join(work, f"run-{side or 'orig'}")
-        cmd = [sys.executable, "-m", "dstore.tools", "train", out, "--model", "resnet_small", "--epochs", str(epochs),
-               "--seed", "0", "--deterministic", "--no-progress", "--run-dir", run_dir, "--image-size",
-               str(digit_side), "--channels", "1"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-        last = [r for r in records if "val_accuracy" in r][-1]
-        rows.append({"max_side": side or "original", "png_side": digit_side, "epochs": epochs,
-                     "val_accuracy": round(float(last["val_accuracy"]), 4), "bytes": _samples(out)[1]})
+        accuracy = []
+        for seed in seeds:
+            run_dir = os.path.join(work, f"run-{side or 'orig'}-{seed}")
+            cmd = [sys.executable, "-m", "dstore.tools", "train", out, "--model", "resnet_small", "--epochs",
+                   str(epochs), "--seed", str(seed), "--deterministic", "--no-progress", "--run-dir", run_dir,
+                   "--image-size", str(digit_side), "--channels", "1"]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+            accuracy.append(round(float([r for r in records if "val_accuracy" in r][-1]["val_accuracy"]), 4))
+        rows.append({"max_side": side or "original", "png_side": digit_side, "epochs": epochs, "seeds": seeds,
+                     "val_accuracy": accuracy, "bytes": _samples(out)[1]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -157,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--digit-side", type=int, default=32)
     p.add_argument("--digit-sides", type=int, nargs="+", default=[24, 16, 8])
     p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--train-seeds", type=int, nargs="+", default=[0], help="a training run per seed and container")
     p.add_argument("--workdir", default=None, help="where the images and containers go (default: a temporary dir)")
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
@@ -166,7 +170,8 @@ def main(argv=None) -> int:
             result["sizes"] = measure_sizes(work, args.count, args.sides, args.quality, args.repeat)
             print(table(result["sizes"]))
         if args.accuracy:
-            result["accuracy"] = measure_accuracy(work, args.digit_side, args.digit_sides, args.quality, args.epochs)
+            result["accuracy"] = measure_accuracy(work, args.digit_side, args.digit_sides, args.quality, args.epochs,
+                                                  args.train_seeds)
             print(table(result["accuracy"]))
         result["load_after"] = os.getloadavg()
     if args.out:
