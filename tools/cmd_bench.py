@@ -76,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of the whole bench, the training view on each storage model listed ('local' "
                         "or pfs:...; none listed: local, the file system alone, and 0.5/2/8 ms at 2000 ops/s); "
                         "writes OUT/storage-sweep.{json,md,png}")
+    p.add_argument("--peers", nargs="*", default=None, metavar="SPEC",
+                   help="instead of the whole bench, the store beside WebDataset and LitData (installed with "
+                        "pip install -e '.[peers]'; skipped with the reason otherwise) on each storage model listed "
+                        "('local' or pfs:...; none listed: local and pfs:latency=2ms,iops=300): first batch, epoch 0, "
+                        "steady epoch, storage bytes and operations, AU at each --consume rate, shuffle quality; "
+                        "writes OUT/peers.{json,md}")
+    p.add_argument("--consume", type=_ints, default=(1500, 3000, 6000), metavar="RATE,...",
+                   help="--peers: consumption rates in samples/s per rank, DLIO style (a sleep of batch/rate per "
+                        "batch stands for the step, decode skipped: the loaders hand over the stored bytes); "
+                        "AU = compute / wall per loader at each (default 1500,3000,6000)")
     p.add_argument("--collect", nargs="+", default=None, metavar="RESULTS",
                    help="merge results.json files (or their directories) of runs on different rank counts into "
                         "OUT/scaling.{json,md,png}, and measure nothing")
@@ -112,7 +122,8 @@ def _config(args):
                        compute_factor=args.compute_factor, train_samples=train or None, cold_repeat=cold_repeat,
                        zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots, storage=storage,
-                       storage_sweep=sweep,
+                       storage_sweep=sweep, peers=None if args.peers is None else tuple(args.peers),
+                       consume=tuple(args.consume),
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
 
 
@@ -144,6 +155,12 @@ def _check_image_options(args) -> None:
 
 def _storage_options(args):
     """(--storage's model or None, --storage-sweep's specs or None), every spec checked, FUSE too if needed."""
+    if args.peers is not None:
+        for spec in args.peers:
+            parse_spec(spec)
+        reason = fuse_available() if any(s != "local" for s in (args.peers or ("pfs:",))) else None
+        if reason:
+            raise ConfigError(f"--peers through pfs needs FUSE: {reason} (list only 'local' to run without it)")
     if args.storage is None and args.storage_sweep is None:
         return None, None
     # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
@@ -218,7 +235,11 @@ def run(args) -> int:
             raise ConfigError("--scaling launches its own mpiexec runs: start it as one process, not under mpiexec")
         return _scaling(args, sys.argv[1:])
     cfg = _config(args)
-    if cfg.storage_sweep is not None:
+    if cfg.peers is not None:
+        from dstore.tools.bench import peers_run  # here: it loads the peers' libraries where installed
+
+        peers_run.run(comm, cfg)
+    elif cfg.storage_sweep is not None:
         runner.run_storage_sweep(comm, cfg)
     else:
         runner.run(comm, cfg)

@@ -55,6 +55,10 @@ class BenchConfig:
     """Every reader reads through a `dstore pfs` mount of the data with this model (--storage)."""
     storage_sweep: tuple[str, ...] | None = None
     """Storage specs of --storage-sweep (the training view on each)."""
+    peers: tuple[str, ...] | None = None
+    """Storage specs of --peers (the store beside WebDataset and LitData on each; tools/bench/peers_run.py)."""
+    consume: tuple[int, ...] = (1500, 3000, 6000)
+    """--consume: samples/s per rank of the emulated consumer (--peers)."""
 
     @property
     def data_path(self) -> str:
