@@ -89,3 +89,20 @@ def test_a_tiny_peers_run_delivers_every_sample_of_every_epoch(tmp_path):
     q = {r["name"]: r for r in got["quality"]}
     assert q["store (preload), class-sorted archive"]["distinct"] > 1  # the store's order ignores the archive's
     assert "| store (stream) |" in (out / "peers.md").read_text()
+
+
+def test_the_sorted_training_set_is_class_sorted_and_the_store_trains_on_it(tmp_path):
+    from mpi4py import MPI
+
+    from dstore.formats import open_container
+    from dstore.store import DataStore
+    from dstore.tools.bench import sorted_training
+
+    path, shards, hx, hy = sorted_training.write_sets(str(tmp_path), seed=0)
+    with open_container(path) as r:
+        labels = np.asarray(r.labels)
+        assert np.all(np.diff(labels) >= 0) and r.num_samples + hy.size == 1797
+        assert len(shards) == -(-r.num_samples // 120)
+    with DataStore(MPI.COMM_SELF, path, batch_size=sorted_training.BATCH, seed=0) as st:
+        got = sorted_training.train(lambda e: ((b.samples, b.labels) for b in st.epoch(e)), 1, 0, hx, hy)
+    assert got["accuracy"][0] > 0.8  # one shuffled epoch of digits: a linear model learns them

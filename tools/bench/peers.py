@@ -170,6 +170,7 @@ def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int =
     comm.Barrier()
     t0 = time.perf_counter()
     first, ends, labels, compute, count, nbytes, cut, err = None, [], [], 0.0, 0, 0, False, None
+    computed = []  # compute seconds up to each epoch's end
     try:
         loader = spec.open(comm)
     except Exception as exc:
@@ -192,6 +193,7 @@ def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int =
                     cut = True
                     break
             ends.append(time.perf_counter() - t0)
+            computed.append(compute)
             labels.append(mine)
             if cut:
                 break
@@ -204,14 +206,22 @@ def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int =
     if err is not None or any(comm.allgather(False)):
         return _failed(comm, spec, err)
     wall = time.perf_counter() - t0
-    rows = comm.allgather((first or wall, ends, count, nbytes, compute, wall, cut, labels))
+    rows = comm.allgather((first or wall, ends, count, nbytes, compute, wall, cut, labels, computed))
     steady = [r[1][1] - r[1][0] for r in rows if len(r[1]) > 1 and not r[6]]
     au = [r[4] / r[5] if r[5] > 0 else 0.0 for r in rows]
     return {"name": spec.name, "rate": rate, "first_batch_s": max(r[0] for r in rows),
             "epoch0_s": max(r[1][0] for r in rows), "steady_s": max(steady) if steady else None,
             "samples": [r[2] for r in rows], "bytes": [r[3] for r in rows], "cut_short": any(r[6] for r in rows),
             "seconds": wall, "au": min(au) if rate else None, "rank_au": au if rate else None,
+            "au_steady": min(_steady_au(r) for r in rows) if rate and all(len(r[1]) > 1 for r in rows) else None,
             "labels": [r[7] for r in rows]}
+
+
+def _steady_au(row) -> float:
+    """A rank's AU over epoch 1 alone (compute in it over its duration)."""
+    ends, computed = row[1], row[8]
+    span = ends[1] - ends[0]
+    return (computed[1] - computed[0]) / span if span > 0 else 0.0
 
 
 def _failed(comm, spec: LoaderSpec, exc) -> dict:
@@ -276,6 +286,7 @@ def measure(comm, spec_factory, rung: str, roots, *, rates=RATES, max_seconds=No
                     break  # too slow to be worth a rate pass
             else:
                 row["au_at"][rate] = res["au"]
+                row.setdefault("au_steady_at", {})[rate] = res["au_steady"]
         if row is None or names is None or k >= len(names):
             break
         out.append(row)

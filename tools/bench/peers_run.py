@@ -115,6 +115,13 @@ def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _au(row: dict, rate) -> str:
+    """'AU over both epochs / AU of the steady epoch' at `rate` (JSON keys may be strings)."""
+    def get(d):
+        return (d or {}).get(rate, (d or {}).get(str(rate)))
+    return f"{_f(get(row['au_at']), '{:.2f}')} / {_f(get(row.get('au_steady_at')), '{:.2f}')}"
+
+
 def markdown(res: dict) -> str:
     meta = res["meta"]
     rates = meta["rates"]
@@ -125,7 +132,8 @@ def markdown(res: dict) -> str:
              "Times from the loader's construction (the store's population included), the slowest rank; steady = "
              "epoch 1; samples/s = all ranks' samples over epoch 0's and epoch 1's time; storage = what the mount "
              "served (local disk: not counted); AU = sleep(batch / rate) per batch over the wall time, the least "
-             "utilised rank, decode skipped (raw stored bytes).", ""]
+             "utilised rank, decode skipped (raw stored bytes): over both epochs from construction / over the "
+             "steady epoch alone.", ""]
     for rung in res["rungs"]:
         lines += [f"## {rung['spec']}", "",
                   "| loader | first batch s | epoch 0 s | steady epoch s | storage MB | storage ops | "
@@ -139,7 +147,7 @@ def markdown(res: dict) -> str:
             cut = f" (stopped after {MAX_SECONDS:.0f} s)" if r["cut_short"] else ""
             lines.append(f"| {r['name']}{cut} | {_f(r['first_batch_s'])} | {_f(r['epoch0_s'])} | {_f(r['steady_s'])} | "
                          f"{_f(mb, '{:,.0f}')} | {_f(r['storage_ops'], '{:,}')} | "
-                         + " | ".join(_f(r["au_at"].get(k, r["au_at"].get(str(k))), "{:.3f}") for k in rates) + " |")
+                         + " | ".join(_au(r, k) for k in rates) + " |")
         lines.append("")
     lines += ["## Shuffle quality", "",
               f"Global batches of {meta['batch_size']}; ideal distinct classes {meta['ideal_distinct']:.2f} of "
