@@ -208,7 +208,7 @@ class ZarrReader(ContainerReader):
     def _identity_paths(self) -> list[str]:
         """The group's and `data`'s metadata, and the directories of `data`'s chunk files (which
         change when a chunk file is added, removed or replaced; bytes rewritten in place are caught
-        by the samples' checksums). The index arrays are read once, at open: they are not watched."""
+        by the samples' checksums). The index arrays are read once: they are not watched."""
         data = os.path.join(self.path, "data")
         chunks = os.path.join(data, "c")  # the default chunk key encoding's directory
         return [os.path.join(self.path, "zarr.json"), os.path.join(data, "zarr.json"), data] + (
