@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -251,24 +252,29 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
 
     path, alt = _raw_container(str(tmp_path / "t.h5"), 0), _raw_container(str(tmp_path / "alt.h5"), 1)
     assert os.path.getsize(path) == os.path.getsize(alt)
-    # 250K: about a quarter resident (the storage threads' readers hold no index since issue 20,
-    # so the budget no longer counts one per thread and 600K held everything)
+    # 250K: about a quarter resident (the storage threads' readers hold no index since issue 20).
+    # Decode threads, not worker processes: the loaders' reserve stays small beside the budget.
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", "train", path, "--memory-budget", "250K",
-           "--epochs", "6", "--batch-size", "64", "--no-progress", "--run-dir", str(tmp_path / "run")]
+           "--decode-workers", "0", "--epochs", "6", "--batch-size", "64", "--no-progress",
+           "--run-dir", str(tmp_path / "run")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
-    lines, seen = [], threading.Event()
+    lines, errs, seen = [], [], threading.Event()
 
-    def follow():
-        for line in proc.stdout:
-            lines.append(line)
+    def follow(stream, into):
+        for line in stream:
+            into.append(line)
             if line.startswith("epoch 0:"):
                 seen.set()
 
-    reader = threading.Thread(target=follow, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=follow, args=a, daemon=True) for a in ((proc.stdout, lines), (proc.stderr, errs))]
+    for t in readers:
+        t.start()
     try:
-        assert seen.wait(120), "".join(lines)
+        deadline = time.monotonic() + 120
+        while not seen.wait(0.5) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        assert seen.is_set(), "".join(lines + errs)
         if rewrite == "cp":
             shutil.copyfile(alt, path)
         else:
@@ -276,11 +282,13 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
             with open(alt, "rb") as src, open(path, "r+b") as dst:
                 dst.write(src.read())
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-        err = proc.communicate(timeout=120)[1]
+        proc.wait(timeout=120)
     except BaseException:
         os.killpg(proc.pid, 9)
         raise
-    reader.join(10)
+    for t in readers:
+        t.join(10)
+    err = "".join(errs)
     out = "".join(lines) + err
     assert "exceeds the memory budget" in out, out  # tiered: non-resident samples come from the file
     assert proc.returncode != 0 and "test accuracy" not in out, out
