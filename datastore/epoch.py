@@ -185,7 +185,8 @@ class EpochRun:
             first = store._resume[1]
         store._resume = None
         store._check_same_epoch(e, first)
-        if store._resident is not None or store._loaded is not None:  # this epoch may read from storage
+        # This epoch may read from storage (the same answer on every rank: a collective follows).
+        if store._resident is not None or (store.population != "preload" and not store.replicate):
             _check_unchanged(store)
         self.first = first
         self.sched = sched = store.schedule(e)
