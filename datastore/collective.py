@@ -27,6 +27,27 @@ from dstore import errors as _errors
 from dstore import rc
 from dstore.errors import ConfigError, DStoreError
 
+# NOTE [ Store agreement protocol ]
+#
+# A DataStore's ranks must never part ways: a rank that raises alone while the others enter a
+# collective hangs the job, and ranks that disagree on the plan exchange wrong bytes with exit code
+# 0. So every point where ranks could diverge is one collective that every rank reaches:
+#  1. Arguments (DataStore.__init__): each rank checks its own, then `agree`: a bad argument on one
+#     rank raises on every rank.
+#  2. Plan and budget (dstore.populate.check_budget): one allgather of each rank's needs, budget
+#     and a key: the StoreConfig fields marked agree=True (dstore.config) plus the data set's size.
+#     A differing key is a ConfigError on every rank; the budget decision (refuse, or which samples
+#     stay resident) is computed from the same gathered rows on every rank, so it is the same.
+#  3. Windows (dstore.populate.populate): allocation, then the fill, each end in `agree`; after an
+#     agreed fill failure every rank frees the windows (every rank is there).
+#  4. Epochs (DataStore._check_same_epoch): each epoch starts with an allgather of (epoch, first
+#     step); ranks in different epochs raise ConfigError on every rank.
+#  5. Reads mid-epoch (dstore.epoch): a rank whose read fails stops and waits in the `agree` at the
+#     epoch's end (EpochRun._finish) or in close(); the others meet it there and every rank raises
+#     it. With `fail_fast` the failing rank raises at once instead (its job aborts on it).
+#  6. Clean-up (DataStore.__exit__): an error marked agreed (AGREED below) was raised on every rank,
+#     so the windows are freed collectively; any other error leaves them to MPI_Finalize.
+
 AGREED = "_dstore_agreed"
 """Attribute set (True) on an exception every rank of the communicator has raised together."""
 

@@ -4,7 +4,7 @@ whether every rank must pass the same value.
 An argument that changes the plan (who owns what, which rank takes which sample when) or the
 resident set (which samples a tiered rank keeps in its window) must be equal on every rank, or
 the ranks exchange wrong bytes with no error; the budget's allgather compares exactly the fields
-marked `agree=True` (see NOTE [ Store agreement protocol ] in dstore.populate). Each field must
+marked `agree=True` (see NOTE [ Store agreement protocol ] in dstore.collective). Each field must
 say which it is (`arg` has no default for `agree`), so a new argument cannot be left out of the
 check by omission. The same fields give DataStore's keywords, the table of options in
 docs/guide.md (`python -m dstore.config` prints it; a test compares) and the trainer's wiring.

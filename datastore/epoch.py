@@ -107,6 +107,39 @@ class EpochStats:
         self.delivered_GBps = delivered / 1e9 / seconds if seconds else 0.0
 
 
+@dataclasses.dataclass
+class Issued:
+    """A step whose gets are in flight (what `EpochRun.issue` starts and `complete` finishes).
+
+    Attributes:
+        step: the step of the epoch; slot: the receive buffer its gets land in.
+        ids: int64[b], its entries (served sample indices); pad: bool[b], padding repeats.
+        fetch: its plan (dstore.plan.Fetch), or None for a step deferred while streaming (planned
+            and issued by `complete` once its samples' pieces are in the windows).
+        reqs: the MPI requests of its gets.
+        owner: int64[b], the rank whose window serves each entry (this rank's for entries it reads).
+        stream_read: while streaming, (bool[b] entries this rank reads itself, the stream's read), or None.
+    """
+
+    step: int
+    slot: int
+    ids: np.ndarray
+    pad: np.ndarray
+    fetch: plan.Fetch | None
+    reqs: list
+    owner: np.ndarray
+    stream_read: tuple | None
+
+
+class _StepFailed(Exception):
+    """A step's read failed: the epoch stops there (`error`, naming the samples, is also kept in
+    `EpochRun.failure`)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 class EpochRun:
     """Epoch `e` of `store` on this rank, iterated once (collective: every rank iterates it).
 
@@ -116,7 +149,7 @@ class EpochRun:
     def __init__(self, store, e: int):
         self.store = store
         self.e = e
-        self.failure = None  # a read error on this rank, agreed with the others where they next meet
+        self.failure: BaseException | None = None  # a read error on this rank, agreed with the others where they next meet
 
     def __iter__(self):
         store = self.store
@@ -149,26 +182,26 @@ class EpochRun:
                         store._add_population(time.perf_counter() - t1, n)
                         pending.append(self.issue(s, 0))
                     item = pending.popleft()
-                    done = self.complete(item)
-                    if done is None:
+                    try:
+                        batch = self.complete(item)
+                    except _StepFailed as failed:
                         if store.fail_fast:  # the job aborts on it; the others may be waiting in a DDP step
-                            raise self.failure
-                        break
-                    batch, slot = done
+                            raise failed.error from None
+                        break  # NOTE [ Store agreement protocol ]: told to the others in _finish
                     store._next = (self.e, s + 1) if s + 1 < self.sched.steps else (self.e + 1, 0)
                     st.wait_seconds += time.perf_counter() - t_in
                     yield batch
                     t_in = time.perf_counter()
                     if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
-                        pending.append(self.issue(steps[k], slot))
+                        pending.append(self.issue(steps[k], item.slot))
                         k += 1
                     if tier is not None:
                         tier.release()
             finally:
                 for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
-                    arena.wait(item[5])
-                    if item[7] is not None:  # and the stream's reads, whose buffers the next epoch reuses
-                        concurrent.futures.wait(item[7][1][3])
+                    arena.wait(item.reqs)
+                    if item.stream_read is not None:  # and the stream's reads, whose buffers the next epoch reuses
+                        concurrent.futures.wait(item.stream_read[1][3])
                 if tier is not None:
                     tier.close()
         self._finish()
@@ -236,7 +269,7 @@ class EpochRun:
         self.ro = [readonly(b) for b in store._bufs]
 
     # ------------------------------------------------------------ per step
-    def issue(self, s: int, slot: int):
+    def issue(self, s: int, slot: int) -> Issued:
         """Plans step `s`'s gets into receive buffer `slot` and starts them."""
         t = time.perf_counter()
         store = self.store
@@ -251,25 +284,30 @@ class EpochRun:
             miss = self.stream.missing(ids)
             if miss.any():
                 if not self.stream.may_read():  # deferred to `complete`, which waits for the windows
-                    return s, slot, ids, self.sched.pad[sl], None, [], own, None
+                    return Issued(s, slot, ids, self.sched.pad[sl], None, [], own, None)
                 own = np.where(miss, store.rank, own)
                 sread = (miss, self.stream.read(ids[miss], slot))
         f = plan.plan_fetch(own, disp, length, store.rank, self.mapped)
         reqs = store._arena.start_gets(store._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
             if f.run_len.size else []
         self.stats.fetch_seconds += time.perf_counter() - t
-        return s, slot, ids, self.sched.pad[sl], f, reqs, own, sread
+        return Issued(s, slot, ids, self.sched.pad[sl], f, reqs, own, sread)
 
-    def complete(self, item):
-        """Waits for an issued step's gets (and its storage reads) and assembles its Batch; returns
-        (batch, slot), or None after a storage read failed (kept in `failure`)."""
+    def complete(self, item: Issued) -> Batch:
+        """Waits for an issued step's gets (and its storage reads) and assembles its Batch.
+
+        Raises:
+            _StepFailed: a read failed; its error (naming the samples) is also kept in `failure`.
+        """
         store, st, tier = self.store, self.stats, self.tier
-        if item[4] is None:  # a step deferred while streaming: its samples' pieces first, then its gets
+        if item.fetch is None:  # a step deferred while streaming: its samples' pieces first, then its gets
             t0 = time.perf_counter()
-            self.stream.wait_for(item[2])
+            self.stream.wait_for(item.ids)
             st.storage_wait_seconds += time.perf_counter() - t0
-            item = self.issue(item[0], item[1])
-        s, slot, ids, pad, f, reqs, own, sread = item
+            item = self.issue(item.step, item.slot)
+        s, slot, ids, pad, f, reqs = item.step, item.slot, item.ids, item.pad, item.fetch, item.reqs
+        own, sread = item.owner, item.stream_read
+        assert f is not None  # issued above
         t1 = time.perf_counter()
         store._arena.wait(reqs)
         t2 = time.perf_counter()
@@ -285,9 +323,9 @@ class EpochRun:
             miss = sread[0]
             try:
                 got = iter(self.stream.take(sread[1], ids[miss]))
-            except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
+            except Exception as exc:  # told to the others at the epoch's end (NOTE [ Store agreement protocol ])
                 self.failure = exc  # a FormatError naming the samples
-                return None
+                raise _StepFailed(exc) from exc
             st.storage_wait_seconds += time.perf_counter() - t2
             samples = [next(got) if m else x for m, x in zip(miss.tolist(), samples)]
             mine &= ~miss
@@ -297,9 +335,9 @@ class EpochRun:
         if tier is not None:
             try:
                 views, nread, nruns = tier.take(s)
-            except Exception as exc:  # noqa: BLE001 - told to the others at the epoch's end
-                self.failure = store._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
-                return None
+            except Exception as exc:  # told to the others at the epoch's end (NOTE [ Store agreement protocol ])
+                self.failure = error = store._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
+                raise _StepFailed(error) from exc
             t3 = time.perf_counter()
             st.storage_wait_seconds += t3 - t2
             st.fetch_seconds += t3 - t2
@@ -314,7 +352,7 @@ class EpochRun:
         if sread is not None:
             peer &= ~sread[0]
         self.account(ids, pad, f, mine, peer)
-        return batch, slot
+        return batch
 
     def account(self, ids, pad, f, mine, peer) -> None:
         """Adds a delivered step to the epoch's figures."""
@@ -336,7 +374,7 @@ class EpochRun:
         completed (then published); the figures logged."""
         store, st, failure = self.store, self.stats, self.failure
         if self.tier is not None and not self.lazy:  # a rank whose storage read failed waits here for the others
-            store._agree(failure)
+            store._agree(failure)  # NOTE [ Store agreement protocol ], 5
         elif self.stream is not None:  # every rank's block is in from here on (or every rank raises)
             store._agree(stream.end(store) or failure)
         st.finish(time.perf_counter() - self.t_epoch)

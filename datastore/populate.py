@@ -393,6 +393,7 @@ def check_budget(store) -> None:
     else:
         data, cap = int(store.layout.nbytes[store.rank]), budget
     key = (("num_samples", store.num_samples), ("total_bytes", int(store.offsets[-1])), *store.config.agreed())
+    # NOTE [ Store agreement protocol ], 2
     rows = store.comm.allgather((data + peak, data, cap, source, local_ranks, key))
     odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
     if odd:  # ranks that disagree on the plan or the resident set would exchange wrong bytes or wait forever
@@ -505,7 +506,7 @@ def populate(store) -> None:
             store._arena = Arena(store.comm, int(store.layout.nbytes[store.rank]))
     except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
         exc = e
-    store._agree(exc)
+    store._agree(exc)  # NOTE [ Store agreement protocol ], 3
     nbytes = 0
     try:
         with Heartbeat(f"population of rank 0's {fmt_bytes(int(store.layout.nbytes[0]))}", enabled=store.rank == 0):

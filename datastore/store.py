@@ -50,6 +50,7 @@ from dstore.errors import ConfigError, FormatError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.index import NodeIndex, served_range
+from dstore.integrity import read_error
 from dstore.memory import parse_bytes
 from dstore.progress import ProgressThread
 
@@ -120,7 +121,7 @@ class DataStore:
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
         try:
-            agree(comm, exc)
+            agree(comm, exc)  # NOTE [ Store agreement protocol ], 1
             self._index = NodeIndex(comm, self.container, self.start, self.stop)  # collective, agreed
         except BaseException:
             self._close_container()
@@ -260,7 +261,7 @@ class DataStore:
 
     def _read_error(self, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
         """A FormatError naming the samples among served [lo, hi) (or `ids`) that cannot be read."""
-        return populate_mod.read_error(self.container, self.start, exc, lo, hi, ids=ids)
+        return read_error(self.container, self.start, exc, lo, hi, ids=ids)
 
     def _add_population(self, seconds: float, nbytes: int) -> None:
         p = self._pop
@@ -308,7 +309,7 @@ class DataStore:
     def _check_same_epoch(self, e: int, first: int) -> None:
         """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
         (ranks in different epochs would serve wrong batches without any other error)."""
-        rows = self.comm.allgather((e, first))
+        rows = self.comm.allgather((e, first))  # NOTE [ Store agreement protocol ], 4
         if any(r != rows[0] for r in rows):
             odd = next(i for i, r in enumerate(rows) if r != rows[0])
             exc = ConfigError(f"ranks iterate different epochs: rank 0 epoch {rows[0][0]} from step {rows[0][1]}, "
@@ -411,7 +412,7 @@ class DataStore:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None or (exc is not None and is_agreed(exc)):
+        if exc_type is None or (exc is not None and is_agreed(exc)):  # NOTE [ Store agreement protocol ], 6
             self.close()  # every rank raised the same agreed error, so every rank is here
         else:
             # Another rank may never reach the collective free: release what is local only, so
