@@ -287,7 +287,7 @@ def test_trainers_start_from_different_values():
 def test_experiment_variants_and_summary():
     import argparse
 
-    from dstore.tools.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
+    from dstore.tools.measure.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
 
     opts = argparse.Namespace(trainers=4, round=5, truncation_fraction=0.25, explore="lr", epochs=6, batch_size=32,
                               lr=0.003, metric="loss", seeds=[0, 1])

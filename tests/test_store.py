@@ -343,7 +343,7 @@ def test_a_progress_thread_drives_gets_from_ranks_on_other_nodes(container, tmp_
     # The store runs a progress thread while it holds windows where some rank is on another node
     # ($DSTORE_RANKS_PER_NODE=1 makes each rank a node here) or shared memory is forbidden; on one
     # node it runs none, and progress_period=0 turns it off. The thread's effect on the waits is
-    # measured (tools/measure_progress.py), not asserted: timings are not tested.
+    # measured (tools/measure/progress.py), not asserted: timings are not tested.
     script = tmp_path / "progress.py"
     script.write_text(_PROGRESS)
     env = {"DSTORE_RANKS_PER_NODE": nodes} if nodes else {}

@@ -2,7 +2,7 @@
 
 Run under `mpiexec -n 2` (rank 0 owns the data and computes, rank 1 fetches 100 KB samples from it):
 
-    MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self mpiexec -n 2 python -m dstore.tools.measure_progress --period-ms 2
+    MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self mpiexec -n 2 python -m dstore.tools.measure.progress --period-ms 2
 
 Prints one JSON line: the owner's compute rate (matmuls/s, what a progress mechanism costs it) and
 the fetcher's get latency (median, p95, max in ms). `--period-ms 0`: no progress thread (MPICH's

@@ -1,7 +1,7 @@
 """Soak: many epochs (and many store lifetimes) on N ranks, prefetch on; resident memory, threads and
 open file descriptors per rank, sampled as it goes, must stay flat.
 
-    mpiexec -n 4 python -m dstore.tools.measure_soak digits.h5 --epochs 200 --stores 20
+    mpiexec -n 4 python -m dstore.tools.measure.soak digits.h5 --epochs 200 --stores 20
 
 Prints one JSON line: per rank, RSS (MiB) after the first epoch / at the middle / at the end of the
 long-lived store's epochs, and after each of the store lifetimes (construct, one epoch, close); the

@@ -2,7 +2,7 @@
 local disk with the container evicted from the page cache before every run, and through `dstore pfs`
 mounts of the container's directory. Prints a markdown table and writes JSON.
 
-    python -m dstore.tools.measure_population /tmp/pfs9/data/set-2048-s0.h5 --ranks 1 2 --threads 1 4 \\
+    python -m dstore.tools.measure.population /tmp/pfs9/data/set-2048-s0.h5 --ranks 1 2 --threads 1 4 \\
         --rungs local pfs:latency=2ms pfs:latency=8ms --repeat 2 --out /tmp/pop.json
 
 Each run is its own `mpiexec -n R` job (this module with --worker) that opens a DataStore, populates
@@ -57,7 +57,7 @@ def worker(path: str, threads: int, tiered: float) -> None:
 
 
 def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools.measure_population", "--worker", path,
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools.measure.population", "--worker", path,
            "--threads", str(threads), "--tiered", str(tiered)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:

@@ -1,6 +1,6 @@
 """The LTFB experiment: does the tournament pay, at equal total compute, on the real `digits` set?
 
-    python -m dstore.tools.ltfb_experiment [--out docs/ltfb] [--trainers 4] [--seeds 0 1 2] [--epochs 6]
+    python -m dstore.tools.measure.ltfb_experiment [--out docs/ltfb] [--trainers 4] [--seeds 0 1 2] [--epochs 6]
                                     [--batch-size 32] [--round 5] [--lr 0.003] [--explore lr,momentum]
 
 Every variant is one `mpiexec -n K dstore train` job of K ranks, with the same global batch size,

@@ -1,6 +1,6 @@
 """Measures the tiered store (data larger than the memory budget) in the bench's training view.
 
-    mpiexec -n 2 python -m dstore.tools.tier_measure --data-dir DIR [--count 1500] [--fractions 1 0.5 0.25 0]
+    mpiexec -n 2 python -m dstore.tools.measure.tiers --data-dir DIR [--count 1500] [--fractions 1 0.5 0.25 0]
 
 For each resident fraction f the store gets a budget of its buffers plus f of a rank's share
 (f >= 1: no limit); the page cache is evicted before every epoch; one epoch of decoded batches runs

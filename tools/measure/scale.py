@@ -2,10 +2,10 @@
 
 Two steps, each a program with printed and JSON output:
 
-    python tools/measure_scale.py make /tmp/tiny10M.h5 10000000 [--bytes 64]
+    python tools/measure/scale.py make /tmp/tiny10M.h5 10000000 [--bytes 64]
         writes a container of N samples of `--bytes` bytes (HDF5, the library's writer) and reports
         the writer's peak RSS (the ingest's memory at scale);
-    mpiexec -n P python tools/measure_scale.py run /tmp/tiny10M.h5 [--epochs 2] [--json out.json]
+    mpiexec -n P python tools/measure/scale.py run /tmp/tiny10M.h5 [--epochs 2] [--json out.json]
         opens a DataStore (global order, preload, batch 1024) on P ranks and reports per rank:
         VmRSS (private and shared parts) before the open, after it (window excluded), during the
         first epoch, bytes read by the open (/proc/self/io), open and epoch times; checks that the

@@ -3,7 +3,7 @@
 (dstore.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
 prints a table and writes JSON (docs/reliability.md, "What the checks cost").
 
-    python -m dstore.tools.measure_checksum syn.h5 --samples 800 --repeat 5
+    python -m dstore.tools.measure.checksum syn.h5 --samples 800 --repeat 5
 
 The per-sample figures are medians over `--repeat` passes over the first `--samples` samples, read
 once into memory first (what is timed is the CPU work, not the read). The epoch figures are the

@@ -6,8 +6,8 @@ the per-rank ceiling (1 / GIL time per sample); also the decoder alone (simplejp
 in threads) on as many cores just before each row, and optionally the model alone. One rank; batches are drained
 as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
-    python -m dstore.tools.measure_loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
-    python -m dstore.tools.measure_loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
+    python -m dstore.tools.measure.loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
+    python -m dstore.tools.measure.loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
         --device cuda --model resnet_small
 
 Every row reads the same container through a fresh DataStore on COMM_SELF (population and the
@@ -181,7 +181,7 @@ def markdown(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure_loader", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="decode thread counts")

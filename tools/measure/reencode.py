@@ -2,8 +2,8 @@
 originals, how close the pixels a model is fed stay, and the accuracy effect on real handwriting.
 Prints Markdown tables and writes JSON.
 
-    python -m dstore.tools.measure_reencode --count 512 --sides 256 384 512 --out /tmp/reencode.json
-    python -m dstore.tools.measure_reencode --count 0 --accuracy --digit-side 32 --digit-sides 24 16 8 \\
+    python -m dstore.tools.measure.reencode --count 512 --sides 256 384 512 --out /tmp/reencode.json
+    python -m dstore.tools.measure.reencode --count 0 --accuracy --digit-side 32 --digit-sides 24 16 8 \\
         --epochs 6 --train-seeds 0 1 2 --out /tmp/reencode-digits.json
 
 Part 1 (`--count` > 0): `count` synthetic ImageNet-like JPEGs (dstore.ingest.synthetic: sides
