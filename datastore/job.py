@@ -210,16 +210,29 @@ def arm(command: str = "python your_script.py") -> Armed:
         LauncherError: this process is one of N separate 1-rank MPI worlds (torchrun, srun without
             PMI); the hook is installed already, so uncaught it prints one line (launcher rank 0).
     """
-    global _armed, _previous
+    global _armed
     with _lock:
-        if _armed == 0 and sys.excepthook is not _hook:
-            _previous, sys.excepthook = sys.excepthook, _hook
         _armed += 1
         held = Armed()
+    reassert()
     problem = launcher_mismatch(os.environ, world()[1], command)
     if problem is not None:
         raise LauncherError(problem)
     return held
+
+
+def reassert() -> None:
+    """Puts the aborting hook back on top while armed. torch's `init_process_group` installs its
+    own `sys.excepthook` around the one it finds, and it runs that one with `sys.stderr` redirected to a
+    buffer it prints afterwards: our abort would end the job before the buffer is written, losing the
+    message. So the hook is taken back after the group is made (and at every `arm()`); the hook it
+    gives back on the last release is still the one found before the first hold."""
+    global _previous
+    with _lock:
+        if _armed > 0 and sys.excepthook is not _hook:
+            if _previous is None:
+                _previous = sys.excepthook
+            sys.excepthook = _hook
 
 
 def armed() -> bool:

@@ -67,16 +67,21 @@ def test_an_exception_on_one_rank_ends_the_job_once(tmp_path, body):
 
 
 def test_the_hook_is_held_while_open_and_given_back_on_a_clean_close(tmp_path):
-    before = sys.excepthook
+    # Holds left by earlier tests in this process (a store that raised keeps its hold: the error is
+    # on its way up) are counted, not assumed away.
+    before, holds = sys.excepthook, job._armed
     path = raw_container(tmp_path / "c.h5")
     with DataStore(MPI.COMM_SELF, path, batch_size=4) as a:
         assert sys.excepthook is job._hook and job.armed()
+        sys.excepthook = lambda *args: None  # as torch's init_process_group does
         with DataStore(MPI.COMM_SELF, path, batch_size=4):
             pass
-        assert sys.excepthook is job._hook  # the outer store still holds it
+        assert sys.excepthook is job._hook  # taken back on top, and the outer store still holds it
         a.close()
         a.close()  # twice: no second release
-    assert sys.excepthook is before and not job.armed()
+    assert job._armed == holds
+    if holds == 0:
+        assert sys.excepthook is before and not job.armed()
 
 
 TORCHRUN_SCRIPT = """

@@ -153,6 +153,7 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _rendezvous(comm, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    job.reassert()  # torch installs its own excepthook over ours: see job.reassert
     return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, backend,
                        group=dist.group.WORLD, _owns_group=True, _store=store, _job=held)
 
