@@ -77,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or pfs:...; none listed: local, the file system alone, and 0.5/2/8 ms at 2000 ops/s); "
                         "writes OUT/storage-sweep.{json,md,png}")
     p.add_argument("--peers", nargs="*", default=None, metavar="SPEC",
-                   help="instead of the whole bench, the store beside WebDataset and LitData (installed with "
-                        "pip install -e '.[peers]'; skipped with the reason otherwise) on each storage model listed "
+                   help="instead of the whole bench, the store beside WebDataset and LitData (installed by "
+                        "bash tools/setup_peers.sh; skipped with the reason otherwise) on each storage model listed "
                         "('local' or pfs:...; none listed: local and pfs:latency=2ms,iops=300): first batch, epoch 0, "
                         "steady epoch, storage bytes and operations, AU at each --consume rate, shuffle quality; "
                         "writes OUT/peers.{json,md}")

@@ -39,7 +39,7 @@ def missing(module: str) -> str | None:
     try:
         __import__(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip the row
-        return f"{module} is not installed ({type(exc).__name__}: {exc}); pip install -e '.[peers]' (see docs/benchmarks.md)"
+        return f"{module} is not installed ({type(exc).__name__}: {exc}); bash tools/setup_peers.sh (docs/benchmarks.md)"
     return None
 
 
