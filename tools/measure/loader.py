@@ -3,8 +3,8 @@ workers. For each, the loader's samples/s, the rank process's CPU time per deliv
 (getrusage RUSAGE_SELF: its threads included, its worker processes not), the time per sample the
 rank's process holds the GIL (py-spy --gil, sampled in a second pass over the same batches) and so
 the per-rank ceiling (1 / GIL time per sample); also the decoder alone (simplejpeg, DCT-scaled,
-in threads) on as many cores just before each row, and optionally the model alone. One rank; batches are drained
-as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
+in threads) on as many cores just before each row, and optionally the model alone. One rank;
+batches are drained as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
     python -m dstore.tools.measure.loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
     python -m dstore.tools.measure.loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
