@@ -79,7 +79,7 @@ class StoreConfig:
         "budget, so in the resident set)"))
     storage_threads: int = arg(4, agree=True, values="int >= 1 (4)", doc=(
         "with overflow served: the threads that read from storage, each with its own reader of the container "
-        "(their index arrays count in the budget, so in the resident set)"))
+        "(a sharded container's readers hold its index, counted in the budget; HDF5 and Zarr readers hold none)"))
     population_threads: int = arg(4, agree=False, values="int >= 1 (4)", doc=(
         "reads in flight while a preload fills the windows (4 MiB pieces, one container reader per thread); "
         "1: one stream of 32 MiB reads. Pays on shared file systems, where one stream of reads waits a round "
