@@ -188,8 +188,10 @@ class DataStore:
     # ----------------------------------------------------------------- set-up
     def _init_index(self) -> None:
         """The served samples' arrays (from the node's shared index) and the plan built on them."""
-        self.offsets, self.labels, self.checksums = self._index.offsets, self._index.labels, self._index.checksums
-        self._base_byte = self._index.base_byte
+        index = self._index  # opened by __init__ just before; closed only by close()
+        assert index is not None and index.offsets is not None and index.labels is not None
+        self.offsets, self.labels, self.checksums = index.offsets, index.labels, index.checksums
+        self._base_byte = index.base_byte
         self.sizes = plan.sizes_of(self.offsets)  # looked up, not stored: no int64[N] per rank
         self.num_samples = self.stop - self.start
         self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
