@@ -262,8 +262,8 @@ class EpochRun:
         self.owner = owner.astype(np.int32)  # a rank number: 4 bytes per entry of the epoch, not 8
         if not store.replicate:  # exact receive buffer sizes for this epoch
             rb = np.where(~self.mapped[owner], store.sizes[ids_all], 0)
-            per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
-            need = int(per_step[first:].max(initial=0))
+            csum = np.concatenate([[0], np.cumsum(rb)])  # not reduceat: a step may be empty (dstore.mixed)
+            need = int((csum[sched.ptr[first + 1:]] - csum[sched.ptr[first:-1]]).max(initial=0))
             if len(store._bufs) != self.nbuf or store._bufs[0].size < need:
                 store._bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
         self.ro = [readonly(b) for b in store._bufs]

@@ -173,6 +173,7 @@ class DataStore:
         self._storage = None  # its StorageReader
         self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
         self.fail_fast = False
+        self.schedule_source = None  # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
         self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self._resume = None
@@ -278,7 +279,10 @@ class DataStore:
     # ----------------------------------------------------------------- epochs
     def schedule(self, epoch: int) -> plan.Schedule:
         """This rank's deliveries in `epoch` (pure; no communication). Under ``global`` and
-        ``local`` only this rank's part of the order is built (O(N/P) memory)."""
+        ``local`` only this rank's part of the order is built (O(N/P) memory). `schedule_source(epoch)`
+        if set (a mixed store's part of a mixed epoch: any ids, steps may be empty; dstore.mixed)."""
+        if self.schedule_source is not None:
+            return self.schedule_source(epoch)
         if self.policy == "global":
             perm = shuffle_mod.global_permutation(self.num_samples, self.seed, epoch)
             return plan.global_schedule(perm, self.batch_size, self.size, self.rank, self.drop_last)

@@ -1,0 +1,107 @@
+"""Mixing data sets by proportion: each epoch's samples of every source and their global order, as
+pure functions of (sizes, weights, seed, epoch, epoch size). No MPI.
+
+The rules (docs/training.md, "Mixing data sets"):
+
+* Epoch size E: ``epoch_size`` if given, else the sum of the sources' sizes.
+* Counts: source k gets ``c_k`` samples per epoch, the largest-remainder rounding of
+  ``E * w_k / sum(w)``: each source first gets the floor of its share, then the sources with the
+  largest fractional parts get one more each until the counts sum to E (ties to the lower source
+  index). The shares are exact rationals of the weights as written in decimal (0.7 is 7/10). So
+  the counts sum to E exactly and each is within one of its exact share.
+* Which samples: with ``c_k = q * n_k + r`` (n_k the source's size), every sample of the source
+  appears q times (whole passes; with replacement across passes), plus r distinct samples drawn
+  without replacement from a seeded permutation that rotates over epochs: with ``R = ceil(n_k / r)``
+  epochs per round, epoch e uses permutation ``j = e // R`` (of (seed, source, j)) and takes its
+  positions ``(i*r + t) mod n_k`` for ``t < r``, ``i = e mod R``. So a source smaller than its share
+  repeats whole passes, and a larger one is subsampled (no repeat inside an epoch) and rotates:
+  each round of R epochs draws every sample at least once (the permutation's first ``R*r - n_k``
+  twice), so every sample is seen every R epochs.
+* Order: the epoch's E (source, sample) pairs, sources in index order and each source's pairs in
+  the order above, are permuted by one seeded permutation of E drawn from (seed, epoch). The result
+  depends on nothing else, in particular not on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from dstore.errors import ConfigError
+from dstore.shuffle import check_seed, epoch_rng
+
+_ORDER, _WALK = 10, 11  # random stream tags apart from dstore.shuffle's (0-2); source k uses _WALK + k
+
+
+def check_weights(weights, nsources: int) -> np.ndarray:
+    """`weights` as float64[nsources], or ConfigError naming the bad one (each finite, >= 0, some > 0)."""
+    try:
+        w = np.asarray([float(x) for x in weights], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"weights={list(weights)!r} must be numbers") from None
+    if w.size != nsources:
+        raise ConfigError(f"{w.size} weights for {nsources} sources")
+    for i, x in enumerate(w):
+        if not np.isfinite(x) or x < 0:
+            raise ConfigError(f"weight {x!r} of source {i} must be a finite number >= 0")
+    if not (w > 0).any():
+        raise ConfigError("the weights must not all be 0")
+    return w
+
+
+def mix_counts(epoch_size: int, weights) -> np.ndarray:
+    """Samples per source per epoch (int64[K]): the largest-remainder rounding of
+    ``epoch_size * w / sum(w)`` (see the module docstring); they sum to `epoch_size`."""
+    if isinstance(epoch_size, bool) or int(epoch_size) != epoch_size or epoch_size < 1:
+        raise ConfigError(f"epoch_size={epoch_size!r} must be an integer >= 1")
+    e = int(epoch_size)
+    # Exact rationals of the weights as written in decimal (0.7 is 7/10): ties are real ties.
+    w = [Fraction(repr(float(x))) for x in weights]
+    share = [e * x / sum(w) for x in w]
+    counts = [math.floor(s) for s in share]
+    # Python's sort is stable: equal remainders go to the lower index first.
+    for k in sorted(range(len(w)), key=lambda k: -(share[k] - counts[k]))[:e - sum(counts)]:
+        counts[k] += 1
+    return np.asarray(counts, dtype=np.int64)
+
+
+def rotating_subset(n: int, r: int, seed: int, source: int, epoch: int) -> np.ndarray:
+    """The r distinct samples (r < n) source `source` draws in `epoch` (see the module docstring)."""
+    if r == 0:
+        return np.zeros(0, dtype=np.int64)
+    rounds = -(-n // r)
+    j, i = divmod(int(epoch), rounds)
+    perm = epoch_rng(seed, j, _WALK + int(source)).permutation(n).astype(np.int64, copy=False)
+    return perm[(i * r + np.arange(r)) % n]
+
+
+def source_samples(n: int, count: int, seed: int, source: int, epoch: int) -> np.ndarray:
+    """The sample ids source `source` (n samples) contributes to `epoch` (int64[count], unordered)."""
+    q, r = divmod(int(count), int(n))
+    whole = np.tile(np.arange(n, dtype=np.int64), q)
+    return np.concatenate([whole, rotating_subset(int(n), r, seed, source, epoch)])
+
+
+def mix_plan(sizes, weights, seed: int, epoch: int, epoch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch's global order of a mix: (source index int64[E], sample id int64[E]).
+
+    Args:
+        sizes: each source's number of samples (each >= 1).
+        weights: each source's weight (>= 0, not all 0); only their ratios matter.
+        seed, epoch: as for dstore.shuffle.global_order.
+        epoch_size: samples per epoch E; None: the sum of `sizes`.
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"sizes={sizes!r}: every source needs at least one sample")
+    w = check_weights(weights, len(sizes))
+    seed = check_seed(seed)
+    e_size = sum(sizes) if epoch_size is None else epoch_size
+    counts = mix_counts(e_size, w)
+    rng = epoch_rng(seed, epoch, _ORDER)  # validates epoch
+    src = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    ids = np.concatenate([source_samples(n, c, seed, k, epoch) for k, (n, c) in enumerate(zip(sizes, counts))])
+    perm = rng.permutation(src.size)
+    return src[perm], ids[perm]

@@ -1,0 +1,143 @@
+"""Mixing by proportion: the pure plan (dstore.mix) by property tests, and MixedStore end to end in
+process and under mpiexec -n 1, 2, 3 (tests/store_scenarios/mix_scenario.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dstore import mix
+from dstore.errors import ConfigError
+
+SCEN = Path(__file__).resolve().parent / "store_scenarios" / "mix_scenario.py"
+
+sizes_st = st.lists(st.integers(1, 40), min_size=1, max_size=4)
+
+
+def _reference_counts(e: int, w) -> list[int]:
+    """Largest remainder, written out by hand: floors, then +1 by descending remainder, lower index first."""
+    share = [Fraction(e * x, sum(w)) for x in w]
+    counts = [math.floor(s) for s in share]
+    rest = sorted(range(len(w)), key=lambda k: (-(share[k] - counts[k]), k))
+    for k in rest[:e - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(e=st.integers(1, 500), w=st.lists(st.integers(0, 9), min_size=1, max_size=5).filter(any))
+def test_counts_are_the_largest_remainder_rounding(e, w):
+    counts = mix.mix_counts(e, w)
+    assert counts.sum() == e
+    assert counts.tolist() == _reference_counts(e, w)
+    assert all(abs(c - Fraction(e * x, sum(w))) < 1 for c, x in zip(counts.tolist(), w))
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=sizes_st, data=st.data())
+def test_an_epoch_holds_each_sources_count_whole_passes_and_a_subset(sizes, data):
+    w = data.draw(st.lists(st.integers(0, 5), min_size=len(sizes), max_size=len(sizes)).filter(any))
+    e_size = data.draw(st.one_of(st.none(), st.integers(1, 200)))
+    seed, epoch = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 5))
+    src, ids = mix.mix_plan(sizes, w, seed, epoch, e_size)
+    total = sum(sizes) if e_size is None else e_size
+    counts = _reference_counts(total, w)
+    assert src.size == ids.size == total
+    assert np.bincount(src, minlength=len(sizes)).tolist() == counts
+    for k, n in enumerate(sizes):
+        got = Counter(ids[src == k].tolist())
+        q, r = divmod(counts[k], n)
+        assert all(0 <= i < n for i in got)
+        # every sample q times (whole passes), r of them once more (a subset without repeats)
+        times = [got[i] for i in range(n)]
+        assert set(times) <= {q, q + 1} and times.count(q + 1) == r
+    again = mix.mix_plan(sizes, w, seed, epoch, e_size)
+    assert np.array_equal(again[0], src) and np.array_equal(again[1], ids)
+
+
+def test_a_subsampled_source_rotates_so_every_sample_is_seen():
+    n, r = 25, 7  # 7 of 25 per epoch: rounds of 4 epochs (28 draws, 3 samples twice)
+    for rnd in range(3):
+        seen = Counter()
+        for epoch in range(4 * rnd, 4 * rnd + 4):
+            src, ids = mix.mix_plan([n, 50], [r, 50], 3, epoch, r + 50)
+            part = ids[src == 0]
+            assert part.size == r and len(set(part.tolist())) == r  # without replacement inside an epoch
+            seen.update(part.tolist())
+        assert sorted(seen) == list(range(n)) and sorted(seen.values()) == [1] * 22 + [2] * 3
+
+
+def test_orders_differ_by_epoch_and_seed():
+    a = mix.mix_plan([30, 20], [1, 1], 0, 0)
+    assert not np.array_equal(a[1], mix.mix_plan([30, 20], [1, 1], 0, 1)[1])
+    assert not np.array_equal(a[1], mix.mix_plan([30, 20], [1, 1], 1, 0)[1])
+
+
+@pytest.mark.parametrize("weights,msg", [([1, -1], "source 1"), ([0, 0], "all be 0"), ([1, float("nan")], "source 1"),
+                                         (["x", 1], "numbers"), ([1], "1 weights for 2")])
+def test_bad_weights_are_named(weights, msg):
+    with pytest.raises(ConfigError, match=msg):
+        mix.mix_plan([3, 4], weights, 0, 0)
+
+
+def test_bad_epoch_size_and_sizes_are_named():
+    with pytest.raises(ConfigError, match="epoch_size"):
+        mix.mix_plan([3, 4], [1, 1], 0, 0, 0)
+    with pytest.raises(ConfigError, match="at least one sample"):
+        mix.mix_plan([3, 0], [1, 1], 0, 0)
+
+
+# ---------------------------------------------------------------- MixedStore
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    import sys
+    sys.path.insert(0, str(SCEN.parent))
+    import mix_scenario
+
+    return mix_scenario.make_sources(tmp_path_factory.mktemp("mix"))
+
+
+def _load(path):
+    return json.loads(Path(path).read_text())
+
+
+def test_mixed_store_in_process_counts_bytes_and_resume(sources, tmp_path):
+    import sys
+    sys.path.insert(0, str(SCEN.parent))
+    import mix_scenario
+    from mpi4py import MPI
+
+    full = mix_scenario.run(MPI.COMM_SELF, sources, "full", str(tmp_path / "full.json"))
+    mix_scenario.check_counts(full, sources)
+    mix_scenario.run(MPI.COMM_SELF, sources, "save", str(tmp_path / "a.json"))
+    rest = mix_scenario.run(MPI.COMM_SELF, sources, "load", str(tmp_path / "a.json"))
+    assert rest["entries"] and full["entries"] == _load(tmp_path / "a.json")["entries"] + rest["entries"]
+
+
+@pytest.mark.mpi
+def test_mixed_store_same_order_on_1_2_3_ranks_and_resume_on_another_count(sources, tmp_path):
+    from mpirun import run_mpi
+
+    runs = {}
+    for n in (1, 2, 3):
+        out = tmp_path / f"full{n}.json"
+        run_mpi(n, ["python", "-m", "mpi4py", str(SCEN), *sources, "full", str(out)], timeout=120)
+        runs[n] = _load(out)
+    assert runs[1]["entries"] == runs[2]["entries"] == runs[3]["entries"]
+    assert runs[3]["stats"][0]["sources"][1]["samples"] > 0  # per-source stats reported on every rank
+    # saved mid-epoch on 2 ranks, resumed on 3: the rest of the same order, nothing lost or repeated
+    saved = tmp_path / "saved.json"
+    run_mpi(2, ["python", "-m", "mpi4py", str(SCEN), *sources, "save", str(saved)], timeout=120)
+    run_mpi(3, ["python", "-m", "mpi4py", str(SCEN), *sources, "load", str(saved)], timeout=120)
+    rest = _load(str(saved) + ".rest")
+    assert runs[1]["entries"] == _load(saved)["entries"] + rest["entries"]
