@@ -70,7 +70,8 @@ class MixedStore:
 
     Attributes:
         stores: the DataStore of each source; weights: float64[K]; sizes: int64[K];
-        counts: int64[K], each source's samples per epoch; epoch_size, steps_per_epoch, batch_size,
+        counts: int64[K], each source's samples per epoch; infos: each source's ContainerInfo (info:
+        the first's); epoch_size, steps_per_epoch, batch_size,
         seed, drop_last, rank, size; stats: {"epoch", "sources": [each source's EpochStats dict]}.
     """
 
@@ -105,6 +106,7 @@ class MixedStore:
             raise ConfigError(f"batch_size={self.batch_size} with drop_last=True leaves no step: the mixed epoch "
                               f"holds {self.epoch_size} samples")
         self.infos = [s.info for s in self.stores]
+        self.info = self.infos[0]  # what a loader reads the channels off; each entry decodes by its own source's
         self.stats: dict | None = None
         self._next = (0, 0)
         self._resume: tuple[int, int] | None = None

@@ -222,6 +222,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
                               f"(dstore.training.augment.ImageTransform), not {tf!r}: use workers=0 (decode threads)")
         size = tuple(tf.size) if tf is not None else self.size
         info = self.store.info
+        infos = getattr(self.store, "infos", [info])  # a mix (dstore.mixed): one per source
+        if any((i.encoding, i.raw_dtype, i.raw_shape) != (info.encoding, info.raw_dtype, info.raw_shape) for i in infos):
+            raise ConfigError(f"workers={workers}: the mix's sources have different encodings "
+                              f"({', '.join(i.encoding for i in infos)}); decode them in threads (workers=0)")
         channels = tf.channels if tf is not None else self.channels
         if channels is None and info.encoding == "raw":
             channels = 1 if len(info.raw_shape) == 2 else int(info.raw_shape[-1])
@@ -299,9 +303,12 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._pos = None
 
     # -------------------------------------------------------------- decoding
-    def _decode_one(self, data, sid: int, epoch: int):
-        info = self.store.info
-        arr = decode_sample(data, info, channels=self.channels, min_size=self.size, name=f"sample {sid}")
+    def _decode_one(self, data, sid: int, epoch: int, source: int | None = None):
+        """One sample decoded, resized and transformed; `source` is its source in a mix (dstore.mixed),
+        whose encoding it is decoded by and which joins the augmentation's seed."""
+        info = self.store.info if source is None else self.store.infos[source]
+        name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
+        arr = decode_sample(data, info, channels=self.channels, min_size=self.size, name=name)
         if self.size is not None:
             arr = resize(np.ascontiguousarray(arr), self.size)
         if self.transform is None:
@@ -309,15 +316,16 @@ class StoreLoader(torch.utils.data.IterableDataset):
                 arr = arr.copy()
             return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
         if self._seeded:
-            out = self.transform(arr, np.random.default_rng([self.store.seed, epoch, sid]))
+            key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
+            out = self.transform(arr, np.random.default_rng(key))
         else:
             out = self.transform(arr)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
 
-    def _decode_chunk(self, job, k: int, samples, ids) -> None:
+    def _decode_chunk(self, job, k: int, samples, ids, sources) -> None:
         t0 = time.perf_counter()
         try:
-            job.parts[k] = [self._decode_one(s, i, job.batch.epoch) for s, i in zip(samples, ids)]
+            job.parts[k] = [self._decode_one(s, i, job.batch.epoch, src) for s, i, src in zip(samples, ids, sources)]
             err = None
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through job.result
             err = exc

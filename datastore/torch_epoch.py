@@ -147,7 +147,9 @@ class LoaderEpoch:
         cuts = [(n * k) // loader.decode_threads for k in range(loader.decode_threads + 1)]
         spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
         job.expect(len(spans))
-        job.futures = [loader._pool.submit(loader._decode_chunk, job, k, batch.samples[a:b], ids[a:b])
+        src = getattr(batch, "sources", None)  # a mix (dstore.mixed): each entry decodes by its source's encoding
+        src = [None] * n if src is None else src.tolist()
+        job.futures = [loader._pool.submit(loader._decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
                        for k, (a, b) in enumerate(spans)]
         if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
             job.chunk_done(0.0, None)

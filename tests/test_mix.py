@@ -141,3 +141,32 @@ def test_mixed_store_same_order_on_1_2_3_ranks_and_resume_on_another_count(sourc
     run_mpi(3, ["python", "-m", "mpi4py", str(SCEN), *sources, "load", str(saved)], timeout=120)
     rest = _load(str(saved) + ".rest")
     assert runs[1]["entries"] == _load(saved)["entries"] + rest["entries"]
+
+
+def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
+    # raw arrays and JPEG files in one batch: each decoded by its own container's encoding
+    import torch
+    from mpi4py import MPI
+
+    from dstore.decode import decode_sample
+    from dstore.formats import open_container
+    from dstore.mixed import MixedStore
+    from dstore.torch import StoreLoader
+
+    readers = [open_container(p) for p in sources]
+    with MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], 0.3)], batch_size=16, seed=1) as store, \
+            StoreLoader(store, decode_threads=2) as loader:
+        seen = set()
+        sched, srcs, ids = store.schedule(0)  # the mix's entries of this rank, step by step
+        for s, (images, labels) in enumerate(loader.epoch(0)):
+            assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 8, 8)
+            assert loader.last_ids.tolist() == ids[sched.step(s)].tolist()
+            for img, src, sid in zip(images, srcs[sched.step(s)].tolist(), ids[sched.step(s)].tolist()):
+                r = readers[src]
+                want = decode_sample(r.sample(sid)[0], r.info)
+                assert np.array_equal(img.permute(1, 2, 0).numpy(), want)
+                seen.add(src)
+            assert labels.tolist() == [int(readers[k].labels[i]) for k, i in zip(srcs[sched.step(s)], ids[sched.step(s)])]
+        assert seen == {0, 1}
+    for r in readers:
+        r.close()
