@@ -4,7 +4,7 @@ The one import root of the project. The repository's folders map onto it: datast
 (the store, formats, ingest), training/ is `dstore.training` (the trainer), tools/ is `dstore.tools`
 (the `dstore` command line, the bench and the measurement scripts); docs/design.md has the module map.
 
-`from dstore import DataStore, StoreLoader` is the public API. Both are imported on first use
+`from dstore import DataStore, MixedStore, StoreLoader` is the public API. Both are imported on first use
 (module `__getattr__`), so `import dstore` imports neither mpi4py (whose import initialises MPI: the
 FUSE process of `dstore pfs` must not) nor torch.
 """
@@ -26,10 +26,11 @@ from dstore.errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports them on first use
+    from dstore.mixed import MixedStore
     from dstore.store import DataStore
     from dstore.torch import StoreLoader
 
-_LAZY = {"DataStore": "dstore.store", "StoreLoader": "dstore.torch"}
+_LAZY = {"DataStore": "dstore.store", "MixedStore": "dstore.mixed", "StoreLoader": "dstore.torch"}
 
 __all__ = [
     "ChecksumError",
@@ -40,6 +41,7 @@ __all__ = [
     "FormatError",
     "IncompleteContainerError",
     "MemoryBudgetError",
+    "MixedStore",
     "SampleError",
     "StoreLoader",
     "__version__",

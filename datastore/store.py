@@ -152,6 +152,9 @@ class DataStore:
         elif isinstance(container, (str, os.PathLike)):
             # Attributes only: one rank per node reads the index (dstore.index.NodeIndex)
             reader, owns = open_container(container, index=False), True
+        elif isinstance(container, (list, tuple)):
+            raise ConfigError(f"container={container!r}: containers mixed by weight are served by "
+                              f"dstore.MixedStore(comm, [(path, weight), ...], ...)")
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
         self.container, self._owns_container = reader, owns

@@ -170,3 +170,26 @@ def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
         assert seen == {0, 1}
     for r in readers:
         r.close()
+
+
+def test_refusals_name_the_argument(sources):
+    from mpi4py import MPI
+
+    from dstore import DataStore, MixedStore
+
+    mixed = [(sources[0], 0.7), (sources[1], 0.3)]
+    with pytest.raises(ConfigError, match="MixedStore"):
+        DataStore(MPI.COMM_SELF, mixed, batch_size=4)
+    with pytest.raises(ConfigError, match="shuffle='local'"):
+        MixedStore(MPI.COMM_SELF, mixed, batch_size=4, shuffle="local")
+    with pytest.raises(ConfigError, match="per source"):
+        MixedStore(MPI.COMM_SELF, mixed, batch_size=4, sample_range=(0, 5))
+    with pytest.raises(ConfigError, match="source 1"):
+        MixedStore(MPI.COMM_SELF, [(sources[0], 1), (sources[1], -1)], batch_size=4)
+    with MixedStore(MPI.COMM_SELF, mixed, batch_size=4) as a, \
+            MixedStore(MPI.COMM_SELF, [(sources[0], 0.5), (sources[1], 0.5)], batch_size=4) as b:
+        with pytest.raises(ConfigError, match="weights"):
+            b.load_state_dict(a.state_dict())
+        with DataStore(MPI.COMM_SELF, sources[0], batch_size=4) as one, \
+                pytest.raises(ConfigError, match="not a MixedStore state"):
+            b.load_state_dict(one.state_dict())
