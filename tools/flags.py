@@ -9,6 +9,7 @@ The keys a field's metadata may hold (all optional):
 * ``choices``: the allowed values.
 * ``parse``: text -> value, for a type the annotation does not say how to read; it raises
   ValueError (ConfigError) with the message argparse shows.
+* ``nargs``: a positional's argparse nargs (default ``?``: it may be left out).
 * ``metavar``, and ``deprecated``: {old option string: new one} (the old one works, with a warning).
 * ``flag``: False for a field that is not a flag.
 
@@ -80,7 +81,7 @@ def argument(field: dataclasses.Field) -> tuple[tuple[str, ...], dict]:
     if names[0].startswith("-"):
         kw["dest"] = field.name
     else:
-        kw["nargs"] = "?"
+        kw["nargs"] = meta.get("nargs", "?")
     kind = _kind(field.type)
     if kind == "bool":
         kw["action"] = "store_true"

@@ -238,6 +238,22 @@ def container_identity(reader) -> dict:
             "total_bytes": int(reader.total_bytes), "checksums_sha256": hashlib.sha256(crcs.tobytes()).hexdigest()}
 
 
+def _check_same_mix(saved: dict, current: dict, checkpoint_path: str) -> None:
+    """check_same_container where either side is a mix ({"mix": [identity + "weight", ...]}): the
+    same containers (by contents) with the same weights, in the same order."""
+    def key(c):
+        return [(m.get("num_samples"), m.get("total_bytes"), m.get("checksums_sha256"), m.get("weight"))
+                for m in c.get("mix", [c])]
+
+    def describe(c):
+        return " ".join(f"{m.get('path')}" + (f":{m['weight']:g}" if "weight" in m else "") for m in c.get("mix", [c]))
+
+    if key(saved) != key(current):
+        raise ConfigError(f"cannot resume: checkpoint {checkpoint_path} was made on {describe(saved)}, but this run "
+                          f"trains on {describe(current)} (other containers or weights). Resume with the data it "
+                          f"was made on, or start a new run (another --run-dir, no --resume)")
+
+
 def check_same_container(saved: dict | None, current: dict, checkpoint_path: str) -> None:
     """Refuses to resume a checkpoint made on another container (a moved or copied file with the same
     contents is the same container). Checkpoints made before identities were recorded pass.
@@ -247,6 +263,8 @@ def check_same_container(saved: dict | None, current: dict, checkpoint_path: str
     """
     if not saved:
         return
+    if "mix" in saved or "mix" in current:
+        return _check_same_mix(saved, current, checkpoint_path)
     differ = [k for k in ("num_samples", "total_bytes", "checksums_sha256") if saved.get(k) != current[k]]
     if not differ:
         return

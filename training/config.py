@@ -82,8 +82,11 @@ class TrainConfig:
     """Everything a run depends on (the CLI flags of `dstore train`, one field each, but runs_root)."""
 
     # --- data ---
-    data: str | None = _flag(None, "container to train on; none: the built-in `digits` set, ingested once into "
-                                   "$DSTORE_CACHE or ~/.cache/dstore", group=DATA, flags=("data",))
+    data: str | tuple[str, ...] | None = _flag(
+        None, "container to train on; none: the built-in `digits` set, ingested once into $DSTORE_CACHE or "
+              "~/.cache/dstore; several, each CONTAINER:WEIGHT (a.h5:0.7 b.zarr:0.3), train on their mix "
+              "(needs --val; see docs/training.md, Mixing data sets)", group=DATA, flags=("data",), nargs="*",
+        parse=str, metavar="CONTAINER[:WEIGHT]")
     val: str | None = _flag(None, "separate held-out container (then --holdout is ignored; default: none, the "
                                   "--holdout tail)", group=DATA)
     holdout: float = _flag(0.2, "fraction of the container (its tail; ingest already shuffled it) held out for "
@@ -210,6 +213,12 @@ class TrainConfig:
     progress: bool | None = _flag(None, "a progress bar per epoch on rank 0, on stderr (default: only when stderr "
                                         "is a terminal, so batch logs get plain lines; under mpiexec stderr is a "
                                         "pipe: pass --progress)", group=RUN)
+
+    def __post_init__(self):
+        # The positionals come as a list: none is the built-in set, one a container as before mixes,
+        # several a mix (dstore.training.data.parse_sources reads them).
+        if isinstance(self.data, (list, tuple)):
+            self.data = None if not self.data else str(self.data[0]) if len(self.data) == 1 else tuple(self.data)
 
     def check(self) -> None:
         """Raises ConfigError naming the first field with a value that is not allowed."""

@@ -320,3 +320,63 @@ class FilesSource(DirectSource):
     def __exit__(self, *exc):
         self._pool.shutdown(wait=True)
         return False
+
+
+def parse_sources(data) -> list[tuple[str, float]] | None:
+    """A mix's (container, weight) pairs from `dstore train`'s positionals (TrainConfig.data), or
+    None for one container (a str: used as is, as before mixes) or none (the built-in set).
+
+    Raises:
+        ConfigError: naming a positional of a mix that is not CONTAINER:WEIGHT.
+    """
+    if data is None or isinstance(data, str):
+        return None
+    out = []
+    for item in data:
+        path, sep, weight = str(item).rpartition(":")
+        try:
+            w = float(weight) if sep and path else None
+        except ValueError:
+            w = None
+        if w is None:
+            raise ConfigError(f"data set {item!r}: several containers make a mix, each written CONTAINER:WEIGHT "
+                              f"(e.g. a.h5:0.7 b.zarr:0.3)")
+        out.append((path, w))
+    return out
+
+
+def check_mix_flags(cfg) -> None:
+    """Refuses (ConfigError, one line naming the flags) what a mix does not support: LTFB, the
+    direct/files loaders, and a held-out set taken from the mix (it must come from --val)."""
+    if cfg.trainers > 1:
+        raise ConfigError(f"--trainers {cfg.trainers}: LTFB trains on one container; a mix (CONTAINER:WEIGHT ...) "
+                          f"runs with --trainers 1")
+    if cfg.loader != "store":
+        raise ConfigError(f"--loader {cfg.loader} reads one container; a mix (CONTAINER:WEIGHT ...) needs "
+                          f"--loader store")
+    if not cfg.val:
+        raise ConfigError("a mix (CONTAINER:WEIGHT ...) holds nothing out (--holdout splits one container): "
+                          "give the held-out set as --val CONTAINER")
+
+
+def check_mix_readers(mix: list[tuple[str, float]], readers, val_path: str | None, val_reader) -> None:
+    """Refuses (ConfigError naming both) sources of a mix, or its --val, with different class lists,
+    and a --val holding the same samples as a source (held-out figures would be training ones)."""
+    from dstore.training.checkpoint import container_identity
+
+    first, classes = mix[0][0], list(readers[0].info.class_names)
+    others = [(p, r) for (p, _), r in zip(mix[1:], readers[1:])]
+    if val_reader is not None:
+        others.append((f"--val {val_path}", val_reader))
+        val_sha = container_identity(val_reader)["checksums_sha256"]
+        for (path, _), r in zip(mix, readers):
+            if container_identity(r)["checksums_sha256"] == val_sha:
+                raise ConfigError(f"--val {val_path} holds the same samples as the mix's source {path}: held-out "
+                                  f"figures would be training figures; give a separate container")
+    def show(names):
+        return f"{names[:5]}{'...' if len(names) > 5 else ''}"
+
+    for path, r in others:
+        if list(r.info.class_names) != classes:
+            raise ConfigError(f"{path} has classes {show(list(r.info.class_names))} but {first} has {show(classes)}; "
+                              f"the mix's sources (and --val) must have the same class list")

@@ -24,6 +24,7 @@ from dstore.collective import on_root
 from dstore.config import options_from
 from dstore.errors import ConfigError
 from dstore.formats import open_container
+from dstore.mixed import MixedStore
 from dstore.preemption import Preemption, parse_signals
 from dstore.store import DataStore
 from dstore.torch import StoreLoader
@@ -33,7 +34,16 @@ from dstore.training.bounds import check_memory_bounds
 from dstore.training.budget import loader_reserve, share_budget
 from dstore.training.checkpoint import CHECKPOINT_NAME, container_identity, resolve_job_resume, resolve_resume
 from dstore.training.config import TrainConfig
-from dstore.training.data import DirectSource, FilesSource, ensure_builtin, probe_input, split_ranges
+from dstore.training.data import (
+    DirectSource,
+    FilesSource,
+    check_mix_flags,
+    check_mix_readers,
+    ensure_builtin,
+    parse_sources,
+    probe_input,
+    split_ranges,
+)
 from dstore.training.dist import init_distributed
 from dstore.training.fit import Fit
 from dstore.training.holdout import check_held_out
@@ -91,6 +101,8 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
         cfg = dataclasses.replace(cfg, progress=console.stderr_is_terminal())
 
     say = say or console.say
+    if parse_sources(cfg.data):
+        check_mix_flags(cfg)
     if cfg.trainers > 1:
         return train_trainers(cfg, comm, say=say)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
@@ -114,6 +126,8 @@ class _Data:
     held_range: tuple[int, int] | None
     spec: object  # dstore.training.data's InputSpec, measured on the whole training range
     tour_range: tuple[int, int] | None = None  # under LTFB, the trainer's tournament samples
+    mix: list | None = None  # a mix's (container, weight) pairs (then reader is its first source's)
+    readers: list = dataclasses.field(default_factory=list)  # a mix's readers, one per source
 
 
 def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_path: str | None = None,
@@ -137,8 +151,10 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                                                    gpu_index=tournament.node_rank if tournament else None))
         node_ranks = tournament.node_ranks if tournament else ctx.local_size
         _share_cores(node_ranks, cfg.deterministic)
-        workers = default_workers(node_ranks) if cfg.decode_workers is None else cfg.decode_workers
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
+        workers = default_workers(node_ranks) if cfg.decode_workers is None else cfg.decode_workers
+        if data.mix and cfg.decode_workers is None and len({r.info.encoding for r in data.readers}) > 1:
+            workers = 0  # decode workers take one encoding (dstore.torch); threads decode each by its own
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
         name, input_size = _input_of(cfg, data.spec)
         reserve = _loader_reserve(cfg, ctx, data, input_size, workers)
@@ -159,6 +175,10 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                 "data": data_path, "container": data.container,
                 "train_samples": data.train_range[1] - data.train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
+        if data.mix:  # the mix, with each source's samples per epoch (dstore.mix's counts)
+            meta.update(data=" ".join(cfg.data), mix={"sources": [p for p, _ in data.mix],
+                                                      "weights": [w for _, w in data.mix],
+                                                      "counts": [int(c) for c in train_src.counts]})
         # Agreed over the whole job: under LTFB every trainer stops at the same global step.
         watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
         fit = Fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, report, meta, on_step,
@@ -170,6 +190,9 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str |
     """Opens the training (and --val) containers on `stack`, loads the checkpoint to resume (checked
     against the container before any store exists or anything is written), splits off the held-out
     range and measures the input; returns (_Data, the checkpoint or None)."""
+    mix = parse_sources(cfg.data)
+    if mix:
+        return _open_mix(stack, cfg, comm, mix, resume_path)
     reader = stack.enter_context(open_container(data_path))
     container = container_identity(reader)
     ck = load_for_resume(resume_path, container) if resume_path else None
@@ -184,6 +207,21 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str |
     # and a model moved between trainers sees the inputs it was trained on.
     spec = probe_input(comm, reader, train_range, channels=cfg.channels, mean=cfg.mean, std=cfg.std)
     return _Data(reader, val_reader, container, train_range, held_range, spec), ck
+
+
+def _open_mix(stack, cfg: TrainConfig, comm, mix: list, resume_path: str | None) -> tuple[_Data, dict | None]:
+    """_open_data for a mix: every source's container (same class list), the checkpoint to resume
+    (refused unless made on this mix: the same containers and weights), --val, and the input
+    measured on the first source."""
+    readers = [stack.enter_context(open_container(path)) for path, _ in mix]
+    container = {"mix": [{**container_identity(r), "weight": w} for r, (_, w) in zip(readers, mix)]}
+    ck = load_for_resume(resume_path, container) if resume_path else None
+    val_reader = stack.enter_context(open_container(cfg.val))
+    check_mix_readers(mix, readers, cfg.val, val_reader)
+    first = readers[0]
+    spec = probe_input(comm, first, (0, first.num_samples), channels=cfg.channels, mean=cfg.mean, std=cfg.std)
+    total = sum(r.num_samples for r in readers)
+    return _Data(first, val_reader, container, (0, total), None, spec, mix=mix, readers=readers), ck
 
 
 def check_val(val_path: str, val_reader, data_path: str, reader, container: dict) -> None:
@@ -257,12 +295,20 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
     return store
 
 
+def _make_mix(cfg: TrainConfig, comm, mix: list) -> MixedStore:
+    """The training set of a mix: one DataStore per source (dstore.mixed), failing fast as one store does."""
+    store = MixedStore(comm, mix, **options_from(cfg, seed=cfg.seed, drop_last=cfg.drop_last))
+    for s in store.stores:
+        s.fail_fast = True
+    return store
+
+
 def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size, workers: int) -> int:
     """What a rank's loaders hold at most (dstore.training.budget.loader_reserve)."""
-    reader = data.reader
+    mean_bytes = max(r.total_bytes / max(r.num_samples, 1) for r in (data.readers or [data.reader]))
     return loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
                           image_shape=(*data.spec.image_size, data.spec.channels),
-                          mean_sample_bytes=reader.total_bytes / max(reader.num_samples, 1),
+                          mean_sample_bytes=mean_bytes,
                           decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1,
                           workers=workers)
 
@@ -272,14 +318,17 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tu
     Stores populate when entered, so they are built first and share one memory budget per rank
     with the loaders' batches (dstore.training.budget) before any of them populates."""
     comm = ctx.comm
-    sources = [_make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last)]
+    sources = [_make_mix(cfg, comm, data.mix) if data.mix
+               else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last)]
     if data.held_range is not None or data.val_reader is not None:
         sources.append(_make_source(cfg, comm, data.val_reader or data.reader, data.held_range, cfg.seed + 1, False))
     else:
         sources.append(None)
     sources.append(None if data.tour_range is None
                    else _make_source(cfg, comm, data.reader, data.tour_range, cfg.seed + 2, False))
-    share_budget(comm, sources, budget=cfg.memory_budget, reserve=reserve)
+    # a mix's source stores share the budget as the other stores do, one part each
+    share_budget(comm, [t for s in sources for t in (s.stores if isinstance(s, MixedStore) else [s])],
+                 budget=cfg.memory_budget, reserve=reserve)
     return tuple(None if s is None else stack.enter_context(s) for s in sources)
 
 
