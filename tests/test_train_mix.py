@@ -80,6 +80,12 @@ def test_train_on_a_mix_of_two_encodings_then_resume_refuses_another_mix(data, t
                       + ["--epochs", "2", "--run-dir", str(run)], timeout=120, check=False)
     assert refused.returncode != 0
     assert f"trains on {a}:0.5 {b}:0.5" in refused.stdout + refused.stderr
+    # the same mix resumes: one more epoch, on another rank count
+    run_mpi(1, ["dstore", "train", f"{a}:0.7", f"{b}:0.3", "--resume", "auto", "--val", val, "--epochs", "2",
+                "--batch-size", "16", "--no-progress", "--run-dir", str(run)], timeout=120)
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if '"train_loss"' in line]
+    assert epochs == [0, 1], epochs
 
 
 @pytest.mark.mpi
