@@ -181,7 +181,7 @@ class MixedStore:
             for g in gens:  # each source's epoch end (collective: agrees on failures, logs)
                 for _ in g:
                     raise RuntimeError("a source's store served more steps than the mix planned")
-            self.stats = {"epoch": e, "sources": [s.stats.as_dict() for s in self.stores]}
+            self.stats = {"epoch": e, "sources": [s.stats.as_dict() if s.stats is not None else {} for s in self.stores]}
         finally:
             for g in gens:
                 g.close()

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -176,7 +177,8 @@ class DataStore:
         self._storage = None  # its StorageReader
         self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
         self.fail_fast = False
-        self.schedule_source = None  # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
+        # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
+        self.schedule_source: Callable[[int], plan.Schedule] | None = None
         self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self._resume = None
