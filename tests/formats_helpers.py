@@ -158,3 +158,12 @@ def image_bytes(kind: str, seed: int = 0, size=(12, 10)) -> bytes:
     buf = io.BytesIO()
     im.save(buf, format={"png": "PNG", "jpeg": "JPEG"}[kind])
     return buf.getvalue()
+
+
+def one_line_error(res, *words) -> None:
+    """`res` (a CompletedProcess) failed with one line on stderr, no traceback, holding each of `words`."""
+    assert res.returncode != 0, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from formats_helpers import one_line_error
 from PIL import Image
 
 from dstore.errors import ConfigError, MemoryBudgetError
@@ -24,20 +25,12 @@ def _dstore(*args, cwd):
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
 
 
-def _one_line(res, *words):
-    assert res.returncode != 0, res
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
-
 def test_a_resize_past_the_nodes_memory_is_refused_before_anything_is_read(tmp_path):
     """`--resize 100000x100000` grew to 23 GB until the OOM killer ended it (leaving a temporary and a lock)."""
     (tmp_path / "imgs" / "a").mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / "a" / "x.png")
     res = _dstore("ingest", "imgs", "r.h5", "--resize", "1000000x1000000", "--no-progress", cwd=tmp_path)
-    _one_line(res, "MemoryBudgetError", "--resize 1000000x1000000", "3.00 TB per sample", "available memory")
+    one_line_error(res, "MemoryBudgetError", "--resize 1000000x1000000", "3.00 TB per sample", "available memory")
     assert sorted(os.listdir(tmp_path)) == ["imgs"]  # no temporary, no lock file
 
 

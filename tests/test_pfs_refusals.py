@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from formats_helpers import one_line_error
 
 from dstore.errors import ConfigError
 from dstore.tools.pfs.model import MAX_DELAY_S, Model, PfsModel
@@ -23,14 +24,6 @@ def _pfs(*args, cwd=ROOT):
     env = {**os.environ, "PATH": os.path.dirname(sys.executable), "PYTHONPATH": ROOT}
     return subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
-
-
-def _one_line(res, *words):
-    assert res.returncode != 0, res
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 @pytest.fixture()
@@ -47,12 +40,12 @@ def test_a_mountpoint_at_inside_or_above_its_source_is_refused(src, tmp_path, wh
     mp = {"same": src, "inside": src / "sub", "above": tmp_path}[where]
     with pytest.raises(PfsMountError, match=why):
         check_mountpoint(str(mp), str(src))
-    _one_line(_pfs(src, mp), "MOUNTPOINT", str(mp), why)
+    one_line_error(_pfs(src, mp), "MOUNTPOINT", str(mp), why)
 
 
 def test_a_mountpoint_through_a_symlink_into_its_source_is_refused(src, tmp_path):
     (tmp_path / "link").symlink_to(src / "sub")
-    _one_line(_pfs(src, tmp_path / "link"), "is inside SOURCE")
+    one_line_error(_pfs(src, tmp_path / "link"), "is inside SOURCE")
 
 
 def test_a_non_empty_mountpoint_is_refused(src, tmp_path):
@@ -61,7 +54,7 @@ def test_a_non_empty_mountpoint_is_refused(src, tmp_path):
     (mp / "mine.txt").write_text("keep")
     with pytest.raises(PfsMountError, match="is not empty"):
         check_mountpoint(str(mp))
-    _one_line(_pfs(src, mp), str(mp), "is not empty")
+    one_line_error(_pfs(src, mp), str(mp), "is not empty")
     assert (mp / "mine.txt").read_text() == "keep"
 
 
@@ -69,7 +62,7 @@ def test_a_non_empty_mountpoint_is_refused(src, tmp_path):
 def test_a_duration_past_the_bound_is_refused_naming_the_flag(src, tmp_path, flag):
     mp = tmp_path / "mnt"
     mp.mkdir()
-    _one_line(_pfs(src, mp, flag, "1000000s"), flag, "1000000s", f"at most {MAX_DELAY_S:g}s")
+    one_line_error(_pfs(src, mp, flag, "1000000s"), flag, "1000000s", f"at most {MAX_DELAY_S:g}s")
     with pytest.raises(ConfigError, match="latency"):
         PfsModel(latency=MAX_DELAY_S + 1)
 

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from formats_helpers import raw_container
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
@@ -20,12 +21,7 @@ from dstore.training.rundir import MARKER
 
 
 def _container(path, n=64, seed=0):
-    rng = np.random.default_rng(seed)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
-        for i in range(n):
-            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
-    return str(path)
+    return raw_container(path, n=n, seed=seed)
 
 
 @pytest.fixture()

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from formats_helpers import raw_container
 from mpirun import REPO, run_mpi
 
-from dstore.formats import create_writer
 from dstore.training.dist import launcher_mismatch
 
 
@@ -25,12 +24,7 @@ def _env(**extra):
 
 
 def _container(path, n=40, seed=0):
-    rng = np.random.default_rng(seed)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
-        for i in range(n):
-            w.append(rng.integers(0, 256, 16, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
-    return str(path)
+    return raw_container(path, n=n, seed=seed)
 
 
 # ------------------------------------------------------------------ batch logs
