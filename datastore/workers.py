@@ -293,7 +293,10 @@ class DecodeWorkers:
                 "out": (slot.out.path, slot.out.size, slot.out.uid), "capacity": slot.capacity,
                 "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh}
         for w, a, b in parts:
-            self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
+            try:
+                self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
+            except OSError:  # a broken pipe: the worker died before this request
+                raise self._died(w) from None
         return Ticket(seq, k, n, int(offsets[-1]), [w for w, _, _ in parts])
 
     def _fit(self, slot: Slot, nbytes: int, n: int) -> None:
@@ -345,14 +348,18 @@ class DecodeWorkers:
             wait([conn])
             return pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
-            proc = self.procs[w]
-            try:
-                code = proc.wait(1.0)
-            except subprocess.TimeoutExpired:
-                code = None
-            raise DStoreError(f"decode worker {w} (pid {proc.pid}) ended unexpectedly"
-                              + (f" with exit status {code}" if code is not None else "")
-                              + "; a signal -9 is often the kernel's out-of-memory killer") from None
+            raise self._died(w) from None
+
+    def _died(self, w: int) -> DStoreError:
+        """The error naming worker `w`, found dead (by a request's broken pipe or an answer's EOF)."""
+        proc = self.procs[w]
+        try:
+            code = proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        return DStoreError(f"decode worker {w} (pid {proc.pid}) ended unexpectedly"
+                           + (f" with exit status {code}" if code is not None else "")
+                           + "; a signal -9 is often the kernel's out-of-memory killer")
 
 
 def _int32():

@@ -129,12 +129,15 @@ def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
         it.close()
 
 
-def test_a_dead_worker_ends_the_epoch_with_an_error(jpegs):
+@pytest.mark.parametrize("reaped", [False, True], ids=["dying", "dead-before-the-next-request"])
+def test_a_dead_worker_ends_the_epoch_with_an_error(jpegs, reaped):
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=0) as st, \
             StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
         it = ld.epoch(0)
         next(it)
         os.kill(ld._workers.pids[1], signal.SIGKILL)
+        if reaped:  # its pipe is closed when the next request is sent (a BrokenPipeError, unnamed, before)
+            ld._workers.procs[1].wait(10)
         with pytest.raises(DStoreError, match=r"decode worker 1 \(pid \d+\) ended unexpectedly"):
             for _ in it:
                 pass
