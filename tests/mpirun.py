@@ -34,9 +34,18 @@ def mpiexec() -> str:
     return found
 
 
+def _decoded(pair):
+    """(stdout, stderr) as str: bytes (from a binary-mode pipe) decoded as UTF-8, newlines kept."""
+    return tuple(x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in pair)
+
+
 def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool = True,
-            env: dict | None = None, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+            env: dict | None = None, cwd: str | os.PathLike | None = None,
+            keep_cr: bool = False) -> subprocess.CompletedProcess:
     """Runs `mpiexec -n nprocs <argv>`; argv[0] may be "python" (this interpreter) or "dstore".
+
+    With `keep_cr` the output is decoded without newline translation (text mode turns every \\r
+    into \\n, so a check for progress frames on text-mode output could not fail).
 
     Raises AssertionError, with the command and all ranks' stdout/stderr, if the job times out
     (a hang) or, when `check`, exits non-zero.
@@ -52,13 +61,13 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool =
     full_env.setdefault("OMP_NUM_THREADS", "1")
     if env:
         full_env.update(env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not keep_cr,
                             env=full_env, cwd=cwd or REPO, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = _decoded(proc.communicate(timeout=timeout))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        out, err = _decoded(proc.communicate())
         raise AssertionError(
             f"HANG: `{' '.join(cmd)}` did not finish within {timeout}s\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
         ) from None

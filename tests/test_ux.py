@@ -31,7 +31,8 @@ def _container(path, n=40, seed=0):
 @pytest.mark.mpi
 def test_default_run_leaves_a_plain_small_log(tmp_path, cache):
     """`mpiexec -n 2 dstore train > log 2>&1`: stdout and stderr both pipes, no flags."""
-    res = run_mpi(2, ["dstore", "train"], timeout=180, cwd=tmp_path, env={"DSTORE_CACHE": str(cache)})
+    res = run_mpi(2, ["dstore", "train"], timeout=180, cwd=tmp_path, env={"DSTORE_CACHE": str(cache)},
+                  keep_cr=True)
     log = res.stdout + res.stderr
     assert "\r" not in log, repr(log[:500])
     assert "test accuracy:" in log, log
