@@ -96,3 +96,25 @@ def test_the_budget_is_shared_by_each_source_store_and_a_too_small_one_refused(d
     assert res.returncode != 0
     # the two sources' stores and --val's: three stores share the one budget
     assert "the trainer's 3 store(s) need" in res.stdout + res.stderr
+
+
+def _flat(path, value, n=8):
+    with create_writer(str(path), "hdf5", encoding="raw", class_names=["x", "y"], raw_dtype="uint8",
+                       raw_shape=(4, 4, 1)) as w:
+        for i in range(n):
+            w.append(np.full((4, 4, 1), value, np.uint8), i % 2, f"f{i}", i)
+    return str(path)
+
+
+def test_a_mix_is_normalised_over_every_source_by_weight(tmp_path):
+    """A dark and a bright source mixed 3:1: the mean is their weighted mean, not the first's."""
+    from mpi4py import MPI
+
+    from dstore.training.data import probe_mix_input
+
+    with open_container(_flat(tmp_path / "dark.h5", 0)) as dark, open_container(_flat(tmp_path / "bright.h5", 255)) as bright:
+        spec = probe_mix_input(MPI.COMM_SELF, [dark, bright], [3.0, 1.0], stats_samples=8)
+        given = probe_mix_input(MPI.COMM_SELF, [dark, bright], [3.0, 1.0], mean=(0.5,), std=(0.2,))
+    assert spec.image_size == (4, 4) and spec.channels == 1
+    assert spec.mean == pytest.approx((0.25,)) and spec.std == pytest.approx(((0.25 * 0.75) ** 0.5,))
+    assert given.mean == (0.5,) and given.std == (0.2,)

@@ -125,10 +125,13 @@ def _first_images(reader, start: int, count: int, channels: int | None) -> list[
             for i in range(start, stop)]
 
 
-def _read_spec(reader, train_range, channels, mean, std, stats_samples) -> InputSpec:
-    info = reader.info
-    count = 1 if mean is not None and std is not None else stats_samples
-    images = _first_images(reader, train_range[0], count, channels)
+def _read_spec(parts, channels, mean, std) -> InputSpec:
+    """The InputSpec from `parts` = [(reader, start, count), ...]: the size from the first part's
+    first image, the stats (unless given) over every part's images."""
+    reader = parts[0][0]
+    if mean is not None and std is not None:  # only the size is needed
+        parts = [(reader, parts[0][1], 1)]
+    images = [img for r, start, count in parts for img in _first_images(r, start, count, channels)]
     h, w, c = images[0].shape
     want_c = channels or (1 if c == 1 else 3)
     if mean is None or std is None:
@@ -138,7 +141,7 @@ def _read_spec(reader, train_range, channels, mean, std, stats_samples) -> Input
     mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
     if len(mean) == 1 and want_c == 3:
         mean, std = mean * 3, std * 3
-    return InputSpec((int(h), int(w)), int(want_c), int(info.num_classes), mean, std)
+    return InputSpec((int(h), int(w)), int(want_c), int(reader.info.num_classes), mean, std)
 
 
 def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | None = None,
@@ -149,7 +152,21 @@ def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | N
     training sample. Unless `mean` and `std` are given, they are measured on the first
     `stats_samples` training samples.
     """
-    spec = on_root(comm, _read_spec, reader, train_range, channels, mean, std, stats_samples)
+    return _checked(on_root(comm, _read_spec, [(reader, train_range[0], stats_samples)], channels, mean, std))
+
+
+def probe_mix_input(comm, readers, weights, *, channels: int | None = None, mean=None, std=None,
+                    stats_samples: int = 256) -> InputSpec:
+    """probe_input for a mix: the image size from the first source (the loader resizes every
+    source's samples to it), the stats (unless given) over the first samples of EVERY source, as
+    many of each as its share of the mix's weight (at least one): a mix is normalised as it is
+    drawn, not as its first source is."""
+    total = float(sum(weights))
+    parts = [(r, 0, max(1, round(stats_samples * w / total))) for r, w in zip(readers, weights)]
+    return _checked(on_root(comm, _read_spec, parts, channels, mean, std))
+
+
+def _checked(spec: InputSpec) -> InputSpec:
     if spec.num_classes < 2:
         raise ConfigError(f"the container has {spec.num_classes} class name(s); training needs >= 2")
     return spec

@@ -42,6 +42,7 @@ from dstore.training.data import (
     ensure_builtin,
     parse_sources,
     probe_input,
+    probe_mix_input,
     split_ranges,
 )
 from dstore.training.dist import init_distributed
@@ -212,14 +213,14 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str |
 def _open_mix(stack, cfg: TrainConfig, comm, mix: list, resume_path: str | None) -> tuple[_Data, dict | None]:
     """_open_data for a mix: every source's container (same class list), the checkpoint to resume
     (refused unless made on this mix: the same containers and weights), --val, and the input
-    measured on the first source."""
+    measured on every source as the mix draws them."""
     readers = [stack.enter_context(open_container(path)) for path, _ in mix]
     container = {"mix": [{**container_identity(r), "weight": w} for r, (_, w) in zip(readers, mix)]}
     ck = load_for_resume(resume_path, container) if resume_path else None
     val_reader = stack.enter_context(open_container(cfg.val))
     check_mix_readers(mix, readers, cfg.val, val_reader)
     first = readers[0]
-    spec = probe_input(comm, first, (0, first.num_samples), channels=cfg.channels, mean=cfg.mean, std=cfg.std)
+    spec = probe_mix_input(comm, readers, [w for _, w in mix], channels=cfg.channels, mean=cfg.mean, std=cfg.std)
     total = sum(r.num_samples for r in readers)
     return _Data(first, val_reader, container, (0, total), None, spec, mix=mix, readers=readers), ck
 
