@@ -79,6 +79,13 @@ def test_the_io_summary_is_one_line_of_min_median_max():
     line = summarize_io(ranks, "store")
     assert "\n" not in line and line.startswith("data I/O over 4 ranks (store, epoch 2)")
     assert "samples 700 / 710 / 738" in line and "remote 700 kB / 710 kB / 738 kB" in line, line
+    # a mix (MixedStore's stats): one group per source, each with its own figures (was an empty line)
+    full = {"samples_remote": 0, "pads": 0, "bytes_local": 0}  # the rest of a store's EpochStats
+    mixes = [{"epoch": 2, "sources": [{**r, **full, "samples": r["samples"] // 2}, {}]} for r in ranks]
+    line = summarize_io(mixes, "store")
+    assert "\n" not in line and "source 0: samples 350 / 355 / 369" in line and "source 1: no epoch yet" in line, line
+    one = summarize_io(mixes[:1], "store")
+    assert one.startswith("data I/O (store): source 0: epoch 2: 350 samples") and "source 1: no epoch yet" in one, one
 
 
 def test_a_heartbeat_writes_plain_lines_while_a_step_runs(monkeypatch):

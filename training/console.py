@@ -49,6 +49,9 @@ def describe_io(stats: dict) -> str:
     reader's totals); unknown shapes fall back to key=value."""
     if "samples_local" in stats:
         return _describe_store(stats)
+    if "sources" in stats:  # a mix (MixedStore): each source's store, its own figures
+        return "; ".join(f"source {k}: {describe_io(st) if st else 'no epoch yet'}"
+                         for k, st in enumerate(stats["sources"]))
     if "samples_read" in stats:
         how = (f"from their own files, {stats['read_threads']} at once" if "read_threads" in stats
                else "one by one from the file")
@@ -99,6 +102,19 @@ def summarize_io(all_stats: list[dict], loader: str) -> str:
     if len(all_stats) == 1:
         return f"data I/O ({loader}): {describe_io(all_stats[0])}"
     first = all_stats[0]
+    if "sources" in first:  # a mix (MixedStore): one group of figures per source
+        body = "; ".join(f"source {k}: {_over_ranks([st['sources'][k] for st in all_stats]) or 'no epoch yet'}"
+                         for k in range(len(first["sources"])))
+    else:
+        body = _over_ranks(all_stats)
+    where = f", epoch {first['epoch']}" if "epoch" in first else ""
+    return (f"data I/O over {len(all_stats)} ranks ({loader}{where}), min / median / max per rank: {body} "
+            f"(each rank's figures: metrics.jsonl, io_stats)")
+
+
+def _over_ranks(all_stats: list[dict]) -> str:
+    """"label min / median / max, ..." over the ranks' figures of one store (or reader)."""
+    first = all_stats[0]
     figures = (_STORE_FIGURES if "samples_local" in first else _READ_FIGURES if "samples_read" in first else ())
     parts = []
     for label, get, show in figures:
@@ -110,6 +126,4 @@ def summarize_io(all_stats: list[dict], loader: str) -> str:
             continue  # nothing read from storage / no population in this epoch: not worth a column
         median = values[(len(values) - 1) // 2]  # the lower median: one rank's own figure
         parts.append(f"{label} {show(values[0])} / {show(median)} / {show(values[-1])}")
-    where = f", epoch {first['epoch']}" if "epoch" in first else ""
-    return (f"data I/O over {len(all_stats)} ranks ({loader}{where}), min / median / max per rank: "
-            + ", ".join(parts) + " (each rank's figures: metrics.jsonl, io_stats)")
+    return ", ".join(parts)
