@@ -8,6 +8,14 @@ resident fraction (the tiered store's arithmetic: what fits the budget after buf
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
 
+The resident fraction is the store's own arithmetic (dstore.populate.check_budget): the store's
+budget holds its resident data and its buffers (receive buffers beside other ranks; when tiered,
+`storage_lookahead + 1` steps of storage reads and each storage thread's reader index). Under
+`dstore train` (`Cluster.trainer`) a rank's budget is shared with its loaders' decoded batches and
+decode workers (dstore.training.budget: the store gets the budget less that reserve). The default
+budget is the store's: 70% of what the node has available once its ranks have started and opened
+the node's index, shared by its ranks. The interpreter and the metadata live beside the budget.
+
 The population model, fitted to the preloads measured on this machine (docs/benchmarks.md,
 "The store's population with reads in flight"; validated in docs/benchmarks.md, "Scale"):
 ``max(bytes / bandwidth, requests / iops) + requests_per_rank * latency / threads``: the job's
@@ -37,6 +45,13 @@ WORKER_BYTES = 150 << 20
 """One decode worker process (interpreter, decoder, its batch buffers)."""
 BUDGET_FRACTION = 0.7
 """What the store takes of a node's memory by default (dstore.memory.default_budget)."""
+GAP_BYTES = 256 << 10
+"""dstore.populate.GAP_BYTES: the most bytes of non-resident samples a tiered preload's read crosses."""
+PRELOAD_SCRATCH = 8 << 20
+"""dstore.populate.PRELOAD_SCRATCH: the most bytes of one read of a tiered preload."""
+READER_INDEX_BYTES = 28
+"""Per sample, in each storage thread's reader where its backend loads the index (dstore.populate:
+sharded containers; HDF5 and Zarr readers read byte ranges without it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +75,11 @@ class Cluster:
     consume (samples/s per rank the training step takes), batch_size (global), threads (population
     reads in flight per rank), prefetch, workers (decode processes per rank; None: as needed),
     decode_seconds (CPU seconds to decode and augment one sample), local_bandwidth (bytes/s per node
-    of the disk under the storage: the population's floor where the storage is the nodes' own)."""
+    of the disk under the storage: the population's floor where the storage is the nodes' own),
+    memory_budget (bytes per rank, the store's `memory_budget`; None: the store's default),
+    storage_lookahead and storage_threads (the tiered store's, as the store's settings),
+    reader_index_bytes (per sample, in each storage thread's reader: 0 for HDF5 and Zarr), trainer
+    (the budget is `dstore train`'s, its loaders' reserve taken first; False: a DataStore's alone)."""
 
     nodes: int
     ranks_per_node: int
@@ -73,6 +92,11 @@ class Cluster:
     workers: int | None = None
     decode_seconds: float = 0.004
     local_bandwidth: float = math.inf
+    memory_budget: float | None = None
+    storage_lookahead: int = 4
+    storage_threads: int = 4
+    reader_index_bytes: float = 0.0
+    trainer: bool = True
 
     @property
     def ranks(self) -> int:
@@ -94,13 +118,40 @@ def _check(cluster: Cluster, samples: int, mean_bytes: float) -> None:
 
 
 def population_seconds(total_bytes: float, ranks: int, storage: Storage, threads: int,
-                       local_bandwidth: float = math.inf, nodes: int = 1) -> float:
-    """The preload's time (see the module docstring): every rank reads total/ranks bytes."""
-    requests = math.ceil(total_bytes / REQUEST_BYTES)
-    per_rank = math.ceil(total_bytes / ranks / REQUEST_BYTES)
+                       local_bandwidth: float = math.inf, nodes: int = 1, reads: float = 0.0) -> float:
+    """The preload's time (see the module docstring): every rank reads total/ranks bytes, in 1 MiB
+    requests; `reads` separate reads (a tiered preload's) add half a request each on average (the
+    last, partial one of each)."""
+    requests = math.ceil(total_bytes / REQUEST_BYTES + reads / 2)
+    per_rank = math.ceil(requests / ranks)
     bw = min(storage.bandwidth, local_bandwidth * nodes)
     shared = max(total_bytes / bw if bw < math.inf else 0.0, requests / storage.iops if storage.iops < math.inf else 0.0)
     return shared + per_rank * storage.latency / max(1, threads)
+
+
+def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, piece: float,
+                   gap: float = GAP_BYTES) -> tuple[float, float]:
+    """(bytes read, reads) of a tiered preload (dstore.tiers.preload_reads) of `resident_bytes`.
+
+    The resident samples are a random subset (dstore.tiers.resident_mask): after each comes a run of
+    k non-resident ones with probability (1 - f)^k f. A read goes on across such a run where its
+    bytes are at most `gap` (k <= m = gap // mean), reading and dropping them, and ends after a
+    longer one; and it ends at `piece` bytes. So each resident sample costs its bytes plus the
+    expected crossed ones, sum_{k<=m} k (1-f)^k f of them, and ends a run of reads with probability
+    (1 - f)^(m + 1); a run longer than `piece` is several reads."""
+    if fraction >= 1.0 or resident_bytes <= 0 or fraction <= 0:
+        return resident_bytes, resident_bytes / piece
+    f, q, m = fraction, 1.0 - fraction, int(gap // mean_bytes)
+    crossed = q * (1.0 - (m + 1) * q ** m + m * q ** (m + 1)) / f  # the sum's closed form
+    nbytes = resident_bytes * (1.0 + crossed)
+    end = q ** (m + 1)  # a resident sample ends its run of reads
+    if end < 1e-12:
+        return nbytes, nbytes / piece
+    # a run of L resident samples (L geometric: P(L > t) = (1 - end)^t) of `each` bytes apiece is
+    # ceil(L x each / piece) reads: E = sum_j P(L x each > j x piece) ~ 1 / (1 - (1 - end)^(piece/each))
+    each = mean_bytes * (1.0 + crossed)
+    runs = resident_bytes / mean_bytes * end
+    return nbytes, runs / (1.0 - (1.0 - end) ** (piece / each))
 
 
 def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage, *,
@@ -131,35 +182,50 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     p, rpn = c.ranks, c.ranks_per_node
     per_step = -(-c.batch_size // p)  # samples per rank per step
     step_bytes = per_step * mean_bytes
-    recv = (c.prefetch + 1) * (largest_step_bytes if largest_step_bytes else 2 * step_bytes)
+    step_max = largest_step_bytes if largest_step_bytes else 2 * step_bytes
+    # The store's budget counts receive buffers wherever a rank gets samples from others
+    # (dstore.populate.receive_buffers); it allocates them only for samples in other nodes' windows
+    # (dstore.epoch: a node's windows are read in place): none on one node, at most the bound on more.
+    recv_counted = 0.0 if (replicate or p == 1) else (c.prefetch + 1) * step_max
+    recv = recv_counted if c.nodes > 1 else 0.0
     step_seconds = per_step / c.consume
     workers = c.workers if c.workers is not None else max(1, math.ceil(1.25 * c.consume * c.decode_seconds))
-    decode = workers * WORKER_BYTES + (c.prefetch + 1) * per_step * DECODED_SAMPLE_BYTES
+    decode = workers * WORKER_BYTES + (c.prefetch + 1) * per_step * DECODED_SAMPLE_BYTES if c.trainer else 0.0
     metadata = INDEX_BYTES * n / rpn + SCHEDULE_BYTES * n / p  # the node's index shared by its ranks
-    budget = BUDGET_FRACTION * c.memory_per_node / rpn
-    free = budget - metadata - recv - decode - RANK_BASE_BYTES
+    budget = default_budget(c, n)
+    store_budget = budget - decode  # dstore.training.budget.share_budget: the loaders' reserve first
     share = total / rpn if replicate else total / p
-    resident = 1.0 if share <= 0 else max(0.0, min(1.0, free / share))
+    tier_scratch = (c.storage_lookahead + 1) * step_max  # the storage buffers (the preload's scratch)
+    tier = tier_scratch + c.storage_threads * c.reader_index_bytes * n
+    resident = resident_fraction(share, store_budget, recv_counted, tier, rpn if replicate else 1)
+    held = recv + (tier if resident < 1.0 else 0.0) + share * resident  # what the rank holds of its budget
     storage_step = step_bytes * (1.0 - resident)  # non-resident samples, read by the rank that needs them
     reads_step = per_step * (1.0 - resident)
     storage_time = (storage_step * p / storage.bandwidth if storage.bandwidth < math.inf else 0.0)
     storage_time = max(storage_time, reads_step * p / storage.iops if storage.iops < math.inf else 0.0)
     remote = 0.0 if replicate else step_bytes * resident * (1.0 - 1.0 / c.nodes)
     remote_time = remote * rpn / c.network  # the node's ranks share its link
-    pop_bytes = total * resident * (c.nodes if replicate else 1)
-    pop = population_seconds(pop_bytes, p, storage, c.threads, c.local_bandwidth, c.nodes)
-    decode_time = per_step * c.decode_seconds / workers
+    pop_bytes, reads = total * resident * (c.nodes if replicate else 1), 0.0
+    if resident < 1.0:  # the storage threads' reads, at most a scratch buffer each (dstore.populate._fill)
+        threads = min(c.threads, c.storage_threads)
+        piece = min(PRELOAD_SCRATCH, tier_scratch / threads)
+        pop_bytes, reads = tiered_preload(pop_bytes, mean_bytes, resident, piece)
+    pop = population_seconds(pop_bytes, p, storage, c.threads, c.local_bandwidth, c.nodes, reads)
+    decode_time = per_step * c.decode_seconds / max(1, workers)  # 0 workers: the rank decodes
     # The gets and storage reads of the next `lookahead` steps overlap this one: input is off the
     # critical path while each stream keeps up with the step on its own.
     lookahead = max(1, math.ceil((storage.latency + storage_time) / step_seconds) + 1) if resident < 1 else 4
+    node_bytes = rpn * (RANK_BASE_BYTES + decode + held) + INDEX_BYTES * n + SCHEDULE_BYTES * n * rpn / p
     off_critical = max(remote_time, storage_time, decode_time) <= step_seconds
     return {
         "samples": n, "mean_bytes": float(mean_bytes), "total_bytes": total,
         "nodes": c.nodes, "ranks_per_node": rpn, "ranks": p, "batch_size": c.batch_size,
         "per_rank": {"data_share_bytes": share, "metadata_bytes": metadata, "receive_buffer_bytes": recv,
-                     "decode_bytes": decode, "budget_bytes": budget,
-                     "total_bytes": RANK_BASE_BYTES + metadata + recv + decode + share * resident},
-        "per_node": {"index_bytes": INDEX_BYTES * n, "metadata_bytes": INDEX_BYTES * n + SCHEDULE_BYTES * n * rpn / p},
+                     "storage_buffer_bytes": tier if resident < 1.0 else 0.0, "decode_bytes": decode,
+                     "budget_bytes": budget, "store_bytes": held,
+                     "total_bytes": RANK_BASE_BYTES + metadata + decode + held},
+        "per_node": {"index_bytes": INDEX_BYTES * n, "metadata_bytes": INDEX_BYTES * n + SCHEDULE_BYTES * n * rpn / p,
+                     "memory_bytes": node_bytes, "fits": node_bytes <= c.memory_per_node},
         "resident_fraction": resident, "replicate": replicate,
         "population_seconds": pop, "population_bytes": pop_bytes,
         "step": {"samples_per_rank": per_step, "seconds_at_consume": step_seconds,
@@ -168,21 +234,43 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
         "input_off_critical_path": off_critical,
         "recommend": {"replicate": replicate, "tiered": resident < 1.0, "storage_lookahead": lookahead,
                       "decode_workers": workers,
-                      "nodes_for_resident": _nodes_needed(total, n, c, recv, decode)},
+                      "nodes_for_resident": _nodes_needed(total, n, c, step_max, store_budget)},
     }
 
 
-def _nodes_needed(total: float, n: int, c: Cluster, recv: float, decode: float) -> int | None:
-    """The fewest nodes (this shape) that hold every sample resident, or None if none up to 1M."""
-    budget = BUDGET_FRACTION * c.memory_per_node / c.ranks_per_node
+def default_budget(c: Cluster, n: int) -> float:
+    """A rank's memory budget: `c.memory_budget`, else the store's default (dstore.memory.default_budget):
+    BUDGET_FRACTION of what the node has available when the store opens (its memory less the ranks'
+    interpreters and the node's index) over its ranks."""
+    if c.memory_budget is not None:
+        return float(c.memory_budget)
+    avail = c.memory_per_node - c.ranks_per_node * RANK_BASE_BYTES - INDEX_BYTES * n
+    return BUDGET_FRACTION * max(0.0, avail) / c.ranks_per_node
+
+
+def resident_fraction(share: float, budget: float, recv: float, tier: float, pooled: int = 1) -> float:
+    """The fraction of a rank's `share` the store keeps resident (dstore.populate.check_budget and
+    choose_resident): all of it where it fits beside the receive buffers, else what the budget
+    keeps beside the receive and the tier's buffers (`tier`). `pooled`: ranks whose budgets hold
+    one copy together (replicated: the node's ranks; no tier, all or nothing in the store)."""
+    if share <= 0 or share + recv <= budget * pooled:
+        return 1.0
+    if pooled > 1:
+        return max(0.0, min(1.0, (budget * pooled - recv) / share))
+    return max(0.0, min(1.0, (budget - recv - tier) / share))
+
+
+def _nodes_needed(total: float, n: int, c: Cluster, step_max: float, budget: float) -> int | None:
+    """The fewest nodes (this shape) whose ranks hold every sample resident in their stores' `budget`,
+    or None if none up to 1M (a rank's buffers alone exceed it: no node count helps)."""
     nodes = 1
     while nodes <= 1 << 20:
         p = nodes * c.ranks_per_node
-        free = budget - INDEX_BYTES * n / c.ranks_per_node - SCHEDULE_BYTES * n / p - recv - decode - RANK_BASE_BYTES
-        if free > 0 and total / p <= free:
+        recv = 0.0 if p == 1 else (c.prefetch + 1) * step_max
+        if recv >= budget:
+            return None
+        if total / p + recv <= budget:
             return nodes
-        if free <= 0 and INDEX_BYTES * n / c.ranks_per_node + RANK_BASE_BYTES + recv + decode > budget:
-            return None  # what a rank holds besides its data exceeds its budget: no node count helps
         nodes *= 2
     return None
 
@@ -203,9 +291,12 @@ def format_forecast(f: dict) -> str:
         f"data: {f['samples']:,} samples, {b(f['total_bytes'])} (mean {b(f['mean_bytes'])}); "
         f"{f['nodes']} nodes x {f['ranks_per_node']} ranks, global batch {f['batch_size']}",
         f"per rank: data share {b(r['data_share_bytes'])}, metadata {b(r['metadata_bytes'])}, receive buffers "
-        f"{b(r['receive_buffer_bytes'])}, decode {b(r['decode_bytes'])}; budget {b(r['budget_bytes'])}, "
+        f"{b(r['receive_buffer_bytes'])}, storage buffers {b(r['storage_buffer_bytes'])}, decode "
+        f"{b(r['decode_bytes'])}; budget {b(r['budget_bytes'])} (the store holds {b(r['store_bytes'])}), "
         f"holds {b(r['total_bytes'])}",
-        f"per node: index {b(f['per_node']['index_bytes'])}, metadata {b(f['per_node']['metadata_bytes'])}",
+        f"per node: index {b(f['per_node']['index_bytes'])}, metadata {b(f['per_node']['metadata_bytes'])}, memory "
+        f"{b(f['per_node']['memory_bytes'])}" + ("" if f["per_node"]["fits"] else " (MORE than the node has: "
+                                                 "lower memory_budget or decode workers)"),
         f"resident fraction: {100 * f['resident_fraction']:.1f}%" + (" (one copy per node)" if f["replicate"] else ""),
         f"population: {f['population_seconds']:.1f} s for {b(f['population_bytes'])}",
         f"per step and rank: {s['samples_per_rank']} samples in {1e3 * s['seconds_at_consume']:.1f} ms; remote "

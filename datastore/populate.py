@@ -349,9 +349,9 @@ def population_readers(store) -> int:
 
 def stream_buffers(store) -> int:
     """Bytes a streaming preload (dstore.stream) holds during the epoch it serves besides the receive
-    buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays."""
-    index = READER_INDEX_BYTES * int(store.container.num_samples)
-    return (store.prefetch + 1) * recv_bound(store) + store.storage_threads * index
+    buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays
+    (none for HDF5 and Zarr: the stream's StorageReader reads byte ranges)."""
+    return (store.prefetch + 1) * recv_bound(store) + store.storage_threads * reader_index(store)
 
 
 def tier_buffers(store, bufs: int) -> int:

@@ -1,15 +1,19 @@
 """`dstore plan`'s arithmetic (dstore.capacity) and its command line."""
 
+import dataclasses
 import json
 import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from formats_helpers import random_samples, write_samples
+from formats_helpers import random_samples, raw_container, write_samples
+from mpirun import run_mpi
 
-from dstore import capacity
+from dstore import capacity, populate, tiers
 from dstore.errors import ConfigError
+from dstore.tools.measure import plan_check
 
 PFS8 = capacity.Storage(latency=8e-3, iops=2000, bandwidth=1e9)
 
@@ -70,8 +74,70 @@ def test_the_command_prints_json_forecasts():
 
 def test_the_command_reads_a_containers_sizes(tmp_path):
     path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(50, seed=1))
-    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", path, "--nodes", "1", "--ranks-per-node",
+    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", path, "--nodes", "2", "--ranks-per-node",
                           "2", "--memory-per-node", "1G", "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     f = json.loads(out.stdout)
-    assert f["samples"] == 50 and f["ranks"] == 2 and 0 < f["per_rank"]["receive_buffer_bytes"]
+    assert f["samples"] == 50 and f["ranks"] == 4 and 0 < f["per_rank"]["receive_buffer_bytes"]
+
+
+def test_the_model_of_a_tiered_preload_is_its_reads():
+    # A random residency's reads as dstore.tiers.preload_reads plans them: bytes (resident ones and
+    # the gaps crossed) and the number of reads, which the population's requests count.
+    n, size, piece = 20_000, 110_000, 4_500_000
+    offsets = np.arange(n + 1, dtype=np.int64) * size
+    for f in (0.3, 0.62, 0.9):
+        res = tiers.resident_mask(np.full(n, size), np.zeros(n, np.int64), np.array([int(f * n * size)]), 1)
+        ids = np.nonzero(res)[0]
+        groups = tiers.preload_reads(ids, offsets, piece, capacity.GAP_BYTES)
+        nbytes = sum(int(offsets[ids[m - 1] + 1] - offsets[ids[k]]) for k, m in groups)
+        pb, reads = capacity.tiered_preload(ids.size * size, size, res.mean(), piece)
+        assert pb == pytest.approx(nbytes, rel=0.02) and reads == pytest.approx(len(groups), rel=0.05)
+    assert (capacity.GAP_BYTES, capacity.PRELOAD_SCRATCH, capacity.READER_INDEX_BYTES) == (
+        populate.GAP_BYTES, populate.PRELOAD_SCRATCH, populate.READER_INDEX_BYTES)
+
+
+def test_the_budget_holds_the_stores_buffers_not_the_interpreter():
+    # A 10 MB share per rank and a 9 MB budget: the store keeps 9 MB less its buffers resident;
+    # the interpreter and the metadata are not in the store's budget, the loaders' reserve is in
+    # the trainer's.
+    cl = capacity.Cluster(nodes=2, ranks_per_node=1, memory_per_node=1e9, memory_budget=9e6, batch_size=2,
+                          trainer=False)
+    f = capacity.forecast(200, 1e5, cl, PFS8, largest_step_bytes=2e5, replicate=False)
+    bufs = 3 * 2e5 + 5 * 2e5  # prefetch + 1 receive buffers, storage_lookahead + 1 storage buffers
+    assert f["resident_fraction"] == pytest.approx((9e6 - bufs) / 1e7)
+    assert f["per_rank"]["store_bytes"] == pytest.approx(9e6)
+    trained = capacity.forecast(200, 1e5, dataclasses.replace(cl, trainer=True, workers=0), PFS8,
+                                largest_step_bytes=2e5, replicate=False)
+    reserve = trained["per_rank"]["decode_bytes"]
+    assert reserve > 0 and trained["resident_fraction"] == pytest.approx((9e6 - reserve - bufs) / 1e7)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_forecast_resident_fraction_is_the_tiered_stores(tmp_path, ranks):
+    # The measurement program's run of a real tiered store (a budget of 70% of a rank's share) beside
+    # `dstore plan`'s forecast for the same inputs: the same resident fraction, to one sample.
+    path = raw_container(tmp_path / "c.h5", n=400, shape=(32, 32, 3))
+    out = run_mpi(ranks, ["python", "-m", "dstore.tools.measure.plan_check", "--worker", path, "--batch", "8",
+                          "--tiered", "0.7"], timeout=120)
+    row = json.loads(out.stdout.strip().splitlines()[-1])[0]
+    f = plan_check.predict(path, ranks, 8, row["budget_bytes"], "local", math.inf)
+    assert 0.2 < row["resident_fraction"] < 0.8
+    assert f["resident_fraction"] == pytest.approx(row["resident_fraction"], abs=ranks * 32 * 32 * 3 / 1.2288e6)
+
+
+def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_path):
+    # The stream's StorageReader opens HDF5 without the index (byte ranges): 28 B x N per thread
+    # counted in the budget would be memory no reader holds (fewer samples resident for nothing).
+    from mpi4py import MPI
+
+    from dstore.store import DataStore
+
+    path = raw_container(tmp_path / "c.h5", n=400, shape=(8, 8, 3))
+    store = DataStore(MPI.COMM_SELF, path, batch_size=8, population="stream")
+    try:
+        assert populate.reader_index(store) == 0
+        assert populate.stream_buffers(store) == (store.prefetch + 1) * populate.recv_bound(store)
+    finally:
+        store.close()

@@ -17,6 +17,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1], help="nodes (several: one forecast each)")
     parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
     parser.add_argument("--memory-per-node", default="256G", help="memory per node, e.g. 256G")
+    parser.add_argument("--memory-budget", help="each rank's store budget, as the store's memory_budget / "
+                        "$DSTORE_MEMORY_BUDGET (default: the store's, 70%% of the node's memory left once its ranks "
+                        "started, over its ranks)")
+    parser.add_argument("--storage-lookahead", type=int, default=4, help="the tiered store's storage_lookahead")
     parser.add_argument("--network", type=float, default=12.5, help="network GB/s per node")
     parser.add_argument("--storage", default="local", metavar="local|pfs:KEY=VALUE,...",
                         help="the job's share of the storage, as `dstore pfs` spells it, e.g. "
@@ -63,7 +67,7 @@ def run(args) -> int:
     from dstore.memory import parse_bytes
     from dstore.tools.pfs.model import parse_bandwidth, parse_spec
 
-    largest = None
+    largest, reader_index = None, 0
     if args.container:
         from dstore import plan
         from dstore.formats import open_container
@@ -71,6 +75,7 @@ def run(args) -> int:
         with open_container(args.container) as c:
             n, mean = c.num_samples, c.total_bytes / max(1, c.num_samples)
             offsets = np.asarray(c.offsets)
+            reader_index = 0 if getattr(c, "index_on_demand", False) else capacity.READER_INDEX_BYTES
     elif args.samples is None or args.mean_bytes is None:
         raise ConfigError("give a container, or both --samples and --mean-bytes")
     else:
@@ -89,7 +94,9 @@ def run(args) -> int:
                               network=args.network * 1e9, consume=args.consume,
                               batch_size=args.batch_size or 64 * nodes * args.ranks_per_node,
                               threads=args.threads, workers=args.workers, decode_seconds=decode_s,
-                              local_bandwidth=local_bw)
+                              local_bandwidth=local_bw, storage_lookahead=args.storage_lookahead,
+                              memory_budget=(parse_bytes(args.memory_budget, "--memory-budget")
+                                             if args.memory_budget else None), reader_index_bytes=reader_index)
         if args.container:
             per_step = min(-(-cl.batch_size // cl.ranks) + 1, n)
             largest = plan.largest_sum(offsets, per_step)

@@ -56,13 +56,18 @@ def worker(path: str, threads: int, tiered: float) -> None:
                           "open_seconds": max(r[2] for r in rows), "resident_fraction": frac}), flush=True)
 
 
-def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools.measure.population", "--worker", path,
-           "--threads", str(threads), "--tiered", str(tiered)]
+def run_job(ranks: int, module: str, *args: str):
+    """`mpiexec -n ranks python -m module *args`: the JSON of its last line of output."""
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", module, *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(map(shlex.quote, cmd))} failed:\n{res.stdout}\n{res.stderr}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
+    out = run_job(ranks, "dstore.tools.measure.population", "--worker", path, "--threads", str(threads),
+                  "--tiered", str(tiered))
     out.update(ranks=ranks, threads=threads, tiered=tiered)
     return out
 

@@ -1,0 +1,222 @@
+"""`dstore plan` against the real store (issue 20): for each storage rung, rank count and memory
+budget, the forecast (dstore.capacity, the inputs the store gets) beside a measured run: the
+resident fraction, the memory per rank and the population time, with the error of each.
+
+    python -m dstore.tools.measure.plan_check /tmp/plan/set-2048.h5 --make 2048 --ranks 1 2 \\
+        --rungs local pfs:latency=2ms,iops=300 pfs:latency=2ms,iops=2000 --repeat 3 \\
+        --json /tmp/plan/check.json --md /tmp/plan/check.md
+
+`--make N` first writes N samples of `--bytes` (110 KB) where the container is missing. Each run is
+its own `mpiexec -n R` job (this module with --worker), the container evicted from the page cache
+first (on local disk: a cold read; through `dstore pfs`: its source cold too). A run opens a
+DataStore (global order, `--batch` samples per rank per step, population_threads 4) with
+`memory_budget` either unlimited ("resident") or `--tiered F` of the rank's share of the bytes (the
+store then keeps what fits beside its buffers), populates it and iterates epoch 0. Measured per
+rank: the store's resident fraction; its window; the memory it added, as the proportional set size
+(Pss: pages shared by the node's ranks counted once over them) above what the rank held before the
+open, at the peak of four points (after the population, at the first, middle and last batch); the
+slowest rank's population seconds and bytes read. The disk's bandwidth is the model's one fitted
+figure: the median of the local one-rank resident runs (so that cell is 0% by construction). The
+ranks' interpreter (`capacity.RANK_BASE_BYTES`) and decode workers are not part of this program's
+runs (no decoding): the memory compared is the metadata and what the store's budget holds.
+Figures taken on a shared machine: record `uptime` with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from dstore import pagecache
+from dstore.tools.measure.population import run_job
+from dstore.tools.measure.scale import status
+from dstore.tools.pfs.model import parse_spec
+from dstore.tools.pfs.mount import pfs_mount
+
+UNLIMITED = 1 << 40
+"""The budget of a fully resident run: more than any share here."""
+
+
+def pss() -> int:
+    """This process's proportional set size (bytes; after a malloc_trim, as scale.status)."""
+    status()  # trims
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("Pss:"))
+
+
+def worker(path: str, batch: int, tiered: float) -> None:
+    # Here, not at the top: importing them initialises MPI, and the driver that starts mpiexec must not.
+    import h5py  # noqa: F401 - imported before the baseline: the interpreter's, not the store's
+    from mpi4py import MPI
+
+    from dstore.store import DataStore
+
+    comm = MPI.COMM_WORLD
+    kw = dict(batch_size=batch * comm.size, seed=1, population_threads=4)
+    budget = UNLIMITED
+    if tiered:
+        probe = DataStore(comm, path, **kw)  # not populated: its sizes only
+        budget = int(tiered * int(probe.offsets[-1]) / comm.size)
+        probe.close()
+    comm.Barrier()
+    base = pss()
+    store = DataStore(comm, path, memory_budget=budget, **kw)
+    store.populate()
+    peak = pss() - base
+    with store:
+        steps = store.steps_per_epoch
+        for k, _ in enumerate(store.epoch(0)):
+            if k in (0, steps // 2, steps - 1):
+                peak = max(peak, pss() - base)
+        row = {"rank": comm.rank, "memory_bytes": peak, "window_bytes": int(store.layout.nbytes[comm.rank]),
+               "population_seconds": store._pop["population_seconds"], "population_bytes": store._pop["population_bytes"],
+               "resident_fraction": store.tier["resident_fraction"], "budget_bytes": budget}
+    rows = comm.gather(row, root=0)
+    if comm.rank == 0:
+        print(json.dumps(rows), flush=True)
+
+
+def run_once(path: str, ranks: int, batch: int, tiered: float) -> dict:
+    """One mpiexec job: the ranks' rows folded into the run's figures."""
+    rows = run_job(ranks, "dstore.tools.measure.plan_check", "--worker", path, "--batch", str(batch),
+                   "--tiered", str(tiered))
+    return {"ranks": ranks, "tiered": tiered, "budget_bytes": rows[0]["budget_bytes"],
+            "resident_fraction": rows[0]["resident_fraction"],
+            "population_seconds": max(r["population_seconds"] for r in rows),
+            "population_bytes": sum(r["population_bytes"] for r in rows),
+            "memory_bytes": sum(r["memory_bytes"] for r in rows) / ranks,  # mean per rank: Pss sums to the node's
+            "memory_max_bytes": max(r["memory_bytes"] for r in rows),
+            "window_bytes": sum(r["window_bytes"] for r in rows) / ranks}
+
+
+def predict(path: str, ranks: int, batch: int, budget: int, spec: str, disk: float) -> dict:
+    """`dstore plan`'s forecast for the run's inputs (one node of `ranks` ranks, the store's defaults)."""
+    import numpy as np
+
+    from dstore import capacity, plan
+    from dstore.formats import open_container
+
+    with open_container(path) as c:
+        n, total, offsets = c.num_samples, c.total_bytes, np.asarray(c.offsets)
+        reader_index = 0 if getattr(c, "index_on_demand", False) else capacity.READER_INDEX_BYTES
+    model = parse_spec(spec)
+    storage = capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth)
+    cl = capacity.Cluster(nodes=1, ranks_per_node=ranks, memory_per_node=float(UNLIMITED), batch_size=batch * ranks,
+                          threads=4, memory_budget=budget, local_bandwidth=disk, reader_index_bytes=reader_index,
+                          trainer=False)  # a DataStore alone: no loaders share its budget
+    largest = plan.largest_sum(offsets, min(batch + 1, n))
+    return capacity.forecast(n, total / n, cl, storage, largest_step_bytes=largest, replicate=False)
+
+
+def _err(pred: float, meas: float) -> float:
+    return 100.0 * (pred - meas) / meas if meas else float("nan")
+
+
+def compare(path: str, runs: list, batch: int) -> list:
+    """One row per (rung, ranks, tiered): medians of the runs beside the forecast."""
+    local = [r["population_bytes"] / r["population_seconds"] for r in runs
+             if (r["spec"], r["ranks"], r["tiered"]) == ("local", 1, 0.0)]
+    disk = statistics.median(local) if local else float("inf")
+    out = []
+    keys = sorted({(r["spec"], r["ranks"], r["tiered"]) for r in runs}, key=lambda k: (k[0] != "local", k))
+    for spec, ranks, tiered in keys:
+        rs = [r for r in runs if (r["spec"], r["ranks"], r["tiered"]) == (spec, ranks, tiered)]
+        med = {k: statistics.median(r[k] for r in rs) for k in ("resident_fraction", "population_seconds",
+                                                                 "population_bytes", "memory_bytes", "window_bytes")}
+        f = predict(path, ranks, batch, rs[0]["budget_bytes"], spec, disk)
+        pr = f["per_rank"]
+        mem = pr["metadata_bytes"] + pr["store_bytes"]
+        out.append({"spec": spec, "ranks": ranks, "tiered": tiered, "runs": len(rs), "disk_Bps": disk,
+                    "measured": med, "population_runs": [r["population_seconds"] for r in rs],
+                    "predicted": {"resident_fraction": f["resident_fraction"], "memory_bytes": mem,
+                                  "window_bytes": pr["data_share_bytes"] * f["resident_fraction"],
+                                  "population_seconds": f["population_seconds"],
+                                  "population_bytes": f["population_bytes"]},
+                    "error_pct": {"resident_fraction": _err(f["resident_fraction"], med["resident_fraction"]),
+                                  "memory": _err(mem, med["memory_bytes"]),
+                                  "population": _err(f["population_seconds"], med["population_seconds"])}})
+    return out
+
+
+def markdown(rows: list) -> str:
+    """The comparison as a markdown table."""
+    lines = ["| storage | ranks | budget | resident: predicted / measured | memory per rank: predicted / measured "
+             "(window) | population: predicted / measured (runs) | errors: resident, memory, population |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        p, m, e = r["predicted"], r["measured"], r["error_pct"]
+        kind = f"{r['tiered']:.0%} of share" if r["tiered"] else "unlimited"
+        runs = ", ".join(f"{x:.2f}" for x in r["population_runs"])
+        fit = " (fitted)" if (r["spec"], r["ranks"], r["tiered"]) == ("local", 1, 0.0) else ""
+        lines.append(f"| {r['spec']} | {r['ranks']} | {kind} | {100 * p['resident_fraction']:.1f}% / "
+                     f"{100 * m['resident_fraction']:.1f}% | {p['memory_bytes'] / 1e6:.1f} / {m['memory_bytes'] / 1e6:.1f} "
+                     f"MB ({m['window_bytes'] / 1e6:.1f}) | {p['population_seconds']:.2f} / "
+                     f"{m['population_seconds']:.2f} s ({runs}) | {e['resident_fraction']:+.0f}%, {e['memory']:+.0f}%, "
+                     f"{e['population']:+.0f}%{fit} |")
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("container")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--make", type=int, default=0, help="write this many samples first where the container is missing")
+    p.add_argument("--bytes", type=int, default=110_000, help="bytes per sample of --make")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--tiered", type=float, default=0.7, help="the tiered runs' budget, a fraction of a rank's share")
+    p.add_argument("--rungs", nargs="+", default=["local", "pfs:latency=2ms,iops=300", "pfs:latency=2ms,iops=2000"])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", help="write every run and the comparison here")
+    p.add_argument("--md", help="write the markdown table here")
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args.container, args.batch, args.tiered)
+        return 0
+    src = os.path.realpath(args.container)
+    if args.make and not os.path.exists(src):
+        from dstore.tools.measure.scale import make
+
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        make(src, args.make, args.bytes)
+    runs, loads = [], [_load()]
+    for rep in range(args.repeat):
+        for spec in args.rungs:
+            for ranks in args.ranks:
+                for tiered in (0.0, args.tiered):
+                    pagecache.evict(src)
+                    t0 = time.perf_counter()
+                    if spec == "local":
+                        row = run_once(src, ranks, args.batch, tiered)
+                    else:
+                        with pfs_mount(os.path.dirname(src), model=parse_spec(spec)) as mnt:
+                            row = run_once(mnt.path(os.path.basename(src)), ranks, args.batch, tiered)
+                    row.update(spec=spec, repeat=rep, wall=time.perf_counter() - t0, load=_load())
+                    runs.append(row)
+                    print(f"{spec:>26} ranks {ranks} tiered {tiered:.2f}: resident {row['resident_fraction']:.3f}, "
+                          f"memory {row['memory_bytes'] / 1e6:.1f} MB, population {row['population_seconds']:.2f} s "
+                          f"({row['population_bytes'] / 1e6:.0f} MB); load {row['load']}", flush=True)
+    loads.append(_load())
+    rows = compare(src, runs, args.batch)
+    table = markdown(rows)
+    print(f"\nload average at start / end: {loads[0]} / {loads[1]}\n\n{table}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"loads": loads, "runs": runs, "comparison": rows}, fh, indent=1)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(f"load average at start / end: {loads[0]} / {loads[1]}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
