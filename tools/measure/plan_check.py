@@ -16,7 +16,11 @@ rank: the store's resident fraction; its window; the memory it added, as the pro
 (Pss: pages shared by the node's ranks counted once over them) above what the rank held before the
 open, at the peak of four points (after the population, at the first, middle and last batch); the
 slowest rank's population seconds and bytes read. The disk's bandwidth is the model's one fitted
-figure: the median of the local one-rank resident runs (so that cell is 0% by construction). The
+figure: the median of the local one-rank resident runs (so that cell is 0% by construction);
+`--cached-source` instead runs the `dstore pfs` rungs over a source in the page cache, and their
+floor is the mount's own rate (FUSE and its Python server on this machine's cores): the median of
+the one-rank resident runs of the rung `pfs:local` (a mount without delays or caps), which the
+rungs should then include. The
 ranks' interpreter (`capacity.RANK_BASE_BYTES`) and decode workers are not part of this program's
 runs (no decoding): the memory compared is the metadata and what the store's budget holds.
 Figures taken on a shared machine: record `uptime` with them.
@@ -116,18 +120,25 @@ def _err(pred: float, meas: float) -> float:
     return 100.0 * (pred - meas) / meas if meas else float("nan")
 
 
-def compare(path: str, runs: list, batch: int) -> list:
-    """One row per (rung, ranks, tiered): medians of the runs beside the forecast."""
-    local = [r["population_bytes"] / r["population_seconds"] for r in runs
-             if (r["spec"], r["ranks"], r["tiered"]) == ("local", 1, 0.0)]
-    disk = statistics.median(local) if local else float("inf")
+def _fitted(runs: list, spec: str) -> float:
+    """The median rate of `spec`'s one-rank resident runs (inf if none): the floor the forecast uses."""
+    rates = [r["population_bytes"] / r["population_seconds"] for r in runs
+             if (r["spec"], r["ranks"], r["tiered"]) == (spec, 1, 0.0)]
+    return statistics.median(rates) if rates else float("inf")
+
+
+def compare(path: str, runs: list, batch: int, cached: bool = False) -> list:
+    """One row per (rung, ranks, tiered): medians of the runs beside the forecast (`cached`: the
+    `dstore pfs` rungs' source was in the page cache, so no disk floor)."""
+    disk = _fitted(runs, "local")
+    fuse = _fitted(runs, "pfs:local") if cached else disk  # the mount's own ceiling over a cached source
     out = []
     keys = sorted({(r["spec"], r["ranks"], r["tiered"]) for r in runs}, key=lambda k: (k[0] != "local", k))
     for spec, ranks, tiered in keys:
         rs = [r for r in runs if (r["spec"], r["ranks"], r["tiered"]) == (spec, ranks, tiered)]
         med = {k: statistics.median(r[k] for r in rs) for k in ("resident_fraction", "population_seconds",
                                                                  "population_bytes", "memory_bytes", "window_bytes")}
-        f = predict(path, ranks, batch, rs[0]["budget_bytes"], spec, disk)
+        f = predict(path, ranks, batch, rs[0]["budget_bytes"], spec, disk if spec == "local" else fuse)
         pr = f["per_rank"]
         mem = pr["metadata_bytes"] + pr["store_bytes"]
         out.append({"spec": spec, "ranks": ranks, "tiered": tiered, "runs": len(rs), "disk_Bps": disk,
@@ -151,13 +162,20 @@ def markdown(rows: list) -> str:
         p, m, e = r["predicted"], r["measured"], r["error_pct"]
         kind = f"{r['tiered']:.0%} of share" if r["tiered"] else "unlimited"
         runs = ", ".join(f"{x:.2f}" for x in r["population_runs"])
-        fit = " (fitted)" if (r["spec"], r["ranks"], r["tiered"]) == ("local", 1, 0.0) else ""
+        fit = " (fitted)" if (r["spec"] in ("local", "pfs:local") and r["ranks"] == 1 and not r["tiered"]) else ""
         lines.append(f"| {r['spec']} | {r['ranks']} | {kind} | {100 * p['resident_fraction']:.1f}% / "
                      f"{100 * m['resident_fraction']:.1f}% | {p['memory_bytes'] / 1e6:.1f} / {m['memory_bytes'] / 1e6:.1f} "
                      f"MB ({m['window_bytes'] / 1e6:.1f}) | {p['population_seconds']:.2f} / "
                      f"{m['population_seconds']:.2f} s ({runs}) | {e['resident_fraction']:+.0f}%, {e['memory']:+.0f}%, "
                      f"{e['population']:+.0f}%{fit} |")
     return "\n".join(lines)
+
+
+def _warm(path: str) -> None:
+    """Reads `path` once, so its pages are in the page cache."""
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
 
 
 def _load() -> str:
@@ -176,6 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiered", type=float, default=0.7, help="the tiered runs' budget, a fraction of a rank's share")
     p.add_argument("--rungs", nargs="+", default=["local", "pfs:latency=2ms,iops=300", "pfs:latency=2ms,iops=2000"])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--cached-source", action="store_true",
+                   help="`dstore pfs` rungs over a source in the page cache (not evicted), their floor the rate of "
+                        "the rung pfs:local (the mount alone) instead of the disk's")
     p.add_argument("--json", help="write every run and the comparison here")
     p.add_argument("--md", help="write the markdown table here")
     args = p.parse_args(argv)
@@ -193,7 +214,10 @@ def main(argv=None) -> int:
         for spec in args.rungs:
             for ranks in args.ranks:
                 for tiered in (0.0, args.tiered):
-                    pagecache.evict(src)
+                    if spec == "local" or not args.cached_source:
+                        pagecache.evict(src)
+                    else:
+                        _warm(src)
                     t0 = time.perf_counter()
                     if spec == "local":
                         row = run_once(src, ranks, args.batch, tiered)
@@ -206,7 +230,7 @@ def main(argv=None) -> int:
                           f"memory {row['memory_bytes'] / 1e6:.1f} MB, population {row['population_seconds']:.2f} s "
                           f"({row['population_bytes'] / 1e6:.0f} MB); load {row['load']}", flush=True)
     loads.append(_load())
-    rows = compare(src, runs, args.batch)
+    rows = compare(src, runs, args.batch, args.cached_source)
     table = markdown(rows)
     print(f"\nload average at start / end: {loads[0]} / {loads[1]}\n\n{table}")
     if args.json:
