@@ -29,7 +29,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dstore.decode_worker import KEEP_HANDED
 from dstore.errors import ConfigError
+from dstore.workers import WORKER_BYTES
 
 REQUEST_BYTES = 1 << 20
 """Bytes of one storage request of a large read (the kernel splits reads into about 1 MiB)."""
@@ -37,12 +39,10 @@ INDEX_BYTES = 20
 """Per sample, once per node: offsets, labels and checksums (dstore.index.NodeIndex)."""
 SCHEDULE_BYTES = 13
 """Per sample a rank serves in an epoch: its id (8), pad flag (1), owner (4) (dstore.epoch)."""
+LOADER_AHEAD = 2
+"""Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
 RANK_BASE_BYTES = 300 << 20
 """A rank's interpreter, numpy, MPI and torch before any data (measured here: 250-350 MB)."""
-DECODED_SAMPLE_BYTES = 3 * 224 * 224
-"""A decoded, augmented sample handed to the model (uint8, 224x224 RGB)."""
-WORKER_BYTES = 150 << 20
-"""One decode worker process (interpreter, decoder, its batch buffers)."""
 BUDGET_FRACTION = 0.7
 """What the store takes of a node's memory by default (dstore.memory.default_budget)."""
 GAP_BYTES = 256 << 10
@@ -79,7 +79,9 @@ class Cluster:
     memory_budget (bytes per rank, the store's `memory_budget`; None: the store's default),
     storage_lookahead and storage_threads (the tiered store's, as the store's settings),
     reader_index_bytes (per sample, in each storage thread's reader: 0 for HDF5 and Zarr), trainer
-    (the budget is `dstore train`'s, its loaders' reserve taken first; False: a DataStore's alone)."""
+    (the budget is `dstore train`'s, its loaders' reserve taken first; False: a DataStore's alone),
+    input_shape (the model's input), image_shape (the data's decoded images; default a typical
+    ImageNet photo) and decode_threads (the trainer's), which size that reserve (`loader_reserve`)."""
 
     nodes: int
     ranks_per_node: int
@@ -97,6 +99,9 @@ class Cluster:
     storage_threads: int = 4
     reader_index_bytes: float = 0.0
     trainer: bool = True
+    input_shape: tuple = (224, 224, 3)
+    image_shape: tuple = (375, 500, 3)
+    decode_threads: int = 2
 
     @property
     def ranks(self) -> int:
@@ -115,6 +120,25 @@ def _check(cluster: Cluster, samples: int, mean_bytes: float) -> None:
                         ("consume", cluster.consume), ("network", cluster.network)):
         if not value > 0:
             raise ConfigError(f"{name}={value} must be > 0")
+
+
+def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shape: tuple[int, ...],
+                   mean_sample_bytes: float, decode_threads: int, loaders: int = 1, workers: int = 0) -> int:
+    """Bytes a rank's StoreLoaders hold at most, estimated: per loader, `LOADER_AHEAD + 1` batches
+    of `local_batch` samples, each as its bytes plus the decoded uint8 image at the model's input
+    shape twice (the per-sample tensors and the stacked batch), and per decode thread two images at
+    the data's decoded shape (the decode and its resize). `loaders`: those alive at once.
+
+    `workers` > 0: the training loader decodes in that many processes instead of threads (NOTE
+    [decode workers] in dstore.workers): each costs `WORKER_BYTES` and two decoded images, and the
+    batches handed over stay mapped by them for `KEEP_HANDED` more batches."""
+    batch_pixels = local_batch * math.prod(input_shape)
+    batches = (LOADER_AHEAD + 1) * (local_batch * mean_sample_bytes + 2 * batch_pixels)
+    threads = decode_threads * 2 * math.prod(image_shape)
+    total = loaders * (batches + threads)
+    if workers:
+        total += workers * (WORKER_BYTES + 2 * math.prod(image_shape)) + KEEP_HANDED * batch_pixels - threads
+    return int(total)
 
 
 def population_seconds(total_bytes: float, ranks: int, storage: Storage, threads: int,
@@ -190,7 +214,9 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     recv = recv_counted if c.nodes > 1 else 0.0
     step_seconds = per_step / c.consume
     workers = c.workers if c.workers is not None else max(1, math.ceil(1.25 * c.consume * c.decode_seconds))
-    decode = workers * WORKER_BYTES + (c.prefetch + 1) * per_step * DECODED_SAMPLE_BYTES if c.trainer else 0.0
+    decode = loader_reserve(local_batch=per_step, input_shape=c.input_shape, image_shape=c.image_shape,
+                            mean_sample_bytes=mean_bytes, decode_threads=c.decode_threads,
+                            workers=workers) if c.trainer else 0
     metadata = INDEX_BYTES * n / rpn + SCHEDULE_BYTES * n / p  # the node's index shared by its ranks
     budget = default_budget(c, n)
     store_budget = budget - decode  # dstore.training.budget.share_budget: the loaders' reserve first

@@ -10,36 +10,11 @@ fraction of their samples resident and serve the rest from storage (`overflow="s
 
 from __future__ import annotations
 
-import math
-
+from dstore.capacity import LOADER_AHEAD, loader_reserve  # noqa: F401 - the trainer's, kept here by name
 from dstore.collective import agree, topology
-from dstore.decode_worker import KEEP_HANDED
 from dstore.errors import MemoryBudgetError
 from dstore.memory import default_budget, fmt_bytes
 from dstore.store import DataStore
-from dstore.workers import WORKER_BYTES
-
-LOADER_AHEAD = 2
-"""Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
-
-
-def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shape: tuple[int, ...],
-                   mean_sample_bytes: float, decode_threads: int, loaders: int = 1, workers: int = 0) -> int:
-    """Bytes a rank's StoreLoaders hold at most, estimated: per loader, `LOADER_AHEAD + 1` batches
-    of `local_batch` samples, each as its bytes plus the decoded uint8 image at the model's input
-    shape twice (the per-sample tensors and the stacked batch), and per decode thread two images at
-    the data's decoded shape (the decode and its resize). `loaders`: those alive at once.
-
-    `workers` > 0: the training loader decodes in that many processes instead of threads (NOTE
-    [decode workers] in dstore.workers): each costs `WORKER_BYTES` and two decoded images, and the
-    batches handed over stay mapped by them for `KEEP_HANDED` more batches."""
-    batch_pixels = local_batch * math.prod(input_shape)
-    batches = (LOADER_AHEAD + 1) * (local_batch * mean_sample_bytes + 2 * batch_pixels)
-    threads = decode_threads * 2 * math.prod(image_shape)
-    total = loaders * (batches + threads)
-    if workers:
-        total += workers * (WORKER_BYTES + 2 * math.prod(image_shape)) + KEEP_HANDED * batch_pixels - threads
-    return int(total)
 
 
 def share_budget(comm, stores, *, budget: int | None, reserve: int = 0) -> list[int] | None:
