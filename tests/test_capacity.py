@@ -141,3 +141,16 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
         assert populate.stream_buffers(store) == (store.prefetch + 1) * populate.recv_bound(store)
     finally:
         store.close()
+
+
+def test_the_command_takes_the_stores_budget_and_lookahead():
+    # 2 GB on one rank with a 1 GB budget: the trainer's loaders' reserve first, then
+    # storage_lookahead + 1 storage buffers of twice a mean step (no container) and the data.
+    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", "--samples", "20000", "--mean-bytes", "100KB",
+                          "--ranks-per-node", "1", "--memory-budget", "1GB", "--storage-lookahead", "2", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    f = json.loads(out.stdout)
+    tier = 3 * 2 * 64 * 100e3
+    assert f["per_rank"]["storage_buffer_bytes"] == pytest.approx(tier)
+    assert f["resident_fraction"] == pytest.approx((1e9 - f["per_rank"]["decode_bytes"] - tier) / 2e9)
