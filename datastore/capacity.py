@@ -4,7 +4,7 @@ Given the data (samples N, their bytes) and the cluster (nodes, ranks per node, 
 network, the job's share of the storage, how fast each rank consumes samples), `forecast` says per
 rank: the data share, the metadata (dstore.index: 20 bytes per sample once per node; an epoch's
 schedule: ~13 bytes per sample the rank serves), the buffers, the decode workers' memory; the
-resident fraction (the tiered store's arithmetic: what fits the budget after buffers and metadata);
+resident fraction (the tiered store's arithmetic: what fits the budget beside the store's buffers);
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
 
@@ -162,7 +162,8 @@ def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, pi
     bytes are at most `gap` (k <= m = gap // mean), reading and dropping them, and ends after a
     longer one; and it ends at `piece` bytes. So each resident sample costs its bytes plus the
     expected crossed ones, sum_{k<=m} k (1-f)^k f of them, and ends a run of reads with probability
-    (1 - f)^(m + 1); a run longer than `piece` is several reads."""
+    (1 - f)^(m + 1); a run longer than `piece` is several reads. (Byte-addressable containers,
+    unfiltered HDF5 as `dstore ingest` writes them; others are read in whole pieces of the block.)"""
     if fraction >= 1.0 or resident_bytes <= 0 or fraction <= 0:
         return resident_bytes, resident_bytes / piece
     f, q, m = fraction, 1.0 - fraction, int(gap // mean_bytes)
