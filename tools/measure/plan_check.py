@@ -3,8 +3,17 @@ budget, the forecast (dstore.capacity, the inputs the store gets) beside a measu
 resident fraction, the memory per rank and the population time, with the error of each.
 
     python -m dstore.tools.measure.plan_check /tmp/plan/set-2048.h5 --make 2048 --ranks 1 2 \\
-        --rungs local pfs:latency=2ms,iops=300 pfs:latency=2ms,iops=2000 --repeat 3 \\
-        --json /tmp/plan/check.json --md /tmp/plan/check.md
+        --rungs local pfs:local pfs:latency=2ms,iops=300 pfs:latency=2ms,iops=2000 --repeat 3 \\
+        --cached-source --json /tmp/plan/check.json --md /tmp/plan/check.md
+
+    dstore ingest synthetic /tmp/plan/jpeg-512.h5 --count 512 --mean-bytes 110k
+    python -m dstore.tools.measure.plan_check /tmp/plan/jpeg-512.h5 --loader 0 1 2 4 --batch 64 --repeat 3
+
+The second form measures the trainer's loader instead (its augmentation, 224 px, decoding in
+threads or W worker processes) beside `capacity.loader_reserve`, the part of a rank's budget that
+`dstore train` and `dstore plan` give the loaders: the rank's Pss above its store plus its workers'
+at batch boundaries, and the peak RSS (the rank's rise, VmHWM reset at the start, plus each
+worker's whole VmHWM, its interpreter included).
 
 `--make N` first writes N samples of `--bytes` (110 KB) where the container is missing. Each run is
 its own `mpiexec -n R` job (this module with --worker), the container evicted from the page cache
@@ -45,11 +54,70 @@ UNLIMITED = 1 << 40
 """The budget of a fully resident run: more than any share here."""
 
 
-def pss() -> int:
-    """This process's proportional set size (bytes; after a malloc_trim, as scale.status)."""
-    status()  # trims
-    with open("/proc/self/smaps_rollup") as f:
+def pss(pid: str = "self") -> int:
+    """A process's proportional set size (bytes; this process's after a malloc_trim, as scale.status)."""
+    if pid == "self":
+        status()  # trims
+    with open(f"/proc/{pid}/smaps_rollup") as f:
         return next(int(x.split()[1]) * 1024 for x in f if x.startswith("Pss:"))
+
+
+def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> None:
+    """One rank on COMM_SELF: a resident store and the trainer's training loader (its augmentation,
+    224 px, uint8 out) decoding in `workers` processes (0: 2 threads); prints the loader's memory
+    (the rank's Pss above the store's, plus its workers' Pss) at its peak over `batches` batches,
+    beside `capacity.loader_reserve` for the same inputs."""
+    import numpy as np
+    import torch  # noqa: F401 - imported before the baseline: the interpreter's, not the loader's
+    from mpi4py import MPI
+
+    from dstore import capacity
+    from dstore.store import DataStore
+    from dstore.torch import StoreLoader
+    from dstore.training.augment import ImageTransform, default_augmentation
+
+    pad, flip = default_augmentation((224, 224))
+    tf = ImageTransform(size=(224, 224), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad,
+                        flip=flip, normalize=False)
+    with DataStore(MPI.COMM_SELF, path, batch_size=batch, seed=1) as store:
+        base = pss()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM: the peak from here on is the loader's
+        rss0 = status()["VmRSS"]
+        images = []
+        with StoreLoader(store, transform=tf, workers=workers or None, decode_threads=2, channels=3,
+                         size=(224, 224)) as loader:
+            peak = 0
+            for k, (x, _) in enumerate(loader):
+                images.append(tuple(x.shape))
+                pids = [] if loader._workers is None else loader._workers.pids
+                peak = max(peak, pss() - base + sum(pss(str(p)) for p in pids))
+                if k + 1 >= batches:
+                    break
+            high = status()["VmHWM"] - rss0 + sum(_hwm(p) for p in pids)
+        shape = _decoded_shape(store)
+        mean = int(store.offsets[-1]) / store.num_samples
+    reserve = capacity.loader_reserve(local_batch=batch, input_shape=(224, 224, 3), image_shape=shape,
+                                      mean_sample_bytes=mean, decode_threads=2, workers=workers)
+    print(json.dumps({"workers": workers, "memory_bytes": peak, "peak_rss_bytes": high, "reserve_bytes": reserve,
+                      "image_shape": shape,
+                      "batch_shape": images[0], "batches": len(images), "mean_bytes": float(np.float64(mean))}))
+
+
+def _hwm(pid) -> int:
+    """A process's peak RSS (VmHWM, bytes): its interpreter and libraries included."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM"))
+
+
+def _decoded_shape(store) -> tuple:
+    """(H, W, 3) of the store's first sample, decoded."""
+    import simplejpeg
+
+    it = store.epoch(0)
+    blob = bytes(next(it).samples[0])
+    it.close()
+    return tuple(simplejpeg.decode_jpeg(blob).shape)
 
 
 def worker(path: str, batch: int, tiered: float) -> None:
@@ -171,6 +239,35 @@ def markdown(rows: list) -> str:
     return "\n".join(lines)
 
 
+def loaders(args) -> int:
+    """`--loader W ...`: one run per worker count, each its own process; a table of reserve vs measured."""
+    rows = []
+    for _ in range(args.repeat):
+        for w in args.loader:
+            rows.append(run_job(1, "dstore.tools.measure.plan_check", "--loader-worker", str(w), "--batch",
+                                str(args.batch), args.container))
+            print(rows[-1], flush=True)
+    lines = [f"load average {_load()}; {args.batch} samples per batch, image {rows[0]['image_shape']}", "",
+             "| decode | loader_reserve | Pss at batches (rank above its store, plus workers) | peak RSS (rank's "
+             "rise, plus workers' whole) | error against Pss / peak RSS |", "|---|---:|---:|---:|---:|"]
+    for w in args.loader:
+        mine = [r for r in rows if r["workers"] == w]
+        res = mine[0]["reserve_bytes"]
+        m = statistics.median(r["memory_bytes"] for r in mine)
+        h = statistics.median(r["peak_rss_bytes"] for r in mine)
+        kind = f"{w} worker{'s' * (w > 1)}" if w else "2 threads"
+        lines.append(f"| {kind} | {res / 1e6:.0f} MB | {m / 1e6:.0f} MB | {h / 1e6:.0f} MB | {_err(res, m):+.0f}% / "
+                     f"{_err(res, h):+.0f}% |")
+    print("\n".join(lines))
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
 def _warm(path: str) -> None:
     """Reads `path` once, so its pages are in the page cache."""
     with open(path, "rb") as f:
@@ -187,6 +284,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("container")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--loader-worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--loader", type=int, nargs="+", help="instead: the trainer's loader memory with these numbers of "
+                   "decode workers (0: threads) over a JPEG container, beside capacity.loader_reserve")
     p.add_argument("--make", type=int, default=0, help="write this many samples first where the container is missing")
     p.add_argument("--bytes", type=int, default=110_000, help="bytes per sample of --make")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
@@ -203,6 +303,11 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.container, args.batch, args.tiered)
         return 0
+    if args.loader_worker is not None:
+        loader_worker(args.container, args.batch, args.loader_worker)
+        return 0
+    if args.loader:
+        return loaders(args)
     src = os.path.realpath(args.container)
     if args.make and not os.path.exists(src):
         from dstore.tools.measure.scale import make
