@@ -240,7 +240,9 @@ class TestWriter:
         w.append(b"abc", 0, "one")
         (tmp,) = [n for n in os.listdir(tmp_path) if n != f".{path.name}.lock"]  # the writer's lock beside it
         assert tmp.startswith(".") and not path.exists()
-        with pytest.raises(IncompleteContainerError):
+        # HDF5: the reader reads the file itself, as another process would (HDF5 does not share this
+        # process's open writer with it): not yet flushed, it is a truncated file
+        with pytest.raises(IncompleteContainerError if fmt == "zarr" else FormatError):
             open_container(tmp_path / tmp) if fmt == "zarr" else _open_as_hdf5(tmp_path / tmp)
         assert w.commit() == str(path)
         assert os.listdir(tmp_path) == [path.name]

@@ -70,7 +70,7 @@ def detect_format(path) -> str:
         raise FormatError(f"{path}: a directory with neither {MANIFEST_NAME} (sharded) nor zarr.json (Zarr v3)")
     if path.endswith(".json"):
         return "sharded"
-    if is_hdf5(path) or path.endswith(SUFFIXES):
+    if path.endswith(SUFFIXES) or is_hdf5(path):  # the name first: the signature costs a storage request
         return "hdf5"
     raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import io
 import json
 import os
 
@@ -30,6 +32,14 @@ _DIRECT_READ_BYTES = 1 << 20
 """Through h5py (filtered data): from this size on, a read with `out` goes straight into it."""
 _MAX_PREAD = 1 << 30
 """Bytes asked of one preadv call (Linux returns at most about 2 GiB per call anyway)."""
+META_BLOCK = 256 << 10
+"""Bytes per read of the file's metadata (_BlockFile): HDF5 reads its superblock, object headers,
+attributes and B-tree nodes in requests of 8 bytes to a few KiB, about 25 of them to open a
+container, each a storage round trip and an operation of a parallel file system's budget; ours
+lie in two places (the file's head, and the index and names written after the data), which one
+aligned block each holds."""
+META_BLOCKS_KEPT = 8
+"""Blocks a reader keeps (2 MiB): the head, the tail and a few for names looked up later."""
 
 
 def _py(value):
@@ -84,11 +94,12 @@ class _DirectData:
         self._starts = starts  # file offset of each chunk
 
     @classmethod
-    def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset) -> _DirectData | None:
-        """The reader for `dset`, or None where its bytes are not stored as they are in `f` itself
-        (filters, external or virtual storage, a file driver other than the default)."""
+    def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset, fd: int) -> _DirectData | None:
+        """The reader for `dset` in `f`, read with (a duplicate of) `fd`, the file `f` reads (its
+        _BlockFile's), or None where its bytes are not stored as they are in that file (filters,
+        external or virtual storage)."""
         dcpl = dset.id.get_create_plist()
-        if f.driver != "sec2" or dcpl.get_nfilters() != 0 or dset.compression is not None:
+        if dcpl.get_nfilters() != 0 or dset.compression is not None:
             return None
         size = int(dset.shape[0])
         layout = dcpl.get_layout()
@@ -122,10 +133,9 @@ class _DirectData:
             raise FormatError(f"{path}: data chunk {k} (bytes [{k * chunk}, {min(size, (k + 1) * chunk)}) of data) "
                               f"was never written ({missing.size} such chunk(s)); dstore writes every chunk, so "
                               "a missing one is damage, never zeros")
-        # A duplicate of h5py's own descriptor: the very file h5py opened, even if `path` has been
-        # replaced since; preadv does not move the shared file position.
-        fd = os.dup(f.id.get_vfd_handle())
-        return cls(path, fd, chunk, starts)
+        # A duplicate of the descriptor h5py reads through: the very file it opened, even if
+        # `path` has been replaced since; preadv does not move the shared file position.
+        return cls(path, os.dup(fd), chunk, starts)
 
     def read(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Bytes [lo, hi) of the dataset into `out` (length hi - lo); chunks that lie one after the
@@ -162,20 +172,97 @@ class _DirectData:
             os.close(fd)
 
 
+def _pread_all(fd: int, view: memoryview, at: int) -> int:
+    """Reads into `view` from file offset `at` until it is full or the file ends; the bytes read."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:done + _MAX_PREAD]], at + done)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
+class _BlockFile(io.RawIOBase):
+    """The container file as h5py's file object (its `fileobj` driver): reads smaller than
+    META_BLOCK are served from aligned blocks of META_BLOCK bytes read whole (the last
+    META_BLOCKS_KEPT kept), larger ones go to the file as they are. Read-only; h5py calls it under
+    its own lock, one call at a time. `fd` is also what _DirectData reads the data with."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.size = os.fstat(self.fd).st_size
+        self._pos = 0
+        self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + int(offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def _block(self, k: int) -> bytes:
+        got = self._blocks.pop(k, None)
+        if got is None:
+            buf = bytearray(max(0, min(META_BLOCK, self.size - k * META_BLOCK)))  # not past the end: a request more
+            got = bytes(buf[:_pread_all(self.fd, memoryview(buf), k * META_BLOCK)])
+            while len(self._blocks) >= META_BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        self._blocks[k] = got  # most recently used last
+        return got
+
+    def readinto(self, b) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), self.size - self._pos))
+        if n >= META_BLOCK:
+            n = _pread_all(self.fd, out[:n], self._pos)
+        else:
+            done = 0
+            while done < n:
+                k, within = divmod(self._pos + done, META_BLOCK)
+                piece = self._block(k)[within:within + n - done]
+                if not piece:
+                    break  # the file shrank under us: a short read, as os.pread gives
+                out[done:done + len(piece)] = piece
+                done += len(piece)
+            n = done
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        self._blocks.clear()
+        if fd >= 0:
+            os.close(fd)
+        super().close()
+
+
 class HDF5Reader(ContainerReader):
     """Reads a container from one HDF5 file. The file is opened read-only without HDF5 file locking,
     so any number of MPI ranks may open it at once; the `data` dataset handle is kept open.
     Unfiltered `data` (what HDF5Writer writes) is read with os.preadv at its chunks' file offsets,
-    found once at open time (_DirectData); anything else goes through h5py."""
+    found once at open time (_DirectData); anything else goes through h5py. h5py reads the file
+    through a _BlockFile (a few block reads to open it, not a storage request per metadata item)."""
 
     index_on_demand = True
 
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
-        self._file = self._direct = None
+        self._file = self._direct = self._blocks = None
         try:
-            f = h5py.File(self.path, "r", locking=False)
+            self._blocks = _BlockFile(self.path)
+            f = h5py.File(self._blocks, "r", locking=False)
         except OSError as exc:
+            self.close()
             raise FormatError(f"{self.path}: not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
         self._file = f
         try:
@@ -210,7 +297,7 @@ class HDF5Reader(ContainerReader):
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         self._data = data
         self._data_id = data.id
-        self._direct = _DirectData.for_dataset(self.path, f, data)
+        self._direct = _DirectData.for_dataset(self.path, f, data, self._blocks.fd)
         self._names_len = int(names.shape[0]) if names.ndim == 1 else -1
         self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
 
@@ -280,11 +367,14 @@ class HDF5Reader(ContainerReader):
     def close(self) -> None:
         f, self._file = self._file, None
         direct, self._direct = self._direct, None
+        blocks, self._blocks = self._blocks, None
         self._data = self._data_id = self._names = None
         if direct is not None:
             direct.close()
         if f is not None:
             f.close()
+        if blocks is not None:
+            blocks.close()
 
 
 class HDF5Writer(StreamingWriter):
