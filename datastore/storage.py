@@ -1,7 +1,9 @@
 """The storage tier's reader: byte ranges of a container read in a thread pool, ahead of need.
 
 Each worker thread opens its own reader of the container (file descriptors and chunk-file caches
-are not shared between threads), and the backends read with `os.preadv`, which releases the GIL,
+are not shared between threads), unless the job's own reader may be shared (its
+`concurrent_reads`: positioned reads of one descriptor; opening the container again costs storage
+requests, three per thread on HDF5), and the backends read with `os.preadv`, which releases the GIL,
 so reads overlap each other, decoding and the training step. The store submits a step's coalesced
 runs (dstore.tiers.plan_storage) a bounded number of steps ahead and waits for them when the
 step is consumed. Every read is counted, and the byte ranges read in the current epoch are kept so
@@ -33,15 +35,19 @@ class StorageReader:
         identity: the container's identity when the job opened it (ContainerReader.opened_identity):
             a thread whose reader opens other files fails with ContainerChangedError instead of
             reading them. None: not checked.
+        shared: the job's open reader of `path`: every thread reads with it where its
+            `concurrent_reads` allows (the very files the job opened; never closed here), else
+            ignored.
 
     Attributes:
         reads, bytes: read calls and bytes read since construction.
         epoch_ranges: (lo, hi) data byte ranges read since the last `new_epoch()`.
     """
 
-    def __init__(self, path, threads: int = 4, identity: tuple | None = None):
+    def __init__(self, path, threads: int = 4, identity: tuple | None = None, shared=None):
         self.path = path
         self.identity = identity
+        self._shared = shared if getattr(shared, "concurrent_reads", False) else None
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="dstore-storage")
         self._local = threading.local()
         self._readers = []
@@ -51,6 +57,8 @@ class StorageReader:
         self.epoch_ranges = []
 
     def _reader(self):
+        if self._shared is not None:
+            return self._shared
         r = getattr(self._local, "reader", None)
         if r is None:
             r = open_container(self.path, index=False)  # byte ranges only: no index per thread

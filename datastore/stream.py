@@ -64,7 +64,8 @@ def start(store) -> Stream:
     args = (store.container, store.start, store.offsets, store._base_byte, lo, hi, store._arena.local)
 
     def fill(order, done):
-        pool = StorageReader(store.container.path, threads, store.container.opened_identity)  # never the store's reader
+        pool = StorageReader(store.container.path, threads, store.container.opened_identity,
+                             shared=store.container)  # RangeReads never reads with the store's reader itself
         try:
             populate.preload(populate.RangeReads(store.container, threads, pool=pool), *args, checks=store._checks,
                              order=order, done=done)
@@ -163,7 +164,8 @@ class Stream:
         self.owner = store.layout.owner
         self.prefix = np.zeros(store.size, dtype=np.int64)
         self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
-        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
+        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity,
+                                    shared=store.container)
         self.bytes = self.reads = 0
         self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
         self._req = None

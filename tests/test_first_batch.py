@@ -42,3 +42,44 @@ def test_opening_an_hdf5_container_costs_a_few_requests(container):
     assert s["opens"] <= 2, s
     assert got.tobytes() == samples[1][0]
     assert np.array_equal(np.diff(offsets), [len(x[0]) for x in samples])
+
+
+_STREAM = (
+    "import sys, zlib\n"
+    "from mpi4py import MPI\n"
+    "import numpy as np\n"
+    "from dstore.formats import open_container\n"
+    "from dstore.store import DataStore\n"
+    "comm = MPI.COMM_WORLD\n"
+    "seen = []\n"
+    "with DataStore(comm, sys.argv[1], batch_size=16, seed=3, population='stream') as st:\n"
+    "    for e in range(2):\n"
+    "        for b in st.epoch(e):\n"
+    "            seen += [(e, int(i), zlib.crc32(memoryview(x).cast('B'))) for i, x in zip(b.ids, b.samples)]\n"
+    "rows = comm.gather(seen)\n"
+    "if comm.rank == 0:\n"
+    "    with open_container(sys.argv[2]) as r:\n"
+    "        crc = r.checksums\n"
+    "        for e in range(2):\n"
+    "            got = sorted((i, c) for rs in rows for (ee, i, c) in rs if ee == e)\n"
+    "            assert got == [(i, int(crc[i])) for i in range(r.num_samples)], e\n"
+    "    print('OK exactly once', flush=True)\n"
+)
+
+
+@pytest.mark.mpi
+def test_a_streamed_store_opens_the_container_once_per_rank(container, tmp_path):
+    # Its storage and population threads read with the rank's own reader (HDF5: positioned reads
+    # of one descriptor) rather than each opening the container again: three requests per thread
+    # per rank before the first batch. Every sample is still delivered once per epoch, its bytes
+    # the container's (CRC32 of what each rank delivered against the container's checksums).
+    from mpirun import run_mpi
+
+    path, _ = container
+    src, name = os.path.split(path)
+    script = tmp_path / "stream.py"
+    script.write_text(_STREAM)
+    with pfs_mount(src, model=PfsModel()) as mnt:
+        res = run_mpi(2, ["python", str(script), mnt.path(name), path], timeout=120)  # 4 threads of each
+    assert "OK exactly once" in res.stdout, res.stdout + res.stderr
+    assert mnt.stats["opens"] <= 2, mnt.stats  # one per rank

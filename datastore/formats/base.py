@@ -174,6 +174,14 @@ class ContainerReader(abc.ABC):
         read fetches and decodes the whole chunks it touches."""
         return False
 
+    @property
+    def concurrent_reads(self) -> bool:
+        """True where `read_bytes` may be called from several threads at once on this one reader
+        (positioned reads of a descriptor it holds), so a pool of reading threads can share it
+        instead of each opening the container again (dstore.storage.StorageReader); False (the
+        default) where each thread needs its own reader."""
+        return False
+
     def _identity_paths(self) -> list[str]:
         """The files and directories whose identity stands for the container's (default: `path`)."""
         return [self.path]

@@ -329,6 +329,11 @@ class HDF5Reader(ContainerReader):
         """Unfiltered data is read with preadv at its file offsets; filtered data chunk by chunk."""
         return self._direct is not None
 
+    @property
+    def concurrent_reads(self) -> bool:
+        """The direct path reads with os.preadv only: threads may share this reader."""
+        return self._direct is not None
+
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] straight into `out` (no intermediate copy): preadv at the chunks' file offsets,
         or one HDF5 read where the data is filtered."""
