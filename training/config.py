@@ -23,9 +23,10 @@ from dstore.training.dist import DEVICES
 from dstore.training.models import get_model, model_names
 from dstore.training.optim import OPTIMIZERS, SCHEDULES
 
-LOADERS = ("store", "direct", "files")
+LOADERS = ("store", "direct", "files", "webdataset", "litdata")
 """What feeds the trainer: the distributed store, or a per-sample baseline (training.data.DirectSource reading
-the container, FilesSource reading the image files it was ingested from)."""
+the container, FilesSource reading the image files it was ingested from), or one of the store's peers over
+copies of the container beside it (training.peers.PeerSource; the peer's own shuffle)."""
 AUGMENTS = ("auto", "on", "off")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never."""
 AMPS = ("off", "bf16", "fp16")

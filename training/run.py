@@ -51,6 +51,7 @@ from dstore.training.holdout import check_held_out
 from dstore.training.loop import Trainer
 from dstore.training.models import build_model, default_model, get_model
 from dstore.training.optim import Schedule, make_optimizer, make_scheduler
+from dstore.training.peers import PEER_LOADERS, PeerSource
 from dstore.training.resume import checkpoint_steps, load_for_resume
 from dstore.training.rundir import claimed_run_dir
 from dstore.workers import default_workers
@@ -280,8 +281,11 @@ def _make_trainer(cfg: TrainConfig, ctx, model, optimizer, steps_per_epoch: int,
                    channels_last=cfg.channels_last)
 
 
-def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool):
-    if cfg.loader == "direct":
+def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool, train: bool = False):
+    if cfg.loader in PEER_LOADERS and train:  # the peer feeds the training; held-out sets come from the container
+        return PeerSource(comm, reader, loader=cfg.loader, batch_size=cfg.batch_size, seed=seed,
+                          sample_range=sample_range)
+    if cfg.loader == "direct" or cfg.loader in PEER_LOADERS:
         return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
                             sample_range=sample_range, prefetch=max(1, cfg.prefetch))
     if cfg.loader == "files":
@@ -320,7 +324,7 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tu
     with the loaders' batches (dstore.training.budget) before any of them populates."""
     comm = ctx.comm
     sources = [_make_mix(cfg, comm, data.mix) if data.mix
-               else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last)]
+               else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last, train=True)]
     if data.held_range is not None or data.val_reader is not None:
         sources.append(_make_source(cfg, comm, data.val_reader or data.reader, data.held_range, cfg.seed + 1, False))
     else:

@@ -21,6 +21,10 @@ SHARD_SAMPLES = 125
 2); smaller sets are cut into SHARDS shards, so every rank and worker still gets some."""
 SHARDS = 16
 ORDERS = ("sorted", "shuffled")
+PEER_LOADERS = ("webdataset", "litdata")
+"""`dstore train --loader` names of the peers (dstore.training.peers)."""
+LITDATA_KEY = "#index"
+"""LitData items hold their sample index since this marker (older copies are rewritten)."""
 """The archives' sample orders: by class (what a folder of class directories gives when packed as
 it lies) and shuffled once with the seed (what a careful user packs)."""
 
@@ -86,7 +90,7 @@ def _litdata_item(pair):
     container, i = pair
     with open_container(container) as r:
         data, label = r.sample(int(i))
-    return {"data": data.tobytes(), "label": int(label)}
+    return {"data": data.tobytes(), "label": int(label), "index": int(i)}
 
 
 def write_litdata(container: str, order: np.ndarray, out_dir: str) -> str:
@@ -118,28 +122,68 @@ def prepare(comm, container: str, out_dir: str, *, seed: int, litdata_ok: bool) 
     """Every copy (rank 0 writes what is missing or stale); the same PeerData on every rank."""
     from dstore.collective import on_root
 
+    return on_root(comm, write_copies, container, out_dir, seed=seed, litdata_ok=litdata_ok)
+
+
+def _key(container: str, offsets: np.ndarray, seed: int) -> str:
+    """What the copies of `container` were made from (checked before they are reused or read)."""
+    return source_key(container, offsets) + f"#seed{seed}#{SHARD_SAMPLES}"
+
+
+def _stem(container: str, out_dir: str) -> str:
+    return os.path.join(out_dir, os.path.splitext(os.path.basename(os.path.normpath(container)))[0])
+
+
+def write_copies(container: str, out_dir: str, *, seed: int, litdata_ok: bool) -> PeerData:
+    """Writes the copies of `container` under `out_dir` that are missing or stale (one process, no MPI)."""
     with open_container(container) as r:
         labels, offsets = np.asarray(r.labels), np.asarray(r.offsets)
-    key = source_key(container, offsets) + f"#seed{seed}#{SHARD_SAMPLES}"
-    stem = os.path.join(out_dir, os.path.splitext(os.path.basename(os.path.normpath(container)))[0])
+    key, stem = _key(container, offsets, seed), _stem(container, out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    sorted_c = stem + ".class-sorted.h5"
+    if not _done(sorted_c, key):
+        _mark(write_sorted_container(container, sorted_c), key)
+    tars, lits = {}, {}
+    for kind in ORDERS:
+        order = archive_order(labels, kind, seed)
+        d = f"{stem}.wds-{kind}"
+        if not _done(d, key):
+            write_tars(container, order, d)
+            _mark(d, key)
+        tars[kind] = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
+        d = f"{stem}.litdata-{kind}"
+        if litdata_ok and not _done(d, key + LITDATA_KEY):
+            _mark(write_litdata(container, order, d), key + LITDATA_KEY)
+        lits[kind] = d if litdata_ok else None
+    return PeerData(container, sorted_c, tars, lits)
 
-    def write():
-        os.makedirs(out_dir, exist_ok=True)
-        sorted_c = stem + ".class-sorted.h5"
-        if not _done(sorted_c, key):
-            _mark(write_sorted_container(container, sorted_c), key)
-        tars, lits = {}, {}
-        for kind in ORDERS:
-            order = archive_order(labels, kind, seed)
-            d = f"{stem}.wds-{kind}"
-            if not _done(d, key):
-                write_tars(container, order, d)
-                _mark(d, key)
-            tars[kind] = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
-            d = f"{stem}.litdata-{kind}"
-            if litdata_ok and not _done(d, key):
-                _mark(write_litdata(container, order, d), key)
-            lits[kind] = d if litdata_ok else None
-        return PeerData(container, sorted_c, tars, lits)
 
-    return on_root(comm, write)
+def copies_dir(container_path: str) -> str:
+    """Where `dstore train --loader webdataset|litdata` finds the copies of a container: `peers/`
+    beside it (as `dstore bench --peers` writes them under its data directory)."""
+    return os.path.join(os.path.dirname(os.path.abspath(container_path)), "peers")
+
+
+def find_copy(reader, out_dir: str, loader: str, *, seed: int, kind: str = "shuffled"):
+    """The tar shards (`webdataset`) or LitData directory (`litdata`) of `reader`'s container in
+    `out_dir`, checked to be copies of it (the marker its writer left names the container's bytes);
+    raises ConfigError naming what to run where they are missing or stale."""
+    from dstore.errors import ConfigError
+
+    stem = _stem(reader.path, out_dir)
+    d = f"{stem}.wds-{kind}" if loader == "webdataset" else f"{stem}.litdata-{kind}"
+    # the container's bytes, not its path (read through a pfs mount, the path differs from the writer's)
+    key = _key("", np.asarray(reader.offsets), seed) + ("" if loader == "webdataset" else LITDATA_KEY)
+    tail = key[key.index("#"):]
+    try:
+        with open(d + ".done") as fh:
+            current = fh.read().endswith(tail)
+    except OSError:
+        current = False
+    if not current:
+        raise ConfigError(f"--loader {loader}: no current copy of {reader.path} at {d} (seed {seed}); write it with "
+                          f"python -m dstore.tools.bench.train_e2e (it writes the copies beside the container) or "
+                          f"dstore bench --peers --container {reader.path}")
+    if loader == "webdataset":
+        return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
+    return d

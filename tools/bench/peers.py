@@ -44,8 +44,10 @@ def missing(module: str) -> str | None:
 
 
 def _collate(samples):
-    """(list of sample bytes, int64 labels) of a batch of (bytes, label) pairs."""
-    return [s[0] for s in samples], np.array([int(s[1]) for s in samples], dtype=np.int64)
+    """(list of sample bytes, int64 labels, int64 sample indices) of a batch of (key, bytes, label)
+    triples (the tar members are named by the sample's index in the container: peer_data.write_tars)."""
+    return ([s[1] for s in samples], np.array([int(s[2]) for s in samples], dtype=np.int64),
+            np.array([int(s[0]) for s in samples], dtype=np.int64))
 
 
 @dataclasses.dataclass
@@ -70,7 +72,7 @@ class _Store:
 
     def epoch(self, e):
         for b in self.store.epoch(e):
-            yield b.samples, b.labels
+            yield b.samples, b.labels, b.ids
 
     def close(self):
         self.store.close()
@@ -111,12 +113,12 @@ class _WebDataset:
         if self.buffered:  # the composable pipeline of WebDataset's documentation
             ds = wds.DataPipeline(wds.SimpleShardList(self.shards), split, wds.split_by_worker,
                                   wds.detshuffle(len(self.shards), seed=seed), wds.tarfile_to_samples(),
-                                  wds.shuffle(SHUFFLE_BUFFER, seed=seed + 1), wds.to_tuple("jpg", "cls"),
+                                  wds.shuffle(SHUFFLE_BUFFER, seed=seed + 1), wds.to_tuple("__key__", "jpg", "cls"),
                                   wds.batched(self.batch, collation_fn=_collate, partial=True))
         else:  # the WebDataset class, as shipped
             ds = (wds.WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
                                  nodesplitter=split, empty_check=False)
-                  .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("jpg", "cls")
+                  .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("__key__", "jpg", "cls")
                   .batched(self.batch, collation_fn=_collate, partial=True))
         it = ds if self.workers == 0 else wds.WebLoader(ds, batch_size=None, num_workers=self.workers)
         yield from it
@@ -132,7 +134,9 @@ def wds_spec(shards, workers: int, buffered: bool, batch: int, seed: int, label:
 
 
 def _lit_collate(items):
-    return [np.frombuffer(x["data"], dtype=np.uint8) for x in items], np.array([int(x["label"]) for x in items])
+    """(samples, labels, sample indices: -1 in copies written before they held them)."""
+    return ([np.frombuffer(x["data"], dtype=np.uint8) for x in items], np.array([int(x["label"]) for x in items]),
+            np.array([int(x.get("index", -1)) for x in items], dtype=np.int64))
 
 
 class _LitData:
@@ -180,7 +184,7 @@ def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int =
     try:
         for e in range(epochs):
             mine = []
-            for samples, lab in loader.epoch(e):
+            for samples, lab, *_ in loader.epoch(e):
                 if first is None:
                     first = time.perf_counter() - t0
                 mine.append(np.asarray(lab, dtype=np.int64))

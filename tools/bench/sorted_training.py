@@ -58,7 +58,7 @@ def train(batches_of_epoch, epochs: int, seed: int, held_x, held_y) -> dict:
     acc = []
     hx, hy = torch.from_numpy(held_x), torch.from_numpy(held_y)
     for e in range(epochs):
-        for samples, labels in batches_of_epoch(e):
+        for samples, labels, *_ in batches_of_epoch(e):
             x = torch.from_numpy(_features(samples))
             loss = torch.nn.functional.cross_entropy(model(x), torch.as_tensor(np.asarray(labels), dtype=torch.long))
             opt.zero_grad()
