@@ -14,7 +14,7 @@ its bytes come from: the global order and exactly-once are the preload's.
 
 Progress protocol (cited as "the stream's exchange"): every rank's exchange thread runs a
 nonblocking allgather, on a communicator of its own (no other collective is matched with it), of
-(pieces read in order, failed, finished), `EXCHANGE_PERIOD` apart, until a result in which every
+(pieces read in order, failed, finished, first step's reads in), `EXCHANGE_PERIOD` apart, until a result in which every
 rank has finished; the k-th result is the same on every rank, so every rank runs the same number.
 The thread runs whatever the consumer does: a rank waiting for a peer's piece never depends on that
 peer's main thread (which may be in another collective, or done with the epoch). The main thread
@@ -49,12 +49,16 @@ OWN_READS = 1
 itself: the first batch. Later steps wait for their owners' pieces: a sample read alone costs a
 storage request for ~0.1 MB where a piece moves 4 MB per request, so a rank reading ahead of the
 stream would only take requests from it and make the epoch longer."""
+_FIELDS = 4
+"""Per rank in the exchange: pieces read in order, failed, finished, first step's reads in."""
 EXCHANGE_PERIOD = 0.002
 """Seconds between two exchanges of the exchange thread (a few microseconds of CPU each)."""
 START_GRACE = 0.5
-"""Seconds the stream waits for the first step's own reads to complete before it starts (it starts
-at once when they have): the first batch's few small reads go to storage ahead of the big pieces
-that would otherwise queue in front of them. If no epoch starts within this time, it starts anyway."""
+"""Seconds the stream waits for the first step's own reads to complete, on every rank (the
+exchange tells), before it starts (it starts at once when they have): the first batch's small
+reads go to storage ahead of the big pieces that would otherwise queue in front of them, including
+another rank's (a job shares its file system's operations; a rank's first batch that waits behind
+its peer's pieces is the job's first batch). If no epoch starts within this time, it starts anyway."""
 
 
 def start(store) -> Stream:
@@ -169,8 +173,8 @@ class Stream:
         self.bytes = self.reads = 0
         self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
         self._req = None
-        self._send = np.zeros(3, dtype=np.int64)
-        self._recv = np.zeros(3 * store.size, dtype=np.int64)
+        self._send = np.zeros(_FIELDS, dtype=np.int64)
+        self._recv = np.zeros(_FIELDS * store.size, dtype=np.int64)
         self._count = 0
         self._error = None
         self._finished = False
@@ -179,13 +183,14 @@ class Stream:
         self._own_reads = OWN_READS
         self._t0 = time.perf_counter()
         self._seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(fill, orders[store.rank]), daemon=True,
-                                        name="dstore-stream")
-        self._thread.start()
         self._latest = self._adopted = None
         self._xthread = None
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # else the main thread exchanges at each step
             self._xthread = threading.Thread(target=self._exchange, daemon=True, name="dstore-stream-exchange")
+        self._thread = threading.Thread(target=self._run, args=(fill, orders[store.rank]), daemon=True,
+                                        name="dstore-stream")
+        self._thread.start()
+        if self._xthread is not None:
             self._xthread.start()
 
     # ----------------------------------------------------------------- the reading thread
@@ -195,7 +200,13 @@ class Stream:
             if self._cancel.is_set():
                 raise InterruptedError("the store is closing")
 
+        deadline = time.perf_counter() + START_GRACE
         self._go.wait(START_GRACE)
+        while self._xthread is not None and not self._cancel.is_set() and time.perf_counter() < deadline:
+            rows = self._latest  # every rank's first step read: no piece queues in front of their reads
+            if rows is not None and rows[:, 3].all():
+                break
+            time.sleep(0.001)
         self._t0 = time.perf_counter()
         try:
             if self._cancel.is_set():
@@ -215,7 +226,7 @@ class Stream:
     # ----------------------------------------------------------------- the exchange
     def _start(self, sync: bool) -> None:
         count, finished = self._count, self._finished  # counted first: the sync below covers them
-        self._send[:] = (count, int(finished and self._error is not None), int(finished))
+        self._send[:] = (count, int(finished and self._error is not None), int(finished), int(self._go.is_set()))
         if sync:
             self.store._arena.sync()
         self._req = self._comm.Iallgather(self._send, self._recv)
@@ -226,7 +237,7 @@ class Stream:
             self._start(sync=False)  # Win_sync belongs to the main thread's epoch: see the module docstring
             self._req.Wait()
             self._req = None
-            rows = self._recv.reshape(self.store.size, 3).copy()
+            rows = self._recv.reshape(self.store.size, _FIELDS).copy()
             self._latest = rows
             if rows[:, 2].all():
                 return
@@ -255,7 +266,7 @@ class Stream:
             self._start(sync=True)
         if self._req.Test():
             self._req = None
-            self._adopt(self._recv.reshape(self.store.size, 3).copy())
+            self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
             if not self.done:
                 self._start(sync=True)
 
@@ -272,7 +283,7 @@ class Stream:
                 self._start(sync=True)
             self._req.Wait()
             self._req = None
-            self._adopt(self._recv.reshape(self.store.size, 3).copy())
+            self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
 
     # ----------------------------------------------------------------- a step's own reads
     def may_read(self) -> bool:

@@ -96,7 +96,9 @@ class TrainConfig:
                                  "from the container file when its batch is due (same order, same decode); "
                                  "files: baseline reading every sample from its own image file, as a "
                                  "DataLoader over an image folder does (the files the container was ingested "
-                                 "from, --files-root; same order, same decode)",
+                                 "from, --files-root; same order, same decode); webdataset / litdata: the "
+                                 "store's peers over copies of the container in peers/ beside it (as train_e2e "
+                                 "and dstore bench --peers write them; their own shuffle; same decode)",
                         group=DATA, choices=LOADERS)
     files_root: str | None = _flag(None, "with --loader files: the folder the samples' names are relative to "
                                          "(default: the container's source folder, as ingest recorded it)",
