@@ -94,6 +94,7 @@ class MixedStore:
             for container, _, rng in items:  # each constructor is collective and agreed: all ranks fail alike
                 cfg = dataclasses.replace(config, drop_last=False, sample_range=rng)
                 self.stores.append(DataStore(comm, container, cfg))
+                self.stores[-1].stream_first_reads = False  # its steps are the mix's (dstore.stream._first_reads)
         except BaseException as exc:
             self._end(exc)
             raise

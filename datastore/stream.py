@@ -32,6 +32,7 @@ raises the error on every rank.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import threading
 import time
@@ -160,6 +161,12 @@ class Stream:
         self.store = store
         self.done = False
         self.failed = False
+        self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
+        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity,
+                                    shared=store.container)
+        self.bytes = self.reads = 0
+        self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
+        self._early = self._first_reads()  # before the plan below: its storage requests overlap that work
         first_epoch = store._resume[0] if store._resume is not None else 0
         order = shuffle_mod.epoch_order(store.policy, store.num_samples, store.bounds, store.seed, first_epoch,
                                         store.partial_fraction)
@@ -167,10 +174,6 @@ class Stream:
         orders, self.need = plan_pieces(store.offsets, store.bounds, piece, use)
         self.owner = store.layout.owner
         self.prefix = np.zeros(store.size, dtype=np.int64)
-        self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
-        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity,
-                                    shared=store.container)
-        self.bytes = self.reads = 0
         self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
         self._req = None
         self._send = np.zeros(_FIELDS, dtype=np.int64)
@@ -179,7 +182,6 @@ class Stream:
         self._error = None
         self._finished = False
         self._cancel = threading.Event()
-        self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
         self._own_reads = OWN_READS
         self._t0 = time.perf_counter()
         self._seconds = 0.0
@@ -305,11 +307,47 @@ class Stream:
             return np.zeros(ids.size, dtype=bool)
         return self.need[ids] > self.prefix[self.owner[ids]]
 
+    def _first_reads(self):
+        """Starts reading the first step's samples of this rank (the first epoch's, from a resumed
+        step) into buffer 0, where that step will ask for them (`read`): nothing is in any window
+        yet, so all of them will be missing. Their completion lets the stream start (`_go`). None
+        where the store is a mix's source (its steps are the mix's, set per epoch) or the step is
+        empty."""
+        store = self.store
+        if not getattr(store, "stream_first_reads", True) or store.schedule_source is not None:
+            return None
+        epoch, step = store._resume if store._resume is not None else (0, 0)
+        sched = store.schedule(epoch)
+        if step >= sched.steps or store.sizes[sched.ids[sched.step(step)]].sum() == 0:
+            return None
+        pending = self._submit(sched.ids[sched.step(step)], 0)
+        left = [len(pending[3])]
+        lock = threading.Lock()
+
+        def one_done(_):
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._go.set()
+
+        for f in pending[3]:
+            f.add_done_callback(one_done)
+        return pending
+
     def read(self, ids: np.ndarray, slot: int):
         """Starts reading the samples `ids` (a step's missing entries) into buffer `slot`, runs of
-        consecutive samples in one read each. Returns what `take` needs."""
-        store = self.store
+        consecutive samples in one read each (or takes the first step's, if these are among them).
+        Returns what `take` needs."""
         self._own_reads -= 1
+        early, self._early = self._early, None
+        if early is not None:
+            if slot == early[2] and np.isin(ids, early[0]).all():
+                return early
+            concurrent.futures.wait(early[3])  # not this step's: its buffer may be reused only once they end
+        return self._submit(ids, slot)
+
+    def _submit(self, ids: np.ndarray, slot: int):
+        store = self.store
         uniq = np.unique(ids)
         sizes = store.sizes[uniq]
         at = np.zeros(uniq.size + 1, dtype=np.int64)

@@ -2,7 +2,7 @@
 trip and part of a job's budget of operations per second, so the container's open and the first
 step's reads are counted through a real `dstore pfs` mount (its counters; no timings asserted).
 
-Skipped, with the reason, where FUSE is not available.
+The mount's tests are skipped, with the reason, where FUSE is not available.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dstore.formats import open_container
 from dstore.tools.pfs import PfsModel, fuse_available, pfs_mount
 
 REASON = fuse_available()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")
+needs_fuse = pytest.mark.skipif(REASON is not None, reason=f"needs FUSE: {REASON}")
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,7 @@ def container(tmp_path_factory):
     return path, samples
 
 
+@needs_fuse
 def test_opening_an_hdf5_container_costs_a_few_requests(container):
     path, samples = container
     src, name = os.path.split(path)
@@ -68,6 +69,7 @@ _STREAM = (
 
 
 @pytest.mark.mpi
+@needs_fuse
 def test_a_streamed_store_opens_the_container_once_per_rank(container, tmp_path):
     # Its storage and population threads read with the rank's own reader (HDF5: positioned reads
     # of one descriptor) rather than each opening the container again: three requests per thread
@@ -83,3 +85,50 @@ def test_a_streamed_store_opens_the_container_once_per_rank(container, tmp_path)
         res = run_mpi(2, ["python", str(script), mnt.path(name), path], timeout=120)  # 4 threads of each
     assert "OK exactly once" in res.stdout, res.stdout + res.stderr
     assert mnt.stats["opens"] <= 2, mnt.stats  # one per rank
+
+
+_FIRST = (
+    "import sys, zlib\n"
+    "from mpi4py import MPI\n"
+    "import numpy as np\n"
+    "from dstore import shuffle\n"
+    "from dstore.formats import open_container\n"
+    "from dstore.store import DataStore\n"
+    "comm, B = MPI.COMM_WORLD, 16\n"
+    "def epoch(st, e):\n"
+    "    got = [(int(i), zlib.crc32(memoryview(x).cast('B'))) for b in st.epoch(e) for i, x in zip(b.ids, b.samples)]\n"
+    "    return sorted(sum(comm.allgather(got), []))\n"
+    "def expect(r, e, first):\n"
+    "    ids = shuffle.global_order(r.num_samples, 3, e)[first * B:]\n"
+    "    return sorted((int(i), int(r.checksums[i])) for i in ids)\n"
+    "r = open_container(sys.argv[1])\n"
+    "st = DataStore(comm, sys.argv[1], batch_size=B, seed=3, population='stream')\n"
+    "if sys.argv[2] == 'resume':\n"
+    "    sd = st.state_dict()\n"
+    "    sd.update(epoch=1, step=2, position=2 * B)\n"
+    "    st.load_state_dict(sd)\n"
+    "    with st:\n"
+    "        assert epoch(st, 1) == expect(r, 1, 2)\n"
+    "        assert epoch(st, 2) == expect(r, 2, 0)\n"
+    "else:  # epoch 3 first: the first step read ahead (epoch 0's) is not asked for\n"
+    "    with st:\n"
+    "        assert epoch(st, 3) == expect(r, 3, 0)\n"
+    "        assert epoch(st, 0) == expect(r, 0, 0)\n"
+    "print('OK', sys.argv[2], flush=True)\n"
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["resume", "other-epoch"])
+def test_the_first_step_read_ahead_serves_exactly_its_own_step(container, tmp_path, how):
+    # The stream reads the first step's samples before its plan is made; a resumed store reads the
+    # resumed step's, and a store whose first epoch is another serves that epoch exactly as well
+    # (each delivered sample once, the positions of the global order from the step on, the
+    # container's bytes). Local files: no mount needed.
+    from mpirun import run_mpi
+
+    path, _ = container
+    script = tmp_path / "first.py"
+    script.write_text(_FIRST)
+    res = run_mpi(2, ["python", str(script), path, how], timeout=120)
+    assert f"OK {how}" in res.stdout, res.stdout + res.stderr
