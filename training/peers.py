@@ -1,6 +1,7 @@
-"""`dstore train --loader webdataset|litdata`: the training set read by one of the store's peers,
-as `dstore bench --peers` reads it (tools/bench/peers.py: WebDataset's composable pipeline with
-shard shuffle and `shuffle(1000)`, 1 MiB reads, in the rank's process; LitData's
+"""The store's peers, WebDataset and LitData, read as their users read them (`WebDatasetPeer`,
+`LitDataPeer`: what `dstore bench --peers` measures, tools/bench/peers.py), and `dstore train
+--loader webdataset|litdata` over them (`PeerSource`: WebDataset's composable pipeline with shard
+shuffle and `shuffle(1000)`, 1 MiB reads, in the rank's process; LitData's
 `StreamingDataset(shuffle=True)`), so that `train_e2e --loaders` compares whole training jobs.
 
 The peer reads the copies of the container that its writer left beside it (tools/bench/peer_data:
@@ -16,17 +17,149 @@ held-out and tournament sets are read from the container (training.data.DirectSo
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import time
+import zlib
 
 import numpy as np
 
 from dstore.errors import ChecksumError, ConfigError
 from dstore.formats import checksum
-from dstore.store import Batch
-from dstore.tools.bench.peer_data import PEER_LOADERS, copies_dir
 
-__all__ = ["PEER_LOADERS", "PeerSource", "copies_dir"]
+# No MPI at module level: the peers' DataLoader workers (spawned) unpickle this module's helpers.
+PEER_LOADERS = ("webdataset", "litdata")
+"""`dstore train --loader` names of the peers."""
+LITDATA_KEY = "#index"
+"""The marker suffix of LitData copies whose items hold their sample index (older ones are rewritten)."""
+SHUFFLE_BUFFER = 1000
+"""WebDataset's `shuffle(1000)`: the buffer its documentation and examples use."""
+WDS_BUFFER = 1 << 20
+"""The buffered read: WebDataset's `GOPEN_BUFFER` of 1 MiB, which its composable pipeline's opener
+(`tarfile_to_samples` -> gopen) honours. As shipped, the `WebDataset` class opens local shards with
+a plain `open(path, "rb")` (webdataset/cache.py, StreamingOpen), so the tar reader's 512-byte
+blocks reach the file system as 8 KiB reads whatever GOPEN_BUFFER says."""
+
+
+def missing(module: str) -> str | None:
+    """Why `module` cannot be used here (None: it imports)."""
+    try:
+        __import__(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip the row
+        return f"{module} is not installed ({type(exc).__name__}: {exc}); bash tools/setup_peers.sh (docs/benchmarks.md)"
+    return None
+
+
+def _collate(samples):
+    """(list of sample bytes, int64 labels, int64 sample indices) of a batch of (key, bytes, label)
+    triples (the tar members are named by the sample's index in the container: peer_data.write_tars)."""
+    return ([s[1] for s in samples], np.array([int(s[2]) for s in samples], dtype=np.int64),
+            np.array([int(s[0]) for s in samples], dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankSplit:
+    """WebDataset's nodesplitter for this rank: every `size`-th shard from `rank` (a class: the
+    DataLoader's spawned workers pickle it)."""
+
+    rank: int
+    size: int
+
+    def __call__(self, src):
+        return itertools.islice(src, self.rank, None, self.size)
+
+
+class WebDatasetPeer:
+    """WebDataset over tar shards as its users read it: the composable pipeline with 1 MiB reads
+    (`buffered`) or the `WebDataset` class as shipped; shard shuffle + `shuffle(1000)`, split by rank
+    (and worker); `epoch(e)` yields (sample bytes, labels, sample indices) batches of `batch`."""
+
+    def __init__(self, comm, shards, workers, buffered, batch, seed):
+        self.comm, self.shards, self.workers, self.batch, self.seed = comm, shards, workers, batch, seed
+        self.buffered = buffered
+        if buffered:  # read by gopen when it opens a shard (in the worker processes too)
+            os.environ["GOPEN_BUFFER"] = str(WDS_BUFFER)
+
+    def epoch(self, e):
+        import webdataset as wds
+
+        split = _RankSplit(self.comm.Get_rank(), self.comm.Get_size())
+        seed = self.seed * 1000 + e  # a fresh pipeline per epoch seeded with it: what set_epoch gives
+        if self.buffered:  # the composable pipeline of WebDataset's documentation
+            ds = wds.DataPipeline(wds.SimpleShardList(self.shards), split, wds.split_by_worker,
+                                  wds.detshuffle(len(self.shards), seed=seed), wds.tarfile_to_samples(),
+                                  wds.shuffle(SHUFFLE_BUFFER, seed=seed + 1), wds.to_tuple("__key__", "jpg", "cls"),
+                                  wds.batched(self.batch, collation_fn=_collate, partial=True))
+        else:  # the WebDataset class, as shipped
+            ds = (wds.WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
+                                 nodesplitter=split, empty_check=False)
+                  .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("__key__", "jpg", "cls")
+                  .batched(self.batch, collation_fn=_collate, partial=True))
+        it = ds if self.workers == 0 else wds.WebLoader(ds, batch_size=None, num_workers=self.workers)
+        yield from it
+
+    def close(self):
+        os.environ.pop("GOPEN_BUFFER", None)
+
+
+def _lit_collate(items):
+    """(samples, labels, sample indices: -1 in copies written before they held them)."""
+    return ([np.frombuffer(x["data"], dtype=np.uint8) for x in items], np.array([int(x["label"]) for x in items]),
+            np.array([int(x.get("index", -1)) for x in items], dtype=np.int64))
+
+
+class LitDataPeer:
+    """LitData's StreamingDataset(shuffle=True) + StreamingDataLoader over an optimized directory
+    (`posix`: LITDATA_POSIX_FAST=0); `epoch(e)` yields (samples, labels, sample indices)."""
+
+    def __init__(self, comm, path, workers, batch, seed, cache_dir, posix):
+        import litdata
+
+        os.environ.update(WORLD_SIZE=str(comm.Get_size()), GLOBAL_RANK=str(comm.Get_rank()), NNODES="1")
+        if posix:
+            os.environ["LITDATA_POSIX_FAST"] = "0"
+        else:
+            os.environ.pop("LITDATA_POSIX_FAST", None)
+        self.ds = litdata.StreamingDataset(path, shuffle=True, seed=seed, cache_dir=cache_dir)
+        self.dl = litdata.StreamingDataLoader(self.ds, batch_size=batch, num_workers=workers, collate_fn=_lit_collate)
+
+    def epoch(self, e):
+        yield from self.dl
+
+    def close(self):
+        os.environ.pop("LITDATA_POSIX_FAST", None)
+
+
+
+def copies_dir(container_path: str) -> str:
+    """Where the peers' copies of a container lie: `peers/` beside it (as `dstore bench --peers`
+    writes them under its data directory: tools/bench/peer_data)."""
+    return os.path.join(os.path.dirname(os.path.abspath(container_path)), "peers")
+
+
+def find_copy(reader, out_dir: str, loader: str, *, seed: int, kind: str = "shuffled"):
+    """The tar shards (`webdataset`) or LitData directory (`litdata`) of `reader`'s container in
+    `out_dir`, checked to be copies of it: the marker its writer left (tools/bench/peer_data) names
+    the container's offsets (CRC32, as layouts.source_key writes it) and the seed; not its path,
+    which differs through a mount. Raises ConfigError naming what to run where missing or stale."""
+    stem = os.path.join(out_dir, os.path.splitext(os.path.basename(os.path.normpath(reader.path)))[0])
+    d = f"{stem}.wds-{kind}" if loader == "webdataset" else f"{stem}.litdata-{kind}"
+    offsets = np.ascontiguousarray(reader.offsets, dtype=np.int64)
+    want = f"#{int(offsets[-1])}#{zlib.crc32(offsets.tobytes()):08x}#seed{seed}#"
+    try:
+        with open(d + ".done") as fh:
+            marker = fh.read()
+    except OSError:
+        marker = ""
+    if want not in marker or (loader == "litdata" and not marker.endswith(LITDATA_KEY)):
+        raise ConfigError(f"--loader {loader}: no current copy of {reader.path} at {d} (seed {seed}); write it with "
+                          f"python -m dstore.tools.bench.train_e2e (it writes the copies beside the container) or "
+                          f"dstore bench --peers --container {reader.path}")
+    if loader == "webdataset":
+        return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
+    return d
+
 
 
 class PeerSource:
@@ -43,11 +176,9 @@ class PeerSource:
 
     def __init__(self, comm, reader, *, loader: str, batch_size: int, seed: int = 0,
                  sample_range: tuple[int, int] | None = None):
-        from dstore.tools.bench import peer_data, peers  # here: the peers' libraries load only when used
-
         if loader not in PEER_LOADERS:
             raise ConfigError(f"loader={loader!r} is not one of {PEER_LOADERS}")
-        why = peers.missing(loader)
+        why = missing(loader)
         if why:
             raise ConfigError(f"--loader {loader}: {why}")
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -60,14 +191,14 @@ class PeerSource:
         self.num_samples = self.stop - self.start
         self.steps_per_epoch = max(1, self.num_samples // self.batch_size)
         where = copies_dir(reader.path)
-        copy = peer_data.find_copy(reader, where, loader, seed=self.seed)
+        copy = find_copy(reader, where, loader, seed=self.seed)
         if loader == "webdataset":
-            self._peer = peers._WebDataset(comm, copy, 0, True, self.per_rank, self.seed)
+            self._peer = WebDatasetPeer(comm, copy, 0, True, self.per_rank, self.seed)
         else:
             # its default maps chunks in place, which a FUSE mount refuses (ENODEV): its posix path
             # there, chosen as LitData's users choose it, with LITDATA_POSIX_FAST=0 (train_e2e sets it)
             posix = os.environ.get("LITDATA_POSIX_FAST") == "0"
-            self._peer = peers._LitData(comm, copy, 0, self.per_rank, self.seed, os.path.join(where, "litdata-cache"),
+            self._peer = LitDataPeer(comm, copy, 0, self.per_rank, self.seed, os.path.join(where, "litdata-cache"),
                                         posix)
         self._samples = None  # the peer's samples, pass after pass
         self._pass = 0
@@ -99,7 +230,9 @@ class PeerSource:
                 raise ConfigError(f"--loader {self.loader}: this rank's part of the copy holds none of samples "
                                   f"[{self.start}, {self.stop})")
 
-    def _batch(self, epoch: int, s: int) -> Batch:
+    def _batch(self, epoch: int, s: int):
+        from dstore.store import Batch  # here: it initialises MPI (see the imports)
+
         t0 = time.perf_counter()
         got = [next(self._samples) for _ in range(self.per_rank)]
         samples = [g[0] for g in got]

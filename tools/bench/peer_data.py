@@ -15,16 +15,13 @@ import numpy as np
 
 from dstore.formats import create_writer, open_container
 from dstore.tools.bench.layouts import source_key
+from dstore.training.peers import LITDATA_KEY  # the copies `dstore train --loader webdataset|litdata` reads
 
 SHARD_SAMPLES = 125
 """Samples per tar shard at most (2,000 samples: 16 shards, 8 per rank on 2 ranks, 4 per worker with
 2); smaller sets are cut into SHARDS shards, so every rank and worker still gets some."""
 SHARDS = 16
 ORDERS = ("sorted", "shuffled")
-PEER_LOADERS = ("webdataset", "litdata")
-"""`dstore train --loader` names of the peers (dstore.training.peers)."""
-LITDATA_KEY = "#index"
-"""LitData items hold their sample index since this marker (older copies are rewritten)."""
 """The archives' sample orders: by class (what a folder of class directories gives when packed as
 it lies) and shuffled once with the seed (what a careful user packs)."""
 
@@ -156,34 +153,3 @@ def write_copies(container: str, out_dir: str, *, seed: int, litdata_ok: bool) -
             _mark(write_litdata(container, order, d), key + LITDATA_KEY)
         lits[kind] = d if litdata_ok else None
     return PeerData(container, sorted_c, tars, lits)
-
-
-def copies_dir(container_path: str) -> str:
-    """Where `dstore train --loader webdataset|litdata` finds the copies of a container: `peers/`
-    beside it (as `dstore bench --peers` writes them under its data directory)."""
-    return os.path.join(os.path.dirname(os.path.abspath(container_path)), "peers")
-
-
-def find_copy(reader, out_dir: str, loader: str, *, seed: int, kind: str = "shuffled"):
-    """The tar shards (`webdataset`) or LitData directory (`litdata`) of `reader`'s container in
-    `out_dir`, checked to be copies of it (the marker its writer left names the container's bytes);
-    raises ConfigError naming what to run where they are missing or stale."""
-    from dstore.errors import ConfigError
-
-    stem = _stem(reader.path, out_dir)
-    d = f"{stem}.wds-{kind}" if loader == "webdataset" else f"{stem}.litdata-{kind}"
-    # the container's bytes, not its path (read through a pfs mount, the path differs from the writer's)
-    key = _key("", np.asarray(reader.offsets), seed) + ("" if loader == "webdataset" else LITDATA_KEY)
-    tail = key[key.index("#"):]
-    try:
-        with open(d + ".done") as fh:
-            current = fh.read().endswith(tail)
-    except OSError:
-        current = False
-    if not current:
-        raise ConfigError(f"--loader {loader}: no current copy of {reader.path} at {d} (seed {seed}); write it with "
-                          f"python -m dstore.tools.bench.train_e2e (it writes the copies beside the container) or "
-                          f"dstore bench --peers --container {reader.path}")
-    if loader == "webdataset":
-        return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
-    return d

@@ -18,36 +18,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import time
 
 import numpy as np
 
+# the peers' loaders live with the trainer's (`dstore train --loader webdataset|litdata`), which reads them alike
+from dstore.training.peers import SHUFFLE_BUFFER, WDS_BUFFER, LitDataPeer, WebDatasetPeer, missing
+
+__all__ = ["SHUFFLE_BUFFER", "WDS_BUFFER", "LitDataPeer", "WebDatasetPeer", "missing"]
+
 EPOCHS = 2
-SHUFFLE_BUFFER = 1000
-"""WebDataset's `shuffle(1000)`: the buffer its documentation and examples use."""
-WDS_BUFFER = 1 << 20
-"""The buffered read: WebDataset's `GOPEN_BUFFER` of 1 MiB, which its composable pipeline's opener
-(`tarfile_to_samples` -> gopen) honours. As shipped, the `WebDataset` class opens local shards with
-a plain `open(path, "rb")` (webdataset/cache.py, StreamingOpen), so the tar reader's 512-byte
-blocks reach the file system as 8 KiB reads whatever GOPEN_BUFFER says."""
 RATES = (1500, 3000, 6000)
-
-
-def missing(module: str) -> str | None:
-    """Why `module` cannot be used here (None: it imports)."""
-    try:
-        __import__(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip the row
-        return f"{module} is not installed ({type(exc).__name__}: {exc}); bash tools/setup_peers.sh (docs/benchmarks.md)"
-    return None
-
-
-def _collate(samples):
-    """(list of sample bytes, int64 labels, int64 sample indices) of a batch of (key, bytes, label)
-    triples (the tar members are named by the sample's index in the container: peer_data.write_tars)."""
-    return ([s[1] for s in samples], np.array([int(s[2]) for s in samples], dtype=np.int64),
-            np.array([int(s[0]) for s in samples], dtype=np.int64))
 
 
 @dataclasses.dataclass
@@ -86,76 +67,10 @@ def store_spec(container: str, population: str, batch_size: int, seed: int, labe
                       container_files(container), collective=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class _RankSplit:
-    """WebDataset's nodesplitter for this rank: every `size`-th shard from `rank` (a class: the
-    DataLoader's spawned workers pickle it)."""
-
-    rank: int
-    size: int
-
-    def __call__(self, src):
-        return itertools.islice(src, self.rank, None, self.size)
-
-
-class _WebDataset:
-    def __init__(self, comm, shards, workers, buffered, batch, seed):
-        self.comm, self.shards, self.workers, self.batch, self.seed = comm, shards, workers, batch, seed
-        self.buffered = buffered
-        if buffered:  # read by gopen when it opens a shard (in the worker processes too)
-            os.environ["GOPEN_BUFFER"] = str(WDS_BUFFER)
-
-    def epoch(self, e):
-        import webdataset as wds
-
-        split = _RankSplit(self.comm.Get_rank(), self.comm.Get_size())
-        seed = self.seed * 1000 + e  # a fresh pipeline per epoch seeded with it: what set_epoch gives
-        if self.buffered:  # the composable pipeline of WebDataset's documentation
-            ds = wds.DataPipeline(wds.SimpleShardList(self.shards), split, wds.split_by_worker,
-                                  wds.detshuffle(len(self.shards), seed=seed), wds.tarfile_to_samples(),
-                                  wds.shuffle(SHUFFLE_BUFFER, seed=seed + 1), wds.to_tuple("__key__", "jpg", "cls"),
-                                  wds.batched(self.batch, collation_fn=_collate, partial=True))
-        else:  # the WebDataset class, as shipped
-            ds = (wds.WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
-                                 nodesplitter=split, empty_check=False)
-                  .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("__key__", "jpg", "cls")
-                  .batched(self.batch, collation_fn=_collate, partial=True))
-        it = ds if self.workers == 0 else wds.WebLoader(ds, batch_size=None, num_workers=self.workers)
-        yield from it
-
-    def close(self):
-        os.environ.pop("GOPEN_BUFFER", None)
-
-
 def wds_spec(shards, workers: int, buffered: bool, batch: int, seed: int, label: str = "") -> LoaderSpec:
     read = "DataPipeline, 1 MiB buffer" if buffered else "WebDataset class as shipped: 8 KiB reads"
     return LoaderSpec(f"WebDataset, {workers} workers, {read}{label}",
-                      lambda comm: _WebDataset(comm, shards, workers, buffered, batch, seed), list(shards))
-
-
-def _lit_collate(items):
-    """(samples, labels, sample indices: -1 in copies written before they held them)."""
-    return ([np.frombuffer(x["data"], dtype=np.uint8) for x in items], np.array([int(x["label"]) for x in items]),
-            np.array([int(x.get("index", -1)) for x in items], dtype=np.int64))
-
-
-class _LitData:
-    def __init__(self, comm, path, workers, batch, seed, cache_dir, posix):
-        import litdata
-
-        os.environ.update(WORLD_SIZE=str(comm.Get_size()), GLOBAL_RANK=str(comm.Get_rank()), NNODES="1")
-        if posix:
-            os.environ["LITDATA_POSIX_FAST"] = "0"
-        else:
-            os.environ.pop("LITDATA_POSIX_FAST", None)
-        self.ds = litdata.StreamingDataset(path, shuffle=True, seed=seed, cache_dir=cache_dir)
-        self.dl = litdata.StreamingDataLoader(self.ds, batch_size=batch, num_workers=workers, collate_fn=_lit_collate)
-
-    def epoch(self, e):
-        yield from self.dl
-
-    def close(self):
-        os.environ.pop("LITDATA_POSIX_FAST", None)
+                      lambda comm: WebDatasetPeer(comm, shards, workers, buffered, batch, seed), list(shards))
 
 
 def litdata_spec(path, workers: int, batch: int, seed: int, cache_dir: str, posix: bool, label: str = "") -> LoaderSpec:
@@ -163,7 +78,7 @@ def litdata_spec(path, workers: int, batch: int, seed: int, cache_dir: str, posi
     from dstore.tools.bench.common import files_under
 
     return LoaderSpec(f"LitData, {workers} workers, {how}{label}",
-                      lambda comm: _LitData(comm, path, workers, batch, seed, cache_dir, posix), files_under([path]))
+                      lambda comm: LitDataPeer(comm, path, workers, batch, seed, cache_dir, posix), files_under([path]))
 
 
 def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int = EPOCHS,

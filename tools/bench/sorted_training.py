@@ -93,7 +93,7 @@ def run(out_dir: str, epochs: int = 5, seed: int = 0) -> list[dict]:
                      **train(lambda e: ((b.samples, b.labels) for b in st.epoch(e)), epochs, seed, hx, hy)})
     if peers.missing("webdataset") is None:
         for workers in (0, 2):
-            w = peers._WebDataset(comm, shards, workers, True, BATCH, seed)
+            w = peers.WebDatasetPeer(comm, shards, workers, True, BATCH, seed)
             rows.append({"name": f"WebDataset shard shuffle + shuffle({peers.SHUFFLE_BUFFER}), {workers} workers",
                          **train(w.epoch, epochs, seed, hx, hy)})
             w.close()

@@ -24,10 +24,10 @@ import sys
 import time
 
 from dstore.formats import open_container
-from dstore.tools.bench.peer_data import PEER_LOADERS, copies_dir
 from dstore.tools.pfs.model import parse_spec
 from dstore.tools.pfs.mount import pfs_mount
 from dstore.training.config import LOADERS, TrainConfig
+from dstore.training.peers import PEER_LOADERS, copies_dir
 
 DEFAULT_RUNGS = ("local", "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
 
