@@ -8,6 +8,7 @@ The mount's tests are skipped, with the reason, where FUSE is not available.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -132,3 +133,22 @@ def test_the_first_step_read_ahead_serves_exactly_its_own_step(container, tmp_pa
     script.write_text(_FIRST)
     res = run_mpi(2, ["python", str(script), path, how], timeout=120)
     assert f"OK {how}" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.mpi
+def test_the_first_batch_tool_reports_every_loader(tmp_path):
+    # tools/bench/first_batch.py (docs/benchmarks.md's before/after figures) on a tiny generated set:
+    # a row per loader with one figure per pass; WebDataset's skipped with the reason where absent
+    from mpirun import run_mpi
+
+    from dstore.training.peers import missing
+
+    res = run_mpi(2, ["python", "-m", "dstore.tools.bench.first_batch", "--data-dir", str(tmp_path), "--count", "48",
+                      "--rung", "local", "--repeats", "2", "--batch-size", "16"], timeout=120)
+    rows = {line.split(" | ")[0].strip("| "): line for line in res.stdout.splitlines() if line.startswith("| ")}
+    for name in ("store (stream)", "store (preload)"):
+        # the median, then both passes, of the first batch and of epoch 0
+        assert name in rows and re.search(r"\| [\d.]+ \([\d.]+, [\d.]+\) \| [\d.]+ \([\d.]+, [\d.]+\) \|", rows[name]), \
+            res.stdout
+    wds = [n for n in rows if n.startswith("WebDataset")]
+    assert (len(wds) == 1) if missing("webdataset") is None else "Skipped WebDataset" in res.stdout, res.stdout
