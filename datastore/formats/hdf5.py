@@ -38,8 +38,9 @@ attributes and B-tree nodes in requests of 8 bytes to a few KiB, about 25 of the
 container, each a storage round trip and an operation of a parallel file system's budget; ours
 lie in two places (the file's head, and the index and names written after the data), which one
 aligned block each holds."""
-META_BLOCKS_KEPT = 8
-"""Blocks a reader keeps (2 MiB): the head, the tail and a few for names looked up later."""
+META_BLOCKS_KEPT = 4
+"""Blocks a reader keeps while it reads metadata (1 MiB); none once its index is read
+(`_BlockFile.forget`): a sharded container holds a reader per shard."""
 
 
 def _py(value):
@@ -238,6 +239,10 @@ class _BlockFile(io.RawIOBase):
         self._pos += n
         return n
 
+    def forget(self) -> None:
+        """Drops the blocks kept (read again if asked for)."""
+        self._blocks.clear()
+
     def close(self) -> None:
         fd, self.fd = self.fd, -1
         self._blocks.clear()
@@ -257,10 +262,10 @@ class HDF5Reader(ContainerReader):
 
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
-        self._file = self._direct = self._blocks = None
+        self._file = self._direct = self._fileobj = None
         try:
-            self._blocks = _BlockFile(self.path)
-            f = h5py.File(self._blocks, "r", locking=False)
+            self._fileobj = _BlockFile(self.path)
+            f = h5py.File(self._fileobj, "r", locking=False)
         except OSError as exc:
             self.close()
             raise FormatError(f"{self.path}: not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
@@ -297,7 +302,7 @@ class HDF5Reader(ContainerReader):
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         self._data = data
         self._data_id = data.id
-        self._direct = _DirectData.for_dataset(self.path, f, data, self._blocks.fd)
+        self._direct = _DirectData.for_dataset(self.path, f, data, self._fileobj.fd)
         self._names_len = int(names.shape[0]) if names.ndim == 1 else -1
         self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
 
@@ -318,6 +323,7 @@ class HDF5Reader(ContainerReader):
         check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, source_index,
                     self._names_len)
         self.offsets, self.labels, self.checksums, self.source_index = offsets, labels, checksums, source_index
+        self._fileobj.forget()  # the open's metadata reads are over (a reader opened without its index keeps 2)
 
     def _live(self):
         if self._file is None:
@@ -372,14 +378,14 @@ class HDF5Reader(ContainerReader):
     def close(self) -> None:
         f, self._file = self._file, None
         direct, self._direct = self._direct, None
-        blocks, self._blocks = self._blocks, None
+        fileobj, self._fileobj = self._fileobj, None
         self._data = self._data_id = self._names = None
         if direct is not None:
             direct.close()
         if f is not None:
             f.close()
-        if blocks is not None:
-            blocks.close()
+        if fileobj is not None:
+            fileobj.close()
 
 
 class HDF5Writer(StreamingWriter):
