@@ -179,6 +179,8 @@ class DataStore:
         self.fail_fast = False
         # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
         self.schedule_source: Callable[[int], plan.Schedule] | None = None
+        # population="stream": read the first step's samples ahead of the block (off for a mix's sources)
+        self.stream_first_reads = True
         self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
         self._sbufs = []  # storage read buffers, storage_lookahead + 1
         self._resume = None

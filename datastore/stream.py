@@ -314,7 +314,7 @@ class Stream:
         where the store is a mix's source (its steps are the mix's, set per epoch) or the step is
         empty."""
         store = self.store
-        if not getattr(store, "stream_first_reads", True) or store.schedule_source is not None:
+        if not store.stream_first_reads or store.schedule_source is not None:
             return None
         epoch, step = store._resume if store._resume is not None else (0, 0)
         sched = store.schedule(epoch)
