@@ -8,7 +8,7 @@ resident fraction (the tiered store's arithmetic: what fits the budget beside th
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
 
-The resident fraction is the store's own arithmetic (dstore.populate.check_budget): the store's
+The resident fraction is the store's own arithmetic (dstore.budget.check_budget): the store's
 budget holds its resident data and its buffers (receive buffers beside other ranks; when tiered,
 `storage_lookahead + 1` steps of storage reads and each storage thread's reader index). Under
 `dstore train` (`Cluster.trainer`) a rank's budget is shared with its loaders' decoded batches and
@@ -46,11 +46,11 @@ RANK_BASE_BYTES = 300 << 20
 BUDGET_FRACTION = 0.7
 """What the store takes of a node's memory by default (dstore.memory.default_budget)."""
 GAP_BYTES = 256 << 10
-"""dstore.populate.GAP_BYTES: the most bytes of non-resident samples a tiered preload's read crosses."""
+"""dstore.preload.GAP_BYTES: the most bytes of non-resident samples a tiered preload's read crosses."""
 PRELOAD_SCRATCH = 8 << 20
-"""dstore.populate.PRELOAD_SCRATCH: the most bytes of one read of a tiered preload."""
+"""dstore.preload.PRELOAD_SCRATCH: the most bytes of one read of a tiered preload."""
 READER_INDEX_BYTES = 28
-"""Per sample, in each storage thread's reader where its backend loads the index (dstore.populate:
+"""Per sample, in each storage thread's reader where its backend loads the index (dstore.budget:
 sharded containers; HDF5 and Zarr readers read byte ranges without it)."""
 
 
@@ -209,7 +209,7 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     step_bytes = per_step * mean_bytes
     step_max = largest_step_bytes if largest_step_bytes else 2 * step_bytes
     # The store's budget counts receive buffers wherever a rank gets samples from others
-    # (dstore.populate.receive_buffers); it allocates them only for samples in other nodes' windows
+    # (dstore.budget.receive_buffers); it allocates them only for samples in other nodes' windows
     # (dstore.epoch: a node's windows are read in place): none on one node, at most the bound on more.
     recv_counted = 0.0 if (replicate or p == 1) else (c.prefetch + 1) * step_max
     recv = recv_counted if c.nodes > 1 else 0.0
@@ -276,7 +276,7 @@ def default_budget(c: Cluster, n: int) -> float:
 
 
 def resident_fraction(share: float, budget: float, recv: float, tier: float, pooled: int = 1) -> float:
-    """The fraction of a rank's `share` the store keeps resident (dstore.populate.check_budget and
+    """The fraction of a rank's `share` the store keeps resident (dstore.budget.check_budget and
     choose_resident): all of it where it fits beside the receive buffers, else what the budget
     keeps beside the receive and the tier's buffers (`tier`). `pooled`: ranks whose budgets hold
     one copy together (replicated: the node's ranks; no tier, all or nothing in the store)."""

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dstore import budget as budget_mod
 from dstore import job, plan, rc, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
@@ -218,12 +219,12 @@ class DataStore:
     def tier_overhead(self) -> int:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
         buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
-        return populate_mod.tier_buffers(self, populate_mod.receive_buffers(self))
+        return budget_mod.tier_buffers(self, budget_mod.receive_buffers(self))
 
     def memory_needs(self) -> tuple[int, int]:
         """(bytes to hold all this rank's samples with its buffers, the least it can serve with: the
         buffers alone); before population, no communication (for `limit_memory`'s callers)."""
-        return populate_mod.memory_needs(self)
+        return budget_mod.memory_needs(self)
 
     def limit_memory(self, budget, source: str = "memory_budget argument") -> None:
         """Sets this rank's memory budget (as `memory_budget=`, `source` naming it), before population."""

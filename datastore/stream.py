@@ -4,7 +4,7 @@ background thread, in the order the first epoch needs them, while that epoch is 
 Why: a preload serves nothing before every rank has read its whole block, so the first batch waits
 for the slowest rank's block (1.3 s at 300 operations/s for 100 MB); a per-sample population
 (``dynamic``) starts at once but pays a storage request per sample. Here each rank still reads its
-contiguous block in `dstore.populate` pieces (the same big sequential reads as the preload), first
+contiguous block in `dstore.preload` pieces (the same big sequential reads as the preload), first
 the pieces holding the samples needed earliest (`plan_pieces`), and tells the others how far it
 has come. A step's sample whose piece is in its owner's window is served from there (a view or a
 get, as after a preload); one whose piece is not yet read is read from the container by the rank
@@ -40,7 +40,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from dstore import populate
+from dstore import budget, preload
 from dstore import shuffle as shuffle_mod
 from dstore.integrity import read_error
 from dstore.storage import StorageReader
@@ -72,12 +72,12 @@ def start(store) -> Stream:
         pool = StorageReader(store.container.path, threads, store.container.opened_identity,
                              shared=store.container)  # RangeReads never reads with the store's reader itself
         try:
-            populate.preload(populate.RangeReads(store.container, threads, pool=pool), *args, checks=store._checks,
+            preload.preload(preload.RangeReads(store.container, threads, pool=pool), *args, checks=store._checks,
                              order=order, done=done)
         finally:
             pool.close()
 
-    return Stream(store, fill, populate.piece_bytes(threads), populate.recv_bound(store))
+    return Stream(store, fill, preload.piece_bytes(threads), budget.recv_bound(store))
 
 
 def end(store) -> BaseException | None:
@@ -113,7 +113,7 @@ def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.nda
     """Every rank's read order of its block's pieces, and what each sample waits for.
 
     Rank r's block (samples [bounds[r], bounds[r+1])) is cut into pieces of whole samples as
-    dstore.populate.preload cuts it (`populate.sample_cuts`, at most `piece` bytes, or one longer
+    dstore.preload.preload cuts it (`preload.sample_cuts`, at most `piece` bytes, or one longer
     sample); they are read earliest first use first (`use`: the step of each sample; a piece's is
     the least of its samples'), ties in file order.
 
@@ -127,7 +127,7 @@ def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.nda
     for r in range(bounds.size - 1):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         rel = offsets[lo:hi + 1] - offsets[lo]
-        cuts = populate.sample_cuts(offsets, lo, hi, max(1, int(piece)))
+        cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
         count = cuts.size - 1
         full = np.nonzero(np.diff(rel) > 0)[0]
         which = np.searchsorted(cuts, rel[full], side="right") - 1  # each sample lies in one piece
@@ -147,7 +147,7 @@ class Stream:
     Args:
         store: the DataStore (its windows allocated, nothing read yet).
         fill: fill(order, done) reads this rank's block into its window in that piece order,
-            calling done(k) as the first k pieces are in (dstore.populate.preload), in a thread.
+            calling done(k) as the first k pieces are in (dstore.preload.preload), in a thread.
         piece: the bytes per piece `fill` reads.
         buffer_bytes: bytes of each of the `prefetch + 1` buffers a step's own reads land in.
 

@@ -11,7 +11,7 @@ import pytest
 from formats_helpers import random_samples, raw_container, write_samples
 from mpirun import run_mpi
 
-from dstore import capacity, populate, tiers
+from dstore import budget, capacity, preload, tiers
 from dstore.errors import ConfigError
 from dstore.tools.measure import plan_check
 
@@ -94,7 +94,7 @@ def test_the_model_of_a_tiered_preload_is_its_reads():
         pb, reads = capacity.tiered_preload(ids.size * size, size, res.mean(), piece)
         assert pb == pytest.approx(nbytes, rel=0.02) and reads == pytest.approx(len(groups), rel=0.05)
     assert (capacity.GAP_BYTES, capacity.PRELOAD_SCRATCH, capacity.READER_INDEX_BYTES) == (
-        populate.GAP_BYTES, populate.PRELOAD_SCRATCH, populate.READER_INDEX_BYTES)
+        preload.GAP_BYTES, preload.PRELOAD_SCRATCH, budget.READER_INDEX_BYTES)
 
 
 def test_the_budget_holds_the_stores_buffers_not_the_interpreter():
@@ -137,8 +137,8 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
     path = raw_container(tmp_path / "c.h5", n=400, shape=(8, 8, 3))
     store = DataStore(MPI.COMM_SELF, path, batch_size=8, population="stream")
     try:
-        assert populate.reader_index(store) == 0
-        assert populate.stream_buffers(store) == (store.prefetch + 1) * populate.recv_bound(store)
+        assert budget.reader_index(store) == 0
+        assert budget.stream_buffers(store) == (store.prefetch + 1) * budget.recv_bound(store)
     finally:
         store.close()
 

@@ -71,7 +71,7 @@ def test_zarr_container_in_process(tmp_path):
 
 @pytest.mark.parametrize("tiered", [False, True])
 def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, monkeypatch, caplog, tiered):
-    # The preload with several reads in flight (dstore.populate), pieces smaller than a chunk:
+    # The preload with several reads in flight (dstore.preload), pieces smaller than a chunk:
     # a truncated Zarr data chunk fails one piece on a worker thread; the error names the container
     # and the sample (index and source name), as the one-thread preload's does.
     import os
@@ -79,12 +79,12 @@ def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, m
 
     from mpi4py import MPI
 
-    from dstore import populate
+    from dstore import preload
     from dstore.errors import FormatError
     from dstore.store import DataStore
 
-    monkeypatch.setattr(populate, "PARALLEL_PIECE", 20_000)
-    monkeypatch.setattr(populate, "PRELOAD_SCRATCH", 20_000)
+    monkeypatch.setattr(preload, "PARALLEL_PIECE", 20_000)
+    monkeypatch.setattr(preload, "PRELOAD_SCRATCH", 20_000)
     path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr",
                                     chunk_bytes=1 << 16)
     kw = dict(batch_size=12, seed=3, population_threads=3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpirun import run_mpi
 
-from dstore import populate, stream
+from dstore import preload, stream
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
 sys.path.insert(0, str(SCEN_DIR))
@@ -29,7 +29,7 @@ def test_the_piece_plan_reads_every_piece_once_earliest_first_and_says_what_each
     for r in range(nranks):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         rel = offsets[lo:hi + 1] - offsets[lo]
-        cuts = populate.sample_cuts(offsets, lo, hi, piece)  # the preload's pieces: whole samples
+        cuts = preload.sample_cuts(offsets, lo, hi, piece)  # the preload's pieces: whole samples
         count = cuts.size - 1
         assert sorted(orders[r].tolist()) == list(range(count))  # every piece once
         pos = {int(j): k for k, j in enumerate(orders[r])}

@@ -1,4 +1,4 @@
-"""The tiered preload (dstore.populate.preload_resident) reads only the resident samples' runs:
+"""The tiered preload (dstore.preload.preload_resident) reads only the resident samples' runs:
 the bytes it reads, counted by the storage tier's reader, lie between the resident bytes and those
 plus the gaps it may cross; the window holds exactly the resident samples' bytes; a failed read
 names the bad sample."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import populate, tiers
+from dstore import preload, tiers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
 import scenarios
@@ -53,7 +53,7 @@ def test_the_tiered_preload_reads_the_resident_bytes_and_small_gaps_only(contain
 
     from dstore.formats import open_container
 
-    monkeypatch.setattr(populate, "GAP_BYTES", GAP)
+    monkeypatch.setattr(preload, "GAP_BYTES", GAP)
     kw = dict(batch_size=12, seed=4, population_threads=3, storage_threads=3)
     with open_container(container) as ref, _tiered(MPI.COMM_SELF, container, fraction, **kw) as st:
         assert ref.byte_addressable
@@ -86,7 +86,7 @@ def test_the_tiered_preload_names_the_sample_whose_read_fails(container, monkeyp
     from dstore.errors import FormatError
     from dstore.formats.hdf5 import HDF5Reader
 
-    monkeypatch.setattr(populate, "GAP_BYTES", GAP)
+    monkeypatch.setattr(preload, "GAP_BYTES", GAP)
     kw = dict(batch_size=12, seed=4, population_threads=3, storage_threads=3)
     with _tiered(MPI.COMM_SELF, container, 0.5, **kw) as st:
         res, off = st._resident, st.offsets
@@ -137,7 +137,7 @@ def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch,
 
     from dstore.formats import open_container
 
-    monkeypatch.setattr(populate, "GAP_BYTES", 0)
+    monkeypatch.setattr(preload, "GAP_BYTES", 0)
     path = build(tmp_path, backend, random_samples(300, seed=2, max_bytes=3000))
     with open_container(path) as ref, _tiered(MPI.COMM_SELF, path, 0.3, batch_size=8) as st:
         assert ref.byte_addressable == expect

@@ -298,15 +298,15 @@ def scenario_preload_pieces(comm, path):
 
 
 def scenario_parallel_population(comm, path):
-    """A preload with several reads in flight (dstore.populate) fills every window byte-identical
+    """A preload with several reads in flight (dstore.preload) fills every window byte-identical
     to a one-thread preload: a rank's block, a replicated copy's node part, and a tiered window's
     resident samples, with pieces smaller than a sample and than a block."""
-    from dstore import populate
+    from dstore import preload
 
-    saved = populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH
+    saved = preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH
     tier_reader = open_container(tier_container(path))
     try:
-        populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH = 3000, 9000
+        preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH = 3000, 9000
         for reader, tiered, kw in ((path, False, dict()), (path, False, dict(replicate=True)),
                                    (tier_container(path), True, dict())):
             windows = []
@@ -329,7 +329,7 @@ def scenario_parallel_population(comm, path):
             if not np.array_equal(windows[0], windows[1]):
                 raise AssertionError(f"rank {comm.rank}: 3-thread population differs from 1-thread ({kw}, {tiered=})")
     finally:
-        populate.PARALLEL_PIECE, populate.PRELOAD_SCRATCH = saved
+        preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH = saved
         tier_reader.close()
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scenarios
 from scenarios import BATCH, check_delivery, run_epoch
 
-from dstore import populate
+from dstore import preload as preload_mod
 from dstore.formats import open_container
 from dstore.store import DataStore
 
@@ -27,9 +27,9 @@ PAUSE = 0.004  # seconds after each piece read by the stream
 def slow_stream(piece=4096, pause=PAUSE):
     """Makes every stream read pieces of `piece` bytes and pause after each (the test's stand-in
     for slow storage: the reads themselves are real)."""
-    real = populate.preload
-    populate.PARALLEL_PIECE = piece
-    populate.prefault.PIECE_BYTES = max(piece, 4096)
+    real = preload_mod.preload
+    preload_mod.PARALLEL_PIECE = piece
+    preload_mod.prefault.PIECE_BYTES = max(piece, 4096)
 
     def preload(*args, done=None, **kw):
         def slow(k):
@@ -38,7 +38,7 @@ def slow_stream(piece=4096, pause=PAUSE):
                 done(k)
         return real(*args, done=slow, **kw)
 
-    populate.preload = preload
+    preload_mod.preload = preload
 
 
 def _counts(comm, store):
