@@ -2,8 +2,9 @@
 
 Given the data (samples N, their bytes) and the cluster (nodes, ranks per node, memory per node,
 network, the job's share of the storage, how fast each rank consumes samples), `forecast` says per
-rank: the data share, the metadata (dstore.index: 20 bytes per sample once per node; an epoch's
-schedule: ~13 bytes per sample the rank serves), the buffers, the decode workers' memory; the
+rank: the data share, the metadata (dstore.index: 13 bytes per sample once per node; an epoch's
+schedule: nothing per sample when every sample is resident, computed per step; a tiered store's
+~10 bytes per sample the rank serves and its resident mask, 1 byte per sample), the buffers, the decode workers' memory; the
 resident fraction (the tiered store's arithmetic: what fits the budget beside the store's buffers);
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
@@ -35,10 +36,15 @@ from dstore.workers import WORKER_BYTES
 
 REQUEST_BYTES = 1 << 20
 """Bytes of one storage request of a large read (the kernel splits reads into about 1 MiB)."""
-INDEX_BYTES = 20
-"""Per sample, once per node: offsets, labels and checksums (dstore.index.NodeIndex)."""
-SCHEDULE_BYTES = 13
-"""Per sample a rank serves in an epoch: its id (8), pad flag (1), owner (4) (dstore.epoch)."""
+INDEX_BYTES = 13
+"""Per sample, once per node: offsets (8), checksums (4), labels (1, up to 256 classes) (dstore.index.NodeIndex)."""
+SCHEDULE_BYTES = 0
+"""Per sample a rank serves in an epoch of a resident store: none (the global order's schedule is
+computed per step from the bijection, dstore.plan.global_schedule)."""
+TIER_SCHEDULE_BYTES = 10
+"""Per sample a tiered rank serves in an epoch: its id (8) and two flags (dstore.storage.StorageEpoch)."""
+RESIDENT_MASK_BYTES = 1
+"""Per sample of N, on every rank of a tiered store: which samples are resident (dstore.tiers.resident_mask)."""
 LOADER_AHEAD = 2
 """Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
 RANK_BASE_BYTES = 300 << 20
@@ -226,6 +232,8 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     tier = tier_scratch + c.storage_threads * c.reader_index_bytes * n
     resident = resident_fraction(share, store_budget, recv_counted, tier, rpn if replicate else 1)
     held = recv + (tier if resident < 1.0 else 0.0) + share * resident  # what the rank holds of its budget
+    if resident < 1.0:  # the tiered epoch's plan, beside the budget
+        metadata += TIER_SCHEDULE_BYTES * n / p + RESIDENT_MASK_BYTES * n
     storage_step = step_bytes * (1.0 - resident)  # non-resident samples, read by the rank that needs them
     reads_step = per_step * (1.0 - resident)
     storage_time = (storage_step * p / storage.bandwidth if storage.bandwidth < math.inf else 0.0)
@@ -242,7 +250,8 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     # The gets and storage reads of the next `lookahead` steps overlap this one: input is off the
     # critical path while each stream keeps up with the step on its own.
     lookahead = max(1, math.ceil((storage.latency + storage_time) / step_seconds) + 1) if resident < 1 else 4
-    node_bytes = rpn * (RANK_BASE_BYTES + decode + held) + INDEX_BYTES * n + SCHEDULE_BYTES * n * rpn / p
+    schedules = rpn * (metadata - INDEX_BYTES * n / rpn)  # the node's ranks' own metadata
+    node_bytes = rpn * (RANK_BASE_BYTES + decode + held) + INDEX_BYTES * n + schedules
     off_critical = max(remote_time, storage_time, decode_time) <= step_seconds
     return {
         "samples": n, "mean_bytes": float(mean_bytes), "total_bytes": total,
@@ -251,7 +260,7 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
                      "storage_buffer_bytes": tier if resident < 1.0 else 0.0, "decode_bytes": decode,
                      "budget_bytes": budget, "store_bytes": held,
                      "total_bytes": RANK_BASE_BYTES + metadata + decode + held},
-        "per_node": {"index_bytes": INDEX_BYTES * n, "metadata_bytes": INDEX_BYTES * n + SCHEDULE_BYTES * n * rpn / p,
+        "per_node": {"index_bytes": INDEX_BYTES * n, "metadata_bytes": INDEX_BYTES * n + schedules,
                      "memory_bytes": node_bytes, "fits": node_bytes <= c.memory_per_node},
         "resident_fraction": resident, "replicate": replicate,
         "population_seconds": pop, "population_bytes": pop_bytes,

@@ -28,6 +28,9 @@ log = logging.getLogger("dstore.store")
 
 _NO_BUFFER = np.empty(0, dtype=np.uint8)
 
+CHUNK = 1 << 20
+"""Schedule entries looked at per pass where an epoch's set-up reads all of them (receive buffer sizes)."""
+
 
 @dataclasses.dataclass
 class Batch:
@@ -236,15 +239,15 @@ class EpochRun:
 
     def _plan(self) -> None:
         """Per entry of the schedule: whose window serves it (or storage); the receive buffers."""
-        store, sched, first, ids_all = self.store, self.sched, self.first, self.ids_all
+        store, sched, first = self.store, self.sched, self.first
         self.steps = list(range(first, sched.steps))
         store._next = (self.e, first) if first < sched.steps else (self.e + 1, 0)
         if store.replicate:
-            owner = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
+            self.owner_of = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
             self.disp, segs = store.offsets[:-1], {store.rank: store._view}
             self.base = np.zeros(store.size, dtype=np.int64)  # the node's copy: displacement = offset
         else:
-            owner, self.disp, segs = store.layout.owner, store.layout.disp, store._segs
+            self.owner_of, self.disp, segs = store.layout.owner, store.layout.disp, store._segs
             self.base = store.layout.base
         self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
         self.mapped = np.zeros(store.size, dtype=bool)
@@ -256,17 +259,36 @@ class EpochRun:
             self.tier = StorageEpoch(store._storage, sched, first, store._resident, store.offsets, store._base_byte,
                                      store.storage_lookahead, store._sbufs, store._checks)
             store._sbufs = self.tier.bufs
-            owner = np.where(self.tier.from_storage, store.rank, owner[ids_all])  # per entry: no get for these
-        else:
-            owner = owner[ids_all]
-        self.owner = owner.astype(np.int32)  # a rank number: 4 bytes per entry of the epoch, not 8
         if not store.replicate:  # exact receive buffer sizes for this epoch
-            rb = np.where(~self.mapped[owner], store.sizes[ids_all], 0)
-            csum = np.concatenate([[0], np.cumsum(rb)])  # not reduceat: a step may be empty (dstore.mixed)
-            need = int((csum[sched.ptr[first + 1:]] - csum[sched.ptr[first:-1]]).max(initial=0))
+            need = 0 if self.mapped.all() else self._largest_remote_step(first)
             if len(store._bufs) != self.nbuf or store._bufs[0].size < need:
                 store._bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
         self.ro = [readonly(b) for b in store._bufs]
+
+    def owners(self, ids: np.ndarray, sl: slice) -> np.ndarray:
+        """Whose window serves each of schedule entries `sl` (their ids `ids`): this rank's for the
+        entries the storage tier reads. Computed per step (a search over the P+1 block bounds), not
+        held per entry of the epoch."""
+        own = np.asarray(self.owner_of[ids], dtype=np.int64)
+        if self.tier is not None:
+            own = np.where(self.tier.from_storage[sl], self.store.rank, own)
+        return own
+
+    def _largest_remote_step(self, first: int) -> int:
+        """Bytes of the largest step's samples in windows this rank does not map (its receive
+        buffer), over steps from `first`; the schedule is read in chunks of about CHUNK entries."""
+        store, ptr = self.store, self.sched.ptr
+        steps = self.sched.steps
+        per = max(1, int(ptr[-1]) // max(steps, 1))
+        need = 0
+        for a in range(first, steps, max(1, CHUNK // per)):
+            b = min(steps, a + max(1, CHUNK // per))
+            sl = slice(int(ptr[a]), int(ptr[b]))
+            ids = self.ids_all[sl]
+            rb = np.where(~self.mapped[self.owners(ids, sl)], store.sizes[ids], 0)
+            csum = np.concatenate([[0], np.cumsum(rb)])  # not reduceat: a step may be empty (dstore.mixed)
+            need = max(need, int((csum[ptr[a + 1:b + 1] - ptr[a]] - csum[ptr[a:b] - ptr[a]]).max(initial=0)))
+        return need
 
     # ------------------------------------------------------------ per step
     def issue(self, s: int, slot: int) -> Issued:
@@ -275,7 +297,7 @@ class EpochRun:
         store = self.store
         sl = self.sched.step(s)
         ids = self.ids_all[sl]
-        own, sread = self.owner[sl], None
+        own, sread = self.owners(ids, sl), None
         start = store.offsets[ids]  # one look-up of the shared offsets gives both length and displacement
         length = store.offsets[ids + 1] - start
         disp = start - self.base[own] if self.base is not None else self.disp[ids]  # in the owner's window
@@ -347,7 +369,7 @@ class EpochRun:
             st.samples_storage += int(stor.sum())
             st.bytes_storage += int(store.sizes[ids[stor]].sum())
             st.storage_reads += nruns
-        batch = Batch(samples, store.labels[ids], ids + store.start, self.e, s, pad)
+        batch = Batch(samples, store.labels[ids].astype(np.int64), ids + store.start, self.e, s, pad)
         peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
         if sread is not None:
             peer &= ~sread[0]

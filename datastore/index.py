@@ -9,7 +9,9 @@ copies the served slice into a shared-memory window (dstore.window.Arena with sh
 drops its reader's copy; the node's other ranks map that window read-only and never read the
 index (they open the container with ``index=False``: attributes only, then byte ranges). The
 checksums are kept too (4 bytes per sample): every byte read from storage is checked against them
-(dstore.integrity). Names and source indices are not held: what needs them (verify, error
+(dstore.integrity). Labels are held in the smallest integer type that holds the served labels
+(`label_dtype`: uint8 for up to 256 classes, so 8 + 4 + 1 = 13 bytes per sample); the batch
+widens its labels to int64. Names and source indices are not held: what needs them (verify, error
 messages) reads them from the container.
 """
 
@@ -22,12 +24,37 @@ from dstore.errors import ConfigError
 from dstore.formats.backends import checked
 from dstore.window import Arena
 
-BYTES_PER_SAMPLE = 20
-"""Bytes per served sample of one node's index: int64 offsets, int64 labels, uint32 checksums."""
+BYTES_PER_SAMPLE = 13
+"""Bytes per served sample of one node's index: int64 offsets, uint32 checksums, uint8 labels
+(labels of more than 256 classes, or negative ones, take 2, 4 or 8: `label_dtype`)."""
+
+LABEL_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
+"""The label types a node index holds, smallest first (the first that holds every served label)."""
+
+
+def label_dtype(lo: int, hi: int) -> np.dtype:
+    """The smallest of LABEL_DTYPES holding every integer in [lo, hi]."""
+    for t in LABEL_DTYPES:
+        info = np.iinfo(t)
+        if info.min <= lo and hi <= info.max:
+            return np.dtype(t)
+    return np.dtype(np.int64)
+
+
+def index_bytes(n: int, labels: np.dtype) -> int:
+    """Bytes of a node index of n samples whose labels are of type `labels`."""
+    return _labels_at(n, labels) + np.dtype(labels).itemsize * n
+
+
+def _labels_at(n: int, labels) -> int:
+    """Where the labels start in a node index: after the offsets and checksums, aligned to their type."""
+    k = np.dtype(labels).itemsize
+    return -(-(8 * (n + 1) + 4 * n) // k) * k
 
 
 class NodeIndex:
-    """Offsets (int64[n+1], from 0), labels (int64[n]) and checksums (uint32[n]) of container samples
+    """Offsets (int64[n+1], from 0), checksums (uint32[n]) and labels (`label_dtype` of the served
+    labels: uint8 for up to 256 classes; widen to int64 where delivered) of container samples
     [start, stop), one read-only copy per node (collective over `comm`; `free()` is collective too, safe twice).
 
     Args:
@@ -47,13 +74,19 @@ class NodeIndex:
         self.base_byte = 0  # the data byte of sample `start`
         n = int(stop) - int(start)
         leader = self._node.Get_rank() == 0
-        exc = None
-        try:
-            self._arena = Arena(self._node, BYTES_PER_SAMPLE * n + 8 if leader else 0, shared=True)
+        exc, code = None, 0
+        try:  # the node reader reads (and checks) the index first: the labels' type sizes the window
             if leader:
-                self._fill(reader, int(start), int(stop), check_labels)
+                code = self._prepare(reader, int(start), int(stop), check_labels)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
+        try:
+            size = index_bytes(n, LABEL_DTYPES[code]) if leader and exc is None else 0
+            self._arena = Arena(self._node, size, shared=True)  # collective: every rank of the node comes here
+            if leader and exc is None:
+                self._fill(reader, int(start), int(stop), LABEL_DTYPES[code])
+        except Exception as e:  # noqa: BLE001 - as above
+            exc = exc or e
         try:
             agree(comm, exc)
         except BaseException:
@@ -61,31 +94,49 @@ class NodeIndex:
             raise
         self._arena.publish()
         seg = self._arena.segment(0)
-        self.base_byte = int(self._node.bcast(self.base_byte, root=0))
+        self.base_byte, code = self._node.bcast((self.base_byte, code), root=0)
+        self.base_byte = int(self.base_byte)
+        lab = np.dtype(LABEL_DTYPES[code])
         self.offsets = _readonly(seg[:8 * (n + 1)].view(np.int64))
-        self.labels = _readonly(seg[8 * (n + 1):8 * (2 * n + 1)].view(np.int64))
-        self.checksums = _readonly(seg[8 * (2 * n + 1):8 * (2 * n + 1) + 4 * n].view(np.uint32))
+        a = 8 * (n + 1)
+        self.checksums = _readonly(seg[a:a + 4 * n].view(np.uint32))
+        a = _labels_at(n, lab)
+        self.labels = _readonly(seg[a:a + lab.itemsize * n].view(lab))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the node's copy (offsets, checksums, labels)."""
+        return 0 if self.offsets is None else self.offsets.nbytes + self.checksums.nbytes + self.labels.nbytes
 
     @property
     def node_size(self) -> int:
         """Ranks sharing this copy."""
         return self._node.Get_size() if self._node is not None else 0
 
-    def _fill(self, reader, start: int, stop: int, check_labels: bool) -> None:
-        had = reader.index_loaded
-        if not had:
+    def _prepare(self, reader, start: int, stop: int, check_labels: bool) -> int:
+        """The node reader's index read (and its labels checked); the index into LABEL_DTYPES of the
+        smallest type holding the served labels."""
+        self._had = reader.index_loaded
+        if not self._had:
             self.bytes_read = 28 * reader.num_samples + 8  # offsets, labels, checksums, source_index
         if check_labels:
             checked(reader, True)
+        labels = reader.labels[start:stop]
+        lo, hi = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
+        return LABEL_DTYPES.index(label_dtype(lo, hi).type)
+
+    def _fill(self, reader, start: int, stop: int, labels) -> None:
         n = stop - start
         seg = self._arena.local
         off = seg[:8 * (n + 1)].view(np.int64)
         full = reader.offsets
         self.base_byte = int(full[start])
         np.subtract(full[start:stop + 1], full[start], out=off)
-        seg[8 * (n + 1):8 * (2 * n + 1)].view(np.int64)[:] = reader.labels[start:stop]
-        seg[8 * (2 * n + 1):8 * (2 * n + 1) + 4 * n].view(np.uint32)[:] = reader.checksums[start:stop]
-        if not had:  # this reader read them for the node: the shared copy replaces its own
+        a = 8 * (n + 1)
+        seg[a:a + 4 * n].view(np.uint32)[:] = reader.checksums[start:stop]
+        a = _labels_at(n, labels)
+        seg[a:a + np.dtype(labels).itemsize * n].view(labels)[:] = reader.labels[start:stop]
+        if not self._had:  # this reader read them for the node: the shared copy replaces its own
             reader.drop_index()
 
     def free(self) -> None:

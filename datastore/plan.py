@@ -145,25 +145,68 @@ def _with_pads(ids: np.ndarray, counts: np.ndarray, pad_id: int) -> Schedule:
 def global_schedule(order, batch_size: int, nranks: int, rank: int, drop_last: bool) -> Schedule:
     """Rank's deliveries under the global policy (see the module docstring).
 
-    `order` is the epoch's order as an int64 array or as a dstore.permute.Permutation: only the
-    rank's own positions (and one pad position) are looked up, so with a Permutation the schedule
-    costs O(N/P) memory."""
+    `order` is the epoch's order as an int64 array or as a dstore.permute.Permutation. With an array
+    the schedule's ids are an int64 array. With a Permutation and no pad entry, its `ids` and `pad`
+    are `Derived`: an entry's id is computed when it is looked up (its position from the entry's
+    index, then the bijection), so the schedule holds only `ptr` (O(steps)), not O(N/P) ids; with a
+    pad entry (a step with fewer samples than ranks) only the rank's own positions are looked up
+    once, O(N/P)."""
     n = order.size
     steps = steps_per_epoch(n, batch_size, drop_last)
     full = min(steps, n // batch_size)
     lo, hi = share(batch_size, nranks, rank)
-    idx = (np.arange(full, dtype=np.int64)[:, None] * batch_size + lo + np.arange(hi - lo)[None, :]).ravel()
     counts = [hi - lo] * full
+    llo = lhi = 0
     if steps > full:  # the short last step
-        last = n - full * batch_size
-        llo, lhi = share(last, nranks, rank)
-        idx = np.concatenate([idx, full * batch_size + np.arange(llo, lhi)])
+        llo, lhi = share(n - full * batch_size, nranks, rank)
         counts.append(lhi - llo)
+    counts = np.asarray(counts, dtype=np.int64)
+    w, head = hi - lo, full * (hi - lo)
+
+    def positions(j: np.ndarray) -> np.ndarray:  # entry j of the rank's epoch -> its position in the order
+        j = np.asarray(j, dtype=np.int64)
+        s = j // max(w, 1)
+        return np.where(j < head, s * batch_size + lo + (j - s * w), full * batch_size + llo + (j - head))
+
+    if not isinstance(order, np.ndarray) and counts.size and counts.min() > 0:
+        ptr = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        m = int(ptr[-1])
+        return Schedule(Derived(m, _Blocks(lambda j: order[positions(j)], m)), ptr,  # type: ignore[arg-type]
+                        Derived(m, lambda j: np.zeros(np.size(j), dtype=bool)))  # type: ignore[arg-type]
+    idx = positions(np.arange(int(counts.sum()), dtype=np.int64))
     # A pad repeats the rank's own first sample of the epoch (so under dynamic population it is
     # one the rank holds); a rank with no sample at all in step 0 (N < ranks) repeats order[rank % N].
     l0, h0 = share(min(batch_size, n), nranks, rank)
     pad_id = int(order[l0]) if h0 > l0 else int(order[rank % n])
-    return _with_pads(order[idx], np.asarray(counts, dtype=np.int64), pad_id)
+    return _with_pads(np.asarray(order[idx], dtype=np.int64), counts, pad_id)
+
+
+BLOCK = 1 << 16
+"""Entries of a schedule computed on lookup that one lookup computes at least (`_Blocks`): an epoch
+reads its schedule step by step, and a step is too few positions to pay the bijection's per-call cost."""
+
+
+class _Blocks:
+    """`fn` (entries -> ids) computed BLOCK entries at a time, the last block kept: a lookup inside it
+    is a copy. Memory O(BLOCK); a lookup wider than BLOCK is computed as it is."""
+
+    def __init__(self, fn, m: int):
+        self.fn, self.m = fn, int(m)
+        self._block = (0, 0, np.zeros(0, dtype=np.int64))
+
+    def __call__(self, j: np.ndarray) -> np.ndarray:
+        if j.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        a, b = int(j.min()), int(j.max()) + 1
+        lo, hi, ids = self._block  # one tuple: a thread reading beside the epoch sees a whole block
+        if a < lo or b > hi:
+            if b - a > BLOCK:
+                return self.fn(j)
+            lo, hi = a, min(self.m, max(b, a + BLOCK))
+            ids = self.fn(np.arange(lo, hi, dtype=np.int64))
+            self._block = (lo, hi, ids)
+        return ids[j - lo]
 
 
 def dealt_schedule(seq: np.ndarray, steps: int, pad_id: int) -> Schedule:
@@ -249,7 +292,7 @@ def _whole(op):
 
 
 for _op in ("eq", "ne", "lt", "le", "gt", "ge", "add", "radd", "sub", "rsub", "mul", "rmul", "neg",
-            "and", "rand", "or", "ror", "floordiv", "mod"):
+            "and", "rand", "or", "ror", "floordiv", "mod", "invert"):
     setattr(Derived, f"__{_op}__", _whole(f"__{_op}__"))
 
 

@@ -152,7 +152,9 @@ class StorageEpoch:
         self._tiers = tiers
         self.reader, self.sched, self.offsets, self.base = reader, sched, offsets, int(base)
         self.checks = checks
-        ids = sched.ids
+        # The tier's plan is per entry of the epoch (O(N/P)): a schedule computed on lookup
+        # (dstore.plan.Derived) is built here once.
+        self.ids = ids = np.asarray(sched.ids, dtype=np.int64)
         start = int(sched.ptr[first])
         idx = np.nonzero(~resident[ids])[0]
         idx = idx[idx >= start]
@@ -163,8 +165,7 @@ class StorageEpoch:
         self.read_entry[idx[firsts]] = True
         self._twice = set(uniq[counts > 1].tolist())
         self._copies = {}
-        sizes = np.diff(offsets)
-        rb = np.where(self.read_entry, sizes[ids], 0)
+        rb = np.where(self.read_entry, offsets[ids + 1] - offsets[ids], 0)  # no int64[N] of sizes
         per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
         need = int(per_step[first:].max(initial=0))
         n = lookahead + 1
@@ -183,7 +184,7 @@ class StorageEpoch:
         s = self._steps[self._k]
         self._k += 1
         sl = self.sched.step(s)
-        p = self._tiers.plan_storage(self.sched.ids[sl], self.read_entry[sl], self.offsets)
+        p = self._tiers.plan_storage(self.ids[sl], self.read_entry[sl], self.offsets)
         checks = None if self.checks is None else [functools.partial(self.checks.run, lo=lo, hi=hi) for lo, hi in
                                                    zip(p.run_lo.tolist(), p.run_hi.tolist())]
         futs = self.reader.submit(self.bufs[slot], self.base + self.offsets[p.run_lo],
@@ -202,7 +203,7 @@ class StorageEpoch:
             self._slot = slot
         self._pending.popleft()
         sl = self.sched.step(s)
-        ids = self.sched.ids[sl].tolist()
+        ids = self.ids[sl].tolist()
         buf = self._ro[slot]
         views = [None] * len(ids)
         for j, (i, on, e) in enumerate(zip(ids, self.from_storage[sl].tolist(), p.entry.tolist())):

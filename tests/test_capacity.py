@@ -34,7 +34,7 @@ def test_more_nodes_shrink_the_share_not_the_node_index():
 
     a, b = f(4), f(64)
     assert b["per_rank"]["data_share_bytes"] == pytest.approx(a["per_rank"]["data_share_bytes"] / 16)
-    assert a["per_node"]["index_bytes"] == b["per_node"]["index_bytes"] == 20 * 10_000_000
+    assert a["per_node"]["index_bytes"] == b["per_node"]["index_bytes"] == 13 * 10_000_000
     assert a["resident_fraction"] < 1.0 and a["recommend"]["tiered"]  # 1 TB on 4 x 64 GB: tiered
     assert b["resident_fraction"] == 1.0 and not b["recommend"]["tiered"]
     assert a["step"]["storage_bytes"] > 0 == b["step"]["storage_bytes"]

@@ -70,6 +70,40 @@ def test_a_ranks_schedule_from_the_permutation_equals_the_one_from_the_whole_ord
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.ptr, b.ptr) and np.array_equal(a.pad, b.pad)
 
 
+@settings(max_examples=80)
+@given(n=st.integers(1, 300), bs=st.integers(1, 40), nranks=st.integers(1, 6), drop=st.booleans(),
+       seed=st.integers(0, 99))
+def test_a_schedule_computed_on_lookup_serves_each_step_as_the_built_one(n, bs, nranks, drop, seed):
+    if drop and n < bs:
+        return
+    perm = shuffle.global_permutation(n, seed, 2)
+    order = np.asarray(perm)
+    for r in range(nranks):
+        lazy = plan.global_schedule(perm, bs, nranks, r, drop)
+        built = plan.global_schedule(order, bs, nranks, r, drop)
+        # No pad entry: nothing per entry is held (ids and pad are computed per lookup).
+        assert isinstance(lazy.ids, plan.Derived) == (not built.pad.any())
+        assert np.array_equal(lazy.ptr, built.ptr)
+        for s in range(built.steps):
+            sl = built.step(s)
+            assert np.array_equal(lazy.ids[sl], built.ids[sl]) and np.array_equal(lazy.pad[sl], built.pad[sl])
+        assert np.array_equal(lazy.ids[~lazy.pad], built.ids[~built.pad])
+
+
+def test_a_schedule_computed_on_lookup_answers_any_lookup_across_its_blocks(monkeypatch):
+    monkeypatch.setattr(plan, "BLOCK", 7)  # lookups inside, across and wider than a block
+    perm = shuffle.global_permutation(1000, 4, 0)
+    lazy = plan.global_schedule(perm, 30, 3, 2, True)
+    built = plan.global_schedule(np.asarray(perm), 30, 3, 2, True)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a = int(rng.integers(0, built.ids.size))
+        j = a + rng.integers(0, int(rng.choice([3, 7, 20])), size=int(rng.integers(0, 12)))
+        j = j[j < built.ids.size]
+        assert np.array_equal(lazy.ids[j], built.ids[j])
+    assert np.array_equal(np.asarray(lazy.ids), built.ids)
+
+
 @settings(max_examples=60)
 @given(sz=st.lists(st.integers(0, 40), min_size=1, max_size=150), nranks=st.integers(1, 6),
        seed=st.integers(0, 99), epoch=st.integers(0, 4))

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from mpirun import run_mpi
 
 from dstore import budget as budget_mod
-from dstore import plan, shuffle
+from dstore import index, plan, shuffle
 from dstore.store import DataStore
 
 N = 203
@@ -54,3 +54,26 @@ def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backe
         assert readers and all(r.index_loaded != lazy for r in readers)
         assert not st.container.index_loaded or not lazy  # the store's own: the node copy replaced it
     assert got == list(range(300))
+
+
+def test_label_types_are_the_smallest_that_hold_the_labels():
+    assert index.label_dtype(0, 255) == np.uint8 and index.label_dtype(0, 256) == np.int16
+    assert index.label_dtype(-1, 5) == np.int16 and index.label_dtype(0, 40000) == np.int32
+    assert index.label_dtype(-2**31, 2**31 - 1) == np.int32 and index.label_dtype(0, 2**31) == np.int64
+    assert index.index_bytes(10, np.uint8) == 88 + 40 + 10 and index.index_bytes(3, np.int64) == 32 + 16 + 24
+
+
+@pytest.mark.parametrize("classes", [3, 300, 70000])
+def test_the_node_index_holds_labels_narrow_and_batches_deliver_them_as_int64(tmp_path, classes):
+    names = [f"c{i}" for i in range(classes)]
+    samples = [(bytes([i % 251]) * (1 + i % 5), (i * 7919) % classes, f"s{i}", i) for i in range(150)]
+    path = write_samples(tmp_path / "c.h5", "hdf5", samples, class_names=names)
+    want = {3: np.uint8, 300: np.int16, 70000: np.int32}[classes]
+    with DataStore(MPI.COMM_SELF, path, batch_size=16, seed=3, sample_range=(5, 150)) as st:
+        assert st.labels.dtype == want and not st.labels.flags.writeable
+        assert st._index.nbytes == 8 * 146 + 4 * 145 + np.dtype(want).itemsize * 145
+        got = {}
+        for b in st.epoch(0):
+            assert b.labels.dtype == np.int64
+            got.update(zip(b.ids.tolist(), b.labels.tolist()))
+    assert got == {i: samples[i][1] for i in range(5, 150)}
