@@ -109,8 +109,79 @@ def first_use(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: in
     return step
 
 
+def block_first_use(policy: str, num_samples: int, bounds: np.ndarray, rank: int, seed: int, epoch: int,
+                    batch_size: int, steps: int, fraction: float = 0.25) -> np.ndarray:
+    """``first_use(...)[lo:hi]`` for rank's block ``[lo, hi) = bounds[rank:rank+2]``, computed from the
+    block alone where the order allows: ``global`` by the bijection's inverse (each sample's position),
+    ``local`` from the block's own order (O(N/P) both); ``partial`` builds the whole order, as its
+    order does (O(N))."""
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    if policy == "global":
+        perm = shuffle_mod.global_permutation(num_samples, seed, epoch)
+        return perm.position_of(np.arange(lo, hi, dtype=np.int64)) // batch_size
+    if policy == "local":
+        seq = shuffle_mod.local_block(bounds, rank, seed, epoch)
+        use = np.empty(hi - lo, dtype=np.int64)
+        use[seq - lo] = (np.arange(hi - lo, dtype=np.int64) * steps) // max(hi - lo, 1)
+        return use
+    order = shuffle_mod.epoch_order(policy, num_samples, bounds, seed, epoch, fraction)
+    return first_use(policy, order, bounds, batch_size, steps)[lo:hi]
+
+
+def plan_block(offsets: np.ndarray, lo: int, hi: int, piece: int, use: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                          np.ndarray]:
+    """One rank's part of `plan_pieces`: block [lo, hi) cut into pieces as dstore.preload.preload
+    cuts it (`preload.sample_cuts`), read earliest first use first (`use`: the step of each of the
+    block's samples, int64[hi-lo]; ties in file order).
+
+    Returns:
+        (order, cuts, place): the piece indices in read order; the pieces' byte cuts from the block's
+        start (int64[pieces+1]); each piece's place in the read order, from 1 (the pieces a sample
+        of it waits for).
+    """
+    rel = offsets[lo:hi + 1] - offsets[lo]
+    cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
+    count = cuts.size - 1
+    full = np.nonzero(np.diff(rel) > 0)[0]
+    which = np.searchsorted(cuts, rel[full], side="right") - 1  # each sample lies in one piece
+    earliest = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(earliest, which, np.asarray(use)[full])
+    order = np.argsort(earliest, kind="stable")
+    place = np.empty(count, dtype=np.int64)
+    place[order] = np.arange(1, count + 1, dtype=np.int64)
+    return order, cuts, place
+
+
+class PieceWaits:
+    """What each sample waits for (`plan_pieces`' `need`), looked up from every rank's pieces instead
+    of held per sample: O(pieces of the data set), not O(N).
+
+    Args:
+        offsets: int64[N+1] of the served samples; bounds: int64[P+1], the blocks.
+        blocks: per rank, (cuts, place) of `plan_block`.
+    """
+
+    def __init__(self, offsets: np.ndarray, bounds: np.ndarray, blocks):
+        starts = [int(offsets[int(bounds[r])]) + np.asarray(c[:-1], dtype=np.int64) for r, (c, _) in enumerate(blocks)]
+        self.offsets = offsets
+        self.starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)  # pieces in byte order
+        self.place = np.concatenate([np.asarray(p, dtype=np.int64) for _, p in blocks]) if blocks else self.starts
+
+    def __getitem__(self, ids) -> np.ndarray:
+        """int64 per sample of `ids`: its owner's pieces, in read order, that must be read before it is whole
+        in its window (0 for an empty sample)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        a = self.offsets[ids]
+        full = self.offsets[ids + 1] > a
+        if not self.starts.size:
+            return np.zeros(ids.shape, dtype=np.int64)
+        g = np.maximum(np.searchsorted(self.starts, a, side="right") - 1, 0)  # the piece a sample starts in
+        return np.where(full, self.place[g], 0)
+
+
 def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.ndarray) -> tuple[list, np.ndarray]:
-    """Every rank's read order of its block's pieces, and what each sample waits for.
+    """Every rank's read order of its block's pieces, and what each sample waits for (O(N): a
+    store plans its own block, `plan_block`, and looks the rest up, `PieceWaits`).
 
     Rank r's block (samples [bounds[r], bounds[r+1])) is cut into pieces of whole samples as
     dstore.preload.preload cuts it (`preload.sample_cuts`, at most `piece` bytes, or one longer
@@ -126,17 +197,10 @@ def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.nda
     orders = []
     for r in range(bounds.size - 1):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
+        order, cuts, place = plan_block(offsets, lo, hi, piece, use[lo:hi])
         rel = offsets[lo:hi + 1] - offsets[lo]
-        cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
-        count = cuts.size - 1
         full = np.nonzero(np.diff(rel) > 0)[0]
-        which = np.searchsorted(cuts, rel[full], side="right") - 1  # each sample lies in one piece
-        earliest = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(earliest, which, use[lo + full])
-        order = np.argsort(earliest, kind="stable")
-        pos = np.empty(count, dtype=np.int64)
-        pos[order] = np.arange(count, dtype=np.int64)
-        need[lo + full] = pos[which] + 1
+        need[lo + full] = place[np.searchsorted(cuts, rel[full], side="right") - 1]
         orders.append(order)
     return orders, need
 
@@ -168,10 +232,14 @@ class Stream:
         self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
         self._early = self._first_reads()  # before the plan below: its storage requests overlap that work
         first_epoch = store._resume[0] if store._resume is not None else 0
-        order = shuffle_mod.epoch_order(store.policy, store.num_samples, store.bounds, store.seed, first_epoch,
-                                        store.partial_fraction)
-        use = first_use(store.policy, order, store.bounds, store.batch_size, store.steps_per_epoch)
-        orders, self.need = plan_pieces(store.offsets, store.bounds, piece, use)
+        # This rank plans its own block's pieces (O(N/P)) and learns the others' (O(pieces)): no
+        # order or first-use step of all N samples is built (but under `partial`, whose order is).
+        lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
+        use = block_first_use(store.policy, store.num_samples, store.bounds, store.rank, store.seed, first_epoch,
+                              store.batch_size, store.steps_per_epoch, store.partial_fraction)
+        own, cuts, place = plan_block(store.offsets, lo, hi, piece, use)
+        del use
+        self.need = PieceWaits(store.offsets, store.bounds, store.comm.allgather((cuts, place)))
         self.owner = store.layout.owner
         self.prefix = np.zeros(store.size, dtype=np.int64)
         self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
@@ -189,7 +257,7 @@ class Stream:
         self._xthread = None
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # else the main thread exchanges at each step
             self._xthread = threading.Thread(target=self._exchange, daemon=True, name="dstore-stream-exchange")
-        self._thread = threading.Thread(target=self._run, args=(fill, orders[store.rank]), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(fill, own), daemon=True,
                                         name="dstore-stream")
         self._thread.start()
         if self._xthread is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpirun import run_mpi
 
-from dstore import preload, stream
+from dstore import plan, preload, shuffle, stream
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
 sys.path.insert(0, str(SCEN_DIR))
@@ -54,6 +54,56 @@ def test_first_use_is_the_step_of_the_global_order():
     assert np.array_equal(use[order], np.arange(50) // 8)
     local = stream.first_use("local", order, np.array([0, 20, 50]), 8, 7)
     assert local.min() == 0 and local.max() == 6
+
+
+def _plan_pieces_before(offsets, bounds, piece, use):
+    """dstore.stream.plan_pieces as it was before each rank planned its own block (the reference)."""
+    need = np.zeros(offsets.size - 1, dtype=np.int64)
+    orders = []
+    for r in range(bounds.size - 1):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        rel = offsets[lo:hi + 1] - offsets[lo]
+        cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
+        count = cuts.size - 1
+        full = np.nonzero(np.diff(rel) > 0)[0]
+        which = np.searchsorted(cuts, rel[full], side="right") - 1
+        earliest = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, which, use[lo + full])
+        order = np.argsort(earliest, kind="stable")
+        pos = np.empty(count, dtype=np.int64)
+        pos[order] = np.arange(count, dtype=np.int64)
+        need[lo + full] = pos[which] + 1
+        orders.append(order)
+    return orders, need
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("policy", ["global", "local", "partial"])
+def test_each_rank_plans_its_own_block_and_looks_up_the_rest_as_the_whole_plan_did(seed, policy):
+    rng = np.random.default_rng(seed)
+    n, nranks, piece = int(rng.integers(1, 400)), int(rng.integers(1, 5)), int(rng.integers(1, 6000))
+    bs = int(rng.integers(1, 40))
+    sizes = rng.integers(0, 3000, n) * (rng.random(n) > 0.1)  # some empty
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    bounds = plan.block_bounds(offsets, nranks)
+    steps = plan.steps_per_epoch(n, bs, False)
+    epoch = int(rng.integers(0, 3))
+    order = shuffle.epoch_order(policy, n, bounds, 7, epoch, 0.3)
+    use = stream.first_use(policy, order, bounds, bs, steps)  # the whole epoch's, as the stream built it
+    orders, need = _plan_pieces_before(offsets, bounds, piece, use)
+    assert np.array_equal(stream.plan_pieces(offsets, bounds, piece, use)[1], need)
+    blocks = []
+    for r in range(nranks):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        mine = stream.block_first_use(policy, n, bounds, r, 7, epoch, bs, steps, 0.3)
+        assert np.array_equal(mine, use[lo:hi])
+        own, cuts, place = stream.plan_block(offsets, lo, hi, piece, mine)
+        assert np.array_equal(own, orders[r])  # the same read order of the rank's pieces
+        blocks.append((cuts, place))
+    waits = stream.PieceWaits(offsets, bounds, blocks)
+    ids = np.arange(n)
+    assert np.array_equal(waits[ids], need) and np.array_equal(waits[ids[::-2]], need[::-2])
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ Two steps, each a program with printed and JSON output:
         writes a container of N samples of `--bytes` bytes (HDF5, the library's writer) and reports
         the writer's peak RSS (the ingest's memory at scale);
     mpiexec -n P python tools/measure/scale.py run /tmp/tiny10M.h5 [--epochs 2] [--json out.json]
-        opens a DataStore (global order, preload, batch 1024) on P ranks and reports per rank:
+        opens a DataStore (global order, preload or `--population stream`, batch 1024) on P ranks
+        and reports per rank:
         VmRSS (private and shared parts) before the open, after it (window excluded), during the
         first epoch, bytes read by the open (/proc/self/io), open and epoch times; checks that the
         last epoch delivered every sample exactly once (a count per sample, summed over ranks).
@@ -89,7 +90,19 @@ def make(path: str, n: int, nbytes: int, batch: int = 200_000) -> dict:
     return out
 
 
-def run(path: str, epochs: int, batch: int) -> dict | None:
+def _stream_plan_bytes(store) -> int:
+    """Bytes of what a streaming store's rank holds to know when each sample is in its window (the
+    piece plan), while it streams; 0 otherwise."""
+    st = getattr(store, "_stream", None)
+    need = getattr(st, "need", None)
+    if need is None:
+        return 0
+    if hasattr(need, "nbytes"):
+        return int(need.nbytes)  # one int64 per sample of N
+    return int(need.starts.nbytes + need.place.nbytes)  # per piece
+
+
+def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict | None:
     import numpy as np
     from mpi4py import MPI
 
@@ -100,7 +113,7 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
     comm.Barrier()
     s0, r0 = status(), io_read()
     t0 = time.perf_counter()
-    store = DataStore(comm, path, batch_size=batch, seed=1, population_threads=1)
+    store = DataStore(comm, path, batch_size=batch, seed=1, population_threads=1, population=population)
     comm.Barrier()
     t_open = time.perf_counter() - t0
     s_open, r_open = status(), io_read()
@@ -131,6 +144,7 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
                     peak = sb["RssAnon"] - s_pop["RssAnon"]
                     if e == 0:
                         row["first_batch_anon_bytes"] = sb["RssAnon"] - s0["RssAnon"]
+                        row["stream_plan_bytes"] = _stream_plan_bytes(store)
                     first = False
                 if last:
                     seen[b.ids[~b.pad]] += 1
@@ -138,6 +152,8 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
             row[f"epoch{e}_seconds"] = time.perf_counter() - t1
             if e == 0:
                 row["epoch_anon_bytes"] = peak  # what the epoch's plan adds, at its first batch
+        if population == "stream":  # the windows are filled only now
+            row["after_population_shmem_bytes"] = status()["RssShmem"] - s0["RssShmem"]
         total = np.zeros_like(seen)
         comm.Allreduce(seen, total, op=MPI.SUM)
         row["exactly_once"] = bool(np.all(total == 1))
@@ -159,12 +175,14 @@ def run(path: str, epochs: int, batch: int) -> dict | None:
               f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
               f"(window {r['window_bytes'] / 1e6:.1f} MB); epochs "
               + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs)) + f" s; exactly once: {r['exactly_once']}; "
-              f"metadata private {r['metadata_private_bytes'] / n:.1f} B/sample")
+              f"metadata private {r['metadata_private_bytes'] / n:.1f} B/sample; stream plan "
+              f"{r['stream_plan_bytes'] / n:.2f} B/sample")
     print(f"P={size} N={n}: metadata per rank (private) max {max(r['metadata_private_bytes'] for r in rows) / n:.1f} "
           f"B/sample, node index (shared) {rows[0]['index_shared_bytes'] / n:.1f} B/sample, per node (all ranks + "
           f"shared) {node / n:.1f} B/sample; open {max(r['open_seconds'] for r in rows):.2f} s, read at open "
           f"{sum(r['open_read_bytes'] for r in rows) / 1e6:.1f} MB over all ranks")
-    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "node_metadata_bytes": node,
+    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "population": population,
+            "node_metadata_bytes": node,
             "rows": rows}
 
 
@@ -181,9 +199,11 @@ def main(argv=None) -> int:
     r.add_argument("path")
     r.add_argument("--epochs", type=int, default=2)
     r.add_argument("--batch", type=int, default=1024)
+    r.add_argument("--population", default="preload", choices=("preload", "stream"),
+                   help="stream: the first batch is measured while the windows still fill (dstore.stream)")
     a = p.parse_args(argv)
     _use_source(a.src)
-    out = make(a.path, a.samples, a.bytes) if a.cmd == "make" else run(a.path, a.epochs, a.batch)
+    out = make(a.path, a.samples, a.bytes) if a.cmd == "make" else run(a.path, a.epochs, a.batch, a.population)
     if out is not None and a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
