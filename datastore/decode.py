@@ -9,6 +9,7 @@ import io
 
 import numpy as np
 
+from dstore import resize as _resize
 from dstore.errors import SampleError
 
 _JPEG_MAGIC = b"\xff\xd8"
@@ -92,14 +93,7 @@ def decode_sample(data, info, *, channels: int | None = None, min_size=None, nam
 
 
 def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """An HWC uint8 array resized (bilinear) to `size` = (H, W); returned as is if already that size."""
-    if arr.shape[:2] == tuple(size):
-        return arr
-    from PIL import Image
-
-    c = arr.shape[2]
-    im = Image.fromarray(arr[:, :, 0] if c == 1 else arr)
-    # np.array, not np.asarray: Pillow's array interface hands out read-only bytes, and a read-only
-    # array makes torch.from_numpy warn (and a transform unable to work in place).
-    out = np.array(im.resize((size[1], size[0]), Image.BILINEAR))
-    return out.reshape(size[0], size[1], c)
+    """An HWC uint8 array resized to `size` = (H, W) (fixed-point bilinear, dstore.resize: the same
+    pixels as a batch resize on any device); returned as is if already that size, else a new,
+    writable array."""
+    return _resize.resize(arr, size)

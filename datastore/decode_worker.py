@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from dstore.decode import decode_sample, resize
-from dstore.workers import params_offset
+from dstore.workers import NPARAMS, params_offset
 
 _PR_SET_PDEATHSIG = 1
 KEEP_HANDED = 4
@@ -87,25 +87,33 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     out = segs.get(req["slot"], "out", req["out"])
     pixels = out[: cap * c * h * w].reshape(cap, c, h, w)
     at = params_offset(cap, (c, h, w))
-    params = out[at: at + cap * 12].view(np.int32).reshape(cap, 3)
+    params = out[at: at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
     offsets, ids, epoch = req["offsets"], req["ids"], req["epoch"]
-    tf, info, size = setup["transform"], setup["info"], setup["size"]
+    tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]
     for i in range(req["lo"], req["hi"]):
         sid = int(ids[i])
         name = f"sample {sid}"
-        arr = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"], min_size=size,
+        arr = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"], min_size=setup["hint"],
                             name=name)
         if size is not None:
-            arr = resize(np.ascontiguousarray(arr), size)
+            arr = resize(arr, size)
         if tf is not None:
+            rng = np.random.default_rng([setup["seed"], epoch, sid])
             try:
-                arr, p = tf.sample_part(arr, np.random.default_rng([setup["seed"], epoch, sid]))
+                arr, p = tf.sample_part(arr, rng, defer_resize=True) if defer else tf.sample_part(arr, rng)
             except Exception as exc:  # the transform's own errors: name the sample
                 raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
             if setup["finish"]:  # the batch stays on the CPU: its batch part is applied here
                 arr = tf.finish(arr, p)
             else:
-                params[i] = p
+                params[i, : len(p)] = p
+        if defer:  # the part to resize, in the canvas's top left corner; its size is in the parameters
+            ih, iw, ic = arr.shape
+            if ic != c or ih > h or iw > w:
+                raise RuntimeError(f"{name}: the part to resize has shape {arr.shape} (H, W, C), more than the "
+                                   f"batch's canvas {(h, w, c)}")
+            pixels[i, :, :ih, :iw] = arr.transpose(2, 0, 1)
+            continue
         if arr.shape != (h, w, c):
             raise RuntimeError(f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
                                f"pass size=(H, W) and channels, or a transform that makes them equal")

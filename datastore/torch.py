@@ -148,6 +148,16 @@ class StoreLoader(torch.utils.data.IterableDataset):
         batch_ops: with workers, where the transform's batch part runs: "device" (tensor ops on
             the batch's device, the CPU without one), "worker" (in the workers, on each sample),
             or "auto" (device on a GPU, else worker).
+        resize_on: with workers and a transform that can defer its resize and crop (ImageTransform:
+            `sample_part(defer_resize=True)`, `resize_batch`): "device" runs them as one batch op
+            on the batch's device (the CPU without one), the workers then only decode and cut out
+            the part to resize, into a batch buffer of `transform.canvas()` (4x the pixels);
+            "worker" in the workers; "auto" (the default): device on a GPU, else worker. The
+            pixels are the same either way (dstore.resize).
+
+    A transform whose `resizes` attribute is true (ImageTransform) makes the one resize itself:
+    the loader then decodes at a DCT scale at least `size` (or the transform's size) and hands the
+    image over as it is, without resizing it first.
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
@@ -160,7 +170,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
                  ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None,
-                 workers: int | None = None, batch_ops: str = "auto"):
+                 workers: int | None = None, batch_ops: str = "auto", resize_on: str = "auto"):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
@@ -190,6 +200,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._seeded = transform is not None and _takes_rng(transform)
         self.channels = channels
         self.size = _size_pair(size)
+        # a transform that resizes itself gets the decoded image: one resize, not two
+        self._tf_resizes = transform is not None and bool(getattr(transform, "resizes", False))
+        self._hint = self.size if self.size is not None or not self._tf_resizes else _size_pair(transform.size)
         self.decode_threads = decode_threads
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
@@ -197,7 +210,12 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if batch_ops not in ("auto", "device", "worker"):
             raise ConfigError(f"batch_ops={batch_ops!r} must be 'auto', 'device' or 'worker'")
         self.batch_ops = batch_ops
+        if resize_on not in ("auto", "device", "worker"):
+            raise ConfigError(f"resize_on={resize_on!r} must be 'auto', 'device' or 'worker'")
+        self.resize_on = resize_on
         self._workers = self._make_workers(workers, on_gpu)
+        if self._workers is None and resize_on == "device":
+            raise ConfigError("resize_on='device' needs decode workers (workers=N): decode threads resize each sample")
         # NOTE [decode workers] 2: started by the copier thread, which lives as long as the loader
         self._workers_ready = None if self._workers is None else self._copier.submit(self._workers.start)
         self._epoch = 0
@@ -232,18 +250,31 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if size is None or channels is None:
             raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) and channels= "
                               f"(or a transform that has them)")
+        defer = self._resize_on_device(on_gpu)
         # A batch with a buffer of its own (not on_device) is not page-locked there: it is freed with
         # the caller's tensor, which cannot unregister it; pin_memory then copies it (_from_workers).
-        on_device = self._batch_ops_on_device(on_gpu)
+        # A deferred resize runs in this process, so the batch part after it does too.
+        on_device = self._batch_ops_on_device(on_gpu) or defer
+        shape = (channels, *(tf.canvas() if defer else size))
         try:
             from dstore.workers import DecodeWorkers
 
-            return DecodeWorkers(int(workers), shape=(channels, *size), info=info, channels=self.channels,
-                                 size=self.size, transform=tf, seed=self.store.seed, slots=self.ahead + 1,
+            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self.channels,
+                                 size=None if self._tf_resizes else self.size, hint=self._hint, defer=defer,
+                                 transform=tf, seed=self.store.seed, slots=self.ahead + 1,
                                  pin=(self.pin_memory or on_gpu) and on_device, on_device=on_device)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigError(f"workers={workers}: the transform {tf!r} cannot be pickled for the worker "
                               f"processes: {exc}") from None
+
+    def _resize_on_device(self, on_gpu: bool) -> bool:
+        """Whether the workers leave the transform's resize and crop to a batch op here (`resize_on`)."""
+        tf = self.transform
+        can = tf is not None and hasattr(tf, "resize_batch") and hasattr(tf, "canvas")
+        if self.resize_on == "device" and not can:
+            raise ConfigError(f"resize_on='device' needs a transform that can defer its resize "
+                              f"(dstore.training.augment.ImageTransform), not {tf!r}")
+        return can and (self.resize_on == "device" or (self.resize_on == "auto" and on_gpu))
 
     def _batch_ops_on_device(self, on_gpu: bool) -> bool:
         """Whether the transform's batch part runs as tensor ops on the batch's device (`batch_ops`;
@@ -308,9 +339,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         whose encoding it is decoded by and which joins the augmentation's seed."""
         info = self.store.info if source is None else self.store.infos[source]
         name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
-        arr = decode_sample(data, info, channels=self.channels, min_size=self.size, name=name)
-        if self.size is not None:
-            arr = resize(np.ascontiguousarray(arr), self.size)
+        arr = decode_sample(data, info, channels=self.channels, min_size=self._hint, name=name)
+        if self.size is not None and not self._tf_resizes:
+            arr = resize(arr, self.size)
         if self.transform is None:
             if not arr.flags.writeable:  # a raw sample viewing the batch's bytes: copy out of it
                 arr = arr.copy()
@@ -364,6 +395,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
             images, params = images.to(self.device), params.to(self.device)
         tf = self.transform
         if tf is not None:
+            if self._workers.defer:  # the workers cut out what to resize: the resize and crop run here
+                images = tf.resize_batch(images, params)
             if not self._workers.fresh:  # else the workers applied it
                 images = tf.batch_part(images, params)
             if getattr(tf, "normalize", False):

@@ -24,7 +24,10 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
 3. Memory. The ring has `ahead + 1` slots (`ahead` batches decoding, one being handed over). A
    slot has an input segment (the batch's encoded bytes back to back, copied out of the store's
    views by the copier thread) and an output segment (`capacity` x [C, H, W] uint8 pixels, then
-   `capacity` x 3 int32 batch-part parameters at `params_offset(capacity)`). Where batches stay on
+   `capacity` x NPARAMS int32 batch-part parameters at `params_offset(capacity)`). With a
+   deferred resize (`defer`) a sample's pixels are the part of its image the batch resize reads,
+   in the top left corner of a canvas [C, Hc, Wc] (`ImageTransform.canvas`), its size among the
+   parameters. Where batches stay on
    the CPU each batch gets a new output segment instead, the workers apply the transform's batch
    part themselves (`finish`: the flip is a stride of the copy they make anyway) and unmap it once
    written, and the caller's tensor owns the segment: no copy of the pixels in the rank at all
@@ -73,6 +76,10 @@ WORKER_BYTES = 96 << 20
 """A worker's memory counted in the rank's budget (dstore.training.budget), with a margin: measured
 70 MB RSS decoding 224px batches of 64, of which 19 MB anonymous, 30 MB the shared batch segments it
 maps (counted with the batches) and the rest the interpreter's and libraries' pages."""
+
+
+NPARAMS = 8
+"""int32 parameters per sample in an output segment (the transform's PARAMS, padded)."""
 
 
 def params_offset(capacity: int, shape: tuple[int, int, int]) -> int:
@@ -199,23 +206,27 @@ class DecodeWorkers:
     """`n` decode worker processes and their shared ring (NOTE [decode workers]).
 
     `start`, `submit` and `release`'s wait run in the loader's copier thread; `collect` in the
-    caller's. Args: shape: (C, H, W) of the output; info: the container's ContainerInfo; channels,
-    size: as the StoreLoader's; transform: None or one with `sample_part`; seed: the store's seed;
+    caller's. Args: shape: (C, H, W) of the output (of the canvas with `defer`); info: the
+    container's ContainerInfo; channels: as the StoreLoader's; size: the workers' own resize, None
+    where the transform resizes; hint: the decode's minimum (H, W) (a JPEG's DCT scale); defer:
+    the transform's resize and crop are left to the caller (`sample_part(defer_resize=True)`);
+    transform: None or one with `sample_part`; seed: the store's seed;
     slots: the ring's slots; pin: page-lock the output segments (CUDA); on_device: the caller runs
     the transform's batch part on the batch's device, else the workers apply it (its `finish`)
     and each batch gets an output segment of its own, handed to the caller (NOTE 3)."""
 
     def __init__(self, n: int, *, shape, info, channels, size, transform, seed: int, slots: int, pin: bool,
-                 on_device: bool):
+                 on_device: bool, hint=None, defer: bool = False):
         self.n = int(n)
         self.shape = tuple(int(x) for x in shape)
         self.pin = pin
         self.fresh = not on_device
+        self.defer = bool(defer)
         info = types.SimpleNamespace(encoding=info.encoding, raw_dtype=getattr(info, "raw_dtype", None),
                                      raw_shape=getattr(info, "raw_shape", None))
         self._setup = pickle.dumps({"shape": self.shape, "info": info, "channels": channels, "size": size,
-                                    "transform": transform, "seed": int(seed),
-                                    "finish": not on_device})
+                                    "hint": size if hint is None else hint, "defer": self.defer,
+                                    "transform": transform, "seed": int(seed), "finish": not on_device})
         self.slots = [Slot() for _ in range(slots)]
         self.procs, self._to, self._from = [], [], []
         self._seq = 0
@@ -309,11 +320,11 @@ class DecodeWorkers:
             if slot.out is not None:
                 slot.out.close()
             slot.capacity = max(n, 1)
-            slot.out = Segment(params_offset(slot.capacity, self.shape) + 12 * slot.capacity, pin=self.pin)
+            slot.out = Segment(params_offset(slot.capacity, self.shape) + 4 * NPARAMS * slot.capacity, pin=self.pin)
 
     def collect(self, ticket: Ticket):
         """Waits for `ticket`'s answers (NOTE 4): (pixels uint8 [n, C, H, W], parameters int32
-        [n, 3], worker-seconds), both views of the slot until `release`, or of memory of their own
+        [n, NPARAMS], worker-seconds), both views of the slot until `release`, or of memory of their own
         (one segment per batch, the batch part applied) without `on_device`."""
         secs, error = 0.0, None
         for w in ticket.workers:
@@ -334,7 +345,7 @@ class DecodeWorkers:
         c, h, w = self.shape
         images = whole[: slot.capacity * c * h * w].view(slot.capacity, c, h, w)[: ticket.n]
         at = params_offset(slot.capacity, self.shape)
-        params = whole[at: at + 12 * slot.capacity].view(_int32()).view(slot.capacity, 3)[: ticket.n]
+        params = whole[at: at + 4 * NPARAMS * slot.capacity].view(_int32()).view(slot.capacity, NPARAMS)[: ticket.n]
         return images, params, secs
 
     def release(self, ticket: Ticket, event=None) -> None:

@@ -72,6 +72,8 @@ def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
         assert _same(ref, _run(st, (0, 1), transform=TRANSFORM, workers=2, ahead=1))
         # the batch part as tensor ops on the CPU batch (as on a GPU): the same pixels
         assert _same(ref, _run(st, (0, 1), transform=TRANSFORM, workers=2, batch_ops="device"))
+        # the resize and crop as one batch op too (the workers only decode and cut out): the same pixels
+        assert _same(ref, _run(st, (0, 1), transform=TRANSFORM, workers=2, resize_on="device"))
         assert sum(len(x) for x, _, _ in ref) == 80 and ref[0][0].dtype == torch.uint8
         # no transform: the resized decode, as the threads give it
         assert _same(_run(st, 0, decode_threads=1), _run(st, 0, workers=2))
@@ -79,6 +81,12 @@ def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
         as_float = ImageTransform(**{**TRANSFORM.__dict__, "normalize": True})
         ref_float = _run(st, 1, transform=as_float, decode_threads=2)
         assert _same(ref_float, _run(st, 1, transform=as_float, workers=1, batch_ops="device"))
+        # images shrunk 2.5x: blocks averaged first (dstore.resize.fit), in the workers either way
+        small = ImageTransform(**{**TRANSFORM.__dict__, "size": (16, 16), "pad": 2})
+        ref_small = _run(st, 0, transform=small, decode_threads=2)
+        assert ref_small[0][0].shape[1:] == (3, 16, 16)
+        assert _same(ref_small, _run(st, 0, transform=small, workers=2, resize_on="device"))
+        assert _same(ref_small, _run(st, 0, transform=small, workers=1, resize_on="worker"))
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=4) as st:  # another seed, other pixels
         other = _run(st, 0, transform=TRANSFORM, decode_threads=1)
     assert not torch.equal(other[0][0], ref[0][0])
@@ -88,7 +96,8 @@ def test_the_batch_part_flips_and_jitters_as_specified():
     tf = ImageTransform(**{**TRANSFORM.__dict__})
     rng = np.random.default_rng(7)
     images = torch.from_numpy(rng.integers(0, 256, (4, 3, 5, 6), dtype=np.uint8))
-    params = torch.from_numpy(np.stack([IDENTITY, [1, 256, 256], [0, 300, 256], [0, 256, 200]]).astype(np.int32))
+    params = torch.from_numpy(np.stack([IDENTITY, IDENTITY, IDENTITY, IDENTITY]))
+    params[1, 0], params[2, 1], params[3, 2] = 1, 300, 200
     out = tf.batch_part(images, params)
     for k in range(4):  # the numpy form decode threads and workers apply: the same pixels
         hwc = images[k].permute(1, 2, 0).numpy()
@@ -113,7 +122,9 @@ def test_the_batch_part_gives_the_same_pixels_on_a_gpu(jpegs):
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
         ref = _run(st, 1, transform=TRANSFORM, decode_threads=2)
         got = _run(st, 1, transform=TRANSFORM, workers=2, device="cuda", pin_memory=True)
+        on_gpu = _run(st, 1, transform=TRANSFORM, workers=2, device="cuda", pin_memory=True, resize_on="device")
     assert all(torch.equal(x, u.cpu()) for (x, _, _), (u, _, _) in zip(ref, got))
+    assert all(torch.equal(x, u.cpu()) for (x, _, _), (u, _, _) in zip(ref, on_gpu))
 
 
 def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
@@ -151,6 +162,12 @@ def test_workers_refuse_what_they_cannot_run(jpegs):
             StoreLoader(st, workers=1)
         with pytest.raises(ConfigError, match="workers"):
             StoreLoader(st, size=8, channels=3, workers=-1)
+        with pytest.raises(ConfigError, match="resize_on"):
+            StoreLoader(st, transform=TRANSFORM, size=8, channels=3, resize_on="device")  # threads
+        with pytest.raises(ConfigError, match="resize_on"):
+            StoreLoader(st, size=8, channels=3, workers=1, resize_on="device")  # no transform to defer
+        with pytest.raises(ConfigError, match="resize_on"):
+            StoreLoader(st, size=8, channels=3, resize_on="gpu")
     assert 1 <= default_workers(2) <= max(1, available_cores())
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.resize import fit, resize, resize_batch, shift
 
 
 def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
@@ -39,40 +41,32 @@ def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
     raise ConfigError(f"cannot convert an image with {img.shape[2]} channels to {channels}")
 
 
-def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Resizes the shorter side to fit `size` (keeping the aspect ratio), then centre-crops to it."""
-    h, w = img.shape[:2]
+def box(shape: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the centred part of an image of `shape` (H, W) that has the
+    aspect ratio of `size` and fills the image's shorter side: what `resize_to` scales to `size`."""
+    h, w = int(shape[0]), int(shape[1])
     th, tw = size
-    if (h, w) == (th, tw):
-        return img
-    from PIL import Image
-
     scale = max(th / h, tw / w)
-    nh, nw = max(th, round(h * scale)), max(tw, round(w * scale))
-    mode_img = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
-    out = np.asarray(mode_img.resize((nw, nh), Image.BILINEAR, reducing_gap=2.0))
-    if out.ndim == 2:
-        out = out[:, :, None]
-    top, left = (nh - th) // 2, (nw - tw) // 2
-    return out[top:top + th, left:left + tw]
+    bh, bw = min(h, max(1, round(th / scale))), min(w, max(1, round(tw / scale)))
+    return (h - bh) // 2, (w - bw) // 2, bh, bw
+
+
+def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resizes the shorter side to fit `size` (keeping the aspect ratio), then centre-crops to it:
+    one resize (dstore.resize, fixed-point bilinear) of the centred part `box` picks."""
+    if img.shape[:2] == tuple(size):
+        return img
+    top, left, bh, bw = box(img.shape[:2], size)
+    return resize(img[top:top + bh, left:left + bw], size)
 
 
 def random_crop(img: np.ndarray, pad: int, rng) -> np.ndarray:
     """Pads by `pad` zero pixels on each side and crops the original size at a random offset."""
     if pad <= 0:
         return img
-    h, w = img.shape[:2]
     top, left = rng.integers(0, 2 * pad + 1, size=2)
-    # The crop of the padded image, built without padding it (np.pad was most of the transform's
-    # cost): out[y, x] = img[y + dy, x + dx] where that lies inside the image, else 0.
-    dy, dx = int(top) - pad, int(left) - pad
-    if dy == 0 and dx == 0:
-        return img
-    out = np.zeros_like(img)
-    y0, y1, x0, x1 = max(0, -dy), min(h, h - dy), max(0, -dx), min(w, w - dx)
-    if y1 > y0 and x1 > x0:
-        out[y0:y1, x0:x1] = img[y0 + dy:y1 + dy, x0 + dx:x1 + dx]
-    return out
+    # the crop of the padded image, built without padding it (np.pad was most of the transform's cost)
+    return shift(img, int(top) - pad, int(left) - pad)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +87,9 @@ class ImageTransform:
 
     The work is in two parts: `sample_part` (resize, crop: needs the sample; run where it is
     decoded) and `batch_part` (flip, jitter: whole-batch integer tensor ops, run on the batch's
-    device by a StoreLoader with workers). `__call__` runs both on one sample.
+    device by a StoreLoader with workers). `__call__` runs both on one sample. The resize and the
+    crop may also move to the batch (`sample_part(defer_resize=True)`, then `resize_batch`): the
+    decode workers then only decode and cut out the part to be resized.
     """
 
     size: tuple[int, int]
@@ -116,22 +112,49 @@ class ImageTransform:
         if not 0 <= self.jitter < 1:
             raise ConfigError(f"jitter={self.jitter} must be in [0, 1)")
 
-    def sample_part(self, img: np.ndarray, rng=None) -> tuple[np.ndarray, np.ndarray]:
+    resizes: ClassVar[bool] = True
+    """The transform makes the one resize to `size` (a StoreLoader then only decodes at a DCT scale
+    at least that large, and does not resize first)."""
+
+    def sample_part(self, img: np.ndarray, rng=None, *, defer_resize: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The part that needs the sample alone (CPU, no torch): the (H, W, C) uint8 image resized
-        and randomly cropped, and the int32 parameters of the rest, drawn here from the same `rng`
-        in a fixed order (crop, flip, jitter) and applied to a whole batch by `batch_part`:
-        (flip, brightness, contrast), the factors in 1/256 units (identity: `IDENTITY`)."""
-        img = resize_to(to_channels(img, self.channels), self.size)
+        (`resize_to`) and randomly cropped, and the int32 parameters of the rest, drawn here from
+        the same `rng` in a fixed order (crop, flip, jitter) and applied to a whole batch by
+        `batch_part`: `PARAMS` (identity: `IDENTITY`; the factors in 1/256 units).
+
+        With defer_resize=True the resize and the crop are left to `resize_batch` (a batch op, on the
+        GPU where there is one): the image returned is the centred part `resize_to` would scale,
+        box-reduced as it would be (`dstore.resize.fit`), and the parameters also hold its height
+        and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly."""
+        img = to_channels(img, self.channels)
         params = IDENTITY.copy()
         if self.train:
             if rng is None:
                 raise ConfigError("a training transform needs an rng (numpy Generator)")
-            img = random_crop(img, self.pad, rng)
+            if self.pad > 0:
+                top, left = rng.integers(0, 2 * self.pad + 1, size=2)
+                params[5:7] = int(top) - self.pad, int(left) - self.pad
             if self.flip and rng.random() < 0.5:
                 params[0] = 1
             if self.jitter > 0:
-                params[1:] = np.rint(rng.uniform(1 - self.jitter, 1 + self.jitter, size=2) * 256)
-        return img, params
+                params[1:3] = np.rint(rng.uniform(1 - self.jitter, 1 + self.jitter, size=2) * 256)
+        if defer_resize:
+            top, left, bh, bw = box(img.shape[:2], self.size)
+            img = fit(img[top:top + bh, left:left + bw], self.size)
+            params[3:5] = img.shape[:2]
+            return img, params
+        return shift(resize_to(img, self.size), int(params[5]), int(params[6])), params
+
+    def resize_batch(self, images, params):
+        """The images `sample_part(defer_resize=True)` gave, each in the top left corner of a uint8 batch
+        [b, C, Hc, Wc] (on any device), resized and cropped as `sample_part` does: [b, C, H, W]
+        uint8, the same pixels on every device (dstore.resize.resize_batch)."""
+        return resize_batch(images, params[:, 3:5], self.size, params[:, 5:7])
+
+    def canvas(self) -> tuple[int, int]:
+        """(Hc, Wc) that holds every image `sample_part(defer_resize=True)` returns: twice `size`
+        (`fit` leaves an axis shrunk less than 2x)."""
+        return 2 * self.size[0], 2 * self.size[1]
 
     def batch_part(self, images, params):
         """A uint8 batch [b, C, H, W] (on any device) with each sample's `sample_part` parameters
@@ -146,7 +169,7 @@ class ImageTransform:
             flip = params[:, 0].bool().view(-1, 1, 1, 1)
             images = torch.where(flip, images.flip(-1), images)
         if self.jitter > 0:
-            images = _jitter(images, params[:, 1].view(-1, 1, 1, 1), params[:, 2].view(-1, 1, 1, 1))
+            images = _jitter(images, params[:, 1].reshape(-1, 1, 1, 1), params[:, 2].reshape(-1, 1, 1, 1))
         return images
 
     def finish(self, img: np.ndarray, params: np.ndarray) -> np.ndarray:
@@ -188,8 +211,10 @@ class ImageTransform:
             tuple(self.std), images.device)
 
 
-IDENTITY = np.array([0, 256, 256], np.int32)
-"""`sample_part`'s parameters that change nothing: no flip, brightness and contrast 256/256."""
+PARAMS = ("flip", "brightness", "contrast", "box_height", "box_width", "crop_dy", "crop_dx")
+"""`sample_part`'s int32 parameters, in this order (the box only with defer_resize=True)."""
+IDENTITY = np.array([0, 256, 256, 0, 0, 0, 0], np.int32)
+"""`sample_part`'s parameters that change nothing: no flip, brightness and contrast 256/256, no shift."""
 
 
 def _jitter(images, bright, contrast):
