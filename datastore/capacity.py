@@ -129,7 +129,8 @@ def _check(cluster: Cluster, samples: int, mean_bytes: float) -> None:
 
 
 def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shape: tuple[int, ...],
-                   mean_sample_bytes: float, decode_threads: int, loaders: int = 1, workers: int = 0) -> int:
+                   mean_sample_bytes: float, decode_threads: int, loaders: int = 1, workers: int = 0,
+                   deferred_resize: bool = False) -> int:
     """Bytes a rank's StoreLoaders hold at most, estimated: per loader, `LOADER_AHEAD + 1` batches
     of `local_batch` samples, each as its bytes plus the decoded uint8 image at the model's input
     shape twice (the per-sample tensors and the stacked batch), and per decode thread two images at
@@ -137,13 +138,17 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
 
     `workers` > 0: the training loader decodes in that many processes instead of threads (NOTE
     [decode workers] in dstore.workers): each costs `WORKER_BYTES` and two decoded images, and the
-    batches handed over stay mapped by them for `KEEP_HANDED` more batches."""
+    batches handed over stay mapped by them for `KEEP_HANDED` more batches. `deferred_resize`: the
+    workers leave the resize to a batch op (StoreLoader(resize_on="device")), their ring's slots
+    hold canvases of 4x the input's pixels instead."""
     batch_pixels = local_batch * math.prod(input_shape)
     batches = (LOADER_AHEAD + 1) * (local_batch * mean_sample_bytes + 2 * batch_pixels)
     threads = decode_threads * 2 * math.prod(image_shape)
     total = loaders * (batches + threads)
     if workers:
         total += workers * (WORKER_BYTES + 2 * math.prod(image_shape)) + KEEP_HANDED * batch_pixels - threads
+        if deferred_resize:
+            total += (LOADER_AHEAD + 1) * 4 * batch_pixels
     return int(total)
 
 

@@ -29,6 +29,8 @@ the container, FilesSource reading the image files it was ingested from), or one
 copies of the container beside it (training.peers.PeerSource; the peer's own shuffle)."""
 AUGMENTS = ("auto", "on", "off")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never."""
+RESIZE_ON = ("auto", "device", "worker")
+"""Where decode workers leave the training images' resize and crop (dstore.torch.StoreLoader(resize_on=))."""
 AMPS = ("off", "bf16", "fp16")
 """Mixed precision: none, torch.autocast to bfloat16, or to float16 with a GradScaler."""
 CHANNELS = (1, 3)
@@ -118,6 +120,10 @@ class TrainConfig:
                                              "decode in the rank's --decode-threads threads instead; default: the "
                                              "cores this rank may use, by its CPU affinity and cgroup quota, over "
                                              "the node's ranks)", group=DATA, metavar="N")
+    resize_on: str = _flag("auto", "with decode workers: where the resize and crop of the training images run: "
+                                   "device (one batch op on the model's device; the workers only decode and cut "
+                                   "out), worker (per sample in the workers), auto (device on a GPU, else "
+                                   "worker); the same pixels either way", group=DATA, choices=RESIZE_ON)
     memory_budget: int | None = _flag(None, "what a rank may hold in memory for its data: the stores of the "
                                             "training, held-out and tournament sets and the loaders' decoded "
                                             "batches share it: bytes or e.g. 8G, 512MiB (default: "
@@ -249,6 +255,9 @@ class TrainConfig:
             raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
         if self.decode_workers is not None and self.decode_workers < 0:
             raise ConfigError(f"--decode-workers {self.decode_workers} must be >= 0 (0: decode threads)")
+        if self.resize_on == "device" and self.decode_workers == 0:
+            raise ConfigError("--resize-on device needs decode workers (--decode-workers N > 0): decode threads "
+                              "resize each sample")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):

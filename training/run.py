@@ -315,7 +315,8 @@ def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size, workers: int
                           image_shape=(*data.spec.image_size, data.spec.channels),
                           mean_sample_bytes=mean_bytes,
                           decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1,
-                          workers=workers)
+                          workers=workers, deferred_resize=bool(workers) and (
+                              cfg.resize_on == "device" or (cfg.resize_on == "auto" and ctx.device.type == "cuda")))
 
 
 def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tuple:
@@ -347,7 +348,8 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
     opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
     if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
         opts.update(pin_memory=True, device=ctx.device)
-    loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, workers=workers, **opts))
+    loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, workers=workers,
+                                             resize_on=cfg.resize_on if workers else "auto", **opts))
     eval_loader = None if eval_src is None else stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
     tour_loader = None if tour_src is None else stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
     return loader, eval_loader, tour_loader
