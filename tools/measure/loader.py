@@ -2,11 +2,14 @@
 workers. For each, the loader's samples/s, the rank process's CPU time per delivered sample
 (getrusage RUSAGE_SELF: its threads included, its worker processes not), the time per sample the
 rank's process holds the GIL (py-spy --gil, sampled in a second pass over the same batches) and so
-the per-rank ceiling (1 / GIL time per sample); also the decoder alone (simplejpeg, DCT-scaled,
-in threads) on as many cores just before each row, and optionally the model alone. One rank;
+the per-rank ceiling (1 / GIL time per sample), and the decode workers' own CPU time per sample
+(/proc/PID/stat); also the decoder alone on as many cores just before each row: simplejpeg's full
+decode (the baseline: loader / decoder is against it) and its DCT-scaled decode to at least the
+input size (what the loader decodes), both in threads; optionally the model alone. One rank;
 batches are drained as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
     python -m dstore.tools.measure.loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
+    python -m dstore.tools.measure.loader syn480.h5 --threads --workers 1 2 --resize-on worker device
     python -m dstore.tools.measure.loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
         --device cuda --model resnet_small
 
@@ -47,25 +50,38 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, float]:
-    """(samples, seconds, rank CPU seconds) over args.epochs epochs after one warm-up batch;
-    `warm()`, if given, runs after the warm-up batch and its returned callable at the end."""
+def _cpu_of(pids) -> float:
+    """CPU seconds (user + system) the processes `pids` have used, from /proc/PID/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, float, float]:
+    """(samples, seconds, rank CPU seconds, workers' CPU seconds) over args.epochs epochs after one
+    warm-up batch; `warm()`, if given, runs after the warm-up batch and its returned callable at the end."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st, \
             StoreLoader(st, size=(args.size, args.size), channels=3, **loader_kw) as ld:
-        n, t0, c0, done = 0, None, None, None
+        n, t0, c0, w0, done = 0, None, None, 0.0, None
+        pids = []
         for epoch in range(args.epochs):
             for x, _ in ld.epoch(epoch):
                 if x.is_cuda:
                     torch.cuda.synchronize()
                 if t0 is None:  # the warm-up batch: workers started, pages touched
                     done = warm() if warm is not None else None
-                    t0, c0 = time.perf_counter(), _cpu()
+                    pids = list(ld._workers.pids) if ld._workers is not None else []
+                    t0, c0, w0 = time.perf_counter(), _cpu(), _cpu_of(pids)
                     continue
                 n += int((~ld.last_pad).sum())
-        secs, cpu = time.perf_counter() - t0, _cpu() - c0
+        secs, cpu, wcpu = time.perf_counter() - t0, _cpu() - c0, _cpu_of(pids) - w0
         if done is not None:
             done()
-        return n, secs, cpu
+        return n, secs, cpu, wcpu
 
 
 def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
@@ -97,8 +113,9 @@ def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
     return samples / SPY_RATE
 
 
-def decoder_rate(path: str, args, threads: int, count: int) -> float:
-    """Samples/s of simplejpeg alone (DCT-scaled to at least args.size) in `threads` threads."""
+def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> float:
+    """Samples/s of simplejpeg alone in `threads` threads: its full decode, or (`scaled`) at the
+    DCT scale the loader decodes at (the smallest M/8 still at least args.size)."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st:
         blobs, it = [], st.epoch(0)
         for b in it:
@@ -108,7 +125,10 @@ def decoder_rate(path: str, args, threads: int, count: int) -> float:
         it.close()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         t0 = time.perf_counter()
-        list(pool.map(lambda b: simplejpeg.decode_jpeg(b, min_height=args.size, min_width=args.size), blobs))
+        if scaled:
+            list(pool.map(lambda b: simplejpeg.decode_jpeg(b, min_height=args.size, min_width=args.size), blobs))
+        else:
+            list(pool.map(simplejpeg.decode_jpeg, blobs))
         return len(blobs) / (time.perf_counter() - t0)
 
 
@@ -136,21 +156,24 @@ def measure(args) -> dict:
         size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
         normalize=False)
     gpu = dict(pin_memory=True, device="cuda") if args.device == "cuda" else {}
-    configs = [("threads", t, dict(decode_threads=t)) for t in args.threads]
-    configs += [("workers", w, dict(workers=w)) for w in args.workers]
+    one = [("threads", t, None, dict(decode_threads=t)) for t in args.threads]
+    one += [("workers", w, r, dict(workers=w, resize_on=r)) for w in args.workers for r in args.resize_on]
+    configs = one * args.repeat  # rounds of every row: load drift moves all rows alike
     rows = []
-    for kind, count, kw in configs:
+    for kind, count, resize_on, kw in configs:
         kw = dict(kw, transform=tf, **gpu)
         # the decoder alone on as many cores, just before the row: on a loaded machine the pair
         # sees about the same share of it
-        decoder = decoder_rate(args.container, args, count, args.decoder_samples)
-        n, secs, cpu = drain(args.container, args, kw)
+        decoder = decoder_rate(args.container, args, count, args.decoder_samples, scaled=False)
+        scaled = decoder_rate(args.container, args, count, args.decoder_samples, scaled=True)
+        n, secs, cpu, wcpu = drain(args.container, args, kw)
         gil = gil_seconds(args.container, args, kw) if args.gil else None
-        rows.append({"kind": kind, "count": count, "samples": n, "samples_per_s": n / secs,
-                     "cpu_us_per_sample": 1e6 * cpu / n,
+        rows.append({"kind": kind, "count": count, "resize_on": resize_on, "samples": n, "samples_per_s": n / secs,
+                     "cpu_us_per_sample": 1e6 * cpu / n, "worker_cpu_us_per_sample": 1e6 * wcpu / n,
                      "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
                      "ceiling_samples_per_s": None if not gil else n / gil,
-                     "decoder_alone_same_cores": decoder, "load": os.getloadavg()[0]})
+                     "decoder_alone_same_cores": decoder, "decoder_dct_scaled_same_cores": scaled,
+                     "load": os.getloadavg()[0]})
         print(rows[-1], flush=True)
     out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
            "load_after": os.getloadavg(), "rows": rows}
@@ -164,14 +187,20 @@ def markdown(res: dict) -> str:
     lines = [f"{os.path.basename(a['container'])}: batch {a['batch_size']}, {a['size']}x{a['size']}, transform "
              f"{a['transform']}, {a['device']}; load average before {res['load_before'][0]:.1f}, after "
              f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available", "",
-             "| loader | samples/s | rank CPU us/sample | rank GIL-held us/sample | per-rank ceiling samples/s "
-             "| decoder alone, same cores | loader / decoder | load |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| loader | samples/s | rank CPU us/sample | workers' CPU us/sample | rank GIL-held us/sample "
+             "| per-rank ceiling samples/s | decoder alone (full), same cores | loader / decoder "
+             "| decoder alone (DCT-scaled) | loader / scaled decoder | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         gil = "n/a" if r["gil_us_per_sample"] is None else f"{r['gil_us_per_sample']:,.0f}"
         ceil = "n/a" if not r["ceiling_samples_per_s"] else f"{r['ceiling_samples_per_s']:,.0f}"
-        lines.append(f"| {r['count']} decode {r['kind']} | {r['samples_per_s']:,.0f} | {r['cpu_us_per_sample']:,.0f} | "
+        where = f", resize on {r['resize_on']}" if r.get("resize_on") else ""
+        lines.append(f"| {r['count']} decode {r['kind']}{where} | {r['samples_per_s']:,.0f} | "
+                     f"{r['cpu_us_per_sample']:,.0f} | {r['worker_cpu_us_per_sample']:,.0f} | "
                      f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
-                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | {r['load']:.1f} |")
+                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | "
+                     f"{r['decoder_dct_scaled_same_cores']:,.0f} | "
+                     f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | {r['load']:.1f} |")
     lines.append("")
     if "model_alone" in res:
         m = res["model_alone"]
@@ -186,6 +215,9 @@ def main(argv=None) -> int:
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="decode thread counts")
     p.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="decode worker counts")
+    p.add_argument("--resize-on", nargs="*", default=["worker"], choices=("worker", "device", "auto"),
+                   help="with workers: where the resize and crop run (StoreLoader(resize_on=)); a row each")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every row, alternated")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3, help="epochs per row (after one warm-up batch)")
     p.add_argument("--size", type=int, default=224, help="edge of the resized images")
