@@ -22,6 +22,9 @@ import functools
 
 import numpy as np
 
+CPU_CHUNK = 4
+"""Samples per pass of `resize_batch` on a CPU: measured 7.8 ms per 224px sample over a batch of
+64 at once (its int32 intermediates, ~50 MB, go to memory), 1.3 ms in chunks of 4."""
 MAX_FACTOR = 2
 """A resize that shrinks an axis by this factor or more first averages blocks of `box_factors`."""
 
@@ -51,10 +54,18 @@ def box_reduce(img: np.ndarray, ky: int, kx: int) -> np.ndarray:
     and columns that fill no whole block dropped)."""
     if ky == 1 and kx == 1:
         return img
-    h, w, c = img.shape[0] // ky, img.shape[1] // kx, img.shape[2]
-    blocks = img[: h * ky, : w * kx].reshape(h, ky, w, kx, c)
+    h, w = img.shape[0] // ky, img.shape[1] // kx
+    # one strided view per offset in the block, summed: numpy's sum over the axes of a 5-D view
+    # of the blocks took ~8 ms for a 500px image, these adds ~0.3 ms
+    acc = img[0:h * ky:ky, 0:w * kx:kx].astype(np.uint32)
+    for dy in range(ky):
+        for dx in range(kx):
+            if dy or dx:
+                acc += img[dy:h * ky:ky, dx:w * kx:kx]
     n = ky * kx
-    return ((blocks.sum(axis=(1, 3), dtype=np.uint32) + n // 2) // n).astype(np.uint8)
+    acc += n // 2
+    acc //= n
+    return acc.astype(np.uint8)
 
 
 def fit(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -136,6 +147,9 @@ def resize_batch(canvas, hw, size: tuple[int, int], offsets=None):
     dev = canvas.device
     hw = hw.to(dev)
     offsets = torch.zeros_like(hw) if offsets is None else offsets.to(dev)
+    if dev.type == "cpu" and b > CPU_CHUNK:  # int32 passes over a whole batch spill the caches
+        return torch.cat([resize_batch(canvas[k:k + CPU_CHUNK], hw[k:k + CPU_CHUNK], size,
+                                       offsets[k:k + CPU_CHUNK]) for k in range(0, b, CPU_CHUNK)])
     y0, y1, fy, vy = _taps_batch(hw[:, 0], th, offsets[:, 0])
     x0, x1, fx, vx = _taps_batch(hw[:, 1], tw, offsets[:, 1])
     wmax = int(hw[:, 1].max()) if b else 1  # columns past every sample's image are not read
