@@ -137,6 +137,10 @@ def model_rate(args) -> float:
     m = build_model(args.model, 3, 10, (args.size, args.size)).to(args.device)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=args.device)
+    if args.channels_last:  # as dstore train --channels-last
+        m, x = m.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    amp = torch.autocast(args.device, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
+                         enabled=args.amp != "off")
     y = torch.randint(0, 10, (args.batch_size,), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for i in range(13):
@@ -144,7 +148,9 @@ def model_rate(args) -> float:
             sync()
             t0 = time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(m(x), y).backward()
+        with amp:
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
         opt.step()
     sync()
     return 10 * args.batch_size / (time.perf_counter() - t0)
@@ -178,7 +184,8 @@ def measure(args) -> dict:
     out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
            "load_after": os.getloadavg(), "rows": rows}
     if args.model:
-        out["model_alone"] = {"model": args.model, "device": args.device, "samples_per_s": model_rate(args)}
+        out["model_alone"] = {"model": args.model, "device": args.device, "amp": args.amp,
+                              "channels_last": args.channels_last, "samples_per_s": model_rate(args)}
     return out
 
 
@@ -204,7 +211,8 @@ def markdown(res: dict) -> str:
     lines.append("")
     if "model_alone" in res:
         m = res["model_alone"]
-        lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}): "
+        lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}, amp "
+                     f"{m.get('amp', 'off')}, channels-last {m.get('channels_last', False)}): "
                      f"{m['samples_per_s']:,.0f} samples/s")
     return "\n".join(lines) + "\n"
 
@@ -224,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--transform", choices=("trainer", "none"), default="trainer")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default=None, help="also time this model alone (e.g. resnet_small)")
+    p.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off", help="the model alone under autocast")
+    p.add_argument("--channels-last", action="store_true", help="the model alone in channels-last memory format")
     p.add_argument("--no-gil", dest="gil", action="store_false", help="skip the py-spy pass")
     p.add_argument("--decoder-samples", type=int, default=400)
     p.add_argument("--out", default="measure-loader.json")
