@@ -4,7 +4,8 @@ Given the data (samples N, their bytes) and the cluster (nodes, ranks per node, 
 network, the job's share of the storage, how fast each rank consumes samples), `forecast` says per
 rank: the data share, the metadata (dstore.index: 13 bytes per sample once per node; an epoch's
 schedule: nothing per sample when every sample is resident, computed per step; a tiered store's
-~10 bytes per sample the rank serves and its resident mask, 1 byte per sample), the buffers, the decode workers' memory; the
+~10 bytes per sample the rank serves, and its resident mask and scattered layout, 17 bytes per
+sample of N on every rank), the buffers, the decode workers' memory; the
 resident fraction (the tiered store's arithmetic: what fits the budget beside the store's buffers);
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
@@ -43,8 +44,10 @@ SCHEDULE_BYTES = 0
 computed per step from the bijection, dstore.plan.global_schedule)."""
 TIER_SCHEDULE_BYTES = 10
 """Per sample a tiered rank serves in an epoch: its id (8) and two flags (dstore.storage.StorageEpoch)."""
-RESIDENT_MASK_BYTES = 1
-"""Per sample of N, on every rank of a tiered store: which samples are resident (dstore.tiers.resident_mask)."""
+TIER_INDEX_BYTES = 17
+"""Per sample of N, on every rank of a tiered store: which samples are resident (bool,
+dstore.tiers.resident_mask) and where each lies in its owner's window (int64 owner and displacement,
+dstore.plan.scattered_layout)."""
 LOADER_AHEAD = 2
 """Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
 RANK_BASE_BYTES = 300 << 20
@@ -238,7 +241,7 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     resident = resident_fraction(share, store_budget, recv_counted, tier, rpn if replicate else 1)
     held = recv + (tier if resident < 1.0 else 0.0) + share * resident  # what the rank holds of its budget
     if resident < 1.0:  # the tiered epoch's plan, beside the budget
-        metadata += TIER_SCHEDULE_BYTES * n / p + RESIDENT_MASK_BYTES * n
+        metadata += TIER_SCHEDULE_BYTES * n / p + TIER_INDEX_BYTES * n
     storage_step = step_bytes * (1.0 - resident)  # non-resident samples, read by the rank that needs them
     reads_step = per_step * (1.0 - resident)
     storage_time = (storage_step * p / storage.bandwidth if storage.bandwidth < math.inf else 0.0)
