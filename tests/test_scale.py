@@ -77,3 +77,15 @@ def test_the_node_index_holds_labels_narrow_and_batches_deliver_them_as_int64(tm
             assert b.labels.dtype == np.int64
             got.update(zip(b.ids.tolist(), b.labels.tolist()))
     assert got == {i: samples[i][1] for i in range(5, 150)}
+
+
+def test_a_global_epoch_holds_nothing_per_entry_it_serves(tmp_path):
+    samples = [(bytes([i % 251]) * (1 + i % 7), i % 3, f"s{i}", i) for i in range(500)]
+    path = write_samples(tmp_path / "c.h5", "hdf5", samples)
+    with DataStore(MPI.COMM_SELF, path, batch_size=32, seed=4) as st:
+        sched = st.schedule(1)
+        assert isinstance(sched.ids, plan.Derived) and isinstance(sched.pad, plan.Derived)
+        assert sched.ptr.nbytes == 8 * (st.steps_per_epoch + 1)  # one offset per step: all it holds
+        ids = [b.ids for b in st.epoch(1)]
+    want = np.asarray(shuffle.global_order(500, 4, 1))
+    assert np.array_equal(np.concatenate(ids), want)
