@@ -121,10 +121,13 @@ class MixedStore:
     def schedule(self, epoch: int) -> tuple[plan.Schedule, np.ndarray, np.ndarray]:
         """This rank's deliveries in `epoch`: (its Schedule over the order's positions, the source
         and sample id of each of its entries)."""
-        src, ids = self.plan(epoch)
-        sched = plan.global_schedule(np.arange(src.size, dtype=np.int64), self.batch_size, self.size, self.rank,
-                                     self.drop_last)
-        return sched, src[sched.ids], ids[sched.ids]
+        e = self.epoch_size
+        sched = plan.global_schedule(plan.Derived(e, lambda j: j), self.batch_size, self.size, self.rank,
+                                     self.drop_last)  # over positions: the rank's own, no arange(E)
+        pos = np.asarray(sched.ids, dtype=np.int64)
+        sched = plan.Schedule(pos, sched.ptr, np.asarray(sched.pad, dtype=bool))
+        src, ids = mix.mix_at(self.sizes, self.weights, self.seed, epoch, pos, self.epoch_size)
+        return sched, src, ids
 
     def _source_schedules(self, sched: plan.Schedule, src: np.ndarray, ids: np.ndarray) -> list[plan.Schedule]:
         """Each source's part of this rank's schedule, over the same steps (steps may be empty)."""

@@ -63,6 +63,19 @@ def test_an_epoch_holds_each_sources_count_whole_passes_and_a_subset(sizes, data
     assert np.array_equal(again[0], src) and np.array_equal(again[1], ids)
 
 
+@settings(max_examples=40, deadline=None)
+@given(sizes=sizes_st, data=st.data())
+def test_the_mix_at_some_positions_is_the_whole_plan_there(sizes, data):
+    w = data.draw(st.lists(st.integers(0, 5), min_size=len(sizes), max_size=len(sizes)).filter(any))
+    e_size = data.draw(st.one_of(st.none(), st.integers(1, 200)))
+    seed, epoch = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 5))
+    src, ids = mix.mix_plan(sizes, w, seed, epoch, e_size)
+    pos = np.asarray(data.draw(st.lists(st.integers(0, src.size - 1), max_size=40)), dtype=np.int64)
+    for p in (np.arange(src.size), pos):
+        got = mix.mix_at(sizes, w, seed, epoch, p, e_size)
+        assert np.array_equal(got[0], src[p]) and np.array_equal(got[1], ids[p])
+
+
 def test_a_subsampled_source_rotates_so_every_sample_is_seen():
     n, r = 25, 7  # 7 of 25 per epoch: rounds of 4 epochs (28 draws, 3 samples twice)
     for rnd in range(3):
@@ -193,3 +206,26 @@ def test_refusals_name_the_argument(sources):
         with DataStore(MPI.COMM_SELF, sources[0], batch_size=4) as one, \
                 pytest.raises(ConfigError, match="not a MixedStore state"):
             b.load_state_dict(one.state_dict())
+
+
+def test_a_mixed_stores_schedule_is_its_part_of_the_whole_plan(tmp_path):
+    from formats_helpers import write_samples
+    from mpi4py import MPI
+
+    from dstore import plan
+    from dstore.mixed import MixedStore
+
+    paths = [write_samples(tmp_path / f"s{k}.h5", "hdf5", [(bytes([k, i % 256]), i % 3, f"s{i}", i) for i in range(n)])
+             for k, n in enumerate((37, 11))]
+    with MixedStore(MPI.COMM_SELF, [(paths[0], 0.7), (paths[1], 0.3)], batch_size=8, seed=5, epoch_size=60) as store:
+        for nranks in (1, 3, 4, 5):  # 5: the short last step pads
+            for r in range(nranks):
+                store.rank, store.size = r, nranks  # the schedule is a pure function of these (no communication)
+                for e in (0, 1):
+                    want_src, want_ids = mix.mix_plan(store.sizes, store.weights, 5, e, 60)
+                    ref = plan.global_schedule(np.arange(60, dtype=np.int64), 8, nranks, r, False)
+                    sched, src, ids = store.schedule(e)
+                    assert np.array_equal(sched.ids, ref.ids) and np.array_equal(sched.ptr, ref.ptr)
+                    assert np.array_equal(sched.pad, ref.pad)
+                    assert np.array_equal(src, want_src[ref.ids]) and np.array_equal(ids, want_ids[ref.ids])
+        store.rank, store.size = 0, 1
