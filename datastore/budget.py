@@ -121,12 +121,19 @@ def choose_resident(store, caps, bufs: int) -> None:
             f"{fmt_bytes(extra)} of buffers (receive, and {store.storage_lookahead + 1} steps of storage "
             f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
             f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
-    resident = tiers.resident_mask(store.sizes, store.layout.owner, keep, store.seed)
+    if store.layout.base is not None:  # blocks: the residency one block at a time, the windows' layout looked up
+        resident = tiers.resident_blocks(store.sizes, store.bounds, keep, store.seed)
+        roff = tiers.resident_offsets(store.sizes, resident)
+        lay = plan.block_layout(roff, store.bounds)  # each window: its block's resident samples back to back
+        # base None: a displacement is in the resident window, not from the container's offsets (dstore.epoch)
+        store.layout = plan.Layout(lay.owner, lay.disp, lay.nbytes)
+    else:
+        resident = tiers.resident_mask(store.sizes, store.layout.owner, keep, store.seed)
+        roff = tiers.resident_offsets(store.sizes, resident)
+        store.layout = plan.scattered_layout(roff, store.layout.owner, store.size)
     store._resident = resident
-    store.layout = plan.scattered_layout(tiers.resident_offsets(store.sizes, resident), store.layout.owner,
-                                         store.size)
     total = int(store.offsets[-1])
-    res_bytes = int(store.sizes[resident].sum())
+    res_bytes = int(roff[-1])
     store.tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
                   "storage_bytes": total - res_bytes}
     if store.rank == 0:

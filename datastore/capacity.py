@@ -4,7 +4,7 @@ Given the data (samples N, their bytes) and the cluster (nodes, ranks per node, 
 network, the job's share of the storage, how fast each rank consumes samples), `forecast` says per
 rank: the data share, the metadata (dstore.index: 13 bytes per sample once per node; an epoch's
 schedule: nothing per sample when every sample is resident, computed per step; a tiered store's
-~10 bytes per sample the rank serves, and its resident mask and scattered layout, 17 bytes per
+~10 bytes per sample the rank serves, and its resident mask and resident offsets, 9 bytes per
 sample of N on every rank), the buffers, the decode workers' memory; the
 resident fraction (the tiered store's arithmetic: what fits the budget beside the store's buffers);
 the population time; remote and storage bytes and time per step; whether input stays off the
@@ -44,10 +44,10 @@ SCHEDULE_BYTES = 0
 computed per step from the bijection, dstore.plan.global_schedule)."""
 TIER_SCHEDULE_BYTES = 10
 """Per sample a tiered rank serves in an epoch: its id (8) and two flags (dstore.storage.StorageEpoch)."""
-TIER_INDEX_BYTES = 17
+TIER_INDEX_BYTES = 9
 """Per sample of N, on every rank of a tiered store: which samples are resident (bool,
-dstore.tiers.resident_mask) and where each lies in its owner's window (int64 owner and displacement,
-dstore.plan.scattered_layout)."""
+dstore.tiers.resident_blocks) and the offsets over the resident samples (int64), from which each
+window's displacements are looked up (dstore.budget.choose_resident)."""
 LOADER_AHEAD = 2
 """Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
 RANK_BASE_BYTES = 300 << 20

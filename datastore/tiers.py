@@ -67,12 +67,50 @@ def resident_mask(sizes: np.ndarray, owner: np.ndarray, keep: np.ndarray, seed: 
     return out
 
 
-def resident_offsets(sizes: np.ndarray, resident: np.ndarray) -> np.ndarray:
+def resident_blocks(sizes, bounds: np.ndarray, keep: np.ndarray, seed: int) -> np.ndarray:
+    """`resident_mask` where rank r owns the contiguous block ``bounds[r]:bounds[r+1]`` (a block
+    layout), computed one block at a time: the same bool[N], with O(N/P) temporaries instead of
+    O(N) (the keys are the same stream, drawn block after block; a block's samples in key order,
+    ties by index, as the lexsort by owner then key orders them).
+
+    Args:
+        sizes: each sample's bytes (an int64[N] array or a dstore.plan.Derived: sliced per block).
+        bounds: int64[P+1], the blocks; keep: int64[P], bytes each rank may keep; seed: the residency seed.
+    """
+    bounds = np.asarray(bounds, dtype=np.int64)
+    keep = np.maximum(np.asarray(keep, dtype=np.int64), 0)
+    n = int(bounds[-1])
+    out = np.ones(n, dtype=bool)
+    gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), _STREAM])))
+    for r in range(bounds.size - 1):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        if hi == lo:
+            continue
+        keys = gen.random(hi - lo)  # one 64-bit draw per key: block r's keys are draws [lo, hi)
+        sz = np.asarray(sizes[lo:hi], dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        res = np.empty(hi - lo, dtype=bool)
+        res[order] = np.cumsum(sz[order]) <= keep[r]
+        res[sz == 0] = True
+        out[lo:hi] = res
+    return out
+
+
+CHUNK = 1 << 20
+"""Samples per pass of `resident_offsets` (its temporaries are a few times this, not N)."""
+
+
+def resident_offsets(sizes, resident: np.ndarray) -> np.ndarray:
     """Offsets int64[N+1] over the resident samples only (a non-resident sample takes no bytes), the
-    input of dstore.plan.scattered_layout for a window that holds only the resident samples."""
-    eff = np.where(resident, np.asarray(sizes, dtype=np.int64), 0)
-    out = np.zeros(eff.size + 1, dtype=np.int64)
-    np.cumsum(eff, out=out[1:])
+    input of dstore.plan.scattered_layout (or block_layout) for windows that hold only the resident
+    samples. `sizes` may be a dstore.plan.Derived (read in chunks of CHUNK samples)."""
+    n = len(resident)
+    out = np.zeros(n + 1, dtype=np.int64)
+    for a in range(0, n, CHUNK):
+        b = min(n, a + CHUNK)
+        eff = np.where(resident[a:b], np.asarray(sizes[a:b], dtype=np.int64), 0)
+        np.cumsum(eff, out=out[a + 1:b + 1])
+        out[a + 1:b + 1] += out[a]
     return out
 
 

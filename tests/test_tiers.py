@@ -43,6 +43,28 @@ def test_each_rank_keeps_a_prefix_of_its_random_order_that_fits(case):
     assert np.array_equal(lay.nbytes, np.bincount(owner, weights=sizes * res, minlength=keep.size).astype(np.int64))
 
 
+@settings(max_examples=80, deadline=None)
+@given(_case(), st.integers(1, 40))
+def test_the_residency_and_windows_of_blocks_computed_block_by_block_are_the_whole_ones(case, chunk):
+    sizes, owner, keep, seed = case
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=keep.size))]).astype(np.int64)
+    res = tiers.resident_mask(sizes, owner, keep, seed)
+    offsets = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    assert np.array_equal(tiers.resident_blocks(plan.sizes_of(offsets), bounds, keep, seed), res)
+    whole = tiers.resident_offsets(sizes, res)
+    old, tiers.CHUNK = tiers.CHUNK, chunk
+    try:
+        assert np.array_equal(tiers.resident_offsets(plan.sizes_of(offsets), res), whole)  # in chunks
+    finally:
+        tiers.CHUNK = old
+    ref = plan.scattered_layout(whole, owner, keep.size)
+    lay = plan.block_layout(whole, bounds)  # what a block store's tier uses (computed on lookup)
+    ids = np.arange(sizes.size)
+    assert np.array_equal(lay.owner[ids], ref.owner) and np.array_equal(lay.disp[ids], ref.disp)
+    assert np.array_equal(lay.nbytes, ref.nbytes)
+
+
 def test_the_resident_set_is_a_random_subset_spread_over_the_order():
     # 10,000 equal samples on 2 ranks keeping half each: about half of every global batch of the
     # epoch order is resident (what spreads each epoch's storage reads evenly over its steps).
