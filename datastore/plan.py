@@ -227,16 +227,20 @@ def rank_schedule(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size
 
 def global_assignment(num_samples: int, batch_size: int, nranks: int, drop_last: bool) -> np.ndarray:
     """The rank that takes each position of a global-policy order (int64[N]; -1 where dropped)."""
+    return assignment_at(np.arange(num_samples, dtype=np.int64), num_samples, batch_size, nranks, drop_last)
+
+
+def assignment_at(positions: np.ndarray, num_samples: int, batch_size: int, nranks: int, drop_last: bool) -> np.ndarray:
+    """`global_assignment` at `positions` only (int64, -1 where dropped): O(1) per position."""
     n = num_samples
-    p = np.arange(n, dtype=np.int64)
+    p = np.asarray(positions, dtype=np.int64)
     q = p % batch_size
-    size_of_step = np.full(n, batch_size, dtype=np.int64)
     last_start = (n // batch_size) * batch_size
-    size_of_step[last_start:] = n - last_start
+    size_of_step = np.where(p >= last_start, n - last_start, batch_size)
     # Largest r with n_s*r // P <= q, i.e. ((q+1)*P - 1) // n_s.
     out = ((q + 1) * nranks - 1) // np.maximum(size_of_step, 1)
     if drop_last:
-        out[last_start:] = -1
+        out = np.where(p >= last_start, -1, out)
     return out
 
 
@@ -371,6 +375,45 @@ def dynamic_owner(num_samples: int, batch_size: int, nranks: int, drop_last: boo
     owner = np.empty(num_samples, dtype=np.int64)
     owner[order0] = who
     return owner
+
+
+def dynamic_owner_of(num_samples: int, batch_size: int, nranks: int, drop_last: bool, perm0) -> Derived:
+    """`dynamic_owner` computed on lookup from epoch 0's bijection (`perm0`, a
+    dstore.permute.Permutation): a sample's position by the inverse, then its taker (O(1) each)."""
+    def fn(ids: np.ndarray) -> np.ndarray:
+        pos = perm0.position_of(ids)
+        who = assignment_at(pos, num_samples, batch_size, nranks, drop_last)
+        return np.where(who < 0, pos % nranks, who)
+    return Derived(num_samples, fn)
+
+
+def owner_layout(offsets: np.ndarray, owner, nranks: int, chunk: int = 1 << 20) -> Layout:
+    """`scattered_layout` (rank r holds the samples with ``owner == r`` back to back in index order)
+    for an `owner` computed on lookup (a `Derived`), read in chunks of `chunk` samples: the owners
+    are kept in the smallest unsigned type that holds a rank (1 byte per sample up to 256 ranks:
+    a step's lookups stay array reads), the displacements as int64; temporaries O(chunk), not O(N)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = offsets.size - 1
+    kind = next(t for t in (np.uint8, np.uint16, np.uint32, np.int64) if nranks - 1 <= np.iinfo(t).max)
+    kept = np.empty(n, dtype=kind)
+    disp = np.empty(n, dtype=np.int64)
+    total = np.zeros(nranks, dtype=np.int64)  # each rank's bytes of the samples before the chunk
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        own = np.asarray(owner[a:b], dtype=np.int64)
+        kept[a:b] = own
+        sz = offsets[a + 1:b + 1] - offsets[a:b]
+        perm = np.argsort(own, kind="stable")  # by owner, then index
+        cs = np.cumsum(sz[perm])
+        o = own[perm]
+        first = np.searchsorted(o, o, side="left")
+        before = np.where(first > 0, cs[np.maximum(first - 1, 0)], 0)  # the owner's bytes earlier in the chunk
+        disp[a + perm] = total[o] + cs - sz[perm] - before
+        if o.size:  # each owner's bytes in the chunk: its group's last cumulative sum less the one before
+            last = np.nonzero(np.r_[o[1:] != o[:-1], True])[0]
+            ends = cs[last]
+            total[o[last]] += ends - np.r_[0, ends[:-1]]
+    return Layout(kept, disp, total)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -210,9 +210,10 @@ class DataStore:
                               f"{self.num_samples} samples")
         self.bounds = plan.block_bounds(self.offsets, self.size)
         if self.population == "dynamic" and self.policy == "global" and not self.replicate:
-            order0 = shuffle_mod.global_order(self.num_samples, self.seed, 0)
-            owner = plan.dynamic_owner(self.num_samples, self.batch_size, self.size, self.drop_last, order0)
-            self.layout = plan.scattered_layout(self.offsets, owner, self.size)
+            # Owners from epoch 0's bijection on lookup; only the displacements are held (int64[N])
+            perm0 = shuffle_mod.global_permutation(self.num_samples, self.seed, 0)
+            owner = plan.dynamic_owner_of(self.num_samples, self.batch_size, self.size, self.drop_last, perm0)
+            self.layout = plan.owner_layout(self.offsets, owner, self.size)
         else:
             self.layout = plan.block_layout(self.offsets, self.bounds)
 

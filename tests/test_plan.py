@@ -98,6 +98,21 @@ def test_dynamic_layout_owner_is_the_epoch0_consumer(n, bs, nranks, drop):
         assert lay.nbytes[r] == sizes[mine].sum()
 
 
+@settings(max_examples=80)
+@given(n=st.integers(1, 300), bs=st.integers(1, 30), nranks=st.integers(1, 5), drop=st.booleans(),
+       chunk=st.integers(1, 50))
+def test_dynamic_owners_on_lookup_and_their_layout_in_chunks_are_the_whole_ones(n, bs, nranks, drop, chunk):
+    rng = np.random.default_rng(n + bs)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 50, n))]).astype(np.int64)
+    want = plan.dynamic_owner(n, bs, nranks, drop, shuffle.global_order(n, 2, 0))
+    owner = plan.dynamic_owner_of(n, bs, nranks, drop, shuffle.global_permutation(n, 2, 0))
+    assert np.array_equal(np.asarray(owner), want)
+    ref = plan.scattered_layout(offsets, want, nranks)
+    lay = plan.owner_layout(offsets, owner, nranks, chunk=chunk)
+    assert lay.owner.dtype == np.uint8 and np.array_equal(lay.owner, want)
+    assert np.array_equal(lay.disp, ref.disp) and np.array_equal(lay.nbytes, ref.nbytes) and lay.base is None
+
+
 @given(entries=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 4)), max_size=40),
        rank=st.integers(0, 3))
 def test_fetch_plan_copies_exactly_the_right_bytes(entries, rank):
