@@ -19,6 +19,7 @@ torch (int32, CPU or CUDA) agree exactly.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def box_reduce(img: np.ndarray, ky: int, kx: int) -> np.ndarray:
         for dx in range(kx):
             if dy or dx:
                 acc += img[dy:h * ky:ky, dx:w * kx:kx]
-    n = ky * kx
+    n = int(ky) * int(kx)
     acc += n // 2
     acc //= n
     return acc.astype(np.uint8)
@@ -84,9 +85,12 @@ def resize(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     h, w, c = img.shape
     y0, y1, fy = taps(h, th)
     x0, x1, fx = taps(w, tw)
+    g8, a, b, p, q = _scratch(th, w, tw, c)
     # rows: contiguous row gathers, then the two-tap blend in uint16, in place
-    a = img[y0].astype(np.uint16)
-    b = img[y1].astype(np.uint16)
+    np.take(img, y0, axis=0, out=g8)
+    np.copyto(a, g8)
+    np.take(img, y1, axis=0, out=g8)
+    np.copyto(b, g8)
     wy = fy[:, None, None]
     a *= 256 - wy
     b *= wy
@@ -96,15 +100,36 @@ def resize(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     # columns: the (x, channel) pairs gathered with one take along each row
     rows = a.reshape(th, w * c)
     ch = np.arange(c)
-    p = rows.take((x0[:, None] * c + ch).ravel(), axis=1)
-    q = rows.take((x1[:, None] * c + ch).ravel(), axis=1)
+    rows.take((x0[:, None] * c + ch).ravel(), axis=1, out=p)
+    rows.take((x1[:, None] * c + ch).ravel(), axis=1, out=q)
     wx = np.repeat(fx, c)[None]
     p *= 256 - wx
     q *= wx
     p += q
     p += 128
     p >>= 8
-    return p.astype(np.uint8).reshape(th, tw, c)
+    out = np.empty((th, tw, c), np.uint8)
+    np.copyto(out.reshape(th, tw * c), p, casting="unsafe")
+    return out
+
+
+_local = threading.local()
+
+
+def _scratch(th: int, w: int, tw: int, c: int):
+    """This thread's intermediates of `resize` for these sizes, views of buffers that only grow:
+    fresh arrays of a few hundred KB per call are mapped anew by malloc and page-faulted in, which
+    measured about as much as the arithmetic (a 224px resize 1.4 ms against 0.5 ms with malloc
+    told not to map them)."""
+    rows, cols = th * w * c, th * tw * c
+    have = getattr(_local, "flat", None)
+    if have is None or have[0].size < rows or have[3].size < cols:
+        rows, cols = max(rows, 0 if have is None else have[0].size), max(cols, 0 if have is None else have[3].size)
+        have = _local.flat = (np.empty(rows, np.uint8), np.empty(rows, np.uint16), np.empty(rows, np.uint16),
+                              np.empty(cols, np.uint16), np.empty(cols, np.uint16))
+    g8, a, b, p, q = have
+    return (g8[: th * w * c].reshape(th, w, c), a[: th * w * c].reshape(th, w, c), b[: th * w * c].reshape(th, w, c),
+            p[: th * tw * c].reshape(th, tw * c), q[: th * tw * c].reshape(th, tw * c))
 
 
 def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
