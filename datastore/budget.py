@@ -5,7 +5,9 @@ shape the plan), and, where the data do not fit and overflow is served, the resi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,7 +15,27 @@ from dstore import plan, tiers
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.memory import budget_error, default_budget, fmt_bytes
 
+if TYPE_CHECKING:
+    from dstore.collective import Topology
+    from dstore.store import DataStore
+
 log = logging.getLogger("dstore.store")
+
+
+@dataclasses.dataclass(frozen=True)
+class Residency:
+    """What stays in the windows when the data exceed the budget and overflow is served (the same on
+    every rank: computed from the same gathered rows).
+
+    Attributes:
+        resident: bool[N], the samples kept in their owner's window (dstore.tiers.resident_mask).
+        layout: where they live: the windows hold the resident samples only.
+        tier: the store's `tier` figures (resident_fraction, resident_bytes, storage_bytes).
+    """
+
+    resident: np.ndarray
+    layout: plan.Layout
+    tier: dict
 
 READER_INDEX_BYTES = 28
 """Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
@@ -21,7 +43,7 @@ indices, uint32 checksums): what each storage or population thread's reader hold
 backend opens without them (ContainerReader.index_on_demand: HDF5, Zarr; see reader_index)."""
 
 
-def reader_index(store) -> int:
+def reader_index(store: DataStore) -> int:
     """Bytes of the index arrays one storage or population thread's reader holds: none where the
     backend reads them on demand only (the threads read byte ranges), else all of them."""
     if getattr(store.container, "index_on_demand", False):
@@ -29,7 +51,7 @@ def reader_index(store) -> int:
     return READER_INDEX_BYTES * int(store.container.num_samples)
 
 
-def recv_bound(store) -> int:
+def recv_bound(store: DataStore) -> int:
     """An upper bound on one receive buffer: the largest bytes a rank can get in one step."""
     per_step = -(-store.batch_size // store.size)
     if store.policy != "global":
@@ -38,12 +60,12 @@ def recv_bound(store) -> int:
     return plan.largest_sum(store.offsets, per_step)
 
 
-def receive_buffers(store) -> int:
+def receive_buffers(store: DataStore) -> int:
     """Bytes of a rank's receive buffers (none when replicated or alone)."""
     return 0 if (store.replicate or store.size == 1) else (store.prefetch + 1) * recv_bound(store)
 
 
-def population_readers(store) -> int:
+def population_readers(store: DataStore) -> int:
     """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
     during the population only, before the receive buffers exist."""
     if store.population_threads == 1 or (store.population == "dynamic" and not store.replicate):
@@ -51,14 +73,14 @@ def population_readers(store) -> int:
     return store.population_threads * reader_index(store)
 
 
-def stream_buffers(store) -> int:
+def stream_buffers(store: DataStore) -> int:
     """Bytes a streaming preload (dstore.stream) holds during the epoch it serves besides the receive
     buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays
     (none for HDF5 and Zarr: the stream's StorageReader reads byte ranges)."""
     return (store.prefetch + 1) * recv_bound(store) + store.storage_threads * reader_index(store)
 
 
-def tier_buffers(store, bufs: int) -> int:
+def tier_buffers(store: DataStore, bufs: int) -> int:
     """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers (the
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
@@ -67,7 +89,7 @@ def tier_buffers(store, bufs: int) -> int:
     return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
 
 
-def memory_needs(store) -> tuple[int, int]:
+def memory_needs(store: DataStore) -> tuple[int, int]:
     """(all resident: the rank's share plus its peak buffers; nothing resident: the tier's buffers),
     as check_budget and choose_resident count them (a replicated store: the whole data set)."""
     bufs, peak = _buffers(store)
@@ -75,7 +97,7 @@ def memory_needs(store) -> tuple[int, int]:
     return data + peak, tier_buffers(store, bufs)
 
 
-def _buffers(store) -> tuple[int, int]:
+def _buffers(store: DataStore) -> tuple[int, int]:
     """(a rank's receive buffers, the most it holds besides its data: those, or a preload's reader
     indexes, which are gone before the buffers exist)."""
     bufs = receive_buffers(store)
@@ -84,15 +106,15 @@ def _buffers(store) -> tuple[int, int]:
     return bufs, max(bufs, population_readers(store))
 
 
-def check_budget(store) -> None:
+def check_budget(store: DataStore, topology: Topology) -> Residency | None:
     """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget,
-    or (overflow served) every rank computes the same resident set."""
-    local_ranks = store._topology.local_size
-    budget, source = ((store._budget_arg, store._budget_source) if store._budget_arg is not None
+    or (overflow served) every rank computes the same resident set (None: everything fits)."""
+    local_ranks = topology.local_size
+    budget, source = ((store.config.memory_budget, store.budget_source) if store.config.memory_budget is not None
                       else default_budget(local_ranks))
     bufs, peak = _buffers(store)
     if store.replicate:
-        data = int(store.offsets[-1]) if store._topology.local_rank == 0 else 0
+        data = int(store.offsets[-1]) if topology.local_rank == 0 else 0
         cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
     else:
         data, cap = int(store.layout.nbytes[store.rank]), budget
@@ -105,12 +127,13 @@ def check_budget(store) -> None:
         raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
     msg = budget_error([row[:5] for row in rows], offsets=store.offsets, bufs=peak, replicate=store.replicate)
     if msg and store.overflow == "serve" and not store.replicate:
-        choose_resident(store, [row[2] for row in rows], bufs)
-    elif msg:  # every rank saw the same rows, so every rank raises the same error
+        return choose_resident(store, [row[2] for row in rows], bufs)
+    if msg:  # every rank saw the same rows, so every rank raises the same error
         raise MemoryBudgetError(msg)
+    return None
 
 
-def choose_resident(store, caps, bufs: int) -> None:
+def choose_resident(store: DataStore, caps: list, bufs: int) -> Residency:
     """Overflow served: every rank computes the same resident set from the gathered budgets."""
     extra = tier_buffers(store, bufs)
     keep = np.asarray(caps, dtype=np.int64) - extra
@@ -126,20 +149,20 @@ def choose_resident(store, caps, bufs: int) -> None:
         roff = tiers.resident_offsets(store.sizes, resident)
         lay = plan.block_layout(roff, store.bounds)  # each window: its block's resident samples back to back
         # base None: a displacement is in the resident window, not from the container's offsets (dstore.epoch)
-        store.layout = plan.Layout(lay.owner, lay.disp, lay.nbytes)
+        layout = plan.Layout(lay.owner, lay.disp, lay.nbytes)
     else:
         resident = tiers.resident_mask(store.sizes, store.layout.owner, keep, store.seed)
         roff = tiers.resident_offsets(store.sizes, resident)
-        store.layout = plan.scattered_layout(roff, store.layout.owner, store.size)
-    store._resident = resident
+        layout = plan.scattered_layout(roff, store.layout.owner, store.size)
     total = int(store.offsets[-1])
     res_bytes = int(roff[-1])
-    store.tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
-                  "storage_bytes": total - res_bytes}
+    tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
+            "storage_bytes": total - res_bytes}
     if store.rank == 0:
         log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
                     "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
                     "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
-                    fmt_bytes(total), 100.0 * store.tier["resident_fraction"], int(resident.sum()),
+                    fmt_bytes(total), 100.0 * tier["resident_fraction"], int(resident.sum()),
                     store.num_samples, fmt_bytes(total - res_bytes), getattr(store.container, "path", "storage"),
                     store.storage_lookahead)
+    return Residency(resident, layout, tier)

@@ -18,11 +18,18 @@ import contextlib
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from dstore import plan, stream
+from dstore.integrity import read_error
+from dstore.populate import Windows, fill_dynamic
 from dstore.storage import StorageEpoch
+
+if TYPE_CHECKING:
+    from dstore.epoch import EpochStats as _EpochStats  # NOTE [ One class, two names ] (dstore.store)
+    from dstore.store import DataStore
 
 log = logging.getLogger("dstore.store")
 
@@ -149,20 +156,20 @@ class EpochRun:
     Nothing happens before the first `next()`; an abandoned iteration (the generator closed)
     completes the gets in flight before it unlocks the windows."""
 
-    def __init__(self, store, e: int):
+    def __init__(self, store: DataStore, e: int):
         self.store = store
         self.e = e
         self.failure: BaseException | None = None  # a read error on this rank, agreed with the others where they next meet
 
     def __iter__(self):
         store = self.store
-        self._start()
+        w = self._start()  # what the population built (dstore.populate.Windows)
         self.stats = st = EpochStats(epoch=self.e, rank=store.rank, size=store.size)
-        st.set_population(store._pop)
-        store.stats = st
+        st.set_population(w.population)
+        store.stats = cast("_EpochStats", st)
         self.t_epoch = time.perf_counter()
         self._plan()
-        steps, nbuf, lazy, tier, arena = self.steps, self.nbuf, self.lazy, self.tier, store._arena
+        steps, nbuf, lazy, tier, arena = self.steps, self.nbuf, self.lazy, self.tier, w.arena
         pending = collections.deque()
         t_in = self.t_epoch  # the consumer waits from its first next() on
         reading = contextlib.nullcontext() if (store.replicate or lazy) else arena.reading()
@@ -176,13 +183,13 @@ class EpochRun:
                     if lazy:
                         t1 = time.perf_counter()
                         try:
-                            n = store._fill_dynamic(self.ids_all[self.sched.step(s)])
+                            n = fill_dynamic(store, w, self.ids_all[self.sched.step(s)])
                         except Exception as exc:
                             self.failure = exc
                             if store.fail_fast:
                                 raise
                             break
-                        store._add_population(time.perf_counter() - t1, n)
+                        w.add_population(time.perf_counter() - t1, n)
                         pending.append(self.issue(s, 0))
                     item = pending.popleft()
                     try:
@@ -191,7 +198,7 @@ class EpochRun:
                         if store.fail_fast:  # the job aborts on it; the others may be waiting in a DDP step
                             raise failed.error from None
                         break  # NOTE [ Store agreement protocol ]: told to the others in _finish
-                    store._next = (self.e, s + 1) if s + 1 < self.sched.steps else (self.e + 1, 0)
+                    store._advance(self.e, s + 1, self.sched.steps)
                     st.wait_seconds += time.perf_counter() - t_in
                     yield batch
                     t_in = time.perf_counter()
@@ -210,60 +217,60 @@ class EpochRun:
         self._finish()
 
     # ------------------------------------------------------------ before the first step
-    def _start(self) -> None:
+    def _start(self) -> Windows:
         """Collective: the epoch's first step (a loaded state's), agreed; its schedule; and, with a
         dynamic population not yet complete, whether to read lazily (every rank serves only its own
-        samples: each step reads them) or to fill everything first."""
+        samples: each step reads them) or to fill everything first. Returns the store's windows."""
         store, e = self.store, self.e
         store.populate()
-        first = 0
-        if store._resume is not None and store._resume[0] == e:
-            first = store._resume[1]
-        store._resume = None
-        store._check_same_epoch(e, first)
+        if store.windows is None:  # populate() raises instead
+            raise ValueError("the DataStore is closed")
+        self.windows = w = store.windows
+        first = store._begin(e)
         # This epoch may read from storage (the same answer on every rank: a collective follows).
-        if store._resident is not None or (store.population != "preload" and not store.replicate):
+        if w.resident is not None or (store.population != "preload" and not store.replicate):
             _check_unchanged(store)
         self.first = first
         self.sched = sched = store.schedule(e)
         self.ids_all = sched.ids
         self.lazy = False
-        if store._loaded is not None:
+        if w.loaded is not None:
             need = self.ids_all[sched.ptr[first]:]
-            flags = store.comm.allgather((bool(store._loaded.all()),
-                                          bool(np.all(store.layout.owner[need] == store.rank))))
+            flags = store.comm.allgather((bool(w.loaded.all()), bool(np.all(store.layout.owner[need] == store.rank))))
             if not all(f[0] for f in flags):
                 self.lazy = all(f[1] for f in flags)
                 if not self.lazy:  # someone needs samples nobody has read yet: fill everything first
-                    _fill_the_rest(store)
+                    _fill_the_rest(store, w)
+        return w
 
     def _plan(self) -> None:
         """Per entry of the schedule: whose window serves it (or storage); the receive buffers."""
-        store, sched, first = self.store, self.sched, self.first
+        store, w, sched, first = self.store, self.windows, self.sched, self.first
         self.steps = list(range(first, sched.steps))
-        store._next = (self.e, first) if first < sched.steps else (self.e + 1, 0)
-        if store.replicate:
+        store._advance(self.e, first, sched.steps)
+        if w.view is not None:  # replicated: the node's full copy serves every sample
             self.owner_of = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
-            self.disp, segs = store.offsets[:-1], {store.rank: store._view}
+            self.disp, segs = store.offsets[:-1], {store.rank: w.view}
             self.base = np.zeros(store.size, dtype=np.int64)  # the node's copy: displacement = offset
         else:
-            self.owner_of, self.disp, segs = store.layout.owner, store.layout.disp, store._segs
+            self.owner_of, self.disp, segs = store.layout.owner, store.layout.disp, w.segs
             self.base = store.layout.base
         self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
         self.mapped = np.zeros(store.size, dtype=bool)
         self.mapped[list(self.segs)] = True
         self.nbuf = store.prefetch + 1
-        self.stream = store._stream  # a streaming preload still filling the windows (dstore.stream), or None
+        self.stream = w.stream  # a streaming preload still filling the windows (dstore.stream), or None
         self.tier = None
-        if store._resident is not None:  # non-resident samples: read ahead from storage by this rank
-            self.tier = StorageEpoch(store._storage, sched, first, store._resident, store.offsets, store._base_byte,
-                                     store.storage_lookahead, store._sbufs, store._checks)
-            store._sbufs = self.tier.bufs
+        if w.resident is not None:  # non-resident samples: read ahead from storage by this rank
+            assert w.storage is not None  # opened with the resident set (dstore.populate)
+            self.tier = StorageEpoch(w.storage, sched, first, w.resident, store.offsets, store.base_byte,
+                                     store.storage_lookahead, w.storage_bufs, w.checks)
+            w.storage_bufs = self.tier.bufs
         if not store.replicate:  # exact receive buffer sizes for this epoch
             need = 0 if self.mapped.all() else self._largest_remote_step(first)
-            if len(store._bufs) != self.nbuf or store._bufs[0].size < need:
-                store._bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
-        self.ro = [readonly(b) for b in store._bufs]
+            if len(w.recv_bufs) != self.nbuf or w.recv_bufs[0].size < need:
+                w.recv_bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
+        self.ro = [readonly(b) for b in w.recv_bufs]
 
     def owners(self, ids: np.ndarray, sl: slice) -> np.ndarray:
         """Whose window serves each of schedule entries `sl` (their ids `ids`): this rank's for the
@@ -310,7 +317,7 @@ class EpochRun:
                 own = np.where(miss, store.rank, own)
                 sread = (miss, self.stream.read(ids[miss], slot))
         f = plan.plan_fetch(own, disp, length, store.rank, self.mapped)
-        reqs = store._arena.start_gets(store._bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
+        reqs = self.windows.arena.start_gets(self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
             if f.run_len.size else []
         self.stats.fetch_seconds += time.perf_counter() - t
         return Issued(s, slot, ids, self.sched.pad[sl], f, reqs, own, sread)
@@ -322,16 +329,13 @@ class EpochRun:
             _StepFailed: a read failed; its error (naming the samples) is also kept in `failure`.
         """
         store, st, tier = self.store, self.stats, self.tier
-        if item.fetch is None:  # a step deferred while streaming: its samples' pieces first, then its gets
-            t0 = time.perf_counter()
-            self.stream.wait_for(item.ids)
-            st.storage_wait_seconds += time.perf_counter() - t0
-            item = self.issue(item.step, item.slot)
+        if item.fetch is None:  # a step deferred while streaming
+            item = self._issue_deferred(item)
         s, slot, ids, pad, f, reqs = item.step, item.slot, item.ids, item.pad, item.fetch, item.reqs
         own, sread = item.owner, item.stream_read
         assert f is not None  # issued above
         t1 = time.perf_counter()
-        store._arena.wait(reqs)
+        self.windows.arena.wait(reqs)
         t2 = time.perf_counter()
         st.get_wait_seconds += t2 - t1
         st.fetch_seconds += t2 - t1
@@ -342,6 +346,7 @@ class EpochRun:
                    zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
         mine = own == store.rank
         if sread is not None:
+            assert self.stream is not None  # only a stream reads a step's samples
             miss = sread[0]
             try:
                 got = iter(self.stream.take(sread[1], ids[miss]))
@@ -358,7 +363,7 @@ class EpochRun:
             try:
                 views, nread, nruns = tier.take(s)
             except Exception as exc:  # told to the others at the epoch's end (NOTE [ Store agreement protocol ])
-                self.failure = error = store._read_error(exc, 0, 0, ids=ids[tier.from_storage[sl]])
+                self.failure = error = read_error(store.container, store.start, exc, 0, 0, ids=ids[tier.from_storage[sl]])
                 raise _StepFailed(error) from exc
             t3 = time.perf_counter()
             st.storage_wait_seconds += t3 - t2
@@ -375,6 +380,14 @@ class EpochRun:
             peer &= ~sread[0]
         self.account(ids, pad, f, mine, peer)
         return batch
+
+    def _issue_deferred(self, item: Issued) -> Issued:
+        """A step deferred while streaming: waits for its samples' pieces, then plans and starts its gets."""
+        assert self.stream is not None  # only a stream defers a step
+        t0 = time.perf_counter()
+        self.stream.wait_for(item.ids)
+        self.stats.storage_wait_seconds += time.perf_counter() - t0
+        return self.issue(item.step, item.slot)
 
     def account(self, ids, pad, f, mine, peer) -> None:
         """Adds a delivered step to the epoch's figures."""
@@ -398,17 +411,16 @@ class EpochRun:
         if self.tier is not None and not self.lazy:  # a rank whose storage read failed waits here for the others
             store._agree(failure)  # NOTE [ Store agreement protocol ], 5
         elif self.stream is not None:  # every rank's block is in from here on (or every rank raises)
-            store._agree(stream.end(store) or failure)
+            store._agree(stream.end(self.windows) or failure)
         st.finish(time.perf_counter() - self.t_epoch)
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
-            _fill_the_rest(store, failure)
-        st.set_population(store._pop)
-        store._active = None
+            _fill_the_rest(store, self.windows, failure)
+        st.set_population(self.windows.population)
         log.info("epoch %d rank %d/%d: %s", self.e, store.rank, store.size,
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
 
 
-def _check_unchanged(store) -> None:
+def _check_unchanged(store: DataStore) -> None:
     """Collective: a container whose files changed since the store opened it (another file at its
     path, another size or modification time) is raised on every rank, naming the file, before an
     epoch reads from it; one stat per file and one small agreement."""
@@ -420,7 +432,7 @@ def _check_unchanged(store) -> None:
     store._agree(exc)
 
 
-def _fill_the_rest(store, failure=None) -> None:
+def _fill_the_rest(store: DataStore, w: Windows, failure: BaseException | None = None) -> None:
     """Collective (dynamic population): reads this rank's samples not read yet, unless `failure`
     already happened; agrees on a failure on any rank (raised on every rank), then publishes the
     windows and counts the time and bytes as population."""
@@ -428,9 +440,9 @@ def _fill_the_rest(store, failure=None) -> None:
     n = 0
     if failure is None:
         try:
-            n = store._fill_dynamic(np.nonzero(~store._loaded)[0])
+            n = fill_dynamic(store, w, np.nonzero(~w.loaded)[0]) if w.loaded is not None else 0
         except Exception as exc:  # noqa: BLE001 - the others wait in publish(): they must learn of it
             failure = exc
     store._agree(failure)
-    store._arena.publish()
-    store._add_population(time.perf_counter() - t0, n)
+    w.arena.publish()
+    w.add_population(time.perf_counter() - t0, n)

@@ -3,17 +3,22 @@ replicated copy), the tiered preload (only the resident samples, dstore.tiers) a
 population (what epoch 0 needs), after the memory budget is checked (dstore.budget); the reads
 themselves, several in flight, are dstore.preload's. A failed read is raised on the rank that read
 it and agreed with every other rank (dstore.collective) before anything collective.
+
+What the population builds is one `Windows` value, which the store keeps (`DataStore.windows`) and
+frees; the modules serving epochs (dstore.epoch, dstore.stream) read it there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dstore import plan
 from dstore.budget import check_budget, recv_bound
-from dstore.collective import AGREED, node_comm, topology_of
+from dstore.collective import AGREED, Topology, agree, node_comm, topology_of
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.heartbeat import Heartbeat
 from dstore.integrity import SampleChecks
@@ -22,106 +27,201 @@ from dstore.preload import RangeReads, preload, preload_resident, read_samples
 from dstore.storage import StorageReader
 from dstore.window import Arena
 
+if TYPE_CHECKING:
+    from dstore.store import DataStore
+    from dstore.stream import Stream
 
-def fill_dynamic(store, ids: np.ndarray) -> int:
-    """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced)."""
-    loaded = store._loaded
+
+@dataclasses.dataclass(eq=False)
+class Windows:
+    """What a store's population built (`populate`), kept by the store as `DataStore.windows` until it
+    frees them (`free`, collective) or drops them after an error (`abandon`, local).
+
+    Attributes:
+        arena: this rank's window (replicated: the node's shared one).
+        topology: the store's view of its nodes.
+        layout: where each sample lives: the store's plan, or over budget its resident samples only
+            (the store's `layout` from the population on).
+        tier: the store's `tier` figures (resident_fraction, resident_bytes, storage_bytes).
+        checks: the served samples' checksums, that every read from storage is checked against (None:
+            unchecked, a measurement's choice only).
+        resident: bool[N], the samples kept in a window when only part of the data fits, else None.
+        segs: rank -> its window served in place: this rank's and the node peers' it maps ({} when
+            replicated).
+        view: replicated: the node's full copy, else None.
+        nodecomm: replicated: the node communicator of the shared window (freed with it), else None.
+        storage: tiered: the storage tier's StorageReader, else None.
+        loaded: dynamic: bool[N], which of this rank's samples are in its window (others' are True).
+        stream: population="stream": the dstore.stream.Stream while it fills the windows, else None.
+        recv_bufs: the receive buffers an epoch sized (dstore.epoch), reused by the next.
+        storage_bufs: the storage tier's read buffers (dstore.storage.StorageEpoch), reused likewise.
+        population: the population's figures so far (population_seconds, population_bytes,
+            population_MBps): the preload's, then epoch 0's dynamic reads or the stream's.
+    """
+
+    arena: Arena
+    topology: Topology
+    layout: plan.Layout
+    tier: dict
+    checks: SampleChecks | None
+    resident: np.ndarray | None = None
+    segs: dict = dataclasses.field(default_factory=dict)
+    view: np.ndarray | None = None
+    nodecomm: Any = None
+    storage: StorageReader | None = None
+    loaded: np.ndarray | None = None
+    stream: Stream | None = None
+    recv_bufs: list = dataclasses.field(default_factory=list)
+    storage_bufs: list = dataclasses.field(default_factory=list)
+    population: dict = dataclasses.field(default_factory=lambda: {"population_seconds": 0.0, "population_bytes": 0})
+
+    def add_population(self, seconds: float, nbytes: int) -> None:
+        """Counts `nbytes` read in `seconds` as population."""
+        p = self.population
+        p["population_seconds"] += seconds
+        p["population_bytes"] += int(nbytes)
+        p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
+
+    def close_storage(self) -> None:
+        """Closes the storage tier's reader and drops its buffers (local; safe twice)."""
+        storage, self.storage = self.storage, None
+        self.storage_bufs = []
+        if storage is not None:
+            storage.close()
+
+    def free(self) -> None:
+        """Collective: stops the stream, closes the storage reader, frees the window and the node
+        communicator. Safe twice."""
+        if self.stream is not None:
+            self.stream.stop()  # nothing may write into a window being freed
+        self._drop()
+        self.arena.free()
+        nodecomm, self.nodecomm = self.nodecomm, None
+        if nodecomm is not None:
+            nodecomm.Free()
+
+    def abandon(self) -> None:
+        """Local teardown after an error: stops the stream (nothing writes into the windows after
+        it), closes the storage reader; the window and the node communicator are left to
+        MPI_Finalize, since another rank may never reach a collective free."""
+        if self.stream is not None:
+            self.stream.stop()
+        self._drop()
+        self.nodecomm = None
+
+    def _drop(self) -> None:
+        self.view, self.segs, self.recv_bufs = None, {}, []
+        self.close_storage()
+
+
+def fill_dynamic(store: DataStore, windows: Windows, ids: np.ndarray) -> int:
+    """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced) into
+    the dynamic population's window."""
+    loaded = windows.loaded
+    if loaded is None:
+        raise ValueError("fill_dynamic: the store's population is not dynamic")
     ids = np.unique(ids[~loaded[ids]])
     if ids.size == 0:
         return 0
     heads = np.nonzero(np.diff(ids, prepend=-2) != 1)[0]
     ends = np.append(heads[1:], ids.size)
-    local, disp, off = store._arena.local, store.layout.disp, store.offsets
+    local, disp, off = windows.arena.local, windows.layout.disp, store.offsets
     for h, e in zip(heads.tolist(), ends.tolist()):
         lo, hi = int(ids[h]), int(ids[e - 1]) + 1
         d = int(disp[lo])
-        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])], store._checks)
+        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])], windows.checks)
     loaded[ids] = True
     return int(store.sizes[ids].sum())
 
 
-def _fill(store, peers) -> int:
-    """This rank's part of the population (no collective): returns the bytes read."""
-    args = (store.container, store.start, store.offsets, store._base_byte)
-    if store.replicate:
-        store._view = store._arena.segment(0)
-        nc = store._nodecomm
+def _fill(store: DataStore, w: Windows, peers: list | None) -> int:
+    """This rank's part of the population (no collective) into `w`: returns the bytes read."""
+    args = (store.container, store.start, store.offsets, store.base_byte)
+    if w.nodecomm is not None:  # replicated: this rank's part of the node's copy
+        w.view = view = w.arena.segment(0)
+        nc = w.nodecomm
         nb = plan.block_bounds(store.offsets, nc.Get_size())
         lo, hi = int(nb[nc.Get_rank()]), int(nb[nc.Get_rank() + 1])
         a, b = int(store.offsets[lo]), int(store.offsets[hi])
         reads = RangeReads(store.container, store.population_threads)
         try:
-            preload(reads, *args, lo, hi, store._view[a:b], store._checks)
+            preload(reads, *args, lo, hi, view[a:b], w.checks)
         finally:
             reads.close()
         return b - a
-    store._segs = store._arena.map_peers(peers, store.layout.nbytes)
-    if store._resident is not None:
-        store._storage = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
+    w.segs = w.arena.map_peers(peers, w.layout.nbytes)
+    if w.resident is not None:
+        w.storage = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
     if store.population == "dynamic":
-        store._loaded = np.zeros(store.num_samples, dtype=bool)
-        store._loaded[store.layout.owner != store.rank] = True  # only own samples are tracked
-        if store._resident is not None:
-            store._loaded[~store._resident] = True  # served from storage, never loaded
+        w.loaded = loaded = np.zeros(store.num_samples, dtype=bool)
+        loaded[w.layout.owner != store.rank] = True  # only own samples are tracked
+        if w.resident is not None:
+            loaded[~w.resident] = True  # served from storage, never loaded
         return 0
     lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
-    if store._resident is None and store.population == "stream":  # read in the background: DataStore.populate
+    if w.resident is None and store.population == "stream":  # read in the background: DataStore.populate
         return 0
-    if store._resident is None:
+    if w.resident is None:
         reads = RangeReads(store.container, store.population_threads)
         try:
-            preload(reads, *args, lo, hi, store._arena.local, store._checks)
+            preload(reads, *args, lo, hi, w.arena.local, w.checks)
         finally:
             reads.close()
-        return store._arena.local.size
+        return w.arena.local.size
     # tiered: the storage tier's threads (and readers, counted in the budget) read the block
     threads = min(store.population_threads, store.storage_threads)
-    reads = RangeReads(store.container, threads, pool=store._storage if threads > 1 else None)
+    reads = RangeReads(store.container, threads, pool=w.storage if threads > 1 else None)
     scratch = max(1, (store.storage_lookahead + 1) * recv_bound(store))  # counted in the budget
-    return preload_resident(reads, *args, lo, hi, store._resident, store._arena.local, store.layout.disp, scratch,
-                            checks=store._checks)
+    return preload_resident(reads, *args, lo, hi, w.resident, w.arena.local, w.layout.disp, scratch, checks=w.checks)
 
 
-def populate(store) -> None:
+def populate(store: DataStore) -> Windows:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
     # Every byte read from storage is checked against the container's checksums where it was read.
-    store._checks = SampleChecks(store.offsets, store.checksums)  # the node's shared copy (dstore.index)
+    checks = SampleChecks(store.offsets, store.checksums)  # the node's shared copy (dstore.index)
     nodecomm = node_comm(store.comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
     try:
-        store._topology = topology_of(store.comm, nodecomm)
-        check_budget(store)
+        topology = topology_of(store.comm, nodecomm)
+        residency = check_budget(store, topology)
     except BaseException as exc:
         nodecomm.Free()
         if isinstance(exc, (ConfigError, MemoryBudgetError)):
             setattr(exc, AGREED, True)  # every rank saw the same gathered rows and raises alike
         raise
+    layout, tier = (store.layout, store.tier) if residency is None else (residency.layout, residency.tier)
     t0 = time.perf_counter()
     exc = None
     peers = None
+    arena = kept = None
     try:  # window allocation is collective: a rank that fails it tells the others below
         if store.replicate:
-            store._nodecomm = nodecomm
-            store._arena = Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
+            kept = nodecomm
+            arena = Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
         else:
             peers = nodecomm.allgather(store.rank)  # always: node_views may differ between ranks
             if not store.node_views:
                 peers = [store.rank]
             nodecomm.Free()
-            store._arena = Arena(store.comm, int(store.layout.nbytes[store.rank]))
+            arena = Arena(store.comm, int(layout.nbytes[store.rank]))
     except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
         exc = e
-    store._agree(exc)  # NOTE [ Store agreement protocol ], 3
+    agree(store.comm, exc)  # NOTE [ Store agreement protocol ], 3
+    if arena is None:
+        raise RuntimeError("window allocation agreed without a window")  # unreachable: agree raised
+    w = Windows(arena, topology, layout, tier, checks, nodecomm=kept,
+                resident=None if residency is None else residency.resident)
     nbytes = 0
     try:
-        with Heartbeat(f"population of rank 0's {fmt_bytes(int(store.layout.nbytes[0]))}", enabled=store.rank == 0):
-            nbytes = _fill(store, peers)
+        with Heartbeat(f"population of rank 0's {fmt_bytes(int(layout.nbytes[0]))}", enabled=store.rank == 0):
+            nbytes = _fill(store, w, peers)
     except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
         exc = e
     try:
-        store._agree(exc)
+        agree(store.comm, exc)
     except BaseException:
-        store._free_windows()  # collective, and every rank is here: nothing is left to MPI_Finalize
+        w.free()  # collective, and every rank is here: nothing is left to MPI_Finalize
         raise
-    store._arena.publish()
-    store._add_population(time.perf_counter() - t0, nbytes)
+    arena.publish()
+    w.add_population(time.perf_counter() - t0, nbytes)
+    return w

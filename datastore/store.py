@@ -36,25 +36,31 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, cast
 
 from dstore import budget as budget_mod
 from dstore import job, plan, rc, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore import stream as stream_mod
-from dstore.collective import AGREED, Topology, agree, is_agreed
+from dstore.collective import AGREED, agree, is_agreed
 from dstore.config import StoreConfig
 from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
 from dstore.epoch import EpochRun, EpochStats
-from dstore.errors import ConfigError, FormatError
+from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.index import NodeIndex, served_range
-from dstore.integrity import read_error
 from dstore.memory import parse_bytes
+from dstore.populate import Windows
 from dstore.progress import ProgressThread
+
+if TYPE_CHECKING:
+    # NOTE [ One class, two names ]: pyright checks this file as module `datastore.store` (its
+    # directory) but reads the modules it calls as `dstore.*` (how they import each other), so to
+    # pyright the DataStore those modules type their `store` with is another class than this one.
+    # `_typed()` hands this store over as that one (nothing at run time: one class, one module).
+    from dstore.store import DataStore as _DataStore
 
 log = logging.getLogger("dstore.store")
 
@@ -88,6 +94,10 @@ class DataStore:
             coalesced run) and storage_wait_seconds; and the store's population
             so far (population_seconds, population_bytes, population_MBps). Logged at INFO
             ("dstore.store") at the end of each epoch.
+        windows: what the population built (a dstore.populate.Windows: the windows, the peers'
+            views, the resident and loaded masks, the storage reader, the population's figures),
+            None before the population and after close.
+        budget_source: what set the memory budget (named in a MemoryBudgetError).
         fail_fast: False (default): a read failing mid-epoch is raised on every rank at the epoch's end;
             True: at once, on its rank only (for jobs that abort on any rank's error, as `dstore train`).
 
@@ -112,7 +122,7 @@ class DataStore:
         self._job = job.arm()  # torchrun refused; an uncaught exception aborts the job while open
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.container, self._owns_container = None, False
+        self._owns_container = False  # `container` is set by _setup, closed by close() if opened here
         exc = None
         try:  # an argument bad on one rank only must fail every rank, not leave them in populate()
             if config is None:
@@ -145,7 +155,7 @@ class DataStore:
         self.batch_size, self.seed, self.policy = cfg.batch_size, cfg.seed, cfg.shuffle
         self.partial_fraction, self.population, self.replicate = cfg.partial_fraction, cfg.population, cfg.replicate
         self.prefetch, self.drop_last, self.node_views = cfg.prefetch, cfg.drop_last, cfg.node_views
-        self._budget_arg, self._budget_source = cfg.memory_budget, "memory_budget argument"
+        self.budget_source = "memory_budget argument"
         self.overflow, self.storage_lookahead = cfg.overflow, cfg.storage_lookahead
         self.storage_threads, self.population_threads = cfg.storage_threads, cfg.population_threads
         self.progress_period = cfg.progress_period
@@ -168,39 +178,27 @@ class DataStore:
             self._close_container()
             raise
         self.info = reader.info
-        self._arena = None
-        self._nodecomm = None
-        self._view = None  # replicate: the node's full copy
-        self._segs = {}  # rank -> its window, for this rank and the node peers it maps
-        self._loaded = None  # dynamic: which of this rank's samples are in its window
-        self._bufs = []
-        self._resident = None  # bool[N] when only part of the data fits (overflow="serve"), else None
-        self._storage = None  # its StorageReader
-        self._checks = None  # dstore.integrity.SampleChecks of the served samples (set by the population)
+        self.windows: Windows | None = None  # set by populate(), the one place (dstore.populate)
         self.fail_fast = False
         # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
         self.schedule_source: Callable[[int], plan.Schedule] | None = None
         # population="stream": read the first step's samples ahead of the block (off for a mix's sources)
         self.stream_first_reads = True
-        self._stream = None  # population="stream": the dstore.stream.Stream while the windows fill
-        self._sbufs = []  # storage read buffers, storage_lookahead + 1
-        self._resume = None
+        self._resume: tuple[int, int] | None = None
         self._next = (0, 0)
         self._active = None
         self._closed = False
         self._failed = False  # an agreed failure was raised on every rank: skip further agreements
-        self._topology: Topology | None = None  # dstore.collective.Topology, the store's view of nodes (set by the population)
         self._progress = None  # its ProgressThread while it holds windows, where one is needed
-        self._pop = {"population_seconds": 0.0, "population_bytes": 0}
         self.stats: EpochStats | None = None  # set by each epoch
 
     # ----------------------------------------------------------------- set-up
     def _init_index(self) -> None:
         """The served samples' arrays (from the node's shared index) and the plan built on them."""
         index = self._index  # opened by __init__ just before; closed only by close()
-        assert index is not None and index.offsets is not None and index.labels is not None
+        assert index is not None and index.offsets is not None and index.labels is not None and index.checksums is not None
         self.offsets, self.labels, self.checksums = index.offsets, index.labels, index.checksums
-        self._base_byte = index.base_byte
+        self.base_byte = index.base_byte  # the data byte of served sample 0
         self.sizes = plan.sizes_of(self.offsets)  # looked up, not stored: no int64[N] per rank
         self.num_samples = self.stop - self.start
         self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
@@ -220,41 +218,60 @@ class DataStore:
     def tier_overhead(self) -> int:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
         buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
-        return budget_mod.tier_buffers(self, budget_mod.receive_buffers(self))
+        return budget_mod.tier_buffers(self._typed(), budget_mod.receive_buffers(self._typed()))
 
     def memory_needs(self) -> tuple[int, int]:
         """(bytes to hold all this rank's samples with its buffers, the least it can serve with: the
         buffers alone); before population, no communication (for `limit_memory`'s callers)."""
-        return budget_mod.memory_needs(self)
+        return budget_mod.memory_needs(self._typed())
 
     def limit_memory(self, budget, source: str = "memory_budget argument") -> None:
         """Sets this rank's memory budget (as `memory_budget=`, `source` naming it), before population."""
-        if self._arena is not None:
+        if self.windows is not None:
             raise ConfigError("limit_memory() after the population: the windows are sized already")
-        self._budget_arg = parse_bytes(budget)
-        self.config = dataclasses.replace(self.config, memory_budget=self._budget_arg)
-        self._budget_source = source
+        self.config = dataclasses.replace(self.config, memory_budget=parse_bytes(budget))
+        self.budget_source = source
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them
         (dstore.populate)."""
-        if self._arena is not None:
+        if self.windows is not None:
             return
         if self._closed:
             raise ValueError("the DataStore is closed")
-        populate_mod.populate(self)
-        if self.population == "stream" and self._resident is None and not self.replicate:
-            self._stream = stream_mod.start(self)  # the block read in the background (dstore.stream)
+        w = self.windows = populate_mod.populate(self._typed())
+        self.layout, self.tier = w.layout, w.tier  # over budget: the resident samples' (dstore.budget)
+        if self.population == "stream" and w.resident is None and not self.replicate:
+            w.stream = stream_mod.start(self._typed(), w)  # the block read in the background (dstore.stream)
         self._start_progress()
+
+    @property
+    def resume_at(self) -> tuple[int, int] | None:
+        """(epoch, step) where a loaded state_dict resumes, until that epoch starts; else None."""
+        return self._resume
+
+    def _begin(self, e: int) -> int:
+        """Collective: the first step of epoch `e` (a loaded state's if `e` is its epoch; the state
+        is used up), the same on every rank or all raise (`_check_same_epoch`)."""
+        first = 0
+        if self._resume is not None and self._resume[0] == e:
+            first = self._resume[1]
+        self._resume = None
+        self._check_same_epoch(e, first)
+        return first
+
+    def _advance(self, e: int, s: int, steps: int) -> None:
+        """Records step `s` of epoch `e` (of `steps`) as the next to serve (what state_dict saves)."""
+        self._next = (e, s) if s < steps else (e + 1, 0)
 
     def _start_progress(self) -> None:
         """Starts the progress thread where other ranks' gets need this rank's progress engine."""
         period = self.progress_period
         if period is None:
-            topo = self._topology  # set by the population
+            topo = self.windows.topology if self.windows is not None else None
             remote = (topo is not None and not topo.single_node) or rc.MPICH_NOLOCAL.get()
             period = _AUTO_PROGRESS if (remote and not self.replicate) else 0.0
-        if period <= 0 or self._arena is None:
+        if period <= 0 or self.windows is None:
             return
         try:
             self._progress = ProgressThread(self.comm, period).start()
@@ -270,20 +287,6 @@ class DataStore:
         except BaseException:
             self._failed = True
             raise
-
-    def _read_error(self, exc: BaseException, lo: int, hi: int, ids=None) -> FormatError:
-        """A FormatError naming the samples among served [lo, hi) (or `ids`) that cannot be read."""
-        return read_error(self.container, self.start, exc, lo, hi, ids=ids)
-
-    def _add_population(self, seconds: float, nbytes: int) -> None:
-        p = self._pop
-        p["population_seconds"] += seconds
-        p["population_bytes"] += int(nbytes)
-        p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
-
-    def _fill_dynamic(self, ids: np.ndarray) -> int:
-        """Reads the not yet loaded own samples among `ids` (dstore.populate.fill_dynamic)."""
-        return populate_mod.fill_dynamic(self, ids)
 
     # ----------------------------------------------------------------- epochs
     def schedule(self, epoch: int) -> plan.Schedule:
@@ -314,7 +317,7 @@ class DataStore:
         shuffle_mod.epoch_rng(self.seed, epoch)  # validates epoch
         if self._active is not None:
             self._active.close()
-        gen = iter(EpochRun(self, int(epoch)))  # a generator: nothing runs before the first next()
+        gen = iter(EpochRun(self._typed(), int(epoch)))  # a generator: nothing runs before the first next()
         self._active = gen
         return gen
 
@@ -371,14 +374,8 @@ class DataStore:
         if progress is not None:
             progress.stop()
 
-    def _close_storage(self) -> None:
-        storage, self._storage = self._storage, None
-        self._sbufs = []
-        if storage is not None:
-            storage.close()
-
     def _close_container(self) -> None:
-        if self._owns_container and self.container is not None:
+        if self._owns_container:
             self.container.close()
 
     def close(self) -> None:
@@ -390,8 +387,8 @@ class DataStore:
             self._active.close()
             self._active = None
         try:
-            if self._arena is not None and not self._failed:
-                self._agree(stream_mod.end(self))  # a rank that failed mid-epoch waits here: meet it
+            if self.windows is not None and not self._failed:
+                self._agree(stream_mod.end(self.windows))  # a rank that failed mid-epoch waits here: meet it
         finally:
             self._free_windows()
             if self._index is not None:
@@ -403,18 +400,9 @@ class DataStore:
     def _free_windows(self) -> None:
         """Collective: frees the windows and the node communicator (safe twice)."""
         self._stop_progress()
-        if self._stream is not None:
-            self._stream.stop()  # nothing may write into a window being freed
-        arena, self._arena = self._arena, None
-        self._view = None
-        self._segs = {}
-        self._bufs = []
-        self._close_storage()
-        if arena is not None:
-            arena.free()
-        if self._nodecomm is not None:
-            self._nodecomm.Free()
-            self._nodecomm = None
+        windows, self.windows = self.windows, None
+        if windows is not None:
+            windows.free()
 
     def __enter__(self):
         try:
@@ -442,18 +430,21 @@ class DataStore:
         if self._active is not None:
             self._active.close()
             self._active = None
-        if self._arena is not None:
+        if self.windows is not None:
             log.debug("rank %d: leaving the store's windows to MPI_Finalize after an error", self.rank)
         self._stop_progress()
-        if self._stream is not None:
-            self._stream.stop()  # local: the windows are left to MPI_Finalize, nothing writes into them
-        self._arena, self._view, self._bufs, self._nodecomm, self._segs = None, None, [], None, {}
+        windows, self.windows = self.windows, None
+        if windows is not None:
+            windows.abandon()  # local: nothing writes into the windows from here on
         if self._index is not None:
             self._index.abandon()
-        self._close_storage()
         self._close_container()
         self._owns_container = False
 
     def __len__(self) -> int:
         return self.steps_per_epoch
+
+    def _typed(self) -> _DataStore:
+        """This store, as the modules it calls type it (NOTE [ One class, two names ])."""
+        return cast("_DataStore", self)
 

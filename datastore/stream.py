@@ -36,6 +36,7 @@ import concurrent.futures
 import functools
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +45,10 @@ from dstore import budget, preload
 from dstore import shuffle as shuffle_mod
 from dstore.integrity import read_error
 from dstore.storage import StorageReader
+
+if TYPE_CHECKING:
+    from dstore.populate import Windows
+    from dstore.store import DataStore
 
 OWN_READS = 1
 """Steps of the first epoch served while streaming whose missing samples the delivering rank reads
@@ -62,33 +67,33 @@ another rank's (a job shares its file system's operations; a rank's first batch 
 its peer's pieces is the job's first batch). If no epoch starts within this time, it starts anyway."""
 
 
-def start(store) -> Stream:
+def start(store: DataStore, windows: Windows) -> Stream:
     """Collective: starts reading this rank's block into its window (after the population's agreement)."""
     lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
     threads = store.population_threads
-    args = (store.container, store.start, store.offsets, store._base_byte, lo, hi, store._arena.local)
+    args = (store.container, store.start, store.offsets, store.base_byte, lo, hi, windows.arena.local)
 
     def fill(order, done):
         pool = StorageReader(store.container.path, threads, store.container.opened_identity,
                              shared=store.container)  # RangeReads never reads with the store's reader itself
         try:
-            preload.preload(preload.RangeReads(store.container, threads, pool=pool), *args, checks=store._checks,
-                             order=order, done=done)
+            preload.preload(preload.RangeReads(store.container, threads, pool=pool), *args, checks=windows.checks,
+                            order=order, done=done)
         finally:
             pool.close()
 
-    return Stream(store, fill, preload.piece_bytes(threads), budget.recv_bound(store))
+    return Stream(store, windows, fill, preload.piece_bytes(threads), budget.recv_bound(store))
 
 
-def end(store) -> BaseException | None:
-    """Collective: waits for every rank's stream (`Stream.drain`) and ends the store's; returns this
-    rank's stream failure, for the agreement that follows (None without a stream)."""
-    st, store._stream = store._stream, None
+def end(windows: Windows) -> BaseException | None:
+    """Collective: waits for every rank's stream (`Stream.drain`) and ends the store's (`windows.stream`);
+    returns this rank's stream failure, for the agreement that follows (None without a stream)."""
+    st, windows.stream = windows.stream, None
     if st is None:
         return None
     try:
         st.drain()
-        store._add_population(*st.population())
+        windows.add_population(*st.population())
     finally:
         st.close()
     return st.error
@@ -209,7 +214,8 @@ class Stream:
     """One rank's streaming preload and its view of every rank's progress (see the module docstring).
 
     Args:
-        store: the DataStore (its windows allocated, nothing read yet).
+        store: the DataStore.
+        windows: its windows (allocated, nothing read yet).
         fill: fill(order, done) reads this rank's block into its window in that piece order,
             calling done(k) as the first k pieces are in (dstore.preload.preload), in a thread.
         piece: the bytes per piece `fill` reads.
@@ -221,8 +227,8 @@ class Stream:
         bytes, reads: what this rank read from the container for steps served while streaming.
     """
 
-    def __init__(self, store, fill, piece: int, buffer_bytes: int):
-        self.store = store
+    def __init__(self, store: DataStore, windows: Windows, fill, piece: int, buffer_bytes: int):
+        self.store, self.windows = store, windows
         self.done = False
         self.failed = False
         self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
@@ -231,7 +237,7 @@ class Stream:
         self.bytes = self.reads = 0
         self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
         self._early = self._first_reads()  # before the plan below: its storage requests overlap that work
-        first_epoch = store._resume[0] if store._resume is not None else 0
+        first_epoch = store.resume_at[0] if store.resume_at is not None else 0
         # This rank plans its own block's pieces (O(N/P)) and learns the others' (O(pieces)): no
         # order or first-use step of all N samples is built (but under `partial`, whose order is).
         lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
@@ -298,7 +304,7 @@ class Stream:
         count, finished = self._count, self._finished  # counted first: the sync below covers them
         self._send[:] = (count, int(finished and self._error is not None), int(finished), int(self._go.is_set()))
         if sync:
-            self.store._arena.sync()
+            self.windows.arena.sync()
         self._req = self._comm.Iallgather(self._send, self._recv)
 
     def _exchange(self) -> None:
@@ -314,7 +320,7 @@ class Stream:
             time.sleep(EXCHANGE_PERIOD)
 
     def _adopt(self, rows: np.ndarray) -> None:
-        self.store._arena.sync()  # the owners' counted pieces are visible to this rank's reads from here on
+        self.windows.arena.sync()  # the owners' counted pieces are visible to this rank's reads from here on
         ok = rows[:, 1] == 0
         self.prefix = np.where(ok, rows[:, 0], 0)  # a failed rank's window is never read
         if rows[:, 2].all():
@@ -384,7 +390,7 @@ class Stream:
         store = self.store
         if not store.stream_first_reads or store.schedule_source is not None:
             return None
-        epoch, step = store._resume if store._resume is not None else (0, 0)
+        epoch, step = store.resume_at if store.resume_at is not None else (0, 0)
         sched = store.schedule(epoch)
         if step >= sched.steps or store.sizes[sched.ids[sched.step(step)]].sum() == 0:
             return None
@@ -423,8 +429,8 @@ class Stream:
         heads = np.nonzero(np.diff(uniq, prepend=-2) != 1)[0]
         ends = np.append(heads[1:], uniq.size)
         lo, hi = uniq[heads], uniq[ends - 1] + 1
-        base = store._base_byte
-        checks = [functools.partial(store._checks.ids, ids=uniq[h:e], at=int(store.offsets[uniq[h]]))
+        base, sc = store.base_byte, self.windows.checks
+        checks = [None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(store.offsets[uniq[h]]))
                   for h, e in zip(heads.tolist(), ends.tolist())]  # in the thread that read the run
         futs = self.reader.submit(self.bufs[slot], base + store.offsets[lo], base + store.offsets[hi], at[heads],
                                   checks)
@@ -451,7 +457,7 @@ class Stream:
     # ----------------------------------------------------------------- lifetime
     def population(self) -> tuple[float, int]:
         """(seconds, bytes) of this rank's block read, once its stream has finished."""
-        return self._seconds, int(self.store._arena.local.size)
+        return self._seconds, int(self.windows.arena.local.size)
 
     def close(self) -> None:
         """Collective after `drain` (frees the exchange's communicator); safe twice."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dstore.errors import ConfigError
 
@@ -39,7 +40,7 @@ def check_overflow(overflow) -> str:
     return overflow
 
 
-def resident_mask(sizes: np.ndarray, owner: np.ndarray, keep: np.ndarray, seed: int) -> np.ndarray:
+def resident_mask(sizes: ArrayLike, owner: ArrayLike, keep: ArrayLike, seed: int) -> np.ndarray:
     """bool[N]: True where a sample stays in its owner's window (see the module docstring).
 
     Args:

@@ -46,7 +46,7 @@ def _sample(path: str, i: int) -> bytes:
 
 def _resident(path: str, **kw) -> np.ndarray:
     with DataStore(MPI.COMM_SELF, path, **kw) as probe:
-        return probe._resident
+        return probe.windows.resident
 
 
 def _tiered_kw(path: str) -> dict:
@@ -125,7 +125,7 @@ probe.close()
 st = DataStore(comm, path, batch_size=12, memory_budget=budget)
 try:
     with st:
-        victims = comm.bcast(sorted(int(i) for i in (~st._resident).nonzero()[0] if st.sizes[i] > 64)[:3])
+        victims = comm.bcast(sorted(int(i) for i in (~st.windows.resident).nonzero()[0] if st.sizes[i] > 64)[:3])
         for b in st.epoch(0):
             pass
         comm.Barrier()
@@ -313,7 +313,7 @@ probe.close()
 with DataStore(comm, path, batch_size=12, memory_budget=budget) as st:
     st.fail_fast = fast
     sched = st.schedule(1)
-    mine = [int(i) for i in sched.ids[sched.ptr[3]:] if not st._resident[i] and st.sizes[i] > 64]
+    mine = [int(i) for i in sched.ids[sched.ptr[3]:] if not st.windows.resident[i] and st.sizes[i] > 64]
     victim = comm.bcast(mine[0] if comm.rank == 0 else None)  # read from storage by rank 0 only
     for b in st.epoch(0):
         other.allreduce(1)

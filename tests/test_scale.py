@@ -50,7 +50,7 @@ def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backe
     probe.close()
     with DataStore(MPI.COMM_SELF, path, memory_budget=budget, **kw) as st:  # tiered: storage threads read
         got = sorted(int(i) for b in st.epoch(0) for i, p in zip(b.ids, b.pad) if not p)
-        readers = st._storage._readers
+        readers = st.windows.storage._readers
         assert readers and all(r.index_loaded != lazy for r in readers)
         assert not st.container.index_loaded or not lazy  # the store's own: the node copy replaced it
     assert got == list(range(300))

@@ -218,7 +218,7 @@ _FAILING_STORAGE = (
     "        off = st.offsets\n"
     "        # a non-resident sample that ends its chunk: truncating the chunk at its start breaks it alone\n"
     "        k = off[:-1] // chunk\n"
-    "        ok = ~st._resident & (st.sizes > 0) & (off[1:] >= (k + 1) * chunk)\n"
+    "        ok = ~st.windows.resident & (st.sizes > 0) & (off[1:] >= (k + 1) * chunk)\n"
     "        i = int(np.nonzero(ok)[0][len(np.nonzero(ok)[0]) // 2])\n"
     "        comm.Barrier()\n"
     "        if comm.rank == 0:\n"

@@ -281,9 +281,9 @@ def scenario_preload_pieces(comm, path):
                        dict(replicate=True)):
                 with DataStore(comm, reader, batch_size=max(comm.size, 1), seed=3, **kw) as st:
                     if st.replicate:
-                        have, lo, hi = st._view, 0, st.num_samples
+                        have, lo, hi = st.windows.view, 0, st.num_samples
                     else:
-                        have = st._arena.local
+                        have = st.windows.arena.local
                         lo, hi = int(st.bounds[st.rank]), int(st.bounds[st.rank + 1])
                     want = reader.read_range(st.start + lo, st.start + hi)
                     if not np.array_equal(have, want):
@@ -315,13 +315,13 @@ def scenario_parallel_population(comm, path):
                 with (_tiered(comm, tier_reader, **args) if tiered else DataStore(comm, reader, **args)) as st:
                     if tiered:
                         check_tier(comm, st, run_epoch(st, 0), tier_reader)
-                    windows.append((st._view if st.replicate else st._arena.local).copy())
+                    windows.append((st.windows.view if st.replicate else st.windows.arena.local).copy())
                     if not tiered:
                         got = run_epoch(st, 0)
                         check_delivery(comm, st.container, got, epoch=0, policy="global", seed=4, drop_last=False)
                         continue
                     # the resident samples of this rank's window are the container's bytes
-                    mine = np.nonzero((st.layout.owner == st.rank) & st._resident & (st.sizes > 0))[0]
+                    mine = np.nonzero((st.layout.owner == st.rank) & st.windows.resident & (st.sizes > 0))[0]
                     for i in mine.tolist():
                         d = int(st.layout.disp[i])
                         if not np.array_equal(windows[-1][d:d + int(st.sizes[i])], tier_reader.sample(i)[0]):
@@ -409,18 +409,18 @@ def check_tier(comm, st, got, reader):
     """Collective: the store is tiered; a sample is resident in one window or none (ranks agree on
     the set; each window holds only its own resident samples within budget); this rank read from
     storage exactly the non-resident samples it delivered, each byte once."""
-    if st._resident is None:
+    if st.windows.resident is None:
         raise AssertionError("the store is not tiered")
-    masks = comm.allgather(st._resident)
+    masks = comm.allgather(st.windows.resident)
     if any(not np.array_equal(m, masks[0]) for m in masks):
         raise AssertionError("ranks disagree on the resident set")
-    res = st._resident
+    res = st.windows.resident
     if not 0.2 < st.tier["resident_fraction"] < 0.8:
         raise AssertionError(f"resident fraction {st.tier['resident_fraction']}")
     mine = np.nonzero((st.layout.owner == st.rank) & res)[0]
     if int(st.layout.nbytes[st.rank]) != int(st.sizes[mine].sum()):
         raise AssertionError("window size differs from its resident samples' bytes")
-    ranges = sorted(st._storage.epoch_ranges)
+    ranges = sorted(st.windows.storage.epoch_ranges)
     if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):
         raise AssertionError(f"rank {comm.rank}: a byte was read from storage twice in one epoch")
     ids = np.unique(got[0]) - st.start

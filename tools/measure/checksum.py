@@ -62,7 +62,7 @@ def tiered_epochs(path: str, epochs: int, batch_size: int, checked: bool, reside
         if st.tier["storage_bytes"] == 0:
             raise SystemExit(f"the store is not tiered (budget {budget} bytes): lower --resident")
         if not checked:
-            st._checks = None  # measurement only: the epoch's storage reads go unchecked
+            st.windows.checks = None  # measurement only: the epoch's storage reads go unchecked
         for e in range(epochs):
             t0 = time.perf_counter()
             for _ in st.epoch(e):

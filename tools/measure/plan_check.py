@@ -145,7 +145,7 @@ def worker(path: str, batch: int, tiered: float) -> None:
             if k in (0, steps // 2, steps - 1):
                 peak = max(peak, pss() - base)
         row = {"rank": comm.rank, "memory_bytes": peak, "window_bytes": int(store.layout.nbytes[comm.rank]),
-               "population_seconds": store._pop["population_seconds"], "population_bytes": store._pop["population_bytes"],
+               **{k: store.windows.population[k] for k in ("population_seconds", "population_bytes")},
                "resident_fraction": store.tier["resident_fraction"], "budget_bytes": budget}
     rows = comm.gather(row, root=0)
     if comm.rank == 0:

@@ -47,8 +47,8 @@ def worker(path: str, threads: int, tiered: float) -> None:
     t0 = time.perf_counter()
     with DataStore(comm, path, memory_budget=budget, **kw) as st:
         wall = time.perf_counter() - t0
-        pop = st._pop["population_seconds"]
-        nbytes = st._pop["population_bytes"]
+        pop = st.windows.population["population_seconds"]
+        nbytes = st.windows.population["population_bytes"]
         frac = st.tier["resident_fraction"]
     rows = comm.gather((pop, nbytes, wall), root=0)
     if comm.rank == 0:

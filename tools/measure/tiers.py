@@ -208,7 +208,7 @@ def _store_row(comm, container: str, args, f: float) -> dict:
         row = training_view.run_store(comm, st, compute_seconds=args.compute_ms / 1e3, epoch=1,
                                       num_threads=args.threads, size=(args.size, args.size))
         stats = st.gather_stats()
-        res = st._resident
+        res = st.windows.resident
         nonres = 0 if res is None else int(st.sizes[~res].sum())
         tier = dict(st.tier)
     grow, pss_grow = growth.gather(comm)
