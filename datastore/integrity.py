@@ -47,7 +47,7 @@ class SampleChecks:
         self._check(buf, np.asarray(ids, dtype=np.int64), int(at))
 
     def _check(self, buf: np.ndarray, ids: np.ndarray, at: int) -> None:
-        view = memoryview(buf).cast("B")
+        view = buf.data.cast("B")  # memoryview(buf): numpy's stubs give ndarray __buffer__ on Python 3.12+ only
         starts, ends = (self.offsets[ids] - at).tolist(), (self.offsets[ids + 1] - at).tolist()
         want = self.checksums[ids].tolist()
         bad = [i for i, a, b, c in zip(ids.tolist(), starts, ends, want) if crc32(view[a:b]) != c]

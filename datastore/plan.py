@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dstore.errors import ConfigError
 
@@ -285,7 +286,7 @@ class Derived:
             raise AttributeError(name)
         return getattr(np.asarray(self), name)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable as an array (== is elementwise); typeshed types it as a method
 
 
 def _whole(op):
@@ -331,8 +332,8 @@ class Layout:
             caller that has the offsets and owners at hand computes without a lookup), else None.
     """
 
-    owner: np.ndarray
-    disp: np.ndarray
+    owner: np.ndarray | Derived
+    disp: np.ndarray | Derived
     nbytes: np.ndarray
     base: np.ndarray | None = None
 
@@ -350,7 +351,7 @@ def block_layout(offsets: np.ndarray, bounds: np.ndarray) -> Layout:
     return Layout(owner, disp, np.diff(base), base)
 
 
-def scattered_layout(offsets: np.ndarray, owner: np.ndarray, nranks: int) -> Layout:
+def scattered_layout(offsets: np.ndarray, owner: ArrayLike, nranks: int) -> Layout:
     """Layout where rank r holds the samples with ``owner == r`` back to back in index order."""
     offsets = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(offsets)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 from dstore.errors import ConfigError
 
@@ -67,7 +68,7 @@ class Preemption:
             if name not in SIGNALS:
                 raise ConfigError(f"signal {name!r} is not one of {SIGNALS}")
         self.received: str | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal.signal's return: a handler, SIG_DFL/SIG_IGN or None
 
     @property
     def requested(self) -> bool:

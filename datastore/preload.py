@@ -21,6 +21,7 @@ import numpy as np
 
 from dstore import prefault, tiers
 from dstore.integrity import SampleChecks, read_error
+from dstore.plan import Derived
 from dstore.storage import StorageReader
 
 PRELOAD_SCRATCH = 8 << 20
@@ -196,7 +197,7 @@ def sample_cuts(offsets: np.ndarray, lo: int, hi: int, piece: int) -> np.ndarray
 
 
 def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray, scratch_bytes: int,
+                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray | Derived, scratch_bytes: int,
                      gap: float | None = None, checks: SampleChecks | None = None) -> int:
     """Tiered preload: the resident samples of block [lo, hi) into `local` at `disp`, read as
     dstore.tiers.preload_reads plans them: runs of resident samples joined across at most `gap`
@@ -259,7 +260,7 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
     return nread
 
 
-def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.ndarray, disp: np.ndarray) -> None:
+def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.ndarray, disp: np.ndarray | Derived) -> None:
     """Copies the resident samples `part` (sorted ids) out of `buf`, which holds the bytes from
     sample part[0] on, into the window `local` at `disp`: one copy per run of consecutive ids."""
     heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]

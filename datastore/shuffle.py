@@ -22,6 +22,8 @@ Three policies, all returning one int64 permutation of ``range(num_samples)``:
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from dstore.errors import ConfigError
@@ -67,7 +69,7 @@ def local_block(bounds: np.ndarray, rank: int, seed: int, epoch: int) -> np.ndar
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     rng = epoch_rng(seed, epoch, _LOCAL)
     # One 64-bit draw per double (PCG64 + Generator.random): skipping lo draws lands on key lo.
-    rng.bit_generator.advance(lo)
+    cast(np.random.PCG64, rng.bit_generator).advance(lo)  # numpy types it as the base BitGenerator
     keys = rng.random(hi - lo)
     return lo + np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 

@@ -48,7 +48,8 @@ class StorageReader:
         self.path = path
         self.identity = identity
         self._shared = shared if getattr(shared, "concurrent_reads", False) else None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="dstore-storage")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
+            max(1, int(threads)), thread_name_prefix="dstore-storage")
         self._local = threading.local()
         self._readers = []
         self._lock = threading.Lock()
@@ -89,11 +90,14 @@ class StorageReader:
         ``buf_start[i]``, then ``checks[i](view)`` on the bytes read, in the same thread (None: no
         check). Returns the futures (complete them with `wait`)."""
         out = []
+        pool = self._pool
+        if pool is None:
+            raise ValueError("the StorageReader is closed")
         checks = checks if checks is not None else itertools.repeat(None)
         for lo, hi, b, check in zip(np.asarray(byte_lo).tolist(), np.asarray(byte_hi).tolist(),
                                     np.asarray(buf_start).tolist(), checks):
             if hi > lo:
-                out.append(self._pool.submit(self._read, lo, hi, buf[b:b + hi - lo], check))
+                out.append(pool.submit(self._read, lo, hi, buf[b:b + hi - lo], check))
         return out
 
     @staticmethod
@@ -205,14 +209,14 @@ class StorageEpoch:
         sl = self.sched.step(s)
         ids = self.ids[sl].tolist()
         buf = self._ro[slot]
-        views = [None] * len(ids)
+        views: list[np.ndarray | None] = [None] * len(ids)
         for j, (i, on, e) in enumerate(zip(ids, self.from_storage[sl].tolist(), p.entry.tolist())):
             if not on:
                 continue
             if e >= 0:
-                views[j] = buf[e:e + int(self.offsets[i + 1] - self.offsets[i])]
+                views[j] = v = buf[e:e + int(self.offsets[i + 1] - self.offsets[i])]
                 if i in self._twice:
-                    self._copies[i] = _readonly(views[j].copy())
+                    self._copies[i] = _readonly(v.copy())
             else:
                 views[j] = self._copies[i]
         return views, p.nbytes, int(p.run_lo.size)

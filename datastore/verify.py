@@ -157,7 +157,7 @@ def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int,
                 reasons.setdefault(first, []).extend(found)
             continue
         for a, b, buf, exc in _readable_runs(reader, first, last):
-            if exc is not None:
+            if exc is not None or buf is None:  # (the bytes are None exactly when the read failed)
                 for i in range(a, b):
                     reasons.setdefault(i, []).insert(0, f"unreadable: {exc}")
                 continue

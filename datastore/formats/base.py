@@ -35,9 +35,9 @@ class ContainerNotFoundError(DStoreError, FileNotFoundError):
 
 
 try:  # zlib-ng's CRC32: the same values as zlib's, about 5x faster here (SIMD); releases the GIL as zlib's
-    from zlib_ng.zlib_ng import crc32
+    from zlib_ng.zlib_ng import crc32 as crc32  # `as`: re-exported (dstore.integrity, dstore.verify)
 except ImportError:  # pragma: no cover - a platform without zlib-ng's wheels
-    from zlib import crc32
+    from zlib import crc32 as crc32
 
 
 def checksum(data) -> int:
@@ -206,7 +206,7 @@ class ContainerReader(abc.ABC):
         """Forgets the index arrays (read again on next use): for a reader whose index another
         copy replaces (dstore.index)."""
         for name in INDEX_ARRAYS:
-            self.__dict__.pop(name, None)
+            vars(self).pop(name, None)
 
     # --- defined once for every backend ------------------------------------------------
     def identity(self) -> tuple:

@@ -383,7 +383,7 @@ class StreamingWriter(ContainerWriter):
                  extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
         class_names = check_writer_args(encoding=encoding, class_names=class_names,
                                         raw_dtype=raw_dtype, raw_shape=raw_shape)
-        self._meta = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
+        self._meta: dict[str, Any] = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
                           raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
         make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
         self._overwrite = bool(overwrite)

@@ -72,6 +72,7 @@ class ContainerSource(Source):
         if checksum(data) != int(self._reader.checksums[i]):
             raise SampleError(f"{self.locate(i)}: checksum mismatch: the stored bytes are damaged")
         if self.encoding == "raw":
+            assert self.raw_dtype is not None  # written with it (dstore.formats.layout.check_writer_args)
             return np.frombuffer(data, dtype=np.uint8).view(self.raw_dtype).reshape(self.raw_shape)
         return bytes(data)
 

@@ -5,6 +5,8 @@ The data ships inside scikit-learn (no download). Values are scaled to 0..255 (r
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dstore.ingest.source import ArraySamples
@@ -14,7 +16,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """(images uint8[1797, 8, 8, 1] scaled to 0..255, labels int64[1797])."""
     from sklearn.datasets import load_digits
 
-    d = load_digits()
+    d: Any = load_digits()  # a Bunch; sklearn types it as Bunch | tuple (return_X_y=True)
     images = np.rint(d.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
     return images, d.target.astype(np.int64)
 

@@ -103,6 +103,8 @@ def _check_item(k: int, item) -> tuple[bytes, object, str]:
     name = str(name) if name is not None else f"item {k}"
     if not isinstance(data, (bytes, bytearray, memoryview, np.ndarray)):
         raise SampleError(f"{name}: its data is {type(data).__name__}, not bytes")
+    if isinstance(data, np.ndarray):
+        data = data.data  # its memoryview (numpy's stubs give ndarray __buffer__ on Python 3.12+ only)
     data = bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data
     if not isinstance(label, (int, np.integer, str)) or isinstance(label, bool):
         raise SampleError(f"{name}: label {label!r} is neither an int nor a class name")

@@ -43,15 +43,17 @@ def resolve_labels(values: list, where: str, class_names=None) -> tuple[list[int
         labels = []
         for v in values:
             text = str(v).strip()
+            k = _as_index(v)
             if text in index:
                 labels.append(index[text])
-            elif _as_index(v) is not None and _as_index(v) < len(names):
-                labels.append(_as_index(v))
+            elif k is not None and k < len(names):
+                labels.append(k)
             else:
                 raise SampleError(f"{where}: label {text!r} is not one of the {len(names)} class names given")
         return labels, names
-    ints = [_as_index(v) for v in values]
-    if values and all(i is not None for i in ints):
+    maybe = [_as_index(v) for v in values]
+    ints = [i for i in maybe if i is not None]
+    if values and len(ints) == len(maybe):
         top = max(ints)
         check_label_count(where, top)
         return ints, tuple(str(k) for k in range(top + 1))

@@ -102,8 +102,9 @@ def convert(data, source: Source, target: Target, where: str) -> np.ndarray:
         im = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
     else:
         im = Image.fromarray(decode_image(data, channels=3, name=where))
+    assert target.resize is not None  # only a resizing target converts (resolve_target)
     h, w = target.resize
-    out = np.asarray(im.resize((w, h), Image.BILINEAR))
+    out = np.asarray(im.resize((w, h), Image.Resampling.BILINEAR))
     return out.reshape(target.raw_shape)
 
 
@@ -127,8 +128,9 @@ def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return np.frombuffer(data, dtype=np.uint8)
     arr = np.ascontiguousarray(data)
-    if target.encoding == "raw" and arr.shape != tuple(target.raw_shape):
-        raise SampleError(f"{where}: shape {arr.shape} differs from the container's {tuple(target.raw_shape)}")
+    shape = target.raw_shape  # set for raw (resolve_target)
+    if target.encoding == "raw" and shape is not None and arr.shape != tuple(shape):
+        raise SampleError(f"{where}: shape {arr.shape} differs from the container's {tuple(shape)}")
     return arr.reshape(-1).view(np.uint8)
 
 

@@ -92,7 +92,7 @@ def shrink(data, max_side: int, quality: int = DEFAULT_QUALITY, *, where: str = 
 
     try:
         im = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
-        small = np.asarray(im.resize((tw, th), Image.BICUBIC))
+        small = np.asarray(im.resize((tw, th), Image.Resampling.BICUBIC))
         if small.ndim == 2:
             return simplejpeg.encode_jpeg(small[:, :, None], quality=int(quality), colorspace="GRAY")
         return simplejpeg.encode_jpeg(np.ascontiguousarray(small), quality=int(quality), colorspace="RGB",

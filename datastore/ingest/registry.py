@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import inspect
 import os
+from collections.abc import Callable
 
 from dstore.errors import ConfigError
 from dstore.ingest.arrays import ArraySource
@@ -83,7 +84,7 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
         source_type = "list"  # a labels CSV names the files: a flat folder or any list of files
     kind = source_type_of(spec) if source_type == "auto" else source_type
     cls = _CLASSES[kind]
-    allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "spec", "count")]
+    allowed = [p for p in inspect.signature(cls).parameters if p not in ("self", "spec", "count")]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"source type {kind!r} takes no option(s) {unknown}; its options are {sorted(allowed)}")
@@ -98,7 +99,7 @@ def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise"
     return cls(1000 if count is None else count, **options)
 
 
-_CLASSES: dict[str, type[Source]] = {
+_CLASSES: dict[str, Callable[..., Source]] = {  # each type's own constructor arguments
     "folder": FolderSource,
     "list": ListedSource,
     "tar": TarSource,

@@ -341,8 +341,9 @@ def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encodin
     finally:
         if job_lock is not None:
             job_lock.release()
-        if hasattr(src, "close"):  # a source holding a file open (a container being re-ingested)
-            src.close()
+        close = getattr(src, "close", None)
+        if close is not None:  # a source holding a file open (a container being re-ingested)
+            close()
     seconds = comm.bcast(time.perf_counter() - t0, root=0)
     return job.report(recs, seconds, comm.Get_size())
 

@@ -35,8 +35,7 @@ def expand_shards(spec: str) -> list[str]:
     """
     if os.path.isdir(spec):
         paths = sorted(glob.glob(os.path.join(spec, "*.tar")))
-    elif _BRACES.search(spec):
-        m = _BRACES.search(spec)
+    elif (m := _BRACES.search(spec)) is not None:
         lo, hi, width = int(m.group(1)), int(m.group(2)), len(m.group(1))
         paths = [spec[:m.start()] + f"{k:0{width}d}" + spec[m.end():] for k in range(lo, hi + 1)]
         missing = [p for p in paths if not os.path.isfile(p)]
