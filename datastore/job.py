@@ -29,6 +29,12 @@ ABORT_FLUSH_S = 0.2
 """Seconds a failing rank waits between printing its error and aborting the job. Well under the
 0.5 s between ranks' delays (`error_delay`), or the next failing rank prints a second copy."""
 
+INTERRUPT_GRACE_S = 2.0
+"""How long a rank ended by Ctrl-C or SIGTERM waits before it aborts a job of several ranks. The
+launcher forwards the signal to every rank and each unwinds its own clean-up (an ingest's
+temporaries and locks); the first rank's abort killed a slower one mid-way, leaving its files (seen
+under load in test_ingest_signals). A rank that did not get the signal is ended by the abort after it."""
+
 LAUNCH_LINE = ("mpiexec -n N python your_script.py (or `python -m mpi4py your_script.py`); under Slurm "
                "srun -n N --mpi=pmi2 (pmix for Open MPI)")
 """The launch line the documentation tells a user to copy (README, docs/guide.md)."""
@@ -105,14 +111,17 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
-def report_and_abort(code: int, msg: str | None) -> int:
-    """Prints `msg` once for the whole job and, with several ranks, aborts every rank with `code`.
+def report_and_abort(code: int, msg: str | None, *, settle: float = 0.0) -> int:
+    """Prints `msg` once for the whole job and, with several ranks, aborts every rank with `code`
+    (after `settle` seconds, for the other ranks to finish what they are doing: INTERRUPT_GRACE_S).
 
     Rank 0 prints at once; another rank first waits `error_delay(rank)`, so that an error met by
     every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
     of one rank is still printed, by that rank. Returns `code` (only with one rank).
     """
     rank, size = world()
+    if size > 1 and settle > 0:
+        time.sleep(settle)
     if msg is not None:
         if size > 1:
             time.sleep(error_delay(rank))

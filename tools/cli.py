@@ -133,6 +133,7 @@ def abort_on_error(fn, *args):
     dstore.job.report_and_abort prints it (once per job) and aborts; a closed stdout
     (BrokenPipeError) ends quietly.
     """
+    settle = 0.0
     try:
         return fn(*args)
     except SystemExit:
@@ -140,6 +141,7 @@ def abort_on_error(fn, *args):
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command unwinds on it (ingest)
         code = getattr(exc, "exit_code", 130)
         msg = str(exc) or "interrupted"
+        settle = job.INTERRUPT_GRACE_S  # the other ranks got the signal too: let them clean up
     except BrokenPipeError:
         _quiet_broken_pipe()
         code, msg = 141, None  # 128 + SIGPIPE, as a tool killed by the signal exits
@@ -152,7 +154,7 @@ def abort_on_error(fn, *args):
 
             MPI.COMM_WORLD.Abort(code)
         return code
-    return job.report_and_abort(code, msg)
+    return job.report_and_abort(code, msg, settle=settle)
 
 
 def _check_launcher() -> int:
