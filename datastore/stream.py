@@ -232,8 +232,8 @@ class Stream:
         self.done = False
         self.failed = False
         self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
-        self.reader = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity,
-                                    shared=store.container)
+        self.reader: StorageReader | None = StorageReader(store.container.path, store.storage_threads,
+                                                          store.container.opened_identity, shared=store.container)
         self.bytes = self.reads = 0
         self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
         self._early = self._first_reads()  # before the plan below: its storage requests overlap that work
@@ -248,8 +248,8 @@ class Stream:
         self.need = PieceWaits(store.offsets, store.bounds, store.comm.allgather((cuts, place)))
         self.owner = store.layout.owner
         self.prefix = np.zeros(store.size, dtype=np.int64)
-        self._comm = store.comm.Dup()  # the exchange's own: no other collective is matched with it
-        self._req = None
+        self._comm: MPI.Intracomm | None = store.comm.Dup()  # the exchange's own: no other collective is matched with it
+        self._req: MPI.Request | None = None
         self._send = np.zeros(_FIELDS, dtype=np.int64)
         self._recv = np.zeros(_FIELDS * store.size, dtype=np.int64)
         self._count = 0
@@ -300,18 +300,21 @@ class Stream:
         return self._error if self._finished else None
 
     # ----------------------------------------------------------------- the exchange
-    def _start(self, sync: bool) -> None:
+    def _start(self, sync: bool) -> MPI.Request:
         count, finished = self._count, self._finished  # counted first: the sync below covers them
         self._send[:] = (count, int(finished and self._error is not None), int(finished), int(self._go.is_set()))
         if sync:
             self.windows.arena.sync()
-        self._req = self._comm.Iallgather(self._send, self._recv)
+        comm = self._comm
+        if comm is None:
+            raise ValueError("the stream is closed")
+        self._req = req = comm.Iallgather(self._send, self._recv)
+        return req
 
     def _exchange(self) -> None:
         """The exchange thread: exchanges, EXCHANGE_PERIOD apart, until every rank has finished."""
         while True:
-            self._start(sync=False)  # Win_sync belongs to the main thread's epoch: see the module docstring
-            self._req.Wait()
+            self._start(sync=False).Wait()  # Win_sync belongs to the main thread's epoch: see the module docstring
             self._req = None
             rows = self._recv.reshape(self.store.size, _FIELDS).copy()
             self._latest = rows
@@ -338,9 +341,8 @@ class Stream:
                 self._adopted = rows
                 self._adopt(rows)
             return
-        if self._req is None:
-            self._start(sync=True)
-        if self._req.Test():
+        req = self._req if self._req is not None else self._start(sync=True)
+        if req.Test():
             self._req = None
             self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
             if not self.done:
@@ -355,9 +357,7 @@ class Stream:
             self.poll()
             return
         while not self.done:
-            if self._req is None:
-                self._start(sync=True)
-            self._req.Wait()
+            (self._req if self._req is not None else self._start(sync=True)).Wait()
             self._req = None
             self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
 
@@ -432,6 +432,8 @@ class Stream:
         base, sc = store.base_byte, self.windows.checks
         checks = [None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(store.offsets[uniq[h]]))
                   for h, e in zip(heads.tolist(), ends.tolist())]  # in the thread that read the run
+        if self.reader is None:
+            raise ValueError("the stream is stopped")
         futs = self.reader.submit(self.bufs[slot], base + store.offsets[lo], base + store.offsets[hi], at[heads],
                                   checks)
         self.reads += len(futs)
@@ -442,9 +444,11 @@ class Stream:
         """Waits for `read`'s reads (each checked against the container's checksums in its thread);
         the bytes of each entry of `ids` (read-only views of the buffer)."""
         uniq, at, slot, futs, _ = pending
-        store = self.store
+        store, reader = self.store, self.reader
+        if reader is None:
+            raise ValueError("the stream is stopped")
         try:
-            self.reader.wait(futs)
+            reader.wait(futs)
         except Exception as exc:  # a failed read, or bytes that do not match their checksums
             raise read_error(store.container, store.start, exc, 0, 0, ids=uniq) from exc
         buf = self.bufs[slot]

@@ -9,9 +9,16 @@ and `reading()` wraps `Lock_all`/`Unlock_all` in try/finally.
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
+
+
+def _bytes_of(mem) -> np.ndarray:
+    """A uint8 array over an mpi4py buffer (a window's memory), no copy. (cast: mpi4py's stubs type
+    its buffer with __buffer__, which numpy's stubs accept as a buffer on Python 3.12+ only.)"""
+    return np.frombuffer(cast(Any, mem), dtype=np.uint8)
 
 
 class Arena:
@@ -32,20 +39,26 @@ class Arena:
         self.rank = comm.Get_rank()
         self.shared = shared
         alloc = MPI.Win.Allocate_shared if shared else MPI.Win.Allocate
-        self._win = alloc(int(nbytes), 1, comm=comm)
-        self.local = np.frombuffer(self._win.tomemory(), dtype=np.uint8) if nbytes else np.zeros(0, np.uint8)
+        self._win: MPI.Win | None = alloc(int(nbytes), 1, comm=comm)
+        self.local = _bytes_of(self._win.tomemory()) if nbytes else np.zeros(0, np.uint8)
         self._reading = False
 
     @property
     def closed(self) -> bool:
         return self._win is None
 
+    def _live(self) -> MPI.Win:
+        """The window, or ValueError once `free()` has freed it."""
+        if self._win is None:
+            raise ValueError("arena is freed")
+        return self._win
+
     def segment(self, rank: int) -> np.ndarray:
         """Rank's bytes of a shared arena, mapped into this process (no copy)."""
         if not self.shared:
             raise TypeError("segment() needs an arena allocated with shared=True")
-        buf, _ = self._win.Shared_query(rank)
-        return np.frombuffer(buf, dtype=np.uint8)
+        buf, _ = self._live().Shared_query(rank)
+        return _bytes_of(buf)
 
     def publish(self) -> None:
         """Makes this rank's local writes visible to the others, through gets and through mapped
@@ -60,16 +73,17 @@ class Arena:
         others, their writes to its loads; inside or outside a `reading()` epoch. Paired with a
         message between the ranks (dstore.stream's exchange), as `publish` pairs it with a barrier."""
         if self._reading:
-            self._win.Sync()
+            self._live().Sync()
         else:
             self._sync()
 
     def _sync(self) -> None:
-        self._win.Lock_all(MPI.MODE_NOCHECK)
+        win = self._live()
+        win.Lock_all(MPI.MODE_NOCHECK)
         try:
-            self._win.Sync()
+            win.Sync()
         finally:
-            self._win.Unlock_all()
+            win.Unlock_all()
 
     def map_peers(self, ranks, nbytes) -> dict:
         """The windows of `ranks` (ranks of `comm` on this node), mapped into this process where the
@@ -88,6 +102,7 @@ class Arena:
             {rank: uint8 array over that rank's window}; valid until `free()`.
         """
         out = {}
+        win = self._live()
         for r in ranks:
             r = int(r)
             if r == self.rank:
@@ -98,12 +113,12 @@ class Arena:
                 out[r] = np.zeros(0, np.uint8)
                 continue
             try:
-                buf, _unit = self._win.Shared_query(r)
+                buf, _unit = win.Shared_query(r)
             except MPI.Exception:
                 continue
             if buf is None:
                 continue
-            arr = np.frombuffer(buf, dtype=np.uint8)
+            arr = _bytes_of(buf)
             if arr.size == want:
                 out[r] = arr
         return out
@@ -114,15 +129,14 @@ class Arena:
 
         Not collective: each rank opens and closes its own epoch.
         """
-        if self._win is None:
-            raise ValueError("arena is freed")
-        self._win.Lock_all(MPI.MODE_NOCHECK)
+        win = self._live()
+        win.Lock_all(MPI.MODE_NOCHECK)
         self._reading = True
         try:
             yield self
         finally:
             self._reading = False
-            self._win.Unlock_all()
+            win.Unlock_all()
 
     def start_gets(self, buf: np.ndarray, owners, disps, lengths, bufstarts) -> list:
         """Starts one `Rget` per run: `lengths[i]` bytes of rank `owners[i]`'s window at `disps[i]`
@@ -130,8 +144,8 @@ class Arena:
 
         Must be called inside `reading()`.
         """
-        win = self._win
-        mv = memoryview(buf)
+        win = self._live()
+        mv = buf.data  # memoryview(buf) (numpy's stubs give ndarray __buffer__ on Python 3.12+ only)
         byte = MPI.BYTE
         return [win.Rget(mv[b:b + n], o, (d, n, byte))
                 for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())]
