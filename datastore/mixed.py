@@ -175,7 +175,7 @@ class MixedStore:
         gens = []
         for store, part in zip(self.stores, parts):
             store.schedule_source = lambda ep, part=part, e=e: part if ep == e else _wrong_epoch(ep, e)
-            store._resume = (e, first) if first else None
+            store._start_at(e, first)
             gens.append(store.epoch(e))
         try:
             for s in range(first, sched.steps):

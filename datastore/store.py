@@ -260,6 +260,11 @@ class DataStore:
         self._check_same_epoch(e, first)
         return first
 
+    def _start_at(self, e: int, step: int) -> None:
+        """The next `epoch(e)` starts at `step` (a MixedStore's source, resumed with the mix: the mix
+        checked the state; 0: from the start)."""
+        self._resume = (e, step) if step else None
+
     def _advance(self, e: int, s: int, steps: int) -> None:
         """Records step `s` of epoch `e` (of `steps`) as the next to serve (what state_dict saves)."""
         self._next = (e, s) if s < steps else (e + 1, 0)
