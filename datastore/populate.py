@@ -175,6 +175,16 @@ def _fill(store: DataStore, w: Windows, peers: list | None) -> int:
     return preload_resident(reads, *args, lo, hi, w.resident, w.arena.local, w.layout.disp, scratch, checks=w.checks)
 
 
+def _allocate(store: DataStore, nodecomm: Any, layout: plan.Layout) -> tuple[Arena, Any, list | None]:
+    """Collective: this rank's window, as (the arena, the node communicator it keeps (replicated:
+    the shared window's) or None, the node peers whose windows it maps (else None))."""
+    if store.replicate:
+        return Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True), nodecomm, None
+    peers = nodecomm.allgather(store.rank)  # always: node_views may differ between ranks
+    nodecomm.Free()
+    return Arena(store.comm, int(layout.nbytes[store.rank])), None, peers if store.node_views else [store.rank]
+
+
 def populate(store: DataStore) -> Windows:
     """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
     a read error on any rank frees the windows and is raised on every rank."""
@@ -191,24 +201,14 @@ def populate(store: DataStore) -> Windows:
         raise
     layout, tier = (store.layout, store.tier) if residency is None else (residency.layout, residency.tier)
     t0 = time.perf_counter()
-    exc = None
-    peers = None
-    arena = kept = None
+    exc = made = None
     try:  # window allocation is collective: a rank that fails it tells the others below
-        if store.replicate:
-            kept = nodecomm
-            arena = Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True)
-        else:
-            peers = nodecomm.allgather(store.rank)  # always: node_views may differ between ranks
-            if not store.node_views:
-                peers = [store.rank]
-            nodecomm.Free()
-            arena = Arena(store.comm, int(layout.nbytes[store.rank]))
+        made = _allocate(store, nodecomm, layout)
     except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
         exc = e
     agree(store.comm, exc)  # NOTE [ Store agreement protocol ], 3
-    if arena is None:
-        raise RuntimeError("window allocation agreed without a window")  # unreachable: agree raised
+    assert made is not None  # else agree raised
+    arena, kept, peers = made
     w = Windows(arena, topology, layout, tier, checks, nodecomm=kept,
                 resident=None if residency is None else residency.resident)
     nbytes = 0
