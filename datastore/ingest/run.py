@@ -23,7 +23,7 @@ import numpy as np
 
 from dstore import collective
 from dstore.collective import message, remote_error
-from dstore.errors import ConfigError, DStoreError, OutputError, SampleError
+from dstore.errors import ConfigError, OutputError, SampleError
 from dstore.formats import (
     FORMATS,
     MANIFEST_NAME,
@@ -62,7 +62,7 @@ def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[s
 _TYPES = {"ContainerExistsError": ContainerExistsError, "ContainerNotFoundError": ContainerNotFoundError}
 
 
-def _remote(name: str, text: str, rank: int) -> DStoreError:
+def _remote(name: str, text: str, rank: int) -> BaseException:
     """The error to raise for a failure that happened on another rank (same type where it is ours,
     else IngestError)."""
     return remote_error(name, text, rank, types=_TYPES, fallback=IngestError)
@@ -154,15 +154,16 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                 skipped_parts, sizes, data, crcs = _gather_round(gcomm, block, headers, bufs, t % 2)
             else:
                 skipped_parts, sizes, data, crcs = [block.skipped], block.sizes, block.parts, None
-            if k == 0:
+            if out is not None:  # the group's writer (its rank 0: an error there was raised above)
                 for part in skipped_parts:
                     skipped.extend(part)
+                assert sizes is not None and data is not None  # the writer's gather holds them
                 out.submit(rnd[0][0], sizes, data, checksums=crcs)
         agree(gcomm, out.finish() if out is not None else pending)
     finally:
         if out is not None:
             out.abort()  # after a commit this only stops the thread
-    if k != 0:
+    if out is None:  # not the writer (on the writer a failed creation was raised above)
         return None
     return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
 
@@ -175,13 +176,14 @@ def _gather_round(gcomm, block: Block, headers: np.ndarray, bufs: list[np.ndarra
     k = gcomm.Get_rank()
     meta = np.zeros((block.sizes.size, 2), np.int64)  # per position: size (-1: skipped), CRC32
     meta[:, 0] = block.sizes
+    assert block.checksums is not None  # a group's members checksum their own samples (process_block)
     meta[block.sizes >= 0, 1] = block.checksums
     metas = np.empty((int(headers[:, 2].sum()), 2), np.int64) if k == 0 else None
     _wait(gcomm.Igatherv(meta, None if k else [metas, headers[:, 2] * 2], root=0))
     data = _room(bufs, slot, int(headers[:, 1].sum())) if k == 0 else None
     _wait(gcomm.Igatherv(block.packed(out=_room(bufs, 2, block.nbytes)), None if k else [data, headers[:, 1]], root=0))
     skipped_parts = gcomm.gather(block.skipped, root=0) if headers[:, 3].any() else [block.skipped]
-    if k != 0:
+    if metas is None:  # not the writer
         return skipped_parts, None, None, None
     return skipped_parts, metas[:, 0], data, metas[metas[:, 0] >= 0, 1]
 
@@ -386,6 +388,7 @@ class _Job:
         """The expected bytes of a stored sample (sizes the chunks a group exchanges)."""
         t = self.target
         if t.encoding == "raw":
+            assert t.raw_shape is not None  # a raw target has one (resolve_target)
             return int(np.prod(t.raw_shape)) * np.dtype(t.raw_dtype).itemsize
         return self.src.estimated_sample_bytes
 
@@ -402,7 +405,7 @@ def _check_memory(comm, job: _Job) -> None:
     """Collective: every rank raises MemoryBudgetError if the ingest would hold more than a node
     has available (dstore.ingest.bounds), before anything is read or written."""
     t = job.target
-    what = (f"--resize {t.resize[0]}x{t.resize[1]} (a decoded {'x'.join(map(str, t.raw_shape))} {t.raw_dtype} image)"
+    what = (f"--resize {t.resize[0]}x{t.resize[1]} (a decoded {'x'.join(map(str, t.raw_shape or ()))} {t.raw_dtype} image)"
             if t.resize else "the stored sample")
     exc = check_ingest_memory(sample_bytes=job.sample_bytes(), positions=int(np.diff(job.bounds).max(initial=0)),
                               ranks=comm.Get_size(), shards=job.shards,
