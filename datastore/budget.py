@@ -37,10 +37,11 @@ class Residency:
     layout: plan.Layout
     tier: dict
 
-READER_INDEX_BYTES = 28
-"""Bytes per sample of an open container reader's index arrays (int64 offsets, labels and source
-indices, uint32 checksums): what each storage or population thread's reader holds, unless its
-backend opens without them (ContainerReader.index_on_demand: HDF5, Zarr; see reader_index)."""
+READER_INDEX_BYTES = 20
+"""Bytes per sample of an open container reader's index arrays (int64 offsets and labels, uint32
+checksums; source indices are read on demand only): what each storage or population thread's
+reader holds, unless its backend opens without them (ContainerReader.index_on_demand: HDF5, Zarr;
+see reader_index)."""
 
 
 def reader_index(store: DataStore) -> int:

@@ -58,7 +58,7 @@ GAP_BYTES = 256 << 10
 """dstore.preload.GAP_BYTES: the most bytes of non-resident samples a tiered preload's read crosses."""
 PRELOAD_SCRATCH = 8 << 20
 """dstore.preload.PRELOAD_SCRATCH: the most bytes of one read of a tiered preload."""
-READER_INDEX_BYTES = 28
+READER_INDEX_BYTES = 20
 """Per sample, in each storage thread's reader where its backend loads the index (dstore.budget:
 sharded containers; HDF5 and Zarr readers read byte ranges without it)."""
 

@@ -11,7 +11,8 @@ index (they open the container with ``index=False``: attributes only, then byte 
 checksums are kept too (4 bytes per sample): every byte read from storage is checked against them
 (dstore.integrity). Labels are held in the smallest integer type that holds the served labels
 (`label_dtype`: uint8 for up to 256 classes, so 8 + 4 + 1 = 13 bytes per sample); the batch
-widens its labels to int64. Names and source indices are not held: what needs them (verify, error
+widens its labels to int64. Names and source indices are neither held nor read at open (the
+reader reads offsets, labels and checksums: 20 bytes per sample): what needs them (verify, error
 messages) reads them from the container.
 """
 
@@ -118,7 +119,7 @@ class NodeIndex:
         smallest type holding the served labels."""
         self._had = reader.index_loaded
         if not self._had:
-            self.bytes_read = 28 * reader.num_samples + 8  # offsets, labels, checksums, source_index
+            self.bytes_read = 20 * reader.num_samples + 8  # offsets, labels, checksums (never source_index)
         if check_labels:
             checked(reader, True)
         labels = reader.labels[start:stop]

@@ -205,6 +205,7 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
     t0 = time.perf_counter()
     threads = _decode_threads(comm) if decode else 1
     with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(threads) as pool:
+        _ = reader.source_index  # read and checked on demand only (a store never reads it): here it is checked
         bounds = block_bounds(reader.offsets, size)
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
         with Heartbeat(f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples",

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from formats_helpers import BACKENDS, SUFFIX, build, random_samples, replace_array, set_attr, write_samples
+from formats_helpers import (
+    BACKENDS,
+    SUFFIX,
+    build,
+    data_file,
+    random_samples,
+    replace_array,
+    set_attr,
+    write_samples,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -302,6 +311,65 @@ def test_inconsistent_index_is_a_format_error(tmp_path, fmt, damage, match):
     with pytest.raises(FormatError, match=match) as err:
         open_container(path)
     assert str(path) in str(err.value)
+
+
+def _damage_source_index(path: str, damage: str) -> None:
+    """Gives the HDF5 or Zarr container at `path` a `source_index` one entry short ("length"), or
+    one whose stored chunk does not decode ("unreadable": reading it fails)."""
+    with open_container(path, check_labels=False) as r:
+        values = np.arange(r.num_samples, dtype=np.int64)
+    if damage == "length":
+        replace_array(path, "source_index", values[:-1])
+    elif detect_format(path) == "hdf5":
+        import h5py
+
+        with h5py.File(path, "r+", locking=False) as f:
+            del f["source_index"]
+            d = f.create_dataset("source_index", data=values, chunks=(max(values.size, 1),), compression="gzip")
+            chunk = d.id.get_chunk_info(0)
+            at, size = int(chunk.byte_offset), int(chunk.size)
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(b"\xff" * size)
+    else:
+        replace_array(path, "source_index", values)
+        with open(os.path.join(path, "source_index", "c", "0"), "wb") as f:
+            f.write(b"not zstd" * 8)
+
+
+@pytest.mark.parametrize("damage", ["length", "unreadable"])
+def test_an_open_reads_no_source_index(tmp_path, backend, damage):
+    # What a store opens reads offsets, labels and checksums only (issue 20): a damaged source_index
+    # (never read at open) does not stop it; asking for it, and so `verify`, is a FormatError naming the file.
+    from mpi4py import MPI
+
+    from dstore.store import DataStore
+    from dstore.verify import verify_container
+
+    path = build(tmp_path, backend, SAMPLES, chunk_bytes=4096)
+    target = data_file(path, 0)[0]  # the container, or its first shard
+    _damage_source_index(target, damage)
+    with open_container(path) as r:
+        assert "source_index" not in vars(r)
+        assert r.read_range(0, len(SAMPLES)).tobytes() == b"".join(s[0] for s in SAMPLES)
+        with pytest.raises(FormatError, match="source_index") as err:
+            r.source_index  # noqa: B018 - read on demand
+        assert target in str(err.value)
+    with DataStore(MPI.COMM_SELF, path, batch_size=8, seed=1) as st:
+        got = sorted(int(i) for b in st.epoch(0) for i in b.ids)
+    assert got == list(range(len(SAMPLES)))
+    with pytest.raises(FormatError, match="source_index") as err:
+        verify_container(path)
+    assert target in str(err.value)
+
+
+def test_source_index_is_read_when_asked_for(tmp_path, backend):
+    path = build(tmp_path, backend, SAMPLES)
+    with open_container(path) as r:
+        assert "source_index" not in vars(r)
+        assert r.source_index.dtype == np.int64 and r.source_index.tolist() == [s[3] for s in SAMPLES]
+        r.drop_index()
+        assert "source_index" not in vars(r)
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.02])

@@ -22,6 +22,7 @@ from dstore.formats.layout import (
     check_declared,
     check_index,
     check_out,
+    checked_source_index,
     parse_info,
 )
 
@@ -315,15 +316,26 @@ class HDF5Reader(ContainerReader):
             offsets = f["offsets"][()].astype(np.int64, copy=False)
             labels = f["labels"][()].astype(np.int64, copy=False)
             checksums = f["checksums"][()].astype(np.uint32, copy=False)
-            source_index = f["source_index"][()].astype(np.int64, copy=False)
         except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
             raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
-        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, source_index,
-                    self._names_len)
-        self.offsets, self.labels, self.checksums, self.source_index = offsets, labels, checksums, source_index
+        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, self._names_len)
+        self.offsets, self.labels, self.checksums = offsets, labels, checksums
         self._fileobj.forget()  # the open's metadata reads are over (a reader opened without its index keeps 2)
+
+    def _load_source_index(self) -> np.ndarray:
+        """Reads and checks `source_index` (on first use only: the store never reads it)."""
+        f = self._file
+        if f is None:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        try:
+            source_index = f["source_index"][()]
+        except OSError as exc:
+            raise FormatError(f"{self.path}: cannot read source_index (truncated or corrupt?): {exc}") from exc
+        except KeyError as exc:
+            raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
+        return checked_source_index(self.path, self.info, source_index)
 
     def _live(self):
         if self._file is None:

@@ -156,14 +156,13 @@ def check_declared(path: str, what: str, declared: int, stored: int, *, ratio: i
 
 
 def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarray, labels: np.ndarray,
-                checksums: np.ndarray, source_index: np.ndarray, names_len: int) -> None:
+                checksums: np.ndarray, names_len: int) -> None:
     """Raises FormatError naming what is inconsistent among the index arrays, `data` and the attributes."""
     n = info.num_samples
     if offsets.ndim != 1 or offsets.shape[0] != n + 1:
         raise FormatError(f"{path}: offsets has shape {offsets.shape}, expected ({n + 1},) for num_samples={n}")
-    for arr_name, arr in (("labels", labels), ("checksums", checksums), ("source_index", source_index)):
-        if arr.ndim != 1 or arr.shape[0] != n:
-            raise FormatError(f"{path}: {arr_name} has shape {arr.shape}, expected ({n},)")
+    for arr_name, arr in (("labels", labels), ("checksums", checksums)):
+        check_per_sample(path, info, arr_name, arr)
     if names_len != n:
         raise FormatError(f"{path}: names has length {names_len}, expected {n}")
     if offsets[0] != 0:
@@ -177,6 +176,21 @@ def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarr
         raise FormatError(f"{path}: offsets[-1]={int(offsets[-1])} but data has {data_len} bytes")
     if info.total_bytes != data_len:
         raise FormatError(f"{path}: attribute total_bytes={info.total_bytes} but data has {data_len} bytes")
+
+
+def check_per_sample(path: str, info: ContainerInfo, arr_name: str, arr: np.ndarray) -> None:
+    """Raises FormatError naming the file unless `arr` is 1-D with one entry per sample."""
+    n = info.num_samples
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise FormatError(f"{path}: {arr_name} has shape {arr.shape}, expected ({n},)")
+
+
+def checked_source_index(path: str, info: ContainerInfo, source_index: np.ndarray) -> np.ndarray:
+    """`source_index` as int64[N], after a FormatError naming the file unless it is integers, one per sample."""
+    if source_index.dtype.kind not in "iu":
+        raise FormatError(f"{path}: source_index has dtype {source_index.dtype}, expected an integer type")
+    check_per_sample(path, info, "source_index", source_index)
+    return source_index.astype(np.int64, copy=False)
 
 
 def as_u8(data, what: str = "sample") -> np.ndarray:

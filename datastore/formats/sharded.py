@@ -216,10 +216,21 @@ class ShardedReader(ContainerReader):
                                       ).astype(np.int64)
         self.labels = np.concatenate([s.labels for s in self._shards]).astype(np.int64)
         self.checksums = np.concatenate([s.checksums for s in self._shards]).astype(np.uint32)
-        self.source_index = np.concatenate([s.source_index for s in self._shards]).astype(np.int64)
+        for s in self._shards:  # the joined arrays replace the shards' own (read again where asked for)
+            if s.index_on_demand:
+                s.drop_index()
         if self.info.num_samples != int(counts.sum()) or self.info.total_bytes != int(sizes.sum()):
             raise FormatError(f"{self.path}: manifest attributes say {self.info.num_samples} samples / "
                               f"{self.info.total_bytes} bytes, the shards hold {int(counts.sum())} / {int(sizes.sum())}")
+
+    def _load_source_index(self) -> np.ndarray:
+        """The shards' source indices joined (each read and checked by its shard on first use here)."""
+        if not self._shards:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        joined = np.concatenate([s.source_index for s in self._shards]).astype(np.int64, copy=False)
+        for s in self._shards:  # the joined copy replaces the shards' own
+            vars(s).pop("source_index", None)
+        return joined
 
     @property
     def shards(self) -> tuple[ContainerReader, ...]:

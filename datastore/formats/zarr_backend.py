@@ -28,6 +28,7 @@ from dstore.formats.layout import (
     check_declared,
     check_index,
     check_out,
+    checked_source_index,
     parse_info,
 )
 
@@ -223,14 +224,26 @@ class ZarrReader(ContainerReader):
             offsets = np.asarray(group["offsets"][...], dtype=np.int64)
             labels = np.asarray(group["labels"][...], dtype=np.int64)
             checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
-            source_index = np.asarray(group["source_index"][...], dtype=np.int64)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
-        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, source_index,
+        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums,
                     int(names.shape[0]) if names.ndim == 1 else -1)
-        self.offsets, self.labels, self.checksums, self.source_index = offsets, labels, checksums, source_index
+        self.offsets, self.labels, self.checksums = offsets, labels, checksums
+
+    def _load_source_index(self) -> np.ndarray:
+        """Reads and checks `source_index` (on first use only: the store never reads it)."""
+        group = self._group
+        if group is None:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        try:
+            source_index = np.asarray(group["source_index"][...])
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{self.path}: cannot read source_index: {type(exc).__name__}: {exc}") from exc
+        return checked_source_index(self.path, self.info, source_index)
 
     def _live(self):
         if self._group is None:
