@@ -61,6 +61,16 @@ def status() -> dict:
     return out
 
 
+def reset_peak() -> None:
+    """Resets this process's peak RSS (VmHWM) to its RSS now (Linux: clear_refs 5), so a later
+    VmHWM is the peak since; does nothing where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def io_read() -> int:
     """Bytes this process has read through read calls so far (rchar)."""
     with open("/proc/self/io") as f:
@@ -112,6 +122,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
     rank, size = comm.Get_rank(), comm.Get_size()
     comm.Barrier()
     s0, r0 = status(), io_read()
+    reset_peak()
     t0 = time.perf_counter()
     store = DataStore(comm, path, batch_size=batch, seed=1, population_threads=1, population=population)
     comm.Barrier()
@@ -125,6 +136,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
     row = {"rank": rank, "size": size, "samples": n, "open_seconds": t_open, "open_read_bytes": r_open - r0,
            "window_bytes": window,
            "after_open_bytes": s_open["VmRSS"] - s0["VmRSS"],
+           "open_peak_bytes": s_open["VmHWM"] - s0["VmRSS"],  # the open's temporary peak (RSS, shared pages too)
            "after_open_anon_bytes": s_open["RssAnon"] - s0["RssAnon"],
            "after_population_anon_bytes": s_pop["RssAnon"] - s0["RssAnon"],
            "after_population_shmem_bytes": s_pop["RssShmem"] - s0["RssShmem"]}
@@ -160,7 +172,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
         total = np.zeros_like(seen)
         comm.Allreduce(seen, total, op=MPI.SUM)
         row["exactly_once"] = bool(np.all(total == 1))
-    row["peak_rss_bytes"] = status()["VmHWM"]
+    row["peak_rss_bytes"] = max(s0["VmHWM"], status()["VmHWM"])  # (reset before the open: the larger of the two)
     # Metadata: private memory at the first batch less the window where the window is private (one
     # rank: MPI allocates it from the heap); shared memory beyond the window is the node's index.
     shm = row["after_population_shmem_bytes"]
@@ -172,7 +184,8 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
         return None
     node = sum(r["metadata_private_bytes"] for r in rows) + rows[0]["index_shared_bytes"]
     for r in rows:
-        print(f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB; "
+        print(f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB, "
+              f"peak +{r['open_peak_bytes'] / 1e6:.1f} MB ({r['open_peak_bytes'] / n:.1f} B/sample); "
               f"private after open +{r['after_open_anon_bytes'] / 1e6:.1f} MB "
               f"({r['after_open_anon_bytes'] / n:.1f} B/sample); epoch plan +{r['epoch_anon_bytes'] / 1e6:.1f} MB "
               f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
