@@ -128,7 +128,7 @@ def test_the_forecast_resident_fraction_is_the_tiered_stores(tmp_path, ranks):
 
 
 def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_path):
-    # The stream's StorageReader opens HDF5 without the index (byte ranges): 28 B x N per thread
+    # The stream's StorageReader opens HDF5 without the index (byte ranges): 20 B x N per thread
     # counted in the budget would be memory no reader holds (fewer samples resident for nothing).
     from mpi4py import MPI
 

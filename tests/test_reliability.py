@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, write_samples
+from formats_helpers import random_samples, replace_array, write_samples
 from ingest_helpers import small_jpegs
 from mpi4py import MPI
 from mpirun import REPO
@@ -235,6 +235,16 @@ def hostile_hdf5(path, *, data_bytes: int, num_samples: int = 1) -> str:
         f.attrs.update(version=1, encoding="jpeg", class_names=["a"], num_samples=num_samples,
                        total_bytes=data_bytes, source="", complete=True)
     return os.fspath(path)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_a_short_source_index_fails_verify_not_info(tmp_path, fmt):
+    # An open reads no source_index (issue 20): `info` (and a store) do not see the damage; `verify` reads it.
+    path = write_samples(tmp_path / f"c.{fmt}", fmt, random_samples(20, seed=4))
+    replace_array(path, "source_index", np.arange(19, dtype=np.int64))
+    res = dstore("info", path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    one_clear_error(dstore("verify", path), path, "source_index has shape (19,), expected (20,)")
 
 
 @pytest.mark.parametrize("command", ["info", "verify"])
