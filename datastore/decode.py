@@ -51,11 +51,10 @@ def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int]
     try:
         if kind == "jpeg" and _simplejpeg is not None:
             fmt = "GRAY" if channels == 1 else "RGB"
-            kwargs = {}
-            if min_size is not None:
-                kwargs = {"min_height": int(min_size[0]), "min_width": int(min_size[1])}
+            # 0 is simplejpeg's own default for both: no minimum, decode at full scale
+            min_h, min_w = (int(min_size[0]), int(min_size[1])) if min_size is not None else (0, 0)
             arr = _simplejpeg.decode_jpeg(bytes(buf) if not isinstance(buf, bytes) else buf,
-                                          colorspace=fmt, **kwargs)
+                                          colorspace=fmt, min_height=min_h, min_width=min_w)
             if arr.ndim == 2:
                 arr = arr[:, :, None]
             return arr

@@ -19,6 +19,7 @@ messages) reads them from the container.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from dstore.collective import agree, node_comm
 from dstore.errors import ConfigError
@@ -42,12 +43,12 @@ def label_dtype(lo: int, hi: int) -> np.dtype:
     return np.dtype(np.int64)
 
 
-def index_bytes(n: int, labels: np.dtype) -> int:
+def index_bytes(n: int, labels: DTypeLike) -> int:
     """Bytes of a node index of n samples whose labels are of type `labels`."""
     return _labels_at(n, labels) + np.dtype(labels).itemsize * n
 
 
-def _labels_at(n: int, labels) -> int:
+def _labels_at(n: int, labels: DTypeLike) -> int:
     """Where the labels start in a node index: after the offsets and checksums, aligned to their type."""
     k = np.dtype(labels).itemsize
     return -(-(8 * (n + 1) + 4 * n) // k) * k
@@ -93,8 +94,9 @@ class NodeIndex:
         except BaseException:
             self.free()  # agreed: every rank is here
             raise
-        self._arena.publish()
-        seg = self._arena.segment(0)
+        arena = self._shared()  # agreed: every rank's Arena() succeeded
+        arena.publish()
+        seg = arena.segment(0)
         self.base_byte, code = self._node.bcast((self.base_byte, code), root=0)
         self.base_byte = int(self.base_byte)
         lab = np.dtype(LABEL_DTYPES[code])
@@ -107,12 +109,21 @@ class NodeIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of the node's copy (offsets, checksums, labels)."""
-        return 0 if self.offsets is None else self.offsets.nbytes + self.checksums.nbytes + self.labels.nbytes
+        offsets, checksums, labels = self.offsets, self.checksums, self.labels
+        if offsets is None or checksums is None or labels is None:  # freed: all three are None
+            return 0
+        return offsets.nbytes + checksums.nbytes + labels.nbytes
 
     @property
     def node_size(self) -> int:
         """Ranks sharing this copy."""
         return self._node.Get_size() if self._node is not None else 0
+
+    def _shared(self) -> Arena:
+        """The node's window; ValueError once freed (or before it is allocated)."""
+        if self._arena is None:
+            raise ValueError("this NodeIndex is freed: its shared window is gone")
+        return self._arena
 
     def _prepare(self, reader, start: int, stop: int, check_labels: bool) -> int:
         """The node reader's index read (and its labels checked); the index into LABEL_DTYPES of the
@@ -128,7 +139,7 @@ class NodeIndex:
 
     def _fill(self, reader, start: int, stop: int, labels) -> None:
         n = stop - start
-        seg = self._arena.local
+        seg = self._shared().local
         off = seg[:8 * (n + 1)].view(np.int64)
         full = reader.offsets
         self.base_byte = int(full[start])

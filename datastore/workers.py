@@ -64,6 +64,7 @@ import tempfile
 import time
 import types
 from multiprocessing.connection import Connection, wait
+from typing import Protocol
 
 import numpy as np
 
@@ -129,7 +130,7 @@ class Segment:
             self.path = self._file
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
-        self.array = np.frombuffer(self.map, np.uint8)
+        self._array = np.frombuffer(self.map, np.uint8)
         self.tensor = None
         self._pinned = False
         if pin:
@@ -138,18 +139,29 @@ class Segment:
     def _pin(self) -> None:
         import torch
 
-        self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+        tensor = self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
         try:
-            err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.size, 0)
+            cudart = torch.cuda.cudart()
+            if cudart is None:  # never past its _lazy_init (an AssertionError there); unpinned if it were
+                self._pinned = False
+                return
+            err = cudart.cudaHostRegister(tensor.data_ptr(), self.size, 0)
             self._pinned = int(err) == 0
         except (RuntimeError, AttributeError, TypeError):  # unpinned still works, only the copy is synchronous
             self._pinned = False
+
+    @property
+    def array(self) -> np.ndarray:
+        """The segment's bytes (uint8, this process's map); ValueError once closed or handed over."""
+        if self._array is None:
+            raise ValueError(f"the segment {self.path} is closed or handed over: its map is gone")
+        return self._array
 
     def hand_over(self):
         """The segment as a uint8 tensor that owns its memory from now on: the map is freed with the
         tensor's last view; this object lets go of it (its descriptor closed: every worker mapped it)."""
         tensor = self.torch()
-        self.tensor = self.array = self.map = None
+        self.tensor = self._array = self.map = None
         os.close(self.fd)
         if self._file is not None:
             os.unlink(self._file)  # mapped by the workers and the tensor: it lives on until they let go
@@ -168,17 +180,26 @@ class Segment:
         if self._pinned:
             import torch
 
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            cudart, tensor = torch.cuda.cudart(), self.tensor
+            if cudart is not None and tensor is not None:  # both are, while pinned (_pin)
+                cudart.cudaHostUnregister(tensor.data_ptr())
             self._pinned = False
-        self.tensor = self.array = None
-        try:
-            self.map.close()
-        except BufferError:  # a batch tensor still views it: the map goes with the last view
-            pass
+        self.tensor = self._array = None
+        if self.map is not None:  # None once handed over: the tensor owns it
+            try:
+                self.map.close()
+            except BufferError:  # a batch tensor still views it: the map goes with the last view
+                pass
         os.close(self.fd)
         if self._file is not None:
             os.unlink(self._file)
             self._file = None
+
+
+class _Event(Protocol):
+    """What a slot needs of a CUDA event (torch.cuda.Event): waiting for the work it marks."""
+
+    def synchronize(self) -> None: ...
 
 
 @dataclasses.dataclass
@@ -188,7 +209,14 @@ class Slot:
     inp: Segment | None = None
     out: Segment | None = None
     capacity: int = 0
-    event: object = None  # a CUDA event: the copy out of `out` (NOTE 5)
+    event: _Event | None = None  # a CUDA event: the copy out of `out` (NOTE 5)
+
+    def output(self) -> Segment:
+        """The output segment; ValueError where there is none (the workers are closed, or the
+        segment was handed to the caller)."""
+        if self.out is None:
+            raise ValueError("this ring slot has no output segment: the decode workers are closed")
+        return self.out
 
 
 @dataclasses.dataclass
@@ -218,7 +246,8 @@ class DecodeWorkers:
     def __init__(self, n: int, *, shape, info, channels, size, transform, seed: int, slots: int, pin: bool,
                  on_device: bool, hint=None, defer: bool = False):
         self.n = int(n)
-        self.shape = tuple(int(x) for x in shape)
+        c, h, w = (int(x) for x in shape)
+        self.shape = (c, h, w)
         self.pin = pin
         self.fresh = not on_device
         self.defer = bool(defer)
@@ -294,14 +323,14 @@ class DecodeWorkers:
         lens = np.fromiter((s.size for s in batch.samples), np.int64, n)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(lens, out=offsets[1:])
-        self._fit(slot, int(offsets[-1]), n)
+        inp, out = self._fit(slot, int(offsets[-1]), n)
         if n:
-            np.concatenate(batch.samples, out=slot.inp.array[: offsets[-1]])
+            np.concatenate(batch.samples, out=inp.array[: offsets[-1]])
         ids = np.array(batch.ids, np.int64)
         cuts = [n * w // self.n for w in range(self.n + 1)]
         parts = [(w, a, b) for w, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
-        base = {"ticket": seq, "slot": k, "in": (slot.inp.path, slot.inp.size, slot.inp.uid),
-                "out": (slot.out.path, slot.out.size, slot.out.uid), "capacity": slot.capacity,
+        base = {"ticket": seq, "slot": k, "in": (inp.path, inp.size, inp.uid),
+                "out": (out.path, out.size, out.uid), "capacity": slot.capacity,
                 "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh}
         for w, a, b in parts:
             try:
@@ -310,17 +339,21 @@ class DecodeWorkers:
                 raise self._died(w) from None
         return Ticket(seq, k, n, int(offsets[-1]), [w for w, _, _ in parts])
 
-    def _fit(self, slot: Slot, nbytes: int, n: int) -> None:
-        """Replaces a slot's segments that are too small for `nbytes` / `n` samples (NOTE 3)."""
-        if slot.inp is None or slot.inp.size < nbytes:
-            if slot.inp is not None:
-                slot.inp.close()
-            slot.inp = Segment(int(nbytes * 1.25) + 4096)
-        if self.fresh or slot.out is None or slot.capacity < n:
-            if slot.out is not None:
-                slot.out.close()
+    def _fit(self, slot: Slot, nbytes: int, n: int) -> tuple[Segment, Segment]:
+        """Replaces a slot's segments that are too small for `nbytes` / `n` samples (NOTE 3); the
+        slot's (input, output) segments."""
+        inp, out = slot.inp, slot.out
+        if inp is None or inp.size < nbytes:
+            if inp is not None:
+                inp.close()
+            inp = slot.inp = Segment(int(nbytes * 1.25) + 4096)
+        if self.fresh or out is None or slot.capacity < n:
+            if out is not None:
+                out.close()
             slot.capacity = max(n, 1)
-            slot.out = Segment(params_offset(slot.capacity, self.shape) + 4 * NPARAMS * slot.capacity, pin=self.pin)
+            out = slot.out = Segment(params_offset(slot.capacity, self.shape) + 4 * NPARAMS * slot.capacity,
+                                     pin=self.pin)
+        return inp, out
 
     def collect(self, ticket: Ticket):
         """Waits for `ticket`'s answers (NOTE 4): (pixels uint8 [n, C, H, W], parameters int32
@@ -339,9 +372,9 @@ class DecodeWorkers:
             raise SampleError(f"decode worker: {error}")
         slot = self.slots[ticket.slot]
         if self.fresh:
-            whole, slot.out = slot.out.hand_over(), None
+            whole, slot.out = slot.output().hand_over(), None
         else:
-            whole = slot.out.torch()
+            whole = slot.output().torch()
         c, h, w = self.shape
         images = whole[: slot.capacity * c * h * w].view(slot.capacity, c, h, w)[: ticket.n]
         at = params_offset(slot.capacity, self.shape)
