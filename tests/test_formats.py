@@ -383,6 +383,20 @@ def test_truncated_hdf5_names_the_file(tmp_path, keep):
     assert path in str(err.value)
 
 
+@pytest.mark.parametrize("member", ["data", "labels", "source_index"])
+def test_hdf5_member_that_is_a_group_names_the_file(tmp_path, member):
+    import h5py
+
+    path = write_samples(tmp_path / "g.h5", "hdf5", SAMPLES)
+    with h5py.File(path, "r+", locking=False) as f:
+        del f[member]
+        f.create_group(member)
+    with pytest.raises(FormatError, match=f"'{member}' must be an HDF5 dataset, got a Group") as err:
+        with open_container(path) as r:
+            r.source_index  # noqa: B018 - read on first use
+    assert path in str(err.value)
+
+
 def test_detect_format_errors(tmp_path):
     with pytest.raises(ContainerNotFoundError, match="no such container"):
         open_container(tmp_path / "nothing.h5")

@@ -68,6 +68,15 @@ def _attr_value(key: str, value):
     return value
 
 
+def _dataset(path: str, f: h5py.File, key: str) -> h5py.Dataset:
+    """Member `key` of `f`, which must be a dataset: FormatError naming the file and the member if
+    it is a group or a named datatype. KeyError (from h5py) if there is no such member."""
+    member = f[key]
+    if not isinstance(member, h5py.Dataset):
+        raise FormatError(f"{path}: {key!r} must be an HDF5 dataset, got a {type(member).__name__}")
+    return member
+
+
 def _check_stored(path: str, key: str, dset: h5py.Dataset) -> None:
     """FormatError if `dset` declares far more bytes than the file stores of it. HDF5 reads chunks
     never written as fill values, so a small file can declare any size. `data` may leave all-fill
@@ -110,7 +119,7 @@ class _DirectData:
                 return None
             offset = dset.id.get_offset()  # None: no storage allocated (nothing written)
             chunk, starts = max(size, 1), np.array([-1 if offset is None else offset], dtype=np.int64)
-        elif layout == h5py.h5d.CHUNKED:
+        elif layout == h5py.h5d.CHUNKED and dset.chunks is not None:  # h5py: a chunked layout has chunks
             chunk = int(dset.chunks[0])
             starts = np.full(-(-size // chunk), -1, dtype=np.int64)
             infos = []
@@ -155,9 +164,13 @@ class _DirectData:
             pos = stop
 
     def _pread(self, view: np.ndarray, at: int, pos: int) -> None:
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self._path}: the direct data reader is closed")
         done, n = 0, view.size
         while done < n:
-            got = os.preadv(self._fd, [view[done:done + _MAX_PREAD]], at + done)
+            # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
+            got = os.preadv(fd, [view[done:done + _MAX_PREAD].data], at + done)
             if got <= 0:
                 raise FormatError(f"{self._path}: data bytes [{pos + done}, {pos + n}) lie past the end of "
                                   f"the file (file bytes from {at + done}): truncated?")
@@ -263,16 +276,21 @@ class HDF5Reader(ContainerReader):
 
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
-        self._file = self._direct = self._fileobj = None
+        # All None once closed (close()); _live() and _open_file() are the checked ways to them.
+        self._file: h5py.File | None = None
+        self._direct: _DirectData | None = None
+        self._fileobj: _BlockFile | None = None
+        self._data: h5py.Dataset | None = None
+        self._names = None
         try:
-            self._fileobj = _BlockFile(self.path)
-            f = h5py.File(self._fileobj, "r", locking=False)
+            self._fileobj = fileobj = _BlockFile(self.path)
+            f = h5py.File(fileobj, "r", locking=False)
         except OSError as exc:
             self.close()
             raise FormatError(f"{self.path}: not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
         self._file = f
         try:
-            self._load(f)
+            self._load(f, fileobj.fd)
             if index:
                 self._load_index()
         except BaseException:
@@ -281,66 +299,71 @@ class HDF5Reader(ContainerReader):
         # The file actually opened (its descriptor), so a file replaced since is seen as another.
         self.opened_identity = (file_identity(self.path, self._direct.fd if self._direct is not None else None),)
 
-    def _load(self, f: h5py.File) -> None:
+    def _load(self, f: h5py.File, fd: int) -> None:
+        """Reads the attributes and checks the arrays of `f`, the file h5py reads through `fd`."""
         try:
             attrs = {k: _py(v) for k, v in f.attrs.items()}
             if CLASS_NAMES in f:  # since the class-names dataset; older files hold an attribute
-                _check_stored(self.path, CLASS_NAMES, f[CLASS_NAMES])
-                attrs[CLASS_NAMES] = [str(c) for c in f[CLASS_NAMES].asstr()[()]]
+                class_names = _dataset(self.path, f, CLASS_NAMES)
+                _check_stored(self.path, CLASS_NAMES, class_names)
+                attrs[CLASS_NAMES] = [str(c) for c in class_names.asstr()[()]]
             self.info = parse_info(attrs, self.path)
             missing = [a for a in ARRAYS if a not in f]
             if missing:
                 raise FormatError(f"{self.path}: missing array(s) {missing}")
-            data = f["data"]
+            data = _dataset(self.path, f, "data")
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             for key in ARRAYS:  # before anything of a declared size is read or allocated
-                _check_stored(self.path, key, f[key])
-            names = f["names"]
+                _check_stored(self.path, key, _dataset(self.path, f, key))
+            names = _dataset(self.path, f, "names")
         except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
             raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         self._data = data
-        self._data_id = data.id
-        self._direct = _DirectData.for_dataset(self.path, f, data, self._fileobj.fd)
+        self._direct = _DirectData.for_dataset(self.path, f, data, fd)
         self._names_len = int(names.shape[0]) if names.ndim == 1 else -1
         self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
 
     def _load_index(self) -> None:
         """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
-        f = self._file
-        if f is None:
-            raise ConfigError(f"{self.path}: the reader is closed")
+        f, fileobj = self._open_file(), self._fileobj
         try:
-            offsets = f["offsets"][()].astype(np.int64, copy=False)
-            labels = f["labels"][()].astype(np.int64, copy=False)
-            checksums = f["checksums"][()].astype(np.uint32, copy=False)
+            offsets = _dataset(self.path, f, "offsets")[()].astype(np.int64, copy=False)
+            labels = _dataset(self.path, f, "labels")[()].astype(np.int64, copy=False)
+            checksums = _dataset(self.path, f, "checksums")[()].astype(np.uint32, copy=False)
         except OSError as exc:  # h5py reports damaged metadata as OSError/KeyError
             raise FormatError(f"{self.path}: cannot read the container (truncated or corrupt?): {exc}") from exc
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
-        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums, self._names_len)
+        check_index(self.path, self.info, int(self._live().shape[0]), offsets, labels, checksums, self._names_len)
         self.offsets, self.labels, self.checksums = offsets, labels, checksums
-        self._fileobj.forget()  # the open's metadata reads are over (a reader opened without its index keeps 2)
+        if fileobj is not None:  # set with _file (__init__)
+            fileobj.forget()  # the open's metadata reads are over (a reader opened without its index keeps 2)
 
     def _load_source_index(self) -> np.ndarray:
         """Reads and checks `source_index` (on first use only: the store never reads it)."""
-        f = self._file
-        if f is None:
-            raise ConfigError(f"{self.path}: the reader is closed")
+        f = self._open_file()
         try:
-            source_index = f["source_index"][()]
+            source_index = _dataset(self.path, f, "source_index")[()]
         except OSError as exc:
             raise FormatError(f"{self.path}: cannot read source_index (truncated or corrupt?): {exc}") from exc
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         return checked_source_index(self.path, self.info, source_index)
 
-    def _live(self):
+    def _open_file(self) -> h5py.File:
+        """The open file; ConfigError once the reader is closed."""
         if self._file is None:
             raise ConfigError(f"{self.path}: the reader is closed")
-        return self._data_id
+        return self._file
+
+    def _live(self) -> h5py.Dataset:
+        """The `data` dataset; ConfigError once the reader is closed."""
+        if self._file is None or self._data is None:  # both set at open (_load), both None once closed
+            raise ConfigError(f"{self.path}: the reader is closed")
+        return self._data
 
     @property
     def byte_addressable(self) -> bool:
@@ -356,7 +379,7 @@ class HDF5Reader(ContainerReader):
         """data[lo:hi] straight into `out` (no intermediate copy): preadv at the chunks' file offsets,
         or one HDF5 read where the data is filtered."""
         lo, hi = check_byte_range(self.path, lo, hi, self.total_bytes)
-        dset = self._live()
+        data = self._live()
         n = hi - lo
         try:
             if self._direct is not None:
@@ -366,7 +389,7 @@ class HDF5Reader(ContainerReader):
             if out is None or n < _DIRECT_READ_BYTES:
                 # h5py's fast path for a plain slice beats any explicit selection by several times
                 # (about 7 us per sample warm); for small reads the copy into `out` costs less.
-                got = self._data[lo:hi]
+                got = data[lo:hi]
                 if out is None:
                     return got
                 out = check_out(out, n)
@@ -374,6 +397,7 @@ class HDF5Reader(ContainerReader):
                 return out
             out = check_out(out, n)
             # Large range with `out`: one HDF5 read straight into it, no second buffer of this size.
+            dset = data.id
             fspace = dset.get_space()
             fspace.select_hyperslab((lo,), (n,))
             dset.read(h5py.h5s.create_simple((n,)), fspace, out)
@@ -383,15 +407,17 @@ class HDF5Reader(ContainerReader):
 
     def name(self, i: int) -> str:
         i = self._check_index(i)
-        self._live()
-        value = self._names[i]
+        names = self._names
+        if self._file is None or names is None:  # set at open (_load), None once closed
+            raise ConfigError(f"{self.path}: the reader is closed")
+        value = names[i]
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
     def close(self) -> None:
         f, self._file = self._file, None
         direct, self._direct = self._direct, None
         fileobj, self._fileobj = self._fileobj, None
-        self._data = self._data_id = self._names = None
+        self._data = self._names = None
         if direct is not None:
             direct.close()
         if f is not None:
@@ -405,16 +431,22 @@ class HDF5Writer(StreamingWriter):
     writes the index arrays, the attributes, the completion marker last, and renames it to `path`.
     Arguments: see `dstore.formats.create_writer`."""
 
-    _file = None
-    _data = None
+    _file: h5py.File | None = None
+    _data: h5py.Dataset | None = None
 
     def _open_tmp(self) -> None:
         self._file = h5py.File(self._tmp, "w", locking=False)
 
+    def _open_file(self) -> h5py.File:
+        """The temporary file being written; ConfigError once committed or aborted."""
+        if self._file is None:
+            raise ConfigError(f"cannot write {self.path}: the writer is {self._state}")
+        return self._file
+
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
-            self._data = self._file.create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                                   chunks=(self._buf.chunk_bytes,))
+            self._data = self._open_file().create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
+                                                          chunks=(self._buf.chunk_bytes,))
         stop = start + chunk.size
         self._data.resize((stop,))
         size = self._buf.chunk_bytes
@@ -426,7 +458,7 @@ class HDF5Writer(StreamingWriter):
             self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
 
     def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
-        f = self._file
+        f = self._open_file()
         tail = buf.tail()
         if self._data is None:  # everything fit in one buffer: a contiguous dataset of the exact size
             f.create_dataset("data", data=tail, dtype=np.uint8)

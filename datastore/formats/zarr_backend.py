@@ -45,7 +45,7 @@ class _ChunkFiles:
 
     def __init__(self, root: str, chunk: int, key_encoding, fill: int):
         self._root, self._chunk, self._keys, self._fill = root, chunk, key_encoding, fill
-        self._fds: OrderedDict[int, int | None] = OrderedDict()
+        self._fds: OrderedDict[int, int] = OrderedDict()
 
     @classmethod
     def for_array(cls, arr) -> _ChunkFiles | None:
@@ -83,7 +83,8 @@ class _ChunkFiles:
             k, start = divmod(pos, self._chunk)
             n = min(hi - pos, self._chunk - start)
             view = out[pos - lo:pos - lo + n]
-            if os.preadv(self._fd(k), [view], start) != n:
+            # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
+            if os.preadv(self._fd(k), [view.data], start) != n:
                 raise FormatError(f"{self._root}: chunk {self._keys.encode_chunk_key((k,))} is truncated")
             pos += n
 
@@ -97,6 +98,15 @@ def missing_chunk(root: str, key: str, k: int, chunk: int) -> str:
     """The message for a missing chunk file of `data` (chunk `k` of `chunk` bytes)."""
     return (f"{os.path.join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
             "missing; dstore stores every chunk, so a missing one is damage, never zeros")
+
+
+def _array(path: str, group: zarr.Group, key: str) -> zarr.Array:
+    """Member `key` of `group`, which must be an array: FormatError naming the store and the member
+    if it is a group. KeyError (from zarr) if there is no such member."""
+    member = group[key]
+    if not isinstance(member, zarr.Array):
+        raise FormatError(f"{path}: {key!r} must be a Zarr array, got a {type(member).__name__}")
+    return member
 
 
 def _check_chunks(path: str, data, files: dict[str, int]) -> None:
@@ -119,7 +129,7 @@ def _scan_store(root: str) -> dict[str, int]:
     Raises FormatError naming the first entry that is neither a file nor a directory (a FIFO would
     block the first read for ever). Uses only the directory entries' types: no stat per chunk."""
     counts: dict[str, int] = {}
-    stack = [(root, None)]
+    stack: list[tuple[str, str | None]] = [(root, None)]  # (directory, its top-level entry; None: the root)
     seen = set()
     while stack:
         directory, top = stack.pop()
@@ -147,20 +157,20 @@ def _scan_store(root: str) -> dict[str, int]:
     return counts
 
 
-def _check_declared_sizes(path: str, group, files: dict[str, int]) -> None:
+def _check_declared_sizes(path: str, group: zarr.Group, files: dict[str, int]) -> None:
     """FormatError if an array declares far more bytes than its chunk files can hold (zarr reads a
     missing chunk as fill values, so a few KB of metadata can declare a terabyte). `data` is bounded
     by its chunk count (other writers leave all-fill chunks out, and may compress: at most
     MAX_COMPRESSION times that, plus one chunk); an index array, which zarr stores compressed and
     without all-fill chunks, by the data's size (an index entry per sample is small next to a
     sample) with a floor."""
-    data = group["data"]
+    data = _array(path, group, "data")
     chunk = int(data.chunks[0])
     data_files = max(files.get("data", 0) - 1, 0)  # one of them is zarr.json
     stored = data_files * chunk
     check_declared(path, "data", int(data.nbytes), stored, ratio=MAX_COMPRESSION, slack=chunk)
     for key in ARRAYS[1:]:
-        arr = group[key]
+        arr = _array(path, group, key)
         declared = int(np.prod(arr.shape, dtype=np.int64)) * max(int(arr.dtype.itemsize), 8)
         check_declared(path, key, declared, max(stored, int(data.nbytes)) if stored else 0, ratio=64,
                        slack=INDEX_FLOOR_BYTES)
@@ -173,7 +183,11 @@ class ZarrReader(ContainerReader):
 
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
-        self._group = self._files = None
+        # All None once closed (close()); _live() and _open_group() are the checked ways to them.
+        self._group: zarr.Group | None = None
+        self._files: _ChunkFiles | None = None
+        self._data: zarr.Array | None = None
+        self._names: zarr.Array | None = None
         files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
             group = zarr.open_group(self.path, mode="r", zarr_format=3)
@@ -186,12 +200,12 @@ class ZarrReader(ContainerReader):
         if missing:
             raise FormatError(f"{self.path}: missing array(s) {missing}")
         try:
-            data = group["data"]
+            data = _array(self.path, group, "data")
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             _check_declared_sizes(self.path, group, files)
             _check_chunks(self.path, data, files)
-            names = group["names"]
+            names = _array(self.path, group, "names")
         except (OSError, ValueError, KeyError) as exc:
             if isinstance(exc, FormatError):
                 raise
@@ -217,38 +231,47 @@ class ZarrReader(ContainerReader):
 
     def _load_index(self) -> None:
         """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
-        group, names = self._group, self._names
-        if group is None:
-            raise ConfigError(f"{self.path}: the reader is closed")
+        group, data, names = self._open_group(), self._live(), self._live_names()
         try:
-            offsets = np.asarray(group["offsets"][...], dtype=np.int64)
-            labels = np.asarray(group["labels"][...], dtype=np.int64)
-            checksums = np.asarray(group["checksums"][...], dtype=np.uint32)
+            offsets = np.asarray(_array(self.path, group, "offsets")[...], dtype=np.int64)
+            labels = np.asarray(_array(self.path, group, "labels")[...], dtype=np.int64)
+            checksums = np.asarray(_array(self.path, group, "checksums")[...], dtype=np.uint32)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
-        check_index(self.path, self.info, int(self._data.shape[0]), offsets, labels, checksums,
+        check_index(self.path, self.info, int(data.shape[0]), offsets, labels, checksums,
                     int(names.shape[0]) if names.ndim == 1 else -1)
         self.offsets, self.labels, self.checksums = offsets, labels, checksums
 
     def _load_source_index(self) -> np.ndarray:
         """Reads and checks `source_index` (on first use only: the store never reads it)."""
-        group = self._group
-        if group is None:
-            raise ConfigError(f"{self.path}: the reader is closed")
+        group = self._open_group()
         try:
-            source_index = np.asarray(group["source_index"][...])
+            source_index = np.asarray(_array(self.path, group, "source_index")[...])
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read source_index: {type(exc).__name__}: {exc}") from exc
         return checked_source_index(self.path, self.info, source_index)
 
-    def _live(self):
+    def _open_group(self) -> zarr.Group:
+        """The open group; ConfigError once the reader is closed."""
         if self._group is None:
             raise ConfigError(f"{self.path}: the reader is closed")
+        return self._group
+
+    def _live(self) -> zarr.Array:
+        """The `data` array; ConfigError once the reader is closed."""
+        if self._group is None or self._data is None:  # both set at open, both None once closed
+            raise ConfigError(f"{self.path}: the reader is closed")
         return self._data
+
+    def _live_names(self) -> zarr.Array:
+        """The `names` array; ConfigError once the reader is closed."""
+        if self._group is None or self._names is None:  # both set at open, both None once closed
+            raise ConfigError(f"{self.path}: the reader is closed")
+        return self._names
 
     def read_bytes(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """data[lo:hi] as one slice of the Zarr array (its chunks are fetched concurrently)."""
@@ -275,8 +298,7 @@ class ZarrReader(ContainerReader):
 
     def name(self, i: int) -> str:
         i = self._check_index(i)
-        self._live()
-        return str(self._names[i])
+        return str(self._live_names()[i])
 
     def close(self) -> None:
         files, self._files = self._files, None
@@ -290,26 +312,32 @@ class ZarrWriter(StreamingWriter):
     of `chunk_bytes`; `commit()` writes the index arrays, the attributes, the marker last, and
     renames the directory to `path`. Arguments: see `dstore.formats.create_writer`."""
 
-    _group = None
-    _data = None
+    _group: zarr.Group | None = None
+    _data: zarr.Array | None = None
 
     def _open_tmp(self) -> None:
         self._group = zarr.open_group(self._tmp, mode="w-", zarr_format=3)
+
+    def _open_group(self) -> zarr.Group:
+        """The temporary group being written; ConfigError once committed or aborted."""
+        if self._group is None:
+            raise ConfigError(f"cannot write {self.path}: the writer is {self._state}")
+        return self._group
 
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
             # write_empty_chunks: store every chunk as it is. By default zarr first compares each
             # chunk with the fill value, which took most of a write's time (an 8 MiB chunk: about
             # 30 of 36 ms here). A runtime setting: the stored metadata is the same.
-            self._data = self._group.create_array("data", shape=(0,), dtype=np.uint8,
-                                                  chunks=(self._buf.chunk_bytes,), compressors=None,
-                                                  config={"write_empty_chunks": True})
+            self._data = self._open_group().create_array("data", shape=(0,), dtype=np.uint8,
+                                                         chunks=(self._buf.chunk_bytes,), compressors=None,
+                                                         config={"write_empty_chunks": True})
         stop = start + chunk.size
         self._data.resize((stop,))
         self._data[start:stop] = chunk
 
     def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
-        g = self._group
+        g = self._open_group()
         tail = buf.tail()
         if self._data is None:  # everything fit in one buffer: one chunk of the exact size
             arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8, chunks=(max(tail.size, 1),),
