@@ -202,7 +202,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.size = _size_pair(size)
         # a transform that resizes itself gets the decoded image: one resize, not two
         self._tf_resizes = transform is not None and bool(getattr(transform, "resizes", False))
-        self._hint = self.size if self.size is not None or not self._tf_resizes else _size_pair(transform.size)
+        self._hint = (_size_pair(transform.size) if self.size is None and self._tf_resizes and transform is not None
+                      else self.size)
         self.decode_threads = decode_threads
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
@@ -219,7 +220,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         # NOTE [decode workers] 2: started by the copier thread, which lives as long as the loader
         self._workers_ready = None if self._workers is None else self._copier.submit(self._workers.start)
         self._epoch = 0
-        self._pos = None  # (epoch, step) after the last batch yielded; None: the store's own position
+        # (epoch, step) after the last batch yielded (LoaderEpoch.account); None: the store's own position
+        self._pos: tuple[int, int] | None = None
         self._active = None  # the open epoch's generator (over a LoaderEpoch)
         self._closed = False
         self.last_ids = np.zeros(0, np.int64)
@@ -255,7 +257,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         # the caller's tensor, which cannot unregister it; pin_memory then copies it (_from_workers).
         # A deferred resize runs in this process, so the batch part after it does too.
         on_device = self._batch_ops_on_device(on_gpu) or defer
-        shape = (channels, *(tf.canvas() if defer else size))
+        shape = (channels, *(tf.canvas() if defer and tf is not None else size))  # defer: tf is not None
         try:
             from dstore.workers import DecodeWorkers
 
@@ -378,7 +380,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
         """A batch the workers decoded, copied once out of its slot (to the device, or on the CPU
         into a tensor of its own), with the transform's batch part and normalisation applied there.
         NOTE [decode workers] 5: the slot is released after the copy (on a GPU, after its event)."""
-        images, params, secs = self._workers.collect(ticket)
+        workers = self._workers
+        if workers is None:  # LoaderEpoch calls this only with workers
+            raise ValueError("_from_workers needs decode workers (StoreLoader(workers=N))")
+        images, params, secs = workers.collect(ticket)
         slot_storage = images.untyped_storage().data_ptr()
         event = None
         if self._stream is not None:
@@ -395,17 +400,17 @@ class StoreLoader(torch.utils.data.IterableDataset):
             images, params = images.to(self.device), params.to(self.device)
         tf = self.transform
         if tf is not None:
-            if self._workers.defer:  # the workers cut out what to resize: the resize and crop run here
+            if workers.defer:  # the workers cut out what to resize: the resize and crop run here
                 images = tf.resize_batch(images, params)
-            if not self._workers.fresh:  # else the workers applied it
+            if not workers.fresh:  # else the workers applied it
                 images = tf.batch_part(images, params)
             if getattr(tf, "normalize", False):
                 images = tf.normalize_batch(images)
-        if not self._workers.fresh and images.untyped_storage().data_ptr() == slot_storage:
+        if not workers.fresh and images.untyped_storage().data_ptr() == slot_storage:
             images = images.clone()  # the slot is written again: the caller gets a copy
-        elif self._workers.fresh and self.pin_memory and self.device is None:
+        elif workers.fresh and self.pin_memory and self.device is None:
             images = images.pin_memory()
-        self._workers.release(ticket, event)
+        workers.release(ticket, event)
         return images, secs
 
     def _to_device(self, images, labels):
@@ -437,7 +442,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._closed = True
         self._end_epoch()
         if self._workers is not None:
-            concurrent.futures.wait([self._workers_ready])  # a start still running ends first
+            if self._workers_ready is not None:  # always, with workers (__init__)
+                concurrent.futures.wait([self._workers_ready])  # a start still running ends first
             self._workers.close()
         self._copier.shutdown(wait=True)
         self._pool.shutdown(wait=True)

@@ -38,7 +38,7 @@ class BatchDecode:
         self._left = 0
         self._secs = 0.0
         self._error = None
-        self.parts = []
+        self.parts: list[list[torch.Tensor] | None] = []  # each chunk's tensors (StoreLoader._decode_chunk)
 
     def expect(self, chunks: int) -> None:
         """The number of chunk_done() calls that finish the batch (one for an empty batch)."""
@@ -61,7 +61,11 @@ class BatchDecode:
             self.result.set_exception(self._error)
             return
         try:
-            tensors = [t for part in self.parts for t in part]
+            tensors = []
+            for k, part in enumerate(self.parts):
+                if part is None:  # a chunk_done() without its part or an error: a bug
+                    raise RuntimeError(f"chunk {k} of step {self.batch.step} ended without its samples")
+                tensors.extend(part)
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
                 raise ConfigError(f"samples of step {self.batch.step} decode to different shapes "
@@ -129,6 +133,8 @@ class LoaderEpoch:
             if self.copying is not None:  # the store may reuse that batch's views only once copied
                 self.copying.result()
                 self.copying = None
+            if self.batches is None:  # set by __iter__, the only caller
+                raise ValueError(f"epoch {self.e} of the loader has not started: nothing is fetched before next()")
             nxt = next(self.batches, None)  # with ahead=1, the views of the batch before are released here
             if nxt is None:
                 return
@@ -241,4 +247,5 @@ class LoaderEpoch:
         if self.loader._workers is not None:
             self.drain_workers()
         self.pending.clear()
-        self.batches.close()
+        if self.batches is not None:  # always: __iter__ sets it before the try whose finally calls this
+            self.batches.close()
