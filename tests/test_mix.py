@@ -41,12 +41,17 @@ def test_counts_are_the_largest_remainder_rounding(e, w):
     assert all(abs(c - Fraction(e * x, sum(w))) < 1 for c, x in zip(counts.tolist(), w))
 
 
+def _draw_mix(data, sources: int):
+    """Weights (not all 0), an epoch size (None: the sources' total), a seed and an epoch."""
+    w = data.draw(st.lists(st.integers(0, 5), min_size=sources, max_size=sources).filter(any))
+    e_size = data.draw(st.one_of(st.none(), st.integers(1, 200)))
+    return w, e_size, data.draw(st.integers(0, 9)), data.draw(st.integers(0, 5))
+
+
 @settings(max_examples=40, deadline=None)
 @given(sizes=sizes_st, data=st.data())
 def test_an_epoch_holds_each_sources_count_whole_passes_and_a_subset(sizes, data):
-    w = data.draw(st.lists(st.integers(0, 5), min_size=len(sizes), max_size=len(sizes)).filter(any))
-    e_size = data.draw(st.one_of(st.none(), st.integers(1, 200)))
-    seed, epoch = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 5))
+    w, e_size, seed, epoch = _draw_mix(data, len(sizes))
     src, ids = mix.mix_plan(sizes, w, seed, epoch, e_size)
     total = sum(sizes) if e_size is None else e_size
     counts = _reference_counts(total, w)
@@ -66,9 +71,7 @@ def test_an_epoch_holds_each_sources_count_whole_passes_and_a_subset(sizes, data
 @settings(max_examples=40, deadline=None)
 @given(sizes=sizes_st, data=st.data())
 def test_the_mix_at_some_positions_is_the_whole_plan_there(sizes, data):
-    w = data.draw(st.lists(st.integers(0, 5), min_size=len(sizes), max_size=len(sizes)).filter(any))
-    e_size = data.draw(st.one_of(st.none(), st.integers(1, 200)))
-    seed, epoch = data.draw(st.integers(0, 9)), data.draw(st.integers(0, 5))
+    w, e_size, seed, epoch = _draw_mix(data, len(sizes))
     src, ids = mix.mix_plan(sizes, w, seed, epoch, e_size)
     pos = np.asarray(data.draw(st.lists(st.integers(0, src.size - 1), max_size=40)), dtype=np.int64)
     for p in (np.arange(src.size), pos):
