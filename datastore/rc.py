@@ -99,11 +99,14 @@ HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
     "0: none"))
 ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
     "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
+NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
+    "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
+    "(dstore.kernels, numba; the same pixels)"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV,
-                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, MPICH_NOLOCAL)}
+                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 
