@@ -41,7 +41,9 @@ import torch
 import torch.utils.data
 
 from dstore.decode import decode_sample, resize
+from dstore.draws import KeyedDraws
 from dstore.errors import ConfigError
+from dstore.kernels import resize_chw
 from dstore.torch_epoch import LoaderEpoch
 
 
@@ -343,6 +345,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
         name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
         arr = decode_sample(data, info, channels=self.channels, min_size=self._hint, name=name)
         if self.size is not None and not self._tf_resizes:
+            if self.transform is None and arr.dtype == np.uint8:  # the resize and the CHW copy in one pass
+                out = np.empty((arr.shape[2], *self.size), np.uint8)
+                resize_chw(arr, (0, 0, *arr.shape[:2]), self.size, out)
+                return torch.from_numpy(out)
             arr = resize(arr, self.size)
         if self.transform is None:
             if not arr.flags.writeable:  # a raw sample viewing the batch's bytes: copy out of it
@@ -350,7 +356,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
             return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
         if self._seeded:
             key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
-            out = self.transform(arr, np.random.default_rng(key))
+            # a transform that says it can (ImageTransform.keyed) draws from a KeyedDraws (dstore.draws)
+            rng = KeyedDraws(*key) if getattr(self.transform, "keyed", False) else np.random.default_rng(key)
+            out = self.transform(arr, rng)
         else:
             out = self.transform(arr)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))

@@ -20,6 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.kernels import resize_chw
 from dstore.resize import fit, resize, resize_batch, shift
 
 
@@ -127,23 +128,52 @@ class ImageTransform:
         box-reduced as it would be (`dstore.resize.fit`), and the parameters also hold its height
         and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly."""
         img = to_channels(img, self.channels)
-        params = IDENTITY.copy()
-        if self.train:
-            if rng is None:
-                raise ConfigError("a training transform needs an rng (numpy Generator)")
-            if self.pad > 0:
-                top, left = rng.integers(0, 2 * self.pad + 1, size=2)
-                params[5:7] = int(top) - self.pad, int(left) - self.pad
-            if self.flip and rng.random() < 0.5:
-                params[0] = 1
-            if self.jitter > 0:
-                params[1:3] = np.rint(rng.uniform(1 - self.jitter, 1 + self.jitter, size=2) * 256)
+        params = self._draw(rng)
         if defer_resize:
             top, left, bh, bw = box(img.shape[:2], self.size)
             img = fit(img[top:top + bh, left:left + bw], self.size)
             params[3:5] = img.shape[:2]
             return img, params
         return shift(resize_to(img, self.size), int(params[5]), int(params[6])), params
+
+    keyed: ClassVar[bool] = True
+    """The transform draws from a `dstore.draws.KeyedDraws` as well as from a numpy Generator (a
+    StoreLoader then passes it the keyed draws: numpy's Generator cost a decode worker a tenth of
+    its time per sample, dstore.draws)."""
+
+    def _draw(self, rng) -> np.ndarray:
+        """The sample's int32 parameters (PARAMS), drawn from `rng` (a numpy Generator or a
+        KeyedDraws) in a fixed order: crop, flip, jitter (IDENTITY where not training)."""
+        params = IDENTITY.copy()
+        if self.train:
+            if rng is None:
+                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.draws.KeyedDraws)")
+            if self.pad > 0:
+                top, left = rng.integers(0, 2 * self.pad + 1, size=2)
+                params[5] = int(top) - self.pad
+                params[6] = int(left) - self.pad
+            if self.flip and rng.random() < 0.5:
+                params[0] = 1
+            if self.jitter > 0:
+                bright, contrast = rng.uniform(1 - self.jitter, 1 + self.jitter, size=2)
+                params[1] = int(np.rint(bright * 256))
+                params[2] = int(np.rint(contrast * 256))
+        return params
+
+    def sample_into(self, img: np.ndarray, rng, out: np.ndarray, *, finish: bool) -> np.ndarray:
+        """`sample_part(img, rng)` written into `out` (uint8 [C, H, W], e.g. a batch buffer's
+        sample), and with finish=True `finish` too: the pixels of those and a CHW copy, made in one
+        pass by the compiled kernel where there is one (dstore.kernels.resize_chw: resize, crop and
+        flip; the jitter after it, in numpy). Returns the parameters (the batch part's, where
+        finish=False)."""
+        img = to_channels(img, self.channels)
+        params = self._draw(rng)
+        flip = finish and bool(params[0])
+        resize_chw(img, box(img.shape[:2], self.size), self.size, out, shift=(int(params[5]), int(params[6])),
+                   flip=flip)
+        if finish and (params[1] != 256 or params[2] != 256):
+            out[...] = _jitter_np(out, int(params[1]), int(params[2]))
+        return params
 
     def resize_batch(self, images, params):
         """The images `sample_part(defer_resize=True)` gave, each in the top left corner of a uint8 batch
@@ -179,9 +209,7 @@ class ImageTransform:
         if params[0]:
             img = img[:, ::-1]
         if params[1] != 256 or params[2] != 256:
-            x = np.clip((img.astype(np.int32) * int(params[1]) + 128) >> 8, 0, 255)
-            mean = (int(x.sum(dtype=np.int64)) + x.size // 2) // x.size
-            img = np.clip(mean + (((x - mean) * int(params[2]) + 128) >> 8), 0, 255).astype(np.uint8)
+            img = _jitter_np(img, int(params[1]), int(params[2]))
         return img
 
     def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
@@ -189,15 +217,16 @@ class ImageTransform:
         return self.finish(*self.sample_part(img, rng))
 
     def __call__(self, img: np.ndarray, rng=None):
+        """The augmented sample as a CHW tensor: uint8, or normalised float32 (normalize=True),
+        the pixels of `pixels` made by `sample_into`."""
         import torch
 
-        x = self.pixels(img, rng)
+        x = np.empty((self.channels, *self.size), np.uint8)
+        self.sample_into(img, rng, x, finish=True)
         if self.normalize:
             x = x.astype(np.float32) * (1.0 / 255.0)
-            x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        x = np.ascontiguousarray(x.transpose(2, 0, 1))
-        if not x.flags.writeable:  # a raw sample viewing the loader's bytes, untouched by the transform
-            x = x.copy()
+            shape = (self.channels, 1, 1)
+            x = (x - np.asarray(self.mean, np.float32).reshape(shape)) / np.asarray(self.std, np.float32).reshape(shape)
         return torch.from_numpy(x)
 
     def normalize_batch(self, images):
@@ -215,6 +244,13 @@ PARAMS = ("flip", "brightness", "contrast", "box_height", "box_width", "crop_dy"
 """`sample_part`'s int32 parameters, in this order (the box only with defer_resize=True)."""
 IDENTITY = np.array([0, 256, 256, 0, 0, 0, 0], np.int32)
 """`sample_part`'s parameters that change nothing: no flip, brightness and contrast 256/256, no shift."""
+
+
+def _jitter_np(img: np.ndarray, bright: int, contrast: int) -> np.ndarray:
+    """`_jitter` of one uint8 image (any layout: the mean is over all its values) in numpy."""
+    x = np.clip((img.astype(np.int32) * bright + 128) >> 8, 0, 255)
+    mean = (int(x.sum(dtype=np.int64)) + x.size // 2) // x.size
+    return np.clip(mean + (((x - mean) * contrast + 128) >> 8), 0, 255).astype(np.uint8)
 
 
 def _jitter(images, bright, contrast):
