@@ -31,9 +31,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dstore.decode_worker import KEEP_HANDED
 from dstore.errors import ConfigError
-from dstore.workers import WORKER_BYTES
+from dstore.workers import KEEP_HANDED, WORKER_BYTES
 
 REQUEST_BYTES = 1 << 20
 """Bytes of one storage request of a large read (the kernel splits reads into about 1 MiB)."""
@@ -141,7 +140,7 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
 
     `workers` > 0: the training loader decodes in that many processes instead of threads (NOTE
     [decode workers] in dstore.workers): each costs `WORKER_BYTES` and two decoded images, and the
-    batches handed over stay mapped by them for `KEEP_HANDED` more batches. `deferred_resize`: the
+    `KEEP_HANDED` spare batch segments are kept to be written again. `deferred_resize`: the
     workers leave the resize to a batch op (StoreLoader(resize_on="device")), their ring's slots
     hold canvases of 4x the input's pixels instead."""
     batch_pixels = local_batch * math.prod(input_shape)

@@ -8,8 +8,8 @@ shared memory. It imports neither MPI nor torch, and it dies with its rank.
 
 from __future__ import annotations
 
-import collections
 import ctypes
+import gc
 import mmap
 import os
 import pickle
@@ -20,12 +20,16 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from dstore import kernels
 from dstore.decode import decode_sample, resize
+from dstore.draws import KeyedDraws
+from dstore.kernels import resize_chw
 from dstore.workers import NPARAMS, params_offset
 
 _PR_SET_PDEATHSIG = 1
-KEEP_HANDED = 4
-"""Batches handed to the caller whose segments a worker keeps mapped a while (see Segments.drop)."""
+MAX_SPARE_MAPS = 64
+"""Spare output segments a worker keeps mapped at most, should the rank's `retired` never name
+them (the rank keeps dstore.workers.KEEP_HANDED spares and retires the rest)."""
 
 
 def die_with_parent(parent: int) -> None:
@@ -41,34 +45,34 @@ def die_with_parent(parent: int) -> None:
 
 
 class Segments:
-    """The shared segments this worker has mapped, one per (slot, kind), mapped anew when the
-    rank replaced a slot's segment (a new path) and unmapped then."""
+    """The shared segments this worker has mapped: a slot's own, one per (slot, kind), mapped anew
+    when the rank replaced it (a new uid); and a batch's own output segments (NOTE [decode workers]
+    3), by uid, kept mapped while the rank keeps them as spares to be written again, unmapped when
+    a request names them retired."""
 
     def __init__(self):
-        self.maps = {}  # (slot, kind) -> (uid, mmap, uint8 array)
-        self.handed = collections.deque()  # maps of the batches handed to the caller, newest last
+        self.maps = {}  # (slot, kind) or ("own", uid) -> (uid, mmap, uint8 array)
 
-    def drop(self, slot: int, kind: str) -> None:
-        """Lets go of the segment of (slot, kind): a batch's own segment, now the caller's. Its map
-        is kept for the next KEEP_HANDED batches, so that the rank's process, letting go of a batch
-        it has used, only unmaps it, and freeing its pages (about 40 us of kernel time per 224px
-        sample, measured) mostly falls to this worker, when it unmaps it here later."""
-        have = self.maps.pop((slot, kind), None)
-        if have is not None:
-            self.handed.append(have)
-        while len(self.handed) > KEEP_HANDED:
-            self.handed.popleft()
+    def retire(self, uids) -> None:
+        """Unmaps the batches' own output segments the rank has closed."""
+        for uid in uids:
+            self.maps.pop(("own", uid), None)
 
-    def get(self, slot: int, kind: str, where: tuple[str, int, int]) -> np.ndarray:
-        """The segment at `where` = (path, size, uid) as a uint8 array, mapped once per uid."""
+    def get(self, slot: int, kind: str, where: tuple[str, int, int], own: bool = False) -> np.ndarray:
+        """The segment at `where` = (path, size, uid) as a uint8 array, mapped once per uid; `own`:
+        a batch's own output segment (kept by uid, whichever slot it serves)."""
         path, size, uid = where
-        key = (slot, kind)
+        key = ("own", uid) if own else (slot, kind)
         have = self.maps.get(key)
         if have is not None and have[0] == uid:
             return have[2]
         if have is not None:
             self.maps.pop(key)
             del have  # the array holds the map: both go before it closes
+        if own:
+            spares = [k for k in self.maps if k[0] == "own"]
+            for k in spares[: max(0, len(spares) + 1 - MAX_SPARE_MAPS)]:
+                self.maps.pop(k)
         fd = os.open(path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, size)
@@ -83,22 +87,37 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     """Samples req["lo"] .. req["hi"] - 1 of one batch, decoded into the output segment."""
     c, h, w = setup["shape"]
     cap = req["capacity"]
+    segs.retire(req.get("retired", ()))
     src = segs.get(req["slot"], "in", req["in"])
-    out = segs.get(req["slot"], "out", req["out"])
+    out = segs.get(req["slot"], "out", req["out"], own=req["fresh"])
     pixels = out[: cap * c * h * w].reshape(cap, c, h, w)
     at = params_offset(cap, (c, h, w))
     params = out[at: at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
     offsets, ids, epoch = req["offsets"], req["ids"], req["epoch"]
     tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]
+    into = tf is not None and hasattr(tf, "sample_into")
+    keyed = bool(getattr(tf, "keyed", False))  # as the decode threads (dstore.torch), NOTE [decode workers] 6
     for i in range(req["lo"], req["hi"]):
         sid = int(ids[i])
         name = f"sample {sid}"
         arr = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"], min_size=setup["hint"],
                             name=name)
         if size is not None:
+            if tf is None and arr.ndim == 3 and arr.shape[2] == c and arr.dtype == np.uint8:
+                resize_chw(arr, (0, 0, *arr.shape[:2]), size, pixels[i])  # the resize and the CHW copy in one pass
+                continue
             arr = resize(arr, size)
         if tf is not None:
-            rng = np.random.default_rng([setup["seed"], epoch, sid])
+            key = (setup["seed"], epoch, sid)
+            rng = KeyedDraws(*key) if keyed else np.random.default_rng(key)
+            if into and not defer:  # the whole per-sample part in one pass, straight into the batch
+                try:
+                    p = tf.sample_into(arr, rng, pixels[i], finish=setup["finish"])
+                except Exception as exc:  # the transform's own errors: name the sample
+                    raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
+                if not setup["finish"]:
+                    params[i, : len(p)] = p
+                continue
             try:
                 arr, p = tf.sample_part(arr, rng, defer_resize=True) if defer else tf.sample_part(arr, rng)
             except Exception as exc:  # the transform's own errors: name the sample
@@ -118,8 +137,6 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
             raise RuntimeError(f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
                                f"pass size=(H, W) and channels, or a transform that makes them equal")
         pixels[i] = arr.transpose(2, 0, 1)
-    if req["fresh"]:  # a batch's own segment, the caller's from now on: unmap it here
-        segs.drop(req["slot"], "out")
 
 
 def serve(conn_in: Connection, conn_out: Connection) -> int:
@@ -130,9 +147,17 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
         return 0
     except Exception as exc:  # noqa: BLE001 - an unpicklable transform (its module missing here, say)
         conn_out.send_bytes(pickle.dumps(("error", -1, f"cannot load the loader's setup: {type(exc).__name__}: "
-                                                       f"{exc}")))
+                                                       f"{exc}", False)))
         return 1
-    conn_out.send_bytes(pickle.dumps(("ready", os.getpid(), 0.0)))
+    # The loop makes no reference cycles; the collector's passes over the interpreter's objects
+    # showed as 1.3% of a worker's time (py-spy): they are set aside, and passes made rarer.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    c, h, w = setup["shape"]
+    if h * w >= kernels.NATIVE_MIN_PIXELS:  # load the kernels while waiting for the first request
+        kernels.start()
+    conn_out.send_bytes(pickle.dumps(("ready", os.getpid(), 0.0, kernels.loaded())))
     segs = Segments()
     while True:
         try:
@@ -144,9 +169,9 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
         t0 = time.perf_counter()
         try:
             decode_range(setup, segs, req)
-            answer = ("ok", req["ticket"], time.perf_counter() - t0)
+            answer = ("ok", req["ticket"], time.perf_counter() - t0, kernels.loaded())
         except Exception as exc:  # noqa: BLE001 - every error goes back to the rank, named
-            answer = ("error", req["ticket"], str(exc))
+            answer = ("error", req["ticket"], str(exc), kernels.loaded())
         conn_out.send_bytes(pickle.dumps(answer))
 
 

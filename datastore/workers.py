@@ -28,10 +28,15 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    deferred resize (`defer`) a sample's pixels are the part of its image the batch resize reads,
    in the top left corner of a canvas [C, Hc, Wc] (`ImageTransform.canvas`), its size among the
    parameters. Where batches stay on
-   the CPU each batch gets a new output segment instead, the workers apply the transform's batch
-   part themselves (`finish`: the flip is a stride of the copy they make anyway) and unmap it once
-   written, and the caller's tensor owns the segment: no copy of the pixels in the rank at all
-   (a batch-part flip there cost 1.2 ms per 224px sample, a clone 58 us). A segment is a memfd
+   the CPU each batch gets an output segment of its own instead, the workers apply the transform's
+   batch part themselves (`finish`: the flip is a stride of the copy they make anyway), and the
+   caller's batch tensor is a view of the segment: no copy of the pixels in the rank at all (a
+   batch-part flip there cost 1.2 ms per 224px sample, a clone 58 us). When the caller lets go of
+   that tensor (its last view), the segment comes back as a spare, to be written again: up to
+   KEEP_HANDED spares are kept, mapped by the rank and by the workers, and one past that is closed,
+   its uid sent with the next request (`retired`) so that the workers unmap it too. A fresh
+   segment per batch cost its writer 88 us of page faults per 224px sample and 26 us to free its
+   pages, against 3 us to write a mapped one again (measured): a tenth of a worker's time. A segment is a memfd
    on Linux, shared by the path /proc/RANK_PID/fd/N: nothing to unlink, freed with the last map,
    so a kill -9 leaves nothing behind; elsewhere a file in /dev/shm (or the temporary folder)
    removed at close. A batch larger than its slot gets a new, larger segment; a worker maps a
@@ -39,20 +44,24 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    (cudaHostRegister), so the copy to the GPU is asynchronous.
 4. Requests. Per batch the rank sends each worker with samples to do one request: (ticket, slot,
    segment paths and sizes, capacity, offsets[n + 1], ids[n], epoch, lo, hi): samples lo..hi-1.
-   A worker answers every request, in order: ("ok", ticket, seconds) once its pixels are written,
-   or ("error", ticket, message naming the sample). `collect` reads one answer from each worker
-   of the oldest batch, all of them even when one is an error (requests and answers stay paired),
+   A worker answers every request, in order: ("ok", ticket, seconds, native) once its pixels are
+   written, or ("error", ticket, message naming the sample, native); native: its compiled kernels
+   (dstore.kernels) are loaded, which happens in the background after its start (`native`).
+   `collect` reads one answer from each worker of the oldest batch, all of them even when one is
+   an error (requests and answers stay paired),
    then raises the error as a SampleError. A dead worker is EOF on its answers pipe: a DStoreError
    naming it and its exit status.
 5. Reuse. A slot is written again only after its batch was collected and, on a GPU, after the
    copy out of it finished (the CUDA event given to `release`).
 6. Determinism. A sample's pixels and parameters are a function of (seed, epoch, sample id): the
-   worker seeds numpy's Generator with [seed, epoch, id], as the decode threads do, and which
-   worker decodes a sample changes nothing.
+   worker draws from `KeyedDraws(seed, epoch, id)` for a transform that says it can (`keyed`,
+   dstore.draws), else from numpy's Generator seeded with [seed, epoch, id], as the decode threads
+   do, and which worker decodes a sample changes nothing.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import mmap
@@ -61,8 +70,10 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
+import weakref
 from multiprocessing.connection import Connection, wait
 from typing import Protocol
 
@@ -73,6 +84,9 @@ from dstore.errors import DStoreError, SampleError
 _LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPIR_", "I_MPI_",
                   "SLURM_STEP_", "PALS_")
 STOP_SECONDS = 5.0
+KEEP_HANDED = 4
+"""Output segments the caller let go of that are kept, mapped, to be written again (NOTE 3): counted
+in the rank's budget as that many batches (dstore.capacity.loader_reserve)."""
 WORKER_BYTES = 96 << 20
 """A worker's memory counted in the rank's budget (dstore.training.budget), with a margin: measured
 70 MB RSS decoding 224px batches of 64, of which 19 MB anonymous, 30 MB the shared batch segments it
@@ -116,8 +130,9 @@ class Segment:
 
     _made = 0
 
-    def __init__(self, size: int, pin: bool = False):
+    def __init__(self, size: int, pin: bool = False, capacity: int = 0):
         self.size = max(int(size), 8)
+        self.capacity = int(capacity)  # an output segment's samples (NOTE 3)
         Segment._made += 1
         self.uid = Segment._made  # a path may name a later segment (fd numbers are reused); this never
         self._file = None
@@ -152,21 +167,22 @@ class Segment:
 
     @property
     def array(self) -> np.ndarray:
-        """The segment's bytes (uint8, this process's map); ValueError once closed or handed over."""
+        """The segment's bytes (uint8, this process's map); ValueError once closed."""
         if self._array is None:
-            raise ValueError(f"the segment {self.path} is closed or handed over: its map is gone")
+            raise ValueError(f"the segment {self.path} is closed: its map is gone")
         return self._array
 
-    def hand_over(self):
-        """The segment as a uint8 tensor that owns its memory from now on: the map is freed with the
-        tensor's last view; this object lets go of it (its descriptor closed: every worker mapped it)."""
-        tensor = self.torch()
-        self.tensor = self._array = self.map = None
-        os.close(self.fd)
-        if self._file is not None:
-            os.unlink(self._file)  # mapped by the workers and the tensor: it lives on until they let go
-            self._file = None
-        return tensor
+    def lend(self, back):
+        """The segment as a uint8 tensor for the caller; `back(self)` runs once the tensor's last
+        view is gone (NOTE 3: the segment is then a spare). The tensor views a numpy array of its
+        own, made here and held by nothing else, whose end `weakref.finalize` reports."""
+        import torch
+
+        if self.map is None:
+            raise ValueError(f"the segment {self.path} is closed: it cannot be lent")
+        view = np.frombuffer(self.map, np.uint8)
+        weakref.finalize(view, back, self)
+        return torch.frombuffer(view, dtype=torch.uint8)
 
     def torch(self):
         """The segment as a uint8 torch tensor (made once)."""
@@ -185,12 +201,16 @@ class Segment:
                 cudart.cudaHostUnregister(tensor.data_ptr())
             self._pinned = False
         self.tensor = self._array = None
-        if self.map is not None:  # None once handed over: the tensor owns it
+        if self.map is not None:
             try:
                 self.map.close()
             except BufferError:  # a batch tensor still views it: the map goes with the last view
                 pass
+            self.map = None
+        if self.fd < 0:
+            return
         os.close(self.fd)
+        self.fd = -1
         if self._file is not None:
             os.unlink(self._file)
             self._file = None
@@ -257,9 +277,20 @@ class DecodeWorkers:
                                     "hint": size if hint is None else hint, "defer": self.defer,
                                     "transform": transform, "seed": int(seed), "finish": not on_device})
         self.slots = [Slot() for _ in range(slots)]
+        self._spare: collections.deque[Segment] = collections.deque()  # NOTE 3: let go of by the caller
+        self._retired: list[int] = []  # uids of closed spares the workers have yet to unmap
+        self._lock = threading.Lock()  # spares come back in whichever thread drops a batch's last view
+        self._closed = False
         self.procs, self._to, self._from = [], [], []
+        self._native = [False] * self.n  # per worker: its compiled kernels loaded, as of its last answer
         self._seq = 0
         self.pids = []
+
+    @property
+    def native(self) -> bool:
+        """Whether every worker had its compiled kernels (dstore.kernels) loaded at its last answer:
+        they load in the background after the start, the numpy path serving until then."""
+        return all(self._native)
 
     # ---------------------------------------------------------------- start and stop
     def start(self) -> None:
@@ -281,7 +312,8 @@ class DecodeWorkers:
         for k in range(self.n):
             self._to[k].send_bytes(self._setup)
         for k in range(self.n):
-            kind, pid, _ = self._answer(k)
+            kind, pid, _, native = self._answer(k)
+            self._native[k] = native
             if kind != "ready":
                 raise DStoreError(f"decode worker {k} could not start: {pid}")
             self.pids.append(pid)
@@ -309,6 +341,31 @@ class DecodeWorkers:
                 if seg is not None:
                     seg.close()
             slot.inp = slot.out = None
+        with self._lock:
+            self._closed = True
+            spare, self._spare = list(self._spare), collections.deque()
+        for seg in spare:
+            seg.close()
+
+    def _back(self, seg: Segment) -> None:
+        """A lent output segment whose batch the caller let go of (NOTE 3): kept as a spare, or
+        closed (past KEEP_HANDED spares, or once the workers are closed)."""
+        with self._lock:
+            if not self._closed and len(self._spare) < KEEP_HANDED:
+                self._spare.append(seg)
+                return
+            if not self._closed:
+                self._retired.append(seg.uid)
+        seg.close()
+
+    def _spare_for(self, n: int) -> Segment | None:
+        """A spare output segment with room for `n` samples (NOTE 3), or None."""
+        with self._lock:
+            for seg in self._spare:
+                if seg.capacity >= n:
+                    self._spare.remove(seg)
+                    return seg
+        return None
 
     # ---------------------------------------------------------------- per batch
     def submit(self, batch) -> Ticket:
@@ -331,7 +388,8 @@ class DecodeWorkers:
         parts = [(w, a, b) for w, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
         base = {"ticket": seq, "slot": k, "in": (inp.path, inp.size, inp.uid),
                 "out": (out.path, out.size, out.uid), "capacity": slot.capacity,
-                "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh}
+                "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh,
+                "retired": self._take_retired()}
         for w, a, b in parts:
             try:
                 self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
@@ -347,13 +405,22 @@ class DecodeWorkers:
             if inp is not None:
                 inp.close()
             inp = slot.inp = Segment(int(nbytes * 1.25) + 4096)
-        if self.fresh or out is None or slot.capacity < n:
+        if self.fresh and out is None:
+            out = self._spare_for(n)
+        if out is None or out.capacity < n:
             if out is not None:
                 out.close()
-            slot.capacity = max(n, 1)
-            out = slot.out = Segment(params_offset(slot.capacity, self.shape) + 4 * NPARAMS * slot.capacity,
-                                     pin=self.pin)
+                with self._lock:
+                    self._retired.append(out.uid)
+            cap = max(n, 1)
+            out = Segment(params_offset(cap, self.shape) + 4 * NPARAMS * cap, pin=self.pin, capacity=cap)
+        slot.out, slot.capacity = out, out.capacity
         return inp, out
+
+    def _take_retired(self) -> list[int]:
+        with self._lock:
+            gone, self._retired = self._retired, []
+        return gone
 
     def collect(self, ticket: Ticket):
         """Waits for `ticket`'s answers (NOTE 4): (pixels uint8 [n, C, H, W], parameters int32
@@ -361,7 +428,8 @@ class DecodeWorkers:
         (one segment per batch, the batch part applied) without `on_device`."""
         secs, error = 0.0, None
         for w in ticket.workers:
-            kind, seq, value = self._answer(w)
+            kind, seq, value, native = self._answer(w)
+            self._native[w] = native
             if seq != ticket.seq:
                 raise DStoreError(f"decode worker {w} answered batch {seq} where {ticket.seq} was due (a bug)")
             if kind == "ok":
@@ -371,8 +439,8 @@ class DecodeWorkers:
         if error is not None:
             raise SampleError(f"decode worker: {error}")
         slot = self.slots[ticket.slot]
-        if self.fresh:
-            whole, slot.out = slot.output().hand_over(), None
+        if self.fresh:  # NOTE 3: the caller's from now on, a spare again once it lets go
+            whole, slot.out = slot.output().lend(self._back), None
         else:
             whole = slot.output().torch()
         c, h, w = self.shape

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from dstore.decode_worker import KEEP_HANDED
 from dstore.errors import MemoryBudgetError
 from dstore.store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget
-from dstore.workers import WORKER_BYTES
+from dstore.workers import KEEP_HANDED, WORKER_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
 import scenarios

@@ -211,3 +211,61 @@ def test_two_ranks_of_workers_and_a_resume_on_one_rank_give_the_same_pixels(jpeg
             ld.load_state_dict(json.loads((tmp_path / "state.json").read_text()))
             rest = [(x, y, ld.last_ids.copy()) for x, y in ld]
     assert _same(rest, ref[1:])
+
+
+def test_a_batch_let_go_of_is_written_again_and_a_held_one_never(jpegs):
+    """NOTE [decode workers] 3: on the CPU a batch's segment comes back once the caller drops the
+    batch, and is written again (no new segments in an epoch whose batches are dropped); a batch
+    still held is never written; spares past KEEP_HANDED are closed and the workers unmap them."""
+    from dstore import workers as wk
+
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=3) as st, \
+            StoreLoader(st, size=(32, 32), channels=3, workers=1) as ld:
+        for _ in ld.epoch(0):  # the ring and its spares made
+            pass
+        made = wk.Segment._made
+        for e in (1, 2, 3):  # 30 batches: how many are in flight at once varies by a batch or so
+            for _ in ld.epoch(e):
+                pass
+        assert wk.Segment._made - made <= 2
+        made = wk.Segment._made
+        held = [(x, x.clone()) for x, _ in ld.epoch(4)]
+        for _ in ld.epoch(5):
+            pass
+        assert wk.Segment._made - made >= 5  # the held batches' segments could not serve
+        assert all(torch.equal(x, c) for x, c in held)
+        del held  # ten segments back at once: four kept, the rest closed and retired
+        for _ in ld.epoch(6):
+            pass
+        with open(f"/proc/{ld._workers.pids[0]}/maps") as fh:
+            maps = {line.split()[0] for line in fh if "dstore-decode" in line}
+        assert len(maps) <= 2 * len(ld._workers.slots) + wk.KEEP_HANDED + 2, maps
+
+
+def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs):
+    """At 72 x 72 (over dstore.kernels.NATIVE_MIN_PIXELS) the per-sample pass is the compiled one once
+    it is loaded, in the rank's threads and in the workers: the batches of an epoch served after
+    the load equal those of the numpy path (DSTORE_NATIVE=0 for the threads and in the workers)."""
+    from dstore import kernels
+
+    big = ImageTransform(**{**TRANSFORM.__dict__, "size": (72, 72), "pad": 9})
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
+        assert kernels.available()
+        fast = _run(st, 1, transform=big, decode_threads=2)
+        with StoreLoader(st, size=(72, 72), channels=3, transform=big, workers=2) as ld:
+            deadline = time.monotonic() + 60
+            while not ld._workers.native and time.monotonic() < deadline:  # epochs until both loaded
+                for _ in ld.epoch(0):
+                    pass
+            assert ld._workers.native
+            in_workers = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
+        os.environ["DSTORE_NATIVE"] = "0"
+        kernels._reset()
+        try:
+            slow = _run(st, 1, transform=big, decode_threads=2)
+            slow_workers = _run(st, 1, transform=big, workers=1)
+        finally:
+            del os.environ["DSTORE_NATIVE"]
+            kernels._reset()
+    assert fast[0][0].shape[1:] == (3, 72, 72)
+    assert _same(fast, slow) and _same(fast, in_workers) and _same(fast, slow_workers)
