@@ -154,9 +154,6 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
-    c, h, w = setup["shape"]
-    if h * w >= kernels.NATIVE_MIN_PIXELS:  # load the kernels while waiting for the first request
-        kernels.start()
     conn_out.send_bytes(pickle.dumps(("ready", os.getpid(), 0.0, kernels.loaded())))
     segs = Segments()
     while True:

@@ -9,13 +9,15 @@ resize and crop and 40 us of CHW copy, each numpy call a full pass over a few hu
 intermediate a new array; the kernel makes one pass and writes the batch buffer directly.
 
 numba is optional: where it does not import (or `DSTORE_NATIVE=0`), the callers use the numpy
-reference, with the same pixels. Loading the kernels costs a process about 1.2 s the first time
-(numba's import, 0.25 s, and its on-disk cache of them, `cache=True`; compiling them anew takes
-longer), so it happens in a background thread started by the first sample that wants them, and
-until it is done that sample and the next ones take the numpy path: a first batch never waits
-for numba. Outputs under NATIVE_MIN_PIXELS (digits, CIFAR) always do: there the kernel saves
-a few microseconds a sample, less than loading it costs a short job. `available()` waits for
-the load (tests and measurements).
+reference, with the same pixels. Loading the kernels costs a process about 1 s of CPU (numba's
+import, 0.2 s, and its on-disk cache of them, `cache=True`, 0.9 s for the first; compiling them
+anew takes longer), which pays for itself after about 4,000 224px samples (a quarter of a
+millisecond saved on each). So a process takes the numpy path for its first `DSTORE_NATIVE_AFTER` (2,000) such samples,
+then loads the kernels in a background thread and goes on with numpy until they are loaded: a
+short job, a first batch and an epoch 0 never wait for numba (loading at once made the first
+epoch of 480 samples 1.5 s instead of 0.44 s here, two decode threads). Outputs under
+NATIVE_MIN_PIXELS (digits, CIFAR) never load them: there the kernel saves a few microseconds a
+sample. `available()` loads them and waits (tests and measurements).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ BAND = 8
 """Output rows a band of the RGB resize (`resize_rgb`) makes at once: the row pass's scratch is
 BAND rows, not the whole image's (as fast here: 83 us per 224px sample either way)."""
 NATIVE_MIN_PIXELS = 64 * 64
-"""Outputs of fewer pixels (H x W) take the numpy path, and do not start the kernels' load."""
+"""Outputs of fewer pixels (H x W) take the numpy path, and do not count towards DSTORE_NATIVE_AFTER."""
+_wanted = 0  # samples of NATIVE_MIN_PIXELS or more so far (no lock: the order of a few does not matter)
+_load_after: int | None = None  # DSTORE_NATIVE_AFTER, read at the first such sample
 
 _kernels = None  # the loaded namespace once `_load` is done, else None
 _loader: threading.Thread | None = None
@@ -76,11 +80,11 @@ def available() -> bool:
 
 
 def _reset() -> None:
-    """Forgets the loaded kernels (tests: after changing DSTORE_NATIVE)."""
-    global _kernels, _loader
+    """Forgets the loaded kernels and the samples counted (tests: after changing DSTORE_NATIVE)."""
+    global _kernels, _loader, _wanted, _load_after
     if _loader is not None:
         _loader.join()
-    _kernels, _loader = None, None
+    _kernels, _loader, _wanted, _load_after = None, None, 0, None
 
 
 def _load() -> None:
@@ -91,13 +95,10 @@ def _load() -> None:
     if k is None:
         return
     try:
-        for c in (3, 1):
-            for readonly in (False, True):
-                img = np.zeros((6, 5, c), np.uint8)
-                img.flags.writeable = not readonly
-                out = np.empty((c, 4, 4), np.uint8)
-                _resize_chw(k, img, (0, 0, 6, 5), (4, 4), out, (1, -1), True)
-                _resize_chw(k, img, (0, 0, 6, 5), (2, 2), out[:, :2, :2].copy(), (0, 0), False)  # box-averaged
+        for c in (3, 1):  # a read-only image (raw samples) or a strided output: loaded at first use
+            img = np.zeros((6, 5, c), np.uint8)
+            _resize_chw(k, img, (0, 0, 6, 5), (4, 4), np.empty((c, 4, 4), np.uint8), (1, -1), True)
+            _resize_chw(k, img, (0, 0, 6, 5), (2, 2), np.empty((c, 2, 2), np.uint8), (0, 0), False)  # box-averaged
     except Exception:  # noqa: BLE001 - a kernel that cannot compile here: the numpy path serves
         return
     _kernels = k
@@ -267,7 +268,13 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
     th, tw = int(size[0]), int(size[1])
     if img.dtype != np.uint8 or img.ndim != 3 or out.shape != (img.shape[2], th, tw):
         raise ValueError(f"resize_chw: image {img.shape} {img.dtype} into {out.shape}, size {(th, tw)}")
-    k = _compiled() if th * tw >= NATIVE_MIN_PIXELS else None
+    global _wanted, _load_after
+    k = None
+    if th * tw >= NATIVE_MIN_PIXELS:
+        if _load_after is None:
+            _load_after = int(rc.NATIVE_AFTER.get())
+        _wanted += 1
+        k = _kernels if _wanted <= _load_after else _compiled()
     if k is None:
         from dstore import resize as rs
 

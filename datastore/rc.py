@@ -102,11 +102,15 @@ ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
 NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
     "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
     "(dstore.kernels, numba; the same pixels)"))
+NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
+    "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
+    "(dstore.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV,
-                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, MPICH_NOLOCAL)}
+                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
+                               MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 

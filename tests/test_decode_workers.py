@@ -252,13 +252,17 @@ def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
         assert kernels.available()
         fast = _run(st, 1, transform=big, decode_threads=2)
-        with StoreLoader(st, size=(72, 72), channels=3, transform=big, workers=2) as ld:
-            deadline = time.monotonic() + 60
-            while not ld._workers.native and time.monotonic() < deadline:  # epochs until both loaded
-                for _ in ld.epoch(0):
-                    pass
-            assert ld._workers.native
-            in_workers = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
+        os.environ["DSTORE_NATIVE_AFTER"] = "1"  # the workers load them after their first sample
+        try:
+            with StoreLoader(st, size=(72, 72), channels=3, transform=big, workers=2) as ld:
+                deadline = time.monotonic() + 60
+                while not ld._workers.native and time.monotonic() < deadline:  # epochs until both loaded
+                    for _ in ld.epoch(0):
+                        pass
+                assert ld._workers.native
+                in_workers = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
+        finally:
+            del os.environ["DSTORE_NATIVE_AFTER"]
         os.environ["DSTORE_NATIVE"] = "0"
         kernels._reset()
         try:

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not in
 
 def _kernel(img, box, size, out, shift=(0, 0), flip=False):
     """The kernels on any size (`resize_chw` itself takes the numpy path under NATIVE_MIN_PIXELS)."""
+    assert kernels.available()
     kernels._resize_chw(kernels._kernels, img, box, size, out, shift, flip)
 
 
@@ -110,7 +111,7 @@ def test_without_numba_the_numpy_reference_serves(monkeypatch):
     rng = np.random.default_rng(2)
     img = rng.integers(0, 256, (190, 170, 3), dtype=np.uint8)
     fast = np.empty((3, 70, 80), np.uint8)
-    kernels.resize_chw(img, (3, 4, 180, 160), (70, 80), fast, shift=(2, -5), flip=True)
+    _kernel(img, (3, 4, 180, 160), (70, 80), fast, (2, -5), True)
     monkeypatch.setenv("DSTORE_NATIVE", "0")
     kernels._reset()
     try:
@@ -120,23 +121,37 @@ def test_without_numba_the_numpy_reference_serves(monkeypatch):
     finally:
         monkeypatch.delenv("DSTORE_NATIVE")
         kernels._reset()
-    assert np.array_equal(fast, slow) and kernels.available()
+    assert np.array_equal(fast, slow) and kernels.available() and kernels._kernels is not None
 
 
-def test_a_first_sample_does_not_wait_for_the_kernels(monkeypatch):
-    """Before the background load is done the numpy path serves (the same pixels)."""
+def test_the_kernels_load_after_some_samples_and_nobody_waits(monkeypatch):
+    """The first DSTORE_NATIVE_AFTER samples take the numpy path and start no load; the next one
+    starts it and does not wait for it (the numpy path serves until it is done, the same pixels)."""
     kernels._reset()
+    monkeypatch.setenv("DSTORE_NATIVE_AFTER", "3")
     gate = threading.Event()
     real = kernels._load
     monkeypatch.setattr(kernels, "_load", lambda: (gate.wait(10), real()))
     img = np.random.default_rng(4).integers(0, 256, (120, 100, 3), dtype=np.uint8)
-    first, later = np.empty((3, 64, 64), np.uint8), np.empty((3, 64, 64), np.uint8)
-    kernels.resize_chw(img, (0, 0, 120, 100), (64, 64), first)  # starts the load, does not wait
-    assert kernels._kernels is None
-    gate.set()
-    assert kernels.available()
-    kernels.resize_chw(img, (0, 0, 120, 100), (64, 64), later)
-    assert np.array_equal(first, later)
+    outs = [np.empty((3, 64, 64), np.uint8) for _ in range(6)]
+    try:
+        for out in outs[:3]:
+            kernels.resize_chw(img, (0, 0, 120, 100), (64, 64), out)
+        assert kernels._loader is None  # not started yet
+        kernels.resize_chw(img, (0, 0, 120, 100), (64, 64), outs[3])  # starts the load, does not wait
+        assert kernels._loader is not None and kernels._kernels is None
+        small = np.empty((3, 8, 8), np.uint8)
+        kernels.resize_chw(img, (0, 0, 120, 100), (8, 8), small)  # under NATIVE_MIN_PIXELS: not counted
+        gate.set()
+        assert kernels.available()
+        kernels.resize_chw(img, (0, 0, 120, 100), (64, 64), outs[4])
+        _kernel(img, (0, 0, 120, 100), (64, 64), outs[5])
+    finally:
+        gate.set()
+        monkeypatch.delenv("DSTORE_NATIVE_AFTER")
+        kernels._reset()
+        kernels.available()
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
 def test_the_kernel_refuses_a_mismatched_output():
