@@ -23,7 +23,6 @@ flip; uint8 out, normalised on the device), or none with --transform none.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import resource
@@ -33,13 +32,13 @@ import subprocess
 import tempfile
 import time
 
-import simplejpeg
 import torch
 from mpi4py import MPI
 
 from dstore import kernels
 from dstore.decode import dct_scale
 from dstore.store import DataStore
+from dstore.tools.measure import decoder_alone
 from dstore.torch import StoreLoader
 from dstore.training.augment import ImageTransform, default_augmentation
 from dstore.training.models import build_model
@@ -136,12 +135,11 @@ def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
 
 
 def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> float:
-    """Samples/s of simplejpeg alone in `threads` threads, the best of two passes over the same
-    `count` samples: its full decode, or (`scaled`) at the DCT scale the loader decodes at
-    (dstore.decode.dct_scale: 1/2, 1/4 or 1/8 where that still covers args.size, else full). Each
-    thread decodes its share in a loop and keeps no output, as the loader does: an earlier version
-    kept every decoded image (a list of `pool.map`'s results), so each decode wrote fresh pages,
-    which cost it about a fifth of its rate and flattered the loader against it."""
+    """Samples/s of simplejpeg alone in `threads` threads over the first `count` samples
+    (decoder_alone.rate: no output kept, the best of two passes): its full decode, or (`scaled`) at
+    the DCT scale the loader decodes at (dstore.decode.dct_scale: 1/2, 1/4 or 1/8 where that still
+    covers args.size, else full). An earlier version kept every decoded image, so each decode wrote
+    fresh pages, which cost it about a fifth of its rate and flattered the loader against it."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st:
         blobs, it = [], st.epoch(0)
         for b in it:
@@ -150,19 +148,7 @@ def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> flo
                 break
         it.close()
     size = (args.size, args.size)
-    mins = [dct_scale(b, size) if scaled else (0, 0) for b in blobs]
-
-    def share(k: int) -> None:
-        for b, (mh, mw) in zip(blobs[k::threads], mins[k::threads]):
-            simplejpeg.decode_jpeg(b, min_height=mh, min_width=mw)
-
-    best = 0.0
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        for _ in range(2):
-            t0 = time.perf_counter()
-            list(pool.map(share, range(threads)))
-            best = max(best, len(blobs) / (time.perf_counter() - t0))
-    return best
+    return decoder_alone.rate(blobs, threads, [dct_scale(b, size) for b in blobs] if scaled else None)
 
 
 def model_rate(args) -> float:

@@ -10,19 +10,20 @@ same program. Prints one JSON line.
 install lays them out). 6 warm-up epochs (workers started, kernels loaded), then 3 timed.
 """
 
-import concurrent.futures
 import json
 import os
 import sys
 import time
 
-import simplejpeg
 from mpi4py import MPI
 
 import dstore
 from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training.augment import ImageTransform, default_augmentation
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decoder_alone
 
 
 def main(argv: list[str]) -> int:
@@ -36,16 +37,7 @@ def main(argv: list[str]) -> int:
         for b in st.epoch(0):
             blobs += [bytes(x) for x in b.samples]
 
-        def share(k):
-            for b in blobs[k::n]:
-                simplejpeg.decode_jpeg(b)
-
-        best = 0.0
-        with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            for _ in range(2):
-                t0 = time.perf_counter()
-                list(pool.map(share, range(n)))
-                best = max(best, len(blobs) / (time.perf_counter() - t0))
+        best = decoder_alone.rate(blobs, n)
         with StoreLoader(st, transform=tf, workers=n, resize_on="worker") as ld:
             for e in range(6):  # warm-up: workers started, kernels loaded (DSTORE_NATIVE_AFTER=1)
                 for _ in ld.epoch(e):
