@@ -87,10 +87,13 @@ STOP_SECONDS = 5.0
 KEEP_HANDED = 4
 """Output segments the caller let go of that are kept, mapped, to be written again (NOTE 3): counted
 in the rank's budget as that many batches (dstore.capacity.loader_reserve)."""
-WORKER_BYTES = 96 << 20
-"""A worker's memory counted in the rank's budget (dstore.training.budget), with a margin: measured
-70 MB RSS decoding 224px batches of 64, of which 19 MB anonymous, 30 MB the shared batch segments it
-maps (counted with the batches) and the rest the interpreter's and libraries' pages."""
+WORKER_BYTES = 128 << 20
+"""A worker's own memory counted in the rank's budget (dstore.training.budget), with a margin:
+measured 248 MB RSS decoding 224px batches of 64 once its compiled kernels are loaded
+(dstore.kernels), of which 93 MB anonymous (20 MB before them: numba and LLVM hold the rest), 57 MB
+the shared batch segments it maps (counted with the batches) and 97 MB file pages of the
+interpreter and its libraries, shared by all the workers and the rank (dstore.kernels.RESERVE_BYTES,
+counted once)."""
 
 
 NPARAMS = 8

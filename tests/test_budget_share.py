@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from dstore.errors import MemoryBudgetError
+from dstore.kernels import RESERVE_BYTES
 from dstore.store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget
 from dstore.workers import KEEP_HANDED, WORKER_BYTES
@@ -53,12 +54,15 @@ def test_loader_reserve_counts_batches_and_decode_threads():
     got = loader_reserve(local_batch=32, input_shape=(224, 224, 3), image_shape=(375, 500, 3),
                          mean_sample_bytes=110_000, decode_threads=4, loaders=2)
     per = 3 * 32 * (110_000 + 2 * 224 * 224 * 3) + 4 * 2 * 375 * 500 * 3
-    assert got == 2 * per
+    assert got == 2 * per + RESERVE_BYTES  # 224 x 224: the compiled kernels load, once per rank
     # decode workers: the training loader's threads replaced by processes and the batches they keep mapped
     with_workers = loader_reserve(local_batch=32, input_shape=(224, 224, 3), image_shape=(375, 500, 3),
                                   mean_sample_bytes=110_000, decode_threads=4, loaders=2, workers=3)
     assert with_workers == 2 * per - 4 * 2 * 375 * 500 * 3 + 3 * (WORKER_BYTES + 2 * 375 * 500 * 3) + \
-        KEEP_HANDED * 32 * 224 * 224 * 3
+        KEEP_HANDED * 32 * 224 * 224 * 3 + RESERVE_BYTES
+    small = loader_reserve(local_batch=32, input_shape=(32, 32, 3), image_shape=(32, 32, 3), mean_sample_bytes=3_000,
+                           decode_threads=4)  # under NATIVE_MIN_PIXELS: no kernels
+    assert small == 3 * 32 * (3_000 + 2 * 32 * 32 * 3) + 4 * 2 * 32 * 32 * 3
 
 
 def test_stores_over_budget_share_it_and_still_deliver_every_sample(container):

@@ -101,8 +101,9 @@ def test_the_budget_holds_the_stores_buffers_not_the_interpreter():
     # A 10 MB share per rank and a 9 MB budget: the store keeps 9 MB less its buffers resident;
     # the interpreter and the metadata are not in the store's budget, the loaders' reserve is in
     # the trainer's.
+    # (32 x 32 inputs: a 224 x 224 one would add the compiled kernels' 144 MiB, more than this budget)
     cl = capacity.Cluster(nodes=2, ranks_per_node=1, memory_per_node=1e9, memory_budget=9e6, batch_size=2,
-                          trainer=False)
+                          trainer=False, input_shape=(32, 32, 3), image_shape=(32, 32, 3))
     f = capacity.forecast(200, 1e5, cl, PFS8, largest_step_bytes=2e5, replicate=False)
     bufs = 3 * 2e5 + 5 * 2e5  # prefetch + 1 receive buffers, storage_lookahead + 1 storage buffers
     assert f["resident_fraction"] == pytest.approx((9e6 - bufs) / 1e7)
