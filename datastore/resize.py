@@ -1,12 +1,13 @@
 """A fixed-point bilinear resize that gives the same uint8 pixels per sample (numpy) and per batch
 (torch, on any device).
 
-The loader's one resize. JPEGs arrive already reduced in the DCT domain (simplejpeg decodes at
-the smallest M/8 scale still at least the target, `dstore.decode`), so what is left is a scale
-between 1 and about 1.6; a two-tap bilinear is right for that (it aliases only past 2x, where
-`box_reduce` first averages whole blocks, as the DCT scaling does for JPEGs). Pillow's antialiased
-bilinear took 0.6-0.8 ms per 224px sample here; this one about half of that in numpy, and as a
-batch op it runs on the GPU (`resize_batch`), where the decode workers then only decode and crop.
+The loader's one resize. JPEGs arrive reduced in the DCT domain where 1/2, 1/4 or 1/8 still
+covers the target (`dstore.decode.dct_scale`), so what is left is a scale between 1 and 2; a
+two-tap bilinear is right for that (it aliases only past 2x, where `box_reduce` first averages
+whole blocks, as the DCT scaling does for JPEGs). Pillow's antialiased bilinear took 0.6-0.8 ms
+per 224px sample here; this one about half of that in numpy, about an eighth compiled
+(`dstore.kernels`, the same pixels: this module is its reference), and as a batch op it runs on
+the GPU (`resize_batch`), where the decode workers then only decode and crop.
 
 The arithmetic (half-pixel centres, as OpenCV's INTER_LINEAR and torch's align_corners=False):
 for output index j of n_out from n_in, the source coordinate in 1/256 units is

@@ -128,12 +128,14 @@ class StoreLoader(torch.utils.data.IterableDataset):
             ndarray, returning a CHW tensor or an ndarray: either one-argument (torchvision style,
             `fn(array)`) or seeded (`seeded(fn)` with `fn(array, rng)`: a numpy Generator seeded
             from (store seed, epoch, sample id), so augmentation is reproducible whatever the
-            thread or rank count). The array may be a read-only view of the sample's bytes (raw
-            encoding): copy before changing it in place.
+            thread or rank count; a transform with a true `keyed` attribute, as ImageTransform,
+            gets a `dstore.draws.KeyedDraws` of that key instead). The array may be a read-only
+            view of the sample's bytes (raw encoding): copy before changing it in place.
         decode_threads: decode threads (`num_threads` is its deprecated old name).
         channels: 1 or 3 to convert images to; None keeps grey as 1 and the rest as RGB.
-        size: (H, W) or an int: resize every decoded image to it (JPEG decodes at the smallest DCT
-            scale still at least this large). Without it, all samples of a batch must share a shape.
+        size: (H, W) or an int: resize every decoded image to it (JPEG decodes at 1/2, 1/4 or 1/8
+            where that is still at least this large, dstore.decode.dct_scale). Without it, all
+            samples of a batch must share a shape.
         ahead: batches decoding ahead of the one returned (>= 1). 1 decodes straight from the
             store's views (no copy) but lets one slow batch show as waiting; >= 2 copies each
             fetched batch's bytes once (see the module docstring).
