@@ -12,10 +12,11 @@ numba is optional: where it does not import (or `DSTORE_NATIVE=0`), the callers 
 reference, with the same pixels. Loading the kernels costs a process about 1 s of CPU (numba's
 import, 0.2 s, and its on-disk cache of them, `cache=True`, 0.9 s for the first; compiling them
 anew takes longer), which pays for itself after about 4,000 224px samples (a quarter of a
-millisecond saved on each). So a process takes the numpy path for its first `DSTORE_NATIVE_AFTER` (2,000) such samples,
-then loads the kernels in a background thread and goes on with numpy until they are loaded: a
-short job, a first batch and an epoch 0 never wait for numba (loading at once made the first
-epoch of 480 samples 1.5 s instead of 0.44 s here, two decode threads). Outputs under
+millisecond saved on each). So a process takes the numpy path for its first
+`DSTORE_NATIVE_AFTER` (2,000) such samples, then loads the kernels in a background thread and
+goes on with numpy until they are loaded: a short job, a first batch and an epoch 0 never wait
+for numba (loading at once made the first epoch of 480 samples 1.5 s instead of 0.44 s here, two
+decode threads). Outputs under
 NATIVE_MIN_PIXELS (digits, CIFAR) never load them: there the kernel saves a few microseconds a
 sample. `available()` loads them and waits (tests and measurements).
 """
@@ -270,10 +271,10 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
     `dstore.resize.shift` does by `shift` = (dy, dx), flipped left-right where `flip`; the kernel
     where it is loaded (and the output has NATIVE_MIN_PIXELS or more), else the numpy reference,
     with the same pixels."""
+    global _wanted, _load_after
     th, tw = int(size[0]), int(size[1])
     if img.dtype != np.uint8 or img.ndim != 3 or out.shape != (img.shape[2], th, tw):
         raise ValueError(f"resize_chw: image {img.shape} {img.dtype} into {out.shape}, size {(th, tw)}")
-    global _wanted, _load_after
     k = None
     if th * tw >= NATIVE_MIN_PIXELS:
         if _load_after is None:
