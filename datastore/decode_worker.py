@@ -22,7 +22,7 @@ import numpy as np
 
 from dstore import kernels
 from dstore.decode import decode_sample, resize
-from dstore.draws import KeyedDraws
+from dstore.draws import draws_for
 from dstore.kernels import resize_chw
 from dstore.workers import NPARAMS, params_offset
 
@@ -96,7 +96,6 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     offsets, ids, epoch = req["offsets"], req["ids"], req["epoch"]
     tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]
     into = tf is not None and hasattr(tf, "sample_into")
-    keyed = bool(getattr(tf, "keyed", False))  # as the decode threads (dstore.torch), NOTE [decode workers] 6
     for i in range(req["lo"], req["hi"]):
         sid = int(ids[i])
         name = f"sample {sid}"
@@ -108,8 +107,7 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
                 continue
             arr = resize(arr, size)
         if tf is not None:
-            key = (setup["seed"], epoch, sid)
-            rng = KeyedDraws(*key) if keyed else np.random.default_rng(key)
+            rng = draws_for(tf, (setup["seed"], epoch, sid))  # as the decode threads, NOTE [decode workers] 6
             if into and not defer:  # the whole per-sample part in one pass, straight into the batch
                 try:
                     p = tf.sample_into(arr, rng, pixels[i], finish=setup["finish"])

@@ -61,3 +61,14 @@ class KeyedDraws:
         if size is None:
             return low + (high - low) * self.random()
         return tuple(low + (high - low) * self.random() for _ in range(int(size)))
+
+
+def draws_for(transform, key):
+    """What a seeded `transform` draws sample `key` from: a KeyedDraws where it says it takes one
+    (a true `keyed` attribute, as ImageTransform), else numpy's Generator seeded with `key`. The
+    one rule of the decode threads (dstore.torch) and the decode workers (dstore.decode_worker)."""
+    if getattr(transform, "keyed", False):
+        return KeyedDraws(*key)
+    import numpy as np
+
+    return np.random.default_rng(list(key))

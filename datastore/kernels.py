@@ -24,7 +24,6 @@ sample. `available()` loads them and waits (tests and measurements).
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import types
 
@@ -46,14 +45,15 @@ _wanted = 0  # samples of NATIVE_MIN_PIXELS or more so far (no lock: the order o
 _load_after: int | None = None  # DSTORE_NATIVE_AFTER, read at the first such sample
 
 _kernels = None  # the loaded namespace once `_load` is done, else None
-_loader: threading.Thread | None = None
+_loader: threading.Thread | bool | None = None  # the loading thread; False: turned off (DSTORE_NATIVE=0)
 _load_lock = threading.Lock()
 
 
 def _compiled():
     """The kernels if they are loaded, else None, starting their load in the background the first
-    time (see the module docstring); None for good where numba is missing or turned off."""
-    if _kernels is None:
+    time (see the module docstring); None for good where numba is missing or turned off. Once the
+    load has started (or was refused) this is two reads: it runs per sample."""
+    if _kernels is None and _loader is None:
         start()
     return _kernels
 
@@ -65,15 +65,16 @@ def loaded() -> bool:
 
 def start() -> threading.Thread | None:
     """Starts loading the kernels in the background (once); the loading thread, or None where
-    DSTORE_NATIVE=0."""
+    DSTORE_NATIVE=0 (then `_loader` is False until `_reset`: the variable is not read again)."""
     global _loader
-    if not rc.NATIVE.get():
-        return None
     with _load_lock:
         if _loader is None:
+            if not rc.NATIVE.get():
+                _loader = False
+                return None
             _loader = threading.Thread(target=_load, name="dstore-kernels", daemon=True)
             _loader.start()
-        return _loader
+        return _loader if isinstance(_loader, threading.Thread) else None
 
 
 def available() -> bool:
@@ -88,7 +89,7 @@ def available() -> bool:
 def _reset() -> None:
     """Forgets the loaded kernels and the samples counted (tests: after changing DSTORE_NATIVE)."""
     global _kernels, _loader, _wanted, _load_after
-    if _loader is not None:
+    if isinstance(_loader, threading.Thread):
         _loader.join()
     _kernels, _loader, _wanted, _load_after = None, None, 0, None
 
@@ -250,20 +251,6 @@ def _build():
     return types.SimpleNamespace(box_rows=box_rows, rows_any=rows_any, cols_any=cols_any, resize_rgb=resize_rgb)
 
 
-_local = threading.local()
-
-
-def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """This thread's scratch array `name` of `shape`, a view of a buffer that only grows (fresh
-    arrays of a few hundred KB are mapped anew and page-faulted in per call)."""
-    need = math.prod(shape)
-    have = getattr(_local, name, None)
-    if have is None or have.size < need:
-        have = np.empty(need, dtype)
-        setattr(_local, name, have)
-    return have[:need].reshape(shape)
-
-
 def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], out: np.ndarray, *,
                shift: tuple[int, int] = (0, 0), flip: bool = False) -> None:
     """out (uint8 [C, th, tw], any strides) = the part `box` = (top, left, height, width) of the
@@ -306,9 +293,10 @@ def _resize_chw(k, img, box, size, out, shift, flip) -> None:
             part = rs.fit(img[top:top + bh, left:left + bw], (th, tw))
             return _resize_chw(k, part, (0, 0, *part.shape[:2]), (th, tw), out, shift, flip)
         h, w = bh // ky, bw // kx
-        src = _buffer("red", (h, w, c), np.uint8)
+        src = rs.scratch("kernel_red", (h, w, c), np.uint8)
+        acc = rs.scratch("kernel_acc", (w * kx * c,), np.uint32)
         k.box_rows(np.ascontiguousarray(img).reshape(img.shape[0], -1), c, top, left, ky, kx,
-                   np.uint64(-(-(1 << 40) // (ky * kx))), _buffer("acc", (w * kx * c,), np.uint32), src.reshape(h, w * c))
+                   np.uint64(-(-(1 << 40) // (ky * kx))), acc, src.reshape(h, w * c))
         top, left, bh, bw = 0, 0, h, w
     y0, y1, fy = rs.taps(bh, th)
     x0, x1, fx = _utaps(bw, tw)
@@ -320,9 +308,9 @@ def _resize_chw(k, img, box, size, out, shift, flip) -> None:
     flat = src.reshape(src.shape[0], -1) if src.flags.c_contiguous else np.ascontiguousarray(src).reshape(src.shape[0], -1)
     if c == 3:
         k.resize_rgb(flat, top, left, bw, y0, y1, fy, x0, x1, fx, ylo, yhi, xa, xb, dy, dx, bool(flip),
-                     _buffer("rows", (BAND, bw * 4), np.uint16), _buffer("tmp", (tw,), np.uint64), out)
+                     rs.scratch("kernel_rows", (BAND, bw * 4), np.uint16), rs.scratch("kernel_tmp", (tw,), np.uint64), out)
     else:
-        rows = _buffer("rows", (th, bw * c), np.uint16)
+        rows = rs.scratch("kernel_rows_any", (th, bw * c), np.uint16)
         k.rows_any(flat, top, left, bw, y0, y1, fy, max(0, ylo + dy), min(th, yhi + dy), rows)
         k.cols_any(rows, x0, x1, fx, ylo, yhi, xa, xb, dy, dx, bool(flip), out)
 

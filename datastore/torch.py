@@ -41,7 +41,7 @@ import torch
 import torch.utils.data
 
 from dstore.decode import decode_sample, resize
-from dstore.draws import KeyedDraws
+from dstore.draws import draws_for
 from dstore.errors import ConfigError
 from dstore.kernels import resize_chw
 from dstore.torch_epoch import LoaderEpoch
@@ -358,9 +358,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
         if self._seeded:
             key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
-            # a transform that says it can (ImageTransform.keyed) draws from a KeyedDraws (dstore.draws)
-            rng = KeyedDraws(*key) if getattr(self.transform, "keyed", False) else np.random.default_rng(key)
-            out = self.transform(arr, rng)
+            out = self.transform(arr, draws_for(self.transform, key))
         else:
             out = self.transform(arr)
         return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))

@@ -413,8 +413,9 @@ class DecodeWorkers:
         if out is None or out.capacity < n:
             if out is not None:
                 out.close()
-                with self._lock:
-                    self._retired.append(out.uid)
+                if self.fresh:  # a batch's own segment, mapped by uid in the workers (NOTE 3)
+                    with self._lock:
+                        self._retired.append(out.uid)
             cap = max(n, 1)
             out = Segment(params_offset(cap, self.shape) + 4 * NPARAMS * cap, pin=self.pin, capacity=cap)
         slot.out, slot.capacity = out, out.capacity
