@@ -10,7 +10,7 @@ import io
 import numpy as np
 
 from dstore import resize as _resize
-from dstore.errors import SampleError
+from dstore.errors import SampleError, shown
 
 _JPEG_MAGIC = b"\xff\xd8"
 _PNG_MAGIC = b"\x89PNG"
@@ -31,29 +31,48 @@ def sniff(data) -> str:
     return "other"
 
 
+GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N"})
+"""Pillow modes that `decode_image(channels=None)` keeps as one channel (an alpha channel is dropped)."""
+WIDE_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+"""Pillow modes of 16-bit (or 32-bit integer) grey samples, which `Image.convert("L")` would clip to
+255 above 255: `decode_image` scales them to 8 bits itself (`to_8bit`)."""
+
+
 def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int] | None = None,
                  name: str = "<sample>") -> np.ndarray:
     """Decodes encoded image bytes into a uint8 array of shape (H, W, C).
 
+    Every image comes out 8 bits per channel. 16-bit samples are scaled by keeping their high byte
+    (`v >> 8`, `to_8bit`): what Pillow itself does for 48-bit RGB and 16-bit grey+alpha PNGs, and
+    torchvision's `to_dtype(torch.uint8)` for uint16. Images without a defined 8-bit scale are
+    refused (SampleError): 32-bit float (mode F), 32-bit integer outside 0..65535. An alpha channel
+    is dropped (as torchvision's `convert("RGB")`), a palette expanded, CMYK converted.
+
     Args:
         data: the file's bytes (bytes, memoryview or uint8 array).
-        channels: 1 (grey) or 3 (RGB) to convert to; None keeps grey as 1 channel and everything
-            else as RGB.
+        channels: 1 (grey) or 3 (RGB) to convert to; None: the image's own, one channel for a
+            grey image (a grey JPEG, Pillow modes in GREY_MODES) and 3 (RGB) for any other.
         min_size: (H, W) the caller will resize/crop to; lets JPEG decode at a reduced DCT scale
             (1/2, 1/4 or 1/8, `dct_scale`) that is still at least this large.
         name: used in the error message.
 
     Raises:
-        SampleError: naming `name`, if the bytes are not a decodable image.
+        SampleError: naming `name`, if the bytes are not an image this decodes faithfully; its
+            whole message is `shown` (control characters escaped): a decoder may quote the name.
     """
     buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     kind = sniff(buf)
     try:
         if kind == "jpeg" and _simplejpeg is not None:
-            fmt = "GRAY" if channels == 1 else "RGB"
+            if channels is None or min_size is not None:  # the header says both: read it once
+                h, w, space, _ = _simplejpeg.decode_jpeg_header(buf)
+                grey = channels == 1 or (channels is None and space == "Gray")
+                min_h, min_w = _dct_min(int(h), int(w), min_size)
+            else:
+                grey, min_h, min_w = channels == 1, 0, 0
             # simplejpeg reads any buffer, read-only ones too: no copy of the bytes
-            min_h, min_w = dct_scale(buf, min_size)
-            arr = _simplejpeg.decode_jpeg(buf, colorspace=fmt, min_height=min_h, min_width=min_w)
+            arr = _simplejpeg.decode_jpeg(buf, colorspace="GRAY" if grey else "RGB", min_height=min_h,
+                                          min_width=min_w)
             if arr.ndim == 2:
                 arr = arr[:, :, None]
             return arr
@@ -61,16 +80,42 @@ def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int]
 
         with Image.open(io.BytesIO(buf)) as im:
             im.load()
-            if channels == 1 or (channels is None and im.mode in ("L", "1", "I", "I;16", "LA")):
-                im = im.convert("L")
-            else:
-                im = im.convert("RGB")
-            arr = np.asarray(im)
+            arr = _from_pillow(im, channels)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         return arr
+    except _Refused as exc:
+        raise SampleError(shown(f"cannot decode {name} faithfully: {exc}")) from None
     except Exception as exc:  # decoders raise many types; name the sample and keep the cause
-        raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
+        raise SampleError(shown(f"cannot decode {name}: {type(exc).__name__}: {exc}")) from exc
+
+
+class _Refused(Exception):
+    """An image that decodes, but has no faithful 8-bit form (the message says why and what to do)."""
+
+
+def _from_pillow(im, channels: int | None) -> np.ndarray:
+    """A loaded Pillow image as an (H, W) or (H, W, C) uint8 array of `channels` (None: 1 for
+    GREY_MODES, else 3)."""
+    if im.mode == "F":
+        raise _Refused("a 32-bit float image (Pillow mode F) has no defined 8-bit scale; convert it to "
+                       "8 or 16 bits per channel at its source")
+    grey = channels == 1 or (channels is None and im.mode in GREY_MODES)
+    if im.mode not in WIDE_MODES:
+        return np.asarray(im.convert("L" if grey else "RGB"))
+    arr = to_8bit(np.asarray(im), im.mode)
+    return arr if grey else np.repeat(arr[:, :, None], 3, axis=2)
+
+
+def to_8bit(arr: np.ndarray, mode: str) -> np.ndarray:
+    """16-bit grey samples (Pillow modes I;16*, or mode I, which older Pillows open 16-bit PNGs
+    as) as uint8: the high byte, `v >> 8` (65535 -> 255, 256 -> 1, 255 -> 0). Mode I values outside
+    0..65535 (a 32-bit TIFF) have no such scale: refused."""
+    if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
+        raise _Refused(f"a 32-bit integer image (Pillow mode I) with values in {int(arr.min())}..{int(arr.max())}, "
+                       f"outside the 16-bit range 0..65535, has no defined 8-bit scale; convert it to 8 or 16 "
+                       f"bits at its source")
+    return (arr.astype(np.uint32, copy=False) >> 8).astype(np.uint8)
 
 
 DCT_DIVISORS = (8, 4, 2)
@@ -87,9 +132,15 @@ def dct_scale(data, min_size) -> tuple[int, int]:
     picks the smallest M/8 scale that gives at least the minimum, so ceil(side / k) picks 1/k."""
     if min_size is None or _simplejpeg is None:
         return 0, 0
-    want_h, want_w = int(min_size[0]), int(min_size[1])
     header = _simplejpeg.decode_jpeg_header(data)
-    h, w = int(header[0]), int(header[1])
+    return _dct_min(int(header[0]), int(header[1]), min_size)
+
+
+def _dct_min(h: int, w: int, min_size) -> tuple[int, int]:
+    """`dct_scale` of a JPEG of h x w pixels."""
+    if min_size is None:
+        return 0, 0
+    want_h, want_w = int(min_size[0]), int(min_size[1])
     for k in DCT_DIVISORS:
         sh, sw = -(-h // k), -(-w // k)
         if sh >= want_h and sw >= want_w:
@@ -102,7 +153,7 @@ def decode_raw(data, dtype: str, shape: tuple[int, ...], *, name: str = "<sample
     arr = np.frombuffer(data, dtype=np.uint8)
     want = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if arr.size != want:
-        raise SampleError(f"raw sample {name} has {arr.size} bytes, expected {want} for {dtype}{tuple(shape)}")
+        raise SampleError(shown(f"raw sample {name} has {arr.size} bytes, expected {want} for {dtype}{tuple(shape)}"))
     return arr.view(dtype).reshape(shape)
 
 

@@ -132,8 +132,10 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
             pixels[i, :, :ih, :iw] = arr.transpose(2, 0, 1)
             continue
         if arr.shape != (h, w, c):
+            remedy = ("channels=1 or 3 (StoreLoader(channels=...), dstore train --channels)" if arr.shape[2:] != (c,)
+                      else "size=(H, W)")
             raise RuntimeError(f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
-                               f"pass size=(H, W) and channels, or a transform that makes them equal")
+                               f"pass {remedy}, or a transform that makes them equal")
         pixels[i] = arr.transpose(2, 0, 1)
 
 

@@ -1,4 +1,5 @@
-"""The project's exception types; each also subclasses the builtin a caller would expect."""
+"""The project's exception types (each also subclasses the builtin a caller would expect), and `shown`,
+which every name from the data goes through on its way into their messages."""
 
 
 class DStoreError(Exception):
@@ -44,3 +45,12 @@ class MemoryBudgetError(DStoreError, MemoryError):
 class OutputError(DStoreError, OSError):
     """The output cannot be written (read-only file system, no permission, no space); the message
     names the path and the system's reason."""
+
+
+def shown(text: str) -> str:
+    """`text` as printed in a report or an error: every character that is not printable (newlines,
+    terminal escape sequences, other control characters) written as a Python escape, so that a
+    sample's or a class's name cannot end a line or forge another (``a\nOK`` prints as ``a\\nOK``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dstore.errors import ChecksumError, ContainerChangedError, FormatError
+from dstore.errors import ChecksumError, ContainerChangedError, FormatError, shown
 from dstore.formats.base import crc32
 
 
@@ -115,12 +115,3 @@ def named(container, i: int) -> str:
         return f"{i} ({shown(container.name(i))})"
     except Exception:  # noqa: BLE001 - the name is a courtesy; the index is the fact
         return str(i)
-
-
-def shown(text: str) -> str:
-    """`text` as printed in a report or an error: every character that is not printable (newlines,
-    terminal escape sequences, other control characters) written as a Python escape, so that a
-    sample's or a class's name cannot end a line or forge another (``a\nOK`` prints as ``a\\nOK``)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

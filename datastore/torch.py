@@ -100,18 +100,33 @@ def _device(device):
     return dev
 
 
-def _size_pair(size):
+def _size_pair(size, name: str = "size"):
+    """None, or `size` (an int or (height, width)) as a pair of positive ints; ConfigError naming
+    `name` otherwise (a bool is refused: True is an int, and would mean 1 x 1)."""
     if size is None:
         return None
-    if isinstance(size, (int, np.integer)):
-        return int(size), int(size)
+    pair = (size, size) if isinstance(size, (int, np.integer)) else size
     try:
-        h, w = (int(x) for x in size)
+        h, w = pair
     except (TypeError, ValueError):
-        raise ConfigError(f"size={size!r} must be an int or (height, width)") from None
-    if h < 1 or w < 1:
-        raise ConfigError(f"size={size!r} must be positive")
-    return h, w
+        raise ConfigError(f"{name}={size!r} must be an int or (height, width)") from None
+    for v in (h, w):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"{name}={size!r} must be a positive int or (height, width) of positive ints")
+    return int(h), int(w)
+
+
+def decode_channels(channels, transform) -> int | None:
+    """The channels a StoreLoader decodes encoded images to (decided here, once per loader): its
+    `channels` where given; else None (each image's own: grey 1, colour 3) for a transform with a
+    `channels` attribute, which converts every image itself (ImageTransform, the trainer's); else 3,
+    as torchvision's folder loader (`convert("RGB")`): a grey image in a colour set comes out RGB,
+    and a grey-only set too unless `channels=1` says so. Raw samples keep their stored shape."""
+    if channels is not None:
+        return channels
+    if transform is not None and getattr(transform, "channels", None) in (1, 3):
+        return None
+    return 3
 
 
 class StoreLoader(torch.utils.data.IterableDataset):
@@ -132,7 +147,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
             gets a `dstore.draws.KeyedDraws` of that key instead). The array may be a read-only
             view of the sample's bytes (raw encoding): copy before changing it in place.
         decode_threads: decode threads (`num_threads` is its deprecated old name).
-        channels: 1 or 3 to convert images to; None keeps grey as 1 and the rest as RGB.
+        channels: 1 or 3 to convert encoded images to. None: 3 (RGB, grey images too, as
+            torchvision's folder loader), or each image's own (grey 1, colour 3) for a transform
+            with a `channels` attribute, which converts them itself (`decode_channels`). A grey-only
+            set stays grey with `channels=1`. Raw samples keep their stored shape.
         size: (H, W) or an int: resize every decoded image to it (JPEG decodes at 1/2, 1/4 or 1/8
             where that is still at least this large, dstore.decode.dct_scale). Without it, all
             samples of a batch must share a shape.
@@ -203,11 +221,12 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.transform = transform
         self._seeded = transform is not None and _takes_rng(transform)
         self.channels = channels
+        self._channels = decode_channels(channels, transform)
         self.size = _size_pair(size)
         # a transform that resizes itself gets the decoded image: one resize, not two
         self._tf_resizes = transform is not None and bool(getattr(transform, "resizes", False))
-        self._hint = (_size_pair(transform.size) if self.size is None and self._tf_resizes and transform is not None
-                      else self.size)
+        self._hint = (_size_pair(transform.size, "transform.size")
+                      if self.size is None and self._tf_resizes and transform is not None else self.size)
         self.decode_threads = decode_threads
         self.ahead = int(ahead)
         self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
@@ -253,6 +272,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         channels = tf.channels if tf is not None else self.channels
         if channels is None and info.encoding == "raw":
             channels = 1 if len(info.raw_shape) == 2 else int(info.raw_shape[-1])
+        elif channels is None:
+            channels = self._channels
         if size is None or channels is None:
             raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) and channels= "
                               f"(or a transform that has them)")
@@ -265,7 +286,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         try:
             from dstore.workers import DecodeWorkers
 
-            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self.channels,
+            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self._channels,
                                  size=None if self._tf_resizes else self.size, hint=self._hint, defer=defer,
                                  transform=tf, seed=self.store.seed, slots=self.ahead + 1,
                                  pin=(self.pin_memory or on_gpu) and on_device, on_device=on_device)
@@ -345,7 +366,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         whose encoding it is decoded by and which joins the augmentation's seed."""
         info = self.store.info if source is None else self.store.infos[source]
         name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
-        arr = decode_sample(data, info, channels=self.channels, min_size=self._hint, name=name)
+        arr = decode_sample(data, info, channels=self._channels, min_size=self._hint, name=name)
         if self.size is not None and not self._tf_resizes:
             if self.transform is None and arr.dtype == np.uint8:  # the resize and the CHW copy in one pass
                 out = np.empty((arr.shape[2], *self.size), np.uint8)

@@ -68,13 +68,22 @@ class BatchDecode:
                 tensors.extend(part)
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
-                raise ConfigError(f"samples of step {self.batch.step} decode to different shapes "
-                                  f"{sorted(shapes)[:4]}; pass size=(H, W) or a transform that makes them equal")
+                raise ConfigError(mismatch(self.batch.step, shapes))
             images = torch.stack(tensors)
             self.result.set_result((images.pin_memory() if self.pin else images, self._secs))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             self.result.set_exception(exc)
         self.parts = []
+
+
+def mismatch(step: int, shapes) -> str:
+    """Why the samples of `step`, of these (C, H, W) shapes, make no batch, and the remedy: `channels`
+    where their channels differ (a raw source beside an encoded one, or a transform's output), else `size`."""
+    listed = sorted(shapes)[:4]
+    if len({s[0] for s in shapes if len(s) == 3}) > 1:
+        return (f"samples of step {step} decode to different channel counts {listed}; pass channels=1 or 3 "
+                f"(StoreLoader(channels=...), dstore train --channels) or a transform that makes them equal")
+    return f"samples of step {step} decode to different shapes {listed}; pass size=(H, W) or a transform that makes them equal"
 
 
 @dataclasses.dataclass

@@ -16,11 +16,10 @@ import numpy as np
 
 from dstore.collective import topology
 from dstore.decode import decode_sample
-from dstore.errors import ConfigError, DStoreError, SampleError
+from dstore.errors import ConfigError, DStoreError, SampleError, shown
 from dstore.formats import detect_format, open_container
 from dstore.formats.base import crc32
 from dstore.heartbeat import Heartbeat
-from dstore.integrity import shown
 from dstore.plan import block_bounds
 from dstore.units import fmt_rate, fmt_size
 
@@ -37,7 +36,7 @@ class BadSample:
     reason: str
 
     def __str__(self) -> str:  # a name cannot end the line or forge another (an "OK" line)
-        return f"sample {self.index} ({shown(self.name)}): {self.reason}"
+        return f"sample {self.index} ({shown(self.name)}): {shown(self.reason)}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -282,6 +282,18 @@ def default_augmentation(size: tuple[int, int]) -> tuple[int, bool]:
     return 0, False
 
 
+def per_channel(values, channels: int, flag: str) -> tuple[float, ...]:
+    """`values` (a normalisation mean or std) as one float per channel: a single value stands for
+    every channel (broadcast once), else there must be `channels` of them; ConfigError naming `flag`."""
+    out = tuple(float(v) for v in values)
+    if len(out) == 1:
+        return out * channels
+    if len(out) != channels:
+        raise ConfigError(f"{flag} {','.join(f'{v:g}' for v in out)}: {len(out)} values for {channels}-channel "
+                          f"input; give one (for every channel) or {channels}")
+    return out
+
+
 def channel_stats(images: list[np.ndarray]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std in [0, 1] units over a list of (H, W, C) uint8 images of one C."""
     if not images:

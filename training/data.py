@@ -22,12 +22,12 @@ import numpy as np
 from dstore import plan, rc, shuffle
 from dstore.collective import on_root
 from dstore.decode import decode_sample
-from dstore.errors import ChecksumError, ConfigError
+from dstore.errors import ChecksumError, ConfigError, shown
 from dstore.formats import checksum
 from dstore.ingest import ingest
-from dstore.integrity import read_error, shown
+from dstore.integrity import read_error
 from dstore.store import Batch
-from dstore.training.augment import channel_stats, to_channels
+from dstore.training.augment import channel_stats, per_channel, to_channels
 
 BUILTIN = {"digits": "digits.h5"}
 """Data sets `dstore train` ingests by itself when no container is given, and their file names."""
@@ -127,20 +127,24 @@ def _first_images(reader, start: int, count: int, channels: int | None) -> list[
 
 def _read_spec(parts, channels, mean, std) -> InputSpec:
     """The InputSpec from `parts` = [(reader, start, count), ...]: the size from the first part's
-    first image, the stats (unless given) over every part's images."""
+    first image; the channels (unless given) and stats (unless given) over every part's images.
+
+    The channels the model takes are decided here, once per run: `channels` (--channels) where
+    given, else 1 when every probed image is grey (one channel as decoded, dstore.decode), else 3.
+    The loaders then convert every sample to them (ImageTransform: grey repeated, colour to
+    luminance), so a set probed grey whose later samples are colour trains grey: --channels 3."""
     reader = parts[0][0]
-    if mean is not None and std is not None:  # only the size is needed
+    raw = all(r.info.encoding == "raw" for r, _, _ in parts)
+    if mean is not None and std is not None and (channels is not None or raw):  # only the size is needed
         parts = [(reader, parts[0][1], 1)]
     images = [img for r, start, count in parts for img in _first_images(r, start, count, channels)]
-    h, w, c = images[0].shape
-    want_c = channels or (1 if c == 1 else 3)
+    h, w, _ = images[0].shape
+    want_c = channels or (1 if all(img.shape[2] == 1 for img in images) else 3)
     if mean is None or std is None:
         m, s = channel_stats([to_channels(img, want_c) for img in images])
         mean = m if mean is None else mean
         std = s if std is None else std
-    mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
-    if len(mean) == 1 and want_c == 3:
-        mean, std = mean * 3, std * 3
+    mean, std = per_channel(mean, want_c, "--mean"), per_channel(std, want_c, "--std")
     return InputSpec((int(h), int(w)), int(want_c), int(reader.info.num_classes), mean, std)
 
 
