@@ -135,7 +135,7 @@ class TrainConfig:
     drop_last: bool = _flag(False, "drop each epoch's last partial global batch", group=DATA)
     augment: str = _flag("auto", "auto: random crop with padding + flip for images of 32x32 and up, none below",
                          group=DATA, choices=AUGMENTS)
-    channels: int | None = _flag(None, "force grey (1) or RGB (3) (default: grey stays 1, the rest RGB)",
+    channels: int | None = _flag(None, "force grey (1) or RGB (3) (default: 1 if every probed training image is grey, else 3)",
                                  group=DATA, choices=CHANNELS)
     mean: tuple[float, ...] | None = _flag(None, "per-channel mean in [0,1] (default: measured)", group=DATA,
                                            parse=_floats)

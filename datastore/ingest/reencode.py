@@ -23,7 +23,7 @@ import io
 
 import numpy as np
 
-from dstore.decode import decode_image, sniff
+from dstore.decode import GREY_MODES, decode_image, sniff
 from dstore.errors import ConfigError, SampleError
 
 DEFAULT_QUALITY = 90
@@ -65,7 +65,7 @@ def image_header(data, where: str) -> tuple[int, int, bool]:
         from PIL import Image
 
         with Image.open(io.BytesIO(bytes(data))) as im:
-            return int(im.height), int(im.width), im.mode in ("L", "1", "I", "I;16", "LA")
+            return int(im.height), int(im.width), im.mode in GREY_MODES
     except Exception as exc:  # decoders raise many types; name the sample and keep the cause
         raise SampleError(f"{where}: cannot read the image header: {type(exc).__name__}: {exc}") from exc
 
