@@ -164,8 +164,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
             non_blocking=True on a side CUDA stream that the caller's stream then waits for, so
             the copy overlaps the GPU work still queued from the previous step.
         workers: None or 0: decode in `decode_threads` threads; N: in N worker processes
-            (dstore.workers). Needs the batch's shape (`size` and `channels`, or a transform with
-            them) and `transform` None or split into `sample_part`/`batch_part` (ImageTransform).
+            (dstore.workers). Needs the batch's shape (`size`, or a transform with `size` and
+            `channels`) and `transform` None or split into `sample_part`/`batch_part` (ImageTransform).
             Batches are bit-identical to the threads'.
         batch_ops: with workers, where the transform's batch part runs: "device" (tensor ops on
             the batch's device, the CPU without one), "worker" (in the workers, on each sample),
@@ -275,8 +275,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         elif channels is None:
             channels = self._channels
         if size is None or channels is None:
-            raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) and channels= "
-                              f"(or a transform that has them)")
+            raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) "
+                              f"(or a transform that has size and channels)")
         defer = self._resize_on_device(on_gpu)
         # A batch with a buffer of its own (not on_device) is not page-locked there: it is freed with
         # the caller's tensor, which cannot unregister it; pin_memory then copies it (_from_workers).
