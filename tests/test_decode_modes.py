@@ -141,6 +141,15 @@ def test_a_grey_and_colour_set_loads_as_rgb(grey_and_colour):
         assert all(x.shape[1] == 1 for x, _ in ld.epoch(0))
 
 
+def test_decode_workers_give_the_threads_rgb_by_default(grey_and_colour):
+    with DataStore(MPI.COMM_SELF, grey_and_colour, batch_size=5, seed=1) as st:
+        with StoreLoader(st, size=8) as ld:
+            threads = [x for x, _ in ld.epoch(0)]
+        with StoreLoader(st, size=8, workers=1) as ld:
+            workers = [x for x, _ in ld.epoch(0)]
+    assert len(workers) == 2 and all(torch.equal(a, b) for a, b in zip(threads, workers))
+
+
 def test_a_mix_of_a_grey_and_a_colour_set_loads_as_rgb(tmp_path, grey_and_colour):
     from dstore.mixed import MixedStore
 
