@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 
-from dstore.errors import ConfigError, DStoreError
+from dstore.errors import ConfigError, DStoreError, shown
 
 ERROR_GRACE_S = 3.0
 """How long a failing rank other than 0 waits before printing: if rank 0 failed too (an error every
@@ -105,9 +105,10 @@ def error_delay(rank: int) -> float:
 
 
 def describe(exc: BaseException) -> str:
-    """One line for our own errors (DStoreError: the message says it all), a traceback otherwise."""
+    """One line for our own errors (DStoreError: the message says it all, escaped by `shown`: a name it
+    quotes cannot end the line or send the terminal a control sequence), a traceback otherwise."""
     if isinstance(exc, DStoreError):
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {shown(str(exc))}"
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 

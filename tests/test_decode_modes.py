@@ -18,6 +18,7 @@ from PIL import Image
 
 from dstore.decode import decode_image
 from dstore.errors import ConfigError, SampleError
+from dstore.job import describe
 from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.verify import verify_container
@@ -114,6 +115,13 @@ def test_a_decode_error_escapes_the_name_it_quotes():
             decode_image(data, name=name)
         text = str(err.value)
         assert "\x1b" not in text and "\n" not in text and "evil\\x1b[2J\\nOK.jpg" in text
+
+
+def test_the_job_prints_any_of_our_errors_on_one_escaped_line():
+    """Every DStoreError reaches the user through job.describe: a name quoted raw anywhere (a class, a
+    path in a CSV) is escaped there, so the error stays one line with no terminal control sequence."""
+    line = describe(ConfigError("labels.csv: row 3: class 'a\x1b[2J\nOK' is not a number"))
+    assert line == "ConfigError: labels.csv: row 3: class 'a\\x1b[2J\\nOK' is not a number"
 
 
 @pytest.fixture(scope="module")
