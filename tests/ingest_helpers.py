@@ -45,15 +45,15 @@ def make_mixed_folder(root: str, *, jpegs: int = 24, pngs: int = 12) -> None:
 
 
 def listing(root: str) -> list[tuple[str, int]]:
-    """(relative path, label) of every image in ImageFolder order, computed independently of ingest."""
-    exts = (".jpg", ".jpeg", ".png")
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+    """(relative path, label) of every image in ImageFolder order, computed independently of ingest:
+    torchvision 0.24's find_classes/make_dataset rules (hidden entries included)."""
+    exts = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     out = []
     for label, cls in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls)):
-            dirnames.sort()
+        for dirpath, _, filenames in sorted(os.walk(os.path.join(root, cls), followlinks=True)):
             for name in sorted(filenames):
-                if name.lower().endswith(exts) and not name.startswith("."):
+                if name.lower().endswith(exts):
                     out.append((os.path.relpath(os.path.join(dirpath, name), root), label))
     return out
 

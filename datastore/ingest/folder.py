@@ -1,17 +1,27 @@
 """An image folder in torchvision ImageFolder layout (root/<class>/<...>/<file>.jpg), stored as the
 original file bytes.
 
-Listing rules:
-- classes are the sub-directories of root, sorted by name; label i is the i-th; hidden ones
-  (a leading `.`) are left out;
-- files are found recursively below each class directory, sorted; symbolic links are followed,
-  except a link loop and a directory link back into the source tree (to the root, above it, or
-  below it: its images would be listed twice, maybe under another class), which are bad entries;
-- a file is a sample if its extension is one of IMAGE_EXTENSIONS (case-insensitive); other files
-  (`.txt`, hidden files, files directly in root) are ignored and listed in the report's `ignored`;
-- a sample path that is not a regular file (a broken symlink, a FIFO) is a bad sample;
+Listing rules: those of torchvision.datasets.ImageFolder (0.24: `find_classes`, `make_dataset`), so
+that sample i of the listing (the container's `source_index` i) is torchvision's `dataset[i]` and
+the labels are its `class_to_idx`:
+- classes are the sub-directories of root (links to directories too), sorted by name; label i is the
+  i-th. Hidden ones (a leading `.`, e.g. `.ipynb_checkpoints`) are classes too, as in torchvision;
+  ingest says so in a note, and an empty one is an error like any empty class;
+- below each class, directories in the order of their whole path text (the class folder's own files
+  first; `a-b/` before `a/x/`, as `sorted(os.walk(...))` gives), each one's files sorted by name;
+  symbolic links are followed, except a link loop and a directory link back into the source tree
+  (to the root, above it, or below it: its images would be listed twice, maybe under another
+  class), which are bad entries (torchvision would list them; ingest says the indices differ);
+- a file is a sample if its name ends with one of IMAGE_EXTENSIONS, case-insensitive (hidden files
+  too: `._a.jpg` from macOS is a sample, and a bad one); other files (`.txt`, files directly in
+  root) are ignored and listed in the report's `ignored`; `.gif` and other image files torchvision
+  leaves out are left out and said in a note (`extensions=` takes them);
+- a sample path that is not a regular file (a broken symlink, a FIFO, a link loop) is a bad
+  sample: with on_error="raise" an error while listing; with "skip" it keeps its index and is
+  skipped when loaded, so that the later samples keep theirs;
 - an empty class (no image file) is an error with on_error="raise"; with "skip" the class keeps its
-  label (class indices stay those of the sorted directory names) and is listed as skipped.
+  label (class indices stay those of the sorted directory names, torchvision's `allow_empty=True`)
+  and is listed as skipped.
 
 Validation (`validate`), what each costs per file on top of reading it (measured here, 2 shared cores):
 - `header` (default): JPEG: simplejpeg parses the header and the file must end its last scan with an
@@ -26,13 +36,17 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 
 from dstore.decode import sniff
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.source import Source
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-"""Extensions taken as images (torchvision's IMG_EXTENSIONS plus `.gif`)."""
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""Extensions taken as images: torchvision's IMG_EXTENSIONS (0.24), so that the samples are its."""
+
+OTHER_IMAGE_EXTENSIONS = (".gif", ".jfif", ".jpe", ".heic", ".heif", ".avif", ".jp2", ".ico", ".svg", ".dng")
+"""Image files torchvision's ImageFolder leaves out: left out here too, and said at ingest."""
 
 VALIDATE = ("header", "full", "none")
 
@@ -100,6 +114,17 @@ def _pil_identifies(data: bytes) -> bool:
         return False
 
 
+def _not_regular(mode: int) -> str:
+    """What a file of `mode` is if it is not a regular file (`a directory`, `a FIFO`...), else ``""``."""
+    if stat.S_ISREG(mode):
+        return ""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "an unknown kind"
+
+
 class FileSamples(Source):
     """Image files below `self.root`: sample i is the file `self._files[i]` (relative) with label
     `self._labels[i]`, checked by `validate_image` at `self.validate` when loaded."""
@@ -124,9 +149,18 @@ class FileSamples(Source):
     def load(self, i: int) -> bytes:
         where = self.locate(i)
         try:
+            # Checked before open: opening a FIFO waits for a writer forever and reading a device
+            # (/dev/zero) never ends.
+            kind = _not_regular(os.stat(where).st_mode)
+            if kind:
+                raise SampleError(f"{where}: not a regular file ({kind}); list image files only")
             with open(where, "rb") as f:
                 data = f.read()
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SampleError(f"{where}: symbolic link loop") from exc
+            if exc.errno == errno.ENOENT and os.path.islink(where):
+                raise SampleError(f"{where}: broken symbolic link") from exc
             raise SampleError(f"{where}: cannot read: {exc.strerror or exc}") from exc
         validate_image(data, where, self.validate)
         return data
@@ -178,6 +212,8 @@ class FolderSource(FileSamples):
         self.encoding = encoding_from_extensions(files)
 
     def _scan(self, exts, on_error):
+        """(classes, files, labels) in torchvision's order (see the module docstring); fills the
+        notes on where the listing and torchvision's ImageFolder differ or may surprise."""
         try:
             top = sorted(os.scandir(self.root), key=lambda e: e.name)
         except OSError as exc:
@@ -185,9 +221,6 @@ class FolderSource(FileSamples):
         self._real_root = os.path.realpath(self.root)
         classes, files, labels = [], [], []
         for entry in top:
-            if entry.name.startswith("."):
-                self.ignored.append(entry.path)
-                continue
             is_dir, problem = self._examine(entry)
             if problem is not None:
                 self._bad(entry.path, problem, on_error)
@@ -196,18 +229,45 @@ class FolderSource(FileSamples):
             else:
                 self.ignored.append(entry.path)  # files directly in root belong to no class
         for label, cls in enumerate(classes):
-            found = []
-            self._walk(os.path.join(self.root, cls), exts, on_error, found, set())
+            directories: list[tuple[str, list[str]]] = []
+            self._walk(os.path.join(self.root, cls), exts, on_error, directories, set())
+            # torchvision: `for root, _, fnames in sorted(os.walk(class_dir, followlinks=True))`:
+            # directories in the order of their whole path text (the class folder's own files first,
+            # `a-b/` before `a/x/`), each one's files sorted by name.
+            found = [rel for _, names in sorted(directories) for rel in names]
             if not found:
                 reason = "empty class folder: no image files"
+                if cls.startswith("."):
+                    reason += " (a hidden directory is a class, as in torchvision's ImageFolder: remove it)"
                 if on_error == "raise":
                     raise SampleError(f"{os.path.join(self.root, cls)}: {reason} (use on_error='skip' / "
                                       "--on-error skip to keep the class without samples)")
                 self.skipped.append((os.path.join(self.root, cls), reason))
-            for rel in found:
-                files.append(rel)
-                labels.append(label)
+            files.extend(found)
+            labels.extend([label] * len(found))
+        self._note_differences(classes, files, exts)
         return classes, files, labels
+
+    def _note_differences(self, classes, files, exts) -> None:
+        """Notes on hidden entries taken, image files of other extensions left out, and entries
+        torchvision's ImageFolder would list that were skipped (its indices then differ from ours)."""
+        hidden = [c + "/" for c in classes if c.startswith(".")]
+        hidden += [f for f in files if any(part.startswith(".") for part in f.split(os.sep))]
+        if hidden:
+            self.notes.append(f"{len(hidden)} hidden class folder(s) or file(s) (a leading '.') are taken, as "
+                              f"torchvision's ImageFolder takes them: {', '.join(hidden[:3])}"
+                              + (" ..." if len(hidden) > 3 else "") + "; remove them if they are not data")
+        other = [p for p in self.ignored if p.lower().endswith(OTHER_IMAGE_EXTENSIONS) and not p.lower().endswith(exts)]
+        if other:
+            kinds = sorted({os.path.splitext(p)[1].lower() for p in other})
+            self.notes.append(f"{len(other)} image file(s) with extension {', '.join(kinds)} are not taken (as "
+                              f"torchvision's ImageFolder, which lists {', '.join(IMAGE_EXTENSIONS)}), e.g. "
+                              f"{other[0]}; extensions=... takes them")
+        listing_skips = [w for w, r in self.skipped if not r.startswith("empty class folder")]
+        if listing_skips:
+            self.notes.append(f"{len(listing_skips)} entr(y/ies) that torchvision's ImageFolder would list were "
+                              f"skipped while listing (first {listing_skips[0]}): past it a sample's source index is "
+                              "not its torchvision index")
 
     def _bad(self, where: str, reason: str, on_error: str) -> None:
         """A listing problem: an error with on_error="raise", else listed as skipped."""
@@ -236,7 +296,9 @@ class FolderSource(FileSamples):
                           "listed twice")
         return True, None
 
-    def _walk(self, directory, exts, on_error, found, seen):
+    def _walk(self, directory, exts, on_error, directories, seen):
+        """Appends (directory, its image files relative to root, sorted) for `directory` and every
+        directory below it (links followed, as os.walk(followlinks=True) does, loops refused)."""
         try:
             st = os.stat(directory)
             if (st.st_dev, st.st_ino) in seen:  # reached again through a link outside the source tree
@@ -250,21 +312,25 @@ class FolderSource(FileSamples):
                 raise SampleError(f"{directory}: {reason}") from exc
             self.skipped.append((directory, reason))
             return
+        names, below = [], []
         for entry in entries:
-            rel = entry.path[len(os.path.join(self.root, "")):]  # scandir builds entry.path from root
-            if entry.name.startswith("."):
-                self.ignored.append(entry.path)
-                continue
             is_dir, problem = self._examine(entry)
-            if problem is not None:
+            if is_dir and problem is not None:
                 self._bad(entry.path, problem, on_error)
             elif is_dir:
-                self._walk(entry.path, exts, on_error, found, seen)
-            elif os.path.splitext(entry.name)[1].lower() not in exts:
+                below.append(entry.path)
+            elif not entry.name.lower().endswith(exts):
                 self.ignored.append(entry.path)
-            elif entry.is_file():
-                found.append(rel)
             else:
-                self._bad(entry.path, "broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
-                          else "not a regular file", on_error)
-
+                # torchvision lists every non-directory with an image extension (a broken link, a
+                # FIFO, a link loop) and fails when it opens it. Here "raise" stops now; "skip" keeps
+                # the entry, so that later source indices stay torchvision's, and `load` refuses it.
+                if problem is None and not entry.is_file():
+                    problem = ("broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
+                               else "not a regular file")
+                if problem is not None and on_error == "raise":
+                    raise SampleError(f"{entry.path}: {problem}")
+                names.append(entry.path[len(os.path.join(self.root, "")):])  # scandir builds it from root
+        directories.append((directory, names))
+        for path in below:
+            self._walk(path, exts, on_error, directories, seen)

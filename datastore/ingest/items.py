@@ -87,11 +87,13 @@ def spool(items, path: str, *, class_names=None, on_error: str = "raise", valida
             kinds.add(sniff(data))
     if not names:
         raise SampleError("ingest_items: the iterable gave no samples" + (f" ({len(skipped)} skipped)" if skipped else ""))
-    labels, classes = resolve_labels(values, "ingest_items", class_names_option(class_names))
+    notes: list[str] = []
+    labels, classes = resolve_labels(values, "ingest_items", class_names_option(class_names), notes=notes)
     encoding = kinds.pop() if len(kinds) == 1 and kinds <= {"jpeg", "png"} else "image"
     src = SpoolSource(path, np.asarray(offsets, np.int64), labels, names, class_names=classes, encoding=encoding,
                       validate=validate, description=f"ingest_items ({len(names)} items)")
     src.skipped.extend(skipped)
+    src.notes.extend(notes)
     return src
 
 

@@ -1,65 +1,117 @@
 """Class labels of sources that name them per sample (a CSV column, a tar member, a table column):
 the rule that turns the values found into label indices and class names (no MPI here).
 
-- Every value a non-negative integer (`3`, `"3"`): the label is the value itself and the class
-  names are "0".."max" (so a held-out CSV missing a class keeps the training set's indices).
+What counts as an integer label: an int, or a text of ASCII digits only (`3`, `03`), surrounding
+blanks stripped. Not one: `+3`, `5.0`, `3e0`, `²` or `٣` (Unicode digits, which `str.isdigit`
+accepts and `int()` may not), a bool. The rule, one for every source that parses labels from text:
+
+- An empty label is refused (naming the source and the sample): it is never a class.
+- Every value an integer: the label is the value itself and the class names are "0".."max" (so a
+  held-out CSV missing a class keeps the training set's indices). A negative integer (`-1`) among
+  them is refused: class indices start at 0.
 - Otherwise the values are class names: `class_names` (given, e.g. read from a file, in their
-  order) or else the sorted distinct values; a sample's label is its name's position.
+  order) or else the sorted distinct texts; a sample's label is its name's position. If some of
+  the values were integers, the switch is said in one line (a note naming the first value that is
+  not one): integers there are class names, so `10` sorts before `2`.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.source import check_label_count
 
+_ASCII_INT = re.compile(r"[0-9]+")
+_NEGATIVE_INT = re.compile(r"-[0-9]+")
 
-def _as_index(value) -> int | None:
+
+def label_text(value) -> str:
+    """A label value as text (stripped): what class names are made of."""
+    return str(value).strip()
+
+
+def as_index(value) -> int | None:
+    """`value` as a class index if it is an integer label (see the module docstring), else None;
+    negative integers are None too (the caller decides whether that is an error)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value if value >= 0 else None
-    text = str(value).strip()
-    return int(text) if text.isdigit() else None
+    text = label_text(value)
+    return int(text) if _ASCII_INT.fullmatch(text) else None
 
 
-def resolve_labels(values: list, where: str, class_names=None) -> tuple[list[int], tuple[str, ...]]:
+def _is_negative_int(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value < 0
+    return _NEGATIVE_INT.fullmatch(label_text(value)) is not None
+
+
+def _sample(k: int) -> str:
+    return f"sample {k}"
+
+
+def resolve_labels(values: list, where: str, class_names=None, *, notes: list[str] | None = None,
+                   place: Callable[[int], str] = _sample) -> tuple[list[int], tuple[str, ...]]:
     """(label per value, class names) for the per-sample label `values` of source `where`.
 
     Args:
         values: ints or strings, one per sample.
         where: the source, for messages.
         class_names: the classes in label order, or None (see the module docstring).
+        notes: where the one-line remark on a switch from integers to class names is appended.
+        place: value k's position for messages (e.g. `row 7` of a CSV); default `sample k`.
 
     Raises:
-        SampleError: a value that is not one of `class_names`, or integer labels implying too many classes.
+        SampleError: an empty value, a negative integer among integers, a value that is not one of
+            `class_names`, or integer labels implying too many classes.
     """
+    for k, v in enumerate(values):
+        if v is None or label_text(v) == "":
+            raise SampleError(f"{where}: {place(k)} has an empty label (every sample needs a class index or "
+                              "a class name)")
     if class_names is not None:
         names = tuple(str(c) for c in class_names)
         index = {n: k for k, n in enumerate(names)}
         if len(index) != len(names):
             raise ConfigError(f"{where}: the class names given repeat a name")
         labels = []
-        for v in values:
-            text = str(v).strip()
-            k = _as_index(v)
+        for j, v in enumerate(values):
+            text = label_text(v)
+            k = as_index(v)
             if text in index:
                 labels.append(index[text])
             elif k is not None and k < len(names):
                 labels.append(k)
             else:
-                raise SampleError(f"{where}: label {text!r} is not one of the {len(names)} class names given")
+                raise SampleError(f"{where}: {place(j)}: label {text!r} is not one of the {len(names)} class "
+                                  "names given (nor an index below their count)")
         return labels, names
-    maybe = [_as_index(v) for v in values]
-    ints = [i for i in maybe if i is not None]
-    if values and len(ints) == len(maybe):
-        top = max(ints)
-        check_label_count(where, top)
-        return ints, tuple(str(k) for k in range(top + 1))
-    names = tuple(sorted({str(v).strip() for v in values}))
+    maybe = [as_index(v) for v in values]
+    other = next((k for k, i in enumerate(maybe) if i is None and not _is_negative_int(values[k])), None)
+    if other is None:
+        negative = next((k for k, i in enumerate(maybe) if i is None), None)
+        if negative is not None:
+            raise SampleError(f"{where}: {place(negative)}: label {label_text(values[negative])!r} is negative; "
+                              "class indices start at 0 (fix the label, or name the classes)")
+        ints = [int(i) for i in maybe if i is not None]
+        if ints:
+            top = max(ints)
+            check_label_count(where, top)
+            return ints, tuple(str(k) for k in range(top + 1))
+    names = tuple(sorted({label_text(v) for v in values}))
     index = {n: k for k, n in enumerate(names)}
-    return [index[str(v).strip()] for v in values], names
+    integers = sum(i is not None or _is_negative_int(v) for i, v in zip(maybe, values))
+    if integers and notes is not None and other is not None:
+        notes.append(f"{where}: labels are not all integers ({place(other)}: {label_text(values[other])!r}; "
+                     f"{len(values) - integers} of {len(values)} are not); the {len(names)} classes are named "
+                     "by their text, sorted, so an integer label is not its class index")
+    return [index[label_text(v)] for v in values], names
 
 
 def read_class_names(path: str) -> tuple[str, ...]:

@@ -1,12 +1,24 @@
 """Image files named by a CSV of labels (`--labels FILE.csv`): a flat folder such as ImageNet's
 validation set, or any list of files, stored as the original file bytes.
 
-The CSV's first two columns are a file path and its label; a first row whose first cell is one of
-HEADER_WORDS (`path`, `file`, `filename`, `image`, ...) is a header. Paths are relative to the
-source directory (absolute ones are taken as they are); the CSV's rows are the samples, in that
-order, and files it does not name are not read. Labels follow dstore.ingest.labels (integers are
-class indices, anything else a class name; `classes=FILE` fixes the names and their order). A
-listed file that is missing or not a valid image is a bad sample (`on_error`), named by its path.
+The CSV (UTF-8, with or without the byte-order mark Excel's "CSV UTF-8" writes) has a file path in
+its first column and a label in its second. Paths are relative to the source directory (absolute
+ones are taken as they are); the CSV's rows are the samples, in that order, and files it does not
+name are not read. Labels follow dstore.ingest.labels (ASCII-digit integers are class indices,
+anything else a class name; `classes=FILE` fixes the names and their order).
+
+The first row is a header (left out) if (checked in this order; the last two are said at ingest):
+- its path cell is one of HEADER_WORDS (`path`, `file`, `filename`, `image`, ..., any case);
+- its path cell names nothing under the source directory, and either its label cell is not an
+  integer label while every other row's is (`file_name,class_idx` over `a.jpg,3`), or the next
+  row's path names a file there (`photo,breed` over `a.jpg,beagle`): two `lstat`s, never a scan of
+  every row. A first row naming a file that exists is data.
+
+Two rows naming the same file (after `os.path.normpath`: `./a.jpg`, `a.jpg` and `x/../a.jpg` are
+one) with different labels are refused naming both rows; with the same label the file is one
+sample (said at ingest). A listed file that is missing, not a regular file (a directory, FIFO,
+device, socket: refused by `os.stat` before it is opened) or not a valid image is a bad sample
+(`on_error`), named by its path.
 """
 
 from __future__ import annotations
@@ -16,36 +28,75 @@ import os
 
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.folder import VALIDATE, FileSamples, encoding_from_extensions
-from dstore.ingest.labels import class_names_option, resolve_labels
+from dstore.ingest.labels import as_index, class_names_option, label_text, resolve_labels
 
-HEADER_WORDS = ("path", "file", "filename", "file_name", "image", "image_id", "imageid", "name")
+HEADER_WORDS = ("path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_id", "imageid",
+                "image_path", "img", "name", "id")
 
 
-def read_labels_csv(path: str) -> list[tuple[str, str]]:
-    """(file path, label text) per row of a labels CSV, its header row left out.
+def _header_reason(rows: list[tuple[int, list[str]]], root: str) -> str | None:
+    """Why the first of `rows` ((row number, cells), non-empty rows) is a header, or None if it is data."""
+    first = rows[0][1]
+    path_cell = first[0].strip()
+    if path_cell.lower() in HEADER_WORDS:
+        return ""
+    if len(first) < 2 or len(rows) < 2 or not path_cell or os.path.lexists(os.path.join(root, path_cell)):
+        return None  # a first row naming a file is data, whatever its label
+    rest = [cells for _, cells in rows[1:]]
+    if as_index(first[1]) is None and all(len(c) >= 2 and as_index(c[1]) is not None for c in rest):
+        return (f"{path_cell!r} names nothing in {root} and its label {label_text(first[1])!r} is not an "
+                "integer while every other row's is")
+    nxt = rest[0][0].strip()
+    if nxt and os.path.lexists(os.path.join(root, nxt)):
+        return f"{path_cell!r} names nothing in {root} while row {rows[1][0]}'s {nxt!r} does"
+    return None
+
+
+def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None) -> list[tuple[int, str, str]]:
+    """(row number, file path, label text) per sample row of a labels CSV, its header row left out.
+
+    Args:
+        path: the CSV.
+        root: the directory its relative paths start from (header detection looks there).
+        notes: where remarks on a header found by its content and on rows listing a file again go.
 
     Raises:
         SampleError: naming the CSV and the row if it cannot be read, a row has fewer than two
-            columns, a path is empty or repeated, or no row is left.
+            columns, a path is empty, a file is listed twice with different labels, or no row is left.
     """
-    rows: list[tuple[str, str]] = []
-    seen: dict[str, int] = {}
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            for n, row in enumerate(csv.reader(f), start=1):
-                if not row or not any(cell.strip() for cell in row):
-                    continue
-                if n == 1 and row[0].strip().lower() in HEADER_WORDS:
-                    continue
-                if len(row) < 2 or not row[0].strip():
-                    raise SampleError(f"{path}: row {n} is not path,label: {row!r}")
-                name = row[0].strip()
-                if name in seen:
-                    raise SampleError(f"{path}: row {n} lists {name!r} again (first in row {seen[name]})")
-                seen[name] = n
-                rows.append((name, row[1].strip()))
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            raw = [(n, row) for n, row in enumerate(csv.reader(f), start=1)
+                   if row and any(cell.strip() for cell in row)]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SampleError(f"{path}: cannot read the labels CSV: {exc}") from exc
+    if raw:
+        reason = _header_reason(raw, root)
+        if reason is not None:
+            if reason and notes is not None:
+                notes.append(f"{path}: row {raw[0][0]} {raw[0][1]!r} is taken as a header: {reason}")
+            raw = raw[1:]
+    rows: list[tuple[int, str, str]] = []
+    seen: dict[str, tuple[int, str, str]] = {}
+    repeats: list[str] = []
+    for n, row in raw:
+        if len(row) < 2 or not row[0].strip():
+            raise SampleError(f"{path}: row {n} is not path,label: {row!r}")
+        name, label = row[0].strip(), row[1].strip()
+        key = os.path.normpath(os.path.join(root, name))
+        if key in seen:
+            m, first_name, first_label = seen[key]
+            if label != first_label:
+                raise SampleError(f"{path}: rows {m} and {n} list the same file ({first_name!r}, {name!r}) with "
+                                  f"different labels ({first_label!r}, {label!r}); keep one row")
+            repeats.append(f"row {n} ({name!r}) repeats row {m} ({first_name!r})")
+            continue
+        seen[key] = (n, name, label)
+        rows.append((n, name, label))
+    if repeats and notes is not None:
+        notes.append(f"{path}: {len(repeats)} row(s) list a file again with the same label, kept once (so a "
+                     f"sample's source index is not its row's position after them): {'; '.join(repeats[:3])}"
+                     + (" ..." if len(repeats) > 3 else ""))
     if not rows:
         raise SampleError(f"{path}: the labels CSV lists no file")
     return rows
@@ -74,9 +125,10 @@ class ListedSource(FileSamples):
                               "paths are relative to)")
         self.validate = validate
         self.labels_path = os.path.abspath(os.fspath(labels))
-        rows = read_labels_csv(self.labels_path)
-        self._files = [name for name, _ in rows]
-        self._labels, self.class_names = resolve_labels([value for _, value in rows], self.labels_path,
-                                                        class_names_option(classes))
+        rows = read_labels_csv(self.labels_path, self.root, self.notes)
+        self._files = [name for _, name, _ in rows]
+        self._labels, self.class_names = resolve_labels([value for _, _, value in rows], self.labels_path,
+                                                        class_names_option(classes), notes=self.notes,
+                                                        place=lambda k: f"row {rows[k][0]}")
         self.encoding = encoding_from_extensions(self._files)
         self.description = f"{self.root} (labels: {self.labels_path})"

@@ -115,7 +115,7 @@ class TableSource(Source):
         label_feature = features.get(label_column) if isinstance(features, dict) else None
         if names is None and isinstance(label_feature, dict) and label_feature.get("names"):
             names = tuple(label_feature["names"])
-        self._labels, self.class_names = resolve_labels(values, self.spec, names)
+        self._labels, self.class_names = resolve_labels(values, self.spec, names, notes=self.notes)
         self._n = len(values)
         if not self._n:
             raise SampleError(f"{self.spec}: no rows")

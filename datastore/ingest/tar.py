@@ -96,7 +96,8 @@ class TarSource(Source):
         if not self._members:
             raise SampleError(f"{spec}: no samples with an image ({';'.join(self.image_keys)}) and a label "
                               f"({self.label_key}) member")
-        self._labels, self.class_names = resolve_labels(values, os.fspath(spec), class_names_option(classes))
+        self._labels, self.class_names = resolve_labels(values, os.fspath(spec), class_names_option(classes),
+                                                        notes=self.notes)
         exts = {os.path.splitext(m[1])[1].lower() for m in self._members}
         self.encoding = "jpeg" if exts <= {".jpg", ".jpeg"} else "png" if exts == {".png"} else "image"
 
