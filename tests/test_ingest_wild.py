@@ -50,10 +50,15 @@ def test_one_non_integer_among_integers_is_said_in_one_line(odd):
     notes.clear()
     labels, names = resolve_labels(["0", "2", "10"], "l.csv", notes=notes)
     assert labels == [0, 2, 10] and names == tuple(str(k) for k in range(11)) and notes == []
+    # Numbers that are not integers (a float column) are class names too, and that is said; words are not.
+    assert resolve_labels([1.0, 2.0, 10.0], "t.parquet", notes=notes)[1] == ("1.0", "10.0", "2.0")
+    assert len(notes) == 1 and "(sample 0: '1.0'; 3 of 3 not)" in notes[0], notes
+    notes.clear()
+    assert resolve_labels(["cat", "dog", "nan"], "t.parquet", notes=notes)[1] == ("cat", "dog", "nan") and not notes
 
 
-@pytest.mark.parametrize("bad, says", [("-1", "row 4: label '-1' is negative"), ("", "row 4 has an empty label"),
-                                       ("  ", "row 4 has an empty label")])
+@pytest.mark.parametrize("bad, says", [("-1", "row 4: label '-1' is negative; class indices start at 0"),
+                                       ("", "row 4 has an empty label"), ("  ", "row 4 has an empty label")])
 def test_a_negative_or_empty_label_is_refused_naming_the_row(bad, says):
     with pytest.raises(SampleError, match=f"l.csv: {says}"):
         resolve_labels(["0", "1", bad, "2"], "l.csv", place=lambda k: f"row {k + 2}")

@@ -11,8 +11,8 @@ accepts and `int()` may not), a bool. The rule, one for every source that parses
   them is refused: class indices start at 0.
 - Otherwise the values are class names: `class_names` (given, e.g. read from a file, in their
   order) or else the sorted distinct texts; a sample's label is its name's position. If some of
-  the values were integers, the switch is said in one line (a note naming the first value that is
-  not one): integers there are class names, so `10` sorts before `2`.
+  the values were integers or numbers (`5.0`), the switch is said in one line (a note naming the
+  first value that is not an integer): they are class names there, so `10` sorts before `2`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ def _is_negative_int(value) -> bool:
     if isinstance(value, int):
         return value < 0
     return _NEGATIVE_INT.fullmatch(label_text(value)) is not None
+
+
+def _is_number(value) -> bool:
+    """True for a number that is not an integer label (`5.0`, `+3`, `1e3`, a float): its text as a
+    class name sorts `10.0` before `2.0`, which is worth saying."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
+    try:
+        float(label_text(value))
+    except ValueError:
+        return False
+    return label_text(value).isascii() and label_text(value).lower() not in ("nan", "inf", "-inf", "+inf",
+                                                                             "infinity", "-infinity", "+infinity")
 
 
 def _sample(k: int) -> str:
@@ -98,7 +111,7 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
         negative = next((k for k, i in enumerate(maybe) if i is None), None)
         if negative is not None:
             raise SampleError(f"{where}: {place(negative)}: label {label_text(values[negative])!r} is negative; "
-                              "class indices start at 0 (fix the label, or name the classes)")
+                              "class indices start at 0: fix that label")
         ints = [int(i) for i in maybe if i is not None]
         if ints:
             top = max(ints)
@@ -107,10 +120,11 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
     names = tuple(sorted({label_text(v) for v in values}))
     index = {n: k for k, n in enumerate(names)}
     integers = sum(i is not None or _is_negative_int(v) for i, v in zip(maybe, values))
-    if integers and notes is not None and other is not None:
+    if notes is not None and other is not None and (integers or any(_is_number(v) for v in values)):
         notes.append(f"{where}: labels are not all integers ({place(other)}: {label_text(values[other])!r}; "
-                     f"{len(values) - integers} of {len(values)} are not); the {len(names)} classes are named "
-                     "by their text, sorted, so an integer label is not its class index")
+                     f"{len(values) - integers} of {len(values)} not); the {len(names)} classes are named by "
+                     "their text, sorted, so an integer label is not its class index (fix that label if it "
+                     "is a typo)")
     return [index[label_text(v)] for v in values], names
 
 
