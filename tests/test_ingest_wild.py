@@ -116,6 +116,13 @@ def test_a_header_is_found_by_its_content_and_said(flat, tmp_path, header, value
         assert re.search(says, src.notes[0]), src.notes
 
 
+def test_a_csv_that_is_not_utf8_is_refused_with_the_remedy(flat, tmp_path):
+    for bom in (b"", b"\xef\xbb\xbf"):
+        (tmp_path / "latin.csv").write_bytes(bom + "path,label\na0.jpg,cat\na1.jpg,caf\xe9\n".encode("cp1252"))
+        with pytest.raises(SampleError, match=r"latin.csv: the labels CSV is not UTF-8 \(line 3: .*save it as UTF-8"):
+            ListedSource(flat, labels=str(tmp_path / "latin.csv"))
+
+
 def test_a_first_row_naming_a_file_is_data_whatever_its_label(flat, tmp_path):
     rows = [("a0.jpg", "label"), ("a1.jpg", "0"), ("a2.jpg", "1")]
     src = ListedSource(flat, labels=write_rows(tmp_path / "d.csv", rows))
@@ -331,6 +338,18 @@ def test_a_fifo_in_a_class_keeps_every_other_sample_at_its_torchvision_index(tmp
     with open_container(tmp_path / "s.h5") as c:
         got = {int(c.source_index[j]): (c.name(j), c.sample(j)[1]) for j in range(c.num_samples)}
     assert got == {i: w for i, w in enumerate(want) if i != 1}
+
+
+def test_an_entry_torchvision_would_list_but_ingest_skips_is_said(tmp_path):
+    root = tmp_path / "tree"
+    for k, rel in enumerate(["a/0.jpg", "b/1.jpg"]):
+        os.makedirs(root / os.path.dirname(rel), exist_ok=True)
+        (root / rel).write_bytes(jpeg_bytes(seed=k))
+    os.symlink(root / "b", root / "a" / "again")  # torchvision would list b/1.jpg twice
+    src = FolderSource(str(root), on_error="skip")
+    assert [src.name(i) for i in range(len(src))] == ["a/0.jpg", "b/1.jpg"]
+    assert any("would list were skipped while listing (first " + str(root / "a" / "again") in n
+               and "not its torchvision index" in n for n in src.notes), src.notes
 
 
 @pytest.mark.skipif(not os.environ.get("DSTORE_TORCHVISION_FOLDER_PY"),

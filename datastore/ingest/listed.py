@@ -24,6 +24,7 @@ device, socket: refused by `os.stat` before it is opened) or not a valid image i
 from __future__ import annotations
 
 import csv
+import io
 import os
 
 from dstore.errors import ConfigError, SampleError
@@ -65,10 +66,18 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None) 
             columns, a path is empty, a file is listed twice with different labels, or no row is left.
     """
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            raw = [(n, row) for n, row in enumerate(csv.reader(f), start=1)
-                   if row and any(cell.strip() for cell in row)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        with open(path, "rb") as f:
+            data = f.read()
+        # Decoded whole, so that a byte that is not UTF-8 is found at its place in the file.
+        text = data.decode("utf-8-sig")
+        raw = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1)
+               if row and any(cell.strip() for cell in row)]
+    except UnicodeDecodeError as exc:
+        body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # exc.start counts from after a BOM
+        line = body.count(b"\n", 0, exc.start) + 1
+        raise SampleError(f"{path}: the labels CSV is not UTF-8 (line {line}: {exc.reason}); save it as "
+                          "UTF-8 (Excel: \"CSV UTF-8\")") from exc
+    except (OSError, csv.Error) as exc:
         raise SampleError(f"{path}: cannot read the labels CSV: {exc}") from exc
     if raw:
         reason = _header_reason(raw, root)
