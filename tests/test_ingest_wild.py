@@ -130,8 +130,16 @@ def test_a_first_row_naming_a_file_is_data_whatever_its_label(flat, tmp_path):
     assert any("not all integers (row 1: 'label'" in n for n in src.notes), src.notes
 
 
+def test_a_missing_first_file_named_like_the_others_is_data_not_a_header(flat, tmp_path):
+    rows = [("gone.jpg", "x"), ("a0.jpg", "0"), ("a1.jpg", "1")]
+    src = ListedSource(flat, labels=write_rows(tmp_path / "g.csv", rows))
+    assert len(src) == 3 and src.name(0) == "gone.jpg"
+    with pytest.raises(SampleError, match="gone.jpg: cannot read"):
+        src.load(0)
+
+
 def test_one_file_under_two_spellings(flat, tmp_path):
-    same = write_rows(tmp_path / "same.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "0"),
+    same = write_rows(tmp_path / "same.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "00"),
                                               ("sub/../a1.jpg", "1")])
     notes: list[str] = []
     assert [r[1] for r in read_labels_csv(same, str(flat), notes)] == ["a0.jpg", "a1.jpg"]
@@ -319,7 +327,8 @@ def test_source_index_is_torchvisions_dataset_index(tmp_path):
             assert (c.name(j), label) == want[i], (j, i)
             assert bytes(data) == (root / want[i][0]).read_bytes()
     notes = "\n".join(report.notes)
-    assert "hidden class folder(s) or file(s)" in notes and ".cache/" in notes
+    assert "hidden entries (a leading '.') are taken" in notes
+    assert "1 class folder(s) ['.cache'], 3 file(s) ['.cache/7.png', 'cat/.hidden.png', 'dog/.ipynb" in notes
     assert "1 image file(s) with extension .gif are not taken" in notes
 
 

@@ -251,12 +251,12 @@ class FolderSource(FileSamples):
     def _note_differences(self, classes, files, exts) -> None:
         """Notes on hidden entries taken, image files of other extensions left out, and entries
         torchvision's ImageFolder would list that were skipped (its indices then differ from ours)."""
-        hidden = [c + "/" for c in classes if c.startswith(".")]
-        hidden += [f for f in files if any(part.startswith(".") for part in f.split(os.sep))]
-        if hidden:
-            self.notes.append(f"{len(hidden)} hidden class folder(s) or file(s) (a leading '.') are taken, as "
-                              f"torchvision's ImageFolder takes them: {', '.join(hidden[:3])}"
-                              + (" ..." if len(hidden) > 3 else "") + "; remove them if they are not data")
+        hidden_classes = [c for c in classes if c.startswith(".")]
+        hidden_files = [f for f in files if (os.sep + f).find(os.sep + ".") >= 0]  # a hidden file or folder on its path
+        if hidden_classes or hidden_files:
+            self.notes.append(f"hidden entries (a leading '.') are taken, as torchvision's ImageFolder takes them: "
+                              f"{len(hidden_classes)} class folder(s) {hidden_classes[:3]}, {len(hidden_files)} "
+                              f"file(s) {hidden_files[:3]}; remove them if they are not data")
         other = [p for p in self.ignored if p.lower().endswith(OTHER_IMAGE_EXTENSIONS) and not p.lower().endswith(exts)]
         if other:
             kinds = sorted({os.path.splitext(p)[1].lower() for p in other})

@@ -9,10 +9,11 @@ anything else a class name; `classes=FILE` fixes the names and their order).
 
 The first row is a header (left out) if (checked in this order; the last two are said at ingest):
 - its path cell is one of HEADER_WORDS (`path`, `file`, `filename`, `image`, ..., any case);
-- its path cell names nothing under the source directory, and either its label cell is not an
-  integer label while every other row's is (`file_name,class_idx` over `a.jpg,3`), or the next
-  row's path names a file there (`photo,breed` over `a.jpg,beagle`): two `lstat`s, never a scan of
-  every row. A first row naming a file that exists is data.
+- its path cell names nothing under the source directory and does not end like the next row's
+  (`photo` over `a.jpg`), and either its label cell is not an integer label while every other
+  row's is (`photo,class_idx` over `a.jpg,3`), or the next row's path names a file there
+  (`photo,breed` over `a.jpg,beagle`): two `lstat`s, never a scan of every row. A first row naming
+  a file that exists, or a missing one named like the next (`gone.jpg`), is data.
 
 Two rows naming the same file (after `os.path.normpath`: `./a.jpg`, `a.jpg` and `x/../a.jpg` are
 one) with different labels are refused naming both rows; with the same label the file is one
@@ -44,10 +45,12 @@ def _header_reason(rows: list[tuple[int, list[str]]], root: str) -> str | None:
     if len(first) < 2 or len(rows) < 2 or not path_cell or os.path.lexists(os.path.join(root, path_cell)):
         return None  # a first row naming a file is data, whatever its label
     rest = [cells for _, cells in rows[1:]]
+    nxt = rest[0][0].strip()
+    if os.path.splitext(path_cell)[1].lower() == os.path.splitext(nxt)[1].lower():
+        return None  # a missing file named like the others (`gone.jpg` over `a.jpg`) is data: a bad sample
     if as_index(first[1]) is None and all(len(c) >= 2 and as_index(c[1]) is not None for c in rest):
         return (f"{path_cell!r} names nothing in {root} and its label {label_text(first[1])!r} is not an "
                 "integer while every other row's is")
-    nxt = rest[0][0].strip()
     if nxt and os.path.lexists(os.path.join(root, nxt)):
         return f"{path_cell!r} names nothing in {root} while row {rows[1][0]}'s {nxt!r} does"
     return None
@@ -95,7 +98,7 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None) 
         key = os.path.normpath(os.path.join(root, name))
         if key in seen:
             m, first_name, first_label = seen[key]
-            if label != first_label:
+            if label != first_label and (as_index(label) is None or as_index(label) != as_index(first_label)):
                 raise SampleError(f"{path}: rows {m} and {n} list the same file ({first_name!r}, {name!r}) with "
                                   f"different labels ({first_label!r}, {label!r}); keep one row")
             repeats.append(f"row {n} ({name!r}) repeats row {m} ({first_name!r})")
