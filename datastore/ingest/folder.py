@@ -263,9 +263,11 @@ class FolderSource(FileSamples):
             self.notes.append(f"{len(other)} image file(s) with extension {', '.join(kinds)} are not taken (as "
                               f"torchvision's ImageFolder, which lists {', '.join(IMAGE_EXTENSIONS)}), e.g. "
                               f"{other[0]}; extensions=... takes them")
-        listing_skips = [w for w, r in self.skipped if not r.startswith("empty class folder")]
+        # An empty class keeps its label and torchvision's os.walk passes over a directory it cannot
+        # list: neither moves an index. A link refused (loop, back into the tree) does.
+        listing_skips = [w for w, r in self.skipped if not r.startswith(("empty class folder", "cannot list"))]
         if listing_skips:
-            self.notes.append(f"{len(listing_skips)} entr(y/ies) that torchvision's ImageFolder would list were "
+            self.notes.append(f"{len(listing_skips)} entries that torchvision's ImageFolder would list were "
                               f"skipped while listing (first {listing_skips[0]}): past it a sample's source index is "
                               "not its torchvision index")
 
