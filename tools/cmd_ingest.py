@@ -66,7 +66,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--validate", choices=("header", "full", "none"), default=None,
                         help="image folder check per file: header (default; cheap, catches truncation), "
                              "full decode, or none")
-    parser.add_argument("--split", choices=("train", "test", "all"), default=None, help="CIFAR split (default train)")
+    parser.add_argument("--split", default=None, metavar="NAME",
+                        help="the split to ingest: Parquet/datasets directories (train, validation, test...: needed "
+                             "where the directory holds several; the error lists them), CIFAR (train, test or all; "
+                             "default train)")
     parser.add_argument("--max-side", type=int, default=None, metavar="S",
                         help="re-encode image files whose longer side is over S px as JPEG with the longer side S "
                              "(smaller ones are kept as they are; cheaper decode, smaller container)")

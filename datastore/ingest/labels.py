@@ -13,6 +13,9 @@ accepts and `int()` may not), a bool. The rule, one for every source that parses
   order) or else the sorted distinct texts; a sample's label is its name's position. If some of
   the values were integers or numbers (`5.0`), the switch is said in one line (a note naming the
   first value that is not an integer): they are class names there, so `10` sorts before `2`.
+- With `class_names` given, an integer value (an int, as a table's integer column holds, not text)
+  is the class index, as `datasets`' ClassLabel has it: with names ("1", "2", "3") the value 1 is
+  "2", never the class named "1". Text is looked up as a name first, then read as an index.
 """
 
 from __future__ import annotations
@@ -97,7 +100,13 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
         for j, v in enumerate(values):
             text = label_text(v)
             k = as_index(v)
-            if text in index:
+            if isinstance(v, int) and not isinstance(v, bool):
+                if k is None or k >= len(names):
+                    raise SampleError(f"{where}: {place(j)}: label {v} is not a class index 0..{len(names) - 1} of "
+                                      f"the {len(names)} class names" + (" (datasets writes -1 for 'no label': a "
+                                                                         "test split without labels?)" if v == -1 else ""))
+                labels.append(k)
+            elif text in index:
                 labels.append(index[text])
             elif k is not None and k < len(names):
                 labels.append(k)

@@ -26,10 +26,11 @@ def source_type_of(spec: str) -> str:
 
     `digits` and `synthetic` are names; a `.npy`/`.npz` path is `arrays`; a `.tar` file, a glob or
     `{a..b}` pattern of them, or a directory holding `*.tar` files is `tar` (WebDataset shards); a
-    `.parquet`/`.arrow` file or a directory with a `datasets` `state.json`/`dataset_info.json` or
-    `*.parquet` files is `parquet`; a CIFAR batch file or a directory holding CIFAR batches is
-    `cifar`; a dstore container (HDF5, Zarr, manifest) is `container` (re-ingested); any other
-    directory is an image `folder` (with a `labels` CSV: `list`, see open_source).
+    `.parquet`/`.arrow` file or a directory with a `datasets` `state.json`/`dataset_info.json`/
+    `dataset_dict.json` or `*.parquet` files (at its top or one level down: `data/`, `train/`) is
+    `parquet`; a CIFAR batch file or a directory holding CIFAR batches is `cifar`; a dstore
+    container (HDF5, Zarr, manifest) is `container` (re-ingested); any other directory is an image
+    `folder` (with a `labels` CSV: `list`, see open_source).
 
     Raises:
         ConfigError: `spec` is neither a known name nor an existing path.
@@ -50,8 +51,8 @@ def source_type_of(spec: str) -> str:
             return "cifar"
         if glob.glob(os.path.join(spec, "*.tar")):
             return "tar"
-        if any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json")) or \
-                glob.glob(os.path.join(spec, "*.parquet")) or glob.glob(os.path.join(spec, "data", "*.parquet")):
+        if any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json", "dataset_dict.json")) \
+                or glob.glob(os.path.join(spec, "*.parquet")) or glob.glob(os.path.join(spec, "*", "*.parquet")):
             return "parquet"
         return "folder"
     if os.path.isfile(spec):

@@ -1,9 +1,13 @@
 """Parquet files and Hugging Face `datasets` directories: an image-bytes column and a label column,
 read with pyarrow (an optional dependency: `pip install dstore-mpi[parquet]`).
 
-The source is a `.parquet` or `.arrow` file, or a directory: a `datasets` `save_to_disk` directory
-(its `state.json` lists the Arrow files), else every `*.parquet` (or else `*.arrow`) file below it,
-sorted (a Hub data set's `data/train-00000-of-00004.parquet`...). The image column holds the file
+The source is a `.parquet` or `.arrow` file, or a directory holding splits, found as `datasets`
+finds them (dstore.ingest.splits): a `DatasetDict.save_to_disk` directory (`dataset_dict.json`),
+a `Dataset.save_to_disk` directory (its `state.json` lists the Arrow files), or a Hub-style
+directory (`data/train-00000-of-00004.parquet`, `train/*.parquet`, `x_test.parquet`...), whose
+`*.parquet` (or else `*.arrow`) files are read in `datasets`' order. A directory with several
+splits needs `split=` (`--split`): they are never mixed. Columns other than the image and the
+label are not stored, and the ingest summary says so. The image column holds the file
 bytes, either as binary or as a `datasets` Image struct (`{bytes, path}`); the label column
 integers or class names (dstore.ingest.labels). Class names come, in this order, from `classes=`,
 from the `datasets` ClassLabel feature (in `dataset_info.json` or the schema's `huggingface`
@@ -20,11 +24,11 @@ from __future__ import annotations
 
 import bisect
 import collections
-import glob
 import json
 import os
 
 from dstore.errors import ConfigError, SampleError
+from dstore.ingest import splits
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
 from dstore.ingest.source import Source
@@ -43,33 +47,70 @@ def _pyarrow():
     return pyarrow
 
 
-def table_files(spec: str) -> tuple[list[str], dict]:
-    """(the data files of `spec`, the `datasets` features found in its dataset_info.json or {})."""
+def _read_features(path: str) -> dict:
+    """The `features` of a `datasets` dataset_info.json, or {} if there is none."""
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("features") or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SampleError(f"{path}: cannot read: {exc}") from exc
+
+
+def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, list[str], list[str]]:
+    """(the data files of `spec`'s split, the `datasets` features found in a dataset_info.json or {},
+    notes for the ingest summary, data files left out as in no split).
+
+    A directory's splits are found as `datasets` finds them (dstore.ingest.splits); `split` picks
+    one, and is needed where there are several.
+
+    Raises:
+        SampleError: naming `spec`, if it holds no table file, or several splits and `split` is None,
+            or no split `split` (the message lists the splits found).
+    """
     if os.path.isfile(spec):
-        return [os.path.abspath(spec)], {}
+        if split not in (None, "train"):  # datasets calls a lone data file's rows the split train
+            raise SampleError(f"{spec}: a single file is the one split 'train'; no split {split!r} (drop --split)")
+        return [os.path.abspath(spec)], {}, [], []
     if not os.path.isdir(spec):
         raise SampleError(f"{spec}: neither a .parquet/.arrow file nor a directory")
-    features = {}
-    info = os.path.join(spec, "dataset_info.json")
-    if os.path.isfile(info):
-        try:
-            with open(info, encoding="utf-8") as f:
-                features = json.load(f).get("features") or {}
-        except (OSError, ValueError) as exc:
-            raise SampleError(f"{info}: cannot read: {exc}") from exc
-    state = os.path.join(spec, "state.json")
-    if os.path.isfile(state):
-        try:
-            with open(state, encoding="utf-8") as f:
-                files = [os.path.join(spec, d["filename"]) for d in json.load(f)["_data_files"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SampleError(f"{state}: not a datasets state.json with _data_files: {exc}") from exc
+    notes: list[str] = []
+    ignored: list[str] = []
+    saved = splits.saved_splits(spec)
+    if saved is not None:  # a DatasetDict.save_to_disk directory
+        name = splits.pick_split(saved, split, spec)
+        files, features = saved[name], _read_features(os.path.join(spec, name, "dataset_info.json"))
+        notes.append(f"split {name!r} of the splits {', '.join(saved)} (dataset_dict.json)")
+    elif os.path.isfile(os.path.join(spec, "state.json")):  # one Dataset.save_to_disk directory
+        files, features = splits.state_files(spec), _read_features(os.path.join(spec, "dataset_info.json"))
+        with open(os.path.join(spec, "state.json"), encoding="utf-8") as f:
+            saved_as = json.load(f).get("_split")
+        if split is not None and split != saved_as:
+            raise SampleError(f"{spec}: holds one Dataset saved as split {saved_as!r}, not {split!r} (drop --split)")
     else:
-        files = sorted(glob.glob(os.path.join(spec, "**", "*.parquet"), recursive=True)) or \
-            sorted(glob.glob(os.path.join(spec, "**", "*.arrow"), recursive=True))
-    if not files:
-        raise SampleError(f"{spec}: no .parquet or .arrow files")
-    return [os.path.abspath(p) for p in files], features
+        found = splits.hub_splits(spec)
+        kept = {}
+        for suffix in TABLE_SUFFIXES:  # as datasets, one reader for the directory: Parquet if any, else Arrow
+            kept = {s: [p for p in paths if p.endswith(suffix)] for s, paths in found.items()}
+            kept = {s: paths for s, paths in kept.items() if paths}
+            if kept:
+                break
+        if not kept:
+            raise SampleError(f"{spec}: no .parquet or .arrow files")
+        name = splits.pick_split(kept, split, spec)
+        files = list(dict.fromkeys(kept[name]))
+        if len(files) < len(kept[name]):
+            twice = sorted({p for p in kept[name] if kept[name].count(p) > 1})
+            notes.append(f"split {name!r}: {len(twice)} file(s) match two of datasets' split patterns (e.g. "
+                         f"{twice[0]}); datasets reads their rows twice, dstore once")
+        chosen = set(files)
+        in_splits = {p for paths in kept.values() for p in paths}
+        ignored = [os.path.join(spec, p) for p in splits.all_files(spec)
+                   if p.endswith(TABLE_SUFFIXES) and p not in in_splits]
+        notes.append(f"split {name!r} of the splits {', '.join(kept)} ({len(chosen)} file(s))")
+        features = _read_features(os.path.join(spec, "dataset_info.json"))
+    return [os.path.abspath(os.path.join(spec, p)) for p in files], features, notes, ignored
 
 
 def _open_arrow(pa, path: str):
@@ -91,13 +132,14 @@ class TableSource(Source):
         classes: class names in label order (a file, one per line, or a sequence), or None.
         validate: as for an image folder.
         cache_row_groups: Parquet row groups a process keeps decoded.
+        split: the split of a directory to ingest (`train`, `test`...), needed where it holds several.
     """
 
     kind = "parquet"
     list_on_root = True
 
     def __init__(self, spec: str, *, image_column: str = "image", label_column: str = "label", classes=None,
-                 validate: str = "header", cache_row_groups: int = 4):
+                 validate: str = "header", cache_row_groups: int = 4, split: str | None = None):
         super().__init__()
         pa = _pyarrow()
         if validate not in VALIDATE:
@@ -105,7 +147,7 @@ class TableSource(Source):
         self.spec, self.validate = os.fspath(spec), validate
         self.image_column, self.label_column = image_column, label_column
         self.cache_row_groups = max(1, int(cache_row_groups))
-        self.files, features = table_files(self.spec)
+        self.files, features, self.notes, self.ignored = table_files(self.spec, split)
         self._parts: list[tuple[int, int, int]] = []  # (file, row group or -1 for Arrow, first row of it)
         self._starts: list[int] = []  # global index of each part's first row
         values: list = []
@@ -121,6 +163,8 @@ class TableSource(Source):
             raise SampleError(f"{self.spec}: no rows")
         self.encoding = "image"
         self.description = f"table {self.spec} (columns {image_column}, {label_column})"
+        if split is not None:
+            self.description = f"table {self.spec} split {split} (columns {image_column}, {label_column})"
         self._cache: collections.OrderedDict = collections.OrderedDict()
 
     def _check_columns(self, path: str, schema) -> None:
@@ -129,6 +173,13 @@ class TableSource(Source):
                 raise SampleError(f"{path}: no column {col!r}; its columns: {schema.names} (choose with "
                                   "--image-column / --label-column)")
 
+    def _note_columns(self, names: list[str]) -> None:
+        """Says once which columns ingest keeps and which it does not store (only one image and its label)."""
+        other = [n for n in names if n not in (self.image_column, self.label_column)]
+        if other and not any(n.startswith("columns kept:") for n in self.notes):
+            self.notes.append(f"columns kept: {self.image_column} (image), {self.label_column} (label); "
+                              f"not stored: {', '.join(other)}")
+
     def _list_file(self, pa, k: int, path: str, values: list) -> dict:
         """Appends file k's row parts and labels; returns the `datasets` features in its schema, if any."""
         first = len(values)
@@ -136,6 +187,7 @@ class TableSource(Source):
             if path.endswith(".arrow"):
                 table = _open_arrow(pa, path)
                 self._check_columns(path, table.schema)
+                self._note_columns(table.schema.names)
                 self._starts.append(len(values))
                 self._parts.append((k, -1, 0))
                 values.extend(table.column(self.label_column).to_pylist())
@@ -143,6 +195,7 @@ class TableSource(Source):
             else:
                 pf = pa.parquet.ParquetFile(path)
                 self._check_columns(path, pf.schema_arrow)
+                self._note_columns(pf.schema_arrow.names)
                 row = 0
                 for g in range(pf.metadata.num_row_groups):
                     self._starts.append(len(values) + row)

@@ -9,7 +9,17 @@ data offset, by whichever rank processes it); the label members are read while l
 sample, the image is the member whose extension is one of `image_key` (`jpg;png;jpeg` by default,
 the first found), the label the member with extension `label_key` (`cls`: an integer or a class
 name; see dstore.ingest.labels). A sample with no image or no label member is a listing problem
-(`on_error`); members of other extensions (`json`, `txt`...) are ignored.
+(`on_error`); members of other extensions (`json`, `txt`...) are not stored, and the ingest summary
+says which (`fields kept: ...; not stored: ...`).
+
+As `webdataset` 1.0.2 (`tariterators.group_by_keys`), whose behaviour is the reference:
+- a sample with two members of one extension (`a.jpg` twice) is refused (webdataset raises
+  `ValueError: duplicate file name in tar file`), naming the tar and the key; never last-wins;
+- a member whose file name has no dot, or starts with a dot (macOS `._a.jpg` resource forks,
+  which `tar` on a Mac adds), is not part of any sample: skipped and listed as ignored. (For
+  `dir/._a.jpg` webdataset makes a junk sample keyed `dir/`; dstore skips that member too.)
+- a tar cut short (a partial copy or download) is an error naming the tar, the last whole member
+  and the byte offset where the data stops; webdataset raises `tarfile.ReadError` there too.
 """
 
 from __future__ import annotations
@@ -57,6 +67,37 @@ def split_key(member: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), ext
 
 
+def _in_a_sample(member: str) -> bool:
+    """Whether webdataset puts `member` in a sample: its file name has a dot, and not first."""
+    base = member.rsplit("/", 1)[-1]
+    return "." in base and not base.startswith(".")
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _unreadable(path: str, last, exc: Exception) -> str:
+    """The message for a tar that `tarfile` cannot read to its end: compressed, cut short or damaged."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        size = os.path.getsize(path)
+    except OSError:
+        head, size = b"", -1
+    kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+    if kind is not None:
+        return (f"{path}: a {kind}-compressed tar; shards are read by seeking to each member, which needs an "
+                f"uncompressed tar: decompress it first")
+    if last is None:
+        return f"{path}: not a tar file ({exc}); its first header is not a tar header"
+    end = last.offset_data + (last.size if last.isfile() else 0)
+    if end > size:
+        return (f"{path}: truncated: member {last.name!r} needs bytes up to {end} but the file ends at byte {size} "
+                f"({exc}); copy or download the shard again")
+    return (f"{path}: truncated or damaged after member {last.name!r}: no valid tar header at byte offset "
+            f"{-(-end // 512) * 512} of {size} ({exc}); copy or download the shard again")
+
+
 def _keys(value: str, what: str) -> tuple[str, ...]:
     keys = tuple(k.strip().lower().lstrip(".") for k in str(value).split(";") if k.strip())
     if not keys:
@@ -90,6 +131,7 @@ class TarSource(Source):
         self.shards = expand_shards(os.fspath(spec))
         self.description = f"webdataset {os.fspath(spec)} ({len(self.shards)} shard(s))"
         self._members: list[tuple[int, str, int, int]] = []  # (shard, member name, data offset, size)
+        self._fields: dict[str, int] = {}  # extension -> samples with a member of it that is not stored
         values: list[str] = []
         for s, path in enumerate(self.shards):
             self._list_shard(s, path, values, on_error)
@@ -98,32 +140,47 @@ class TarSource(Source):
                               f"({self.label_key}) member")
         self._labels, self.class_names = resolve_labels(values, os.fspath(spec), class_names_option(classes),
                                                         notes=self.notes)
+        self._note_fields()
         exts = {os.path.splitext(m[1])[1].lower() for m in self._members}
         self.encoding = "jpeg" if exts <= {".jpg", ".jpeg"} else "png" if exts == {".png"} else "image"
 
     def _list_shard(self, s: int, path: str, values: list, on_error: str) -> None:
+        last = None  # the last member whose header was read whole
         try:
             with tarfile.open(path, "r:") as tf:
                 group: dict[str, tarfile.TarInfo] = {}
-                key = None
+                key, duplicate = None, None
                 for info in tf:
+                    last = info
                     if not info.isfile():
+                        continue
+                    if not _in_a_sample(info.name):
+                        self.ignored.append(f"{path}:{info.name}")
                         continue
                     k, ext = split_key(info.name)
                     if k != key:
-                        self._take(s, path, key, group, values, tf, on_error)
-                        key, group = k, {}
-                    group[ext.lower()] = info
-                self._take(s, path, key, group, values, tf, on_error)
+                        self._take(s, path, key, group, values, tf, on_error, duplicate)
+                        key, group, duplicate = k, {}, None
+                    if ext.lower() in group and duplicate is None:
+                        duplicate = (group[ext.lower()].name, info.name)
+                    group.setdefault(ext.lower(), info)
+                self._take(s, path, key, group, values, tf, on_error, duplicate)
         except tarfile.ReadError as exc:
-            raise SampleError(f"{path}: not an uncompressed tar file ({exc}); compressed shards cannot be read "
-                              "by seeking: decompress them first") from exc
+            raise SampleError(_unreadable(path, last, exc)) from exc
         except OSError as exc:
             raise SampleError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
-    def _take(self, s, path, key, group, values, tf, on_error) -> None:
-        """Records sample `key` of shard `s` from its members `group` (ext -> TarInfo)."""
+    def _take(self, s, path, key, group, values, tf, on_error, duplicate=None) -> None:
+        """Records sample `key` of shard `s` from its members `group` (ext -> TarInfo); `duplicate`:
+        (first, second) names of two members of one extension, which refuse the sample."""
         if key is None:
+            return
+        if duplicate is not None:
+            reason = (f"sample {key!r} has two members {duplicate[0]!r} and {duplicate[1]!r} of one extension; "
+                      "webdataset refuses it too (duplicate file name): rewrite the shard with one of them")
+            if on_error == "raise":
+                raise SampleError(f"{path}: {reason}")
+            self.skipped.append((f"{path}:{key}", reason))
             return
         image = next((group[k] for k in self.image_keys if k in group), None)
         label = group.get(self.label_key)
@@ -138,6 +195,17 @@ class TarSource(Source):
         text = tf.extractfile(label).read().decode("utf-8", "replace").strip()
         self._members.append((s, image.name, image.offset_data, image.size))
         values.append(text)
+        for ext in group:  # the members of this sample that are not stored
+            if group[ext] is not image and ext != self.label_key:
+                self._fields[ext] = self._fields.get(ext, 0) + 1
+
+    def _note_fields(self) -> None:
+        """Says which member extensions are stored (one image and the label) and which are not."""
+        image = sorted({split_key(m[1])[1].lower() for m in self._members})
+        dropped = [f"{ext} ({n} samples)" for ext, n in sorted(self._fields.items())]
+        if dropped:
+            self.notes.append(f"fields kept: {';'.join(image)} (image), {self.label_key} (label); "
+                              f"not stored: {', '.join(dropped)}")
 
     def __len__(self) -> int:
         return len(self._members)
