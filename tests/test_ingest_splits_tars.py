@@ -158,3 +158,26 @@ def test_truncated_tar_names_the_member_and_offset(tmp_path):
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 64)
     with pytest.raises(SampleError, match="junk.tar: not a tar file"):
         run(tmp_path / "junk.tar", tmp_path / "j.h5")
+
+
+def test_split_file_names_in_datasets_order_read_once(tmp_path):
+    """`datasets` takes train-training-3 twice (two of its train patterns match) and drops x.parquet
+    (no split): dstore reads it once and lists x.parquet as ignored, saying both."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for k, name in enumerate(["my-train-1", "train_2", "train-training-3", "foo-test", "x"]):
+        pq.write_table(rows_table(k, 1), flat / f"{name}.parquet")
+    report = run(flat, tmp_path / "t.h5", split="train", keep_order=True)
+    assert stored(tmp_path / "t.h5") == [(png_bytes(4, k), k % 3) for k in (2, 1, 0)]  # datasets' file order
+    assert any("train-training-3.parquet); datasets reads their rows twice, dstore once" in n for n in report.notes)
+    assert report.ignored == [str(flat / "x.parquet")]
+    assert any(n.startswith("1 table file(s) in no split, not read") for n in report.notes)
+
+
+def test_image_stored_as_a_path_only_is_named(tmp_path):
+    table = rows_table(0, 2)
+    images = pa.array([{"bytes": png_bytes(4, 0), "path": None}, {"bytes": None, "path": "/elsewhere/b.png"}],
+                      type=IMAGE)
+    pq.write_table(table.set_column(0, "image", images), tmp_path / "p.parquet")
+    with pytest.raises(SampleError, match=r"p.parquet#1: no image bytes, only the path '/elsewhere/b.png'"):
+        run(tmp_path / "p.parquet", tmp_path / "p.h5")

@@ -109,6 +109,9 @@ def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, l
         ignored = [os.path.join(spec, p) for p in splits.all_files(spec)
                    if p.endswith(TABLE_SUFFIXES) and p not in in_splits]
         notes.append(f"split {name!r} of the splits {', '.join(kept)} ({len(chosen)} file(s))")
+        if ignored:
+            notes.append(f"{len(ignored)} table file(s) in no split, not read (datasets leaves them out too), "
+                         f"e.g. {ignored[0]}")
         features = _read_features(os.path.join(spec, "dataset_info.json"))
     return [os.path.abspath(os.path.join(spec, p)) for p in files], features, notes, ignored
 
@@ -254,7 +257,6 @@ class TableSource(Source):
         if pa.types.is_struct(col.type):
             if col.type.get_field_index("bytes") < 0:
                 raise SampleError(f"{path}: image column {self.image_column!r} is a struct without a 'bytes' field")
-            col = col.field("bytes")
         self._cache[p] = col
         while len(self._cache) > self.cache_row_groups:
             self._cache.popitem(last=False)
@@ -269,6 +271,13 @@ class TableSource(Source):
             raise
         except Exception as exc:  # pyarrow raises several types for damaged files; name the row
             raise SampleError(f"{where}: cannot read: {type(exc).__name__}: {exc}") from exc
+        stored_path = None
+        if isinstance(value, dict):  # a datasets Image: {bytes, path}
+            value, stored_path = value.get("bytes"), value.get("path")
+        if value is None and stored_path:
+            raise SampleError(f"{where}: no image bytes, only the path {stored_path!r} (datasets would open that "
+                              "file; dstore reads only bytes in the table): embed the images, e.g. with datasets' "
+                              "Dataset.to_parquet or push_to_hub, which store the bytes")
         if value is None:
             raise SampleError(f"{where}: no image bytes (null)")
         if not isinstance(value, (bytes, bytearray)):
