@@ -181,3 +181,22 @@ def test_image_stored_as_a_path_only_is_named(tmp_path):
     pq.write_table(table.set_column(0, "image", images), tmp_path / "p.parquet")
     with pytest.raises(SampleError, match=r"p.parquet#1: no image bytes, only the path '/elsewhere/b.png'"):
         run(tmp_path / "p.parquet", tmp_path / "p.h5")
+
+
+def test_a_tar_cut_anywhere_is_refused(tmp_path):
+    """Cut at any byte (a member boundary, inside a header, inside data) or with a damaged header,
+    a shard is refused naming it; tarfile and webdataset end a shard cut in a header in silence."""
+    from dstore.ingest.tar import TarSource
+
+    write_tar(tmp_path / "full.tar", [m for k in range(3) for m in ((f"s{k}.png", png_bytes(4, k)), (f"s{k}.cls", b"0"))])
+    data = (tmp_path / "full.tar").read_bytes()
+    assert len(TarSource(str(tmp_path / "full.tar"))) == 3
+    end = data.rindex(b"0") + 512  # after the last member's data block: the end-of-archive blocks
+    for cut in sorted({*range(1, end, 97), *range(512, end, 512)}):
+        (tmp_path / "cut.tar").write_bytes(data[:cut])
+        with pytest.raises(SampleError, match=r"cut.tar: (not a tar file|truncated|damaged)"):
+            TarSource(str(tmp_path / "cut.tar"))
+    (tmp_path / "bad.tar").write_bytes(data[:2048] + b"x" * 512 + data[2560:])  # s1.png header
+    with pytest.raises(SampleError, match=r"bad.tar: damaged after member 's0.cls': no valid tar header at byte "
+                                          r"offset 2048"):
+        TarSource(str(tmp_path / "bad.tar"))

@@ -19,7 +19,9 @@ As `webdataset` 1.0.2 (`tariterators.group_by_keys`), whose behaviour is the ref
   which `tar` on a Mac adds), is not part of any sample: skipped and listed as ignored. (For
   `dir/._a.jpg` webdataset makes a junk sample keyed `dir/`; dstore skips that member too.)
 - a tar cut short (a partial copy or download) is an error naming the tar, the last whole member
-  and the byte offset where the data stops; webdataset raises `tarfile.ReadError` there too.
+  and the byte offset where the data stops; webdataset raises `tarfile.ReadError` where a member's
+  data is cut, but ends the shard without a word where a header is cut or damaged (as `tarfile`
+  does): dstore refuses that too, since the rest of the shard would be lost in silence.
 """
 
 from __future__ import annotations
@@ -98,6 +100,28 @@ def _unreadable(path: str, last, exc: Exception) -> str:
             f"{-(-end // 512) * 512} of {size} ({exc}); copy or download the shard again")
 
 
+def _check_end(path: str, tf: tarfile.TarFile, last) -> None:
+    """SampleError unless the tar ends with its end-of-archive block where `tf` stopped reading.
+
+    `tarfile` (and so webdataset) ends its listing without a word at a header cut short or one that
+    is not a header, after the first member: a shard cut at or inside a header would lose its
+    remaining samples in silence. Here it is an error naming the tar and the byte."""
+    fileobj = tf.fileobj
+    if fileobj is None:
+        return
+    fileobj.seek(tf.offset)
+    block = fileobj.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and not block.strip(b"\0"):
+        return
+    after = f"after member {last.name!r}" if last is not None else "at its start"
+    size = os.path.getsize(path)
+    if len(block) < tarfile.BLOCKSIZE:
+        raise SampleError(f"{path}: truncated {after}: the file ends at byte {size} without the tar's end-of-archive "
+                          f"block (a header cut short or missing); copy or download the shard again")
+    raise SampleError(f"{path}: damaged {after}: no valid tar header at byte offset {tf.offset} of {size}; "
+                      "copy or download the shard again")
+
+
 def _keys(value: str, what: str) -> tuple[str, ...]:
     keys = tuple(k.strip().lower().lstrip(".") for k in str(value).split(";") if k.strip())
     if not keys:
@@ -164,6 +188,7 @@ class TarSource(Source):
                     if ext.lower() in group and duplicate is None:
                         duplicate = (group[ext.lower()].name, info.name)
                     group.setdefault(ext.lower(), info)
+                _check_end(path, tf, last)
                 self._take(s, path, key, group, values, tf, on_error, duplicate)
         except tarfile.ReadError as exc:
             raise SampleError(_unreadable(path, last, exc)) from exc
