@@ -59,6 +59,8 @@ def test_hub_directory_splits_are_not_mixed(tmp_path):
     report = run(hub, tmp_path / "train.h5", split="train", keep_order=True)
     assert stored(tmp_path / "train.h5") == [(png_bytes(4, k), k % 3) for k in range(5)]
     assert any("split 'train' of the splits train, test" in n for n in report.notes), report.notes
+    with open_container(str(tmp_path / "train.h5")) as c:
+        assert c.info.source == f"table {hub} split train (columns image, label)"  # the provenance says which
     run(hub, tmp_path / "test.h5", split="test", keep_order=True)
     assert stored(tmp_path / "test.h5") == [(png_bytes(4, k), k % 3) for k in (100, 101)]
 

@@ -58,9 +58,9 @@ def _read_features(path: str) -> dict:
         raise SampleError(f"{path}: cannot read: {exc}") from exc
 
 
-def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, list[str], list[str]]:
+def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, list[str], list[str], str | None]:
     """(the data files of `spec`'s split, the `datasets` features found in a dataset_info.json or {},
-    notes for the ingest summary, data files left out as in no split).
+    notes for the ingest summary, data files left out as in no split, the split's name or None).
 
     A directory's splits are found as `datasets` finds them (dstore.ingest.splits); `split` picks
     one, and is needed where there are several.
@@ -72,7 +72,7 @@ def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, l
     if os.path.isfile(spec):
         if split not in (None, "train"):  # datasets calls a lone data file's rows the split train
             raise SampleError(f"{spec}: a single file is the one split 'train'; no split {split!r} (drop --split)")
-        return [os.path.abspath(spec)], {}, [], []
+        return [os.path.abspath(spec)], {}, [], [], split
     if not os.path.isdir(spec):
         raise SampleError(f"{spec}: neither a .parquet/.arrow file nor a directory")
     notes: list[str] = []
@@ -85,7 +85,7 @@ def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, l
     elif os.path.isfile(os.path.join(spec, "state.json")):  # one Dataset.save_to_disk directory
         files, features = splits.state_files(spec), _read_features(os.path.join(spec, "dataset_info.json"))
         with open(os.path.join(spec, "state.json"), encoding="utf-8") as f:
-            saved_as = json.load(f).get("_split")
+            name = saved_as = json.load(f).get("_split")
         if split is not None and split != saved_as:
             raise SampleError(f"{spec}: holds one Dataset saved as split {saved_as!r}, not {split!r} (drop --split)")
     else:
@@ -113,7 +113,7 @@ def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, l
             notes.append(f"{len(ignored)} table file(s) in no split, not read (datasets leaves them out too), "
                          f"e.g. {ignored[0]}")
         features = _read_features(os.path.join(spec, "dataset_info.json"))
-    return [os.path.abspath(os.path.join(spec, p)) for p in files], features, notes, ignored
+    return [os.path.abspath(os.path.join(spec, p)) for p in files], features, notes, ignored, name
 
 
 def _open_arrow(pa, path: str):
@@ -150,7 +150,7 @@ class TableSource(Source):
         self.spec, self.validate = os.fspath(spec), validate
         self.image_column, self.label_column = image_column, label_column
         self.cache_row_groups = max(1, int(cache_row_groups))
-        self.files, features, self.notes, self.ignored = table_files(self.spec, split)
+        self.files, features, self.notes, self.ignored, self.split = table_files(self.spec, split)
         self._parts: list[tuple[int, int, int]] = []  # (file, row group or -1 for Arrow, first row of it)
         self._starts: list[int] = []  # global index of each part's first row
         values: list = []
@@ -166,8 +166,8 @@ class TableSource(Source):
             raise SampleError(f"{self.spec}: no rows")
         self.encoding = "image"
         self.description = f"table {self.spec} (columns {image_column}, {label_column})"
-        if split is not None:
-            self.description = f"table {self.spec} split {split} (columns {image_column}, {label_column})"
+        if self.split is not None:
+            self.description = f"table {self.spec} split {self.split} (columns {image_column}, {label_column})"
         self._cache: collections.OrderedDict = collections.OrderedDict()
 
     def _check_columns(self, path: str, schema) -> None:
