@@ -129,3 +129,31 @@ def test_datasets_directories_as_datasets_reads_them(layout, splits, names, keyw
             rows, classes, _ = stored(out)
             assert rows == [(r["image"]["bytes"], r["label"]) for r in ref], (layout, split)
             assert classes == tuple(ref.features["label"].names)
+
+
+DIRS = ("data", "train", "test", "val", "x-train", "my_dev", "training", ".hidden", "__cache__", "sub")
+FILES = ("train-00000-of-00002.parquet", "test-00000-of-00001.parquet", "a.parquet", "train_1.parquet",
+         "foo-test.parquet", "eval.parquet", "README.md", "dataset_info.json", "validation-2.arrow", ".x.parquet",
+         "train-training-3.parquet", "valid.parquet")
+
+
+@settings(CI, max_examples=20)  # no files written but empty ones: cheap
+@given(tree=st.lists(st.tuples(st.lists(st.sampled_from(DIRS), max_size=2), st.sampled_from(FILES)),
+                     min_size=1, max_size=8))
+def test_split_files_as_datasets_finds_them(tree):
+    """The splits and each split's files, in order (duplicates too), of a random directory tree:
+    dstore.ingest.splits.hub_splits against datasets' own get_data_patterns and DataFilesDict."""
+    data_files = pytest.importorskip("datasets.data_files", reason="Hugging Face datasets is the reference")
+    from dstore.ingest.splits import hub_splits
+
+    with tempfile.TemporaryDirectory() as root:
+        for dirs, name in tree:
+            os.makedirs(os.path.join(root, *dirs), exist_ok=True)
+            open(os.path.join(root, *dirs, name), "wb").close()
+        try:
+            found = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(root), base_path=root)
+        except FileNotFoundError:  # no data file at all (only hidden or metadata files)
+            found = {}
+        reference = {str(s): [os.path.relpath(p, root).replace(os.sep, "/") for p in files]
+                     for s, files in found.items()}
+        assert hub_splits(root) == reference
