@@ -202,3 +202,20 @@ def test_a_tar_cut_anywhere_is_refused(tmp_path):
     with pytest.raises(SampleError, match=r"bad.tar: damaged after member 's0.cls': no valid tar header at byte "
                                           r"offset 2048"):
         TarSource(str(tmp_path / "bad.tar"))
+
+
+def test_webdataset_directory_splits_are_not_mixed(tmp_path):
+    """A Hub WebDataset directory (train-000.tar beside validation-000.tar) is two splits, as
+    datasets reads it: one is picked, never both mixed."""
+    wds = tmp_path / "wds"
+    wds.mkdir()
+    write_tar(wds / "train-000.tar", [("a.png", png_bytes(4, 0)), ("a.cls", b"0"), ("b.png", png_bytes(4, 1)),
+                                      ("b.cls", b"1")])
+    write_tar(wds / "validation-000.tar", [("c.png", png_bytes(4, 2)), ("c.cls", b"1")])
+    with pytest.raises(SampleError, match=r"wds: holds the splits train, validation; .*--split NAME"):
+        run(wds, tmp_path / "x.h5")
+    report = run(wds, tmp_path / "v.h5", split="validation", keep_order=True)
+    assert stored(tmp_path / "v.h5") == [(png_bytes(4, 2), 1)]
+    assert "split 'validation' of the splits train, validation (1 shard(s))" in report.notes
+    with pytest.raises(SampleError, match=r"picks a split of a directory"):
+        run(wds / "train-000.tar", tmp_path / "t.h5", split="train")

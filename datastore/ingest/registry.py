@@ -25,7 +25,8 @@ def source_type_of(spec: str) -> str:
     """The source type `auto` picks for `spec` (without reading any sample).
 
     `digits` and `synthetic` are names; a `.npy`/`.npz` path is `arrays`; a `.tar` file, a glob or
-    `{a..b}` pattern of them, or a directory holding `*.tar` files is `tar` (WebDataset shards); a
+    `{a..b}` pattern of them, or a directory holding `*.tar` files (or `train/*.tar`...) is `tar`
+    (WebDataset shards); a
     `.parquet`/`.arrow` file or a directory with a `datasets` `state.json`/`dataset_info.json`/
     `dataset_dict.json` or `*.parquet` files (at its top or one level down: `data/`, `train/`) is
     `parquet`; a CIFAR batch file or a directory holding CIFAR batches is `cifar`; a dstore
@@ -49,7 +50,7 @@ def source_type_of(spec: str) -> str:
     if os.path.isdir(spec):
         if looks_like_cifar_dir(spec):
             return "cifar"
-        if glob.glob(os.path.join(spec, "*.tar")):
+        if glob.glob(os.path.join(spec, "*.tar")) or glob.glob(os.path.join(spec, "*", "*.tar")):
             return "tar"
         if any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json", "dataset_dict.json")) \
                 or glob.glob(os.path.join(spec, "*.parquet")) or glob.glob(os.path.join(spec, "*", "*.parquet")):

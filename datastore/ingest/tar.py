@@ -2,8 +2,10 @@
 to the first dot of its file name: `train/00042.jpg` and `train/00042.cls` are sample
 `train/00042`), read as streams and never extracted.
 
-The source is one `.tar`, a directory (its `*.tar` files, sorted), a glob (`shards/*.tar`) or a
-WebDataset brace pattern (`shard-{000000..000099}.tar`). Listing (rank 0) walks each tar's headers
+The source is one `.tar`, a glob (`shards/*.tar`), a WebDataset brace pattern
+(`shard-{000000..000099}.tar`), or a directory: its `*.tar` files of one split, found as `datasets`
+finds them (`train-000.tar` and `validation-000.tar` side by side are two splits, never mixed:
+`split=`/`--split` picks one). Listing (rank 0) walks each tar's headers
 once with `tarfile` (uncompressed tars only: a sample is then read with one seek at its member's
 data offset, by whichever rank processes it); the label members are read while listing. Of each
 sample, the image is the member whose extension is one of `image_key` (`jpg;png;jpeg` by default,
@@ -32,6 +34,7 @@ import re
 import tarfile
 
 from dstore.errors import ConfigError, SampleError
+from dstore.ingest import splits
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
 from dstore.ingest.source import Source
@@ -39,14 +42,29 @@ from dstore.ingest.source import Source
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
-def expand_shards(spec: str) -> list[str]:
-    """The tar files `spec` names (a file, a directory, a glob or a `{a..b}` pattern), sorted.
+def expand_shards(spec: str, split: str | None = None) -> tuple[list[str], list[str]]:
+    """(the tar files `spec` names, notes for the ingest summary). `spec` is a file, a glob or a
+    `{a..b}` pattern (its files, sorted), or a directory: the `*.tar` files below it of one split,
+    found and ordered as `datasets` does (dstore.ingest.splits: `train-000.tar`, `val/000.tar`...;
+    a directory of shards without split names is the one split `train`).
 
     Raises:
-        SampleError: naming `spec` if it names no tar file.
+        SampleError: naming `spec` if it names no tar file, or a directory holds several splits and
+            `split` is None, or no split `split`.
     """
+    notes: list[str] = []
     if os.path.isdir(spec):
-        paths = sorted(glob.glob(os.path.join(spec, "*.tar")))
+        found = {s: [p for p in paths if p.endswith(".tar")] for s, paths in splits.hub_splits(spec).items()}
+        found = {s: paths for s, paths in found.items() if paths}
+        if not found:
+            raise SampleError(f"{spec}: no .tar shards found")
+        name = splits.pick_split(found, split, spec)
+        paths = [os.path.join(spec, p) for p in dict.fromkeys(found[name])]
+        if len(found) > 1 or split is not None:
+            notes.append(f"split {name!r} of the splits {', '.join(found)} ({len(paths)} shard(s))")
+    elif split is not None:
+        raise SampleError(f"{spec}: split={split!r} picks a split of a directory; this names its shards itself "
+                          "(drop --split, or give the directory)")
     elif (m := _BRACES.search(spec)) is not None:
         lo, hi, width = int(m.group(1)), int(m.group(2)), len(m.group(1))
         paths = [spec[:m.start()] + f"{k:0{width}d}" + spec[m.end():] for k in range(lo, hi + 1)]
@@ -59,7 +77,7 @@ def expand_shards(spec: str) -> list[str]:
         paths = [spec] if os.path.isfile(spec) else []
     if not paths:
         raise SampleError(f"{spec}: no .tar shards found")
-    return [os.path.abspath(p) for p in paths]
+    return [os.path.abspath(p) for p in paths], notes
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -139,20 +157,21 @@ class TarSource(Source):
         classes: class names in label order (a file, one per line, or a sequence), or None.
         on_error: `raise` or `skip` for samples without an image or a label.
         validate: as for an image folder.
+        split: the split of a directory to ingest (`train`, `validation`...), needed where it holds several.
     """
 
     kind = "tar"
     list_on_root = True
 
     def __init__(self, spec: str, *, image_key: str = "jpg;png;jpeg", label_key: str = "cls", classes=None,
-                 on_error: str = "raise", validate: str = "header"):
+                 on_error: str = "raise", validate: str = "header", split: str | None = None):
         super().__init__()
         if validate not in VALIDATE:
             raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
         self.validate = validate
         self.image_keys = _keys(image_key, "image_key")
         self.label_key = _keys(label_key, "label_key")[0]
-        self.shards = expand_shards(os.fspath(spec))
+        self.shards, self.notes = expand_shards(os.fspath(spec), split)
         self.description = f"webdataset {os.fspath(spec)} ({len(self.shards)} shard(s))"
         self._members: list[tuple[int, str, int, int]] = []  # (shard, member name, data offset, size)
         self._fields: dict[str, int] = {}  # extension -> samples with a member of it that is not stored
