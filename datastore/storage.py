@@ -123,6 +123,17 @@ class StorageReader:
             r.close()
 
 
+def step_sums(values: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """The sum of ``values[ptr[s]:ptr[s + 1]]`` for each step s (int64[len(ptr) - 1]).
+
+    Not `np.add.reduceat`: a step may be empty (a mix's source has no entry in some of the mix's
+    steps, dstore.mixed), where reduceat gives the next entry's value, or fails past the end."""
+    csum = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=csum[1:])
+    ptr = np.asarray(ptr, dtype=np.int64)
+    return csum[ptr[1:]] - csum[ptr[:-1]]
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
@@ -170,8 +181,7 @@ class StorageEpoch:
         self._twice = set(uniq[counts > 1].tolist())
         self._copies = {}
         rb = np.where(self.read_entry, offsets[ids + 1] - offsets[ids], 0)  # no int64[N] of sizes
-        per_step = np.add.reduceat(rb, sched.ptr[:-1]) if rb.size else np.zeros(1, np.int64)
-        need = int(per_step[first:].max(initial=0))
+        need = int(step_sums(rb, sched.ptr)[first:].max(initial=0))
         n = lookahead + 1
         if len(bufs) != n or bufs[0].size < need:
             bufs = [np.empty(need, dtype=np.uint8) for _ in range(n)]

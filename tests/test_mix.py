@@ -232,3 +232,59 @@ def test_a_mixed_stores_schedule_is_its_part_of_the_whole_plan(tmp_path):
                     assert np.array_equal(sched.pad, ref.pad)
                     assert np.array_equal(src, want_src[ref.ids]) and np.array_equal(ids, want_ids[ref.ids])
         store.rank, store.size = 0, 1
+
+
+# ---------------------------------------------------------------- a source over the memory budget
+
+TIER_WEIGHTS = (0.9, 0.1)
+"""The large source (400 samples) gets 44 entries an epoch: most of the mix's steps hold none of it
+(an empty step of its store's schedule, which its storage tier once failed on with an IndexError)."""
+
+
+@pytest.fixture(scope="module")
+def raw_sources(tmp_path_factory):
+    """[40 raw samples (7.7 kB), 400 raw samples (77 kB)], 192 bytes each."""
+    from formats_helpers import raw_container
+
+    tmp = tmp_path_factory.mktemp("mixraw")
+    return [raw_container(tmp / "a.h5", n=40, shape=(8, 8, 3), seed=1),
+            raw_container(tmp / "c.h5", n=400, shape=(8, 8, 3), seed=2)]
+
+
+def _entries_are_the_plan(result: dict, sources) -> None:
+    """Each epoch's entries are mix_plan's order exactly: every planned (source, sample) once, none other."""
+    from dstore.formats import open_container
+
+    sizes = [open_container(p).num_samples for p in sources]
+    for e in (0, 1):
+        src, ids = mix.mix_plan(sizes, TIER_WEIGHTS, 5, e)
+        got = [(s, i) for ep, _, s, i, _ in result["entries"] if ep == e]
+        assert got == list(zip(src.tolist(), ids.tolist()))
+
+
+def test_a_source_over_the_budget_is_served_from_storage_in_process(raw_sources, tmp_path, monkeypatch):
+    # 40 kB on one rank: the 77 kB source keeps about 40% resident, the rest is read from storage;
+    # every byte is checked against the container (mix_scenario), every planned entry delivered once.
+    import sys
+    sys.path.insert(0, str(SCEN.parent))
+    import mix_scenario
+    from mpi4py import MPI
+
+    monkeypatch.setenv("DSTORE_MEMORY_BUDGET", "40kB")
+    full = mix_scenario.run(MPI.COMM_SELF, raw_sources, "full", str(tmp_path / "full.json"), TIER_WEIGHTS)
+    mix_scenario.check_counts(full, raw_sources, TIER_WEIGHTS)
+    _entries_are_the_plan(full, raw_sources)
+    stats = full["stats"][0]["sources"]
+    assert stats[1]["samples_storage"] > 0 and stats[0]["samples_storage"] == 0
+
+
+@pytest.mark.mpi
+def test_a_source_over_the_budget_is_served_from_storage_on_2_ranks(raw_sources, tmp_path):
+    from mpirun import run_mpi
+
+    out = tmp_path / "tiered.json"
+    run_mpi(2, ["python", "-m", "mpi4py", str(SCEN), *raw_sources, "full", str(out)], timeout=120,
+            env={"DSTORE_MEMORY_BUDGET": "20kB", "MIX_WEIGHTS": ",".join(map(str, TIER_WEIGHTS))})
+    got = _load(out)
+    _entries_are_the_plan(got, raw_sources)
+    assert all(rank["sources"][1]["samples_storage"] > 0 for rank in got["stats"])

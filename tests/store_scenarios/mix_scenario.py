@@ -6,6 +6,7 @@ Every rank checks each delivered sample's bytes against its own container; rank 
 mix's global sequence (epoch, step, source, id, CRC32), in position order, as JSON to OUT:
 MODE full: epochs 0 and 1; save: epoch 0's first SAVE_AT steps and the state_dict; load: that
 state_dict resumed (from OUT), the rest of epoch 0 and epoch 1 written to OUT + ".rest".
+$MIX_WEIGHTS (e.g. `0.9,0.1`) replaces the weights; the stores' budget is $DSTORE_MEMORY_BUDGET's.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def _epoch(store, readers, e, steps=None) -> list:
     return out
 
 
-def run(comm, sources, mode: str, out: str) -> dict:
+def run(comm, sources, mode: str, out: str, weights=WEIGHTS) -> dict:
     readers = [open_container(p) for p in sources]
     try:
-        with MixedStore(comm, list(zip(sources, WEIGHTS)), batch_size=BATCH, seed=5) as store:
+        with MixedStore(comm, list(zip(sources, weights)), batch_size=BATCH, seed=5) as store:
             if mode == "full":
                 entries = _epoch(store, readers, 0) + _epoch(store, readers, 1)
             elif mode == "save":
@@ -91,12 +92,12 @@ def run(comm, sources, mode: str, out: str) -> dict:
     return result
 
 
-def check_counts(result: dict, sources) -> None:
+def check_counts(result: dict, sources, weights=WEIGHTS) -> None:
     """Each epoch's entries per source equal the store's counts (the largest-remainder shares)."""
     from dstore import mix
 
     sizes = [open_container(p).num_samples for p in sources]
-    counts = mix.mix_counts(sum(sizes), WEIGHTS).tolist()
+    counts = mix.mix_counts(sum(sizes), weights).tolist()
     assert result["counts"] == counts
     for e in (0, 1):
         got = np.bincount([s for ep, _, s, _, _ in result["entries"] if ep == e], minlength=len(sources)).tolist()
@@ -106,7 +107,10 @@ def check_counts(result: dict, sources) -> None:
 if __name__ == "__main__":
     from mpi4py import MPI
 
+    import os
+
     *paths, mode_arg, out_arg = sys.argv[1:]
-    res = run(MPI.COMM_WORLD, paths, mode_arg, out_arg)
+    w = tuple(float(x) for x in os.environ["MIX_WEIGHTS"].split(",")) if os.environ.get("MIX_WEIGHTS") else WEIGHTS
+    res = run(MPI.COMM_WORLD, paths, mode_arg, out_arg, w)
     if mode_arg == "full":
-        check_counts(res, paths)
+        check_counts(res, paths, w)
