@@ -35,19 +35,29 @@ from dstore.shuffle import check_seed, epoch_rng
 _ORDER, _WALK = 10, 11  # random stream tags apart from dstore.shuffle's (0-2); source k uses _WALK + k
 
 
-def check_weights(weights, nsources: int) -> np.ndarray:
-    """`weights` as float64[nsources], or ConfigError naming the bad one (each finite, >= 0, some > 0)."""
-    try:
-        w = np.asarray([float(x) for x in weights], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"weights={list(weights)!r} must be numbers") from None
-    if w.size != nsources:
-        raise ConfigError(f"{w.size} weights for {nsources} sources")
-    for i, x in enumerate(w):
-        if not np.isfinite(x) or x < 0:
-            raise ConfigError(f"weight {x!r} of source {i} must be a finite number >= 0")
+def check_weights(weights, nsources: int, names=None) -> np.ndarray:
+    """`weights` as float64[nsources], or ConfigError naming the bad one (each finite, >= 0, some > 0).
+
+    Args:
+        names: each source's name for the messages (its container); None: its index only.
+    """
+    weights = list(weights)
+
+    def src(i: int) -> str:
+        return f"source {i}" + (f" ({names[i]})" if names is not None and i < len(names) else "")
+
+    if len(weights) != nsources:
+        raise ConfigError(f"{len(weights)} weights for {nsources} sources")
+    w = np.empty(nsources, dtype=np.float64)
+    for i, x in enumerate(weights):
+        try:
+            w[i] = float(x)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{src(i)}: weight {x!r} must be a number (a finite ratio >= 0)") from None
+        if not math.isfinite(w[i]) or w[i] < 0:
+            raise ConfigError(f"{src(i)}: weight {float(w[i])!r} must be a finite number >= 0")
     if not (w > 0).any():
-        raise ConfigError("the weights must not all be 0")
+        raise ConfigError(f"the weights {[float(x) for x in w]} must not all be 0: give some source a weight > 0")
     return w
 
 

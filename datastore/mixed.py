@@ -88,7 +88,7 @@ class MixedStore:
             raise ConfigError(f"shuffle={config.shuffle!r}: a mix is served in one global order (shuffle='global')")
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.batch_size, self.seed, self.drop_last = config.batch_size, config.seed, bool(config.drop_last)
-        self.weights = mix.check_weights([w for _, w, _ in items], len(items))
+        self.weights = mix.check_weights([w for _, w, _ in items], len(items), [_name(c) for c, _, _ in items])
         self.stores: list[DataStore] = []
         try:
             for container, _, rng in items:  # each constructor is collective and agreed: all ranks fail alike
@@ -272,6 +272,11 @@ class MixedStore:
             self._active.close()
         self._end(exc)
         return False
+
+
+def _name(container) -> str:
+    """A source's container for messages: its path, or an open reader's."""
+    return str(getattr(container, "path", container))
 
 
 def _wrong_epoch(asked: int, planned: int):

@@ -98,10 +98,37 @@ def test_orders_differ_by_epoch_and_seed():
 
 
 @pytest.mark.parametrize("weights,msg", [([1, -1], "source 1"), ([0, 0], "all be 0"), ([1, float("nan")], "source 1"),
-                                         (["x", 1], "numbers"), ([1], "1 weights for 2")])
+                                         (["x", 1], "source 0: weight 'x' must be a number"), ([1], "1 weights for 2")])
 def test_bad_weights_are_named(weights, msg):
     with pytest.raises(ConfigError, match=msg):
         mix.mix_plan([3, 4], weights, 0, 0)
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -float("inf"), -0.5, "nan"])
+def test_a_bad_weight_is_refused_naming_the_container_and_the_weight(sources, weight):
+    # before any store is built (nothing read): one line, the source's container and its weight
+    from mpi4py import MPI
+
+    from dstore.mixed import MixedStore
+
+    with pytest.raises(ConfigError) as err:
+        MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], weight)], batch_size=4)
+    msg = str(err.value)
+    assert f"source 1 ({sources[1]}): weight {float(weight)!r} must be a finite number >= 0" == msg
+
+
+def test_weights_all_zero_are_refused_naming_them(sources):
+    from mpi4py import MPI
+
+    from dstore.mixed import MixedStore
+
+    with pytest.raises(ConfigError, match=r"the weights \[0.0, 0.0\] must not all be 0"):
+        MixedStore(MPI.COMM_SELF, [(sources[0], 0), (sources[1], 0.0)], batch_size=4)
+
+
+def test_huge_finite_weights_are_ratios_like_any_other():
+    # their float sum overflows, their exact shares do not (mix_counts uses Fractions)
+    assert mix.mix_counts(10, [1e308, 1e308]).tolist() == [5, 5]
 
 
 def test_bad_epoch_size_and_sizes_are_named():
