@@ -44,41 +44,100 @@ reader holds, unless its backend opens without them (ContainerReader.index_on_de
 see reader_index)."""
 
 
-def reader_index(store: DataStore) -> int:
-    """Bytes of the index arrays one storage or population thread's reader holds: none where the
-    backend reads them on demand only (the threads read byte ranges), else all of them."""
-    if getattr(store.container, "index_on_demand", False):
+# NOTE [ Budget arithmetic on plain values ]: each figure is a pure function of plain values (the
+# first group below), tested without MPI or a store (tests/test_budget_arithmetic.py); the
+# functions that take a store (the second group) only read its settings and call them.
+
+
+def index_bytes(num_samples: int, index_on_demand: bool) -> int:
+    """Bytes of the index arrays one thread's reader of a container of `num_samples` holds: none
+    where its backend reads them on demand only (the threads read byte ranges)."""
+    return 0 if index_on_demand else READER_INDEX_BYTES * int(num_samples)
+
+
+def step_bound(offsets, num_samples: int, batch_size: int, nranks: int, *, largest_block: int | None = None,
+               steps_per_epoch: int = 1) -> int:
+    """An upper bound on one receive buffer: the bytes of the largest samples one rank can get in one
+    step: its part of a global batch, ``ceil(batch_size / nranks)`` samples (with `largest_block`,
+    the local and partial policies, at least that block's samples spread over the epoch's steps),
+    plus one, at most `num_samples`; the largest such samples of `offsets` (dstore.plan.largest_sum)."""
+    per_step = -(-int(batch_size) // int(nranks))
+    if largest_block is not None:
+        per_step = max(per_step, -(-int(largest_block) // int(steps_per_epoch)))
+    return plan.largest_sum(offsets, min(per_step + 1, int(num_samples)))
+
+
+def receive_bytes(bound: int, *, prefetch: int, nranks: int, replicate: bool) -> int:
+    """A rank's receive buffers: `prefetch + 1` of `bound` bytes (the step consumed and those in
+    flight); none when replicated or alone."""
+    return 0 if (replicate or nranks == 1) else (int(prefetch) + 1) * int(bound)
+
+
+def population_index_bytes(index: int, *, population_threads: int, population: str, replicate: bool) -> int:
+    """The index arrays (`index` bytes each) of a preload's own reader threads: none with one thread,
+    or under a dynamic population that is not replicated (it reads through the epoch's storage)."""
+    if population_threads == 1 or (population == "dynamic" and not replicate):
         return 0
-    return READER_INDEX_BYTES * int(store.container.num_samples)
+    return int(population_threads) * int(index)
+
+
+def stream_bytes(bound: int, index: int, *, prefetch: int, storage_threads: int) -> int:
+    """A streaming preload's buffers besides the receive buffers: `prefetch + 1` buffers of a
+    step's own reads, and each storage thread's reader's index arrays."""
+    return (int(prefetch) + 1) * int(bound) + int(storage_threads) * int(index)
+
+
+def tier_bytes(bufs: int, bound: int, index: int, *, storage_lookahead: int, storage_threads: int) -> int:
+    """What a tiered rank holds besides resident data: its receive buffers `bufs`,
+    `storage_lookahead + 1` storage buffers of `bound` bytes (the step consumed and those read
+    ahead), and each storage thread's reader's index arrays."""
+    return int(bufs) + (int(storage_lookahead) + 1) * int(bound) + int(storage_threads) * int(index)
+
+
+def peak_bytes(bufs: int, pop_index: int, stream: int | None) -> int:
+    """The most a rank holds besides its data: the receive buffers `bufs` or a preload's reader
+    indexes `pop_index`, which are gone before the buffers exist; a streaming preload (`stream`
+    its buffers, not None) runs beside epoch 0's receive buffers, so all three at once."""
+    return int(bufs) + int(stream) + int(pop_index) if stream is not None else max(int(bufs), int(pop_index))
+
+
+def resident_room(caps, extra: int) -> np.ndarray:
+    """Each rank's bytes for resident data (int64): its budget in `caps` less the tier's `extra`
+    buffers (negative: not even the buffers fit)."""
+    return np.asarray(caps, dtype=np.int64) - int(extra)
+
+
+def reader_index(store: DataStore) -> int:
+    """Bytes of the index arrays one storage or population thread's reader holds (index_bytes)."""
+    c = store.container
+    return index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
 
 
 def recv_bound(store: DataStore) -> int:
-    """An upper bound on one receive buffer: the largest bytes a rank can get in one step."""
-    per_step = -(-store.batch_size // store.size)
-    if store.policy != "global":
-        per_step = max(per_step, -(-int(np.diff(store.bounds).max()) // store.steps_per_epoch))
-    per_step = min(per_step + 1, store.num_samples)
-    return plan.largest_sum(store.offsets, per_step)
+    """An upper bound on one receive buffer: the largest bytes a rank can get in one step (step_bound)."""
+    block = int(np.diff(store.bounds).max()) if store.policy != "global" else None
+    return step_bound(store.offsets, store.num_samples, store.batch_size, store.size, largest_block=block,
+                      steps_per_epoch=store.steps_per_epoch)
 
 
 def receive_buffers(store: DataStore) -> int:
     """Bytes of a rank's receive buffers (none when replicated or alone)."""
-    return 0 if (store.replicate or store.size == 1) else (store.prefetch + 1) * recv_bound(store)
+    return receive_bytes(recv_bound(store), prefetch=store.prefetch, nranks=store.size, replicate=store.replicate)
 
 
 def population_readers(store: DataStore) -> int:
     """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
     during the population only, before the receive buffers exist."""
-    if store.population_threads == 1 or (store.population == "dynamic" and not store.replicate):
-        return 0
-    return store.population_threads * reader_index(store)
+    return population_index_bytes(reader_index(store), population_threads=store.population_threads,
+                                  population=store.population, replicate=store.replicate)
 
 
 def stream_buffers(store: DataStore) -> int:
     """Bytes a streaming preload (dstore.stream) holds during the epoch it serves besides the receive
     buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays
     (none for HDF5 and Zarr: the stream's StorageReader reads byte ranges)."""
-    return (store.prefetch + 1) * recv_bound(store) + store.storage_threads * reader_index(store)
+    return stream_bytes(recv_bound(store), reader_index(store), prefetch=store.prefetch,
+                        storage_threads=store.storage_threads)
 
 
 def tier_buffers(store: DataStore, bufs: int) -> int:
@@ -86,8 +145,8 @@ def tier_buffers(store: DataStore, bufs: int) -> int:
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
     preload reads with those threads)."""
-    index = reader_index(store)
-    return bufs + (store.storage_lookahead + 1) * recv_bound(store) + store.storage_threads * index
+    return tier_bytes(bufs, recv_bound(store), reader_index(store), storage_lookahead=store.storage_lookahead,
+                      storage_threads=store.storage_threads)
 
 
 def memory_needs(store: DataStore) -> tuple[int, int]:
@@ -99,12 +158,10 @@ def memory_needs(store: DataStore) -> tuple[int, int]:
 
 
 def _buffers(store: DataStore) -> tuple[int, int]:
-    """(a rank's receive buffers, the most it holds besides its data: those, or a preload's reader
-    indexes, which are gone before the buffers exist)."""
+    """(a rank's receive buffers, the most it holds besides its data: peak_bytes)."""
     bufs = receive_buffers(store)
-    if store.population == "stream" and not store.replicate:  # the stream runs beside epoch 0's buffers
-        return bufs, bufs + stream_buffers(store) + population_readers(store)
-    return bufs, max(bufs, population_readers(store))
+    streaming = store.population == "stream" and not store.replicate  # the stream runs beside epoch 0's buffers
+    return bufs, peak_bytes(bufs, population_readers(store), stream_buffers(store) if streaming else None)
 
 
 def check_budget(store: DataStore, topology: Topology) -> Residency | None:
@@ -137,7 +194,7 @@ def check_budget(store: DataStore, topology: Topology) -> Residency | None:
 def choose_resident(store: DataStore, caps: list, bufs: int) -> Residency:
     """Overflow served: every rank computes the same resident set from the gathered budgets."""
     extra = tier_buffers(store, bufs)
-    keep = np.asarray(caps, dtype=np.int64) - extra
+    keep = resident_room(caps, extra)
     if keep.min() < 0:
         r = int(np.argmin(keep))
         raise MemoryBudgetError(

@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import mpirun  # found on the path set above
+
 # Property tests check results, never timings: on a loaded machine (CI, parallel jobs) one example
 # can take longer than Hypothesis's 200 ms deadline, or its data generation its too-slow limit, and
 # a correct test failed. The "ci" profile, loaded unless $HYPOTHESIS_PROFILE names another
 # ("default": Hypothesis's own), has neither; a test's own @settings still overrides it.
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-import mpirun  # found on the path set above
 
 
 def pytest_runtest_setup(item):

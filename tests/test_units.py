@@ -60,7 +60,7 @@ def test_the_tests_run_under_the_ci_hypothesis_profile():
     # loaded by tests/conftest.py unless $HYPOTHESIS_PROFILE names another
     if os.environ.get("HYPOTHESIS_PROFILE", "ci") != "ci":
         pytest.skip("another Hypothesis profile was asked for")
-    assert settings.default.deadline is None
+    assert settings.default is not None and settings.default.deadline is None
 
 
 @settings(max_examples=2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -106,8 +107,6 @@ def check_counts(result: dict, sources, weights=WEIGHTS) -> None:
 
 if __name__ == "__main__":
     from mpi4py import MPI
-
-    import os
 
     *paths, mode_arg, out_arg = sys.argv[1:]
     w = tuple(float(x) for x in os.environ["MIX_WEIGHTS"].split(",")) if os.environ.get("MIX_WEIGHTS") else WEIGHTS

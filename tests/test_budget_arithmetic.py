@@ -1,0 +1,63 @@
+"""The memory budget's arithmetic (dstore.budget) on plain values: no MPI, no store. Each figure is
+checked against the bytes counted by hand, so a changed `+ 1` or rounding fails here."""
+
+import numpy as np
+import pytest
+
+from dstore import budget
+
+# sample sizes 1, 2, 4, ..., 128: any k largest have their own sum (the top 3: 224, 4: 240)
+OFFSETS = np.concatenate([[0], np.cumsum(2 ** np.arange(8))]).astype(np.int64)
+TOP = {k: int(sum(2 ** np.arange(8)[::-1][:k])) for k in range(9)}
+
+
+@pytest.mark.parametrize("batch, nranks, block, steps, samples", [
+    (8, 4, None, 1, 3),   # 2 samples per rank per step, plus one
+    (9, 4, None, 1, 4),   # ceil(9 / 4) = 3, plus one
+    (4, 4, None, 1, 2),   # 1, plus one
+    (4, 4, 10, 4, 4),     # the local policy's block of 10 over 4 steps: ceil(10 / 4) = 3, plus one
+    (4, 4, 8, 4, 3),      # 8 over 4 steps: 2, plus one
+    (64, 1, None, 1, 8),  # never more than the data set
+    (7, 1, None, 1, 8),   # 7 plus one: all 8
+])
+def test_a_receive_buffer_holds_a_ranks_largest_step_plus_one_sample(batch, nranks, block, steps, samples):
+    got = budget.step_bound(OFFSETS, 8, batch, nranks, largest_block=block, steps_per_epoch=steps)
+    assert got == TOP[samples]
+
+
+def test_receive_buffers_are_prefetch_plus_one_steps_unless_alone_or_replicated():
+    assert budget.receive_bytes(100, prefetch=2, nranks=2, replicate=False) == 300
+    assert budget.receive_bytes(100, prefetch=0, nranks=3, replicate=False) == 100
+    assert budget.receive_bytes(100, prefetch=2, nranks=1, replicate=False) == 0
+    assert budget.receive_bytes(100, prefetch=2, nranks=4, replicate=True) == 0
+
+
+def test_the_tier_holds_lookahead_plus_one_storage_buffers_and_its_threads_indexes():
+    # 50 receive, 5 storage buffers of 100, 3 threads' indexes of 7
+    assert budget.tier_bytes(50, 100, 7, storage_lookahead=4, storage_threads=3) == 50 + 500 + 21
+    assert budget.tier_bytes(0, 100, 0, storage_lookahead=0, storage_threads=2) == 100
+
+
+def test_a_streaming_preload_holds_prefetch_plus_one_buffers_and_its_threads_indexes():
+    assert budget.stream_bytes(100, 7, prefetch=2, storage_threads=3) == 300 + 21
+    assert budget.stream_bytes(100, 0, prefetch=0, storage_threads=3) == 100
+
+
+def test_reader_indexes_are_20_bytes_a_sample_per_thread_where_loaded():
+    assert budget.index_bytes(300, index_on_demand=False) == 6000
+    assert budget.index_bytes(300, index_on_demand=True) == 0
+    pop = budget.population_index_bytes
+    assert pop(6000, population_threads=3, population="preload", replicate=False) == 18000
+    assert pop(6000, population_threads=1, population="preload", replicate=False) == 0
+    assert pop(6000, population_threads=3, population="dynamic", replicate=False) == 0
+    assert pop(6000, population_threads=3, population="dynamic", replicate=True) == 18000
+
+
+def test_the_peak_is_the_larger_of_buffers_and_indexes_or_all_of_them_when_streaming():
+    assert budget.peak_bytes(300, 400, None) == 400 and budget.peak_bytes(500, 400, None) == 500
+    assert budget.peak_bytes(300, 400, 321) == 1021
+
+
+def test_the_room_for_resident_data_is_each_budget_less_the_buffers():
+    room = budget.resident_room([1000, 600, 500], 571)
+    assert room.dtype == np.int64 and room.tolist() == [429, 29, -71]
