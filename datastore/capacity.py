@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from dstore import kernels
 from dstore.errors import ConfigError
@@ -117,18 +118,51 @@ class Cluster:
         return self.nodes * self.ranks_per_node
 
 
-def _check(cluster: Cluster, samples: int, mean_bytes: float) -> None:
-    for name, value, low in (("nodes", cluster.nodes, 1), ("ranks_per_node", cluster.ranks_per_node, 1),
-                             ("samples", samples, 1), ("batch_size", cluster.batch_size, 1)):
-        if int(value) < low:
-            raise ConfigError(f"{name}={value} must be >= {low}")
-    if cluster.batch_size < cluster.ranks:
-        raise ConfigError(f"batch_size={cluster.batch_size} is the global batch size and must be >= the number of "
-                          f"ranks ({cluster.ranks})")
-    for name, value in (("memory_per_node", cluster.memory_per_node), ("mean_bytes", mean_bytes),
-                        ("consume", cluster.consume), ("network", cluster.network)):
-        if not value > 0:
-            raise ConfigError(f"{name}={value} must be > 0")
+def check_number(name: str, value, *, low: float = 0, strict: bool = False, integer: bool = False,
+                 cap: bool = False) -> None:
+    """Refuses (ConfigError, one line naming `name`, the value and what is allowed) anything but a
+    number >= `low` (> `low` if `strict`), an integer if `integer`, finite unless `cap` (then inf
+    means no cap). NaN, bools and text are refused."""
+    ok = isinstance(value, numbers.Integral) if integer else isinstance(value, numbers.Real)
+    if ok and not isinstance(value, bool):
+        x = float(value)
+        ok = not math.isnan(x) and (x < math.inf or cap) and (x > low if strict else x >= low)
+    else:
+        ok = False
+    if not ok:
+        kind = "an integer" if integer else ("a number" if cap else "a finite number")
+        bound = f"{'>' if strict else '>='} {low:g}"
+        raise ConfigError(f"{name}={value!r} must be {kind} {bound}" + (" (or inf: no cap)" if cap else ""))
+
+
+def _check(cluster: Cluster, samples: int, mean_bytes: float, storage: Storage) -> None:
+    """Every input of a forecast in its range (check_number), naming the first one that is not."""
+    c = cluster
+    rules: list[tuple[str, object, dict]] = [
+        ("samples", samples, {"low": 1, "integer": True}), ("mean_bytes", mean_bytes, {"strict": True}),
+        ("nodes", c.nodes, {"low": 1, "integer": True}), ("ranks_per_node", c.ranks_per_node, {"low": 1, "integer": True}),
+        ("memory_per_node", c.memory_per_node, {"strict": True}), ("network", c.network, {"strict": True}),
+        ("consume", c.consume, {"strict": True}), ("batch_size", c.batch_size, {"low": 1, "integer": True}),
+        ("threads", c.threads, {"low": 1, "integer": True}), ("prefetch", c.prefetch, {"integer": True}),
+        ("decode_seconds", c.decode_seconds, {}), ("local_bandwidth", c.local_bandwidth, {"strict": True, "cap": True}),
+        ("storage_lookahead", c.storage_lookahead, {"integer": True}),
+        ("storage_threads", c.storage_threads, {"low": 1, "integer": True}),
+        ("reader_index_bytes", c.reader_index_bytes, {}), ("decode_threads", c.decode_threads, {"integer": True}),
+        ("storage.latency", storage.latency, {}), ("storage.iops", storage.iops, {"strict": True, "cap": True}),
+        ("storage.bandwidth", storage.bandwidth, {"strict": True, "cap": True}),
+    ]
+    if c.workers is not None:
+        rules.append(("workers", c.workers, {"integer": True}))
+    if c.memory_budget is not None:
+        rules.append(("memory_budget", c.memory_budget, {"strict": True}))
+    for name, value, kw in rules:
+        check_number(name, value, **kw)
+    for name, shape in (("input_shape", c.input_shape), ("image_shape", c.image_shape)):
+        for x in shape:
+            check_number(f"{name}={tuple(shape)!r}: each", x, low=1, integer=True)
+    if c.batch_size < c.ranks:
+        raise ConfigError(f"batch_size={c.batch_size} is the global batch size and must be >= the number of "
+                          f"ranks ({c.ranks})")
 
 
 def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shape: tuple[int, ...],
@@ -208,7 +242,7 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
             where one fits and its population (every node reads everything) costs at most twice the
             distributed one's, or the distributed store's input is on the critical path.
     """
-    _check(cluster, samples, mean_bytes)
+    _check(cluster, samples, mean_bytes, storage)
     if replicate is None:
         spread = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes,
                           replicate=False)
@@ -247,7 +281,8 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
         metadata += TIER_SCHEDULE_BYTES * n / p + TIER_INDEX_BYTES * n
     storage_step = step_bytes * (1.0 - resident)  # non-resident samples, read by the rank that needs them
     reads_step = per_step * (1.0 - resident)
-    storage_time = (storage_step * p / storage.bandwidth if storage.bandwidth < math.inf else 0.0)
+    bw = min(storage.bandwidth, c.local_bandwidth * c.nodes)  # the disk under the storage bounds it too
+    storage_time = storage_step * p / bw if bw < math.inf else 0.0
     storage_time = max(storage_time, reads_step * p / storage.iops if storage.iops < math.inf else 0.0)
     remote = 0.0 if replicate else step_bytes * resident * (1.0 - 1.0 / c.nodes)
     remote_time = remote * rpn / c.network  # the node's ranks share its link

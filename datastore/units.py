@@ -41,7 +41,10 @@ def parse_size(text, name: str = "size") -> int:
         m = re.fullmatch(r"\s*" + _NUM + r"\s*([a-zA-Z]*)\s*", str(text))
         if m is None or m.group(2).lower() not in _SIZE_UNITS:
             raise ConfigError(f"{name}={text!r} is not a size: use {SIZE_HELP}")
-        value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+        x = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+        if not math.isfinite(x):  # 1e400: a float's infinity, no number of bytes
+            raise ConfigError(f"{name}={text!r} is too large: a size is at most ~1e308 bytes")
+        value = int(x)
     if value < 0:
         raise ConfigError(f"{name}={text!r} must not be negative")
     return value

@@ -38,23 +38,92 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the forecasts as JSON")
 
 
+NUMBER_FLAGS = (  # flag, its dest, dstore.capacity.check_number's rule
+    ("--samples", "samples", {"low": 1, "integer": True}),
+    ("--ranks-per-node", "ranks_per_node", {"low": 1, "integer": True}),
+    ("--storage-lookahead", "storage_lookahead", {"integer": True}),
+    ("--network", "network", {"strict": True}),
+    ("--consume", "consume", {"strict": True}),
+    ("--batch-size", "batch_size", {"low": 1, "integer": True}),
+    ("--threads", "threads", {"low": 1, "integer": True}),
+    ("--workers", "workers", {"integer": True}),
+    ("--decode-ms", "decode_ms", {}),
+)
+"""The numeric flags and what each allows (None: not given, the default applies)."""
+
+
 def _from_bench(path: str) -> tuple[float | None, float | None]:
-    """(cold read bytes/s, decode seconds per sample) from a bench results.json, where measured."""
+    """(cold read bytes/s, decode seconds per sample) from a bench results.json, where measured.
+
+    Raises:
+        ConfigError: naming the file, if it cannot be read as one or a figure is not a positive rate
+            or a duration >= 0.
+    """
     import json
 
-    with open(path) as f:
-        doc = json.load(f)
-    rows = doc.get("measurements", doc) if isinstance(doc, dict) else doc
-    disk, decode = None, None
-    for m in rows if isinstance(rows, list) else []:
-        secs = max(m.get("seconds") or [0]) or 0
-        if not secs:
-            continue
-        if m.get("cache") == "cold" and m.get("group") in ("limit", "population"):
-            disk = max(disk or 0.0, sum(m.get("nbytes", [])) / secs)
-        if m.get("group") == "decode" and sum(m.get("samples", [])):
-            decode = secs * len(m["seconds"]) / sum(m["samples"])
+    from dstore import capacity
+    from dstore.errors import ConfigError
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        rows = doc.get("measurements", doc) if isinstance(doc, dict) else doc
+        disk, decode = None, None
+        for i, m in enumerate(rows if isinstance(rows, list) else []):
+            secs = max(m.get("seconds") or [0]) or 0
+            if not secs:  # not measured
+                continue
+            capacity.check_number(f"--bench {path}: measurement {i}'s seconds", secs, strict=True)
+            if m.get("cache") == "cold" and m.get("group") in ("limit", "population"):
+                disk = max(disk or 0.0, sum(m.get("nbytes", [])) / secs)
+            if m.get("group") == "decode" and sum(m.get("samples", [])):
+                decode = secs * len(m["seconds"]) / sum(m["samples"])
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise ConfigError(f"--bench {path}: not a `dstore bench` results.json ({type(exc).__name__}: {exc})") from None
+    if disk is not None:
+        capacity.check_number(f"--bench {path}: its measured disk bandwidth (bytes/s)", disk, strict=True)
+    if decode is not None:
+        capacity.check_number(f"--bench {path}: its measured decode seconds per sample", decode)
     return disk, decode
+
+
+def _inputs(args) -> dict:
+    """Every flag checked (ConfigError naming the flag, its value and what is allowed, before any
+    file is read) and read: the data set's (n, mean bytes) where given as flags, and the cluster's."""
+    from dstore import capacity
+    from dstore.errors import ConfigError
+    from dstore.memory import parse_bytes
+    from dstore.tools.pfs.model import parse_bandwidth, parse_spec
+
+    for flag, dest, rule in NUMBER_FLAGS:
+        if getattr(args, dest) is not None:
+            capacity.check_number(flag, getattr(args, dest), **rule)
+    for nodes in args.nodes:
+        capacity.check_number("--nodes", nodes, low=1, integer=True)
+        ranks = nodes * args.ranks_per_node
+        if args.batch_size is not None and args.batch_size < ranks:
+            raise ConfigError(f"--batch-size={args.batch_size} is the global batch size and must be >= the number "
+                              f"of ranks ({ranks} for --nodes {nodes} x --ranks-per-node {args.ranks_per_node})")
+    if args.container and (args.samples is not None or args.mean_bytes is not None):
+        raise ConfigError("give a container or --samples and --mean-bytes, not both (the container has its own)")
+    if not args.container and (args.samples is None or args.mean_bytes is None):
+        raise ConfigError("give a container, or both --samples and --mean-bytes")
+    sizes = {}
+    for flag, dest in (("--mean-bytes", "mean_bytes"), ("--memory-per-node", "memory_per_node"),
+                       ("--memory-budget", "memory_budget")):
+        text = getattr(args, dest)
+        if text is not None:
+            sizes[dest] = parse_bytes(text, flag)
+            capacity.check_number(flag, sizes[dest], strict=True)
+    model = parse_spec(args.storage)
+    local = args.local_bandwidth or (LOCAL_BANDWIDTH if args.storage.strip() in ("local", "pfs:local") else "unlimited")
+    local_bw, decode_s = parse_bandwidth(local, "--local-bandwidth"), args.decode_ms / 1e3
+    if args.bench:
+        disk, dec = _from_bench(args.bench)
+        local_bw = disk if disk is not None else local_bw
+        decode_s = dec if dec is not None else decode_s
+    return {"sizes": sizes, "local_bandwidth": local_bw, "decode_seconds": decode_s,
+            "storage": capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth)}
 
 
 def run(args) -> int:
@@ -63,10 +132,9 @@ def run(args) -> int:
     import numpy as np
 
     from dstore import capacity
-    from dstore.errors import ConfigError
-    from dstore.memory import parse_bytes
-    from dstore.tools.pfs.model import parse_bandwidth, parse_spec
 
+    inputs = _inputs(args)
+    sizes = inputs["sizes"]
     largest, reader_index = None, 0
     if args.container:
         from dstore import plan
@@ -76,31 +144,21 @@ def run(args) -> int:
             n, mean = c.num_samples, c.total_bytes / max(1, c.num_samples)
             offsets = np.asarray(c.offsets)
             reader_index = 0 if getattr(c, "index_on_demand", False) else capacity.READER_INDEX_BYTES
-    elif args.samples is None or args.mean_bytes is None:
-        raise ConfigError("give a container, or both --samples and --mean-bytes")
     else:
-        n, mean = args.samples, parse_bytes(args.mean_bytes, "--mean-bytes")
-    model = parse_spec(args.storage)
-    storage = capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth)
-    local = args.local_bandwidth or (LOCAL_BANDWIDTH if args.storage.strip() in ("local", "pfs:local") else "unlimited")
-    local_bw, decode_s = parse_bandwidth(local, "--local-bandwidth"), args.decode_ms / 1e3
-    if args.bench:
-        disk, dec = _from_bench(args.bench)
-        local_bw, decode_s = disk or local_bw, dec or decode_s
+        n, mean = args.samples, sizes["mean_bytes"]
     out = []
     for nodes in args.nodes:
         cl = capacity.Cluster(nodes=nodes, ranks_per_node=args.ranks_per_node,
-                              memory_per_node=parse_bytes(args.memory_per_node, "--memory-per-node"),
+                              memory_per_node=sizes["memory_per_node"],
                               network=args.network * 1e9, consume=args.consume,
                               batch_size=args.batch_size or 64 * nodes * args.ranks_per_node,
-                              threads=args.threads, workers=args.workers, decode_seconds=decode_s,
-                              local_bandwidth=local_bw, storage_lookahead=args.storage_lookahead,
-                              memory_budget=(parse_bytes(args.memory_budget, "--memory-budget")
-                                             if args.memory_budget else None), reader_index_bytes=reader_index)
+                              threads=args.threads, workers=args.workers, decode_seconds=inputs["decode_seconds"],
+                              local_bandwidth=inputs["local_bandwidth"], storage_lookahead=args.storage_lookahead,
+                              memory_budget=sizes.get("memory_budget"), reader_index_bytes=reader_index)
         if args.container:
             per_step = min(-(-cl.batch_size // cl.ranks) + 1, n)
             largest = plan.largest_sum(offsets, per_step)
-        out.append(capacity.forecast(n, mean, cl, storage, largest_step_bytes=largest))
+        out.append(capacity.forecast(n, mean, cl, inputs["storage"], largest_step_bytes=largest))
     if args.json:
         print(json.dumps(out if len(out) > 1 else out[0], indent=1))
     else:
