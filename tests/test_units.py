@@ -69,3 +69,11 @@ def test_an_example_slower_than_hypothesis_default_deadline_does_not_fail(x):
     # 300 ms, as a loaded machine can make an example: Hypothesis's 200 ms deadline would fail it
     time.sleep(0.3)
     assert re.fullmatch(r"[01]", str(x))
+
+
+def test_a_size_past_a_floats_range_is_refused_naming_it():
+    from dstore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--x='1e400' is too large"):
+        parse_size("1e400", "--x")  # was an OverflowError traceback
+    assert parse_size("1.5PB") == 1_500_000_000_000_000
