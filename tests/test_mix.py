@@ -278,6 +278,19 @@ def raw_sources(tmp_path_factory):
             raw_container(tmp / "c.h5", n=400, shape=(8, 8, 3), seed=2)]
 
 
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.data())
+def test_step_sums_count_an_empty_step_as_zero(counts, data):
+    # a source's steps in a mix: any of them may hold none of its entries, the last ones too
+    from dstore.storage import step_sums
+
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    values = np.asarray(data.draw(st.lists(st.integers(0, 10**6), min_size=int(ptr[-1]), max_size=int(ptr[-1]))),
+                        dtype=np.int64)
+    want = [int(values[ptr[s]:ptr[s + 1]].sum()) for s in range(len(counts))]
+    assert step_sums(values, ptr).tolist() == want
+
+
 def _entries_are_the_plan(result: dict, sources) -> None:
     """Each epoch's entries are mix_plan's order exactly: every planned (source, sample) once, none other."""
     from dstore.formats import open_container
