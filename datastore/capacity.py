@@ -118,28 +118,41 @@ class Cluster:
         return self.nodes * self.ranks_per_node
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest count a forecast takes (samples, ranks, threads, ...): an int64, as the store's arrays hold."""
+MAX_FIGURE = 1e30
+"""The largest figure a forecast takes (bytes, bytes/s, samples/s, seconds), and 1/MAX_FIGURE the
+smallest of those that must be > 0: far past any cluster's, and near enough that no product or
+ratio of a few of them overflows a float (inf / inf would be NaN)."""
+
+
 def check_number(name: str, value, *, low: float = 0, strict: bool = False, integer: bool = False,
-                 cap: bool = False) -> None:
+                 cap: bool = False, high: float | None = None) -> None:
     """Refuses (ConfigError, one line naming `name`, the value and what is allowed) anything but a
-    number >= `low` (> `low` if `strict`), an integer if `integer`, finite unless `cap` (then inf
-    means no cap). NaN, bools and text are refused."""
+    number >= `low` (> `low` if `strict`, and then at least 1/MAX_FIGURE unless an integer) and
+    <= `high` (default MAX_COUNT for an integer, else MAX_FIGURE), an integer if `integer`; inf only
+    if `cap` (it means no cap). NaN, bools and text are refused."""
+    high = (MAX_COUNT if integer else MAX_FIGURE) if high is None else high
     ok = isinstance(value, numbers.Integral) if integer else isinstance(value, numbers.Real)
-    if ok and not isinstance(value, bool):
-        x = float(value)
-        ok = not math.isnan(x) and (x < math.inf or cap) and (x > low if strict else x >= low)
-    else:
-        ok = False
-    if not ok:
+    # compared as they are, not as floats: an int past 1e308 has none
+    ok = ok and not isinstance(value, bool) and (value > low if strict else value >= low)
+    ok = ok and (cap or value < math.inf)
+    if not ok:  # also NaN, which compares false
         kind = "an integer" if integer else ("a number" if cap else "a finite number")
-        bound = f"{'>' if strict else '>='} {low:g}"
-        raise ConfigError(f"{name}={value!r} must be {kind} {bound}" + (" (or inf: no cap)" if cap else ""))
+        raise ConfigError(f"{name}={value!r} must be {kind} {'>' if strict else '>='} {low:g}"
+                          + (" (or inf: no cap)" if cap else ""))
+    if strict and not integer and value < 1 / MAX_FIGURE:
+        raise ConfigError(f"{name}={value!r} must be at least {1 / MAX_FIGURE:g}")
+    if value > high and not (cap and value == math.inf):  # exact: 2**63 - 1 is no float
+        limit = high if integer else f"{high:g}"
+        raise ConfigError(f"{name}={value!r} must be at most {limit}" + (" (or inf: no cap)" if cap else ""))
 
 
 def _check(cluster: Cluster, samples: int, mean_bytes: float, storage: Storage) -> None:
     """Every input of a forecast in its range (check_number), naming the first one that is not."""
     c = cluster
     rules: list[tuple[str, object, dict]] = [
-        ("samples", samples, {"low": 1, "integer": True}), ("mean_bytes", mean_bytes, {"strict": True}),
+        ("samples", samples, {"low": 1, "integer": True}), ("mean_bytes", mean_bytes, {"low": 1}),
         ("nodes", c.nodes, {"low": 1, "integer": True}), ("ranks_per_node", c.ranks_per_node, {"low": 1, "integer": True}),
         ("memory_per_node", c.memory_per_node, {"strict": True}), ("network", c.network, {"strict": True}),
         ("consume", c.consume, {"strict": True}), ("batch_size", c.batch_size, {"low": 1, "integer": True}),
@@ -218,7 +231,8 @@ def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, pi
     if fraction >= 1.0 or resident_bytes <= 0 or fraction <= 0:
         return resident_bytes, resident_bytes / piece
     f, q, m = fraction, 1.0 - fraction, int(gap // mean_bytes)
-    crossed = q * (1.0 - (m + 1) * q ** m + m * q ** (m + 1)) / f  # the sum's closed form
+    # the sum's closed form; >= 0, which rounding in its difference can miss where f is tiny
+    crossed = max(0.0, q * (1.0 - (m + 1) * q ** m + m * q ** (m + 1)) / f)
     nbytes = resident_bytes * (1.0 + crossed)
     end = q ** (m + 1)  # a resident sample ends its run of reads
     if end < 1e-12:
@@ -227,7 +241,9 @@ def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, pi
     # ceil(L x each / piece) reads: E = sum_j P(L x each > j x piece) ~ 1 / (1 - (1 - end)^(piece/each))
     each = mean_bytes * (1.0 + crossed)
     runs = resident_bytes / mean_bytes * end
-    return nbytes, runs / (1.0 - (1.0 - end) ** (piece / each))
+    # 1 - (1 - end)^x as -expm1(x log1p(-end)): exact where x is tiny and (1 - end)^x rounds to 1
+    # (end 1: each resident sample alone between non-resident ones, log1p(-1) = -inf, one read each)
+    return nbytes, runs / -math.expm1(piece / each * (math.log1p(-end) if end < 1.0 else -math.inf))
 
 
 def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage, *,

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dstore import capacity
 from dstore.errors import ConfigError, DStoreError
@@ -20,7 +22,8 @@ BASE = ["--samples", "20000", "--mean-bytes", "100KB"]
 BAD = {
     "container": [(["nowhere.h5"], "nowhere.h5: no such container"),
                   (["nowhere.h5", "--samples", "5"], "not both")],
-    "--samples": [(["0"], "--samples=0 must be an integer >= 1"), (["-3"], "--samples=-3 must be an integer >= 1")],
+    "--samples": [(["0"], "--samples=0 must be an integer >= 1"), (["-3"], "--samples=-3 must be an integer >= 1"),
+                  ([str(2**63)], f"--samples={2**63} must be at most {2**63 - 1}")],
     "--mean-bytes": [(["0"], "--mean-bytes=0 must be a finite number > 0"), (["-1KB"], "--mean-bytes='-1KB' is not"),
                      (["1e400"], "--mean-bytes='1e400' is too large"), (["nan"], "--mean-bytes='nan' is not a size")],
     "--nodes": [(["0"], "--nodes=0 must be an integer >= 1"), (["2", "-1"], "--nodes=-1 must be an integer >= 1")],
@@ -30,18 +33,23 @@ BAD = {
     "--memory-budget": [(["0"], "--memory-budget=0 must be a finite number > 0"),
                         (["-5G"], "--memory-budget='-5G' is not a size")],
     "--storage-lookahead": [(["-1"], "--storage-lookahead=-1 must be an integer >= 0")],
-    "--network": [([v], f"--network={float(v)!r} must be a finite number > 0") for v in ("0", "-1", "inf", "nan")],
+    "--network": [([v], f"--network={float(v)!r} must be a finite number > 0") for v in ("0", "-1", "inf", "nan")]
+    + [(["1e22"], "--network=1e+22 must be at most 1e+21")],
     "--storage": [(["nfs"], "storage 'nfs': expected pfs:KEY=VALUE"),
-                  (["pfs:latency=-1ms"], "latency='-1ms'"), (["pfs:jitter=nan"], "jitter=nan must be in [0, 1]")],
+                  (["pfs:latency=-1ms"], "latency='-1ms'"), (["pfs:jitter=nan"], "jitter=nan must be in [0, 1]"),
+                  (["pfs:iops=1e31"], "--storage pfs:iops=1e31: iops=1e+31 must be at most 1e+30 (or inf: no cap)")],
     "--local-bandwidth": [(["0MB/s"], "--local-bandwidth='0MB/s' must be > 0"),
                           (["nan"], "--local-bandwidth='nan': expected bytes per second"),
-                          (["1e400B/s"], "--local-bandwidth='1e400B/s': expected bytes per second")],
-    "--consume": [([v], f"--consume={float(v)!r} must be a finite number > 0") for v in ("0", "-1", "inf", "nan")],
+                          (["1e400B/s"], "--local-bandwidth='1e400B/s': expected bytes per second"),
+                          (["1e31B/s"], "--local-bandwidth=1e+31 must be at most 1e+30 (or inf: no cap)")],
+    "--consume": [([v], f"--consume={float(v)!r} must be a finite number > 0") for v in ("0", "-1", "inf", "nan")]
+    + [(["1e31"], "--consume=1e+31 must be at most 1e+30"), (["1e-31"], "--consume=1e-31 must be at least 1e-30")],
     "--batch-size": [(["0"], "--batch-size=0 must be an integer >= 1"),
                      (["4"], "--batch-size=4 is the global batch size and must be >= the number of ranks (8")],
-    "--threads": [(["0"], "--threads=0 must be an integer >= 1")],
+    "--threads": [(["0"], "--threads=0 must be an integer >= 1"), ([str(2**64)], "must be at most 9223372036854775807")],
     "--workers": [(["-2"], "--workers=-2 must be an integer >= 0")],
-    "--decode-ms": [([v], f"--decode-ms={float(v)!r} must be a finite number >= 0") for v in ("-5", "nan", "inf")],
+    "--decode-ms": [([v], f"--decode-ms={float(v)!r} must be a finite number >= 0") for v in ("-5", "nan", "inf")]
+    + [(["1e31"], "--decode-ms=1e+31 must be at most 1e+30")],
     "--bench": [(["BENCH_MISSING"], "not a `dstore bench` results.json (FileNotFoundError"),
                 (["BENCH_GARBAGE"], "not a `dstore bench` results.json (JSONDecodeError"),
                 (["BENCH_NEGATIVE"], "measurement 0's seconds=-1.0 must be a finite number > 0"),
@@ -168,3 +176,41 @@ def test_a_bench_file_replaces_the_disk_and_decode_figures(tmp_path):
     assert cmd_plan._from_bench(str(path)) == (5e8, 2e-3)
     inputs = cmd_plan._inputs(args)
     assert inputs["local_bandwidth"] == 5e8 and inputs["decode_seconds"] == 2e-3
+
+
+def _figure(low=0.0, strict=False):
+    """A figure in check_number's range: [low, MAX_FIGURE], and at least 1/MAX_FIGURE where > 0."""
+    return st.floats(1 / capacity.MAX_FIGURE if strict else low, capacity.MAX_FIGURE)
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_any_inputs_in_their_ranges_give_a_forecast_of_numbers(data):
+    # the bounds are the forecast's domain: from one end to the other, no overflow, no NaN
+    count = st.integers(1, capacity.MAX_COUNT)
+    nodes, rpn = data.draw(st.integers(1, 2**20)), data.draw(st.integers(1, 2**10))
+    cl = capacity.Cluster(
+        nodes=nodes, ranks_per_node=rpn, memory_per_node=data.draw(_figure(0, True)),
+        network=data.draw(_figure(0, True)), consume=data.draw(_figure(0, True)),
+        batch_size=data.draw(st.integers(nodes * rpn, capacity.MAX_COUNT)), threads=data.draw(count),
+        prefetch=data.draw(st.integers(0, capacity.MAX_COUNT)),
+        workers=data.draw(st.none() | st.integers(0, capacity.MAX_COUNT)), decode_seconds=data.draw(_figure()),
+        local_bandwidth=data.draw(_figure(0, True) | st.just(math.inf)),
+        memory_budget=data.draw(st.none() | _figure(0, True)), storage_lookahead=data.draw(st.integers(0, 2**40)),
+        storage_threads=data.draw(count), reader_index_bytes=data.draw(_figure()),
+        trainer=data.draw(st.booleans()), decode_threads=data.draw(st.integers(0, 2**20)),
+        input_shape=data.draw(st.tuples(count, st.integers(1, 2**20), st.integers(1, 4))),
+        image_shape=data.draw(st.tuples(st.integers(1, 2**20), st.integers(1, 2**20), st.integers(1, 4))))
+    storage = capacity.Storage(latency=data.draw(_figure()), iops=data.draw(_figure(0, True) | st.just(math.inf)),
+                               bandwidth=data.draw(_figure(0, True) | st.just(math.inf)))
+    f = capacity.forecast(data.draw(count), data.draw(_figure(1)), cl, storage)
+
+    def numbers(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                yield from numbers(v)
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            yield x
+
+    assert all(not math.isnan(x) for x in numbers(f))
+    capacity.format_forecast(f)

@@ -42,7 +42,7 @@ NUMBER_FLAGS = (  # flag, its dest, dstore.capacity.check_number's rule
     ("--samples", "samples", {"low": 1, "integer": True}),
     ("--ranks-per-node", "ranks_per_node", {"low": 1, "integer": True}),
     ("--storage-lookahead", "storage_lookahead", {"integer": True}),
-    ("--network", "network", {"strict": True}),
+    ("--network", "network", {"strict": True, "high": 1e21}),  # GB/s: dstore.capacity.MAX_FIGURE bytes/s
     ("--consume", "consume", {"strict": True}),
     ("--batch-size", "batch_size", {"low": 1, "integer": True}),
     ("--threads", "threads", {"low": 1, "integer": True}),
@@ -118,6 +118,10 @@ def _inputs(args) -> dict:
     model = parse_spec(args.storage)
     local = args.local_bandwidth or (LOCAL_BANDWIDTH if args.storage.strip() in ("local", "pfs:local") else "unlimited")
     local_bw, decode_s = parse_bandwidth(local, "--local-bandwidth"), args.decode_ms / 1e3
+    capacity.check_number("--local-bandwidth", local_bw, strict=True, cap=True)
+    capacity.check_number(f"--storage {args.storage}: latency", model.latency)
+    capacity.check_number(f"--storage {args.storage}: iops", model.iops, strict=True, cap=True)
+    capacity.check_number(f"--storage {args.storage}: bandwidth", model.bandwidth, strict=True, cap=True)
     if args.bench:
         disk, dec = _from_bench(args.bench)
         local_bw = disk if disk is not None else local_bw
