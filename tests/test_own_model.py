@@ -29,6 +29,15 @@ tiny.input_size = lambda hw: (6, 6)
 
 def not_a_module(in_channels, num_classes, image_size):
     return "oops"
+
+def raises(in_channels, num_classes, image_size):
+    raise KeyError("no such backbone")
+
+def two_args(in_channels, num_classes):
+    return nn.Linear(in_channels, num_classes)
+
+def ten_logits(in_channels, num_classes, image_size):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size[0] * image_size[1], 10))
 '''
 
 
@@ -78,3 +87,17 @@ def test_dstore_train_trains_a_model_given_by_import_path(user_module, tmp_path)
     assert res.returncode == 0, res.stderr
     meta = json.loads((run_dir / "config.json").read_text())
     assert meta["model"] == "my_models:tiny" and meta["input_size"] == [6, 6]
+
+
+@pytest.mark.parametrize("name, says", [
+    ("my_models:raises", r"--model 'my_models:raises': the factory raised KeyError: 'no such backbone' \(called as "
+                         r"factory\(in_channels=1, num_classes=3, image_size=\(4, 4\)\)\)"),
+    ("my_models:two_args", r"--model 'my_models:two_args': the factory's signature two_args\(in_channels, "
+                           r"num_classes\) cannot be called as factory\(in_channels, num_classes, image_size\)"),
+    ("my_models:ten_logits", r"--model 'my_models:ten_logits' returns logits of shape \(1, 10\) for one image; "
+                             r"the data have 3 classes"),
+])
+def test_a_factory_that_raises_or_does_not_fit_is_one_line_naming_it(user_module, name, says):
+    with pytest.raises(ConfigError, match=says) as info:
+        build_model(name, 1, 3, (4, 4))
+    assert "\n" not in str(info.value)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable
 
 from dstore.errors import ConfigError
@@ -92,11 +93,26 @@ def _imported(path: str) -> ModelEntry:
     if not callable(fn):
         raise ConfigError(f"--model {path!r}: {attr!r} is not callable (a factory "
                           "(in_channels, num_classes, image_size) -> torch.nn.Module)")
+    _check_signature(path, fn)
     input_size = getattr(fn, "input_size", None) or (lambda hw: tuple(hw))
     if not callable(input_size):
         raise ConfigError(f"--model {path!r}: its input_size attribute must be a callable (H, W) -> (H, W)")
     doc = (fn.__doc__ or "").strip().splitlines()
     return ModelEntry(fn, input_size, doc[0] if doc else path)
+
+
+def _check_signature(path: str, fn) -> None:
+    """Refuses (ConfigError) a factory that cannot be called as fn(in_channels, num_classes, image_size)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: its call will tell
+        return
+    try:
+        sig.bind(1, 2, (3, 3))
+    except TypeError as exc:
+        raise ConfigError(f"--model {path!r}: the factory's signature {path.partition(':')[2]}{sig} cannot be called "
+                          f"as factory(in_channels, num_classes, image_size) ({exc}); give it those three "
+                          f"parameters") from None
 
 
 def default_model(image_size: tuple[int, int]) -> str:
@@ -108,12 +124,52 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: tuple
     """Builds model `name` for images of `image_size` (already resized to its input size)."""
     if in_channels < 1 or num_classes < 2:
         raise ConfigError(f"in_channels={in_channels} must be >= 1 and num_classes={num_classes} >= 2")
-    model = get_model(name).build(in_channels, num_classes, tuple(image_size))
+    try:
+        model = get_model(name).build(in_channels, num_classes, tuple(image_size))
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user's factory may raise anything: one line naming it
+        raise ConfigError(f"--model {name!r}: the factory raised {type(exc).__name__}: {_first_line(exc)} (called "
+                          f"as factory(in_channels={in_channels}, num_classes={num_classes}, "
+                          f"image_size={tuple(image_size)}))") from None
     from torch import nn
 
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model {name!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    check_logits(model, name, in_channels, num_classes, image_size)
     return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
+
+
+def check_logits(model, name: str, in_channels: int, num_classes: int, image_size) -> None:
+    """Refuses (ConfigError) a model whose output for one image is not (1, num_classes) logits.
+
+    One forward pass in eval mode on a zero image, before any training: a model built for another
+    number of classes would otherwise train against labels it cannot score (cross-entropy fails
+    only for labels past its outputs, and then mid-epoch), and one of another input size fails at
+    its first batch with a shape error from deep inside it.
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(1, in_channels, *image_size))
+    except Exception as exc:  # noqa: BLE001 - whatever the model's forward raises, named in one line
+        raise ConfigError(f"--model {name!r}: its forward pass on one {in_channels}x{image_size[0]}x{image_size[1]} "
+                          f"image failed before training: {type(exc).__name__}: {_first_line(exc)}") from None
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if shape != (1, num_classes):
+        what = f"a {type(out).__name__}" if shape is None else f"logits of shape {shape}"
+        raise ConfigError(f"--model {name!r} returns {what} for one image; the data have {num_classes} classes, so "
+                          f"it must return (batch, {num_classes}) logits: build its last layer with num_classes")
 
 
 # --- models ---------------------------------------------------------------------------------------
