@@ -65,3 +65,18 @@ def test_a_run_writes_csv_and_tensorboard_and_plot_draws_it(tmp_path):
 def test_tensorboard_without_the_package_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         CurveLogs(str(tmp_path), tensorboard=True)
+
+
+def test_plot_skips_a_cut_last_line_and_creates_the_out_folder(tmp_path):
+    pytest.importorskip("matplotlib", reason="dstore plot needs matplotlib (the bench extra)")
+    rec = '{"epoch": %d, "global_step": %d, "train_loss": 1.0, "train_accuracy": 0.5}\n'
+    (tmp_path / "metrics.jsonl").write_text(rec % (0, 4) + rec % (1, 8) + '{"epoch": 2, "global_st')  # killed mid-write
+    out = tmp_path / "figures" / "new" / "c.png"
+    res = subprocess.run([sys.executable, "-m", "dstore.tools", "plot", str(tmp_path), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(out) and out.read_bytes()[:4] == b"\x89PNG"
+    assert "skipped its last line, cut short" in res.stderr and f"created the folder {out.parent}" in res.stderr
+    (tmp_path / "metrics.jsonl").write_text(rec % (0, 4) + "{oops\n" + rec % (1, 8))  # damage before the end
+    with pytest.raises(ConfigError, match=r"metrics.jsonl: line 2 is not JSON"):
+        plot_run(str(tmp_path))
