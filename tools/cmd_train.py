@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from dstore.preemption import PREEMPTED_EXIT
+from dstore.preemption import PREEMPTED_EXIT, Preemption, parse_signals
 from dstore.tools import flags
 from dstore.training.config import RUN, TrainConfig
 from dstore.training.metrics import _plain
@@ -31,12 +31,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    cfg = flags.from_args(TrainConfig, args)
+    # First thing, before MPI starts and torch loads (seconds): a preemption signal during start-up
+    # is held and the run stops before its first step with exit 75, instead of dying by the signal.
+    with Preemption(parse_signals(cfg.preempt_signal)) as watch:
+        return _run(args, cfg, watch)
+
+
+def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
     from mpi4py import MPI
 
     # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.training.run import train
 
-    cfg = flags.from_args(TrainConfig, args)
     if args.print_config:
         cfg.check()
         if MPI.COMM_WORLD.Get_rank() == 0:
@@ -49,7 +56,7 @@ def run(args) -> int:
         def say(line):
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
-    result = train(cfg, MPI.COMM_WORLD, say=say)
+    result = train(cfg, MPI.COMM_WORLD, say=say, preemption=watch)
     code = PREEMPTED_EXIT if result.get("preempted") else 0  # every rank agreed on it
     if MPI.COMM_WORLD.Get_rank() != 0:
         return code

@@ -97,6 +97,8 @@ class Fit:
         self.report(f"training {self.meta['model']} on {self.meta['train_samples']} samples of {self.meta['data']} "
                     f"with {self.ctx.size} rank(s), global batch {self.cfg.batch_size}, "
                     f"{self.meta['steps_per_epoch']} steps/epoch; run dir {self.run_dir}")
+        if self.preempted_at_start():
+            return self.finish()
         for epoch in range(start_epoch, self.cfg.epochs):
             if not self.run_epoch(epoch, first_step if epoch == start_epoch else 0):
                 break
@@ -142,6 +144,23 @@ class Fit:
         for line in self.applied:
             self.report(line)
         return epoch, step
+
+    def preempted_at_start(self) -> bool:
+        """Collective: True (and said) if a preemption signal came during start-up, before the
+        first step (the handlers are installed first thing: the signal was held, not lost). The run
+        stops with nothing new to checkpoint; the CLI exits 75 as for any preemption."""
+        if self.preemption is None:
+            return False
+        watch, comm = self.preemption
+        if not watch.agreed(comm):
+            return False
+        self.stopped = True
+        self.preempted = "SIG" + watch.received if watch.received else "a signal to another rank"
+        kept = (f"the checkpoint it resumed from ({self.resume_path}) is kept" if self.resumed is not None
+                else "no checkpoint written")
+        self.report(f"stopped by {self.preempted} during start-up, no step yet: {kept}; --resume auto starts it "
+                    f"again")
+        return True
 
     # ------------------------------------------------------------ per epoch and step
     def run_epoch(self, epoch: int, first_step: int) -> bool:

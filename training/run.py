@@ -83,7 +83,7 @@ def new_run_dir(comm, runs_root: str) -> str:
     return os.path.join(runs_root, comm.bcast(name, root=0))
 
 
-def train(cfg: TrainConfig, comm, *, say=None) -> dict:
+def train(cfg: TrainConfig, comm, *, say=None, preemption: Preemption | None = None) -> dict:
     """Runs a whole training job on `comm` (collective); returns the final metrics on every rank.
 
     With cfg.trainers > 1, `comm` is split into that many trainers playing an LTFB tournament
@@ -93,12 +93,18 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
         cfg: the run's configuration.
         comm: the job's MPI communicator (COMM_WORLD, or a sub-communicator).
         say: how rank 0 reports progress lines (default: one flushed write to stdout per line).
+        preemption: the installed dstore.preemption.Preemption watching cfg.preempt_signal (the CLI
+            installs it first thing, before torch loads); None: train() installs one here, so that
+            a signal during start-up (population, ...) is held until the run can stop (exit 75).
 
     Returns:
         {"test": {...} or None, "epochs": [...per-epoch records...], "run_dir": str,
          "stopped_early": bool, "store_stats": dict}, and with trainers > 1 also "ltfb": {...}.
     """
     cfg.check()
+    if preemption is None:
+        with Preemption(parse_signals(cfg.preempt_signal)) as watch:
+            return train(cfg, comm, say=say, preemption=watch)
     if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
         cfg = dataclasses.replace(cfg, progress=console.stderr_is_terminal())
 
@@ -106,13 +112,13 @@ def train(cfg: TrainConfig, comm, *, say=None) -> dict:
     if parse_sources(cfg.data):
         check_mix_flags(cfg)
     if cfg.trainers > 1:
-        return train_trainers(cfg, comm, say=say)
+        return train_trainers(cfg, comm, say=say, preemption=preemption)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
     # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
     run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
     with claimed_run_dir(comm, run_dir):
-        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say)
+        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption)
 
 
 # --- one trainer ------------------------------------------------------------------------------
@@ -133,7 +139,7 @@ class _Data:
 
 
 def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_path: str | None = None,
-                say=console.say, tournament=None) -> dict:
+                say=console.say, tournament=None, watch: Preemption | None = None) -> dict:
     """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
 
     Builds the process group, data, model, Trainer and loaders (in that order; closed in reverse)
@@ -144,6 +150,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
             trainer trains on its part of the training range, plays a round every
             `tournament.every` steps on the part's tail, and shares the node's cores with the
             other trainers' ranks.
+        watch: the job's installed Preemption (train() installs it first thing); None: one is
+            installed here, for the run's steps.
     """
     seed_everything(cfg.seed, cfg.deterministic)
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
@@ -182,7 +190,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                                                       "weights": [w for _, w in data.mix],
                                                       "counts": [int(c) for c in train_src.counts]})
         # Agreed over the whole job: under LTFB every trainer stops at the same global step.
-        watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
+        if watch is None:
+            watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
         fit = Fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, report, meta, on_step,
                   preemption=(watch, tournament.world if tournament else comm), resume_path=resume_path, resumed=ck)
         return fit.run()
@@ -368,7 +377,7 @@ def _transforms(cfg: TrainConfig, spec, input_size):
 
 # --- a job of several trainers (LTFB) ---------------------------------------------------------
 
-def train_trainers(cfg: TrainConfig, world, *, say) -> dict:
+def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | None = None) -> dict:
     """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
     `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
 
@@ -386,10 +395,11 @@ def train_trainers(cfg: TrainConfig, world, *, say) -> dict:
     # A resumed job without --run-dir continues in the directory it resumes.
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
     with claimed_run_dir(world, run_dir):
-        return _run_job(cfg, world, data_path, resumed, run_dir, say)
+        return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption)
 
 
-def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_dir: str, say) -> dict:
+def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_dir: str, say,
+             preemption: Preemption | None = None) -> dict:
     """train_trainers' job in its claimed run directory `run_dir` (resuming job directory `resumed`)."""
     explore = hparams.parse(cfg.explore)
     tournament = ltfb.Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
@@ -403,7 +413,7 @@ def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_d
     comm = tournament.split()
     try:
         result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
-                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament)
+                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament, watch=preemption)
     finally:
         comm.Free()
         tournament.close()
