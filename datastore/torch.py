@@ -246,6 +246,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         # (epoch, step) after the last batch yielded (LoaderEpoch.account); None: the store's own position
         self._pos: tuple[int, int] | None = None
         self._active = None  # the open epoch's generator (over a LoaderEpoch)
+        # An epoch whose every batch was yielded before the state this loader was loaded from was
+        # taken, but whose iteration had not ended: its next `iter` yields nothing (see state_dict).
+        self._ended: int | None = None
         self._closed = False
         self.last_ids = np.zeros(0, np.int64)
         self.last_pad = np.zeros(0, bool)
@@ -329,6 +332,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
         _refuse_batching_dataloader(sys._getframe(1))
         epoch = self._epoch
         self._epoch += 1  # a plain `for epoch ...: for batch in loader` walks the epochs
+        ended, self._ended = self._ended, None
+        if epoch == ended:  # its batches were all yielded before the state was taken: the rest is none
+            return iter(())
         return self.epoch(epoch)
 
     def __getstate__(self):
@@ -339,12 +345,21 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def state_dict(self) -> dict:
         """The store's state_dict at the position after the last batch this loader yielded (the
         next one it would yield), not where the store's read-ahead has got to. Plain ints and
-        strings: it goes into a checkpoint as is (torch.save with weights_only=True)."""
+        strings: it goes into a checkpoint as is (torch.save with weights_only=True).
+
+        Taken right after an epoch's last batch, while that epoch's iteration is still open (the
+        `for` has not seen its end), the position is the next epoch's start and "end_pending" is 1:
+        as torchdata's StatefulDataLoader resumes a map-style dataset there, the loaded loader's
+        next `iter` yields no batch (the end of that epoch) and the one after runs the next epoch,
+        rather than a whole extra epoch. Taken after the iteration ended, the next `iter` runs the
+        next epoch."""
         state = dict(self.store.state_dict())
         if self._pos is None:
             return state
         epoch, step = self._pos
         if step >= len(self):
+            if self._active is not None and inspect.getgeneratorstate(self._active) != inspect.GEN_CLOSED:
+                state["end_pending"] = 1
             epoch, step = epoch + 1, 0
         state["epoch"], state["step"] = int(epoch), int(step)
         if "position" in state:  # global order: an index in it, which does not depend on the rank count
@@ -359,6 +374,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.store.load_state_dict(state)
         self._epoch = int(self.store.state_dict()["epoch"])
         self._pos = None
+        self._ended = None
+        if state.get("end_pending") and self._epoch > 0:  # the previous epoch's end is still to come
+            self._epoch -= 1
+            self._ended = self._epoch
 
     # -------------------------------------------------------------- decoding
     def _decode_one(self, data, sid: int, epoch: int, source: int | None = None):

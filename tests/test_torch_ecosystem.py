@@ -55,6 +55,57 @@ def test_statefuldataloader_resumes_exactly(container):
 
 
 
+def _epochs_after_resume(sdl, container, batches: int, finish: bool) -> list[int]:
+    """Batches of the first two iterations of a StatefulDataLoader resumed from a state taken after
+    `batches` batches of the first epoch (after the `for` saw the epoch's end too, with `finish`)."""
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        dl = sdl.StatefulDataLoader(StoreLoader(store), batch_size=None)
+        it = iter(dl)
+        for _ in range(batches):
+            next(it)
+        if finish:
+            assert next(it, None) is None
+        state = dl.state_dict()
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        dl = sdl.StatefulDataLoader(StoreLoader(store), batch_size=None)
+        dl.load_state_dict(state)
+        return [len(list(dl)), len(list(dl))]
+
+
+def test_a_state_taken_after_an_epochs_last_batch_resumes_as_torchdata_resumes_a_dataset(container):
+    """torchdata's own map-style resume, the reference: after the last batch of an epoch whose `for`
+    has not ended, the resumed loader yields no batch (that epoch's end), then the next epoch; after
+    the `for` ended, the next epoch. Before, the store's loader ran a whole extra epoch there."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader",
+                              reason="torchdata is not installed (pip install --no-deps torchdata)")
+    reference = []
+    for finish in (False, True):
+        dl = sdl.StatefulDataLoader(list(range(40)), batch_size=4)
+        it = iter(dl)
+        for _ in range(10):
+            next(it)
+        if finish:
+            assert next(it, None) is None
+        again = sdl.StatefulDataLoader(list(range(40)), batch_size=4)
+        again.load_state_dict(dl.state_dict())
+        reference.append([len(list(again)), len(list(again))])
+    assert reference == [[0, 10], [10, 10]]
+    assert [_epochs_after_resume(sdl, container, 10, finish) for finish in (False, True)] == reference
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:  # and the next epoch is epoch 1
+        loader = StoreLoader(store)
+        epochs = [_sums(loader), _sums(loader)]
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        loader = StoreLoader(store)
+        it = iter(loader)
+        assert _sums(next(it) for _ in range(10)) == epochs[0]
+        state = loader.state_dict()
+    assert state["end_pending"] == 1 and (state["epoch"], state["step"]) == (1, 0)
+    with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
+        loader = StoreLoader(store)
+        loader.load_state_dict(state)
+        assert [_sums(loader), _sums(loader)] == [[], epochs[1]]
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("package, script, says", [
     ("accelerate", "accelerate_script.py", "accelerate ok DistributedType.MULTI_CPU"),
