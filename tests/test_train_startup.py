@@ -5,7 +5,6 @@ config.json as its defaults, refuses every disagreeing flag at once, and keeps c
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -44,3 +43,114 @@ def test_a_signal_during_start_up_exits_75_saying_no_step_yet(container, tmp_pat
     assert res.returncode == PREEMPTED_EXIT, (res.returncode, res.stdout, res.stderr)
     assert "stopped by SIGTERM during start-up, no step yet: no checkpoint written" in res.stdout, res.stdout
     assert not (run_dir / "checkpoint.pt").exists()
+
+
+# ------------------------------------------------------------------ one run per run directory
+@pytest.fixture()
+def run(container, tmp_path):
+    """run(**config) -> (train()'s result, the lines it reported), in-process on COMM_SELF."""
+    from mpi4py import MPI
+
+    from dstore.training.run import TrainConfig, train
+
+    def go(**kw):
+        lines = []
+        kw = {"epochs": 1, "batch_size": 8, "runs_root": str(tmp_path / "runs"), "progress": False, "holdout": 0.25,
+              **kw}
+        return train(TrainConfig(data=container, **kw), MPI.COMM_SELF, say=lines.append), lines
+    return go
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def _epochs(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["epoch"] for r in records if "epoch" in r and not r.get("final")]
+
+
+def test_a_new_run_in_a_finished_runs_dir_is_refused_and_overwrite_starts_clean(run, tmp_path):
+    from dstore.errors import ConfigError
+
+    rd = tmp_path / "r"
+    run(run_dir=str(rd))
+    before = _snapshot(rd)
+    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoint.pt, config.json, metrics.csv, "
+                                          r"metrics.jsonl\).*--resume auto to continue it, --overwrite to start "
+                                          r"again") as err:
+        run(run_dir=str(rd))
+    assert str(rd) in str(err.value) and "\n" not in str(err.value)
+    assert _snapshot(rd) == before  # nothing overwritten, nothing appended
+    _, lines = run(run_dir=str(rd), overwrite=True, seed=5)
+    assert any(f"{rd}: started again, the earlier run's checkpoint.pt, config.json, metrics.csv, metrics.jsonl "
+               "removed" in line for line in lines), lines
+    assert _epochs(rd) == [0]  # one run's records, not two
+    assert json.loads((rd / "config.json").read_text())["config"]["seed"] == 5
+    with pytest.raises(ConfigError, match="--overwrite starts the run again, --resume auto continues it"):
+        run(run_dir=str(rd), overwrite=True, resume="auto")
+
+
+def test_a_partial_run_is_refused_too_and_resume_auto_without_a_checkpoint_starts_it_again(run, tmp_path):
+    from dstore.errors import ConfigError
+    from dstore.training.rundir import MARKER
+
+    rd = tmp_path / "partial"  # a run killed before its first checkpoint: its config and a metrics line
+    rd.mkdir()
+    (rd / MARKER).write_text("")
+    (rd / "config.json").write_text('{"config": {}}')
+    (rd / "metrics.jsonl").write_text('{"epoch": 0, "global_st')
+    with pytest.raises(ConfigError, match=r"already holds a run \(config.json, metrics.jsonl\)"):
+        run(run_dir=str(rd))
+    _, lines = run(run_dir=str(rd), resume="auto")
+    assert any("the earlier run's config.json, metrics.jsonl removed" in line for line in lines), lines
+    assert _epochs(rd) == [0]
+
+
+# ------------------------------------------------------------------ resume: what may change, and config.json
+def test_resume_refuses_every_changed_input_flag_at_once_and_says_each_allowed_change(run, tmp_path):
+    from dstore.errors import ConfigError
+
+    rd = tmp_path / "r"
+    run(run_dir=str(rd), epochs=2, stop_after_steps=1)
+    before = _snapshot(rd)
+    with pytest.raises(ConfigError) as err:
+        run(run_dir=str(rd), epochs=2, resume="auto", image_size=(8, 8), augment="on", channels=3, lr=0.1)
+    msg = str(err.value)
+    for part in ("--image-size (not given) (this run: 8x8; it fixes the model and its input)",
+                 "--augment auto (this run: on;", "--channels (not given) (this run: 3;",
+                 "--lr 0.003 (this run: 0.1; it fixes the learning rate)"):
+        assert part in msg, msg
+    assert "\n" not in msg and _snapshot(rd) == before
+    result, lines = run(run_dir=str(rd), epochs=3, resume="auto", decode_threads=1, checkpoint_every=2)
+    assert any("changed on resume: --decode-threads 2 -> 1, --checkpoint-every 0 -> 2" in line for line in lines), lines
+    now = json.loads((rd / "config.json").read_text())["config"]  # config.json: what runs now
+    assert (now["epochs"], now["decode_threads"], now["checkpoint_every"]) == (3, 1, 2)
+    history = [json.loads(line) for line in (rd / "resumes.jsonl").read_text().splitlines()]
+    assert history[-1]["changes"]["decode_threads"] == [2, 1]
+
+
+def test_resume_takes_the_runs_own_config_as_its_defaults(run, tmp_path, capsys, monkeypatch, container):
+    from dstore.tools.cli import main
+
+    rd = tmp_path / "r"
+    run(run_dir=str(rd), epochs=2, batch_size=16, lr=0.01, optimizer="sgd", holdout=0.5, stop_after_steps=1)
+    capsys.readouterr()
+    assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--print-config"]) == 0
+    out = capsys.readouterr()
+    cfg = json.loads(out.out)["config"]
+    assert (cfg["data"], cfg["epochs"], cfg["batch_size"], cfg["lr"], cfg["optimizer"], cfg["holdout"]) == \
+        (container, 2, 16, 0.01, "sgd", 0.5)
+    assert cfg["stop_after_steps"] == 0 and cfg["run_dir"] == str(rd)  # of this invocation only
+    assert f"the flags not given are the run's own, from {rd}/config.json" in out.err
+    assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--epochs", "4", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["epochs"] == 4  # a flag given wins
+    code = main(["train", "--resume", "auto", "--run-dir", str(rd), "--batch-size", "8", "--lr", "0.5",
+                 "--optimizer", "adam", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0
+    (line,) = [ln for ln in err.splitlines() if "ConfigError" in ln]
+    for part in ("--batch-size 16 (this run: 8;", "--lr 0.01 (this run: 0.5;", "--optimizer sgd (this run: adam;"):
+        assert part in line, line
+    assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--no-progress"]) == 0
+    assert _epochs(rd) == [0, 1]

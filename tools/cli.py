@@ -17,7 +17,7 @@ import warnings
 from dstore import __version__, job, rc
 from dstore.errors import DStoreError
 from dstore.job import launcher_mismatch
-from dstore.tools import config_file
+from dstore.tools import config_file, flags
 
 COMMANDS = {
     "ingest": "dstore.tools.cmd_ingest",
@@ -185,12 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parser.argv = argv
     args = parser.parse_args(argv)
+    from_file: dict = {}
     if getattr(args, "config", None):  # the file's values become defaults: the command line wins
         try:
-            config_file.apply(args._parser, args.config)
+            from_file = config_file.apply(args._parser, args.config)
         except DStoreError as exc:
             args._parser.error(str(exc))
         args = parser.parse_args(argv)
+    if hasattr(args, "resume"):  # what the user gave (command line or --config file), not a default
+        args._given = flags.given(parser, args._parser, argv) | set(from_file)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     code = _check_launcher()
     if code:

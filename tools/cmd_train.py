@@ -44,6 +44,9 @@ def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
     # here, not at the top (as in every cmd module): it loads torch and MPI, which `dstore --help` must not
     from dstore.training.run import train
 
+    say = _to_stderr if args.json else None  # with --json, stdout holds the JSON summary alone
+    if cfg.resume is not None:  # the flags not given: the run's own (--print-config shows them)
+        cfg = resume_defaults(args, cfg, MPI.COMM_WORLD, say if not args.print_config else _to_stderr)
     if args.print_config:
         cfg.check()
         if MPI.COMM_WORLD.Get_rank() == 0:
@@ -51,11 +54,6 @@ def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
 
             print(json.dumps({"config": _plain(dataclasses.asdict(cfg))}, indent=1), flush=True)
         return 0
-    say = None
-    if args.json:  # stdout holds the JSON summary alone
-        def say(line):
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
     result = train(cfg, MPI.COMM_WORLD, say=say, preemption=watch)
     code = PREEMPTED_EXIT if result.get("preempted") else 0  # every rank agreed on it
     if MPI.COMM_WORLD.Get_rank() != 0:
@@ -69,3 +67,32 @@ def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
     elif result["test"] is None and not result["stopped_early"]:
         print("no held-out set (--holdout 0 and no --val): no test accuracy", flush=True)
     return code
+
+
+def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
+    """`cfg` with every flag the user did not give (args._given: command line or --config file) set
+    to the value in the config.json of the run --resume continues, so that `dstore train --resume
+    auto --run-dir D` needs no other flag. The flags of this invocation only (--run-dir, --resume,
+    --progress, --stop-after-steps, --overwrite) are never taken from it. A flag given with another
+    value than the run's is refused when the checkpoint is checked (dstore.training.resume.
+    check_compatible: all of them in one line), unless a resume may change it (CHANGEABLE)."""
+    from dstore.collective import on_root
+    from dstore.tools import config_file
+    from dstore.training import console
+    from dstore.training.resume import NOT_COMPARED, run_config_path
+
+    path = on_root(comm, run_config_path, cfg.resume, cfg.run_dir, cfg.runs_root)
+    if path is None:
+        return cfg
+    saved = on_root(comm, config_file.read_values, args._parser, path)
+    given = getattr(args, "_given", set())
+    taken = {k: v for k, v in saved.items()
+             if k not in given and (k == "data" or k not in NOT_COMPARED) and k in TrainConfig.__dataclass_fields__}
+    if comm.Get_rank() == 0 and taken:
+        (say or console.say)(f"--resume: the flags not given are the run's own, from {path}")
+    return dataclasses.replace(cfg, **taken)
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

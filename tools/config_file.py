@@ -20,7 +20,7 @@ import os
 
 from dstore.errors import ConfigError
 
-RUN_RECORD_ONLY = ("run_dir", "resume", "runs_root")
+RUN_RECORD_ONLY = ("run_dir", "resume", "runs_root", "overwrite")
 """Keys of a run's config.json that say where that run was, not how to train: not taken from it."""
 
 
@@ -71,6 +71,8 @@ def _value(action: argparse.Action, key: str, value, path: str):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false")
         return value
+    if action.nargs == "*" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [action.type(v) if action.type is not None else v for v in value]  # a mix's containers
     if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         value = ",".join(str(v) for v in value) if key != "image_size" else "x".join(str(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -97,6 +99,17 @@ def apply(parser: argparse.ArgumentParser, path: str) -> dict:
     Raises:
         ConfigError: naming the file and the first key that is no flag, or whose value is not allowed.
     """
+    values = read_values(parser, path)
+    parser.set_defaults(**values)
+    return values
+
+
+def read_values(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The file's values by dest, each as its flag of `parser` would have it (see `apply`).
+
+    Raises:
+        ConfigError: naming the file and the first key that is no flag, or whose value is not allowed.
+    """
     actions = _actions(parser)
     values = {}
     for key, value in read(path).items():
@@ -106,5 +119,4 @@ def apply(parser: argparse.ArgumentParser, path: str) -> dict:
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"--config {path}: {key!r} is not a flag of this command{hint}")
         values[dest] = _value(actions[dest], dest, value, path)
-    parser.set_defaults(**values)
     return values

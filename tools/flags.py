@@ -121,3 +121,20 @@ def add_fields(parser: argparse.ArgumentParser, cls) -> dict[str, argparse._Argu
 def from_args(cls, args: argparse.Namespace, **extra):
     """`cls` built from the parsed flags of its fields (and `extra` for the others)."""
     return cls(**{f.name: getattr(args, f.name) for f in flag_fields(cls)}, **extra)
+
+
+def given(parser: argparse.ArgumentParser, sub: argparse.ArgumentParser, argv) -> set[str]:
+    """The dests of subcommand parser `sub`'s flags that `argv` gives on the command line (parsed
+    by `parser`, which dispatches to `sub`): `sub`'s defaults are suppressed for one more parse, so
+    only what the command line says is set. (`dstore train --resume` takes the others from the run.)"""
+    saved = [(a, a.default) for a in sub._actions]
+    defaults, sub._defaults = sub._defaults, {}
+    try:
+        for action, _ in saved:
+            action.default = argparse.SUPPRESS
+        namespace = parser.parse_args(argv)
+    finally:
+        sub._defaults = defaults
+        for action, default in saved:
+            action.default = default
+    return {a.dest for a, _ in saved if a.dest != "help" and hasattr(namespace, a.dest)}

@@ -202,9 +202,14 @@ class TrainConfig:
     """Where a run directory is made when run_dir is None (not a flag: tests point it elsewhere)."""
     resume: str | None = _flag(None, "continue from a checkpoint (exact sample, also mid-epoch); auto: "
                                      "--run-dir's checkpoint if it has one, else start fresh (without --run-dir: "
-                                     "the newest runs/*/checkpoint.pt); a checkpoint made on another container, "
-                                     "or with another schedule, is refused; --epochs may change (default: start "
-                                     "fresh)", group=RUN, metavar="PATH|auto")
+                                     "the newest runs/*/checkpoint.pt); flags not given are the run's own (its "
+                                     "config.json); a checkpoint made on another container, or with another "
+                                     "schedule, model or input, is refused; --epochs may change (see "
+                                     "docs/training.md, Resuming) (default: start fresh)", group=RUN,
+                        metavar="PATH|auto")
+    overwrite: bool = _flag(False, "start a new run in a --run-dir that holds one (finished or partial): its "
+                                   "checkpoint, metrics and config are removed first (and named); without it such "
+                                   "a directory is refused (--resume auto continues the run there)", group=RUN)
     checkpoint_every: int = _flag(0, "also checkpoint every STEPS optimizer steps (always at each epoch end)",
                                   group=RUN, metavar="STEPS")
     stop_after_steps: int = _flag(0, "stop (with a checkpoint) after N steps of this invocation: simulates an "
@@ -258,6 +263,9 @@ class TrainConfig:
         if self.resize_on == "device" and self.decode_workers == 0:
             raise ConfigError("--resize-on device needs decode workers (--decode-workers N > 0): decode threads "
                               "resize each sample")
+        if self.overwrite and self.resume is not None:
+            raise ConfigError(f"--overwrite starts the run again, --resume {self.resume} continues it: give one of "
+                              f"them")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):

@@ -109,7 +109,8 @@ class Fit:
         """Checks a checkpoint to resume against this run (before anything is written: a refused
         resume leaves the run dir as it was), writes config.json and opens the logs."""
         cfg, ctx = self.cfg, self.ctx
-        self.applied = [] if self.resumed is None else check_compatible(self.resumed, cfg, self.meta)
+        self.applied = ([] if self.resumed is None
+                        else check_compatible(self.resumed, cfg, self.meta, self.resume_path or "the checkpoint"))
         if ctx.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
             self.write_config()
@@ -119,12 +120,13 @@ class Fit:
                                  if cfg.log_batches else None)
 
     def write_config(self) -> None:
-        """config.json: this run's flags and metadata. A resumed run keeps the first run's
-        config.json and records where it continued and what changed in resumes.jsonl beside it."""
+        """config.json: the flags and metadata of what runs now (a resumed run with a changed flag,
+        --epochs say, rewrites it: `--resume` takes its defaults from it); a resumed run records
+        where it continued and what changed in resumes.jsonl beside it (the history)."""
         path = os.path.join(self.run_dir, "config.json")
-        if self.resumed is None or not os.path.exists(path):
-            with open(path, "w") as fh:
-                json.dump({"config": dataclasses.asdict(self.cfg), **self.meta}, fh, indent=1, default=str)
+        with open(path + ".tmp", "w") as fh:  # then renamed: a kill never leaves half a config.json
+            json.dump({"config": dataclasses.asdict(self.cfg), **self.meta}, fh, indent=1, default=str)
+        os.replace(path + ".tmp", path)
         if self.resumed is not None:
             changes = config_changes(self.resumed.get("config", {}), self.cfg)
             with JsonLog(os.path.join(self.run_dir, "resumes.jsonl")) as log:

@@ -1,11 +1,12 @@
 """Continuing a run from its checkpoint: load it, check it against this run, put its state back.
 
 A checkpoint continues only the run it came from: the same container (checked before any store
-exists), the same config fields that fix the order of the batches, the tournament and the
-learning-rate schedule, and the same model and training-sample count. `--epochs` may change: the
-schedule is then re-derived for the new total from the step the checkpoint was taken at. The
-checks raise ConfigError before anything is written, so a refused resume leaves the run directory
-as it was.
+exists), and every config field the same but those in CHANGEABLE (how the run computes: threads,
+loader, device, precision, logs; each change said in one line) and NOT_COMPARED (where and how this
+invocation runs). `--epochs` may change: the schedule is then re-derived for the new total from the
+step the checkpoint was taken at. Every refused field is named at once, in one line, with both
+values. The checks raise ConfigError before anything is written, so a refused resume leaves the run
+directory as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dstore.training.checkpoint import (
     check_same_container,
     from_safe,
     load_checkpoint,
+    resolve_resume,
     set_rng_state,
 )
 
@@ -35,6 +37,49 @@ SAME_SCHEDULE = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "sch
 # held-out split and the tournament).
 SAME_CONFIG = ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainers", "ltfb_round", "ltfb_metric",
                "tournament_fraction", "ltfb_strategy", "truncation_fraction", "explore")
+
+# Config fields that fix the model and the pixels it is fed: the checkpoint's weights were learnt
+# on them (a convolutional net loads at another input size and trains on in silence).
+SAME_INPUT = ("model", "image_size", "augment", "channels", "mean", "std", "val")
+
+CHANGEABLE = ("epochs", "loader", "files_root", "read_threads", "direct_cold", "population", "prefetch",
+              "decode_threads", "decode_workers", "resize_on", "memory_budget", "overflow", "cache_dir",
+              "deterministic", "device", "amp", "channels_last", "checkpoint_every", "preempt_signal",
+              "tensorboard", "log_batches")
+"""Config fields a resume may change (documented in docs/training.md, 'Resuming'): how the run
+computes and what it logs, not which samples it trains on in which order, its model, its input or
+its schedule (--epochs re-derives it). A change is said in one line and config.json is rewritten.
+Every field in none of these lists must be the checkpoint's (a new field is refused by default)."""
+
+NOT_COMPARED = ("data", "run_dir", "runs_root", "resume", "overwrite", "progress", "stop_after_steps")
+"""Config fields of this invocation only: where it runs and what it resumes (the container is
+checked by its identity instead: a moved copy resumes), and what this invocation does (a bar, a
+stop after N steps); --resume never takes them from the run's config.json."""
+
+
+def run_config_path(resume: str, run_dir: str | None, runs_root: str) -> str | None:
+    """The config.json of the run `--resume` continues (whose values are the defaults of the flags
+    not given), or None where there is none (a new run dir: --resume auto starts fresh there).
+
+    `--resume auto` means `run_dir`'s (or, without it, the directory of the newest
+    runs/*/checkpoint.pt); a directory (an LTFB job's) its own; a checkpoint file its directory's,
+    or for a trainer's checkpoint of an LTFB job, the job's."""
+    if resume == "auto":
+        if run_dir is None:
+            newest = resolve_resume("auto", None, runs_root)
+            if newest is None:
+                return None
+            run_dir = os.path.dirname(newest)
+        folder = run_dir
+    elif os.path.isdir(resume):
+        folder = resume
+    else:
+        folder = os.path.dirname(os.path.abspath(resume))
+        job = os.path.dirname(folder)
+        if os.path.basename(folder).startswith("trainer") and os.path.isfile(os.path.join(job, "config.json")):
+            folder = job
+    path = os.path.join(folder, "config.json")
+    return path if os.path.isfile(path) else None
 
 
 def load_for_resume(path: str, container: dict) -> dict:
@@ -102,33 +147,54 @@ def config_changes(old: dict, cfg) -> dict[str, tuple]:
     return {k: (old.get(k, defaults[k]), v) for k, v in new.items() if old.get(k, defaults[k]) != v}
 
 
-def check_compatible(ck: dict, cfg, meta: dict) -> list[str]:
-    """A checkpoint continues only a run with the same data, model, batch order and learning-rate
-    schedule; --epochs may change (the schedule is re-derived for the new total, see restore).
+def _why(key: str) -> str:
+    if key in SAME_CONFIG:
+        return "the batches' order"
+    if key in SAME_SCHEDULE:
+        return "the learning rate"
+    if key in SAME_INPUT:
+        return "the model and its input"
+    return "what the run computes"
+
+
+def _show(field: str, value) -> str:
+    if value is None:
+        return "(not given)"
+    if field == "image_size" and isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def check_compatible(ck: dict, cfg, meta: dict, path: str = "the checkpoint") -> list[str]:
+    """A checkpoint continues only a run with the same data, model, input, batch order and
+    learning-rate schedule; the fields in CHANGEABLE may change (--epochs re-derives the schedule,
+    see restore).
 
     Args:
         ck: the loaded checkpoint.
         cfg: this run's TrainConfig.
         meta: this run's metadata (as written to config.json: "model", "train_samples", ...).
+        path: the checkpoint's path, for the messages.
 
     Returns:
         One line per change applied (empty if none), for the run to report.
 
     Raises:
-        ConfigError: naming the first flag whose change is refused, with the old and new value.
+        ConfigError: one line naming every flag whose change is refused, each with the checkpoint's
+            value and this run's.
     """
     changes = config_changes(ck.get("config", {}), cfg)
-    for key in SAME_CONFIG + SAME_SCHEDULE:
-        if key in changes:
-            was, now = changes[key]
-            why = "it fixes the order of the batches" if key in SAME_CONFIG else "it fixes the learning rate"
-            raise ConfigError(f"cannot resume: the checkpoint was made with {flag_name(key)} {was!r}, this run has "
-                              f"{flag_name(key)} {now!r} ({why}); resume with {flag_name(key)} {was!r}, or start "
-                              f"a new run (another --run-dir, no --resume)")
-    for key in ("model", "train_samples"):
-        if ck.get("meta", {}).get(key) != meta[key]:
-            raise ConfigError(f"cannot resume: the checkpoint's {key} is {ck.get('meta', {}).get(key)!r}, "
-                              f"this run's is {meta[key]!r}")
+    refused = [f"{flag_name(k)} {_show(k, was)} (this run: {_show(k, now)}; it fixes {_why(k)})"
+               for k, (was, now) in changes.items() if k not in CHANGEABLE and k not in NOT_COMPARED]
+    saved_meta = ck.get("meta", {})
+    refused += [f"{key} {saved_meta.get(key)!r} (this run: {meta[key]!r})" for key in ("model", "train_samples")
+                if saved_meta.get(key) != meta[key] and not any(r.startswith(f"--{key} ") for r in refused)]
+    if refused:
+        raise ConfigError(f"cannot resume {path}: it was made with " + ", ".join(refused) + "; give its values "
+                          "(or leave those flags out: --resume takes the run's own config.json), or start a new "
+                          "run (--overwrite, or another --run-dir)")
     applied = []
     if "epochs" in changes:
         was, now = changes["epochs"]
@@ -137,6 +203,11 @@ def check_compatible(ck: dict, cfg, meta: dict) -> list[str]:
                               f"(it was made with --epochs {was}); give --epochs {int(ck['epoch'])} or more")
         applied.append(f"--epochs changed from {was} to {now}: the {cfg.schedule} learning-rate schedule is "
                        f"re-derived for {now} epochs from the step the checkpoint was taken at")
+    other = [f"{flag_name(k)} {_show(k, was)} -> {_show(k, now)}" for k, (was, now) in changes.items()
+             if k in CHANGEABLE and k != "epochs"]
+    if other:
+        applied.append("changed on resume: " + ", ".join(other) + " (how the run computes or logs, not its data "
+                       "order, model, input or schedule); config.json now says so, resumes.jsonl keeps the history")
     return applied
 
 

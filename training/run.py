@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import random
@@ -117,7 +118,8 @@ def train(cfg: TrainConfig, comm, *, say=None, preemption: Preemption | None = N
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
     # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
     run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
-    with claimed_run_dir(comm, run_dir):
+    with claimed_run_dir(comm, run_dir, fresh=resume_path is None, replace=cfg.overwrite or cfg.resume == "auto",
+                         say=say):
         return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption)
 
 
@@ -394,7 +396,8 @@ def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | Non
     resumed = _resumed_job(cfg, world)
     # A resumed job without --run-dir continues in the directory it resumes.
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
-    with claimed_run_dir(world, run_dir):
+    with claimed_run_dir(world, run_dir, fresh=resumed is None, replace=cfg.overwrite or cfg.resume == "auto",
+                         say=say):
         return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption)
 
 
@@ -409,6 +412,7 @@ def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_d
     mine, starts = _trainer_config(cfg, k, explore, run_dir)
     if world.Get_rank() == 0:
         _announce_job(cfg, tournament, run_dir, explore, starts, say)
+        _write_job_config(cfg, run_dir)
     resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
     comm = tournament.split()
     try:
@@ -418,6 +422,15 @@ def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_d
         comm.Free()
         tournament.close()
     return {**result, "ltfb": _job_result(cfg, world, tournament, result["test"], run_dir, say)}
+
+
+def _write_job_config(cfg: TrainConfig, run_dir: str) -> None:
+    """The job's own config.json (each trainer writes its own in trainer<k>/): what `--resume`
+    of the job takes the flags not given from."""
+    path = os.path.join(run_dir, "config.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"config": dataclasses.asdict(cfg), "trainers": cfg.trainers}, fh, indent=1, default=str)
+    os.replace(path + ".tmp", path)
 
 
 def _resumed_job(cfg: TrainConfig, world) -> str | None:

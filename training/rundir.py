@@ -12,6 +12,13 @@ config.json. So before anything is written, rank 0 claims the directory:
 
 The marker's contents never change after it is made, so a refused start leaves the directory as it
 was; a directory this claim created and left holding nothing but the marker is removed again.
+
+A run directory belongs to one run too. A new run (no checkpoint resumed) in a directory that
+holds a run's files (`run_files`: its checkpoint, metrics, config) would overwrite that run's
+checkpoint and append to its metrics: it is refused, naming the directory and what it holds, with
+`--resume auto` to continue it and `--overwrite` to start again. With `--overwrite` (or
+`--resume auto` finding no checkpoint: a run killed before its first one, started again) those
+files are removed once the directory is held, and named (`replaced`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
+import shutil
 
 from dstore.collective import on_root
 from dstore.errors import ConfigError
@@ -29,19 +38,39 @@ MARKER = ".dstore-run"
 
 _MARKER_TEXT = b"a dstore training run directory: held (flock) by the job that writes it\n"
 
+# What a run (or an LTFB job) writes into its directory; `dstore plot`'s default curves.png too.
+_RUN_FILE = re.compile(r"(config\.json|metrics\.jsonl|metrics\.csv|resumes\.jsonl|tournament\.jsonl|curves\.png"
+                       r"|tensorboard|checkpoint\.pt|batches\.rank\d+\.jsonl|trainer\d+)(\.tmp(\.\d+)?)?")
+
+
+def run_files(entries) -> list[str]:
+    """The names among a directory's `entries` that a run wrote (sorted; the marker is not one)."""
+    return sorted(e for e in entries if _RUN_FILE.fullmatch(e))
+
 
 class RunDirClaim:
     """Rank 0's hold on one run directory: `acquire()` takes it, `release()` (safe twice) ends it.
 
+    Args:
+        path: the run directory.
+        flag: the option that named it, for the messages.
+        fresh: this job starts a new run (it resumes no checkpoint): a run already there is refused,
+            or replaced with `replace`.
+        replace: remove a run already there (--overwrite, or --resume auto that found no checkpoint).
+
     Attributes:
         path: the run directory (absolute).
         created: whether acquire() made the directory.
+        replaced: the names of the earlier run's files acquire() removed (fresh with replace).
     """
 
-    def __init__(self, path: str, flag: str = "--run-dir"):
+    def __init__(self, path: str, flag: str = "--run-dir", *, fresh: bool = False, replace: bool = False):
         self.path = os.path.abspath(os.fspath(path))
         self.flag = flag
+        self.fresh = fresh
+        self.replace = replace
         self.created = False
+        self.replaced: list[str] = []
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -64,6 +93,11 @@ class RunDirClaim:
                     f"{flag} {p} is not empty and was not made by dstore train (no {MARKER} in it); dstore does "
                     f"not take over a folder of yours: give a new or empty directory (to adopt a run directory "
                     f"of an older dstore, create the empty file {os.path.join(p, MARKER)})")
+            if self.fresh and run_files(entries) and not self.replace:
+                raise ConfigError(
+                    f"{flag} {p} already holds a run ({', '.join(run_files(entries))}); a new run there would "
+                    f"overwrite its checkpoint and append to its metrics: give --resume auto to continue it, "
+                    f"--overwrite to start again there (its files are removed), or another {flag}")
         else:
             try:
                 os.makedirs(p)
@@ -71,6 +105,23 @@ class RunDirClaim:
                 raise ConfigError(f"{flag} {p}: cannot create it: {exc.strerror}") from None
             self.created = True
         self._lock(os.path.join(p, MARKER))
+        if self.fresh and self.replace:
+            self._remove_run()
+
+    def _remove_run(self) -> None:
+        """Removes the earlier run's files (held: no other job writes them now), naming them in `replaced`."""
+        for name in run_files(os.listdir(self.path)):
+            target = os.path.join(self.path, name)
+            try:
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                else:
+                    os.unlink(target)
+            except OSError as exc:
+                self.release()
+                raise ConfigError(f"{self.flag} {self.path}: cannot remove the earlier run's {name} to start "
+                                  f"again: {exc.strerror or exc}") from None
+            self.replaced.append(name)
 
     def _lock(self, marker: str) -> None:
         try:
@@ -119,12 +170,16 @@ class RunDirClaim:
 
 
 @contextlib.contextmanager
-def claimed_run_dir(comm, run_dir: str, flag: str = "--run-dir"):
-    """Collective over `comm`: rank 0 claims `run_dir` for the `with` block (RunDirClaim); if it
-    cannot, every rank raises rank 0's ConfigError."""
-    claim = RunDirClaim(run_dir, flag)
+def claimed_run_dir(comm, run_dir: str, flag: str = "--run-dir", *, fresh: bool = False, replace: bool = False,
+                    say=None):
+    """Collective over `comm`: rank 0 claims `run_dir` for the `with` block (RunDirClaim, with
+    `fresh` and `replace`) and says (`say`) which earlier run files it removed; if it cannot claim
+    it, every rank raises rank 0's ConfigError."""
+    claim = RunDirClaim(run_dir, flag, fresh=fresh, replace=replace)
     try:
         on_root(comm, claim.acquire)
+        if claim.replaced and say is not None:
+            say(f"{flag} {claim.path}: started again, the earlier run's {', '.join(claim.replaced)} removed")
         yield claim
     finally:
         claim.release()
