@@ -154,3 +154,39 @@ def test_resume_takes_the_runs_own_config_as_its_defaults(run, tmp_path, capsys,
         assert part in line, line
     assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--no-progress"]) == 0
     assert _epochs(rd) == [0, 1]
+
+
+# ------------------------------------------------------------------ the heartbeat of a batch log
+def test_a_heartbeat_line_comes_after_every_silence_and_says_the_phase_and_step():
+    from dstore.training.heartbeat import Heartbeat
+
+    now = [100.0]
+    lines = []
+    beat = Heartbeat(lines.append, every=20, clock=lambda: now[0])
+    now[0] = 119.0
+    assert beat.line(now[0]) is None  # less than 20 s of silence
+    beat.phase("start-up: populating the store", "1000 training samples")
+    now[0] = 125.0
+    beat.tick()
+    assert lines == ["[heartbeat] start-up: populating the store: 1000 training samples, 6.00 s in it"]
+    now[0] = 130.0
+    beat.say("epoch 0: loss 1.0")  # a line of the run's: the silence starts again
+    beat.phase("epoch 1")
+    beat.progress("step 7/50")
+    now[0] = 149.0
+    beat.tick()
+    now[0] = 150.0
+    beat.tick()
+    assert lines[1:] == ["epoch 0: loss 1.0", "[heartbeat] epoch 1: step 7/50, 20.0 s in it"]
+    off = Heartbeat(lines.append, every=0)
+    assert off.line(1e9) is None and not off.enabled
+
+
+def test_a_run_writing_to_a_file_gets_heartbeat_lines_and_no_carriage_returns(run, tmp_path):
+    result, lines = run(run_dir=str(tmp_path / "r"), epochs=2, heartbeat=0.01)
+    beats = [line for line in lines if line.startswith("[heartbeat] ")]
+    assert beats and all(line.endswith(" in it") and "\n" not in line for line in beats), beats
+    assert any(line.startswith(("[heartbeat] epoch ", "[heartbeat] start-up: ")) for line in beats), beats
+    assert not any("\r" in line for line in lines)
+    quiet = run(run_dir=str(tmp_path / "q"), heartbeat=0)[1]
+    assert not any(line.startswith("[heartbeat]") for line in quiet)

@@ -224,6 +224,9 @@ class TrainConfig:
                                      "(needs the tensorboard package; metrics.csv is always written beside "
                                      "metrics.jsonl)", group=RUN)
     log_batches: bool = _flag(False, "write every trained batch's sample ids to batches.rank<r>.jsonl", group=RUN)
+    heartbeat: float = _flag(30.0, "when stdout is not a terminal (a batch log): after every SECONDS without a line, "
+                                   "rank 0 writes one plain line saying what the run does and how far (start-up, "
+                                   "population, the epoch's step); 0: none", group=RUN, metavar="SECONDS")
     progress: bool | None = _flag(None, "a progress bar per epoch on rank 0, on stderr (default: only when stderr "
                                         "is a terminal, so batch logs get plain lines; under mpiexec stderr is a "
                                         "pipe: pass --progress)", group=RUN)
@@ -266,6 +269,8 @@ class TrainConfig:
         if self.overwrite and self.resume is not None:
             raise ConfigError(f"--overwrite starts the run again, --resume {self.resume} continues it: give one of "
                               f"them")
+        if not (math.isfinite(self.heartbeat) and self.heartbeat >= 0):
+            raise ConfigError(f"--heartbeat {self.heartbeat} must be a number of seconds >= 0 (0: none)")
         if self.checkpoint_every < 0 or self.stop_after_steps < 0:
             raise ConfigError("checkpoint_every and stop_after_steps must be >= 0")
         if self.image_size is not None and (len(self.image_size) != 2 or min(self.image_size) < 1):

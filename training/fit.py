@@ -89,6 +89,7 @@ class Fit:
     applied: list = dataclasses.field(default_factory=list, init=False)
     batch_log: Any = dataclasses.field(default=None, init=False)
     curves: Any = dataclasses.field(default=None, init=False)
+    beat: Any = None  # the job's dstore.training.heartbeat.Heartbeat, told each phase and step (or None)
 
     def run(self) -> dict:
         """Trains to cfg.epochs (or cfg.stop_after_steps); returns what dstore.training.run.train does."""
@@ -171,13 +172,19 @@ class Fit:
         if cfg.direct_cold:
             evict_containers(self.ctx, [self.meta["data"]] + ([cfg.val] if cfg.val else []))
         meter, timer = EpochMeter(), StepTimer()
-        bar = progress_bar(cfg.progress, self.ctx.is_main, self.meta["steps_per_epoch"], epoch)
+        spe = self.meta["steps_per_epoch"]
+        beat = self.beat
+        if beat is not None:
+            beat.phase(f"epoch {epoch}", f"step {first_step}/{spe}")
+        bar = progress_bar(cfg.progress, self.ctx.is_main, spe, epoch)
         step = None
         batches = self.loader.epoch(epoch)
         for k, (images, labels) in enumerate(batches):
             wait = timer.waited()
             step = first_step + k
             loss_sum, counted = self.train_step(epoch, step, images, labels, meter, timer, wait)
+            if beat is not None:
+                beat.progress(f"step {step + 1}/{spe}")
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum / max(counted, 1):.3f}")
@@ -230,6 +237,8 @@ class Fit:
     def end_epoch(self, epoch: int, meter: EpochMeter) -> None:
         """After a whole epoch: its figures reduced over the ranks, held-out evaluation, the log
         record and progress line, and a checkpoint at the next epoch's start."""
+        if self.beat is not None:
+            self.beat.phase(f"epoch {epoch}: held-out evaluation")
         train_m = meter.reduce(self.ctx.comm)
         if train_m["samples"] and not np.isfinite(train_m["loss"]):  # reduced: every rank stops alike
             raise DivergedError(f"training diverged: the loss of epoch {epoch} is {train_m['loss']} (global step "
@@ -275,6 +284,8 @@ class Fit:
         """Tests on the held-out data (unless stopped early), reports every rank's data-I/O figures
         and closes the logs; returns train()'s dict."""
         test = None
+        if self.beat is not None:
+            self.beat.phase("the end: testing and the data-I/O figures")
         if not self.stopped and self.eval_loader is not None:
             test = self.trainer.evaluate(self.eval_loader, 0)
             self.log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})

@@ -51,7 +51,7 @@ computes and what it logs, not which samples it trains on in which order, its mo
 its schedule (--epochs re-derives it). A change is said in one line and config.json is rewritten.
 Every field in none of these lists must be the checkpoint's (a new field is refused by default)."""
 
-NOT_COMPARED = ("data", "run_dir", "runs_root", "resume", "overwrite", "progress", "stop_after_steps")
+NOT_COMPARED = ("data", "run_dir", "runs_root", "resume", "overwrite", "progress", "heartbeat", "stop_after_steps")
 """Config fields of this invocation only: where it runs and what it resumes (the container is
 checked by its identity instead: a moved copy resumes), and what this invocation does (a bar, a
 stop after N steps); --resume never takes them from the run's config.json."""

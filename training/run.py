@@ -48,6 +48,7 @@ from dstore.training.data import (
 )
 from dstore.training.dist import init_distributed
 from dstore.training.fit import Fit
+from dstore.training.heartbeat import Heartbeat, stdout_is_terminal
 from dstore.training.holdout import check_held_out
 from dstore.training.loop import Trainer
 from dstore.training.models import build_model, default_model, get_model
@@ -108,19 +109,27 @@ def train(cfg: TrainConfig, comm, *, say=None, preemption: Preemption | None = N
             return train(cfg, comm, say=say, preemption=watch)
     if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
         cfg = dataclasses.replace(cfg, progress=console.stderr_is_terminal())
+    # In a batch log, a line after every cfg.heartbeat s of silence (dstore.training.heartbeat).
+    with Heartbeat(say or console.say, cfg.heartbeat,
+                   enabled=comm.Get_rank() == 0 and not stdout_is_terminal()) as beat:
+        return _train(cfg, comm, beat, preemption)
 
-    say = say or console.say
+
+def _train(cfg: TrainConfig, comm, beat: Heartbeat, preemption: Preemption) -> dict:
+    """train() once its preemption handlers and heartbeat run."""
+    say = beat.say
     if parse_sources(cfg.data):
         check_mix_flags(cfg)
     if cfg.trainers > 1:
-        return train_trainers(cfg, comm, say=say, preemption=preemption)
+        return train_trainers(cfg, comm, say=say, preemption=preemption, beat=beat)
     data_path = cfg.data or ensure_builtin(comm, "digits", cfg.cache_dir)
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
     # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
     run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
     with claimed_run_dir(comm, run_dir, fresh=resume_path is None, replace=cfg.overwrite or cfg.resume == "auto",
                          say=say):
-        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption)
+        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption,
+                           beat=beat)
 
 
 # --- one trainer ------------------------------------------------------------------------------
@@ -141,7 +150,8 @@ class _Data:
 
 
 def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_path: str | None = None,
-                say=console.say, tournament=None, watch: Preemption | None = None) -> dict:
+                say=console.say, tournament=None, watch: Preemption | None = None,
+                beat: Heartbeat | None = None) -> dict:
     """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
 
     Builds the process group, data, model, Trainer and loaders (in that order; closed in reverse)
@@ -154,7 +164,9 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
             other trainers' ranks.
         watch: the job's installed Preemption (train() installs it first thing); None: one is
             installed here, for the run's steps.
+        beat: the job's Heartbeat, told each phase (None: no heartbeat).
     """
+    beat = beat or Heartbeat(say, 0)
     seed_everything(cfg.seed, cfg.deterministic)
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
@@ -163,6 +175,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                                                    gpu_index=tournament.node_rank if tournament else None))
         node_ranks = tournament.node_ranks if tournament else ctx.local_size
         _share_cores(node_ranks, cfg.deterministic)
+        beat.phase("start-up: opening the data and measuring its input")
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
         workers = default_workers(node_ranks) if cfg.decode_workers is None else cfg.decode_workers
         if data.mix and cfg.decode_workers is None and len({r.info.encoding for r in data.readers}) > 1:
@@ -171,12 +184,16 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         name, input_size = _input_of(cfg, data.spec)
         reserve = _loader_reserve(cfg, ctx, data, input_size, workers)
         check_memory_bounds(comm, cfg, reserve)  # before the model (sized by the input) or any store exists
+        beat.phase("start-up: building the model")
         model, optimizer = _build_model(cfg, name, data.spec, input_size)
+        beat.phase("start-up: populating the store" if cfg.loader == "store" else "start-up: opening the sources",
+                   f"{data.train_range[1] - data.train_range[0]} training samples")
         sources = _open_sources(stack, cfg, ctx, data, reserve)
         train_src = sources[0]
         spe = train_src.steps_per_epoch
         train_tf, eval_tf = _transforms(cfg, data.spec, input_size)
         trainer = _make_trainer(cfg, ctx, model, optimizer, spe, prepare=eval_tf.normalize_batch)
+        beat.phase("start-up: starting the loaders")
         loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf,
                                                          workers)
         on_step = None
@@ -195,7 +212,8 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         if watch is None:
             watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
         fit = Fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, report, meta, on_step,
-                  preemption=(watch, tournament.world if tournament else comm), resume_path=resume_path, resumed=ck)
+                  preemption=(watch, tournament.world if tournament else comm), resume_path=resume_path, resumed=ck,
+                  beat=beat)
         return fit.run()
 
 
@@ -379,7 +397,8 @@ def _transforms(cfg: TrainConfig, spec, input_size):
 
 # --- a job of several trainers (LTFB) ---------------------------------------------------------
 
-def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | None = None) -> dict:
+def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | None = None,
+                   beat: Heartbeat | None = None) -> dict:
     """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
     `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
 
@@ -398,11 +417,11 @@ def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | Non
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
     with claimed_run_dir(world, run_dir, fresh=resumed is None, replace=cfg.overwrite or cfg.resume == "auto",
                          say=say):
-        return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption)
+        return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption, beat)
 
 
 def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_dir: str, say,
-             preemption: Preemption | None = None) -> dict:
+             preemption: Preemption | None = None, beat: Heartbeat | None = None) -> dict:
     """train_trainers' job in its claimed run directory `run_dir` (resuming job directory `resumed`)."""
     explore = hparams.parse(cfg.explore)
     tournament = ltfb.Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
@@ -417,7 +436,8 @@ def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_d
     comm = tournament.split()
     try:
         result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
-                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament, watch=preemption)
+                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament, watch=preemption,
+                             beat=beat)
     finally:
         comm.Free()
         tournament.close()
