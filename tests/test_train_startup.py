@@ -190,3 +190,17 @@ def test_a_run_writing_to_a_file_gets_heartbeat_lines_and_no_carriage_returns(ru
     assert not any("\r" in line for line in lines)
     quiet = run(run_dir=str(tmp_path / "q"), heartbeat=0)[1]
     assert not any(line.startswith("[heartbeat]") for line in quiet)
+
+
+def test_a_checkpoint_of_another_run_is_not_resumed_into_a_dir_holding_a_run(run, tmp_path):
+    from dstore.errors import ConfigError
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(run_dir=str(a), stop_after_steps=1)
+    run(run_dir=str(b))
+    before = _snapshot(b)
+    with pytest.raises(ConfigError, match=r"already holds a run"):
+        run(run_dir=str(b), resume=str(a / "checkpoint.pt"))
+    assert _snapshot(b) == before
+    result, _ = run(run_dir=str(tmp_path / "c"), resume=str(a / "checkpoint.pt"))  # into a new dir: continued
+    assert not result["stopped_early"]

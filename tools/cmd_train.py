@@ -81,11 +81,11 @@ def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
     from dstore.training import console
     from dstore.training.resume import NOT_COMPARED, run_config_path
 
-    path = on_root(comm, run_config_path, cfg.resume, cfg.run_dir, cfg.runs_root)
-    if path is None:
+    given = getattr(args, "_given", None)  # set by dstore.tools.cli.main
+    path = None if given is None else on_root(comm, run_config_path, cfg.resume, cfg.run_dir, cfg.runs_root)
+    if path is None:  # no run to take from, or args not parsed by dstore's main: every flag as given
         return cfg
     saved = on_root(comm, config_file.read_values, args._parser, path)
-    given = getattr(args, "_given", set())
     taken = {k: v for k, v in saved.items()
              if k not in given and (k == "data" or k not in NOT_COMPARED) and k in TrainConfig.__dataclass_fields__}
     if comm.Get_rank() == 0 and taken:

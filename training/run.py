@@ -126,10 +126,16 @@ def _train(cfg: TrainConfig, comm, beat: Heartbeat, preemption: Preemption) -> d
     resume_path = on_root(comm, resolve_resume, cfg.resume, cfg.run_dir, cfg.runs_root)
     # A resumed run without --run-dir continues in the directory of the checkpoint it resumes.
     run_dir = cfg.run_dir or (os.path.dirname(resume_path) if resume_path else new_run_dir(comm, cfg.runs_root))
-    with claimed_run_dir(comm, run_dir, fresh=resume_path is None, replace=cfg.overwrite or cfg.resume == "auto",
-                         say=say):
+    # A run continues only in its own directory: resuming a checkpoint of another one into a
+    # directory that holds a run is refused as a new run there would be.
+    fresh = resume_path is None or not _same_dir(os.path.dirname(resume_path), run_dir)
+    with claimed_run_dir(comm, run_dir, fresh=fresh, replace=cfg.overwrite or cfg.resume == "auto", say=say):
         return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption,
                            beat=beat)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.realpath(a or ".") == os.path.realpath(b or ".")
 
 
 # --- one trainer ------------------------------------------------------------------------------
@@ -415,8 +421,8 @@ def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | Non
     resumed = _resumed_job(cfg, world)
     # A resumed job without --run-dir continues in the directory it resumes.
     run_dir = cfg.run_dir or resumed or new_run_dir(world, cfg.runs_root)
-    with claimed_run_dir(world, run_dir, fresh=resumed is None, replace=cfg.overwrite or cfg.resume == "auto",
-                         say=say):
+    fresh = resumed is None or not _same_dir(resumed, run_dir)
+    with claimed_run_dir(world, run_dir, fresh=fresh, replace=cfg.overwrite or cfg.resume == "auto", say=say):
         return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption, beat)
 
 
