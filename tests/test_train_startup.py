@@ -204,3 +204,16 @@ def test_a_checkpoint_of_another_run_is_not_resumed_into_a_dir_holding_a_run(run
     assert _snapshot(b) == before
     result, _ = run(run_dir=str(tmp_path / "c"), resume=str(a / "checkpoint.pt"))  # into a new dir: continued
     assert not result["stopped_early"]
+
+
+@pytest.mark.mpi
+def test_an_ltfb_job_resumes_from_its_own_config_json_alone(container, tmp_path):
+    from mpirun import run_mpi
+
+    job = tmp_path / "job"
+    run_mpi(2, ["dstore", "train", container, "--trainers", "2", "--epochs", "2", "--batch-size", "4", "--lr", "0.01",
+                "--holdout", "0.25", "--no-progress", "--stop-after-steps", "2", "--run-dir", str(job)], timeout=150)
+    assert json.loads((job / "config.json").read_text())["config"]["trainers"] == 2  # the job's own
+    res = run_mpi(2, ["dstore", "train", "--resume", "auto", "--run-dir", str(job), "--no-progress"], timeout=150)
+    assert f"the flags not given are the run's own, from {job}/config.json" in res.stdout, res.stdout
+    assert "resumed from" in res.stdout and "best: trainer" in res.stdout, res.stdout
