@@ -180,3 +180,19 @@ def test_the_editable_install_is_a_current_link_tree():
     missing = [str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)
                if not (tree.parent / FOLDERS[p.relative_to(REPO).parts[0]] / Path(*p.relative_to(REPO).parts[1:])).exists()]
     assert not missing, f"modules added since the install (run pip install -e again): {missing}"
+
+
+def test_the_design_module_map_lists_every_module():
+    # docs/design.md's module map is a table row per module; a module added or removed without its
+    # row makes the map lie to the next reader, so the map is checked against the files.
+    import re
+
+    text = (REPO / "docs" / "design.md").read_text()
+    start = text.index("\n## Module map")
+    section = text[start:text.index("\n## ", start + 1)]
+    rows = re.findall(r"^\| `([\w/]+\.py)` \|", section, re.MULTILINE)
+    listed = set(rows)
+    files = {str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)}
+    assert len(rows) == len(listed), f"listed twice: {sorted(r for r in listed if rows.count(r) > 1)}"
+    assert not files - listed, f"modules missing from docs/design.md's module map: {sorted(files - listed)}"
+    assert not listed - files, f"docs/design.md's module map names modules that do not exist: {sorted(listed - files)}"
