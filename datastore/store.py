@@ -43,7 +43,7 @@ from dstore import job, plan, rc, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore import stream as stream_mod
-from dstore.collective import AGREED, agree, is_agreed
+from dstore.collective import AGREED, agree, is_agreed, settle
 from dstore.config import StoreConfig
 from dstore.epoch import Batch as Batch  # re-exported: dstore.store.Batch
 from dstore.epoch import EpochRun, EpochStats
@@ -332,6 +332,7 @@ class DataStore:
     def _check_same_epoch(self, e: int, first: int) -> None:
         """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
         (ranks in different epochs would serve wrong batches without any other error)."""
+        settle(self.comm)  # the ranks' epochs ended unevenly: the first ones here wait asleep, not spinning
         rows = self.comm.allgather((e, first))  # NOTE [ Store agreement protocol ], 4
         if any(r != rows[0] for r in rows):
             odd = next(i for i, r in enumerate(rows) if r != rows[0])

@@ -121,3 +121,21 @@ def test_topology_and_on_root_on_four_ranks(per_node, tmp_path):
         for r in others:
             assert r[key] == {**root[key], "message": root[key]["message"] + " (on rank 0)"}, key
     assert (work / "taken.h5").read_bytes() == b"not ours to replace"
+
+
+@pytest.mark.mpi
+def test_a_rank_waiting_for_a_late_rank_sleeps(tmp_path):
+    """A blocking MPI collective busy-polls: a rank at the store's agreement or an epoch's start
+    first spent the whole wait for a late rank at 100% of a core (0.7-1.0 s of CPU per second of
+    wait, measured), its own CPU and its decode workers' loss. `collective.settle` waits asleep.
+    CPU seconds, not time, are compared, with a margin: over the 2 s wait spinning cost 0.8 s and
+    more here even on a machine loaded 4-fold, sleeping a few ms."""
+    results, work = tmp_path / "results", tmp_path / "work"
+    results.mkdir()
+    work.mkdir()
+    run_mpi(2, ["python", os.path.join(os.path.dirname(__file__), "settle_run.py"), str(results), str(work)],
+            timeout=90)
+    waiting = json.loads((results / "rank1.json").read_text())
+    for step in ("agree", "epoch_start"):
+        assert waiting[step]["wall"] > 1.5, (step, waiting)  # it did wait for rank 0
+        assert waiting[step]["cpu"] < 0.25, (step, waiting)
