@@ -95,8 +95,8 @@ LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tes
 SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
     "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
 HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
-    "seconds between the heartbeat lines rank 0 writes during a store's population and `dstore verify`; "
-    "0: none"))
+    "seconds between the heartbeat lines rank 0 writes during a store's population, `dstore verify` and "
+    "`dstore ingest` without a progress bar (where `heartbeat=` is not given); 0: none"))
 ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
     "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
 NATIVE = Option("DSTORE_NATIVE", "bool", "1", (

@@ -5,6 +5,7 @@ unit grammar and one formatter, and no silently accepted abbreviation or typo of
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -103,6 +104,43 @@ def test_a_heartbeat_writes_plain_lines_while_a_step_runs(monkeypatch):
     assert period_from_env() == 120
     monkeypatch.delenv("DSTORE_HEARTBEAT")
     assert period_from_env() == 30
+
+
+INGEST_LINE = (r"^ingest: (\d+) of 60 samples \(\d+%\), [\d.]+ [kMG]?B, \d+ samples/s \([\d.]+ [kMG]?B/s\) "
+               r"after [\d.]+ s(, about [\d.]+ [um]?s left)?$")
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_an_ingest_without_its_bar_writes_heartbeat_lines(tmp_path, capsys, monkeypatch, how):
+    """A 20k-image ingest wrote nothing for 173 s where stderr was not a terminal: without its bar,
+    rank 0 now writes plain lines (samples, bytes, rate, elapsed, time left) every `heartbeat`
+    seconds, or $DSTORE_HEARTBEAT's."""
+    from mpi4py import MPI
+
+    from dstore.ingest import ingest
+
+    kw = {"heartbeat": 0.02} if how == "argument" else {}
+    if how == "environment":
+        monkeypatch.setenv("DSTORE_HEARTBEAT", "0.02")
+    report = ingest("synthetic", str(tmp_path / "x.h5"), comm=MPI.COMM_SELF, count=60, progress=False, **kw)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("ingest")]
+    assert lines and "\r" not in err, err
+    done = [int(re.match(INGEST_LINE, ln).group(1)) for ln in lines]  # every line parses (None would raise)
+    assert done == sorted(done) and done[-1] <= report.samples == 60, lines
+    # a bar instead (a terminal, or --progress), or 0: no heartbeat lines
+    ingest("synthetic", str(tmp_path / "y.h5"), comm=MPI.COMM_SELF, count=60, progress=False, heartbeat=0)
+    assert "ingest:" not in capsys.readouterr().err
+
+
+def test_a_heartbeat_with_rates_says_bytes_rate_and_time_left():
+    beat = Heartbeat("ingest", 1000, unit="samples", period=60, rates=True)
+    with beat:
+        beat.add(250, 25_000_000)
+        beat._t0 -= 10.0  # as if started 10 s ago
+        line = beat.line()
+    assert re.match(r"^ingest: 250 of 1000 samples \(25%\), 25.0 MB, 2[45] samples/s \(2.[45]\d? MB/s\) after "
+                    r"10.0 s, about 3\d.\d s left$", line), line
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -36,6 +36,7 @@ from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable, is_leftover, private_like, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
+from dstore.ingest.meter import Meter
 from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
 from dstore.ingest.reencode import reencode_attrs
 from dstore.ingest.registry import open_source
@@ -123,7 +124,7 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
                                    raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
                                    source=src.description, extra_attrs=extra_attrs, overwrite=overwrite)
-            out = BackgroundWriter(writer, src, order, on_written=None if bar is None else bar.update)
+            out = BackgroundWriter(writer, src, order, on_written=bar)
         except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
             pending = e
     header = np.zeros(4, dtype=np.int64)
@@ -274,7 +275,7 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
            reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
-           **source_options) -> IngestReport:
+           heartbeat: float | None = None, **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
@@ -292,10 +293,13 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         resize: `HxW` (or (H, W)) to store decoded, resized pixels (implies encoding `raw`).
         on_error: `raise` (stop at the first bad sample, nothing left behind) or `skip`.
         count: use only the first `count` source samples (for `synthetic`: how many to make).
-        progress: show a progress bar on rank 0.
+        progress: show a progress bar on rank 0; False: plain heartbeat lines instead (`heartbeat`).
         overwrite: replace an existing container.
         reencode_max_side, reencode_quality: re-encode images whose longer side is over this many px
             as JPEG of that side and quality (default 90) (`--max-side`, `--quality`; ingest.reencode).
+        heartbeat: without a bar, seconds between the plain progress lines rank 0 writes on stderr
+            (samples, bytes, rate, elapsed, time left; dstore.heartbeat), so a batch log shows a long
+            ingest alive; None: $DSTORE_HEARTBEAT (dstore.rc, 30 s by default); 0: none.
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -313,11 +317,11 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                        encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
                        overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), stratify=stratify,
-                       **source_options)
+                       heartbeat=heartbeat, **source_options)
 
 
 def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
-            progress, overwrite, reencode, stratify, **source_options) -> IngestReport:
+            progress, overwrite, reencode, stratify, heartbeat=None, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
@@ -338,7 +342,7 @@ def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encodin
         created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
                                      overwrite, job_lock is not None and job_lock.held, types=_TYPES,
                                      fallback=IngestError)
-        written, exc = _write_shards(comm, job, progress)
+        written, exc = _write_shards(comm, job, progress, heartbeat)
         recs = _finish(comm, job, written, exc, created)
     finally:
         if job_lock is not None:
@@ -427,7 +431,8 @@ def _lock_output(comm, job: _Job) -> OutputLock | None:
     return held[0] if held else None
 
 
-def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseException | None]:
+def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None = None
+                  ) -> tuple[list[_Shard], BaseException | None]:
     """Collective: this rank's group writes the group's shards. Returns the records of the shards
     this rank wrote (as its group's first rank) and this rank's error, not raised: the other groups
     must learn of it first (`_finish`)."""
@@ -442,32 +447,24 @@ def _write_shards(comm, job: _Job, progress: bool) -> tuple[list[_Shard], BaseEx
         extra.update(reencode_attrs(job.target.max_side, job.target.quality))
     mine = plan.shards_of_group(group, size, job.shards)
     sample_bytes = job.sample_bytes()
-    bar = _progress_bar(job, mine, plan.num_groups(size, job.shards)) if progress and rank == 0 else None
+    meter = Meter(job.bounds, mine, job.shards, plan.num_groups(size, job.shards), bar=progress, period=heartbeat,
+                  enabled=rank == 0)
     written, exc = [], None
     try:
-        for s in mine:
-            lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
-            chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
-            rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
-                               fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
-                               extra_attrs=extra, bar=bar)
-            if rec is not None:
-                written.append(rec)
+        with meter:
+            for s in mine:
+                lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
+                chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
+                rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
+                                   fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
+                                   extra_attrs=extra, bar=meter.update if meter.enabled else None)
+                if rec is not None:
+                    written.append(rec)
     except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises
         exc = e
     finally:
         gcomm.Free()
-        if bar is not None:
-            bar.close()
     return written, exc
-
-
-def _progress_bar(job: _Job, mine, groups: int):
-    """Rank 0's progress bar over the samples of its group's shards."""
-    from tqdm import tqdm
-
-    return tqdm(total=int(sum(job.bounds[s + 1] - job.bounds[s] for s in mine)), unit="img", mininterval=0.5,
-                desc="ingest" if groups == 1 else f"ingest (rank 0's {len(mine)} of {job.shards} shards)")
 
 
 def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool) -> list[_Shard]:

@@ -22,7 +22,8 @@ class BackgroundWriter:
         writer: an open ContainerWriter (from dstore.formats.create_writer).
         source: where labels and names come from.
         order: the write order (source index at each position).
-        on_written: called with the number of positions done after each round (progress).
+        on_written: called with the number of positions done and the bytes written after each round
+            (progress).
     """
 
     def __init__(self, writer, source: Source, order: np.ndarray, on_written=None):
@@ -73,7 +74,7 @@ class BackgroundWriter:
         self.writer.extend(data, sizes[keep], [src.label(i) for i in indices], [src.name(i) for i in indices],
                            indices, checksums=checksums)
         if self._on_written is not None:
-            self._on_written(int(sizes.size))
+            self._on_written(int(sizes.size), int(data.size))
         return int(data.size)
 
     def finish(self) -> BaseException | None:
