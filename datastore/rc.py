@@ -91,6 +91,9 @@ CACHE = Option("DSTORE_CACHE", "path", "~/.cache/dstore", "where `dstore train` 
 MOSAIC_VENV = Option("DSTORE_MOSAIC_VENV", "path", None, (
     "the virtual environment with mosaicml-streaming that `dstore bench` compares against "
     "(default: the one tools/setup_mosaic.sh makes)"))
+DALI_PYTHON = Option("DSTORE_DALI_PYTHON", "path", None, (
+    "the Python of the virtual environment with NVIDIA DALI that `dstore bench --peers` and "
+    "`python -m dstore.tools.measure.loader --dali` compare against (default: the one tools/setup_dali.sh makes)"))
 LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tests that need 12 GiB of memory")
 SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
     "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
@@ -108,7 +111,7 @@ NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
-OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV,
+OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
                                LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
                                MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""

@@ -73,7 +73,7 @@ def test_a_tiny_peers_run_delivers_every_sample_of_every_epoch(tmp_path):
     out, data = tmp_path / "out", tmp_path / "data"
     res = run_mpi(2, ["dstore", "bench", "--peers", "local", "--count", "48", "--batch-size", "16",
                       "--consume", "20000", "--sides", "32,48", "--mean-kb", "2", "--workers", "0",
-                      "--out", str(out), "--data-dir", str(data)], timeout=240)
+                      "--no-dali", "--out", str(out), "--data-dir", str(data)], timeout=240)
     got = json.loads((out / "peers.json").read_text())
     rows = {r["name"]: r for r in got["rungs"][0]["loaders"]}
     want = {"store (preload)", "store (stream)"}

@@ -82,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "('local' or pfs:...; none listed: local and pfs:latency=2ms,iops=300): first batch, epoch 0, "
                         "steady epoch, storage bytes and operations, AU at each --consume rate, shuffle quality; "
                         "writes OUT/peers.{json,md}")
+    p.add_argument("--no-dali", action="store_true",
+                   help="--peers: skip the decode comparison with NVIDIA DALI's CPU pipeline (its own venv: "
+                        "bash tools/setup_dali.sh; skipped with the reason where it is missing)")
+    p.add_argument("--dali-python", default=None,
+                   help="--peers: DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali/bin/python)")
     p.add_argument("--consume", type=_ints, default=(1500, 3000, 6000), metavar="RATE,...",
                    help="--peers: consumption rates in samples/s per rank, DLIO style (a sleep of batch/rate per "
                         "batch stands for the step, decode skipped: the loaders hand over the stored bytes); "
@@ -123,7 +128,7 @@ def _config(args):
                        zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
                        mosaic_venv=args.mosaic_venv, plots=not args.no_plots, storage=storage,
                        storage_sweep=sweep, peers=None if args.peers is None else tuple(args.peers),
-                       consume=tuple(args.consume),
+                       consume=tuple(args.consume), dali=not args.no_dali, dali_python=args.dali_python,
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
 
 

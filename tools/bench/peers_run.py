@@ -53,7 +53,7 @@ def run(comm, cfg) -> dict:
 
     ranks = comm.Get_size()
     rungs = tuple(cfg.peers) or DEFAULT_RUNGS
-    prog = Progress(comm, 3 + len(rungs))
+    prog = Progress(comm, 3 + len(rungs) + bool(cfg.dali))
     skip = {m: r for m in ("webdataset", "litdata") if (r := peers.missing(m))}
     t_start = time.perf_counter()
     load = os.getloadavg()[0]
@@ -88,6 +88,10 @@ def run(comm, cfg) -> dict:
         if "error" not in r:
             r = quality(global_batches([lab[0] for lab in r["labels"]]), classes)
         results["quality"].append({**r, "name": spec.name})
+    if cfg.dali:
+        prog.start("decode per core: dstore's loader beside DALI's CPU pipeline (local memory)")
+        results["decode"] = decode_rows(comm, cfg, container)
+        prog.note(results["decode"]["note"])
     results["meta"] = {"ranks": comm.Get_size(), "num_samples": data.num_samples, "total_bytes": data.total_bytes,
                        "classes": classes, "batch_size": cfg.batch_size, "workers": cfg.num_workers,
                        "rates": list(cfg.consume), "ideal_distinct": ideal_distinct(classes, cfg.batch_size),
@@ -105,6 +109,40 @@ def run(comm, cfg) -> dict:
         print(text, flush=True)
     comm.Barrier()
     return results
+
+
+def decode_rows(comm, cfg, container: str) -> dict:
+    """Rank 0 runs `python -m dstore.tools.measure.loader --recipe plain --dali 1 2` on the container in
+    a process of its own (the launcher's variables removed: a singleton MPI, not a member of this
+    job), every row pinned to its cores; the other ranks sleep meanwhile. Returns {"note", "markdown"}."""
+    import subprocess
+    import sys
+
+    from dstore.tools.bench import dali
+    from dstore.tools.bench.common import quiet_barrier
+
+    result = None
+    if comm.Get_rank() == 0:
+        why = dali.missing(cfg.dali_python)
+        if why is not None:
+            result = {"note": f"skipped: {why}", "markdown": ""}
+        else:
+            md = os.path.join(cfg.out, "peers-dali.md")
+            os.makedirs(cfg.out, exist_ok=True)
+            cmd = [sys.executable, "-m", "dstore.tools.measure.loader", container, "--recipe", "plain", "--threads",
+                   "--workers", "1", "2", "--dali", "1", "2", "--dali-python", dali.find_python(cfg.dali_python),
+                   "--device", "cpu", "--no-gil", "--batch-size", str(cfg.batch_size), "--size",
+                   str(cfg.decode_size), "--out", os.path.join(cfg.out, "peers-dali.json"), "--md", md]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=dali._env(), timeout=3600)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
+                result = {"note": f"DALI comparison failed (exit {proc.returncode}): {' | '.join(tail)}",
+                          "markdown": ""}
+            else:
+                with open(md) as fh:
+                    result = {"note": f"DALI comparison: {md}", "markdown": fh.read()}
+    quiet_barrier(comm)
+    return comm.bcast(result, root=0)
 
 
 def _plain(x):
@@ -158,6 +196,11 @@ def markdown(res: dict) -> str:
     rows += [(q["name"], q) for q in res["quality"] if "error" not in q]
     for name, q in rows:
         lines.append(f"| {name} | {_f(q['distinct'])} | {_f(q['majority'], '{:.0%}')} | {_f(q['correlation'])} |")
+    if "decode" in res:
+        lines += ["", "## Decode per core: dstore's loader beside DALI's CPU pipeline", "",
+                  "The plain recipe (decode, resize to the model's size, CHW uint8) from encoded bytes in memory "
+                  "(`python -m dstore.tools.measure.loader --recipe plain --dali 1 2`).", "",
+                  res["decode"]["markdown"] or res["decode"]["note"]]
     for m, why in meta["skipped"].items():
         lines.append(f"\nSkipped {m}: {why}")
     return "\n".join(lines) + "\n"

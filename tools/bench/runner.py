@@ -58,6 +58,10 @@ class BenchConfig:
     peers: tuple[str, ...] | None = None
     """Storage specs of --peers (the store beside WebDataset and LitData on each; tools/bench/peers_run.py)."""
     consume: tuple[int, ...] = (1500, 3000, 6000)
+    dali: bool = True
+    """--peers: also dstore's loader beside NVIDIA DALI's CPU pipeline, decoding (tools/bench/dali.py)."""
+    dali_python: str | None = None
+    """DALI's venv python (--dali-python; default $DSTORE_DALI_PYTHON or tools/setup_dali.sh's)."""
     """--consume: samples/s per rank of the emulated consumer (--peers)."""
 
     @property

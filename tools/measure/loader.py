@@ -12,12 +12,21 @@ batches are drained as fast as they come. Prints a Markdown table, writes it (--
     python -m dstore.tools.measure.loader syn480.h5 --threads --workers 1 2 --resize-on worker device
     python -m dstore.tools.measure.loader set-4096-s0.h5 --threads 1 4 14 --workers 1 4 14 --batch-size 256 \\
         --device cuda --model resnet_small
+    python -m dstore.tools.measure.loader syn480.h5 --recipe plain --threads --workers 1 2 --dali 1 2 --device cpu
+
+With --dali, NVIDIA DALI's CPU pipeline (its own venv: tools/setup_dali.sh; tools/bench/dali.py) runs
+the same recipe on the same JPEGs with 1, 2, ... threads, every row of the run pinned to as many
+cores as it has threads or workers (taskset / sched_setaffinity), so a row is "N cores' worth";
+its CPU column is DALI's whole process, dstore's is the rank's plus its workers'. `--recipe`
+names the work: `plain` (decode, resize to --size; dstore's loader with no transform) or
+`imagenet` (random-resized crop, area 0.08-1, aspect 3/4-4/3, resize, flip; dstore's side needs
+the trainer's `--augment imagenet`, refused with the reason where this version lacks it).
 
 Every row reads the same container through a fresh DataStore on COMM_SELF (population and the
 workers' start excluded); a row's figures cover `--epochs` epochs after a warm-up (epochs until the
 compiled kernels are loaded, `drain`). The
 augmentation is the trainer's (`dstore train`'s training transform: resize, crop with padding,
-flip; uint8 out, normalised on the device), or none with --transform none.
+flip; uint8 out, normalised on the device), or none with --transform none (--recipe plain).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -37,6 +47,7 @@ from mpi4py import MPI
 
 from dstore import kernels
 from dstore.decode import dct_scale
+from dstore.errors import ConfigError
 from dstore.store import DataStore
 from dstore.tools.measure import decoder_alone
 from dstore.torch import StoreLoader
@@ -65,6 +76,58 @@ def _cpu_of(pids) -> float:
 
 WARM_SECONDS = 60.0
 """The longest warm-up before a row's timed epochs (see `drain`)."""
+
+
+def imagenet_transform(size: int):
+    """The trainer's `--augment imagenet` training transform at `size` (uint8 out), or ConfigError
+    where this version of the trainer has none. The hook for the ImageNet recipe: it asks the
+    trainer's own transform builder (training.run._transforms) for it, as `dstore train` would."""
+    from types import SimpleNamespace
+
+    from dstore.training import config, run
+
+    if "imagenet" not in config.AUGMENTS:
+        raise ConfigError(f"--recipe imagenet: dstore's loader needs the trainer's `--augment imagenet` transform "
+                          f"(random-resized crop + flip), which this version does not have (--augment is one of "
+                          f"{', '.join(config.AUGMENTS)}); use --recipe plain")
+    spec = SimpleNamespace(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    try:
+        train_tf, _ = run._transforms(SimpleNamespace(augment="imagenet"), spec, (size, size))
+    except (AttributeError, TypeError) as exc:
+        raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run._transforms) changed; "
+                          f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})") from None
+    return train_tf
+
+
+def dstore_transform(args):
+    """dstore's per-sample transform for `args.transform` (trainer, none, imagenet)."""
+    if args.transform == "none":
+        return None
+    if args.transform == "imagenet":
+        return imagenet_transform(args.size)
+    pad, flip = default_augmentation((args.size, args.size))
+    return ImageTransform(size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True,
+                          pad=pad, flip=flip, normalize=False)
+
+
+def pinned(count: int | None):
+    """A context: this process (and the workers it starts meanwhile) on its first `count` allowed
+    cores; None: unchanged."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def pin():
+        if count is None:
+            yield None
+            return
+        before = os.sched_getaffinity(0)
+        cores = sorted(before)[:count]
+        os.sched_setaffinity(0, cores)
+        try:
+            yield cores
+        finally:
+            os.sched_setaffinity(0, before)
+    return pin()
 
 
 def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, float, float]:
@@ -176,23 +239,22 @@ def model_rate(args) -> float:
 
 
 def measure(args) -> dict:
-    pad, flip = default_augmentation((args.size, args.size))
-    tf = None if args.transform == "none" else ImageTransform(
-        size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
-        normalize=False)
+    tf = dstore_transform(args) if args.threads or args.workers else None
     gpu = dict(pin_memory=True, device="cuda") if args.device == "cuda" else {}
     one = [("threads", t, None, dict(decode_threads=t)) for t in args.threads]
     one += [("workers", w, r, dict(workers=w, resize_on=r)) for w in args.workers for r in args.resize_on]
     configs = one * args.repeat  # rounds of every row: load drift moves all rows alike
+    pin = bool(args.dali) or args.pin
     rows = []
     for kind, count, resize_on, kw in configs:
         kw = dict(kw, transform=tf, **gpu)
-        # the decoder alone on as many cores, just before the row: on a loaded machine the pair
-        # sees about the same share of it
-        decoder = decoder_rate(args.container, args, count, args.decoder_samples, scaled=False)
-        scaled = decoder_rate(args.container, args, count, args.decoder_samples, scaled=True)
-        n, secs, cpu, wcpu = drain(args.container, args, kw)
-        gil = gil_seconds(args.container, args, kw) if args.gil else None
+        with pinned(count if pin else None):
+            # the decoder alone on as many cores, just before the row: on a loaded machine the pair
+            # sees about the same share of it
+            decoder = decoder_rate(args.container, args, count, args.decoder_samples, scaled=False)
+            scaled = decoder_rate(args.container, args, count, args.decoder_samples, scaled=True)
+            n, secs, cpu, wcpu = drain(args.container, args, kw)
+            gil = gil_seconds(args.container, args, kw) if args.gil else None
         rows.append({"kind": kind, "count": count, "resize_on": resize_on, "samples": n, "samples_per_s": n / secs,
                      "cpu_us_per_sample": 1e6 * cpu / n, "worker_cpu_us_per_sample": 1e6 * wcpu / n,
                      "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
@@ -201,11 +263,35 @@ def measure(args) -> dict:
                      "load": os.getloadavg()[0]})
         print(rows[-1], flush=True)
     out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
-           "load_after": os.getloadavg(), "rows": rows}
+           "load_after": os.getloadavg(), "rows": rows, "pinned": pin}
+    if args.dali:
+        out["dali"] = dali_rows(args)
     if args.model:
         out["model_alone"] = {"model": args.model, "device": args.device, "amp": args.amp,
                               "channels_last": args.channels_last, "samples_per_s": model_rate(args)}
     return out
+
+
+def dali_rows(args) -> list[dict]:
+    """DALI's rows (tools/bench/dali.py): the recipe with each of args.dali threads, pinned to as many
+    cores, over the container's JPEGs; one row with the skip reason where DALI cannot run."""
+    from dstore.formats import open_container
+    from dstore.tools.bench import dali
+
+    why = dali.missing(args.dali_python)
+    if why is not None:
+        return [{"error": why}]
+    with open_container(args.container) as r, tempfile.TemporaryDirectory() as tmp:
+        blob = dali.export([bytes(r.sample(i)[0]) for i in range(r.num_samples)], tmp)
+        py = dali.find_python(args.dali_python)
+        rows = []
+        for t in args.dali:
+            cores = sorted(os.sched_getaffinity(0))[:t]
+            row = dali.run(py, blob, recipe=args.recipe, threads=t, batch_size=args.batch_size, size=args.size,
+                           epochs=args.epochs, dtype=args.dali_dtype, cores=cores)
+            rows.append({"threads": t, "cores": len(cores), "load": os.getloadavg()[0], **row})
+            print(rows[-1], flush=True)
+    return rows
 
 
 def markdown(res: dict) -> str:
@@ -228,6 +314,8 @@ def markdown(res: dict) -> str:
                      f"{r['decoder_dct_scaled_same_cores']:,.0f} | "
                      f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | {r['load']:.1f} |")
     lines.append("")
+    if res.get("dali"):
+        lines += dali_markdown(res)
     if "model_alone" in res:
         m = res["model_alone"]
         lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}, amp "
@@ -236,7 +324,35 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dali_markdown(res: dict) -> list[str]:
+    """The per-core comparison: dstore's rows beside DALI's, samples/s and all CPU per sample."""
+    a = res["args"]
+    lines = [f"recipe {a['recipe']} ({a['size']}x{a['size']}, batch {a['batch_size']}, DALI output {a['dali_dtype']}); "
+             f"every row pinned to as many cores as it has threads or workers", "",
+             "| loader | cores | samples/s | samples/s per core | all CPU us/sample | load |", "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        cpu = r["cpu_us_per_sample"] + r["worker_cpu_us_per_sample"]
+        lines.append(f"| dstore, {r['count']} decode {r['kind']} | {r['count']} | {r['samples_per_s']:,.0f} | "
+                     f"{r['samples_per_s'] / r['count']:,.0f} | {cpu:,.0f} | {r['load']:.1f} |")
+    for r in res["dali"]:
+        if "error" in r:
+            lines.append(f"| DALI: skipped: {r['error']} | | | | | |")
+            continue
+        lines.append(f"| DALI {r['dali']} CPU pipeline, num_threads={r['threads']} | {r['cores']} | "
+                     f"{r['samples_per_s']:,.0f} | {r['samples_per_s'] / r['cores']:,.0f} | "
+                     f"{r['cpu_us_per_sample']:,.0f} | {r['load']:.1f} |")
+    return lines + [""]
+
+
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as exc:  # one line, as the dstore CLI's errors
+        print(f"measure.loader: error: ConfigError: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
@@ -248,7 +364,18 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3, help="epochs per row (after the warm-up)")
     p.add_argument("--size", type=int, default=224, help="edge of the resized images")
-    p.add_argument("--transform", choices=("trainer", "none"), default="trainer")
+    p.add_argument("--transform", choices=("trainer", "none", "imagenet"), default="trainer",
+                   help="dstore's per-sample transform: the trainer's (--augment auto), none, or --augment imagenet")
+    p.add_argument("--recipe", choices=("plain", "imagenet"), default=None,
+                   help="the work both sides do (sets --transform: plain = none); needed with --dali")
+    p.add_argument("--dali", type=int, nargs="*", default=None, metavar="THREADS",
+                   help="also NVIDIA DALI's CPU pipeline with these num_threads (default 1 2), from its own venv")
+    p.add_argument("--dali-python", default=None,
+                   help="DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali; tools/setup_dali.sh)")
+    p.add_argument("--dali-dtype", choices=("uint8", "float"), default="uint8",
+                   help="DALI's crop_mirror_normalize output (dstore's loader hands over uint8)")
+    p.add_argument("--pin", action="store_true", help="pin each row to as many cores as it has threads or workers "
+                   "(always with --dali)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default=None, help="also time this model alone (e.g. resnet_small)")
     p.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off", help="the model alone under autocast")
@@ -258,7 +385,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="measure-loader.json")
     p.add_argument("--md", default="measure-loader.md")
     args = p.parse_args(argv)
+    if args.dali is not None and not args.dali:
+        args.dali = [1, 2]
+    if args.recipe is not None:
+        args.transform = "none" if args.recipe == "plain" else "imagenet"
+    elif args.dali:
+        raise ConfigError("--dali needs --recipe plain or --recipe imagenet: DALI has no pipeline for the trainer's "
+                          "own transform (crop with padding + flip)")
     args.load_before = os.getloadavg()
+    if args.transform == "imagenet" and (args.threads or args.workers):
+        imagenet_transform(args.size)  # refused before any row is measured (no dstore rows: DALI's alone)
     res = measure(args)
     text = markdown(res)
     print(text)
