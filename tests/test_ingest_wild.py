@@ -170,7 +170,7 @@ def test_a_fifo_a_device_or_a_directory_listed_is_refused_by_name(flat, tmp_path
 # --- image folders: torchvision's ImageFolder is the reference --------------------------------------
 #
 # The reference is torchvision's own find_classes / make_dataset: imported where torchvision is
-# installed, else read from its folder.py named by DSTORE_TORCHVISION_FOLDER_PY (torchvision cannot
+# installed, else read from its folder.py named by TORCHVISION_FOLDER_PY (torchvision cannot
 # be installed next to our torch; `pip download torchvision==0.24.1 --no-deps` and unzip it), else
 # the transcription below of torchvision 0.24.1's torchvision/datasets/folder.py.
 
@@ -233,7 +233,7 @@ def torchvision_reference():
         return folder.find_classes, folder.make_dataset, folder.IMG_EXTENSIONS, "torchvision"
     except ImportError:
         pass
-    path = os.environ.get("DSTORE_TORCHVISION_FOLDER_PY")
+    path = os.environ.get("TORCHVISION_FOLDER_PY")
     if path:
         return (*_from_folder_py(path), path)
     return tv_find_classes, tv_make_dataset, TV_IMG_EXTENSIONS, "transcription of torchvision 0.24.1"
@@ -361,10 +361,10 @@ def test_an_entry_torchvision_would_list_but_ingest_skips_is_said(tmp_path):
                and "not its torchvision index" in n for n in src.notes), src.notes
 
 
-@pytest.mark.skipif(not os.environ.get("DSTORE_TORCHVISION_FOLDER_PY"),
-                    reason="DSTORE_TORCHVISION_FOLDER_PY (torchvision's folder.py) not given")
+@pytest.mark.skipif(not os.environ.get("TORCHVISION_FOLDER_PY"),
+                    reason="TORCHVISION_FOLDER_PY (torchvision's folder.py) not given")
 def test_the_transcription_is_torchvisions_code(tmp_path):
-    find_classes, make_dataset, exts = _from_folder_py(os.environ["DSTORE_TORCHVISION_FOLDER_PY"])
+    find_classes, make_dataset, exts = _from_folder_py(os.environ["TORCHVISION_FOLDER_PY"])
     assert exts == TV_IMG_EXTENSIONS
     build_tree(str(tmp_path), [(".a", [], "x.jpg"), ("a", ["b-c"], "y.PNG"), ("a", ["b", "c"], ".z.jpeg"),
                                ("a", [], "w.gif"), ("B", [], "v.webp")])
