@@ -148,6 +148,73 @@ def _dct_min(h: int, w: int, min_size) -> tuple[int, int]:
     return 0, 0
 
 
+def crop_divisor(box_hw: tuple[int, int], size: tuple[int, int]) -> int:
+    """The DCT divisor (8, 4, 2 of DCT_DIVISORS, else 1) at which a crop of `box_hw` (H, W) pixels of
+    the full image still has at least `size` (H, W) on both axes: the largest k with
+    height >= k * size[0] and width >= k * size[1]."""
+    for k in DCT_DIVISORS:
+        if box_hw[0] >= k * size[0] and box_hw[1] >= k * size[1]:
+            return k
+    return 1
+
+
+def scale_box(box: tuple[int, int, int, int], k: int, shape: tuple[int, int]) -> tuple[int, int, int, int]:
+    """`box` (top, left, height, width) in a full image's pixels, in the pixels of its decode at 1/k
+    of `shape` (H, W): each edge divided by k, rounded half up, kept inside the image and at least
+    one pixel wide."""
+    top, left, bh, bw = (int(v) for v in box)
+    if k == 1:
+        return top, left, bh, bw
+    h, w = int(shape[0]), int(shape[1])
+    y0, x0 = min(h - 1, (2 * top + k) // (2 * k)), min(w - 1, (2 * left + k) // (2 * k))
+    y1, x1 = min(h, (2 * (top + bh) + k) // (2 * k)), min(w, (2 * (left + bw) + k) // (2 * k))
+    return y0, x0, max(1, y1 - y0), max(1, x1 - x0)
+
+
+def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None = None,
+                name: str = "<sample>"):
+    """Decodes a sample whose crop is known before its pixels: `plan(shape)` is called with the
+    image's full (H, W) (a JPEG's, from its header, before decoding) and returns (box, extra), box
+    = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
+    1/k of `crop_divisor(box, size)` (the crop still at least `size`), not at the image's own
+    (`dct_scale`): a small crop of a large image decodes at 1/2 to 1/8 of its pixels. Other
+    encodings decode whole.
+
+    Returns:
+        (image, box, extra): the decoded (h, w, C) uint8 image, the box in its pixels (`scale_box`),
+        and `plan`'s extra as it gave it.
+
+    The pixels differ from a full decode cropped and resized at the same box: libjpeg's reduced
+    IDCT averages each 8x8 block's frequencies, a box filter, before the resize's bilinear (see
+    tests/test_crop_decode.py for the tolerance measured). The same bytes and plan give the same
+    pixels in any thread or process.
+
+    Raises:
+        SampleError: naming `name`, if the bytes are not a decodable image.
+    """
+    buf = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    if info.encoding == "raw" or _simplejpeg is None or sniff(buf) != "jpeg":
+        arr = decode_sample(data, info, channels=channels, name=name)
+        where, extra = plan(arr.shape[:2])
+        return arr, tuple(int(v) for v in where), extra
+    try:
+        header = _simplejpeg.decode_jpeg_header(buf)
+    except Exception as exc:  # a broken header: name the sample, as decode_image does
+        raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
+    h, w = int(header[0]), int(header[1])
+    where, extra = plan((h, w))
+    k = crop_divisor((int(where[2]), int(where[3])), (int(size[0]), int(size[1])))
+    try:
+        fmt = "GRAY" if channels == 1 else "RGB"
+        arr = _simplejpeg.decode_jpeg(buf, colorspace=fmt, min_height=-(-h // k) if k > 1 else 0,
+                                      min_width=-(-w // k) if k > 1 else 0)
+    except Exception as exc:  # decoders raise many types; name the sample and keep the cause
+        raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return arr, scale_box(where, k, arr.shape[:2]), extra
+
+
 def decode_raw(data, dtype: str, shape: tuple[int, ...], *, name: str = "<sample>") -> np.ndarray:
     """A raw sample's bytes viewed as `shape` elements of `dtype` (no copy)."""
     arr = np.frombuffer(data, dtype=np.uint8)

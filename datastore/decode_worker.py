@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from dstore import kernels
-from dstore.decode import decode_sample, resize
+from dstore.decode import decode_crop, decode_sample, resize
 from dstore.draws import draws_for
 from dstore.kernels import resize_chw
 from dstore.workers import NPARAMS, params_offset
@@ -99,25 +99,33 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     for i in range(req["lo"], req["hi"]):
         sid = int(ids[i])
         name = f"sample {sid}"
-        arr = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"], min_size=setup["hint"],
-                            name=name)
-        if size is not None:
+        if tf is not None and getattr(tf, "crop_aware", False):  # the crop known before the decode
+            rng = draws_for(tf, (setup["seed"], epoch, sid))
+            arr, where, p = decode_crop(src[offsets[i]:offsets[i + 1]], info, lambda shape, rng=rng: tf.plan(shape, rng),
+                                        tf.size, channels=setup["channels"], name=name)
+            plan = {"plan": (where, p)}
+        else:
+            arr, plan = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"],
+                                      min_size=setup["hint"], name=name), {}
+        if size is not None and not plan:
             if tf is None and arr.ndim == 3 and arr.shape[2] == c and arr.dtype == np.uint8:
                 resize_chw(arr, (0, 0, *arr.shape[:2]), size, pixels[i])  # the resize and the CHW copy in one pass
                 continue
             arr = resize(arr, size)
         if tf is not None:
-            rng = draws_for(tf, (setup["seed"], epoch, sid))  # as the decode threads, NOTE [decode workers] 6
+            rng = None if plan else draws_for(tf, (setup["seed"], epoch, sid))  # as the decode threads,
+            # NOTE [decode workers] 6
             if into and not defer:  # the whole per-sample part in one pass, straight into the batch
                 try:
-                    p = tf.sample_into(arr, rng, pixels[i], finish=setup["finish"])
+                    p = tf.sample_into(arr, rng, pixels[i], finish=setup["finish"], **plan)
                 except Exception as exc:  # the transform's own errors: name the sample
                     raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
                 if not setup["finish"]:
                     params[i, : len(p)] = p
                 continue
             try:
-                arr, p = tf.sample_part(arr, rng, defer_resize=True) if defer else tf.sample_part(arr, rng)
+                arr, p = tf.sample_part(arr, rng, defer_resize=True, **plan) if defer else tf.sample_part(arr, rng,
+                                                                                                         **plan)
             except Exception as exc:  # the transform's own errors: name the sample
                 raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
             if setup["finish"]:  # the batch stays on the CPU: its batch part is applied here

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from dstore.decode import decode_sample, resize
+from dstore.decode import decode_crop, decode_sample, resize
 from dstore.draws import draws_for
 from dstore.errors import ConfigError
 from dstore.kernels import resize_chw
@@ -82,6 +82,16 @@ def _takes_rng(fn) -> bool:
         return False
     second = positional[1]
     return second.default is second.empty or second.name == "rng"
+
+
+def crop_then_transform(tf, data, info, key, channels, name: str):
+    """What a decode thread gives for a `crop_aware` transform (ImageTransform's ImageNet recipe):
+    the sample's plan drawn from `key` and the image's size before the decode, the decode of what
+    it needs (dstore.decode.decode_crop), then the transform with that plan."""
+    rng = draws_for(tf, key)
+    arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), tf.size, channels=channels,
+                                     name=name)
+    return tf(arr, plan=(where, params))
 
 
 def _device(device):
@@ -385,6 +395,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
         whose encoding it is decoded by and which joins the augmentation's seed."""
         info = self.store.info if source is None else self.store.infos[source]
         name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
+        tf = self.transform
+        if self._seeded and getattr(tf, "crop_aware", False):  # the crop known before the decode
+            key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
+            return torch.from_numpy(np.ascontiguousarray(crop_then_transform(tf, data, info, key, self._channels,
+                                                                              name)))
         arr = decode_sample(data, info, channels=self._channels, min_size=self._hint, name=name)
         if self.size is not None and not self._tf_resizes:
             if self.transform is None and arr.dtype == np.uint8:  # the resize and the CHW copy in one pass

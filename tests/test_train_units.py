@@ -92,10 +92,23 @@ def test_channel_and_size_helpers():
 def test_models_build_and_run(name):
     # resnet50 is built for 224x224; a small input keeps its forward pass quick (its stem and stages
     # reduce 32x: a 32x32 input ends in one 1x1 cell).
-    size = (32, 32) if name == "resnet50" else get_model(name).input_size((8, 8) if name == "small_cnn" else (64, 64))
+    size = (32, 32) if name in ("resnet50", "resnet18") else get_model(name).input_size(
+        (8, 8) if name == "small_cnn" else (64, 64))
     model = build_model(name, 3, 7, size)
     assert model(torch.zeros(2, 3, *size)).shape == (2, 7)
-    assert default_model((8, 8)) == "small_cnn" and default_model((64, 48)) == "resnet_small"
+    assert default_model((8, 8))[0] == "small_cnn" and default_model((64, 48))[0] == "resnet_small"
+
+
+def test_model_auto_picks_an_imagenet_model_for_photos_under_the_imagenet_recipe():
+    # photos of 128 px and up with --augment imagenet: ResNet-18 at 224; without it the small
+    # ResNet at 32x32, and the reason says how to get the ImageNet model
+    name, why = default_model((375, 500), "imagenet")
+    assert name == "resnet18" and get_model(name).input_size((375, 500)) == (224, 224) and "imagenet" in why
+    name, why = default_model((375, 500), "auto")
+    assert name == "resnet_small" and "--augment imagenet" in why
+    assert default_model((64, 64), "imagenet")[0] == "resnet_small"  # too small to crop to 224
+    # torchvision's resnet18 has 11,689,512 parameters (3 channels, 1000 classes)
+    assert sum(p.numel() for p in build_model("resnet18", 3, 1000, (224, 224)).parameters()) == 11_689_512
     with pytest.raises(ConfigError, match="model='vgg'"):
         get_model("vgg")
 

@@ -1,5 +1,6 @@
 """Per-sample transforms `(hwc_uint8, rng) -> CHW tensor`: channel fix-up, resize, seeded random
-crop with padding, flip, colour jitter and normalisation. They run in the loader's decode threads,
+crop with padding (the CIFAR recipe) or random resized crop (the ImageNet recipe), flip, colour
+jitter and normalisation. They run in the loader's decode threads,
 or split: the per-sample part in its decode workers, the batch part on the batch's device.
 
 The trainer normalises whole batches on its device instead (`ImageTransform(normalize=False)` hands
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -61,6 +63,61 @@ def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return resize(img[top:top + bh, left:left + bw], size)
 
 
+RECIPES = ("cifar", "imagenet")
+"""`ImageTransform.recipe`: cifar (centred part resized, random crop with padding, flip) or imagenet
+(training: random resized crop + flip; evaluation: resize the shorter side to size*256/224, centre crop)."""
+RRC_SCALE = (0.08, 1.0)
+RRC_RATIO = (3 / 4, 4 / 3)
+"""torchvision's RandomResizedCrop defaults: the crop's area fraction and aspect ratio (w / h)."""
+
+
+def random_resized_box(shape: tuple[int, int], rng, scale=RRC_SCALE, ratio=RRC_RATIO) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a random resized crop of an image of `shape` (H, W): torchvision's
+    `RandomResizedCrop.get_params` step by step (0.24), its draws taken from `rng` (a KeyedDraws or a
+    numpy Generator) in its order: up to 10 tries of (area fraction uniform in `scale`, log aspect
+    ratio uniform in log `ratio`, then top and left uniform among the places the crop fits), else
+    the centred crop of the image clamped to `ratio`. One difference: torchvision takes the log of
+    the ratio bounds in float32, this in float64."""
+    height, width = int(shape[0]), int(shape[1])
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height  # the fallback: the whole image, clamped to the ratio range, centred
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def centre_box(shape: tuple[int, int], size: tuple[int, int], resize_ratio: float = 256 / 224) -> tuple[int, int, int, int]:
+    """(top, left, height, width), in the image's own pixels, of what torchvision's evaluation
+    transform `Resize(round(size * resize_ratio))` + `CenterCrop(size)` keeps of an image of `shape`:
+    the shorter side resized to S = int(min(size) * resize_ratio) (torchvision's Resize(int): the
+    longer side int(S * long / short)), the centred `size` of that (its offsets rounded as CenterCrop
+    rounds them), mapped back to the image by the resize's factor and rounded to whole pixels. One
+    resize of this box replaces torchvision's two (a fraction of a pixel apart at the edges)."""
+    h, w = int(shape[0]), int(shape[1])
+    th, tw = int(size[0]), int(size[1])
+    short = int(min(th, tw) * resize_ratio)
+    rh, rw = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
+    ct, cl = int(round((rh - th) / 2.0)), int(round((rw - tw) / 2.0))
+    fy, fx = h / rh, w / rw
+    top, left = int(round(ct * fy)), int(round(cl * fx))
+    bh, bw = max(1, min(h - top, int(round(th * fy)))), max(1, min(w - left, int(round(tw * fx))))
+    return max(0, top), max(0, left), bh, bw
+
+
 def random_crop(img: np.ndarray, pad: int, rng) -> np.ndarray:
     """Pads by `pad` zero pixels on each side and crops the original size at a random offset."""
     if pad <= 0:
@@ -85,6 +142,18 @@ class ImageTransform:
             tensor, to be normalised per batch by `normalize_batch` (on the model's device).
         jitter: colour jitter strength j: brightness and contrast each scaled by a factor drawn
             in [1 - j, 1 + j] (0: off).
+        recipe: "cifar": the centred part of the image's aspect ratio resized to `size`, then (train)
+            the crop with padding `pad`; "imagenet": (train) a random resized crop
+            (`random_resized_box`, torchvision's algorithm, scale (0.08, 1), ratio (3/4, 4/3)), or
+            (evaluation) the shorter side resized to size*256/224 and the centre `size` kept
+            (`centre_box`); `pad` must be 0. Either way one resize, dstore.resize's fixed-point
+            bilinear (see docs/training.md for why not torchvision's antialiased one).
+
+    Every recipe first picks a box of the image and the sample's parameters (`plan`, from the image's
+    size and the draws alone), then resizes the box: so a loader that knows the image's size before
+    decoding it (a JPEG's header) can decode only what the box needs (`crop_aware`,
+    dstore.decode.decode_crop) and give the plan with the smaller image: the same draws, whichever
+    thread or worker decodes it.
 
     The work is in two parts: `sample_part` (resize, crop: needs the sample; run where it is
     decoded) and `batch_part` (flip, jitter: whole-batch integer tensor ops, run on the batch's
@@ -102,6 +171,7 @@ class ImageTransform:
     flip: bool = False
     normalize: bool = True
     jitter: float = 0.0
+    recipe: str = "cifar"
 
     def __post_init__(self):
         if self.channels not in (1, 3):
@@ -112,12 +182,39 @@ class ImageTransform:
             raise ConfigError(f"std={self.std} must be positive")
         if not 0 <= self.jitter < 1:
             raise ConfigError(f"jitter={self.jitter} must be in [0, 1)")
+        if self.recipe not in RECIPES:
+            raise ConfigError(f"recipe={self.recipe!r} must be one of {RECIPES}")
+        if self.recipe == "imagenet" and self.pad:
+            raise ConfigError(f"recipe='imagenet' crops by random resized crop: pad={self.pad} must be 0")
+
+    @property
+    def crop_aware(self) -> bool:
+        """Whether a loader should decode through `plan` (dstore.decode.decode_crop): the ImageNet
+        recipe, whose box is a small part of the image (the CIFAR recipe's is the whole shorter side:
+        the loader's own DCT scale serves it)."""
+        return self.recipe == "imagenet"
+
+    def plan(self, shape: tuple[int, int], rng=None) -> tuple[tuple[int, int, int, int], np.ndarray]:
+        """(box, params) of a sample whose image is `shape` (H, W): the part (top, left, height,
+        width) to resize to `size`, and the int32 PARAMS, drawn from `rng` in a fixed order (the
+        random resized crop's draws, then crop with padding, flip, jitter). A function of the shape
+        and the draws alone."""
+        if self.recipe == "cifar":
+            return box(shape, self.size), self._draw(rng)
+        if self.train:
+            if rng is None:
+                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.draws.KeyedDraws)")
+            where = random_resized_box(shape, rng)
+        else:
+            where = centre_box(shape, self.size)
+        return where, self._draw(rng)
 
     resizes: ClassVar[bool] = True
     """The transform makes the one resize to `size` (a StoreLoader then only decodes at a DCT scale
     at least that large, and does not resize first)."""
 
-    def sample_part(self, img: np.ndarray, rng=None, *, defer_resize: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def sample_part(self, img: np.ndarray, rng=None, *, defer_resize: bool = False,
+                    plan=None) -> tuple[np.ndarray, np.ndarray]:
         """The part that needs the sample alone (CPU, no torch): the (H, W, C) uint8 image resized
         (`resize_to`) and randomly cropped, and the int32 parameters of the rest, drawn here from
         the same `rng` in a fixed order (crop, flip, jitter) and applied to a whole batch by
@@ -126,15 +223,19 @@ class ImageTransform:
         With defer_resize=True the resize and the crop are left to `resize_batch` (a batch op, on the
         GPU where there is one): the image returned is the centred part `resize_to` would scale,
         box-reduced as it would be (`dstore.resize.fit`), and the parameters also hold its height
-        and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly."""
+        and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly.
+
+        plan: (box, params) as `plan` gives them, the box in `img`'s pixels (a decode that kept
+        less than the image, dstore.decode.decode_crop): used instead of drawing from `rng`."""
         img = to_channels(img, self.channels)
-        params = self._draw(rng)
+        (top, left, bh, bw), params = plan if plan is not None else self.plan(img.shape[:2], rng)
+        params = np.array(params, np.int32)  # a copy: the caller's plan stays as it was
+        part = img[top:top + bh, left:left + bw]
         if defer_resize:
-            top, left, bh, bw = box(img.shape[:2], self.size)
-            img = fit(img[top:top + bh, left:left + bw], self.size)
+            img = fit(part, self.size)
             params[3:5] = img.shape[:2]
             return img, params
-        return shift(resize_to(img, self.size), int(params[5]), int(params[6])), params
+        return shift(resize(part, self.size), int(params[5]), int(params[6])), params
 
     keyed: ClassVar[bool] = True
     """The transform draws from a `dstore.draws.KeyedDraws` as well as from a numpy Generator (a
@@ -160,17 +261,16 @@ class ImageTransform:
                 params[2] = int(np.rint(contrast * 256))
         return params
 
-    def sample_into(self, img: np.ndarray, rng, out: np.ndarray, *, finish: bool) -> np.ndarray:
+    def sample_into(self, img: np.ndarray, rng, out: np.ndarray, *, finish: bool, plan=None) -> np.ndarray:
         """`sample_part(img, rng)` written into `out` (uint8 [C, H, W], e.g. a batch buffer's
         sample), and with finish=True `finish` too: the pixels of those and a CHW copy, made in one
         pass by the compiled kernel where there is one (dstore.kernels.resize_chw: resize, crop and
         flip; the jitter after it, in numpy). Returns the parameters (the batch part's, where
-        finish=False)."""
+        finish=False). plan: as `sample_part`'s."""
         img = to_channels(img, self.channels)
-        params = self._draw(rng)
+        where, params = plan if plan is not None else self.plan(img.shape[:2], rng)
         flip = finish and bool(params[0])
-        resize_chw(img, box(img.shape[:2], self.size), self.size, out, shift=(int(params[5]), int(params[6])),
-                   flip=flip)
+        resize_chw(img, where, self.size, out, shift=(int(params[5]), int(params[6])), flip=flip)
         if finish and (params[1] != 256 or params[2] != 256):
             out[...] = _jitter_np(out, int(params[1]), int(params[2]))
         return params
@@ -183,7 +283,7 @@ class ImageTransform:
 
     def canvas(self) -> tuple[int, int]:
         """(Hc, Wc) that holds every image `sample_part(defer_resize=True)` returns: twice `size`
-        (`fit` leaves an axis shrunk less than 2x)."""
+        (`fit` leaves an axis shrunk less than 2x, and a box smaller than `size` as it is)."""
         return 2 * self.size[0], 2 * self.size[1]
 
     def batch_part(self, images, params):
@@ -212,17 +312,17 @@ class ImageTransform:
             img = _jitter_np(img, int(params[1]), int(params[2]))
         return img
 
-    def pixels(self, img: np.ndarray, rng=None) -> np.ndarray:
+    def pixels(self, img: np.ndarray, rng=None, *, plan=None) -> np.ndarray:
         """The augmented (H, W, C) uint8 image, before normalisation."""
-        return self.finish(*self.sample_part(img, rng))
+        return self.finish(*self.sample_part(img, rng, plan=plan))
 
-    def __call__(self, img: np.ndarray, rng=None):
+    def __call__(self, img: np.ndarray, rng=None, *, plan=None):
         """The augmented sample as a CHW tensor: uint8, or normalised float32 (normalize=True),
-        the pixels of `pixels` made by `sample_into`."""
+        the pixels of `pixels` made by `sample_into` (plan: as `sample_part`'s)."""
         import torch
 
         x = np.empty((self.channels, *self.size), np.uint8)
-        self.sample_into(img, rng, x, finish=True)
+        self.sample_into(img, rng, x, finish=True, plan=plan)
         if self.normalize:
             x = x.astype(np.float32) * (1.0 / 255.0)
             shape = (self.channels, 1, 1)

@@ -27,8 +27,9 @@ LOADERS = ("store", "direct", "files", "webdataset", "litdata")
 """What feeds the trainer: the distributed store, or a per-sample baseline (training.data.DirectSource reading
 the container, FilesSource reading the image files it was ingested from), or one of the store's peers over
 copies of the container beside it (training.peers.PeerSource; the peer's own shuffle)."""
-AUGMENTS = ("auto", "on", "off")
-"""Training augmentation: by input size (training.augment.default_augmentation), always, never."""
+AUGMENTS = ("auto", "on", "off", "imagenet")
+"""Training augmentation: by input size (training.augment.default_augmentation), always, never, or the
+ImageNet recipe (random resized crop + flip; evaluation: resize to size*256/224, centre crop)."""
 RESIZE_ON = ("auto", "device", "worker")
 """Where decode workers leave the training images' resize and crop (dstore.torch.StoreLoader(resize_on=))."""
 AMPS = ("off", "bf16", "fp16")
@@ -133,7 +134,9 @@ class TrainConfig:
     overflow: str = _flag("serve", "data over the memory budget: serve the rest from storage (default) or refuse",
                           group=DATA, choices=OVERFLOWS)
     drop_last: bool = _flag(False, "drop each epoch's last partial global batch", group=DATA)
-    augment: str = _flag("auto", "auto: random crop with padding + flip for images of 32x32 and up, none below",
+    augment: str = _flag("auto", "auto: random crop with padding + flip for images of 32x32 and up, none below; "
+                                 "imagenet: random resized crop (0.08-1, 3/4-4/3) + flip, evaluation resize "
+                                 "size*256/224 and centre crop, JPEGs decoded only as far as the crop needs",
                          group=DATA, choices=AUGMENTS)
     channels: int | None = _flag(None, "force grey (1) or RGB (3) (default: 1 if every probed training image is grey, else 3)",
                                  group=DATA, choices=CHANNELS)

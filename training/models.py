@@ -115,9 +115,24 @@ def _check_signature(path: str, fn) -> None:
                           f"parameters") from None
 
 
-def default_model(image_size: tuple[int, int]) -> str:
-    """The model `--model auto` picks: the small CNN below 32x32, else the small ResNet."""
-    return "small_cnn" if min(image_size) < 32 else "resnet_small"
+IMAGENET_MIN_SIDE = 128
+"""Images whose shorter side is this or more, trained with the ImageNet recipe, get an ImageNet model
+from `--model auto` (the random resized crop's 224 px output would upsample anything much smaller)."""
+
+
+def default_model(image_size: tuple[int, int], augment: str = "auto") -> tuple[str, str]:
+    """(name, why) of the model `--model auto` picks for images of `image_size` (H, W) and the
+    `--augment` recipe: the small CNN below 32x32; ResNet-18 at 224x224 for photos of
+    IMAGENET_MIN_SIDE px and up under the ImageNet recipe; else the small ResNet at 32x32."""
+    side = min(image_size)
+    if side < 32:
+        return "small_cnn", f"images of {side} px are below 32 px"
+    if augment == "imagenet" and side >= IMAGENET_MIN_SIDE:
+        return "resnet18", f"--augment imagenet on images of {side} px (>= {IMAGENET_MIN_SIDE})"
+    if side >= IMAGENET_MIN_SIDE:
+        return "resnet_small", (f"images of {side} px, not trained with --augment imagenet: cut to 32x32 "
+                                f"(--augment imagenet --model auto picks resnet18 at 224x224)")
+    return "resnet_small", f"images of {side} px (32 to {IMAGENET_MIN_SIDE - 1})"
 
 
 def build_model(name: str, in_channels: int, num_classes: int, image_size: tuple[int, int]):
@@ -274,6 +289,50 @@ def _bottleneck_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ..
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
     return model
+
+
+def _basic_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ...]):
+    """The ImageNet ResNet of He et al. with basic blocks (two 3x3 convolutions), laid out as
+    torchvision's resnet18/34, so parameter counts match it."""
+    from torch import nn
+
+    class Basic(nn.Module):
+        """3x3 (carrying the stride), 3x3, with a 1x1 projection when the shape changes."""
+
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+            self.skip = (nn.Identity() if stride == 1 and cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.act(self.body(x) + self.skip(x))
+
+    layers = [nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for stage, count in enumerate(blocks):
+        width = 64 << stage
+        for b in range(count):
+            layers.append(Basic(cin, width, 2 if (b == 0 and stage > 0) else 1))
+            cin = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():  # torchvision's initialisation
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    return model
+
+
+@register_model("resnet18", input_size=lambda hw: (224, 224),
+                description="ResNet-18 (basic blocks [2, 2, 2, 2], torchvision's layout) at 224x224")
+def resnet18(in_channels: int, num_classes: int, image_size: tuple[int, int]):
+    """ResNet-18 as torchvision builds it (11,689,512 parameters for 3 channels and 1000 classes), without
+    torchvision; inputs resized/cropped to 224x224 unless --image-size says otherwise."""
+    return _basic_resnet(in_channels, num_classes, (2, 2, 2, 2))
 
 
 @register_model("resnet50", input_size=lambda hw: (224, 224),

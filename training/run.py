@@ -187,7 +187,9 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         if data.mix and cfg.decode_workers is None and len({r.info.encoding for r in data.readers}) > 1:
             workers = 0  # decode workers take one encoding (dstore.torch); threads decode each by its own
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
-        name, input_size = _input_of(cfg, data.spec)
+        name, input_size, why = _input_of(cfg, data.spec)
+        report(f"model {name} at {input_size[0]}x{input_size[1]} ({why}; images {data.spec.image_size[0]}x"
+               f"{data.spec.image_size[1]}, --augment {cfg.augment})")
         reserve = _loader_reserve(cfg, ctx, data, input_size, workers)
         check_memory_bounds(comm, cfg, reserve)  # before the model (sized by the input) or any store exists
         beat.phase("start-up: building the model")
@@ -292,10 +294,15 @@ def _tournament_part(tournament, data: _Data, report) -> dict:
             "tournament_range": list(tour_range), "dropped": dropped}
 
 
-def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int]]:
-    """(model name, input size (H, W)) for the measured input `spec`."""
-    name = default_model(spec.image_size) if cfg.model == "auto" else cfg.model
-    return name, tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
+def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int], str]:
+    """(model name, input size (H, W), why that model) for the measured input `spec`."""
+    if cfg.model == "auto":
+        name, why = default_model(spec.image_size, cfg.augment)
+        why = f"--model auto: {why}"
+    else:
+        name, why = cfg.model, f"--model {cfg.model}"
+    size = tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
+    return name, size, why
 
 
 def _build_model(cfg: TrainConfig, name: str, spec, input_size):
@@ -391,13 +398,17 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
 
 
 def _transforms(cfg: TrainConfig, spec, input_size):
+    """(training transform, evaluation transform) of `--augment` at `input_size`."""
+    # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
+    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std, normalize=False)
+    if cfg.augment == "imagenet":
+        return (ImageTransform(train=True, flip=True, recipe="imagenet", **common),
+                ImageTransform(recipe="imagenet", **common))
     pad, flip = default_augmentation(input_size)
     if cfg.augment == "off":
         pad, flip = 0, False
     elif cfg.augment == "on" and pad == 0:
         pad = 1
-    # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
-    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std, normalize=False)
     return ImageTransform(train=True, pad=pad, flip=flip, **common), ImageTransform(**common)
 
 
