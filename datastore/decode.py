@@ -20,6 +20,11 @@ try:  # simplejpeg is a declared dependency; the fallback keeps a broken wheel f
 except ImportError:  # pragma: no cover
     _simplejpeg = None
 
+try:  # the partial decode (datastore/_jpegcrop.c), an optional extension: see decode_crop
+    from dstore import _jpegcrop
+except ImportError:  # not built here (no compiler or libjpeg headers at install): whole decodes
+    _jpegcrop = None
+
 
 def sniff(data) -> str:
     """`jpeg`, `png` or `other`, from the first bytes."""
@@ -177,16 +182,20 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     image's full (H, W) (a JPEG's, from its header, before decoding) and returns (box, extra), box
     = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
     1/k of `crop_divisor(box, size)` (the crop still at least `size`), not at the image's own
-    (`dct_scale`): a small crop of a large image decodes at 1/2 to 1/8 of its pixels. Other
-    encodings decode whole.
+    (`dct_scale`), and, where the extension dstore._jpegcrop is built, only the region around the
+    box: libjpeg-turbo skips the rows above it without the inverse DCT, decodes only the iMCU
+    columns over it and stops below it (for torchvision's random resized crop of 500x375 photos
+    at 224: a third less CPU than the whole decode, docs/benchmarks.md). Other encodings decode whole.
 
     Returns:
-        (image, box, extra): the decoded (h, w, C) uint8 image, the box in its pixels (`scale_box`),
-        and `plan`'s extra as it gave it.
+        (image, box, extra): the decoded (h, w, C) uint8 image (with the extension: the box's
+        rows, and columns to the iMCU edges around it), the box in its pixels (`scale_box`), and
+        `plan`'s extra as it gave it.
 
-    The pixels differ from a full decode cropped and resized at the same box: libjpeg's reduced
-    IDCT averages each 8x8 block's frequencies, a box filter, before the resize's bilinear (see
-    tests/test_crop_decode.py for the tolerance measured). The same bytes and plan give the same
+    At scale 1 the pixels in the box are the whole decode's (libjpeg's partial decode is exact).
+    At 1/2-1/8 they differ from a full decode cropped and resized at the same box: libjpeg's
+    reduced IDCT averages each 8x8 block's frequencies, a box filter, before the resize's bilinear
+    (tests/test_imagenet_recipe.py bounds the difference). The same bytes and plan give the same
     pixels in any thread or process.
 
     Raises:
@@ -204,6 +213,10 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     h, w = int(header[0]), int(header[1])
     where, extra = plan((h, w))
     k = crop_divisor((int(where[2]), int(where[3])), (int(size[0]), int(size[1])))
+    if _jpegcrop is not None:
+        region = _decode_region(buf, where, k, (h, w), channels)
+        if region is not None:
+            return (*region, extra)
     try:
         fmt = "GRAY" if channels == 1 else "RGB"
         arr = _simplejpeg.decode_jpeg(buf, colorspace=fmt, min_height=-(-h // k) if k > 1 else 0,
@@ -213,6 +226,21 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return arr, scale_box(where, k, arr.shape[:2]), extra
+
+
+def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None):
+    """(image, box) of the partial decode (dstore._jpegcrop) of box `where` at 1/k of a JPEG of
+    `shape`, or None where libjpeg refuses it (a colour space it cannot convert, say): the caller
+    then decodes whole, which raises the error a broken file deserves."""
+    scaled = (-(-shape[0] // k), -(-shape[1] // k))
+    top, left, bh, bw = scale_box(where, k, scaled)
+    c = 1 if channels == 1 else 3
+    out = np.empty(bh * (bw + 32) * c, np.uint8)  # the iMCU columns around the box: 32 px at most more
+    try:
+        width, x0 = _jpegcrop.decode_region(buf, out, top, left, bh, bw, k, int(c == 1))
+    except ValueError:
+        return None
+    return out[: bh * width * c].reshape(bh, width, c), (0, left - x0, bh, bw)
 
 
 def decode_raw(data, dtype: str, shape: tuple[int, ...], *, name: str = "<sample>") -> np.ndarray:

@@ -398,8 +398,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         tf = self.transform
         if self._seeded and getattr(tf, "crop_aware", False):  # the crop known before the decode
             key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
-            return torch.from_numpy(np.ascontiguousarray(crop_then_transform(tf, data, info, key, self._channels,
-                                                                              name)))
+            out = crop_then_transform(tf, data, info, key, self._channels, name)
+            return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
         arr = decode_sample(data, info, channels=self._channels, min_size=self._hint, name=name)
         if self.size is not None and not self._tf_resizes:
             if self.transform is None and arr.dtype == np.uint8:  # the resize and the CHW copy in one pass

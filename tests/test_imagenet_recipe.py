@@ -11,7 +11,7 @@ import simplejpeg
 import torch
 from mpi4py import MPI
 
-from dstore import kernels
+from dstore import decode, kernels
 from dstore.decode import crop_divisor, decode_crop, decode_image, scale_box
 from dstore.draws import KeyedDraws
 from dstore.errors import ConfigError
@@ -83,7 +83,7 @@ def _jpeg(i: int) -> bytes:
 
 
 def test_crop_aware_decode_decodes_less_and_stays_close_to_the_full_decode():
-    """At 64x64 most crops decode at 1/2 or 1/4; a full decode at scale 1 gives the full-decode
+    """At 64x64 most crops decode at 1/2 or 1/4; a crop decoded at scale 1 gives the full decode's
     pixels exactly; a reduced one differs (the reduced IDCT is a box filter before the bilinear):
     mean absolute difference measured 3.2-4.7 levels per image on these noisy images, bounded at 8."""
     tf = ImageTransform(size=(64, 64), train=True, flip=True, **COMMON)
@@ -91,17 +91,42 @@ def test_crop_aware_decode_decodes_less_and_stays_close_to_the_full_decode():
     for i in range(12):
         data = _jpeg(i)
         full = decode_image(data)
-        arr, where, params = decode_crop(data, JPEG, lambda s, i=i: tf.plan(s, KeyedDraws(0, 0, i)), tf.size)
-        k = -(-full.shape[0] // arr.shape[0])
+        box, _ = tf.plan(full.shape[:2], KeyedDraws(0, 0, i))
+        k = crop_divisor(box[2:], tf.size)
         seen.add(k)
+        arr, where, params = decode_crop(data, JPEG, lambda s, i=i: tf.plan(s, KeyedDraws(0, 0, i)), tf.size)
+        assert arr.shape[0] * arr.shape[1] < full.shape[0] * full.shape[1]  # never the whole image here
         want = tf.pixels(full, KeyedDraws(0, 0, i))
         got = tf.pixels(arr, plan=(where, params))
         if k == 1:
             assert np.array_equal(got, want)
         else:
-            assert arr.shape[:2] == (-(-full.shape[0] // k), -(-full.shape[1] // k))
             assert np.abs(got.astype(int) - want.astype(int)).mean() < 8
-    assert seen >= {2, 4}
+    assert seen >= {1, 2, 4}
+
+
+@pytest.mark.skipif(decode._jpegcrop is None, reason="the extension dstore._jpegcrop is not built here")
+def test_the_partial_decode_gives_the_whole_decodes_pixels(monkeypatch):
+    """libjpeg's partial decode (dstore._jpegcrop) against simplejpeg's whole decode at the same
+    scale, cropped: the same pixels, at 224 (scale 1) and 32 (1/2-1/8), RGB and grey."""
+    for size, channels in (((224, 224), 3), ((32, 32), 3), ((32, 32), 1)):
+        tf = ImageTransform(size=size, train=True, flip=True, **{**COMMON, "channels": channels,
+                                                                  "mean": (0.5,) * channels, "std": (0.2,) * channels})
+        for i in range(8):
+            data = _jpeg(i)
+
+            def plan(s, i=i, tf=tf):
+                return tf.plan(s, KeyedDraws(2, 0, i))
+            part, where, params = decode_crop(data, JPEG, plan, size, channels=channels)
+            with monkeypatch.context() as m:
+                m.setattr(decode, "_jpegcrop", None)
+                whole, where_w, params_w = decode_crop(data, JPEG, plan, size, channels=channels)
+            assert np.array_equal(params, params_w) and part.shape[0] == where[2] < whole.shape[0]
+            t, left, h, w = where
+            tw, lw = where_w[:2]
+            assert np.array_equal(part[t:t + h, left:left + w], whole[tw:tw + h, lw:lw + w])
+    with pytest.raises(ValueError, match="outside"):
+        decode._jpegcrop.decode_region(_jpeg(0), np.empty(10**6, np.uint8), 0, 0, 9999, 10, 1, 0)
 
 
 def _container(path: str, n: int) -> str:

@@ -30,3 +30,15 @@ def rate(blobs: list, threads: int, mins: list | None = None) -> float:
             list(pool.map(share, range(threads)))
             best = max(best, len(blobs) / (time.perf_counter() - t0))
     return best
+
+
+def cpu_rate(blobs: list) -> float:
+    """Samples per CPU-second of simplejpeg's full decode of `blobs` in this thread (thread CPU time:
+    a per-core figure that a loaded machine's other processes do not lower); the best of two passes."""
+    best = 0.0
+    for _ in range(2):
+        t0 = time.thread_time()
+        for b in blobs:
+            simplejpeg.decode_jpeg(b)
+        best = max(best, len(blobs) / (time.thread_time() - t0))
+    return best

@@ -5,7 +5,9 @@ rank's process holds the GIL (py-spy --gil, sampled in a second pass over the sa
 the per-rank ceiling (1 / GIL time per sample), and the decode workers' own CPU time per sample
 (/proc/PID/stat); also the decoder alone on as many cores just before each row: simplejpeg's full
 decode (the baseline: loader / decoder is against it) and its DCT-scaled decode to at least the
-input size (what the loader decodes), both in threads; optionally the model alone. One rank;
+input size (what the loader decodes), both in threads, and per core: samples per CPU-second of the
+loader (rank and workers) against simplejpeg's full decode in one thread, a figure that other
+processes on a shared machine lower far less than wall-clock rates; optionally the model alone. One rank;
 batches are drained as fast as they come. Prints a Markdown table, writes it (--md) and JSON (--out).
 
     python -m dstore.tools.measure.loader syn480.h5 --threads 1 2 --workers 1 2 --size 224 --batch-size 64
@@ -26,7 +28,9 @@ Every row reads the same container through a fresh DataStore on COMM_SELF (popul
 workers' start excluded); a row's figures cover `--epochs` epochs after a warm-up (epochs until the
 compiled kernels are loaded, `drain`). The
 augmentation is the trainer's (`dstore train`'s training transform: resize, crop with padding,
-flip; uint8 out, normalised on the device), or none with --transform none (--recipe plain).
+flip; uint8 out, normalised on the device), or none with --transform none (--recipe plain); with
+--transform imagenet (--recipe imagenet) the trainer's `--augment imagenet` (JPEGs decoded only as
+far as the crop needs, dstore.decode.decode_crop).
 """
 
 from __future__ import annotations
@@ -197,12 +201,8 @@ def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
     return samples / SPY_RATE
 
 
-def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> float:
-    """Samples/s of simplejpeg alone in `threads` threads over the first `count` samples
-    (decoder_alone.rate: no output kept, the best of two passes): its full decode, or (`scaled`) at
-    the DCT scale the loader decodes at (dstore.decode.dct_scale: 1/2, 1/4 or 1/8 where that still
-    covers args.size, else full). An earlier version kept every decoded image, so each decode wrote
-    fresh pages, which cost it about a fifth of its rate and flattered the loader against it."""
+def _blobs(path: str, args, count: int) -> list[bytes]:
+    """The first `count` samples of epoch 0, as bytes."""
     with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st:
         blobs, it = [], st.epoch(0)
         for b in it:
@@ -210,6 +210,16 @@ def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> flo
             if len(blobs) >= count:
                 break
         it.close()
+    return blobs
+
+
+def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> float:
+    """Samples/s of simplejpeg alone in `threads` threads over the first `count` samples
+    (decoder_alone.rate: no output kept, the best of two passes): its full decode, or (`scaled`) at
+    the DCT scale the loader decodes at (dstore.decode.dct_scale: 1/2, 1/4 or 1/8 where that still
+    covers args.size, else full). An earlier version kept every decoded image, so each decode wrote
+    fresh pages, which cost it about a fifth of its rate and flattered the loader against it."""
+    blobs = _blobs(path, args, count)
     size = (args.size, args.size)
     return decoder_alone.rate(blobs, threads, [dct_scale(b, size) for b in blobs] if scaled else None)
 
@@ -253,6 +263,7 @@ def measure(args) -> dict:
             # sees about the same share of it
             decoder = decoder_rate(args.container, args, count, args.decoder_samples, scaled=False)
             scaled = decoder_rate(args.container, args, count, args.decoder_samples, scaled=True)
+            per_core = decoder_alone.cpu_rate(_blobs(args.container, args, args.decoder_samples))
             n, secs, cpu, wcpu = drain(args.container, args, kw)
             gil = gil_seconds(args.container, args, kw) if args.gil else None
         rows.append({"kind": kind, "count": count, "resize_on": resize_on, "samples": n, "samples_per_s": n / secs,
@@ -260,6 +271,8 @@ def measure(args) -> dict:
                      "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
                      "ceiling_samples_per_s": None if not gil else n / gil,
                      "decoder_alone_same_cores": decoder, "decoder_dct_scaled_same_cores": scaled,
+                     # per core: samples per CPU-second, the loader's (rank + workers) and the decoder's
+                     "loader_per_core": n / (cpu + wcpu), "decoder_alone_per_core": per_core,
                      "load": os.getloadavg()[0]})
         print(rows[-1], flush=True)
     out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
@@ -301,8 +314,8 @@ def markdown(res: dict) -> str:
              f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available", "",
              "| loader | samples/s | rank CPU us/sample | workers' CPU us/sample | rank GIL-held us/sample "
              "| per-rank ceiling samples/s | decoder alone (full), same cores | loader / decoder "
-             "| decoder alone (DCT-scaled) | loader / scaled decoder | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| decoder alone (DCT-scaled) | loader / scaled decoder | per core: loader / decoder (CPU time) | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         gil = "n/a" if r["gil_us_per_sample"] is None else f"{r['gil_us_per_sample']:,.0f}"
         ceil = "n/a" if not r["ceiling_samples_per_s"] else f"{r['ceiling_samples_per_s']:,.0f}"
@@ -312,7 +325,9 @@ def markdown(res: dict) -> str:
                      f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
                      f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | "
                      f"{r['decoder_dct_scaled_same_cores']:,.0f} | "
-                     f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | {r['load']:.1f} |")
+                     f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | "
+                     f"{r['loader_per_core']:,.0f} / {r['decoder_alone_per_core']:,.0f} = "
+                     f"{r['loader_per_core'] / r['decoder_alone_per_core']:.2f} | {r['load']:.1f} |")
     lines.append("")
     if res.get("dali"):
         lines += dali_markdown(res)
