@@ -177,7 +177,7 @@ def scale_box(box: tuple[int, int, int, int], k: int, shape: tuple[int, int]) ->
 
 
 def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None = None,
-                name: str = "<sample>"):
+                name: str = "<sample>", scratch: bool = False):
     """Decodes a sample whose crop is known before its pixels: `plan(shape)` is called with the
     image's full (H, W) (a JPEG's, from its header, before decoding) and returns (box, extra), box
     = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
@@ -198,6 +198,10 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     (tests/test_imagenet_recipe.py bounds the difference). The same bytes and plan give the same
     pixels in any thread or process.
 
+    scratch: with the extension, decode into this thread's scratch buffer (dstore.resize.scratch),
+    valid until the thread's next decode_crop: for a caller that uses the image at once (the
+    loaders), saving the page faults of a fresh buffer per sample.
+
     Raises:
         SampleError: naming `name`, if the bytes are not a decodable image.
     """
@@ -214,7 +218,7 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     where, extra = plan((h, w))
     k = crop_divisor((int(where[2]), int(where[3])), (int(size[0]), int(size[1])))
     if _jpegcrop is not None:
-        region = _decode_region(buf, where, k, (h, w), channels)
+        region = _decode_region(buf, where, k, (h, w), channels, scratch)
         if region is not None:
             return (*region, extra)
     try:
@@ -228,16 +232,20 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     return arr, scale_box(where, k, arr.shape[:2]), extra
 
 
-def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None):
+def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None, scratch: bool):
     """(image, box) of the partial decode (dstore._jpegcrop) of box `where` at 1/k of a JPEG of
     `shape`, or None where libjpeg refuses it (a colour space it cannot convert, say): the caller
     then decodes whole, which raises the error a broken file deserves."""
+    ext = _jpegcrop
+    if ext is None:
+        return None
     scaled = (-(-shape[0] // k), -(-shape[1] // k))
     top, left, bh, bw = scale_box(where, k, scaled)
     c = 1 if channels == 1 else 3
-    out = np.empty(bh * (bw + 32) * c, np.uint8)  # the iMCU columns around the box: 32 px at most more
+    need = bh * (bw + 32) * c  # the iMCU columns around the box: 32 px at most more
+    out = _resize.scratch("jpegcrop", (need,), np.uint8) if scratch else np.empty(need, np.uint8)
     try:
-        width, x0 = _jpegcrop.decode_region(buf, out, top, left, bh, bw, k, int(c == 1))
+        width, x0 = ext.decode_region(buf, out, top, left, bh, bw, k, int(c == 1))
     except ValueError:
         return None
     return out[: bh * width * c].reshape(bh, width, c), (0, left - x0, bh, bw)

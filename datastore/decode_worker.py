@@ -102,14 +102,15 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         if tf is not None and getattr(tf, "crop_aware", False):  # the crop known before the decode
             rng = draws_for(tf, (setup["seed"], epoch, sid))
             arr, where, p = decode_crop(src[offsets[i]:offsets[i + 1]], info, lambda shape, rng=rng: tf.plan(shape, rng),
-                                        tf.size, channels=setup["channels"], name=name)
+                                        tf.size, channels=setup["channels"], name=name, scratch=True)
             plan = {"plan": (where, p)}
         else:
             arr, plan = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"],
                                       min_size=setup["hint"], name=name), {}
         if size is not None and not plan:
             if tf is None and arr.ndim == 3 and arr.shape[2] == c and arr.dtype == np.uint8:
-                resize_chw(arr, (0, 0, *arr.shape[:2]), size, pixels[i])  # the resize and the CHW copy in one pass
+                # the resize and the CHW copy in one pass
+                resize_chw(arr, (0, 0, int(arr.shape[0]), int(arr.shape[1])), size, pixels[i])
                 continue
             arr = resize(arr, size)
         if tf is not None:

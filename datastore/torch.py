@@ -90,7 +90,7 @@ def crop_then_transform(tf, data, info, key, channels, name: str):
     it needs (dstore.decode.decode_crop), then the transform with that plan."""
     rng = draws_for(tf, key)
     arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), tf.size, channels=channels,
-                                     name=name)
+                                     name=name, scratch=True)
     return tf(arr, plan=(where, params))
 
 

@@ -180,3 +180,24 @@ def test_the_compiled_kernels_give_the_numpy_pixels():
         out = np.empty((3, 80, 80), np.uint8)
         kernels._resize_chw(kernels._kernels, arr, where, (80, 80), out, (0, 0), bool(params[0]))
         assert np.array_equal(out.transpose(1, 2, 0), tf.pixels(arr, plan=(where, params)))
+
+
+@pytest.mark.mpi
+def test_dstore_train_with_the_imagenet_recipe_is_the_same_run_in_threads_and_workers(photos, tmp_path):
+    """`dstore train --augment imagenet` on a tiny model end to end: the start line names the model,
+    its input size and why; decode threads and 2 decode workers train on the same pixels, so the
+    deterministic runs' losses and accuracies are equal."""
+    from mpirun import run_mpi
+
+    from dstore.training.metrics import read_jsonl
+
+    runs = []
+    for workers in ("0", "2"):
+        run_dir = tmp_path / f"w{workers}"
+        res = run_mpi(1, ["dstore", "train", photos, "--augment", "imagenet", "--model", "small_cnn", "--image-size",
+                          "32", "--epochs", "1", "--batch-size", "8", "--deterministic", "--no-progress",
+                          "--decode-workers", workers, "--run-dir", str(run_dir)], timeout=120)
+        assert "model small_cnn at 32x32 (--model small_cnn;" in res.stdout and "--augment imagenet" in res.stdout
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        runs.append([(r["train_loss"], r["train_accuracy"], r["val_loss"]) for r in rows if "epoch" in r])
+    assert runs[0] == runs[1] and len(runs[0]) == 1

@@ -1,0 +1,108 @@
+"""The crop-aware decode's options, per core, on the same JPEGs: CPU microseconds per sample (thread
+CPU time, tight loops, median of rounds) of simplejpeg's full decode alone, and of the ImageNet
+recipe's per-sample path (the sample's plan, the decode, the resize/crop/flip into a batch buffer)
+with (a) a full decode then the crop, (b) the DCT scale chosen from the crop (1/2, 1/4, 1/8 where
+the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore._jpegcrop).
+Also the mean crop area and how often each DCT scale is taken. Prints a Markdown table.
+
+    python -m dstore.tools.measure.crop_decode syn480.h5 --size 224 --count 200 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import numpy as np
+import simplejpeg
+from mpi4py import MPI
+
+from dstore import decode, kernels
+from dstore.draws import KeyedDraws
+from dstore.store import DataStore
+from dstore.training.augment import ImageTransform
+
+
+def _blobs(path: str, count: int) -> tuple[list[bytes], object]:
+    with DataStore(MPI.COMM_SELF, path, batch_size=64, seed=0) as st:
+        blobs, it = [], st.epoch(0)
+        for b in it:
+            blobs += [bytes(s) for s in b.samples]
+            if len(blobs) >= count:
+                break
+        it.close()
+        return blobs[:count], st.info
+
+
+def _us(fn, blobs, rounds: int) -> float:
+    """Median over `rounds` of thread CPU microseconds per sample of fn(i, blob) over `blobs`."""
+    per = []
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for i, b in enumerate(blobs):
+            fn(i, b)
+        per.append(1e6 * (time.thread_time() - t0) / len(blobs))
+    return statistics.median(per)
+
+
+def measure(args) -> list[tuple[str, float]]:
+    blobs, info = _blobs(args.container, args.count)
+    size = (args.size, args.size)
+    tf = ImageTransform(size=size, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, flip=True,
+                        normalize=False, recipe="imagenet")
+    kernels.available()
+    out = np.empty((3, *size), np.uint8)
+    area, scales = [], collections.Counter()
+    for i, b in enumerate(blobs):
+        h, w = simplejpeg.decode_jpeg_header(b)[:2]
+        box, _ = tf.plan((h, w), KeyedDraws(0, 0, i))
+        area.append(box[2] * box[3] / (h * w))
+        scales[decode.crop_divisor(box[2:], size)] += 1
+
+    def full_then_crop(i, b):
+        img = decode.decode_image(b)
+        tf.sample_into(img, KeyedDraws(0, 0, i), out, finish=True)
+
+    def crop_aware(i, b):
+        rng = KeyedDraws(0, 0, i)
+        img, where, params = decode.decode_crop(b, info, lambda s: tf.plan(s, rng), size, scratch=True)
+        tf.sample_into(img, None, out, finish=True, plan=(where, params))
+
+    ext = decode._jpegcrop
+    rows = [("simplejpeg full decode alone (the baseline)", _us(lambda i, b: simplejpeg.decode_jpeg(b), blobs,
+                                                                  args.rounds)),
+            ("(a) full decode, then the plan's crop resized/flipped into the batch", _us(full_then_crop, blobs,
+                                                                                          args.rounds))]
+    decode._jpegcrop = None
+    try:
+        rows.append(("(b) DCT scale from the crop (simplejpeg), then the same", _us(crop_aware, blobs, args.rounds)))
+    finally:
+        decode._jpegcrop = ext
+    if ext is not None:
+        rows.append(("(c) (b) with libjpeg-turbo's partial decode (dstore._jpegcrop)", _us(crop_aware, blobs,
+                                                                                            args.rounds)))
+    print(f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
+          f"{dict(sorted(scales.items()))}")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.crop_decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--count", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    rows = measure(args)
+    base = rows[0][1]
+    print("| per sample | CPU us | per core samples/s | against the decoder alone |\n|---|---:|---:|---:|")
+    for name, us in rows:
+        print(f"| {name} | {us:,.0f} | {1e6 / us:,.0f} | {base / us:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
