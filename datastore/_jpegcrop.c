@@ -13,7 +13,8 @@
  *   (denom 1, 2, 4 or 8); gray: 1 for one channel, 0 for RGB. Writes `height` rows of
  *   out_width pixels (contiguous), whose first column is column x_offset of the scaled image
  *   (x_offset <= left, x_offset + out_width >= left + width: the iMCU columns around the region).
- * Raises ValueError with libjpeg's message on a broken or unsupported JPEG.
+ * Raises ValueError with libjpeg's message on a broken or unsupported JPEG, a warning included
+ * (corrupt data in the rows it reads).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,7 +34,14 @@ static void on_error(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
-static void on_warning(j_common_ptr cinfo) { (void)cinfo; } /* a corrupt-data warning: as simplejpeg, go on */
+/* A warning (corrupt data, a premature end: libjpeg would fill in grey and go on) is an error, as
+ * simplejpeg's default (strict) makes it: a broken sample is refused, never served. Trace
+ * messages (level > 0) are dropped. Only what is decoded is checked: the rows below the region
+ * are not read (docs/training.md). */
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0)
+        on_error(cinfo);
+}
 
 /* The decode, without the GIL; 0 on success, else 1 with err->message set. */
 static int decode(const unsigned char *data, size_t size, unsigned char *out, size_t capacity, int top, int left,
@@ -41,7 +49,7 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
     struct jpeg_decompress_struct cinfo;
     cinfo.err = jpeg_std_error(&err->pub);
     err->pub.error_exit = on_error;
-    err->pub.output_message = on_warning;
+    err->pub.emit_message = on_message;
     jpeg_create_decompress(&cinfo);
     if (setjmp(err->jump)) {
         jpeg_destroy_decompress(&cinfo);

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from dstore import decode, kernels
 from dstore.decode import crop_divisor, decode_crop, decode_image, scale_box
 from dstore.draws import KeyedDraws
-from dstore.errors import ConfigError
+from dstore.errors import ConfigError, SampleError
 from dstore.formats import create_writer
 from dstore.ingest.synthetic import synthetic_image
 from dstore.store import DataStore
@@ -201,3 +201,17 @@ def test_dstore_train_with_the_imagenet_recipe_is_the_same_run_in_threads_and_wo
         rows = read_jsonl(run_dir / "metrics.jsonl")
         runs.append([(r["train_loss"], r["train_accuracy"], r["val_loss"]) for r in rows if "epoch" in r])
     assert runs[0] == runs[1] and len(runs[0]) == 1
+
+
+def test_a_broken_jpeg_is_refused_naming_the_sample():
+    """A file cut short within the rows the crop needs, or not a JPEG: SampleError naming the sample,
+    with the partial decode as with the whole one (libjpeg's warnings are errors, as simplejpeg's)."""
+    data = _jpeg(0)
+    whole = lambda s: ((0, 0, s[0], s[1]), None)  # noqa: E731 - the crop is the whole image
+    for bad in (data[: len(data) // 2], b"\xff\xd8 not a jpeg"):
+        with pytest.raises(SampleError, match="cannot decode sample 7"):
+            decode_crop(bad, JPEG, whole, (32, 32), name="sample 7")
+    if decode._jpegcrop is not None:
+        with pytest.raises(ValueError, match="Premature end"):
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+            decode._jpegcrop.decode_region(data[: len(data) // 2], np.empty(h * w * 3, np.uint8), 0, 0, h, w, 1, 0)
