@@ -9,6 +9,7 @@ import io
 
 import numpy as np
 
+from dstore import rc
 from dstore import resize as _resize
 from dstore.errors import SampleError, shown
 
@@ -23,6 +24,8 @@ except ImportError:  # pragma: no cover
 try:  # the partial decode (datastore/_jpegcrop.c), an optional extension: see decode_crop
     from dstore import _jpegcrop
 except ImportError:  # not built here (no compiler or libjpeg headers at install): whole decodes
+    _jpegcrop = None
+if not rc.PARTIAL_DECODE.get():  # DSTORE_PARTIAL_DECODE=0: whole decodes, read once per process
     _jpegcrop = None
 
 

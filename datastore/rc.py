@@ -108,12 +108,15 @@ NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
 NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
     "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
     "(dstore.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
+PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
+    "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
+    "libjpeg-turbo's partial decode (dstore._jpegcrop; the same pixels, each file checked to its end)"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
                                LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
-                               MPICH_NOLOCAL)}
+                               PARTIAL_DECODE, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 

@@ -216,3 +216,13 @@ def test_a_broken_jpeg_is_refused_naming_the_sample():
         with pytest.raises(ValueError, match="Premature end"):
             h, w = simplejpeg.decode_jpeg_header(data)[:2]
             decode._jpegcrop.decode_region(data[: len(data) // 2], np.empty(h * w * 3, np.uint8), 0, 0, h, w, 1, 0)
+
+
+def test_dstore_partial_decode_0_turns_the_partial_decode_off():
+    import subprocess
+    import sys
+
+    code = "from dstore import decode; print(decode._jpegcrop is None)"
+    env = {**__import__("os").environ, "DSTORE_PARTIAL_DECODE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
