@@ -8,13 +8,14 @@ import inspect
 import os
 from collections.abc import Callable
 
-from dstore.errors import ConfigError
+from dstore.errors import ConfigError, SampleError
 from dstore.ingest.arrays import ArraySource
 from dstore.ingest.cifar import CifarSource, looks_like_cifar_dir, looks_like_cifar_file
 from dstore.ingest.container import ContainerSource, looks_like_container
 from dstore.ingest.digits import DigitsSource
 from dstore.ingest.folder import FolderSource
 from dstore.ingest.listed import ListedSource
+from dstore.ingest.remote import Remote, is_url
 from dstore.ingest.source import SOURCE_TYPES, Source
 from dstore.ingest.synthetic import SyntheticSource
 from dstore.ingest.table import TABLE_SUFFIXES, TableSource
@@ -38,6 +39,8 @@ def source_type_of(spec: str) -> str:
     """
     if spec in ("digits", "synthetic"):
         return spec
+    if is_url(spec):
+        return _remote_type(spec)
     lower = spec.lower()
     if lower.endswith((".npy", ".npz")):
         return "arrays"
@@ -62,6 +65,29 @@ def source_type_of(spec: str) -> str:
         raise ConfigError(f"source {spec!r} is a file that is neither .npy/.npz nor a CIFAR python batch "
                           "(a pickle); an image folder source must be a directory")
     raise ConfigError(f"source {spec!r} does not exist and is not one of the names 'digits', 'synthetic'")
+
+
+def _remote_type(url: str) -> str:
+    """`source_type_of` for an object-store URL: by its suffix, else by one listing of the prefix,
+    with the rules for a local directory (`tar` shards, a `parquet` data set, else an image `folder`).
+
+    Raises:
+        SampleError: naming `url` if the prefix cannot be listed or holds no object.
+    """
+    lower = url.lower()
+    if lower.endswith(TABLE_SUFFIXES):
+        return "parquet"
+    if lower.endswith(".tar") or any(c in url for c in "*?[{"):
+        return "tar"
+    listing = Remote(url).listing(url)
+    if not listing:
+        raise SampleError(f"{url}: no objects below this prefix (check the bucket and the prefix)")
+    shallow = [p for p in listing if p.count("/") <= 1]
+    if any(p.endswith(".tar") for p in shallow):
+        return "tar"
+    if any(p in ("state.json", "dataset_info.json", "dataset_dict.json") or p.endswith(".parquet") for p in shallow):
+        return "parquet"
+    return "folder"
 
 
 def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise", count: int | None = None,

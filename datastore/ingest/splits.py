@@ -82,6 +82,17 @@ def all_files(root: str) -> list[str]:
     return sorted(found)
 
 
+def data_files(paths) -> list[str]:
+    """Of a listing's relative posix paths (an object-store prefix's keys), those `all_files` would
+    give for the same tree: not in a hidden or `__x__` directory, not hidden, not metadata; sorted."""
+    found = []
+    for p in paths:
+        *dirs, name = p.split("/")
+        if not any(d.startswith((".", "__")) for d in dirs) and not name.startswith(".") and name not in NOT_DATA:
+            found.append(p)
+    return sorted(found)
+
+
 def _keyword_splits(paths: list[str], bases: tuple[str, ...]) -> dict[str, list[str]]:
     """{split: the paths its keyword patterns take, pattern after pattern} for splits taking any."""
     out = {}
@@ -96,14 +107,15 @@ def _keyword_splits(paths: list[str], bases: tuple[str, ...]) -> dict[str, list[
     return out
 
 
-def hub_splits(root: str) -> dict[str, list[str]]:
+def hub_splits(root: str, files: list[str] | None = None) -> dict[str, list[str]]:
     """{split: its files (relative posix paths, duplicates kept)} of a Hub-style directory, in
-    `datasets`' split order and file order (see the module docstring).
+    `datasets`' split order and file order (see the module docstring). `files`: the tree's files
+    as relative posix paths where `root` is not a local directory (an object-store prefix's listing).
 
     Raises:
         SampleError: a `data/{split}-00000-of-00001` file whose split name `datasets` refuses.
     """
-    paths = all_files(root)
+    paths = all_files(root) if files is None else data_files(files)
     sharded: dict[str, list[str]] = {}
     for p in paths:
         m = _SHARDED.fullmatch(p)

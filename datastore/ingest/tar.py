@@ -28,6 +28,7 @@ As `webdataset` 1.0.2 (`tariterators.group_by_keys`), whose behaviour is the ref
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -37,47 +38,69 @@ from dstore.errors import ConfigError, SampleError
 from dstore.ingest import splits
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
+from dstore.ingest.remote import Remote, failure, is_url
 from dstore.ingest.source import Source
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
-def expand_shards(spec: str, split: str | None = None) -> tuple[list[str], list[str]]:
+def expand_shards(spec: str, split: str | None = None, remote: Remote | None = None) -> tuple[list[str], list[str]]:
     """(the tar files `spec` names, notes for the ingest summary). `spec` is a file, a glob or a
     `{a..b}` pattern (its files, sorted), or a directory: the `*.tar` files below it of one split,
     found and ordered as `datasets` does (dstore.ingest.splits: `train-000.tar`, `val/000.tar`...;
-    a directory of shards without split names is the one split `train`).
+    a directory of shards without split names is the one split `train`). With `remote`, `spec` is
+    a URL and a directory is a prefix (listed once); the files are URLs.
 
     Raises:
         SampleError: naming `spec` if it names no tar file, or a directory holds several splits and
             `split` is None, or no split `split`.
     """
     notes: list[str] = []
-    if os.path.isdir(spec):
-        found = {s: [p for p in paths if p.endswith(".tar")] for s, paths in splits.hub_splits(spec).items()}
+    braces = _BRACES.search(spec)
+    globbed = braces is None and any(c in spec for c in "*?[")
+    single = remote is not None and not braces and not globbed and spec.lower().endswith(".tar") \
+        and remote.size(spec) is not None
+    listing = None
+    if remote is not None and braces is None and not globbed and not single:
+        listing = remote.listing(spec)
+        if not listing:
+            raise SampleError(f"{spec}: no objects below this prefix (check the bucket and the prefix)")
+    if listing is not None or (remote is None and os.path.isdir(spec)):
+        tree = splits.hub_splits(spec, files=None if listing is None else list(listing))
+        found = {s: [p for p in paths if p.endswith(".tar")] for s, paths in tree.items()}
         found = {s: paths for s, paths in found.items() if paths}
         if not found:
             raise SampleError(f"{spec}: no .tar shards found")
         name = splits.pick_split(found, split, spec)
-        paths = [os.path.join(spec, p) for p in dict.fromkeys(found[name])]
+        paths = [_join(spec, p) for p in dict.fromkeys(found[name])]
         if len(found) > 1 or split is not None:
             notes.append(f"split {name!r} of the splits {', '.join(found)} ({len(paths)} shard(s))")
     elif split is not None:
         raise SampleError(f"{spec}: split={split!r} picks a split of a directory; this names its shards itself "
                           "(drop --split, or give the directory)")
-    elif (m := _BRACES.search(spec)) is not None:
-        lo, hi, width = int(m.group(1)), int(m.group(2)), len(m.group(1))
-        paths = [spec[:m.start()] + f"{k:0{width}d}" + spec[m.end():] for k in range(lo, hi + 1)]
-        missing = [p for p in paths if not os.path.isfile(p)]
+    elif braces is not None:
+        lo, hi, width = int(braces.group(1)), int(braces.group(2)), len(braces.group(1))
+        paths = [spec[:braces.start()] + f"{k:0{width}d}" + spec[braces.end():] for k in range(lo, hi + 1)]
+        if remote is None:
+            missing = [p for p in paths if not os.path.isfile(p)]
+        else:  # one listing of the pattern's folder, not one request per shard
+            parent = spec[:braces.start()].rsplit("/", 1)[0]
+            there = {_join(parent, p) for p in remote.listing(parent)}
+            missing = [p for p in paths if p not in there]
         if missing:
             raise SampleError(f"{spec}: {len(missing)} of its {len(paths)} shards do not exist (first: {missing[0]})")
-    elif any(c in spec for c in "*?["):
-        paths = sorted(glob.glob(spec))
+    elif globbed:
+        paths = sorted(glob.glob(spec)) if remote is None else remote.glob(spec)
     else:
-        paths = [spec] if os.path.isfile(spec) else []
+        paths = [spec] if single or os.path.isfile(spec) else []
     if not paths:
         raise SampleError(f"{spec}: no .tar shards found")
-    return [os.path.abspath(p) for p in paths], notes
+    return (paths if remote is not None else [os.path.abspath(p) for p in paths]), notes
+
+
+def _join(root: str, rel: str) -> str:
+    """A relative posix path below a directory or a URL prefix."""
+    return f"{root.rstrip('/')}/{rel}" if is_url(root) else os.path.join(root, rel)
 
 
 def split_key(member: str) -> tuple[str, str]:
@@ -96,14 +119,20 @@ def _in_a_sample(member: str) -> bool:
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
-def _unreadable(path: str, last, exc: Exception) -> str:
-    """The message for a tar that `tarfile` cannot read to its end: compressed, cut short or damaged."""
+def _head_and_size(path: str, remote: Remote | None) -> tuple[bytes, int]:
+    """(the first 6 bytes, the size) of a shard, or (b"", -1) where it cannot be read."""
     try:
+        if remote is not None:
+            return remote.read(path, 0, 6), remote.size(path) or -1
         with open(path, "rb") as f:
-            head = f.read(6)
-        size = os.path.getsize(path)
-    except OSError:
-        head, size = b"", -1
+            return f.read(6), os.path.getsize(path)
+    except (OSError, SampleError):
+        return b"", -1
+
+
+def _unreadable(path: str, last, exc: Exception, remote: Remote | None = None) -> str:
+    """The message for a tar that `tarfile` cannot read to its end: compressed, cut short or damaged."""
+    head, size = _head_and_size(path, remote)
     kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
     if kind is not None:
         return (f"{path}: a {kind}-compressed tar; shards are read by seeking to each member, which needs an "
@@ -118,7 +147,7 @@ def _unreadable(path: str, last, exc: Exception) -> str:
             f"{-(-end // 512) * 512} of {size} ({exc}); copy or download the shard again")
 
 
-def _check_end(path: str, tf: tarfile.TarFile, last) -> None:
+def _check_end(path: str, tf: tarfile.TarFile, last, remote: Remote | None = None) -> None:
     """SampleError unless the tar ends with its end-of-archive block where `tf` stopped reading.
 
     `tarfile` (and so webdataset) ends its listing without a word at a header cut short or one that
@@ -132,7 +161,7 @@ def _check_end(path: str, tf: tarfile.TarFile, last) -> None:
     if len(block) == tarfile.BLOCKSIZE and not block.strip(b"\0"):
         return
     after = f"after member {last.name!r}" if last is not None else "at its start"
-    size = os.path.getsize(path)
+    size = _head_and_size(path, remote)[1]
     if len(block) < tarfile.BLOCKSIZE:
         raise SampleError(f"{path}: truncated {after}: the file ends at byte {size} without the tar's end-of-archive "
                           f"block (a header cut short or missing); copy or download the shard again")
@@ -171,7 +200,8 @@ class TarSource(Source):
         self.validate = validate
         self.image_keys = _keys(image_key, "image_key")
         self.label_key = _keys(label_key, "label_key")[0]
-        self.shards, self.notes = expand_shards(os.fspath(spec), split)
+        self.remote = Remote(os.fspath(spec)) if is_url(os.fspath(spec)) else None
+        self.shards, self.notes = expand_shards(os.fspath(spec), split, self.remote)
         self.description = f"webdataset {os.fspath(spec)} ({len(self.shards)} shard(s))"
         self._members: list[tuple[int, str, int, int]] = []  # (shard, member name, data offset, size)
         self._fields: dict[str, int] = {}  # extension -> samples with a member of it that is not stored
@@ -190,7 +220,9 @@ class TarSource(Source):
     def _list_shard(self, s: int, path: str, values: list, on_error: str) -> None:
         last = None  # the last member whose header was read whole
         try:
-            with tarfile.open(path, "r:") as tf:
+            # A shard in object storage is read start to end in large blocks (a stream of requests
+            # of READ_BLOCK bytes), never one request per header; a local one through the OS.
+            with self._open(path) as f, tarfile.open(path if f is None else None, "r:", fileobj=f) as tf:
                 group: dict[str, tarfile.TarInfo] = {}
                 key, duplicate = None, None
                 for info in tf:
@@ -207,12 +239,24 @@ class TarSource(Source):
                     if ext.lower() in group and duplicate is None:
                         duplicate = (group[ext.lower()].name, info.name)
                     group.setdefault(ext.lower(), info)
-                _check_end(path, tf, last)
+                _check_end(path, tf, last, self.remote)
                 self._take(s, path, key, group, values, tf, on_error, duplicate)
         except tarfile.ReadError as exc:
-            raise SampleError(_unreadable(path, last, exc)) from exc
+            raise SampleError(_unreadable(path, last, exc, self.remote)) from exc
+        except SampleError:
+            raise
         except OSError as exc:
+            if self.remote is not None:
+                raise failure(path, "read", exc) from exc
             raise SampleError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a store's client raises many types mid-read; name the shard
+            if self.remote is None:
+                raise
+            raise failure(path, "read", exc) from exc
+
+    def _open(self, path: str):
+        """A shard opened for reading start to end: a store's file object, or a null context for a local path."""
+        return contextlib.nullcontext() if self.remote is None else self.remote.open(path)
 
     def _take(self, s, path, key, group, values, tf, on_error, duplicate=None) -> None:
         """Records sample `key` of shard `s` from its members `group` (ext -> TarInfo); `duplicate`:
@@ -268,6 +312,12 @@ class TarSource(Source):
     def load(self, i: int) -> bytes:
         s, _, offset, size = self._members[i]
         where = self.locate(i)
+        if self.remote is not None:  # one ranged request for exactly the member's bytes
+            data = self.remote.read(self.shards[s], offset, offset + size)
+            if len(data) != size:
+                raise SampleError(f"{where}: the shard ends {size - len(data)} bytes before the member's end")
+            validate_image(data, where, self.validate)
+            return data
         try:
             with open(self.shards[s], "rb") as f:  # one open and one read per sample (~10 us more than a kept handle)
                 data = os.pread(f.fileno(), size, offset)

@@ -1,0 +1,154 @@
+"""Sources in object storage (`s3://bucket/prefix`, `gs://...`, any fsspec URL), read through fsspec
+(an optional dependency: `pip install 'dstore-mpi[object]'` brings fsspec and s3fs).
+
+Credentials and the endpoint come from the environment, as the AWS tools read them
+(`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`,
+`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` for MinIO, Ceph or another
+S3-compatible server); nothing is passed on the command line. A `Remote` holds only the URL's
+protocol, so it pickles: rank 0 lists the prefix once and broadcasts the source, and each rank makes
+its own connection when it first reads.
+
+How it reads: a prefix is listed once (one recursive listing, `find`); small metadata files
+(`state.json`...) are read whole; a file read from start to end (a tar shard's headers while
+listing) is read as a stream in blocks of READ_BLOCK bytes; a sample is one ranged GET of exactly
+its bytes. Every failure of the store (no such bucket or key, no permission, no connection) is a
+SampleError of one line naming the URL.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dstore.errors import ConfigError, SampleError
+
+READ_BLOCK = 16 << 20
+"""Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
+tens of ms of latency: 16 MiB keeps a shard's listing near the link's bandwidth)."""
+
+_URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_url(spec: str) -> bool:
+    """Whether `spec` is an object-store URL (`s3://...`), not a local path (`file://` is local)."""
+    m = _URL.match(str(spec))
+    return m is not None and m.group("protocol").lower() not in ("file", "local")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, for a one-line message (the store's libraries raise many types)."""
+    if isinstance(exc, FileNotFoundError):
+        return f"does not exist (no such bucket or key; {_first_line(exc)})"
+    if isinstance(exc, PermissionError):
+        return f"permission denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket policy; " \
+               f"{_first_line(exc)})"
+    return _first_line(exc)
+
+
+def failure(url: str, what: str, exc: BaseException) -> SampleError:
+    """The one-line error for a store operation `what` (`list`, `read`) on `url` that raised `exc`."""
+    return SampleError(f"{url}: cannot {what}: {_reason(exc)}")
+
+
+class Remote:
+    """One object store's file system, opened lazily in each process (picklable).
+
+    Args:
+        url: any URL of the store (its protocol picks the fsspec implementation).
+
+    Raises:
+        ConfigError: fsspec, or the package for the protocol (s3fs, gcsfs...), is not installed.
+    """
+
+    def __init__(self, url: str):
+        m = _URL.match(url)
+        if m is None:
+            raise ConfigError(f"source {url!r} is not a URL (protocol://bucket/prefix)")
+        self.protocol = m.group("protocol").lower()
+        self._fs = None
+        self.fs  # noqa: B018 - fails here, on the rank that lists, if the package is missing
+
+    def __getstate__(self):
+        return {"protocol": self.protocol, "_fs": None}  # each process makes its own connection
+
+    @property
+    def fs(self):
+        """The fsspec file system (made on first use in this process)."""
+        if self._fs is None:
+            try:
+                import fsspec
+
+                self._fs = fsspec.filesystem(self.protocol)
+            except ImportError as exc:
+                raise ConfigError(f"reading {self.protocol}:// sources needs fsspec and its {self.protocol} package: "
+                                  f"pip install 'dstore-mpi[object]' ({exc})") from None
+            except ValueError as exc:  # fsspec: unknown protocol
+                raise ConfigError(f"{self.protocol}:// is not a protocol fsspec knows: {exc}") from None
+        return self._fs
+
+    def url(self, path: str) -> str:
+        """The URL of a store path (`bucket/key` -> `s3://bucket/key`)."""
+        return path if _URL.match(path) else f"{self.protocol}://{path}"
+
+    def path(self, url: str) -> str:
+        """The store path of a URL (`s3://bucket/key/` -> `bucket/key`)."""
+        return self.fs._strip_protocol(url).rstrip("/")
+
+    def _call(self, what: str, url: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (SampleError, ConfigError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and fsspec raise many types; name the URL
+            raise failure(url, what, exc) from exc
+
+    def listing(self, url: str) -> dict[str, int]:
+        """{path relative to `url`: size} of every object below the prefix `url` (one recursive listing).
+
+        Raises:
+            SampleError: naming `url` if the store cannot be listed (no bucket, no permission, no connection).
+        """
+        root = self.path(url)
+        found = self._call("list", url, self.fs.find, root, detail=True)
+        out = {}
+        for name, info in sorted(found.items()):
+            name = name.rstrip("/")
+            if info.get("type") == "directory" or not name.startswith(root + "/"):
+                continue
+            out[name[len(root) + 1:]] = int(info.get("size") or 0)
+        return out
+
+    def size(self, url: str) -> int | None:
+        """The size of the object `url`, or None if there is none.
+
+        Raises:
+            SampleError: naming `url` if the store cannot be asked (no bucket, no permission, no connection).
+        """
+        try:
+            info = self.fs.info(self.path(url))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and fsspec raise many types; name the URL
+            raise failure(url, "read", exc) from exc
+        return None if info.get("type") == "directory" else int(info.get("size") or 0)
+
+    def glob(self, url: str) -> list[str]:
+        """The URLs of the objects matching the glob `url`, sorted."""
+        return sorted(self.url(p) for p in self._call("list", url, self.fs.glob, self.path(url)))
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes [start, end) of `url` in one request (the whole object without start and end)."""
+        return self._call("read", url, self.fs.cat_file, self.path(url), start=start, end=end)
+
+    def read_text(self, url: str) -> str:
+        """A small text object (a JSON listing), read whole."""
+        return self.read(url).decode("utf-8")
+
+    def open(self, url: str):
+        """`url` as a seekable binary file read ahead in READ_BLOCK requests (for reading it start to end)."""
+        return self._call("open", url, self.fs.open, self.path(url), "rb", block_size=READ_BLOCK,
+                          cache_type="readahead")

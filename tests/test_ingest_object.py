@@ -1,0 +1,167 @@
+"""Ingest from object storage (`s3://bucket/prefix`) against a real S3 server (moto's server mode on a
+free local port, dummy credentials through the environment): the container holds what a local
+ingest of the same files holds (bytes, labels, names, order), and a store failure is one line naming
+the URL."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import tarfile
+
+import pytest
+from ingest_helpers import png_bytes
+from mpi4py import MPI
+
+from dstore.errors import SampleError
+from dstore.formats import open_container
+from dstore.ingest import ingest
+from dstore.ingest.registry import source_type_of
+
+pytest.importorskip("s3fs", reason="object storage is optional (pip install 'dstore-mpi[object]')")
+moto_server = pytest.importorskip("moto.server", reason="the test S3 server is moto's (pip install 'moto[server]')")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    """A real S3 server (moto) on a free local port, for the module."""
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(endpoint, monkeypatch):
+    """An s3fs file system on the test server, with the credentials and endpoint ingest reads from
+    the environment; each test gets its own bucket."""
+    import fsspec
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    fsspec.filesystem("s3").clear_instance_cache()
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    yield fs
+    fsspec.filesystem("s3").clear_instance_cache()
+
+
+_buckets = iter(range(1_000_000))
+
+
+def bucket(fs) -> str:
+    name = f"bucket-{next(_buckets)}"
+    fs.mkdir(name)
+    return name
+
+
+def shard_bytes(first: int, n: int, extra: bool = False) -> bytes:
+    """A WebDataset shard of n samples (tiny PNGs seeded first.., labels seed % 3)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for k in range(first, first + n):
+            members = [("png", png_bytes(4, k)), ("cls", str(k % 3).encode())]
+            if extra:
+                members.append(("json", json.dumps({"k": k}).encode()))
+            for ext, data in members:
+                info = tarfile.TarInfo(f"s{k:05d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def run(source, output, **kw):
+    kw.setdefault("progress", False)
+    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)
+
+
+def contents(path):
+    """[(name, bytes, label)] of a container in its order, its class names and encoding."""
+    with open_container(str(path)) as c:
+        return ([(c.name(j), bytes(c.sample(j)[0]), int(c.sample(j)[1])) for j in range(c.num_samples)],
+                tuple(c.info.class_names), c.info.encoding)
+
+
+def put_tree(fs, prefix: str, local, files: dict[str, bytes]) -> None:
+    """The same files under a local directory and an S3 prefix."""
+    for rel, data in files.items():
+        fs.pipe(f"{prefix}/{rel}", data)
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(data)
+
+
+@pytest.mark.parametrize("form", ["prefix", "glob", "braces"])
+def test_tar_shards_from_s3_match_a_local_ingest(s3, tmp_path, form):
+    b = bucket(s3)
+    files = {f"shards/train-{k:03d}.tar": shard_bytes(10 * k, 4 + k, extra=(k == 1)) for k in range(3)}
+    put_tree(s3, f"{b}/data", tmp_path / "data", files)
+    spec = {"prefix": "shards", "glob": "shards/train-*.tar", "braces": "shards/train-{000..002}.tar"}[form]
+    local, remote = run(tmp_path / "data" / spec, tmp_path / "local.h5"), \
+        run(f"s3://{b}/data/{spec}", tmp_path / "remote.h5")
+    assert source_type_of(f"s3://{b}/data/{spec}") == "tar"
+    got, expected = contents(tmp_path / "remote.h5"), contents(tmp_path / "local.h5")
+    assert got == expected and len(got[0]) == 4 + 5 + 6
+    assert remote.samples == local.samples == 15
+    assert [n for n in remote.notes if "not stored" in n] == [n for n in local.notes if "not stored" in n] != []
+
+
+def test_tar_prefix_with_two_splits_needs_split(s3, tmp_path):
+    b = bucket(s3)
+    files = {"train-000.tar": shard_bytes(0, 3), "validation-000.tar": shard_bytes(100, 2)}
+    put_tree(s3, f"{b}/wds", tmp_path / "wds", files)
+    with pytest.raises(SampleError, match=r"holds the splits train, validation; .*--split NAME"):
+        run(f"s3://{b}/wds", tmp_path / "mixed.h5")
+    run(f"s3://{b}/wds", tmp_path / "r.h5", split="validation")
+    run(tmp_path / "wds", tmp_path / "l.h5", split="validation")
+    assert contents(tmp_path / "r.h5") == contents(tmp_path / "l.h5")
+    assert len(contents(tmp_path / "r.h5")[0]) == 2
+
+
+def test_missing_bucket_prefix_and_shard_name_the_url(s3, tmp_path):
+    b = bucket(s3)
+    s3.pipe(f"{b}/wds/a-000.tar", shard_bytes(0, 2))
+    cases = {
+        "s3://no-such-bucket/wds": r"^s3://no-such-bucket/wds: cannot list: does not exist",
+        f"s3://{b}/nothing-here": rf"^s3://{b}/nothing-here: no objects below this prefix",
+        f"s3://{b}/wds/a-{{000..001}}.tar": rf"^s3://{b}/wds/a-{{000..001}}.tar: 1 of its 2 shards do not exist "
+                                            rf"\(first: s3://{b}/wds/a-001.tar\)",
+    }
+    for url, pattern in cases.items():
+        with pytest.raises(SampleError, match=pattern) as info:
+            run(url, tmp_path / "x.h5", source_type="tar")
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_truncated_shard_in_s3_names_the_url(s3, tmp_path):
+    b = bucket(s3)
+    whole = shard_bytes(0, 3)
+    s3.pipe(f"{b}/cut/a.tar", whole[:1100])
+    with pytest.raises(SampleError, match=rf"^s3://{b}/cut/a.tar: truncated"):
+        run(f"s3://{b}/cut/a.tar", tmp_path / "x.h5")
+
+
+def test_wrong_credentials_name_the_url(s3, tmp_path, monkeypatch):
+    """moto accepts any key unless IAM is enforced; a wrong endpoint is the reachable failure: no connection."""
+    b = bucket(s3)
+    s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 2))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    import fsspec
+
+    fsspec.filesystem("s3").clear_instance_cache()
+    with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: .*(connect|Connect)") as info:
+        run(f"s3://{b}/wds/a.tar", tmp_path / "x.h5")
+    assert "\n" not in str(info.value)
