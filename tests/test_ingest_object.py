@@ -165,3 +165,92 @@ def test_wrong_credentials_name_the_url(s3, tmp_path, monkeypatch):
     with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: .*(connect|Connect)") as info:
         run(f"s3://{b}/wds/a.tar", tmp_path / "x.h5")
     assert "\n" not in str(info.value)
+
+
+def _tables():
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is optional (pip install 'dstore-mpi[parquet]')")
+    import pyarrow.ipc  # noqa: F401 - loads pa.ipc, used below
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+    def table(first: int, n: int):
+        images = pa.array([{"bytes": png_bytes(4, k), "path": None} for k in range(first, first + n)], type=image)
+        return pa.table({"image": images, "label": pa.array([k % 3 for k in range(first, first + n)]),
+                         "text": pa.array([f"row {k}" for k in range(first, first + n)])})
+
+    def parquet(t, row_group_size=2) -> bytes:
+        out = io.BytesIO()
+        pq.write_table(t, out, row_group_size=row_group_size)
+        return out.getvalue()
+
+    def arrow(t) -> bytes:
+        out = io.BytesIO()
+        with pa.ipc.new_stream(out, t.schema) as w:  # datasets writes the stream format
+            w.write_table(t)
+        return out.getvalue()
+
+    return table, parquet, arrow
+
+
+def test_hub_parquet_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
+    table, parquet, _ = _tables()
+    b = bucket(s3)
+    info = json.dumps({"features": {"image": {"_type": "Image"},
+                                    "label": {"names": ["cat", "dog", "emu"], "_type": "ClassLabel"}}}).encode()
+    files = {"data/train-00000-of-00002.parquet": parquet(table(0, 5)),
+             "data/train-00001-of-00002.parquet": parquet(table(5, 3)),
+             "data/test-00000-of-00001.parquet": parquet(table(100, 2)),
+             "dataset_info.json": info, ".cache/x.parquet": parquet(table(200, 1))}
+    put_tree(s3, f"{b}/hub", tmp_path / "hub", files)
+    url = f"s3://{b}/hub"
+    assert source_type_of(url) == "parquet"
+    with pytest.raises(SampleError, match=rf"^{url}: holds the splits train, test; .*--split NAME"):
+        run(url, tmp_path / "mixed.h5")
+    for split, n in (("train", 8), ("test", 2)):
+        remote = run(url, tmp_path / f"r-{split}.h5", split=split)
+        local = run(tmp_path / "hub", tmp_path / f"l-{split}.h5", split=split)
+        got = contents(tmp_path / f"r-{split}.h5")
+        assert got == contents(tmp_path / f"l-{split}.h5") and len(got[0]) == n
+        assert got[1] == ("cat", "dog", "emu")
+        assert remote.notes == [n.replace(str(tmp_path / "hub"), url) for n in local.notes]
+    one = f"{url}/data/test-00000-of-00001.parquet"
+    run(one, tmp_path / "one.h5")
+    assert [x[1:] for x in contents(tmp_path / "one.h5")[0]] == [x[1:] for x in contents(tmp_path / "l-test.h5")[0]]
+
+
+def test_saved_dataset_dict_from_s3_matches_a_local_ingest(s3, tmp_path):
+    table, _, arrow = _tables()
+    b = bucket(s3)
+    files = {"dataset_dict.json": json.dumps({"splits": ["train", "test"]}).encode()}
+    for split, first, n in (("train", 0, 4), ("test", 50, 3)):
+        files[f"{split}/data-00000-of-00001.arrow"] = arrow(table(first, n))
+        files[f"{split}/state.json"] = json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+                                                   "_split": split}).encode()
+    put_tree(s3, f"{b}/saved", tmp_path / "saved", files)
+    run(f"s3://{b}/saved", tmp_path / "r.h5", split="test")
+    run(tmp_path / "saved", tmp_path / "l.h5", split="test")
+    got = contents(tmp_path / "r.h5")
+    assert got == contents(tmp_path / "l.h5") and len(got[0]) == 3
+    with pytest.raises(SampleError, match=rf"^s3://{b}/saved/nope.parquet: cannot read: does not exist"):
+        run(f"s3://{b}/saved/nope.parquet", tmp_path / "x.h5")
+
+
+def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
+    b = bucket(s3)
+    files = {f"{cls}/{sub}{k}.png": png_bytes(4, 10 * c + k)
+             for c, cls in enumerate(["dog", "cat", "emu"]) for sub in ("", "a/", "a-b/", "a/x/") for k in (2, 0, 1)}
+    files.update({"cat/notes.txt": b"not an image", "README.md": b"top", "cat/a/x.gif": b"GIF89a"})
+    put_tree(s3, f"{b}/imgs", tmp_path / "imgs", files)
+    url = f"s3://{b}/imgs"
+    assert source_type_of(url) == "folder"
+    remote = run(url, tmp_path / "r.h5", keep_order=True)
+    local = run(tmp_path / "imgs", tmp_path / "l.h5", keep_order=True)
+    got = contents(tmp_path / "r.h5")
+    assert got == contents(tmp_path / "l.h5") and len(got[0]) == 36 and got[1] == ("cat", "dog", "emu")
+    assert [n[0] for n in got[0][:12:3]] == ["cat/0.png", "cat/a/0.png", "cat/a-b/0.png", "cat/a/x/0.png"]
+    assert sorted(i.replace(url, "") for i in remote.ignored) == \
+        sorted(i.replace(str(tmp_path / "imgs"), "") for i in local.ignored)
+    s3.pipe(f"{b}/imgs/fox/only.txt", b"x")
+    with pytest.raises(SampleError, match=rf"^{url}/fox: empty class folder"):
+        run(url, tmp_path / "e.h5")

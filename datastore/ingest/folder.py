@@ -40,6 +40,7 @@ import stat
 
 from dstore.decode import sniff
 from dstore.errors import ConfigError, SampleError
+from dstore.ingest.remote import Remote, is_url
 from dstore.ingest.source import Source
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -125,12 +126,37 @@ def _not_regular(mode: int) -> str:
     return "an unknown kind"
 
 
+def folder_order(paths, exts, ignored: list[str], root: str) -> tuple[list[str], list[str], list[int]]:
+    """(classes, files, labels) of an image folder given as relative posix paths (an object-store
+    listing), in torchvision's order: classes the sorted first components, below each the
+    directories by their path text and each one's files by name; files of other extensions and files
+    directly in root are appended to `ignored` (as `root/path`)."""
+    by_class: dict[str, dict[str, list[str]]] = {}
+    for rel in paths:
+        parts = rel.split("/")
+        if len(parts) >= 2:
+            by_class.setdefault(parts[0], {})  # a class even if it holds no image (an empty class)
+        if len(parts) < 2 or not parts[-1].lower().endswith(exts):
+            ignored.append(f"{root}/{rel}")
+            continue
+        by_class[parts[0]].setdefault("/".join(parts[:-1]), []).append(rel)
+    classes = sorted(by_class)
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for directory in sorted(by_class[cls]):
+            found = sorted(by_class[cls][directory], key=lambda rel: rel.rsplit("/", 1)[1])
+            files.extend(found)
+            labels.extend([label] * len(found))
+    return classes, files, labels
+
+
 class FileSamples(Source):
     """Image files below `self.root`: sample i is the file `self._files[i]` (relative) with label
     `self._labels[i]`, checked by `validate_image` at `self.validate` when loaded."""
 
     root: str
     validate: str
+    remote: Remote | None = None  # set where root is an object-store URL
     _files: list[str]
     _labels: list[int]
 
@@ -144,10 +170,16 @@ class FileSamples(Source):
         return self._files[i].replace(os.sep, "/")
 
     def locate(self, i: int) -> str:
+        if self.remote is not None:
+            return f"{self.root}/{self._files[i]}"
         return os.path.join(self.root, self._files[i])
 
     def load(self, i: int) -> bytes:
         where = self.locate(i)
+        if self.remote is not None:  # an object: one request for the whole file
+            data = self.remote.read(where)
+            validate_image(data, where, self.validate)
+            return data
         try:
             # Checked before open: opening a FIFO waits for a writer forever and reading a device
             # (/dev/zero) never ends.
@@ -187,13 +219,17 @@ class FolderSource(FileSamples):
             raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r} is not one of ('raise', 'skip')")
-        self.root = os.path.abspath(os.fspath(root))
+        self.remote = Remote(os.fspath(root)) if is_url(os.fspath(root)) else None
+        self.root = os.path.abspath(os.fspath(root)) if self.remote is None else os.fspath(root).rstrip("/")
         self.validate = validate
         self.description = self.root
         exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
-        if not os.path.isdir(self.root):
+        if self.remote is None and not os.path.isdir(self.root):
             raise SampleError(f"{self.root}: not a directory (an image folder source is root/<class>/<file>)")
-        classes, files, labels = self._scan(exts, on_error)
+        if self.remote is not None:
+            classes, files, labels = self._scan_listing(self.remote, exts, on_error)
+        else:
+            classes, files, labels = self._scan(exts, on_error)
         if not classes:
             raise SampleError(f"{self.root}: no class directories (expected root/<class>/<image file>)")
         if not files:
@@ -245,6 +281,24 @@ class FolderSource(FileSamples):
                 self.skipped.append((os.path.join(self.root, cls), reason))
             files.extend(found)
             labels.extend([label] * len(found))
+        self._note_differences(classes, files, exts)
+        return classes, files, labels
+
+    def _scan_listing(self, remote: Remote, exts, on_error):
+        """(classes, files, labels) of an object-store prefix, from one listing, in the order `_scan`
+        gives for the same tree: a store has no links, no special files and no empty directories."""
+        listing = remote.listing(self.root)
+        if not listing:
+            raise SampleError(f"{self.root}: no objects below this prefix (check the bucket and the prefix)")
+        classes, files, labels = folder_order(listing, exts, self.ignored, self.root)
+        present = set(labels)
+        for label, cls in enumerate(classes):
+            if label not in present:
+                reason = "empty class folder: no image files"
+                if on_error == "raise":
+                    raise SampleError(f"{self.root}/{cls}: {reason} (use on_error='skip' / --on-error skip to keep "
+                                      "the class without samples)")
+                self.skipped.append((f"{self.root}/{cls}", reason))
         self._note_differences(classes, files, exts)
         return classes, files, labels
 

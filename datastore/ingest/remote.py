@@ -103,7 +103,7 @@ class Remote:
             return fn(*args, **kwargs)
         except (SampleError, ConfigError):
             raise
-        except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and fsspec raise many types; name the URL
+        except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
             raise failure(url, what, exc) from exc
 
     def listing(self, url: str) -> dict[str, int]:
@@ -132,7 +132,7 @@ class Remote:
             info = self.fs.info(self.path(url))
         except FileNotFoundError:
             return None
-        except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and fsspec raise many types; name the URL
+        except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
             raise failure(url, "read", exc) from exc
         return None if info.get("type") == "directory" else int(info.get("size") or 0)
 
@@ -148,7 +148,11 @@ class Remote:
         """A small text object (a JSON listing), read whole."""
         return self.read(url).decode("utf-8")
 
-    def open(self, url: str):
-        """`url` as a seekable binary file read ahead in READ_BLOCK requests (for reading it start to end)."""
-        return self._call("open", url, self.fs.open, self.path(url), "rb", block_size=READ_BLOCK,
-                          cache_type="readahead")
+    def open(self, url: str, cache: bool = True):
+        """`url` as a seekable binary file: read ahead in READ_BLOCK requests (for reading it start to
+        end), or with `cache=False` one request per read of exactly what is asked (for a reader that
+        asks for whole column chunks, as pyarrow does)."""
+        if cache:
+            return self._call("open", url, self.fs.open, self.path(url), "rb", block_size=READ_BLOCK,
+                              cache_type="readahead")
+        return self._call("open", url, self.fs.open, self.path(url), "rb", cache_type="none")

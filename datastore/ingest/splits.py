@@ -135,36 +135,44 @@ def hub_splits(root: str, files: list[str] | None = None) -> dict[str, list[str]
     return {"train": paths} if paths else {}
 
 
-def saved_splits(root: str) -> dict[str, list[str]] | None:
+def _read_local(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if "://" in root else os.path.join(root, name)
+
+
+def saved_splits(root: str, files=None, read=_read_local) -> dict[str, list[str]] | None:
     """{split: its Arrow files, relative to root} of a `DatasetDict.save_to_disk` directory, or None
-    if `root` has no dataset_dict.json.
+    if `root` has no dataset_dict.json. For an object-store prefix, `files` are its relative paths
+    and `read(url)` returns a small object's text.
 
     Raises:
         SampleError: naming the file, if dataset_dict.json or a split's state.json is malformed.
     """
-    listing = os.path.join(root, "dataset_dict.json")
-    if not os.path.isfile(listing):
+    listing = _join(root, "dataset_dict.json")
+    if not (os.path.isfile(listing) if files is None else "dataset_dict.json" in files):
         return None
     try:
-        with open(listing, encoding="utf-8") as f:
-            names = json.load(f)["splits"]
+        names = json.loads(read(listing))["splits"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise TypeError(f"splits is {names!r}, not a list of names")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SampleError(f"{listing}: not a datasets dataset_dict.json with a list of splits: {exc}") from exc
-    return {name: [f"{name}/{f}" for f in state_files(os.path.join(root, name))] for name in names}
+    return {name: [f"{name}/{f}" for f in state_files(_join(root, name), read)] for name in names}
 
 
-def state_files(directory: str) -> list[str]:
+def state_files(directory: str, read=_read_local) -> list[str]:
     """The Arrow files a `save_to_disk` directory's state.json lists, in its order (relative names).
 
     Raises:
         SampleError: naming state.json if it is missing or malformed.
     """
-    state = os.path.join(directory, "state.json")
+    state = _join(directory, "state.json")
     try:
-        with open(state, encoding="utf-8") as f:
-            return [d["filename"] for d in json.load(f)["_data_files"]]
+        return [d["filename"] for d in json.loads(read(state))["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SampleError(f"{state}: not a datasets state.json with _data_files: {exc}") from exc
 

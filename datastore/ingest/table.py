@@ -31,6 +31,7 @@ from dstore.errors import ConfigError, SampleError
 from dstore.ingest import splits
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
+from dstore.ingest.remote import Remote, failure, is_url
 from dstore.ingest.source import Source
 
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -47,49 +48,83 @@ def _pyarrow():
     return pyarrow
 
 
-def _read_features(path: str) -> dict:
+def _read_features(path: str, tree: _Tree | None = None) -> dict:
     """The `features` of a `datasets` dataset_info.json, or {} if there is none."""
-    if not os.path.isfile(path):
+    if not (os.path.isfile(path) if tree is None else tree.has(path)):
         return {}
     try:
+        if tree is not None:
+            return json.loads(tree.remote.read_text(path)).get("features") or {}
         with open(path, encoding="utf-8") as f:
             return json.load(f).get("features") or {}
+    except SampleError:
+        raise
     except (OSError, ValueError, AttributeError) as exc:
         raise SampleError(f"{path}: cannot read: {exc}") from exc
 
 
-def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, list[str], list[str], str | None]:
+class _Tree:
+    """An object-store prefix as table_files sees a directory: its listing (read once) and its store."""
+
+    def __init__(self, remote: Remote, root: str):
+        self.remote, self.root = remote, root.rstrip("/")
+        self.files = list(remote.listing(root))
+        if not self.files:
+            raise SampleError(f"{root}: no objects below this prefix (check the bucket and the prefix)")
+
+    def join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def has(self, url: str) -> bool:
+        return url.startswith(self.root + "/") and url[len(self.root) + 1:] in self.files
+
+
+def table_files(spec: str, split: str | None = None,
+                remote: Remote | None = None) -> tuple[list[str], dict, list[str], list[str], str | None]:
     """(the data files of `spec`'s split, the `datasets` features found in a dataset_info.json or {},
     notes for the ingest summary, data files left out as in no split, the split's name or None).
 
     A directory's splits are found as `datasets` finds them (dstore.ingest.splits); `split` picks
-    one, and is needed where there are several.
+    one, and is needed where there are several. With `remote`, `spec` is a URL: a table object or a
+    prefix, listed once; the files are URLs.
 
     Raises:
         SampleError: naming `spec`, if it holds no table file, or several splits and `split` is None,
             or no split `split` (the message lists the splits found).
     """
-    if os.path.isfile(spec):
+    single = os.path.isfile(spec) if remote is None else \
+        spec.lower().endswith(TABLE_SUFFIXES) and remote.size(spec) is not None
+    if single:
         if split not in (None, "train"):  # datasets calls a lone data file's rows the split train
             raise SampleError(f"{spec}: a single file is the one split 'train'; no split {split!r} (drop --split)")
-        return [os.path.abspath(spec)], {}, [], [], split
-    if not os.path.isdir(spec):
+        return [os.path.abspath(spec) if remote is None else spec], {}, [], [], split
+    if remote is None and not os.path.isdir(spec):
         raise SampleError(f"{spec}: neither a .parquet/.arrow file nor a directory")
+    if remote is not None and spec.lower().endswith(TABLE_SUFFIXES):
+        raise SampleError(f"{spec}: cannot read: does not exist (no such bucket or key)")
+    tree = None if remote is None else _Tree(remote, spec)
+    listing = None if tree is None else tree.files
+    read = splits._read_local if tree is None else tree.remote.read_text
+    join = os.path.join if tree is None else (lambda _root, *parts: tree.join(*parts))
     notes: list[str] = []
     ignored: list[str] = []
-    saved = splits.saved_splits(spec)
+    saved = splits.saved_splits(spec, listing, read)
     if saved is not None:  # a DatasetDict.save_to_disk directory
         name = splits.pick_split(saved, split, spec)
-        files, features = saved[name], _read_features(os.path.join(spec, name, "dataset_info.json"))
+        files, features = saved[name], _read_features(join(spec, name, "dataset_info.json"), tree)
         notes.append(f"split {name!r} of the splits {', '.join(saved)} (dataset_dict.json)")
-    elif os.path.isfile(os.path.join(spec, "state.json")):  # one Dataset.save_to_disk directory
-        files, features = splits.state_files(spec), _read_features(os.path.join(spec, "dataset_info.json"))
-        with open(os.path.join(spec, "state.json"), encoding="utf-8") as f:
-            name = saved_as = json.load(f).get("_split")
+    elif os.path.isfile(os.path.join(spec, "state.json")) if tree is None else "state.json" in tree.files:
+        # one Dataset.save_to_disk directory
+        files = splits.state_files(spec, read)
+        features = _read_features(join(spec, "dataset_info.json"), tree)
+        try:
+            name = saved_as = json.loads(read(join(spec, "state.json"))).get("_split")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SampleError(f"{join(spec, 'state.json')}: cannot read: {exc}") from exc
         if split is not None and split != saved_as:
             raise SampleError(f"{spec}: holds one Dataset saved as split {saved_as!r}, not {split!r} (drop --split)")
     else:
-        found = splits.hub_splits(spec)
+        found = splits.hub_splits(spec, listing)
         kept = {}
         for suffix in TABLE_SUFFIXES:  # as datasets, one reader for the directory: Parquet if any, else Arrow
             kept = {s: [p for p in paths if p.endswith(suffix)] for s, paths in found.items()}
@@ -106,23 +141,38 @@ def table_files(spec: str, split: str | None = None) -> tuple[list[str], dict, l
                          f"{twice[0]}); datasets reads their rows twice, dstore once")
         chosen = set(files)
         in_splits = {p for paths in kept.values() for p in paths}
-        ignored = [os.path.join(spec, p) for p in splits.all_files(spec)
+        ignored = [join(spec, p) for p in (splits.all_files(spec) if listing is None else splits.data_files(listing))
                    if p.endswith(TABLE_SUFFIXES) and p not in in_splits]
         notes.append(f"split {name!r} of the splits {', '.join(kept)} ({len(chosen)} file(s))")
         if ignored:
             notes.append(f"{len(ignored)} table file(s) in no split, not read (datasets leaves them out too), "
                          f"e.g. {ignored[0]}")
-        features = _read_features(os.path.join(spec, "dataset_info.json"))
+        features = _read_features(join(spec, "dataset_info.json"), tree)
+    if tree is not None:
+        return [tree.join(p) for p in files], features, notes, ignored, name
     return [os.path.abspath(os.path.join(spec, p)) for p in files], features, notes, ignored, name
 
 
-def _open_arrow(pa, path: str):
-    """An Arrow file (IPC file or stream format, as `datasets` writes) as a table over a memory map."""
+def _open_arrow(pa, path: str, remote: Remote | None = None):
+    """An Arrow file (IPC file or stream format, as `datasets` writes) as a table over a memory map
+    (an object in a store: read whole, in one request, into memory)."""
+    if remote is not None:
+        data = pa.py_buffer(remote.read(path))
+        try:
+            return pa.ipc.open_file(data).read_all()
+        except pa.ArrowInvalid:
+            return pa.ipc.open_stream(data).read_all()
     source = pa.memory_map(path)
     try:
         return pa.ipc.open_file(source).read_all()
     except pa.ArrowInvalid:
         return pa.ipc.open_stream(pa.memory_map(path)).read_all()
+
+
+def _parquet(pa, path: str, remote: Remote | None):
+    """A ParquetFile; in a store, over a file that fetches what pyarrow asks for (the footer, then
+    whole column chunks) in one request per read, without read-ahead."""
+    return pa.parquet.ParquetFile(path if remote is None else remote.open(path, cache=False))
 
 
 class TableSource(Source):
@@ -150,7 +200,8 @@ class TableSource(Source):
         self.spec, self.validate = os.fspath(spec), validate
         self.image_column, self.label_column = image_column, label_column
         self.cache_row_groups = max(1, int(cache_row_groups))
-        self.files, features, self.notes, self.ignored, self.split = table_files(self.spec, split)
+        self.remote = Remote(self.spec) if is_url(self.spec) else None
+        self.files, features, self.notes, self.ignored, self.split = table_files(self.spec, split, self.remote)
         self._parts: list[tuple[int, int, int]] = []  # (file, row group or -1 for Arrow, first row of it)
         self._starts: list[int] = []  # global index of each part's first row
         values: list = []
@@ -188,7 +239,7 @@ class TableSource(Source):
         first = len(values)
         try:
             if path.endswith(".arrow"):
-                table = _open_arrow(pa, path)
+                table = _open_arrow(pa, path, self.remote)
                 self._check_columns(path, table.schema)
                 self._note_columns(table.schema.names)
                 self._starts.append(len(values))
@@ -196,7 +247,7 @@ class TableSource(Source):
                 values.extend(table.column(self.label_column).to_pylist())
                 meta = table.schema.metadata or {}
             else:
-                pf = pa.parquet.ParquetFile(path)
+                pf = _parquet(pa, path, self.remote)
                 self._check_columns(path, pf.schema_arrow)
                 self._note_columns(pf.schema_arrow.names)
                 row = 0
@@ -206,8 +257,14 @@ class TableSource(Source):
                     row += pf.metadata.row_group(g).num_rows
                 values.extend(pf.read(columns=[self.label_column]).column(0).to_pylist())
                 meta = pf.schema_arrow.metadata or {}
+        except SampleError:
+            raise
         except (OSError, pa.ArrowException) as exc:
             raise SampleError(f"{path}: cannot read: {exc}") from exc
+        except Exception as exc:  # a store's client raises many types mid-read; name the file
+            if self.remote is None:
+                raise
+            raise failure(path, "read", exc) from exc
         if any(v is None for v in values[first:]):
             raise SampleError(f"{path}: the label column {self.label_column!r} has empty (null) values")
         try:
@@ -250,9 +307,9 @@ class TableSource(Source):
         k, group, _ = self._parts[p]
         path = self.files[k]
         if group < 0:
-            col = _open_arrow(pa, path).column(self.image_column)
+            col = _open_arrow(pa, path, self.remote).column(self.image_column)
         else:
-            col = pa.parquet.ParquetFile(path).read_row_group(group, columns=[self.image_column]).column(0)
+            col = _parquet(pa, path, self.remote).read_row_group(group, columns=[self.image_column]).column(0)
         col = col.combine_chunks()
         if pa.types.is_struct(col.type):
             if col.type.get_field_index("bytes") < 0:

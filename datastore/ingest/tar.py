@@ -249,7 +249,7 @@ class TarSource(Source):
             if self.remote is not None:
                 raise failure(path, "read", exc) from exc
             raise SampleError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - a store's client raises many types mid-read; name the shard
+        except Exception as exc:  # a store's client raises many types mid-read; name the shard
             if self.remote is None:
                 raise
             raise failure(path, "read", exc) from exc
