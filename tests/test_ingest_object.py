@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import tarfile
 
@@ -254,3 +255,25 @@ def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     s3.pipe(f"{b}/imgs/fox/only.txt", b"x")
     with pytest.raises(SampleError, match=rf"^{url}/fox: empty class folder"):
         run(url, tmp_path / "e.h5")
+
+
+@pytest.mark.mpi
+def test_two_ranks_ingest_s3_shards_as_one_rank_ingests_the_local_ones(s3, tmp_path):
+    """Rank 0 lists the prefix and broadcasts the source; each rank reads its samples through its own
+    connection; the container is the one a 1-rank local ingest writes. A missing bucket ends both ranks
+    with one line naming the URL."""
+    from mpirun import run_mpi
+
+    b = bucket(s3)
+    files = {f"train-{k:03d}.tar": shard_bytes(10 * k, 5) for k in range(3)}
+    put_tree(s3, f"{b}/wds", tmp_path / "wds", files)
+    run_mpi(2, ["dstore", "ingest", f"s3://{b}/wds", str(tmp_path / "r"), "--shards", "2", "--no-progress"],
+            timeout=120)
+    run(tmp_path / "wds", tmp_path / "l", shards=2)
+    assert contents(tmp_path / "r") == contents(tmp_path / "l") and len(contents(tmp_path / "r")[0]) == 15
+    bad = run_mpi(2, ["dstore", "ingest", "s3://no-such-bucket/wds", str(tmp_path / "x.h5"), "--no-progress"],
+                  timeout=120, check=False)
+    assert bad.returncode != 0 and not (tmp_path / "x.h5").exists()
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("dstore: error")]
+    assert errors and all(re.match(r"dstore: error( on rank 0/2)?: SampleError: s3://no-such-bucket/wds: cannot list: "
+                                   r"does not exist", line) for line in errors), bad.stderr
