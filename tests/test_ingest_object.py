@@ -277,3 +277,16 @@ def test_two_ranks_ingest_s3_shards_as_one_rank_ingests_the_local_ones(s3, tmp_p
     errors = [line for line in bad.stderr.splitlines() if line.startswith("dstore: error")]
     assert errors and all(re.match(r"dstore: error( on rank 0/2)?: SampleError: s3://no-such-bucket/wds: cannot list: "
                                    r"does not exist", line) for line in errors), bad.stderr
+
+
+def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
+    """moto enforcing IAM (its INITIAL_NO_AUTH_ACTION_COUNT at 0): the test's dummy key is unknown -> 403."""
+    import moto.settings
+
+    b = bucket(s3)
+    s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 2))
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    with pytest.raises(SampleError, match=rf"^s3://{b}/wds: cannot list: permission denied \(check AWS_ACCESS_KEY_ID") \
+            as info:
+        run(f"s3://{b}/wds", tmp_path / "x.h5", source_type="tar")
+    assert "\n" not in str(info.value)
