@@ -290,3 +290,24 @@ def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
             as info:
         run(f"s3://{b}/wds", tmp_path / "x.h5", source_type="tar")
     assert "\n" not in str(info.value)
+
+
+def test_flat_prefix_with_a_labels_csv_matches_a_local_ingest(s3, tmp_path):
+    b = bucket(s3)
+    files = {f"val/{k:03d}.png": png_bytes(4, k) for k in range(6)}
+    rows = "file,label\n" + "".join(f"{'./' if k == 2 else ''}{k:03d}.png,{['cat', 'dog'][k % 2]}\n"
+                                     for k in (5, 2, 0, 3))
+    files["val.csv"] = rows.encode()
+    put_tree(s3, f"{b}/in", tmp_path / "in", files)
+    local = run(tmp_path / "in" / "val", tmp_path / "l.h5", labels=str(tmp_path / "in" / "val.csv"), keep_order=True)
+    for labels in (str(tmp_path / "in" / "val.csv"), f"s3://{b}/in/val.csv"):
+        remote = run(f"s3://{b}/in/val", tmp_path / "r.h5", labels=labels, keep_order=True, overwrite=True)
+        got = contents(tmp_path / "r.h5")
+        assert got == contents(tmp_path / "l.h5") and len(got[0]) == 4 and got[1] == ("cat", "dog")
+        assert remote.samples == local.samples == 4
+    (tmp_path / "bad.csv").write_text("004.png,cat\n../x/000.png,dog\n")
+    with pytest.raises(SampleError, match=r"bad.csv: row 2 names '../x/000.png', outside the prefix"):
+        run(f"s3://{b}/in/val", tmp_path / "x.h5", labels=str(tmp_path / "bad.csv"))
+    (tmp_path / "gone.csv").write_text("004.png,cat\n009.png,dog\n")
+    report = run(f"s3://{b}/in/val", tmp_path / "g.h5", labels=str(tmp_path / "gone.csv"), on_error="skip")
+    assert report.samples == 1 and "does not exist" in str(report.skipped)

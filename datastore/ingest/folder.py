@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import posixpath
 import stat
 
 from dstore.decode import sniff
@@ -170,8 +171,8 @@ class FileSamples(Source):
         return self._files[i].replace(os.sep, "/")
 
     def locate(self, i: int) -> str:
-        if self.remote is not None:
-            return f"{self.root}/{self._files[i]}"
+        if self.remote is not None:  # a key is literal: `./a.jpg` in a labels CSV is the object `a.jpg`
+            return f"{self.root}/{posixpath.normpath(self._files[i])}"
         return os.path.join(self.root, self._files[i])
 
     def load(self, i: int) -> bytes:

@@ -27,22 +27,28 @@ from __future__ import annotations
 import csv
 import io
 import os
+import posixpath
 
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.folder import VALIDATE, FileSamples, encoding_from_extensions
 from dstore.ingest.labels import as_index, class_names_option, label_text, resolve_labels
+from dstore.ingest.remote import Remote, is_url
 
 HEADER_WORDS = ("path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_id", "imageid",
                 "image_path", "img", "name", "id")
 
 
-def _header_reason(rows: list[tuple[int, list[str]]], root: str) -> str | None:
-    """Why the first of `rows` ((row number, cells), non-empty rows) is a header, or None if it is data."""
+def _header_reason(rows: list[tuple[int, list[str]]], root: str, exists=None) -> str | None:
+    """Why the first of `rows` ((row number, cells), non-empty rows) is a header, or None if it is data.
+    `exists(path)`: whether a path of the CSV names something (default: below the directory `root`)."""
+    def names_a_file(name: str) -> bool:
+        return exists(name) if exists is not None else os.path.lexists(os.path.join(root, name))
+
     first = rows[0][1]
     path_cell = first[0].strip()
     if path_cell.lower() in HEADER_WORDS:
         return ""
-    if len(first) < 2 or len(rows) < 2 or not path_cell or os.path.lexists(os.path.join(root, path_cell)):
+    if len(first) < 2 or len(rows) < 2 or not path_cell or names_a_file(path_cell):
         return None  # a first row naming a file is data, whatever its label
     rest = [cells for _, cells in rows[1:]]
     nxt = rest[0][0].strip()
@@ -51,26 +57,34 @@ def _header_reason(rows: list[tuple[int, list[str]]], root: str) -> str | None:
     if as_index(first[1]) is None and all(len(c) >= 2 and as_index(c[1]) is not None for c in rest):
         return (f"{path_cell!r} names nothing in {root} and its label {label_text(first[1])!r} is not an "
                 "integer while every other row's is")
-    if nxt and os.path.lexists(os.path.join(root, nxt)):
+    if nxt and names_a_file(nxt):
         return f"{path_cell!r} names nothing in {root} while row {rows[1][0]}'s {nxt!r} does"
     return None
 
 
-def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None) -> list[tuple[int, str, str]]:
+def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None, *, exists=None,
+                    data: bytes | None = None) -> list[tuple[int, str, str]]:
     """(row number, file path, label text) per sample row of a labels CSV, its header row left out.
 
     Args:
         path: the CSV.
         root: the directory its relative paths start from (header detection looks there).
         notes: where remarks on a header found by its content and on rows listing a file again go.
+        exists: whether a path of the CSV names a file (default: an `lstat` below `root`); for an
+            object-store prefix, a lookup in its listing.
+        data: the CSV's bytes, where they were read already (a CSV in object storage).
 
     Raises:
         SampleError: naming the CSV and the row if it cannot be read, a row has fewer than two
             columns, a path is empty, a file is listed twice with different labels, or no row is left.
     """
+    if data is None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise SampleError(f"{path}: cannot read the labels CSV: {exc}") from exc
     try:
-        with open(path, "rb") as f:
-            data = f.read()
         # Decoded whole, so that a byte that is not UTF-8 is found at its place in the file.
         text = data.decode("utf-8-sig")
         raw = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1)
@@ -83,7 +97,7 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None) 
     except (OSError, csv.Error) as exc:
         raise SampleError(f"{path}: cannot read the labels CSV: {exc}") from exc
     if raw:
-        reason = _header_reason(raw, root)
+        reason = _header_reason(raw, root, exists)
         if reason is not None:
             if reason and notes is not None:
                 notes.append(f"{path}: row {raw[0][0]} {raw[0][1]!r} is taken as a header: {reason}")
@@ -131,13 +145,28 @@ class ListedSource(FileSamples):
         super().__init__()
         if validate not in VALIDATE:
             raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
-        self.root = os.path.abspath(os.fspath(root))
-        if not os.path.isdir(self.root):
-            raise SampleError(f"{self.root}: not a directory (with --labels, SOURCE is the folder the CSV's "
-                              "paths are relative to)")
         self.validate = validate
-        self.labels_path = os.path.abspath(os.fspath(labels))
-        rows = read_labels_csv(self.labels_path, self.root, self.notes)
+        root, labels = os.fspath(root), os.fspath(labels)
+        self.labels_path = labels if is_url(labels) else os.path.abspath(labels)
+        data = Remote(labels).read(labels) if is_url(labels) else None
+        if is_url(root):
+            self.remote, self.root = Remote(root), root.rstrip("/")
+            listing = self.remote.listing(self.root)
+            if not listing:
+                raise SampleError(f"{self.root}: no objects below this prefix (check the bucket and the prefix)")
+            rows = read_labels_csv(self.labels_path, self.root, self.notes, data=data,
+                                   exists=lambda name: posixpath.normpath(name) in listing)
+            outside = next(((n, p) for n, p, _ in rows if posixpath.isabs(p) or posixpath.normpath(p).startswith("../")),
+                           None)
+            if outside is not None:
+                raise SampleError(f"{self.labels_path}: row {outside[0]} names {outside[1]!r}, outside the prefix "
+                                  f"{self.root}; with a URL SOURCE every path is relative to it")
+        else:
+            self.root = os.path.abspath(root)
+            if not os.path.isdir(self.root):
+                raise SampleError(f"{self.root}: not a directory (with --labels, SOURCE is the folder the CSV's "
+                                  "paths are relative to)")
+            rows = read_labels_csv(self.labels_path, self.root, self.notes, data=data)
         self._files = [name for _, name, _ in rows]
         self._labels, self.class_names = resolve_labels([value for _, _, value in rows], self.labels_path,
                                                         class_names_option(classes), notes=self.notes,
