@@ -311,3 +311,14 @@ def test_flat_prefix_with_a_labels_csv_matches_a_local_ingest(s3, tmp_path):
     (tmp_path / "gone.csv").write_text("004.png,cat\n009.png,dog\n")
     report = run(f"s3://{b}/in/val", tmp_path / "g.h5", labels=str(tmp_path / "gone.csv"), on_error="skip")
     assert report.samples == 1 and "does not exist" in str(report.skipped)
+
+
+def test_a_protocol_without_its_package_says_what_to_install(tmp_path):
+    import importlib.util
+
+    from dstore.errors import ConfigError
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here: the message for a missing package cannot be seen")
+    with pytest.raises(ConfigError, match=r"reading gs:// sources needs gcsfs: pip install gcsfs"):
+        run("gs://bucket/wds/", tmp_path / "x.h5")

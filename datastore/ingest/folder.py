@@ -23,6 +23,10 @@ the labels are its `class_to_idx`:
   label (class indices stay those of the sorted directory names, torchvision's `allow_empty=True`)
   and is listed as skipped.
 
+In object storage (`s3://bucket/prefix`, dstore.ingest.remote) the prefix is listed once and the
+same order follows from the keys (`folder_order`): a store has no links, special files or empty
+directories; each file is read with one request.
+
 Validation (`validate`), what each costs per file on top of reading it (measured here, 2 shared cores):
 - `header` (default): JPEG: simplejpeg parses the header and the file must end its last scan with an
   EOI marker (catches truncation; ~3 us); PNG: Pillow `verify()` checks every chunk's CRC through

@@ -32,7 +32,8 @@ def source_type_of(spec: str) -> str:
     `dataset_dict.json` or `*.parquet` files (at its top or one level down: `data/`, `train/`) is
     `parquet`; a CIFAR batch file or a directory holding CIFAR batches is `cifar`; a dstore
     container (HDF5, Zarr, manifest) is `container` (re-ingested); any other directory is an image
-    `folder` (with a `labels` CSV: `list`, see open_source).
+    `folder` (with a `labels` CSV: `list`, see open_source). An object-store URL (`s3://bucket/prefix`,
+    dstore.ingest.remote) is `tar`, `parquet` or `folder` by the same rules, a prefix being a directory.
 
     Raises:
         ConfigError: `spec` is neither a known name nor an existing path.

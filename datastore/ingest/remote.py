@@ -25,6 +25,11 @@ READ_BLOCK = 16 << 20
 """Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
 tens of ms of latency: 16 MiB keeps a shard's listing near the link's bandwidth)."""
 
+_PACKAGES = {"s3": "fsspec and s3fs: pip install 'dstore-mpi[object]'", "s3a": "fsspec and s3fs: pip install "
+             "'dstore-mpi[object]'", "gs": "gcsfs: pip install gcsfs", "gcs": "gcsfs: pip install gcsfs",
+             "az": "adlfs: pip install adlfs", "abfs": "adlfs: pip install adlfs"}
+"""What to install for a protocol whose package is missing (fsspec's own message names only the package)."""
+
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -84,8 +89,8 @@ class Remote:
 
                 self._fs = fsspec.filesystem(self.protocol)
             except ImportError as exc:
-                raise ConfigError(f"reading {self.protocol}:// sources needs fsspec and its {self.protocol} package: "
-                                  f"pip install 'dstore-mpi[object]' ({exc})") from None
+                hint = _PACKAGES.get(self.protocol, "the fsspec implementation of this protocol")
+                raise ConfigError(f"reading {self.protocol}:// sources needs {hint} ({exc})") from None
             except ValueError as exc:  # fsspec: unknown protocol
                 raise ConfigError(f"{self.protocol}:// is not a protocol fsspec knows: {exc}") from None
         return self._fs

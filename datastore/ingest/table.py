@@ -17,7 +17,9 @@ Cost: listing reads only the label column. A sample is read by decoding its Parq
 image column (cached per rank, `cache_row_groups` groups); ingest's seeded order scatters a rank's
 samples over the row groups, so with row groups of R rows a rank may decode up to R samples per
 sample it keeps: write Parquet with small row groups (`datasets` uses 100 rows for images), or pass
-`keep_order=True` for one pass. Arrow files are memory-mapped and read without a copy.
+`keep_order=True` for one pass. Arrow files are memory-mapped and read without a copy. In object
+storage (a URL, dstore.ingest.remote) a prefix is listed once and its splits found from the listing;
+Parquet is read one column chunk per request, an Arrow file whole in one request.
 """
 
 from __future__ import annotations

@@ -5,14 +5,15 @@ to the first dot of its file name: `train/00042.jpg` and `train/00042.cls` are s
 The source is one `.tar`, a glob (`shards/*.tar`), a WebDataset brace pattern
 (`shard-{000000..000099}.tar`), or a directory: its `*.tar` files of one split, found as `datasets`
 finds them (`train-000.tar` and `validation-000.tar` side by side are two splits, never mixed:
-`split=`/`--split` picks one). Listing (rank 0) walks each tar's headers
-once with `tarfile` (uncompressed tars only: a sample is then read with one seek at its member's
-data offset, by whichever rank processes it); the label members are read while listing. Of each
-sample, the image is the member whose extension is one of `image_key` (`jpg;png;jpeg` by default,
-the first found), the label the member with extension `label_key` (`cls`: an integer or a class
-name; see dstore.ingest.labels). A sample with no image or no label member is a listing problem
-(`on_error`); members of other extensions (`json`, `txt`...) are not stored, and the ingest summary
-says which (`fields kept: ...; not stored: ...`).
+`split=`/`--split` picks one). Listing (rank 0) walks each tar's headers once with `tarfile`
+(uncompressed tars only: a sample is then read with one seek at its member's data offset, by
+whichever rank processes it; in object storage, dstore.ingest.remote, the shard is read as a stream
+of 16 MiB requests while listing and a sample is one ranged GET); the label members are read while
+listing. Of each sample, the image is the member whose extension is one of `image_key`
+(`jpg;png;jpeg` by default, the first found), the label the member with extension `label_key`
+(`cls`: an integer or a class name; see dstore.ingest.labels). A sample with no image or no label
+member is a listing problem (`on_error`); members of other extensions (`json`, `txt`...) are not
+stored, and the ingest summary says which (`fields kept: ...; not stored: ...`).
 
 As `webdataset` 1.0.2 (`tariterators.group_by_keys`), whose behaviour is the reference:
 - a sample with two members of one extension (`a.jpg` twice) is refused (webdataset raises
