@@ -322,3 +322,23 @@ def test_a_protocol_without_its_package_says_what_to_install(tmp_path):
         pytest.skip("gcsfs is installed here: the message for a missing package cannot be seen")
     with pytest.raises(ConfigError, match=r"reading gs:// sources needs gcsfs: pip install gcsfs"):
         run("gs://bucket/wds/", tmp_path / "x.h5")
+
+
+def test_prefetch_fetches_a_chunk_ahead_and_load_takes_it(s3, tmp_path, monkeypatch):
+    """process_block's prefetch fetches the chunk's samples (concurrently); load then needs no request:
+    with the store gone, the prefetched samples load and the others fail naming the shard."""
+    import fsspec
+
+    from dstore.ingest.tar import TarSource
+
+    b = bucket(s3)
+    s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 4))
+    src = TarSource(f"s3://{b}/wds/a.tar")
+    src.prefetch([0, 2])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    fsspec.filesystem("s3").clear_instance_cache()
+    src.remote._fs = None
+    assert [src.load(0), src.load(2)] == [png_bytes(4, 0), png_bytes(4, 2)]
+    with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: "):
+        src.load(1)

@@ -45,7 +45,7 @@ import stat
 
 from dstore.decode import sniff
 from dstore.errors import ConfigError, SampleError
-from dstore.ingest.remote import Remote, is_url
+from dstore.ingest.remote import Prefetched, Remote, is_url
 from dstore.ingest.source import Source
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -162,6 +162,7 @@ class FileSamples(Source):
     root: str
     validate: str
     remote: Remote | None = None  # set where root is an object-store URL
+    _prefetched: Prefetched = Prefetched()  # replaced per instance where root is a URL
     _files: list[str]
     _labels: list[int]
 
@@ -174,6 +175,10 @@ class FileSamples(Source):
     def name(self, i: int) -> str:
         return self._files[i].replace(os.sep, "/")
 
+    def prefetch(self, indices) -> None:
+        if self.remote is not None:
+            self._prefetched.fill(self.remote, indices, lambda i: (self.locate(i), None, None))
+
     def locate(self, i: int) -> str:
         if self.remote is not None:  # a key is literal: `./a.jpg` in a labels CSV is the object `a.jpg`
             return f"{self.root}/{posixpath.normpath(self._files[i])}"
@@ -182,7 +187,9 @@ class FileSamples(Source):
     def load(self, i: int) -> bytes:
         where = self.locate(i)
         if self.remote is not None:  # an object: one request for the whole file
-            data = self.remote.read(where)
+            data = self._prefetched.take(i)
+            if data is None:
+                data = self.remote.read(where)
             validate_image(data, where, self.validate)
             return data
         try:
@@ -225,6 +232,7 @@ class FolderSource(FileSamples):
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r} is not one of ('raise', 'skip')")
         self.remote = Remote(os.fspath(root)) if is_url(os.fspath(root)) else None
+        self._prefetched = Prefetched()
         self.root = os.path.abspath(os.fspath(root)) if self.remote is None else os.fspath(root).rstrip("/")
         self.validate = validate
         self.description = self.root

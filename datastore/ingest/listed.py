@@ -32,7 +32,7 @@ import posixpath
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.folder import VALIDATE, FileSamples, encoding_from_extensions
 from dstore.ingest.labels import as_index, class_names_option, label_text, resolve_labels
-from dstore.ingest.remote import Remote, is_url
+from dstore.ingest.remote import Prefetched, Remote, is_url
 
 HEADER_WORDS = ("path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_id", "imageid",
                 "image_path", "img", "name", "id")
@@ -150,7 +150,7 @@ class ListedSource(FileSamples):
         self.labels_path = labels if is_url(labels) else os.path.abspath(labels)
         data = Remote(labels).read(labels) if is_url(labels) else None
         if is_url(root):
-            self.remote, self.root = Remote(root), root.rstrip("/")
+            self.remote, self.root, self._prefetched = Remote(root), root.rstrip("/"), Prefetched()
             listing = self.remote.listing(self.root)
             if not listing:
                 raise SampleError(f"{self.root}: no objects below this prefix (check the bucket and the prefix)")

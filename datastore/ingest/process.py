@@ -178,6 +178,7 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
     parts, sizes, skipped, crcs = [], np.empty(len(indices), dtype=np.int64), [], []
+    source.prefetch([int(i) for i in indices])
     for k, i in enumerate(indices):
         try:
             arr = process_sample(source, int(i), target)

@@ -54,6 +54,33 @@ def _reason(exc: BaseException) -> str:
     return _first_line(exc)
 
 
+class Prefetched:
+    """Samples fetched ahead for `load` (Source.prefetch): {source index: bytes or its SampleError},
+    each taken once. Not pickled: fetched bytes stay with the rank that asked for them."""
+
+    def __init__(self):
+        self._got: dict[int, bytes | SampleError] = {}
+
+    def __getstate__(self):
+        return {"_got": {}}
+
+    def fill(self, remote: Remote, indices, where) -> None:
+        """Fetches (url, start, end) = where(i) for each index, concurrently, replacing what was held."""
+        indices = list(indices)
+        self._got = dict(zip(indices, remote.read_many([where(i) for i in indices])))
+
+    def take(self, i: int) -> bytes | None:
+        """Sample i's prefetched bytes (once), or None if it was not prefetched.
+
+        Raises:
+            SampleError: its fetch failed (naming the URL).
+        """
+        got = self._got.pop(i, None)
+        if isinstance(got, SampleError):
+            raise got
+        return got
+
+
 def failure(url: str, what: str, exc: BaseException) -> SampleError:
     """The one-line error for a store operation `what` (`list`, `read`) on `url` that raised `exc`."""
     return SampleError(f"{url}: cannot {what}: {_reason(exc)}")
@@ -148,6 +175,19 @@ class Remote:
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes [start, end) of `url` in one request (the whole object without start and end)."""
         return self._call("read", url, self.fs.cat_file, self.path(url), start=start, end=end)
+
+    def read_many(self, ranges: list[tuple[str, int | None, int | None]]) -> list[bytes | SampleError]:
+        """Bytes [start, end) of each (url, start, end), fetched concurrently (one request each, many in
+        flight: a rank's samples of a chunk arrive in about one round trip, not one per sample); a
+        range that fails is its one-line SampleError in the list, so that only that sample is bad."""
+        if not ranges:
+            return []
+        paths = [self.path(u) for u, _, _ in ranges]
+        try:
+            got = self.fs.cat_ranges(paths, [a for _, a, _ in ranges], [b for _, _, b in ranges], on_error="return")
+        except Exception as exc:  # noqa: BLE001 - the batch failed (no connection): every sample gets the reason
+            return [failure(u, "read", exc) for u, _, _ in ranges]
+        return [g if isinstance(g, bytes) else failure(u, "read", g) for (u, _, _), g in zip(ranges, got)]
 
     def read_text(self, url: str) -> str:
         """A small text object (a JSON listing), read whole."""

@@ -86,6 +86,11 @@ class Source(abc.ABC):
             SampleError: naming `locate(i)` and the reason, if the sample is unreadable or invalid.
         """
 
+    def prefetch(self, indices) -> None:
+        """A hint that `load` will be called for these source indices next (a chunk's samples): a
+        source in object storage fetches them concurrently. Nothing for a local source."""
+        del indices  # a local file is read when loaded: the page cache is its read-ahead
+
     @property
     def estimated_sample_bytes(self) -> int:
         """A rough size of one sample, used to size the chunks ranks exchange."""

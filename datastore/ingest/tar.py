@@ -39,7 +39,7 @@ from dstore.errors import ConfigError, SampleError
 from dstore.ingest import splits
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
-from dstore.ingest.remote import Remote, failure, is_url
+from dstore.ingest.remote import Prefetched, Remote, failure, is_url
 from dstore.ingest.source import Source
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -202,6 +202,7 @@ class TarSource(Source):
         self.image_keys = _keys(image_key, "image_key")
         self.label_key = _keys(label_key, "label_key")[0]
         self.remote = Remote(os.fspath(spec)) if is_url(os.fspath(spec)) else None
+        self._prefetched = Prefetched()
         self.shards, self.notes = expand_shards(os.fspath(spec), split, self.remote)
         self.description = f"webdataset {os.fspath(spec)} ({len(self.shards)} shard(s))"
         self._members: list[tuple[int, str, int, int]] = []  # (shard, member name, data offset, size)
@@ -254,6 +255,14 @@ class TarSource(Source):
             if self.remote is None:
                 raise
             raise failure(path, "read", exc) from exc
+
+    def prefetch(self, indices) -> None:
+        if self.remote is not None:
+            self._prefetched.fill(self.remote, indices, self._range)
+
+    def _range(self, i: int) -> tuple[str, int, int]:
+        s, _, offset, size = self._members[i]
+        return self.shards[s], offset, offset + size
 
     def _open(self, path: str):
         """A shard opened for reading start to end: a store's file object, or a null context for a local path."""
@@ -314,7 +323,9 @@ class TarSource(Source):
         s, _, offset, size = self._members[i]
         where = self.locate(i)
         if self.remote is not None:  # one ranged request for exactly the member's bytes
-            data = self.remote.read(self.shards[s], offset, offset + size)
+            data = self._prefetched.take(i)
+            if data is None:
+                data = self.remote.read(self.shards[s], offset, offset + size)
             if len(data) != size:
                 raise SampleError(f"{where}: the shard ends {size - len(data)} bytes before the member's end")
             validate_image(data, where, self.validate)
