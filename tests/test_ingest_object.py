@@ -136,6 +136,8 @@ def test_missing_bucket_prefix_and_shard_name_the_url(s3, tmp_path):
     cases = {
         "s3://no-such-bucket/wds": r"^s3://no-such-bucket/wds: cannot list: does not exist",
         f"s3://{b}/nothing-here": rf"^s3://{b}/nothing-here: no objects below this prefix",
+        f"s3://{b}/wds/a-001.tar": rf"^s3://{b}/wds/a-001.tar: does not exist",
+        "s3://no-such-bucket/wds/a.tar": r"^s3://no-such-bucket/wds/a.tar: does not exist",
         f"s3://{b}/wds/a-{{000..001}}.tar": rf"^s3://{b}/wds/a-{{000..001}}.tar: 1 of its 2 shards do not exist "
                                             rf"\(first: s3://{b}/wds/a-001.tar\)",
     }

@@ -62,6 +62,8 @@ def expand_shards(spec: str, split: str | None = None, remote: Remote | None = N
     single = remote is not None and not braces and not globbed and spec.lower().endswith(".tar") \
         and remote.size(spec) is not None
     listing = None
+    if remote is not None and braces is None and not globbed and not single and spec.lower().endswith(".tar"):
+        raise SampleError(f"{spec}: does not exist (no such bucket or object; a prefix of shards is given without .tar)")
     if remote is not None and braces is None and not globbed and not single:
         listing = remote.listing(spec)
         if not listing:
