@@ -344,3 +344,15 @@ def test_prefetch_fetches_a_chunk_ahead_and_load_takes_it(s3, tmp_path, monkeypa
     assert [src.load(0), src.load(2)] == [png_bytes(4, 0), png_bytes(4, 2)]
     with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: "):
         src.load(1)
+
+
+def test_the_s3_endpoint_variable_wins_over_the_general_one(s3, endpoint, tmp_path, monkeypatch):
+    """AWS_ENDPOINT_URL_S3 (the guide's choice for an S3-compatible server) is honoured over AWS_ENDPOINT_URL."""
+    import fsspec
+
+    b = bucket(s3)
+    s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 2))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    fsspec.filesystem("s3").clear_instance_cache()
+    assert run(f"s3://{b}/wds/a.tar", tmp_path / "x.h5").samples == 2

@@ -29,7 +29,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("source", help="image folder, folder with --labels, .tar shard(s) (a file, directory, glob "
                                        "or {000..009} pattern), .parquet/.arrow file or directory, a dstore "
                                        "container (re-ingested), CIFAR batch dir or file, .npy/.npz, 'digits' or "
-                                       "'synthetic'")
+                                       "'synthetic'; shards, Parquet, an image folder or a --labels folder may be "
+                                       "in object storage: s3://bucket/prefix (credentials and endpoint from the "
+                                       "AWS_* environment; pip install 'dstore-mpi[object]')")
     parser.add_argument("output", help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json")
     parser.add_argument("--format", dest="fmt", choices=("hdf5", "zarr"), default=None,
                         help="container backend (default: zarr if OUTPUT ends in .zarr, else hdf5)")
