@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from dstore.errors import ConfigError, SampleError
+from dstore.errors import ConfigError, SampleError, shown
 
 READ_BLOCK = 16 << 20
 """Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
@@ -44,13 +44,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, s3: bool = True) -> str:
     """What went wrong, for a one-line message (the store's libraries raise many types)."""
     if isinstance(exc, FileNotFoundError):
         return f"does not exist (no such bucket or key; {_first_line(exc)})"
     if isinstance(exc, PermissionError):
-        return f"permission denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket policy; " \
-               f"{_first_line(exc)})"
+        check = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" if s3 else "the store's credentials"
+        return f"permission denied (check {check} or the bucket policy; {_first_line(exc)})"
     return _first_line(exc)
 
 
@@ -83,7 +83,8 @@ class Prefetched:
 
 def failure(url: str, what: str, exc: BaseException) -> SampleError:
     """The one-line error for a store operation `what` (`list`, `read`) on `url` that raised `exc`."""
-    return SampleError(f"{url}: cannot {what}: {_reason(exc)}")
+    s3 = url.lower().startswith(("s3://", "s3a://"))
+    return SampleError(f"{shown(url)}: cannot {what}: {shown(_reason(exc, s3))}")
 
 
 class Remote:
