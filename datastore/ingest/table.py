@@ -222,6 +222,7 @@ class TableSource(Source):
         if self.split is not None:
             self.description = f"table {self.spec} split {self.split} (columns {image_column}, {label_column})"
         self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._opened: dict = {}  # file -> ParquetFile in a store: its footer read once per process
 
     def _check_columns(self, path: str, schema) -> None:
         for col in (self.image_column, self.label_column):
@@ -277,6 +278,7 @@ class TableSource(Source):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = collections.OrderedDict()  # decoded row groups stay with their process
+        state["_opened"] = {}
         return state
 
     def __len__(self) -> int:
@@ -311,7 +313,7 @@ class TableSource(Source):
         if group < 0:
             col = _open_arrow(pa, path, self.remote).column(self.image_column)
         else:
-            col = _parquet(pa, path, self.remote).read_row_group(group, columns=[self.image_column]).column(0)
+            col = self._parquet_file(pa, k).read_row_group(group, columns=[self.image_column]).column(0)
         col = col.combine_chunks()
         if pa.types.is_struct(col.type):
             if col.type.get_field_index("bytes") < 0:
@@ -320,6 +322,15 @@ class TableSource(Source):
         while len(self._cache) > self.cache_row_groups:
             self._cache.popitem(last=False)
         return col
+
+    def _parquet_file(self, pa, k: int):
+        """File k's ParquetFile: opened per read where local (as before), kept where in a store (one
+        footer request per file and process, not one per row group read)."""
+        if self.remote is None:
+            return _parquet(pa, self.files[k], None)
+        if k not in self._opened:
+            self._opened[k] = _parquet(pa, self.files[k], self.remote)
+        return self._opened[k]
 
     def load(self, i: int) -> bytes:
         where = self.locate(i)
