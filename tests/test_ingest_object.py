@@ -156,8 +156,8 @@ def test_truncated_shard_in_s3_names_the_url(s3, tmp_path):
         run(f"s3://{b}/cut/a.tar", tmp_path / "x.h5")
 
 
-def test_wrong_credentials_name_the_url(s3, tmp_path, monkeypatch):
-    """moto accepts any key unless IAM is enforced; a wrong endpoint is the reachable failure: no connection."""
+def test_unreachable_endpoint_names_the_url(s3, tmp_path, monkeypatch):
+    """An endpoint nothing listens on (a network failure): one line naming the URL, no traceback."""
     b = bucket(s3)
     s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 2))
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
