@@ -17,7 +17,7 @@ from dstore.memory import budget_error, default_budget, fmt_bytes
 
 if TYPE_CHECKING:
     from dstore.collective import Topology
-    from dstore.store import DataStore
+    from dstore.storeplan import StorePlan
 
 log = logging.getLogger("dstore.store")
 
@@ -41,12 +41,13 @@ READER_INDEX_BYTES = 20
 """Bytes per sample of an open container reader's index arrays (int64 offsets and labels, uint32
 checksums; source indices are read on demand only): what each storage or population thread's
 reader holds, unless its backend opens without them (ContainerReader.index_on_demand: HDF5, Zarr;
-see reader_index)."""
+StorePlan.reader_index)."""
 
 
 # NOTE [ Budget arithmetic on plain values ]: each figure is a pure function of plain values (the
 # first group below), tested without MPI or a store (tests/test_budget_arithmetic.py); the
-# functions that take a store (the second group) only read its settings and call them.
+# functions that take a store's plan (the second group, dstore.storeplan) only read its values and
+# call them, so they are tested on a plan built without MPI too.
 
 
 def index_bytes(num_samples: int, index_on_demand: bool) -> int:
@@ -107,120 +108,115 @@ def resident_room(caps, extra: int) -> np.ndarray:
     return np.asarray(caps, dtype=np.int64) - int(extra)
 
 
-def reader_index(store: DataStore) -> int:
-    """Bytes of the index arrays one storage or population thread's reader holds (index_bytes)."""
-    c = store.container
-    return index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
-
-
-def recv_bound(store: DataStore) -> int:
+def recv_bound(p: StorePlan) -> int:
     """An upper bound on one receive buffer: the largest bytes a rank can get in one step (step_bound)."""
-    block = int(np.diff(store.bounds).max()) if store.policy != "global" else None
-    return step_bound(store.offsets, store.num_samples, store.batch_size, store.size, largest_block=block,
-                      steps_per_epoch=store.steps_per_epoch)
+    block = int(np.diff(p.bounds).max()) if p.policy != "global" else None
+    return step_bound(p.offsets, p.num_samples, p.batch_size, p.size, largest_block=block,
+                      steps_per_epoch=p.steps_per_epoch)
 
 
-def receive_buffers(store: DataStore) -> int:
+def receive_buffers(p: StorePlan) -> int:
     """Bytes of a rank's receive buffers (none when replicated or alone)."""
-    return receive_bytes(recv_bound(store), prefetch=store.prefetch, nranks=store.size, replicate=store.replicate)
+    return receive_bytes(recv_bound(p), prefetch=p.prefetch, nranks=p.size, replicate=p.replicate)
 
 
-def population_readers(store: DataStore) -> int:
+def population_readers(p: StorePlan) -> int:
     """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
     during the population only, before the receive buffers exist."""
-    return population_index_bytes(reader_index(store), population_threads=store.population_threads,
-                                  population=store.population, replicate=store.replicate)
+    return population_index_bytes(p.reader_index, population_threads=p.population_threads,
+                                  population=p.population, replicate=p.replicate)
 
 
-def stream_buffers(store: DataStore) -> int:
+def stream_buffers(p: StorePlan) -> int:
     """Bytes a streaming preload (dstore.stream) holds during the epoch it serves besides the receive
     buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays
     (none for HDF5 and Zarr: the stream's StorageReader reads byte ranges)."""
-    return stream_bytes(recv_bound(store), reader_index(store), prefetch=store.prefetch,
-                        storage_threads=store.storage_threads)
+    return stream_bytes(recv_bound(p), p.reader_index, prefetch=p.prefetch,
+                        storage_threads=p.storage_threads)
 
 
-def tier_buffers(store: DataStore, bufs: int) -> int:
+def tier_buffers(p: StorePlan, bufs: int) -> int:
     """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers (the
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
     preload reads with those threads)."""
-    return tier_bytes(bufs, recv_bound(store), reader_index(store), storage_lookahead=store.storage_lookahead,
-                      storage_threads=store.storage_threads)
+    return tier_bytes(bufs, recv_bound(p), p.reader_index, storage_lookahead=p.storage_lookahead,
+                      storage_threads=p.storage_threads)
 
 
-def memory_needs(store: DataStore) -> tuple[int, int]:
+def memory_needs(p: StorePlan) -> tuple[int, int]:
     """(all resident: the rank's share plus its peak buffers; nothing resident: the tier's buffers),
     as check_budget and choose_resident count them (a replicated store: the whole data set)."""
-    bufs, peak = _buffers(store)
-    data = int(store.offsets[-1]) if store.replicate else int(store.layout.nbytes[store.rank])
-    return data + peak, tier_buffers(store, bufs)
+    bufs, peak = _buffers(p)
+    data = int(p.offsets[-1]) if p.replicate else int(p.layout.nbytes[p.rank])
+    return data + peak, tier_buffers(p, bufs)
 
 
-def _buffers(store: DataStore) -> tuple[int, int]:
+def _buffers(p: StorePlan) -> tuple[int, int]:
     """(a rank's receive buffers, the most it holds besides its data: peak_bytes)."""
-    bufs = receive_buffers(store)
-    streaming = store.population == "stream" and not store.replicate  # the stream runs beside epoch 0's buffers
-    return bufs, peak_bytes(bufs, population_readers(store), stream_buffers(store) if streaming else None)
+    bufs = receive_buffers(p)
+    streaming = p.population == "stream" and not p.replicate  # the stream runs beside epoch 0's buffers
+    return bufs, peak_bytes(bufs, population_readers(p), stream_buffers(p) if streaming else None)
 
 
-def check_budget(store: DataStore, topology: Topology) -> Residency | None:
-    """Collective: every rank raises the same MemoryBudgetError if any rank's share is over budget,
-    or (overflow served) every rank computes the same resident set (None: everything fits)."""
+def check_budget(p: StorePlan, comm, topology: Topology, name: str = "storage") -> Residency | None:
+    """Collective over `comm`, the store's: every rank raises the same MemoryBudgetError if any rank's
+    share is over budget, or (overflow served) every rank computes the same resident set (None:
+    everything fits; `name`: the container, for the log)."""
     local_ranks = topology.local_size
-    budget, source = ((store.config.memory_budget, store.budget_source) if store.config.memory_budget is not None
+    budget, source = ((p.config.memory_budget, p.budget_source) if p.config.memory_budget is not None
                       else default_budget(local_ranks))
-    bufs, peak = _buffers(store)
-    if store.replicate:
-        data = int(store.offsets[-1]) if topology.local_rank == 0 else 0
+    bufs, peak = _buffers(p)
+    if p.replicate:
+        data = int(p.offsets[-1]) if topology.local_rank == 0 else 0
         cap = budget * local_ranks  # the node's ranks pool their budgets for the one copy
     else:
-        data, cap = int(store.layout.nbytes[store.rank]), budget
-    key = (("num_samples", store.num_samples), ("total_bytes", int(store.offsets[-1])), *store.config.agreed())
+        data, cap = int(p.layout.nbytes[p.rank]), budget
+    key = (("num_samples", p.num_samples), ("total_bytes", int(p.offsets[-1])), *p.config.agreed())
     # NOTE [ Store agreement protocol ], 2
-    rows = store.comm.allgather((data + peak, data, cap, source, local_ranks, key))
+    rows = comm.allgather((data + peak, data, cap, source, local_ranks, key))
     odd = [r for r, row in enumerate(rows) if row[5] != rows[0][5]]
     if odd:  # ranks that disagree on the plan or the resident set would exchange wrong bytes or wait forever
         diff = {n: (a, b) for (n, a), (_, b) in zip(rows[0][5], rows[odd[0]][5]) if a != b}
         raise ConfigError(f"DataStore arguments differ between ranks: rank 0 vs rank {odd[0]}: {diff}")
-    msg = budget_error([row[:5] for row in rows], offsets=store.offsets, bufs=peak, replicate=store.replicate)
-    if msg and store.overflow == "serve" and not store.replicate:
-        return choose_resident(store, [row[2] for row in rows], bufs)
+    msg = budget_error([row[:5] for row in rows], offsets=p.offsets, bufs=peak, replicate=p.replicate)
+    if msg and p.overflow == "serve" and not p.replicate:
+        return choose_resident(p, [row[2] for row in rows], bufs)
     if msg:  # every rank saw the same rows, so every rank raises the same error
         raise MemoryBudgetError(msg)
     return None
 
 
-def choose_resident(store: DataStore, caps: list, bufs: int) -> Residency:
+def choose_resident(p: StorePlan, caps: list, bufs: int, name: str = "storage") -> Residency:
     """Overflow served: every rank computes the same resident set from the gathered budgets."""
-    extra = tier_buffers(store, bufs)
+    extra = tier_buffers(p, bufs)
     keep = resident_room(caps, extra)
     if keep.min() < 0:
         r = int(np.argmin(keep))
         raise MemoryBudgetError(
             f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
-            f"{fmt_bytes(extra)} of buffers (receive, and {store.storage_lookahead + 1} steps of storage "
+            f"{fmt_bytes(extra)} of buffers (receive, and {p.storage_lookahead + 1} steps of storage "
             f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
             f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
-    if store.layout.base is not None:  # blocks: the residency one block at a time, the windows' layout looked up
-        resident = tiers.resident_blocks(store.sizes, store.bounds, keep, store.seed)
-        roff = tiers.resident_offsets(store.sizes, resident)
-        lay = plan.block_layout(roff, store.bounds)  # each window: its block's resident samples back to back
+    if p.layout.base is not None:  # blocks: the residency one block at a time, the windows' layout looked up
+        resident = tiers.resident_blocks(p.sizes, p.bounds, keep, p.seed)
+        roff = tiers.resident_offsets(p.sizes, resident)
+        lay = plan.block_layout(roff, p.bounds)  # each window: its block's resident samples back to back
         # base None: a displacement is in the resident window, not from the container's offsets (dstore.epoch)
         layout = plan.Layout(lay.owner, lay.disp, lay.nbytes)
     else:
-        resident = tiers.resident_mask(store.sizes, store.layout.owner, keep, store.seed)
-        roff = tiers.resident_offsets(store.sizes, resident)
-        layout = plan.scattered_layout(roff, store.layout.owner, store.size)
-    total = int(store.offsets[-1])
+        resident = tiers.resident_mask(p.sizes, p.layout.owner, keep, p.seed)
+        roff = tiers.resident_offsets(p.sizes, resident)
+        layout = plan.scattered_layout(roff, p.layout.owner, p.size)
+    total = int(p.offsets[-1])
     res_bytes = int(roff[-1])
     tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
             "storage_bytes": total - res_bytes}
-    if store.rank == 0:
+    if p.rank == 0:
         log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
                     "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
                     "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
                     fmt_bytes(total), 100.0 * tier["resident_fraction"], int(resident.sum()),
-                    store.num_samples, fmt_bytes(total - res_bytes), getattr(store.container, "path", "storage"),
-                    store.storage_lookahead)
+                    p.num_samples, fmt_bytes(total - res_bytes), name,
+                    p.storage_lookahead)
     return Residency(resident, layout, tier)

@@ -1,13 +1,15 @@
 """One epoch of a DataStore on one rank: `EpochRun` (the batches) and `EpochStats` (its figures).
 
-`DataStore.epoch(e)` iterates an `EpochRun`; its named steps, per step of the schedule, are:
-`issue` (plan the step's gets and start them, up to `prefetch + 1` steps ahead), `complete` (wait
-for them and for the step's storage reads; assemble the `Batch`) and `account` (add the step to
-the epoch's `EpochStats`). Before the first step `_start` agrees on the epoch and its start and
-fills a dynamic population where needed, and `_plan` sizes the receive buffers; after the last,
-`_finish` agrees on a read failure and logs the figures. `store.stats` is the current epoch's
-`EpochStats`; `as_dict()` gives the plain dict that `gather_stats()`, the trainer's log and the
-benchmarks write (the same keys, in the same order, as the fields below).
+`DataStore.epoch(e)` iterates an `EpochRun` of the store's plan (dstore.storeplan), its
+communicator, container and windows, from the first step the store agreed on (NOTE [ The store as
+values ]); its named steps, per step of the schedule, are: `issue` (plan the step's gets and start
+them, up to `prefetch + 1` steps ahead), `complete` (wait for them and for the step's storage
+reads; assemble the `Batch`) and `account` (add the step to the epoch's `EpochStats`). Before the
+first step `start` checks the container and fills a dynamic population where needed, and `_plan`
+sizes the receive buffers; after the last, `_finish` agrees on a read failure and logs the
+figures. The run yields batches; the store records each one's step as its position and keeps the
+run's `stats` as `store.stats`; `as_dict()` gives the plain dict that `gather_stats()`, the
+trainer's log and the benchmarks write (the same keys, in the same order, as the fields below).
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dstore import plan, stream
+from dstore import plan
+from dstore.collective import agree
 from dstore.integrity import read_error
 from dstore.populate import Windows, fill_dynamic
 from dstore.storage import StorageEpoch
 
 if TYPE_CHECKING:
-    from dstore.epoch import EpochStats as _EpochStats  # NOTE [ One class, two names ] (dstore.store)
-    from dstore.store import DataStore
+    from dstore.storeplan import StorePlan
 
 log = logging.getLogger("dstore.store")
 
@@ -151,28 +153,47 @@ class _StepFailed(Exception):
 
 
 class EpochRun:
-    """Epoch `e` of `store` on this rank, iterated once (collective: every rank iterates it).
+    """Epoch `e` of a store on this rank, iterated once (collective: every rank iterates it).
 
-    Nothing happens before the first `next()`; an abandoned iteration (the generator closed)
-    completes the gets in flight before it unlocks the windows."""
+    Args:
+        p: the store's plan (dstore.storeplan); comm, container: the store's.
+        windows: what its population built (dstore.populate.Windows).
+        e: the epoch; first: its first step (agreed by the store: a loaded state's, else 0).
+        schedule: this rank's deliveries in `e` (a mix's source's part), or None for the plan's own.
+        fail_fast: a read failure is raised at once on its rank (DataStore.fail_fast).
 
-    def __init__(self, store: DataStore, e: int):
-        self.store = store
-        self.e = e
+    Attributes:
+        stats: the epoch's EpochStats, from `start` on.
+        agreement_failed: an agreement of this run raised (every rank raised the same error): the
+            store makes no further agreement.
+
+    Nothing happens before `start` (the store calls it at the first `next()`); an abandoned
+    iteration (the generator closed) completes the gets in flight before it unlocks the windows."""
+
+    def __init__(self, p: StorePlan, comm, container, windows: Windows, e: int, first: int,
+                 schedule: plan.Schedule | None = None, fail_fast: bool = False):
+        self.plan, self.comm, self.container, self.windows = p, comm, container, windows
+        self.e, self.first, self.fail_fast = e, first, fail_fast
+        self._schedule = schedule
+        self.agreement_failed = False
         self.failure: BaseException | None = None  # a read error on this rank, agreed with the others where they next meet
 
+    def _agree(self, exc) -> None:
+        """Collective (dstore.collective.agree): raises on every rank if `exc` is set on any."""
+        try:
+            agree(self.comm, exc)
+        except BaseException:
+            self.agreement_failed = True
+            raise
+
     def __iter__(self):
-        store = self.store
-        w = self._start()  # what the population built (dstore.populate.Windows)
-        self.stats = st = EpochStats(epoch=self.e, rank=store.rank, size=store.size)
-        st.set_population(w.population)
-        store.stats = cast("_EpochStats", st)
+        p, w, st = self.plan, self.windows, self.stats
         self.t_epoch = time.perf_counter()
         self._plan()
         steps, nbuf, lazy, tier, arena = self.steps, self.nbuf, self.lazy, self.tier, w.arena
         pending = collections.deque()
         t_in = self.t_epoch  # the consumer waits from its first next() on
-        reading = contextlib.nullcontext() if (store.replicate or lazy) else arena.reading()
+        reading = contextlib.nullcontext() if (p.replicate or lazy) else arena.reading()
         with reading:
             try:
                 k = 0
@@ -183,10 +204,10 @@ class EpochRun:
                     if lazy:
                         t1 = time.perf_counter()
                         try:
-                            n = fill_dynamic(store, w, self.ids_all[self.sched.step(s)])
+                            n = fill_dynamic(p, self.container, w, self.ids_all[self.sched.step(s)])
                         except Exception as exc:
                             self.failure = exc
-                            if store.fail_fast:
+                            if self.fail_fast:
                                 raise
                             break
                         w.add_population(time.perf_counter() - t1, n)
@@ -195,12 +216,11 @@ class EpochRun:
                     try:
                         batch = self.complete(item)
                     except _StepFailed as failed:
-                        if store.fail_fast:  # the job aborts on it; the others may be waiting in a DDP step
+                        if self.fail_fast:  # the job aborts on it; the others may be waiting in a DDP step
                             raise failed.error from None
                         break  # NOTE [ Store agreement protocol ]: told to the others in _finish
-                    store._advance(self.e, s + 1, self.sched.steps)
                     st.wait_seconds += time.perf_counter() - t_in
-                    yield batch
+                    yield batch  # the store records batch.step + 1 as the next to serve
                     t_in = time.perf_counter()
                     if k < len(steps) and not lazy:  # reuse the slot the caller just gave back
                         pending.append(self.issue(steps[k], item.slot))
@@ -217,56 +237,52 @@ class EpochRun:
         self._finish()
 
     # ------------------------------------------------------------ before the first step
-    def _start(self) -> Windows:
-        """Collective: the epoch's first step (a loaded state's), agreed; its schedule; and, with a
-        dynamic population not yet complete, whether to read lazily (every rank serves only its own
-        samples: each step reads them) or to fill everything first. Returns the store's windows."""
-        store, e = self.store, self.e
-        store.populate()
-        if store.windows is None:  # populate() raises instead
-            raise ValueError("the DataStore is closed")
-        self.windows = w = store.windows
-        first = store._begin(e)
+    def start(self) -> plan.Schedule:
+        """Collective: checks the container where this epoch may read from it; the epoch's schedule;
+        and, with a dynamic population not yet complete, whether to read lazily (every rank serves
+        only its own samples: each step reads them) or to fill everything first. Then `stats`.
+        Returns the schedule."""
+        p, w, first = self.plan, self.windows, self.first
         # This epoch may read from storage (the same answer on every rank: a collective follows).
-        if w.resident is not None or (store.population != "preload" and not store.replicate):
-            _check_unchanged(store)
-        self.first = first
-        self.sched = sched = store.schedule(e)
+        if w.resident is not None or (p.population != "preload" and not p.replicate):
+            self._check_unchanged()
+        self.sched = sched = self._schedule if self._schedule is not None else p.schedule(self.e)
         self.ids_all = sched.ids
         self.lazy = False
         if w.loaded is not None:
             need = self.ids_all[sched.ptr[first]:]
-            flags = store.comm.allgather((bool(w.loaded.all()), bool(np.all(store.layout.owner[need] == store.rank))))
+            flags = self.comm.allgather((bool(w.loaded.all()), bool(np.all(p.layout.owner[need] == p.rank))))
             if not all(f[0] for f in flags):
                 self.lazy = all(f[1] for f in flags)
                 if not self.lazy:  # someone needs samples nobody has read yet: fill everything first
-                    _fill_the_rest(store, w)
-        return w
+                    self._fill_the_rest()
+        self.stats = st = EpochStats(epoch=self.e, rank=p.rank, size=p.size)
+        st.set_population(w.population)
+        return sched
 
     def _plan(self) -> None:
         """Per entry of the schedule: whose window serves it (or storage); the receive buffers."""
-        store, w, sched, first = self.store, self.windows, self.sched, self.first
+        p, w, sched, first = self.plan, self.windows, self.sched, self.first
         self.steps = list(range(first, sched.steps))
-        store._advance(self.e, first, sched.steps)
         if w.view is not None:  # replicated: the node's full copy serves every sample
-            self.owner_of = plan.Derived(store.num_samples, lambda ids: np.full(ids.size, store.rank, dtype=np.int64))
-            self.disp, segs = store.offsets[:-1], {store.rank: w.view}
-            self.base = np.zeros(store.size, dtype=np.int64)  # the node's copy: displacement = offset
+            self.owner_of = plan.Derived(p.num_samples, lambda ids: np.full(ids.size, p.rank, dtype=np.int64))
+            self.disp, segs = p.offsets[:-1], {p.rank: w.view}
+            self.base = np.zeros(p.size, dtype=np.int64)  # the node's copy: displacement = offset
         else:
-            self.owner_of, self.disp, segs = store.layout.owner, store.layout.disp, w.segs
-            self.base = store.layout.base
+            self.owner_of, self.disp, segs = p.layout.owner, p.layout.disp, w.segs
+            self.base = p.layout.base
         self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
-        self.mapped = np.zeros(store.size, dtype=bool)
+        self.mapped = np.zeros(p.size, dtype=bool)
         self.mapped[list(self.segs)] = True
-        self.nbuf = store.prefetch + 1
+        self.nbuf = p.prefetch + 1
         self.stream = w.stream  # a streaming preload still filling the windows (dstore.stream), or None
         self.tier = None
         if w.resident is not None:  # non-resident samples: read ahead from storage by this rank
             assert w.storage is not None  # opened with the resident set (dstore.populate)
-            self.tier = StorageEpoch(w.storage, sched, first, w.resident, store.offsets, store.base_byte,
-                                     store.storage_lookahead, w.storage_bufs, w.checks)
+            self.tier = StorageEpoch(w.storage, sched, first, w.resident, p.offsets, p.base_byte,
+                                     p.storage_lookahead, w.storage_bufs, w.checks)
             w.storage_bufs = self.tier.bufs
-        if not store.replicate:  # exact receive buffer sizes for this epoch
+        if not p.replicate:  # exact receive buffer sizes for this epoch
             need = 0 if self.mapped.all() else self._largest_remote_step(first)
             if len(w.recv_bufs) != self.nbuf or w.recv_bufs[0].size < need:
                 w.recv_bufs = [np.empty(need, dtype=np.uint8) for _ in range(self.nbuf)]
@@ -278,13 +294,13 @@ class EpochRun:
         held per entry of the epoch."""
         own = np.asarray(self.owner_of[ids], dtype=np.int64)
         if self.tier is not None:
-            own = np.where(self.tier.from_storage[sl], self.store.rank, own)
+            own = np.where(self.tier.from_storage[sl], self.plan.rank, own)
         return own
 
     def _largest_remote_step(self, first: int) -> int:
         """Bytes of the largest step's samples in windows this rank does not map (its receive
         buffer), over steps from `first`; the schedule is read in chunks of about CHUNK entries."""
-        store, ptr = self.store, self.sched.ptr
+        p, ptr = self.plan, self.sched.ptr
         steps = self.sched.steps
         per = max(1, int(ptr[-1]) // max(steps, 1))
         need = 0
@@ -292,7 +308,7 @@ class EpochRun:
             b = min(steps, a + max(1, CHUNK // per))
             sl = slice(int(ptr[a]), int(ptr[b]))
             ids = self.ids_all[sl]
-            rb = np.where(~self.mapped[self.owners(ids, sl)], store.sizes[ids], 0)
+            rb = np.where(~self.mapped[self.owners(ids, sl)], p.sizes[ids], 0)
             csum = np.concatenate([[0], np.cumsum(rb)])  # not reduceat: a step may be empty (dstore.mixed)
             need = max(need, int((csum[ptr[a + 1:b + 1] - ptr[a]] - csum[ptr[a:b] - ptr[a]]).max(initial=0)))
         return need
@@ -301,12 +317,12 @@ class EpochRun:
     def issue(self, s: int, slot: int) -> Issued:
         """Plans step `s`'s gets into receive buffer `slot` and starts them."""
         t = time.perf_counter()
-        store = self.store
+        p = self.plan
         sl = self.sched.step(s)
         ids = self.ids_all[sl]
         own, sread = self.owners(ids, sl), None
-        start = store.offsets[ids]  # one look-up of the shared offsets gives both length and displacement
-        length = store.offsets[ids + 1] - start
+        start = p.offsets[ids]  # one look-up of the shared offsets gives both length and displacement
+        length = p.offsets[ids + 1] - start
         disp = start - self.base[own] if self.base is not None else self.disp[ids]  # in the owner's window
         if self.stream is not None:  # samples whose piece is not yet in its owner's window: read them here
             self.stream.poll()
@@ -314,9 +330,9 @@ class EpochRun:
             if miss.any():
                 if not self.stream.may_read():  # deferred to `complete`, which waits for the windows
                     return Issued(s, slot, ids, self.sched.pad[sl], None, [], own, None)
-                own = np.where(miss, store.rank, own)
+                own = np.where(miss, p.rank, own)
                 sread = (miss, self.stream.read(ids[miss], slot))
-        f = plan.plan_fetch(own, disp, length, store.rank, self.mapped)
+        f = plan.plan_fetch(own, disp, length, p.rank, self.mapped)
         reqs = self.windows.arena.start_gets(self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
             if f.run_len.size else []
         self.stats.fetch_seconds += time.perf_counter() - t
@@ -328,7 +344,7 @@ class EpochRun:
         Raises:
             _StepFailed: a read failed; its error (naming the samples) is also kept in `failure`.
         """
-        store, st, tier = self.store, self.stats, self.tier
+        p, st, tier = self.plan, self.stats, self.tier
         if item.fetch is None:  # a step deferred while streaming
             item = self._issue_deferred(item)
         s, slot, ids, pad, f, reqs = item.step, item.slot, item.ids, item.pad, item.fetch, item.reqs
@@ -344,7 +360,7 @@ class EpochRun:
         segs = self.segs
         samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
                    zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
-        mine = own == store.rank
+        mine = own == p.rank
         if sread is not None:
             assert self.stream is not None  # only a stream reads a step's samples
             miss = sread[0]
@@ -357,13 +373,13 @@ class EpochRun:
             samples = [next(got) if m else x for m, x in zip(miss.tolist(), samples)]
             mine &= ~miss
             st.samples_storage += int(miss.sum())
-            st.bytes_storage += int(store.sizes[ids[miss]].sum())
+            st.bytes_storage += int(p.sizes[ids[miss]].sum())
             st.storage_reads += sread[1][4]
         if tier is not None:
             try:
                 views, nread, nruns = tier.take(s)
             except Exception as exc:  # told to the others at the epoch's end (NOTE [ Store agreement protocol ])
-                self.failure = error = read_error(store.container, store.start, exc, 0, 0, ids=ids[tier.from_storage[sl]])
+                self.failure = error = read_error(self.container, p.start, exc, 0, 0, ids=ids[tier.from_storage[sl]])
                 raise _StepFailed(error) from exc
             t3 = time.perf_counter()
             st.storage_wait_seconds += t3 - t2
@@ -372,9 +388,9 @@ class EpochRun:
             samples = [v if v is not None else x for v, x in zip(views, samples)]
             mine &= ~stor
             st.samples_storage += int(stor.sum())
-            st.bytes_storage += int(store.sizes[ids[stor]].sum())
+            st.bytes_storage += int(p.sizes[ids[stor]].sum())
             st.storage_reads += nruns
-        batch = Batch(samples, store.labels[ids].astype(np.int64), ids + store.start, self.e, s, pad)
+        batch = Batch(samples, p.labels[ids].astype(np.int64), ids + p.start, self.e, s, pad)
         peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
         if sread is not None:
             peer &= ~sread[0]
@@ -407,42 +423,41 @@ class EpochRun:
     def _finish(self) -> None:
         """Collective: a storage read failure on any rank raised on every rank; a lazy population
         completed (then published); the figures logged."""
-        store, st, failure = self.store, self.stats, self.failure
+        p, st, failure = self.plan, self.stats, self.failure
         if self.tier is not None and not self.lazy:  # a rank whose storage read failed waits here for the others
-            store._agree(failure)  # NOTE [ Store agreement protocol ], 5
+            self._agree(failure)  # NOTE [ Store agreement protocol ], 5
         elif self.stream is not None:  # every rank's block is in from here on (or every rank raises)
-            store._agree(stream.end(self.windows) or failure)
+            self._agree(self.windows.end_stream() or failure)
         st.finish(time.perf_counter() - self.t_epoch)
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
-            _fill_the_rest(store, self.windows, failure)
+            self._fill_the_rest(failure)
         st.set_population(self.windows.population)
-        log.info("epoch %d rank %d/%d: %s", self.e, store.rank, store.size,
+        log.info("epoch %d rank %d/%d: %s", self.e, p.rank, p.size,
                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
 
-
-def _check_unchanged(store: DataStore) -> None:
-    """Collective: a container whose files changed since the store opened it (another file at its
-    path, another size or modification time) is raised on every rank, naming the file, before an
-    epoch reads from it; one stat per file and one small agreement."""
-    exc = None
-    try:
-        store.container.check_unchanged()
-    except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
-        exc = e
-    store._agree(exc)
-
-
-def _fill_the_rest(store: DataStore, w: Windows, failure: BaseException | None = None) -> None:
-    """Collective (dynamic population): reads this rank's samples not read yet, unless `failure`
-    already happened; agrees on a failure on any rank (raised on every rank), then publishes the
-    windows and counts the time and bytes as population."""
-    t0 = time.perf_counter()
-    n = 0
-    if failure is None:
+    def _check_unchanged(self) -> None:
+        """Collective: a container whose files changed since the store opened it (another file at its
+        path, another size or modification time) is raised on every rank, naming the file, before an
+        epoch reads from it; one stat per file and one small agreement."""
+        exc = None
         try:
-            n = fill_dynamic(store, w, np.nonzero(~w.loaded)[0]) if w.loaded is not None else 0
-        except Exception as exc:  # noqa: BLE001 - the others wait in publish(): they must learn of it
-            failure = exc
-    store._agree(failure)
-    w.arena.publish()
-    w.add_population(time.perf_counter() - t0, n)
+            self.container.check_unchanged()
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
+            exc = e
+        self._agree(exc)
+
+    def _fill_the_rest(self, failure: BaseException | None = None) -> None:
+        """Collective (dynamic population): reads this rank's samples not read yet, unless `failure`
+        already happened; agrees on a failure on any rank (raised on every rank), then publishes the
+        windows and counts the time and bytes as population."""
+        w = self.windows
+        t0 = time.perf_counter()
+        n = 0
+        if failure is None:
+            try:
+                n = fill_dynamic(self.plan, self.container, w, np.nonzero(~w.loaded)[0]) if w.loaded is not None else 0
+            except Exception as exc:  # noqa: BLE001 - the others wait in publish(): they must learn of it
+                failure = exc
+        self._agree(failure)
+        w.arena.publish()
+        w.add_population(time.perf_counter() - t0, n)

@@ -94,7 +94,7 @@ class MixedStore:
             for container, _, rng in items:  # each constructor is collective and agreed: all ranks fail alike
                 cfg = dataclasses.replace(config, drop_last=False, sample_range=rng)
                 self.stores.append(DataStore(comm, container, cfg))
-                self.stores[-1].stream_first_reads = False  # its steps are the mix's (dstore.stream._first_reads)
+                self.stores[-1].stream_first_reads = False  # its steps are the mix's (DataStore.populate)
         except BaseException as exc:
             self._end(exc)
             raise
@@ -173,10 +173,8 @@ class MixedStore:
         sched, src, ids = self.schedule(e)
         parts = self._source_schedules(sched, src, ids)
         gens = []
-        for store, part in zip(self.stores, parts):
-            store.schedule_source = lambda ep, part=part, e=e: part if ep == e else _wrong_epoch(ep, e)
-            store._start_at(e, first)
-            gens.append(store.epoch(e))
+        for store, part in zip(self.stores, parts):  # each source serves its part, from the mix's step
+            gens.append(store.epoch(e, schedule=part, start=first))
         try:
             for s in range(first, sched.steps):
                 got = [next(g) for g in gens]  # every rank steps every source in the same order
@@ -189,8 +187,6 @@ class MixedStore:
         finally:
             for g in gens:
                 g.close()
-            for store in self.stores:
-                store.schedule_source = None
             self._active = None
 
     def _merge(self, e: int, s: int, sched: plan.Schedule, src: np.ndarray, got: list[Batch]) -> MixedBatch:
@@ -257,7 +253,7 @@ class MixedStore:
             if exc is None or is_agreed(exc):
                 store.close()
             else:
-                store._abandon()
+                store.abandon()
 
     def __enter__(self):
         try:
@@ -277,7 +273,3 @@ class MixedStore:
 def _name(container) -> str:
     """A source's container for messages: its path, or an open reader's."""
     return str(getattr(container, "path", container))
-
-
-def _wrong_epoch(asked: int, planned: int):
-    raise ConfigError(f"a mixed source was asked for epoch {asked}, planned for {planned}")

@@ -5,7 +5,7 @@ themselves, several in flight, are dstore.preload's. A failed read is raised on 
 it and agreed with every other rank (dstore.collective) before anything collective.
 
 What the population builds is one `Windows` value, which the store keeps (`DataStore.windows`) and
-frees; the modules serving epochs (dstore.epoch, dstore.stream) read it there.
+frees; the store hands it to the modules serving epochs (dstore.epoch, dstore.stream).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dstore.storage import StorageReader
 from dstore.window import Arena
 
 if TYPE_CHECKING:
-    from dstore.store import DataStore
+    from dstore.storeplan import StorePlan
     from dstore.stream import Stream
 
 
@@ -82,6 +82,19 @@ class Windows:
         p["population_bytes"] += int(nbytes)
         p["population_MBps"] = p["population_bytes"] / 1e6 / p["population_seconds"] if p["population_seconds"] else 0.0
 
+    def end_stream(self) -> BaseException | None:
+        """Collective: waits for every rank's stream (dstore.stream.Stream.drain) and ends this one's;
+        returns this rank's stream failure, for the agreement that follows (None without a stream)."""
+        st, self.stream = self.stream, None
+        if st is None:
+            return None
+        try:
+            st.drain()
+            self.add_population(*st.population())
+        finally:
+            st.close()
+        return st.error
+
     def close_storage(self) -> None:
         """Closes the storage tier's reader and drops its buffers (local; safe twice)."""
         storage, self.storage = self.storage, None
@@ -114,9 +127,9 @@ class Windows:
         self.close_storage()
 
 
-def fill_dynamic(store: DataStore, windows: Windows, ids: np.ndarray) -> int:
-    """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced) into
-    the dynamic population's window."""
+def fill_dynamic(p: StorePlan, container, windows: Windows, ids: np.ndarray) -> int:
+    """Reads the not yet loaded own samples among `ids` (runs of consecutive ones coalesced) from
+    `container` into the dynamic population's window."""
     loaded = windows.loaded
     if loaded is None:
         raise ValueError("fill_dynamic: the store's population is not dynamic")
@@ -125,25 +138,25 @@ def fill_dynamic(store: DataStore, windows: Windows, ids: np.ndarray) -> int:
         return 0
     heads = np.nonzero(np.diff(ids, prepend=-2) != 1)[0]
     ends = np.append(heads[1:], ids.size)
-    local, disp, off = windows.arena.local, windows.layout.disp, store.offsets
+    local, disp, off = windows.arena.local, windows.layout.disp, p.offsets
     for h, e in zip(heads.tolist(), ends.tolist()):
         lo, hi = int(ids[h]), int(ids[e - 1]) + 1
         d = int(disp[lo])
-        read_samples(store.container, store.start, lo, hi, local[d:d + int(off[hi] - off[lo])], windows.checks)
+        read_samples(container, p.start, lo, hi, local[d:d + int(off[hi] - off[lo])], windows.checks)
     loaded[ids] = True
-    return int(store.sizes[ids].sum())
+    return int(p.sizes[ids].sum())
 
 
-def _fill(store: DataStore, w: Windows, peers: list | None) -> int:
+def _fill(p: StorePlan, container, w: Windows, peers: list | None) -> int:
     """This rank's part of the population (no collective) into `w`: returns the bytes read."""
-    args = (store.container, store.start, store.offsets, store.base_byte)
+    args = (container, p.start, p.offsets, p.base_byte)
     if w.nodecomm is not None:  # replicated: this rank's part of the node's copy
         w.view = view = w.arena.segment(0)
         nc = w.nodecomm
-        nb = plan.block_bounds(store.offsets, nc.Get_size())
+        nb = plan.block_bounds(p.offsets, nc.Get_size())
         lo, hi = int(nb[nc.Get_rank()]), int(nb[nc.Get_rank() + 1])
-        a, b = int(store.offsets[lo]), int(store.offsets[hi])
-        reads = RangeReads(store.container, store.population_threads)
+        a, b = int(p.offsets[lo]), int(p.offsets[hi])
+        reads = RangeReads(container, p.population_threads)
         try:
             preload(reads, *args, lo, hi, view[a:b], w.checks)
         finally:
@@ -151,74 +164,75 @@ def _fill(store: DataStore, w: Windows, peers: list | None) -> int:
         return b - a
     w.segs = w.arena.map_peers(peers, w.layout.nbytes)
     if w.resident is not None:
-        w.storage = StorageReader(store.container.path, store.storage_threads, store.container.opened_identity)
-    if store.population == "dynamic":
-        w.loaded = loaded = np.zeros(store.num_samples, dtype=bool)
-        loaded[w.layout.owner != store.rank] = True  # only own samples are tracked
+        w.storage = StorageReader(container.path, p.storage_threads, container.opened_identity)
+    if p.population == "dynamic":
+        w.loaded = loaded = np.zeros(p.num_samples, dtype=bool)
+        loaded[w.layout.owner != p.rank] = True  # only own samples are tracked
         if w.resident is not None:
             loaded[~w.resident] = True  # served from storage, never loaded
         return 0
-    lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
-    if w.resident is None and store.population == "stream":  # read in the background: DataStore.populate
+    lo, hi = int(p.bounds[p.rank]), int(p.bounds[p.rank + 1])
+    if w.resident is None and p.population == "stream":  # read in the background: DataStore.populate
         return 0
     if w.resident is None:
-        reads = RangeReads(store.container, store.population_threads)
+        reads = RangeReads(container, p.population_threads)
         try:
             preload(reads, *args, lo, hi, w.arena.local, w.checks)
         finally:
             reads.close()
         return w.arena.local.size
     # tiered: the storage tier's threads (and readers, counted in the budget) read the block
-    threads = min(store.population_threads, store.storage_threads)
-    reads = RangeReads(store.container, threads, pool=w.storage if threads > 1 else None)
-    scratch = max(1, (store.storage_lookahead + 1) * recv_bound(store))  # counted in the budget
+    threads = min(p.population_threads, p.storage_threads)
+    reads = RangeReads(container, threads, pool=w.storage if threads > 1 else None)
+    scratch = max(1, (p.storage_lookahead + 1) * recv_bound(p))  # counted in the budget
     return preload_resident(reads, *args, lo, hi, w.resident, w.arena.local, w.layout.disp, scratch, checks=w.checks)
 
 
-def _allocate(store: DataStore, nodecomm: Any, layout: plan.Layout) -> tuple[Arena, Any, list | None]:
+def _allocate(p: StorePlan, comm, nodecomm: Any, layout: plan.Layout) -> tuple[Arena, Any, list | None]:
     """Collective: this rank's window, as (the arena, the node communicator it keeps (replicated:
     the shared window's) or None, the node peers whose windows it maps (else None))."""
-    if store.replicate:
-        return Arena(nodecomm, int(store.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True), nodecomm, None
-    peers = nodecomm.allgather(store.rank)  # always: node_views may differ between ranks
+    if p.replicate:
+        return Arena(nodecomm, int(p.offsets[-1]) if nodecomm.Get_rank() == 0 else 0, shared=True), nodecomm, None
+    peers = nodecomm.allgather(p.rank)  # always: node_views may differ between ranks
     nodecomm.Free()
-    return Arena(store.comm, int(layout.nbytes[store.rank])), None, peers if store.node_views else [store.rank]
+    return Arena(comm, int(layout.nbytes[p.rank])), None, peers if p.node_views else [p.rank]
 
 
-def populate(store: DataStore) -> Windows:
-    """Collective: checks the budget, allocates the windows and (preload/replicate) fills them;
+def populate(p: StorePlan, comm, container) -> Windows:
+    """Collective over `comm`, the store's: checks the budget, allocates the windows and
+    (preload/replicate) fills them from `container`;
     a read error on any rank frees the windows and is raised on every rank."""
     # Every byte read from storage is checked against the container's checksums where it was read.
-    checks = SampleChecks(store.offsets, store.checksums)  # the node's shared copy (dstore.index)
-    nodecomm = node_comm(store.comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
+    checks = SampleChecks(p.offsets, p.checksums)  # the node's shared copy (dstore.index)
+    nodecomm = node_comm(comm, emulate=True)  # the store's nodes: tests cut them with $DSTORE_RANKS_PER_NODE
     try:
-        topology = topology_of(store.comm, nodecomm)
-        residency = check_budget(store, topology)
+        topology = topology_of(comm, nodecomm)
+        residency = check_budget(p, comm, topology, str(getattr(container, "path", "storage")))
     except BaseException as exc:
         nodecomm.Free()
         if isinstance(exc, (ConfigError, MemoryBudgetError)):
             setattr(exc, AGREED, True)  # every rank saw the same gathered rows and raises alike
         raise
-    layout, tier = (store.layout, store.tier) if residency is None else (residency.layout, residency.tier)
+    layout, tier = (p.layout, p.tier) if residency is None else (residency.layout, residency.tier)
     t0 = time.perf_counter()
     exc = made = None
     try:  # window allocation is collective: a rank that fails it tells the others below
-        made = _allocate(store, nodecomm, layout)
+        made = _allocate(p, comm, nodecomm, layout)
     except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
         exc = e
-    agree(store.comm, exc)  # NOTE [ Store agreement protocol ], 3
+    agree(comm, exc)  # NOTE [ Store agreement protocol ], 3
     assert made is not None  # else agree raised
     arena, kept, peers = made
     w = Windows(arena, topology, layout, tier, checks, nodecomm=kept,
                 resident=None if residency is None else residency.resident)
     nbytes = 0
     try:
-        with Heartbeat(f"population of rank 0's {fmt_bytes(int(layout.nbytes[0]))}", enabled=store.rank == 0):
-            nbytes = _fill(store, w, peers)
+        with Heartbeat(f"population of rank 0's {fmt_bytes(int(layout.nbytes[0]))}", enabled=p.rank == 0):
+            nbytes = _fill(p, container, w, peers)
     except Exception as e:  # noqa: BLE001 - the others wait in publish(): they must learn of it
         exc = e
     try:
-        agree(store.comm, exc)
+        agree(comm, exc)
     except BaseException:
         w.free()  # collective, and every rank is here: nothing is left to MPI_Finalize
         raise

@@ -35,11 +35,9 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
 
 from dstore import budget as budget_mod
-from dstore import job, plan, rc, tiers
+from dstore import job, plan, rc, storeplan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore import stream as stream_mod
@@ -54,13 +52,7 @@ from dstore.index import NodeIndex, served_range
 from dstore.memory import parse_bytes
 from dstore.populate import Windows
 from dstore.progress import ProgressThread
-
-if TYPE_CHECKING:
-    # NOTE [ One class, two names ]: pyright checks this file as module `datastore.store` (its
-    # directory) but reads the modules it calls as `dstore.*` (how they import each other), so to
-    # pyright the DataStore those modules type their `store` with is another class than this one.
-    # `_typed()` hands this store over as that one (nothing at run time: one class, one module).
-    from dstore.store import DataStore as _DataStore
+from dstore.storeplan import StorePlan
 
 log = logging.getLogger("dstore.store")
 
@@ -81,6 +73,9 @@ class DataStore:
     `python -m mpi4py` and the CLI's abort_on_error).
 
     Attributes:
+        plan: what the store is, one frozen value (a dstore.storeplan.StorePlan: rank, sizes,
+            offsets, layout, steps, config) that the modules serving it take as an argument (NOTE
+            [ The store as values ]); these attributes read it:
         steps_per_epoch, num_samples, info (ContainerInfo), rank, size, seed, layout (plan.Layout).
         tier: {resident_fraction, resident_bytes, storage_bytes}: the bytes kept in the windows and
             the bytes read from storage per epoch (all samples resident unless over budget).
@@ -151,14 +146,7 @@ class DataStore:
             raise
 
     def _setup(self, container, config: StoreConfig) -> None:
-        cfg = self.config = config.checked(self.size)
-        self.batch_size, self.seed, self.policy = cfg.batch_size, cfg.seed, cfg.shuffle
-        self.partial_fraction, self.population, self.replicate = cfg.partial_fraction, cfg.population, cfg.replicate
-        self.prefetch, self.drop_last, self.node_views = cfg.prefetch, cfg.drop_last, cfg.node_views
-        self.budget_source = "memory_budget argument"
-        self.overflow, self.storage_lookahead = cfg.overflow, cfg.storage_lookahead
-        self.storage_threads, self.population_threads = cfg.storage_threads, cfg.population_threads
-        self.progress_period = cfg.progress_period
+        cfg = config.checked(self.size)
         if isinstance(container, ContainerReader):
             reader, owns = container, False
         elif isinstance(container, (str, os.PathLike)):
@@ -173,15 +161,13 @@ class DataStore:
         self._index = None
         try:
             self.start, self.stop = served_range(reader, cfg.sample_range)
-            self.config = dataclasses.replace(self.config, sample_range=(self.start, self.stop))  # as ranks compare it
+            self._config = dataclasses.replace(cfg, sample_range=(self.start, self.stop))  # as ranks compare it
         except BaseException:
             self._close_container()
             raise
         self.info = reader.info
         self.windows: Windows | None = None  # set by populate(), the one place (dstore.populate)
         self.fail_fast = False
-        # a callable epoch -> plan.Schedule serving instead (dstore.mixed)
-        self.schedule_source: Callable[[int], plan.Schedule] | None = None
         # population="stream": read the first step's samples ahead of the block (off for a mix's sources)
         self.stream_first_reads = True
         self._resume: tuple[int, int] | None = None
@@ -197,40 +183,65 @@ class DataStore:
         """The served samples' arrays (from the node's shared index) and the plan built on them."""
         index = self._index  # opened by __init__ just before; closed only by close()
         assert index is not None and index.offsets is not None and index.labels is not None and index.checksums is not None
-        self.offsets, self.labels, self.checksums = index.offsets, index.labels, index.checksums
-        self.base_byte = index.base_byte  # the data byte of served sample 0
-        self.sizes = plan.sizes_of(self.offsets)  # looked up, not stored: no int64[N] per rank
-        self.num_samples = self.stop - self.start
-        self.tier = {"resident_fraction": 1.0, "resident_bytes": int(self.offsets[-1]), "storage_bytes": 0}
-        self.steps_per_epoch = plan.steps_per_epoch(self.num_samples, self.batch_size, self.drop_last)
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"batch_size={self.batch_size} with drop_last=True leaves no step: only "
-                              f"{self.num_samples} samples")
-        self.bounds = plan.block_bounds(self.offsets, self.size)
-        if self.population == "dynamic" and self.policy == "global" and not self.replicate:
-            # Owners from epoch 0's bijection on lookup; only the displacements are held (int64[N])
-            perm0 = shuffle_mod.global_permutation(self.num_samples, self.seed, 0)
-            owner = plan.dynamic_owner_of(self.num_samples, self.batch_size, self.size, self.drop_last, perm0)
-            self.layout = plan.owner_layout(self.offsets, owner, self.size)
-        else:
-            self.layout = plan.block_layout(self.offsets, self.bounds)
+        c = self.container
+        reader_index = budget_mod.index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
+        self.plan: StorePlan = storeplan.build(self.rank, self.size, self._config, self.start, self.stop,
+                                               index.offsets, index.labels, index.checksums, index.base_byte,
+                                               reader_index)
+
+    # The plan's values, as the store's attributes (NOTE [ The store as values ] in dstore.storeplan)
+    config = property(lambda self: self.plan.config, doc="The validated arguments (a StoreConfig).")
+    batch_size = property(lambda self: self.plan.batch_size)
+    policy = property(lambda self: self.plan.policy, doc="The shuffle policy (`shuffle=`).")
+    partial_fraction = property(lambda self: self.plan.partial_fraction)
+    population = property(lambda self: self.plan.population)
+    replicate = property(lambda self: self.plan.replicate)
+    prefetch = property(lambda self: self.plan.prefetch)
+    drop_last = property(lambda self: self.plan.drop_last)
+    node_views = property(lambda self: self.plan.node_views)
+    overflow = property(lambda self: self.plan.overflow)
+    storage_lookahead = property(lambda self: self.plan.storage_lookahead)
+    storage_threads = property(lambda self: self.plan.storage_threads)
+    population_threads = property(lambda self: self.plan.population_threads)
+    progress_period = property(lambda self: self.plan.config.progress_period)
+    offsets = property(lambda self: self.plan.offsets)
+    labels = property(lambda self: self.plan.labels)
+    checksums = property(lambda self: self.plan.checksums)
+    base_byte = property(lambda self: self.plan.base_byte)
+    sizes = property(lambda self: self.plan.sizes)
+    num_samples = property(lambda self: self.plan.num_samples)
+    steps_per_epoch = property(lambda self: self.plan.steps_per_epoch)
+    bounds = property(lambda self: self.plan.bounds)
+    layout = property(lambda self: self.plan.layout)
+    tier = property(lambda self: self.plan.tier)
+    budget_source = property(lambda self: self.plan.budget_source)
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    @seed.setter
+    def seed(self, seed: int) -> None:
+        """Serves later epochs in `seed`'s orders (a loaded state's; a mix sets its sources')."""
+        seed = shuffle_mod.check_seed(seed)
+        self.plan = dataclasses.replace(self.plan, config=dataclasses.replace(self.plan.config, seed=seed))
 
     def tier_overhead(self) -> int:
         """Bytes of buffers a rank holds when the data exceed its budget (receive and storage
         buffers): a budget of this plus f times a rank's share keeps about a fraction f resident."""
-        return budget_mod.tier_buffers(self._typed(), budget_mod.receive_buffers(self._typed()))
+        return budget_mod.tier_buffers(self.plan, budget_mod.receive_buffers(self.plan))
 
     def memory_needs(self) -> tuple[int, int]:
         """(bytes to hold all this rank's samples with its buffers, the least it can serve with: the
         buffers alone); before population, no communication (for `limit_memory`'s callers)."""
-        return budget_mod.memory_needs(self._typed())
+        return budget_mod.memory_needs(self.plan)
 
     def limit_memory(self, budget, source: str = "memory_budget argument") -> None:
         """Sets this rank's memory budget (as `memory_budget=`, `source` naming it), before population."""
         if self.windows is not None:
             raise ConfigError("limit_memory() after the population: the windows are sized already")
-        self.config = dataclasses.replace(self.config, memory_budget=parse_bytes(budget))
-        self.budget_source = source
+        cfg = dataclasses.replace(self.plan.config, memory_budget=parse_bytes(budget))
+        self.plan = dataclasses.replace(self.plan, config=cfg, budget_source=source)
 
     def populate(self) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them
@@ -239,10 +250,13 @@ class DataStore:
             return
         if self._closed:
             raise ValueError("the DataStore is closed")
-        w = self.windows = populate_mod.populate(self._typed())
-        self.layout, self.tier = w.layout, w.tier  # over budget: the resident samples' (dstore.budget)
+        w = self.windows = populate_mod.populate(self.plan, self.comm, self.container)
+        self.plan = dataclasses.replace(self.plan, layout=w.layout, tier=w.tier)  # over budget: the resident samples'
         if self.population == "stream" and w.resident is None and not self.replicate:
-            w.stream = stream_mod.start(self._typed(), w)  # the block read in the background (dstore.stream)
+            # the block read in the background (dstore.stream), in the order of the epoch served first
+            epoch, step = self._resume if self._resume is not None else (0, 0)
+            first = (step, self.plan.schedule(epoch)) if self.stream_first_reads else None
+            w.stream = stream_mod.start(self.plan, self.comm, self.container, w.arena, w.checks, epoch, first)
         self._start_progress()
 
     @property
@@ -250,20 +264,17 @@ class DataStore:
         """(epoch, step) where a loaded state_dict resumes, until that epoch starts; else None."""
         return self._resume
 
-    def _begin(self, e: int) -> int:
-        """Collective: the first step of epoch `e` (a loaded state's if `e` is its epoch; the state
-        is used up), the same on every rank or all raise (`_check_same_epoch`)."""
+    def _begin(self, e: int, start: int | None = None) -> int:
+        """Collective: the first step of epoch `e` (`start` if given, else a loaded state's if `e` is
+        its epoch; the state is used up), the same on every rank or all raise (`_check_same_epoch`)."""
         first = 0
-        if self._resume is not None and self._resume[0] == e:
+        if start is not None:
+            first = int(start)
+        elif self._resume is not None and self._resume[0] == e:
             first = self._resume[1]
         self._resume = None
         self._check_same_epoch(e, first)
         return first
-
-    def _start_at(self, e: int, step: int) -> None:
-        """The next `epoch(e)` starts at `step` (a MixedStore's source, resumed with the mix: the mix
-        checked the state; 0: from the start)."""
-        self._resume = (e, step) if step else None
 
     def _advance(self, e: int, s: int, steps: int) -> None:
         """Records step `s` of epoch `e` (of `steps`) as the next to serve (what state_dict saves)."""
@@ -295,26 +306,21 @@ class DataStore:
 
     # ----------------------------------------------------------------- epochs
     def schedule(self, epoch: int) -> plan.Schedule:
-        """This rank's deliveries in `epoch` (pure; no communication). Under ``global`` and
-        ``local`` only this rank's part of the order is built (O(N/P) memory). `schedule_source(epoch)`
-        if set (a mixed store's part of a mixed epoch: any ids, steps may be empty; dstore.mixed)."""
-        if self.schedule_source is not None:
-            return self.schedule_source(epoch)
-        if self.policy == "global":
-            perm = shuffle_mod.global_permutation(self.num_samples, self.seed, epoch)
-            return plan.global_schedule(perm, self.batch_size, self.size, self.rank, self.drop_last)
-        if self.policy == "local" and self.bounds[self.rank + 1] > self.bounds[self.rank]:
-            seq = shuffle_mod.local_block(self.bounds, self.rank, self.seed, epoch)
-            return plan.dealt_schedule(seq, self.steps_per_epoch, int(seq[0]))
-        order = shuffle_mod.epoch_order(self.policy, self.num_samples, self.bounds, self.seed, epoch,
-                                        self.partial_fraction)
-        return plan.rank_schedule(self.policy, order, self.bounds, self.batch_size, self.size, self.rank,
-                                  self.drop_last)
+        """This rank's deliveries in `epoch` (pure; no communication; StorePlan.schedule). Under
+        ``global`` and ``local`` only this rank's part of the order is built (O(N/P) memory)."""
+        return self.plan.schedule(epoch)
 
-    def epoch(self, epoch: int):
+    def epoch(self, epoch: int, *, schedule: plan.Schedule | None = None, start: int | None = None):
         """Iterates this rank's batches of `epoch` (collective: every rank iterates it).
 
         Starts at the step a loaded state_dict recorded if `epoch` is that state's epoch.
+
+        Args:
+            epoch: the epoch.
+            schedule: this rank's deliveries instead of the store's own (a MixedStore's source: its
+                part of the mixed epoch, any ids, steps may be empty; dstore.mixed).
+            start: the first step instead of a loaded state's (a MixedStore's source, resumed with
+                the mix, which checked the state).
 
         Yields:
             Batch, one per step.
@@ -322,9 +328,32 @@ class DataStore:
         shuffle_mod.epoch_rng(self.seed, epoch)  # validates epoch
         if self._active is not None:
             self._active.close()
-        gen = iter(EpochRun(self._typed(), int(epoch)))  # a generator: nothing runs before the first next()
+        gen = self._serve(int(epoch), schedule, start)  # a generator: nothing runs before the first next()
         self._active = gen
         return gen
+
+    def _serve(self, e: int, schedule: plan.Schedule | None, start: int | None):
+        """Epoch `e`'s EpochRun (dstore.epoch) on the windows, recording where it is: the store is
+        the one writer of its position, its stats and its failed state."""
+        self.populate()
+        if self.windows is None:  # populate() raises instead
+            raise ValueError("the DataStore is closed")
+        first = self._begin(e, start)
+        run = EpochRun(self.plan, self.comm, self.container, self.windows, e, first, schedule, self.fail_fast)
+        batches = None
+        try:
+            steps = run.start().steps
+            self.stats = run.stats
+            self._advance(e, first, steps)
+            batches = iter(run)
+            for batch in batches:
+                self._advance(e, batch.step + 1, steps)
+                yield batch
+        finally:
+            if batches is not None:
+                batches.close()  # an abandoned epoch completes its gets before it unlocks the windows
+            if run.agreement_failed:
+                self._failed = True
 
     def __iter__(self):
         return self.epoch(self._next[0])
@@ -369,8 +398,7 @@ class DataStore:
             warnings.warn(f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
                           f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
                           RuntimeWarning, stacklevel=2)
-        self.seed = shuffle_mod.check_seed(sd["seed"])
-        self.config = dataclasses.replace(self.config, seed=self.seed)
+        self.seed = sd["seed"]  # checked by the setter
         self._resume = (epoch, step)
         self._next = (epoch, step)
 
@@ -394,7 +422,7 @@ class DataStore:
             self._active = None
         try:
             if self.windows is not None and not self._failed:
-                self._agree(stream_mod.end(self.windows))  # a rank that failed mid-epoch waits here: meet it
+                self._agree(self.windows.end_stream())  # a rank that failed mid-epoch waits here: meet it
         finally:
             self._free_windows()
             if self._index is not None:
@@ -416,7 +444,7 @@ class DataStore:
         except BaseException:
             # An agreed failure has freed the windows on every rank already; any other leaves
             # them to MPI_Finalize, since another rank may never reach a collective free.
-            self._abandon()
+            self.abandon()
             raise
         return self
 
@@ -427,11 +455,12 @@ class DataStore:
             # Another rank may never reach the collective free: release what is local only, so
             # the exception reaches the top (where `python -m mpi4py` or the CLI ends the job)
             # instead of hanging in Win.Free.
-            self._abandon()
+            self.abandon()
         return False
 
-    def _abandon(self) -> None:
-        """Local-only teardown after an error: ends an open epoch, drops the windows unfreed."""
+    def abandon(self) -> None:
+        """Local-only teardown after an error (not collective; a MixedStore's sources after one):
+        ends an open epoch, drops the windows unfreed."""
         self._closed = True
         if self._active is not None:
             self._active.close()
@@ -449,8 +478,4 @@ class DataStore:
 
     def __len__(self) -> int:
         return self.steps_per_epoch
-
-    def _typed(self) -> _DataStore:
-        """This store, as the modules it calls type it (NOTE [ One class, two names ])."""
-        return cast("_DataStore", self)
 

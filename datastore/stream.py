@@ -47,8 +47,10 @@ from dstore.integrity import read_error
 from dstore.storage import StorageReader
 
 if TYPE_CHECKING:
-    from dstore.populate import Windows
-    from dstore.store import DataStore
+    from dstore.integrity import SampleChecks
+    from dstore.plan import Schedule
+    from dstore.storeplan import StorePlan
+    from dstore.window import Arena
 
 OWN_READS = 1
 """Steps of the first epoch served while streaming whose missing samples the delivering rank reads
@@ -67,36 +69,28 @@ another rank's (a job shares its file system's operations; a rank's first batch 
 its peer's pieces is the job's first batch). If no epoch starts within this time, it starts anyway."""
 
 
-def start(store: DataStore, windows: Windows) -> Stream:
-    """Collective: starts reading this rank's block into its window (after the population's agreement)."""
-    lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
-    threads = store.population_threads
-    args = (store.container, store.start, store.offsets, store.base_byte, lo, hi, windows.arena.local)
+def start(p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | None, first_epoch: int = 0,
+          first_step: tuple[int, Schedule] | None = None) -> Stream:
+    """Collective over `comm`, the store's: starts reading this rank's block of `container` into its
+    window `arena` (after the population's agreement; each read checked with `checks`), in the order
+    epoch `first_epoch` needs it; with `first_step` (step, that epoch's schedule), that step's
+    samples are read first (`Stream`). The store keeps it as `Windows.stream` and ends it with
+    `Windows.end_stream`."""
+    lo, hi = int(p.bounds[p.rank]), int(p.bounds[p.rank + 1])
+    threads = p.population_threads
+    args = (container, p.start, p.offsets, p.base_byte, lo, hi, arena.local)
 
     def fill(order, done):
-        pool = StorageReader(store.container.path, threads, store.container.opened_identity,
-                             shared=store.container)  # RangeReads never reads with the store's reader itself
+        pool = StorageReader(container.path, threads, container.opened_identity,
+                             shared=container)  # RangeReads never reads with the store's reader itself
         try:
-            preload.preload(preload.RangeReads(store.container, threads, pool=pool), *args, checks=windows.checks,
+            preload.preload(preload.RangeReads(container, threads, pool=pool), *args, checks=checks,
                             order=order, done=done)
         finally:
             pool.close()
 
-    return Stream(store, windows, fill, preload.piece_bytes(threads), budget.recv_bound(store))
-
-
-def end(windows: Windows) -> BaseException | None:
-    """Collective: waits for every rank's stream (`Stream.drain`) and ends the store's (`windows.stream`);
-    returns this rank's stream failure, for the agreement that follows (None without a stream)."""
-    st, windows.stream = windows.stream, None
-    if st is None:
-        return None
-    try:
-        st.drain()
-        windows.add_population(*st.population())
-    finally:
-        st.close()
-    return st.error
+    return Stream(p, comm, container, arena, checks, fill, preload.piece_bytes(threads), budget.recv_bound(p),
+                  first_epoch, first_step)
 
 
 def first_use(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, steps: int) -> np.ndarray:
@@ -214,12 +208,16 @@ class Stream:
     """One rank's streaming preload and its view of every rank's progress (see the module docstring).
 
     Args:
-        store: the DataStore.
-        windows: its windows (allocated, nothing read yet).
+        p: the store's plan (dstore.storeplan); comm: its communicator; container: its container.
+        arena: its window (allocated, nothing read yet); checks: the served samples' checksums
+            (dstore.integrity.SampleChecks) every read is checked against, or None.
         fill: fill(order, done) reads this rank's block into its window in that piece order,
             calling done(k) as the first k pieces are in (dstore.preload.preload), in a thread.
         piece: the bytes per piece `fill` reads.
         buffer_bytes: bytes of each of the `prefetch + 1` buffers a step's own reads land in.
+        first_epoch: the epoch whose order the pieces are read in (a loaded state's, else 0).
+        first_step: (step, schedule of `first_epoch`): the step whose samples are read first
+            (`_first_reads`), or None (a mix's source: its steps are the mix's, set per epoch).
 
     Attributes:
         done: every rank has read its whole block (after that, epochs need no stream).
@@ -227,31 +225,31 @@ class Stream:
         bytes, reads: what this rank read from the container for steps served while streaming.
     """
 
-    def __init__(self, store: DataStore, windows: Windows, fill, piece: int, buffer_bytes: int):
-        self.store, self.windows = store, windows
+    def __init__(self, p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | None, fill, piece: int,
+                 buffer_bytes: int, first_epoch: int = 0, first_step: tuple[int, Schedule] | None = None):
+        self.plan, self.container, self.arena, self.checks = p, container, arena, checks
         self.done = False
         self.failed = False
-        self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(store.prefetch + 1)]
-        self.reader: StorageReader | None = StorageReader(store.container.path, store.storage_threads,
-                                                          store.container.opened_identity, shared=store.container)
+        self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(p.prefetch + 1)]
+        self.reader: StorageReader | None = StorageReader(container.path, p.storage_threads,
+                                                          container.opened_identity, shared=container)
         self.bytes = self.reads = 0
         self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
-        self._early = self._first_reads()  # before the plan below: its storage requests overlap that work
-        first_epoch = store.resume_at[0] if store.resume_at is not None else 0
+        self._early = self._first_reads(first_step)  # before the plan below: its storage requests overlap that work
         # This rank plans its own block's pieces (O(N/P)) and learns the others' (O(pieces)): no
         # order or first-use step of all N samples is built (but under `partial`, whose order is).
-        lo, hi = int(store.bounds[store.rank]), int(store.bounds[store.rank + 1])
-        use = block_first_use(store.policy, store.num_samples, store.bounds, store.rank, store.seed, first_epoch,
-                              store.batch_size, store.steps_per_epoch, store.partial_fraction)
-        own, cuts, place = plan_block(store.offsets, lo, hi, piece, use)
+        lo, hi = int(p.bounds[p.rank]), int(p.bounds[p.rank + 1])
+        use = block_first_use(p.policy, p.num_samples, p.bounds, p.rank, p.seed, first_epoch,
+                              p.batch_size, p.steps_per_epoch, p.partial_fraction)
+        own, cuts, place = plan_block(p.offsets, lo, hi, piece, use)
         del use
-        self.need = PieceWaits(store.offsets, store.bounds, store.comm.allgather((cuts, place)))
-        self.owner = store.layout.owner
-        self.prefix = np.zeros(store.size, dtype=np.int64)
-        self._comm: MPI.Intracomm | None = store.comm.Dup()  # the exchange's own: no other collective is matched with it
+        self.need = PieceWaits(p.offsets, p.bounds, comm.allgather((cuts, place)))
+        self.owner = p.layout.owner
+        self.prefix = np.zeros(p.size, dtype=np.int64)
+        self._comm: MPI.Intracomm | None = comm.Dup()  # the exchange's own: no other collective is matched with it
         self._req: MPI.Request | None = None
         self._send = np.zeros(_FIELDS, dtype=np.int64)
-        self._recv = np.zeros(_FIELDS * store.size, dtype=np.int64)
+        self._recv = np.zeros(_FIELDS * p.size, dtype=np.int64)
         self._count = 0
         self._error = None
         self._finished = False
@@ -304,7 +302,7 @@ class Stream:
         count, finished = self._count, self._finished  # counted first: the sync below covers them
         self._send[:] = (count, int(finished and self._error is not None), int(finished), int(self._go.is_set()))
         if sync:
-            self.windows.arena.sync()
+            self.arena.sync()
         comm = self._comm
         if comm is None:
             raise ValueError("the stream is closed")
@@ -316,14 +314,14 @@ class Stream:
         while True:
             self._start(sync=False).Wait()  # Win_sync belongs to the main thread's epoch: see the module docstring
             self._req = None
-            rows = self._recv.reshape(self.store.size, _FIELDS).copy()
+            rows = self._recv.reshape(self.plan.size, _FIELDS).copy()
             self._latest = rows
             if rows[:, 2].all():
                 return
             time.sleep(EXCHANGE_PERIOD)
 
     def _adopt(self, rows: np.ndarray) -> None:
-        self.windows.arena.sync()  # the owners' counted pieces are visible to this rank's reads from here on
+        self.arena.sync()  # the owners' counted pieces are visible to this rank's reads from here on
         ok = rows[:, 1] == 0
         self.prefix = np.where(ok, rows[:, 0], 0)  # a failed rank's window is never read
         if rows[:, 2].all():
@@ -344,7 +342,7 @@ class Stream:
         req = self._req if self._req is not None else self._start(sync=True)
         if req.Test():
             self._req = None
-            self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
+            self._adopt(self._recv.reshape(self.plan.size, _FIELDS).copy())
             if not self.done:
                 self._start(sync=True)
 
@@ -359,7 +357,7 @@ class Stream:
         while not self.done:
             (self._req if self._req is not None else self._start(sync=True)).Wait()
             self._req = None
-            self._adopt(self._recv.reshape(self.store.size, _FIELDS).copy())
+            self._adopt(self._recv.reshape(self.plan.size, _FIELDS).copy())
 
     # ----------------------------------------------------------------- a step's own reads
     def may_read(self) -> bool:
@@ -381,18 +379,16 @@ class Stream:
             return np.zeros(ids.size, dtype=bool)
         return self.need[ids] > self.prefix[self.owner[ids]]
 
-    def _first_reads(self):
+    def _first_reads(self, first_step: tuple[int, Schedule] | None):
         """Starts reading the first step's samples of this rank (the first epoch's, from a resumed
         step) into buffer 0, where that step will ask for them (`read`): nothing is in any window
         yet, so all of them will be missing. Their completion lets the stream start (`_go`). None
-        where the store is a mix's source (its steps are the mix's, set per epoch) or the step is
-        empty."""
-        store = self.store
-        if not store.stream_first_reads or store.schedule_source is not None:
+        without `first_step` (a mix's source: its steps are the mix's, set per epoch) or where the
+        step is empty."""
+        if first_step is None:
             return None
-        epoch, step = store.resume_at if store.resume_at is not None else (0, 0)
-        sched = store.schedule(epoch)
-        if step >= sched.steps or store.sizes[sched.ids[sched.step(step)]].sum() == 0:
+        step, sched = first_step
+        if step >= sched.steps or self.plan.sizes[sched.ids[sched.step(step)]].sum() == 0:
             return None
         pending = self._submit(sched.ids[sched.step(step)], 0)
         left = [len(pending[3])]
@@ -421,20 +417,20 @@ class Stream:
         return self._submit(ids, slot)
 
     def _submit(self, ids: np.ndarray, slot: int):
-        store = self.store
+        p = self.plan
         uniq = np.unique(ids)
-        sizes = store.sizes[uniq]
+        sizes = p.sizes[uniq]
         at = np.zeros(uniq.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=at[1:])
         heads = np.nonzero(np.diff(uniq, prepend=-2) != 1)[0]
         ends = np.append(heads[1:], uniq.size)
         lo, hi = uniq[heads], uniq[ends - 1] + 1
-        base, sc = store.base_byte, self.windows.checks
-        checks = [None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(store.offsets[uniq[h]]))
+        base, sc = p.base_byte, self.checks
+        checks = [None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(p.offsets[uniq[h]]))
                   for h, e in zip(heads.tolist(), ends.tolist())]  # in the thread that read the run
         if self.reader is None:
             raise ValueError("the stream is stopped")
-        futs = self.reader.submit(self.bufs[slot], base + store.offsets[lo], base + store.offsets[hi], at[heads],
+        futs = self.reader.submit(self.bufs[slot], base + p.offsets[lo], base + p.offsets[hi], at[heads],
                                   checks)
         self.reads += len(futs)
         self.bytes += int(at[-1])
@@ -444,13 +440,13 @@ class Stream:
         """Waits for `read`'s reads (each checked against the container's checksums in its thread);
         the bytes of each entry of `ids` (read-only views of the buffer)."""
         uniq, at, slot, futs, _ = pending
-        store, reader = self.store, self.reader
+        p, reader = self.plan, self.reader
         if reader is None:
             raise ValueError("the stream is stopped")
         try:
             reader.wait(futs)
         except Exception as exc:  # a failed read, or bytes that do not match their checksums
-            raise read_error(store.container, store.start, exc, 0, 0, ids=uniq) from exc
+            raise read_error(self.container, p.start, exc, 0, 0, ids=uniq) from exc
         buf = self.bufs[slot]
         self._go.set()  # the first step's reads are in: the stream may start
         view = buf.view()
@@ -461,7 +457,7 @@ class Stream:
     # ----------------------------------------------------------------- lifetime
     def population(self) -> tuple[float, int]:
         """(seconds, bytes) of this rank's block read, once its stream has finished."""
-        return self._seconds, int(self.windows.arena.local.size)
+        return self._seconds, int(self.arena.local.size)
 
     def close(self) -> None:
         """Collective after `drain` (frees the exchange's communicator); safe twice."""

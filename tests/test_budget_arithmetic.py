@@ -61,3 +61,45 @@ def test_the_peak_is_the_larger_of_buffers_and_indexes_or_all_of_them_when_strea
 def test_the_room_for_resident_data_is_each_budget_less_the_buffers():
     room = budget.resident_room([1000, 600, 500], 571)
     assert room.dtype == np.int64 and room.tolist() == [429, 29, -71]
+
+
+# A store's plan (dstore.storeplan) built from the same plain values, as 4 ranks see it: the budget's
+# store-level figures (what check_budget gathers) without MPI or a container.
+def _plan(rank=0, **options):
+    from dstore import storeplan
+    from dstore.config import StoreConfig
+
+    cfg = StoreConfig.from_options({"batch_size": 8, **options}).checked(4)
+    n = OFFSETS.size - 1
+    return storeplan.build(rank, 4, cfg, 0, n, OFFSETS, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint32),
+                           0, reader_index=budget.index_bytes(n, False))
+
+
+def test_a_plans_needs_are_its_block_and_its_receive_buffers_by_hand():
+    for rank in range(4):
+        p = _plan(rank, prefetch=2, population_threads=1, storage_lookahead=2, storage_threads=1)
+        block = int(OFFSETS[p.bounds[rank + 1]] - OFFSETS[p.bounds[rank]])
+        recv = 3 * TOP[3]  # prefetch + 1 buffers of the largest 2 + 1 samples (8 over 4 ranks)
+        # nothing resident: the receive buffers, 2 + 1 storage buffers, 1 storage thread's index of 20 B a sample
+        assert budget.memory_needs(p) == (block + recv, recv + 3 * TOP[3] + 20 * 8)
+
+
+def test_a_plans_stream_runs_beside_the_receive_buffers_and_replication_holds_everything():
+    p = _plan(population="stream", population_threads=1, storage_threads=2)
+    recv = 3 * TOP[3]
+    stream = 3 * TOP[3] + 2 * 20 * 8
+    assert budget.memory_needs(p)[0] == int(OFFSETS[p.bounds[1]]) + recv + stream
+    # replicated: the whole data set, no receive buffers; its 3 population threads' indexes beside it
+    assert budget.memory_needs(_plan(replicate=True, population_threads=1))[0] == int(OFFSETS[-1])
+    assert budget.memory_needs(_plan(replicate=True, population_threads=3))[0] == int(OFFSETS[-1]) + 3 * 20 * 8
+
+
+def test_a_plan_is_a_value_replaced_not_written():
+    import dataclasses
+
+    p = _plan()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.seed = 3  # type: ignore[misc]
+    q = dataclasses.replace(p, config=dataclasses.replace(p.config, seed=3))
+    assert (p.seed, q.seed) == (0, 3)
+    assert not np.array_equal(p.schedule(0).ids, q.schedule(0).ids)  # the orders follow the seed

@@ -138,8 +138,8 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
     path = raw_container(tmp_path / "c.h5", n=400, shape=(8, 8, 3))
     store = DataStore(MPI.COMM_SELF, path, batch_size=8, population="stream")
     try:
-        assert budget.reader_index(store) == 0
-        assert budget.stream_buffers(store) == (store.prefetch + 1) * budget.recv_bound(store)
+        assert store.plan.reader_index == 0
+        assert budget.stream_buffers(store.plan) == (store.prefetch + 1) * budget.recv_bound(store.plan)
     finally:
         store.close()
 

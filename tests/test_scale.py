@@ -45,7 +45,7 @@ def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backe
     kw = dict(batch_size=10, seed=1, population_threads=3, storage_threads=2)
     probe = DataStore(MPI.COMM_SELF, path, **kw)
     lazy = not backend.startswith("sharded")
-    assert budget_mod.population_readers(probe) == (0 if lazy else 3 * 20 * 300)  # offsets, labels, checksums
+    assert budget_mod.population_readers(probe.plan) == (0 if lazy else 3 * 20 * 300)  # offsets, labels, checksums
     budget = probe.tier_overhead() + int(0.5 * int(probe.offsets[-1]))
     probe.close()
     with DataStore(MPI.COMM_SELF, path, memory_budget=budget, **kw) as st:  # tiered: storage threads read

@@ -81,7 +81,7 @@ def private_accesses(root: pathlib.Path) -> list[str]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Import cycles and private store accesses in datastore/.")
     ap.add_argument("root", nargs="?", default="datastore", help="the package directory (default: datastore)")
     args = ap.parse_args(argv)
     root = pathlib.Path(args.root)
