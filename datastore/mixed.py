@@ -94,7 +94,6 @@ class MixedStore:
             for container, _, rng in items:  # each constructor is collective and agreed: all ranks fail alike
                 cfg = dataclasses.replace(config, drop_last=False, sample_range=rng)
                 self.stores.append(DataStore(comm, container, cfg))
-                self.stores[-1].stream_first_reads = False  # its steps are the mix's (DataStore.populate)
         except BaseException as exc:
             self._end(exc)
             raise
@@ -142,9 +141,10 @@ class MixedStore:
 
     # ----------------------------------------------------------------- epochs
     def populate(self) -> None:
-        """Collective: populates every source's store in turn."""
+        """Collective: populates every source's store in turn (no stream reads a source's own first
+        step ahead: its steps are the mix's)."""
         for s in self.stores:
-            s.populate()
+            s.populate(first_reads=False)
 
     def epoch(self, epoch: int):
         """Iterates this rank's mixed batches of `epoch` (collective: every rank iterates it);

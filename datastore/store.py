@@ -168,8 +168,6 @@ class DataStore:
         self.info = reader.info
         self.windows: Windows | None = None  # set by populate(), the one place (dstore.populate)
         self.fail_fast = False
-        # population="stream": read the first step's samples ahead of the block (off for a mix's sources)
-        self.stream_first_reads = True
         self._resume: tuple[int, int] | None = None
         self._next = (0, 0)
         self._active = None
@@ -243,9 +241,11 @@ class DataStore:
         cfg = dataclasses.replace(self.plan.config, memory_budget=parse_bytes(budget))
         self.plan = dataclasses.replace(self.plan, config=cfg, budget_source=source)
 
-    def populate(self) -> None:
+    def populate(self, *, first_reads: bool = True) -> None:
         """Collective: checks the budget, allocates the windows and (preload/replicate) fills them
-        (dstore.populate)."""
+        (dstore.populate). With population="stream", `first_reads` reads the first step of the
+        store's own schedule ahead of the block (False: a MixedStore's source, whose steps are the
+        mix's)."""
         if self.windows is not None:
             return
         if self._closed:
@@ -255,7 +255,7 @@ class DataStore:
         if self.population == "stream" and w.resident is None and not self.replicate:
             # the block read in the background (dstore.stream), in the order of the epoch served first
             epoch, step = self._resume if self._resume is not None else (0, 0)
-            first = (step, self.plan.schedule(epoch)) if self.stream_first_reads else None
+            first = (step, self.plan.schedule(epoch)) if first_reads else None
             w.stream = stream_mod.start(self.plan, self.comm, self.container, w.arena, w.checks, epoch, first)
         self._start_progress()
 
@@ -335,7 +335,7 @@ class DataStore:
     def _serve(self, e: int, schedule: plan.Schedule | None, start: int | None):
         """Epoch `e`'s EpochRun (dstore.epoch) on the windows, recording where it is: the store is
         the one writer of its position, its stats and its failed state."""
-        self.populate()
+        self.populate(first_reads=schedule is None)  # a given schedule (a mix's) is not the store's own
         if self.windows is None:  # populate() raises instead
             raise ValueError("the DataStore is closed")
         first = self._begin(e, start)

@@ -328,3 +328,25 @@ def test_a_source_over_the_budget_is_served_from_storage_on_2_ranks(raw_sources,
     got = _load(out)
     _entries_are_the_plan(got, raw_sources)
     assert all(rank["sources"][1]["samples_storage"] > 0 for rank in got["stats"])
+
+
+@pytest.mark.parametrize("enter", [True, False])
+def test_a_streamed_mix_serves_the_preloaded_mixs_bytes(sources, enter):
+    # each source's stream reads in the mix's steps, never its own schedule's first step: populated
+    # by the mix (with) or by the first epoch (schedule given), the batches are the preloaded mix's
+    from mpi4py import MPI
+
+    from dstore.mixed import MixedStore
+
+    def epochs(population):
+        store = MixedStore(MPI.COMM_SELF, [(sources[0], 0.6), (sources[1], 0.4)], batch_size=8, seed=2,
+                           population=population)
+        if enter:
+            store.__enter__()
+        try:
+            return [(b.sources.tolist(), b.ids.tolist(), [bytes(x) for x in b.samples])
+                    for e in (0, 1) for b in store.epoch(e)]
+        finally:
+            store.close()
+
+    assert epochs("stream") == epochs("preload")

@@ -1,3 +1,3 @@
 """Measurement programs behind the figures in docs/ (each `python -m dstore.tools.measure.NAME --help`):
-checksum, loader, population, progress, reencode, scale, soak, tiers, ltfb_experiment. Not part of the
+checksum, imports, loader, population, progress, reencode, scale, soak, tiers, ltfb_experiment. Not part of the
 `dstore` command."""
