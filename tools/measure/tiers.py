@@ -89,7 +89,7 @@ def _raw_reads(comm, container, args) -> list:
         sched = st.schedule(1)
     owner = np.zeros(sizes.size, dtype=np.int64)
     res = tiers.resident_mask(sizes, owner, np.array([int(offsets[-1]) // 2]), 0)
-    ids = sched.ids[~sched.pad]
+    ids = sched.ids[~np.asarray(sched.pad)]
     ids = ids[~res[ids]]
     reader = StorageReader(container, args.storage_threads)
     try:
