@@ -165,8 +165,8 @@ def test_wheel_is_typed(wheel):
 
 
 def test_the_editable_install_is_a_current_link_tree():
-    # The README's install (editable_mode=strict) is a tree of links under build/, which pyright,
-    # mypy and editors resolve; a module added since the install is missing from it until the
+    # The README's install (editable_mode=strict) is a tree of links under build/, which mypy and
+    # editors resolve (pyright: typecheck/dstore, below); a module added since the install is missing from it until the
     # `pip install -e` runs again. The default editable mode (an import hook) hides `dstore` from them.
     import importlib.util
 
