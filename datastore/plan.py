@@ -19,6 +19,7 @@ Rules (the store's docstring repeats them for users):
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -111,9 +112,9 @@ class Schedule:
         pad: bool[M]; True where the entry is a padding repeat (see the module docstring).
     """
 
-    ids: np.ndarray
+    ids: np.ndarray | Derived
     ptr: np.ndarray
-    pad: np.ndarray
+    pad: np.ndarray | Derived
 
     @property
     def steps(self) -> int:
@@ -173,8 +174,8 @@ def global_schedule(order, batch_size: int, nranks: int, rank: int, drop_last: b
         ptr = np.zeros(counts.size + 1, dtype=np.int64)
         np.cumsum(counts, out=ptr[1:])
         m = int(ptr[-1])
-        return Schedule(Derived(m, _Blocks(lambda j: order[positions(j)], m)), ptr,  # type: ignore[arg-type]
-                        Derived(m, lambda j: np.zeros(np.size(j), dtype=bool)))  # type: ignore[arg-type]
+        return Schedule(Derived(m, _Blocks(lambda j: order[positions(j)], m)), ptr,
+                        Derived(m, lambda j: np.zeros(np.size(j), dtype=bool)))
     idx = positions(np.arange(int(counts.sum()), dtype=np.int64))
     # A pad repeats the rank's own first sample of the epoch (so under dynamic population it is
     # one the rank holds); a rank with no sample at all in step 0 (N < ranks) repeats order[rank % N].
@@ -286,7 +287,7 @@ class Derived:
             raise AttributeError(name)
         return getattr(np.asarray(self), name)
 
-    __hash__ = None  # type: ignore[assignment]  # unhashable as an array (== is elementwise); typeshed types it as a method
+    __hash__: ClassVar[None] = None  # unhashable as an array (== is elementwise)
 
 
 def _whole(op):

@@ -106,6 +106,5 @@ class Preemption:
     def __enter__(self) -> Preemption:
         return self.install()
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.uninstall()
-        return False

@@ -165,8 +165,8 @@ def test_wheel_is_typed(wheel):
 
 
 def test_the_editable_install_is_a_current_link_tree():
-    # The README's install (editable_mode=strict) is a tree of links under build/, which pyright,
-    # mypy and editors resolve; a module added since the install is missing from it until the
+    # The README's install (editable_mode=strict) is a tree of links under build/, which mypy and
+    # editors resolve (pyright: typecheck/dstore, below); a module added since the install is missing from it until the
     # `pip install -e` runs again. The default editable mode (an import hook) hides `dstore` from them.
     import importlib.util
 
@@ -196,3 +196,17 @@ def test_the_design_module_map_lists_every_module():
     assert len(rows) == len(listed), f"listed twice: {sorted(r for r in listed if rows.count(r) > 1)}"
     assert not files - listed, f"modules missing from docs/design.md's module map: {sorted(files - listed)}"
     assert not listed - files, f"docs/design.md's module map names modules that do not exist: {sorted(listed - files)}"
+
+
+def test_the_type_check_tree_holds_every_module_under_its_import_name():
+    # pyright checks typecheck/dstore ([tool.pyright]): a module the tree does not reach is not type
+    # checked at all, and a link to a removed file is a broken link. The tree is committed; after
+    # adding or removing a top-level entry of datastore/, `python typecheck/make_links.py` rewrites it.
+    tree = REPO / "typecheck"
+    remedy = "(run python typecheck/make_links.py and commit typecheck/dstore)"
+    wrong = [str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)
+             if (tree / FOLDERS[p.relative_to(REPO).parts[0]] / Path(*p.relative_to(REPO).parts[1:])).resolve() != p]
+    assert not wrong, f"modules the type check does not reach by their import name {remedy}: {wrong}"
+    broken = [str(p.relative_to(REPO)) for p in (tree / "dstore").iterdir() if not p.exists()]
+    assert not broken, f"links to files that are gone {remedy}: {broken}"
+    assert all(p.is_symlink() for p in (tree / "dstore").iterdir()), f"typecheck/dstore holds links only {remedy}"

@@ -92,7 +92,7 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="dstore",
         description="Distributed in-memory data store for deep-learning training over MPI RMA.",

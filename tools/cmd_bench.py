@@ -102,7 +102,7 @@ def _config(args):
 
     count = _or_default(args, "count", 4096)
     batch = _or_default(args, "batch_size", 64)
-    growth = _or_default(args, "growth", (2048, 8192, 32768))
+    growth = _growth_or_default(args, (2048, 8192, 32768))
     train = _or_default(args, "train_samples", 0)
     cold_repeat = _or_default(args, "cold_repeat", 3)
     if cold_repeat < 1:
@@ -132,14 +132,23 @@ def _config(args):
                        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
 
 
-def _or_default(args, name: str, full):
+def _or_default(args, name: str, full: int) -> int:
     """Option `name` as given; else what --quick sets (QUICK); else `full`, the whole run's default."""
     given = getattr(args, name)
     if given is not None:
         return given
     if not args.quick:
         return full
-    return _ints(QUICK[name]) if name == "growth" else QUICK[name]
+    return int(QUICK[name])
+
+
+def _growth_or_default(args, full: tuple[int, ...]) -> tuple[int, ...]:
+    """--growth as given; else what --quick sets (QUICK); else `full`."""
+    if args.growth is not None:
+        return args.growth
+    if not args.quick:
+        return full
+    return _ints(str(QUICK["growth"]))
 
 
 def _check_image_options(args) -> None:
@@ -179,7 +188,7 @@ def _storage_options(args):
         if storage.is_local and args.storage.strip() == "local":
             storage = None
     else:
-        sweep = tuple(args.storage_sweep) or DEFAULT_LADDER
+        sweep = tuple(args.storage_sweep or ()) or DEFAULT_LADDER  # (not None here: returned above)
         for spec in sweep:
             parse_spec(spec)  # every rung checked before anything runs
     needs_fuse = storage is not None or any(s != "local" for s in (sweep or ()))

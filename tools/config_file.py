@@ -72,12 +72,12 @@ def _value(action: argparse.Action, key: str, value, path: str):
             raise ConfigError(f"{where} must be true or false")
         return value
     if action.nargs == "*" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return [action.type(v) if action.type is not None else v for v in value]  # a mix's containers
+        return [action.type(v) if callable(action.type) else v for v in value]  # a mix's containers
     if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         value = ",".join(str(v) for v in value) if key != "image_size" else "x".join(str(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"{where}: a {type(value).__name__} is not a value of --{key.replace('_', '-')}")
-    if action.type is not None:
+    if callable(action.type):
         try:
             value = action.type(str(value))
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:

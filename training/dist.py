@@ -191,7 +191,9 @@ def _device_of(device: str, local_rank: int, gpu_index: int | None):
 def _rendezvous(comm, timeout):
     """The TCPStore every rank of `comm` meets at: hosted by rank 0 on a free port (collective).
     A port can be taken between picking and binding, so rank 0 tries up to 5 ports."""
-    import torch.distributed as dist
+    # torch.distributed.TCPStore, from the module that defines it: torch.distributed re-exports it
+    # without marking it public, so a type checker reads the name there as private
+    from torch._C._distributed_c10d import TCPStore
 
     rank, size = comm.Get_rank(), comm.Get_size()
     for _ in range(5):
@@ -200,7 +202,7 @@ def _rendezvous(comm, timeout):
         err = None
         if rank == 0:
             try:
-                store = dist.TCPStore(host, port, size, True, timeout=timeout, wait_for_workers=False)
+                store = TCPStore(host, port, size, True, timeout=timeout, wait_for_workers=False)
             except (RuntimeError, OSError) as exc:
                 err = f"{type(exc).__name__}: {exc}"
         err = comm.bcast(err, root=0)
@@ -210,7 +212,7 @@ def _rendezvous(comm, timeout):
         raise ConfigError(f"rank 0 could not start the rendezvous store after 5 tries: {err}")
     if rank == 0:
         return store
-    return dist.TCPStore(host, port, size, False, timeout=timeout)
+    return TCPStore(host, port, size, False, timeout=timeout)
 
 
 def torch_env(comm) -> dict[str, str]:

@@ -55,15 +55,15 @@ def unpack(data: np.ndarray):
     """
     import torch
 
-    return torch.load(io.BytesIO(memoryview(np.ascontiguousarray(data))), map_location="cpu", weights_only=True)
+    return torch.load(io.BytesIO(np.ascontiguousarray(data).data), map_location="cpu", weights_only=True)
 
 
 def _header(data: np.ndarray) -> np.ndarray:
-    return np.array([data.size, zlib.crc32(data)], dtype=np.int64)
+    return np.array([data.size, zlib.crc32(data.data)], dtype=np.int64)
 
 
 def _check(data: np.ndarray, header: np.ndarray, source: int) -> np.ndarray:
-    crc = zlib.crc32(data)
+    crc = zlib.crc32(data.data)
     if data.size != int(header[0]) or crc != int(header[1]):
         raise ExchangeError(f"the state received from rank {source} is damaged: {data.size} bytes with CRC32 "
                             f"{crc:#010x}, announced {int(header[0])} bytes with CRC32 {int(header[1]):#010x}")

@@ -302,7 +302,7 @@ class Fit:
         """Collective: this rank's data-I/O figures (the store's last epoch, or the direct reader's
         totals); the main rank reports them over all ranks in one line and logs every rank's."""
         stats = getattr(self.train_src, "stats", None) or {}
-        stats = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)  # the store's EpochStats, or a dict
+        stats = dict(stats) if isinstance(stats, dict) else stats.as_dict()  # a dict, or the store's EpochStats
         all_stats = self.ctx.comm.gather(stats, root=0)
         if self.ctx.is_main:
             self.report(summarize_io(all_stats, self.cfg.loader))  # one line however many ranks

@@ -90,9 +90,8 @@ class Heartbeat:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        return False

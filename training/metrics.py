@@ -76,7 +76,7 @@ class EpochMeter:
 def _plain(value):
     """A JSON-safe copy: numpy scalars to Python numbers, NaN/inf to None (JSON has neither)."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return _plain_dict(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, np.generic):
@@ -84,6 +84,11 @@ def _plain(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _plain_dict(record: dict) -> dict:
+    """_plain of a dict (str keys)."""
+    return {str(k): _plain(v) for k, v in record.items()}
 
 
 class JsonLog:
@@ -155,8 +160,8 @@ class CurveLogs:
         """Adds one epoch's record (the dict written to metrics.jsonl)."""
         if self.csv_path is None:
             return
-        numbers = {k: v for k, v in _plain(record).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self._write_csv(numbers)
+        numbers = {k: v for k, v in _plain_dict(record).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._write_csv(self.csv_path, numbers)
         if self._tb is not None:
             step = int(numbers.get("global_step", numbers.get("epoch", 0)))
             for key, value in numbers.items():
@@ -164,17 +169,17 @@ class CurveLogs:
                     self._tb.add_scalar(key.replace("_", "/", 1), value, step)
             self._tb.flush()
 
-    def _write_csv(self, numbers: dict) -> None:
+    def _write_csv(self, csv_path: str, numbers: dict) -> None:
         import csv
 
-        new = not os.path.exists(self.csv_path) or os.path.getsize(self.csv_path) == 0
+        new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
         if self._columns is None:
             if new:
                 self._columns = list(numbers)
             else:  # a resumed run appends under the header the first run wrote
-                with open(self.csv_path, newline="", encoding="utf-8") as fh:
+                with open(csv_path, newline="", encoding="utf-8") as fh:
                     self._columns = next(csv.reader(fh), list(numbers))
-        with open(self.csv_path, "a", newline="", encoding="utf-8") as fh:
+        with open(csv_path, "a", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, self._columns, extrasaction="ignore")
             if new:
                 writer.writeheader()

@@ -94,7 +94,7 @@ def _imported(path: str) -> ModelEntry:
         raise ConfigError(f"--model {path!r}: {attr!r} is not callable (a factory "
                           "(in_channels, num_classes, image_size) -> torch.nn.Module)")
     _check_signature(path, fn)
-    input_size = getattr(fn, "input_size", None) or (lambda hw: tuple(hw))
+    input_size: Callable[[tuple[int, int]], tuple[int, int]] = getattr(fn, "input_size", None) or (lambda hw: (hw[0], hw[1]))
     if not callable(input_size):
         raise ConfigError(f"--model {path!r}: its input_size attribute must be a callable (H, W) -> (H, W)")
     doc = (fn.__doc__ or "").strip().splitlines()

@@ -18,10 +18,12 @@ held-out and tournament sets are read from the container (training.data.DirectSo
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import os
 import time
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -82,21 +84,29 @@ class WebDatasetPeer:
             os.environ["GOPEN_BUFFER"] = str(WDS_BUFFER)
 
     def epoch(self, e):
-        import webdataset as wds
+        # from its modules: webdataset's own stubs (__init__.pyi) do not re-export these names
+        from webdataset.compat import WebDataset, WebLoader
+        from webdataset.filters import batched, detshuffle, shuffle, to_tuple
+        from webdataset.pipeline import DataPipeline
+        from webdataset.shardlists import SimpleShardList, split_by_worker
+        from webdataset.tariterators import tarfile_to_samples
 
         split = _RankSplit(self.comm.Get_rank(), self.comm.Get_size())
         seed = self.seed * 1000 + e  # a fresh pipeline per epoch seeded with it: what set_epoch gives
         if self.buffered:  # the composable pipeline of WebDataset's documentation
-            ds = wds.DataPipeline(wds.SimpleShardList(self.shards), split, wds.split_by_worker,
-                                  wds.detshuffle(len(self.shards), seed=seed), wds.tarfile_to_samples(),
-                                  wds.shuffle(SHUFFLE_BUFFER, seed=seed + 1), wds.to_tuple("__key__", "jpg", "cls"),
-                                  wds.batched(self.batch, collation_fn=_collate, partial=True))
+            ds = DataPipeline(SimpleShardList(self.shards), split, split_by_worker,
+                              detshuffle(len(self.shards), seed=seed), tarfile_to_samples(),
+                              shuffle(SHUFFLE_BUFFER, seed=seed + 1), to_tuple("__key__", "jpg", "cls"),
+                              batched(self.batch, collation_fn=_collate, partial=True))
         else:  # the WebDataset class, as shipped
-            ds = (wds.WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
-                                 nodesplitter=split, empty_check=False)
+            ds = (WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
+                             nodesplitter=split, empty_check=False)
                   .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("__key__", "jpg", "cls")
                   .batched(self.batch, collation_fn=_collate, partial=True))
-        it = ds if self.workers == 0 else wds.WebLoader(ds, batch_size=None, num_workers=self.workers)
+            # webdataset's stubs type each step of the chain as FluidInterface; it returns the WebDataset
+            if not isinstance(ds, DataPipeline):
+                raise TypeError(f"webdataset's chain gave a {type(ds).__name__}, not a pipeline")
+        it = ds if self.workers == 0 else WebLoader(ds, batch_size=None, num_workers=self.workers)
         yield from it
 
     def close(self):
@@ -114,7 +124,8 @@ class LitDataPeer:
     (`posix`: LITDATA_POSIX_FAST=0); `epoch(e)` yields (samples, labels, sample indices)."""
 
     def __init__(self, comm, path, workers, batch, seed, cache_dir, posix):
-        import litdata
+        # by name: an optional peer (tools/setup_peers.sh) that the type check's environment lacks
+        litdata = importlib.import_module("litdata")
 
         os.environ.update(WORLD_SIZE=str(comm.Get_size()), GLOBAL_RANK=str(comm.Get_rank()), NNODES="1")
         if posix:
@@ -192,6 +203,7 @@ class PeerSource:
         self.steps_per_epoch = max(1, self.num_samples // self.batch_size)
         where = copies_dir(reader.path)
         copy = find_copy(reader, where, loader, seed=self.seed)
+        self._peer: WebDatasetPeer | LitDataPeer | None
         if loader == "webdataset":
             self._peer = WebDatasetPeer(comm, copy, 0, True, self.per_rank, self.seed)
         else:
@@ -200,7 +212,7 @@ class PeerSource:
             posix = os.environ.get("LITDATA_POSIX_FAST") == "0"
             self._peer = LitDataPeer(comm, copy, 0, self.per_rank, self.seed, os.path.join(where, "litdata-cache"),
                                         posix)
-        self._samples = None  # the peer's samples, pass after pass
+        self._samples: Iterator[tuple] | None = None  # the peer's samples, pass after pass
         self._pass = 0
         self._epoch, self._step = 0, 0
         self.stats = {"read_s": 0.0, "bytes_read": 0, "samples_read": 0, "peer_passes": 0}
@@ -216,6 +228,8 @@ class PeerSource:
         """(bytes, label, index) of the training samples the peer delivers, pass after pass."""
         while True:
             found = False
+            if self._peer is None:
+                raise ValueError(f"--loader {self.loader}: the source is closed")
             for samples, labels, ids in self._peer.epoch(self.seed * 1000 + self._pass):
                 for x, lab, i in zip(samples, np.asarray(labels).tolist(), np.asarray(ids).tolist()):
                     if i < 0:
@@ -230,11 +244,11 @@ class PeerSource:
                 raise ConfigError(f"--loader {self.loader}: this rank's part of the copy holds none of samples "
                                   f"[{self.start}, {self.stop})")
 
-    def _batch(self, epoch: int, s: int):
+    def _batch(self, stream: Iterator[tuple], epoch: int, s: int):
         from dstore.store import Batch  # here: it initialises MPI (see the imports)
 
         t0 = time.perf_counter()
-        got = [next(self._samples) for _ in range(self.per_rank)]
+        got = [next(stream) for _ in range(self.per_rank)]
         samples = [g[0] for g in got]
         ids = np.array([g[2] for g in got], dtype=np.int64)
         labels = np.array([g[1] for g in got], dtype=np.int64)
@@ -253,8 +267,9 @@ class PeerSource:
         first = self._step if epoch == self._epoch else 0
         if self._samples is None:
             self._samples = self._stream()
+        stream = self._samples
         for s in range(first, self.steps_per_epoch):
-            batch = self._batch(epoch, s)
+            batch = self._batch(stream, epoch, s)
             self._epoch, self._step = epoch, s + 1
             yield batch
         self._epoch, self._step = epoch + 1, 0

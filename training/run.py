@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from dstore.collective import on_root
 from dstore.config import options_from
 from dstore.errors import ConfigError
 from dstore.formats import open_container
+from dstore.formats.base import ContainerReader
 from dstore.mixed import MixedStore
 from dstore.preemption import Preemption, parse_signals
 from dstore.store import DataStore
@@ -38,6 +40,7 @@ from dstore.training.config import TrainConfig
 from dstore.training.data import (
     DirectSource,
     FilesSource,
+    InputSpec,
     check_mix_flags,
     check_mix_readers,
     ensure_builtin,
@@ -144,18 +147,18 @@ def _same_dir(a: str, b: str) -> bool:
 class _Data:
     """What one trainer reads: its containers, how their samples divide, the input they hold."""
 
-    reader: object  # the training container
-    val_reader: object  # --val's container, or None (then held_range of reader is held out)
+    reader: ContainerReader  # the training container
+    val_reader: ContainerReader | None  # --val's container, or None (then held_range of reader is held out)
     container: dict  # the training container's identity (checkpoints are tied to it)
     train_range: tuple[int, int]
     held_range: tuple[int, int] | None
-    spec: object  # dstore.training.data's InputSpec, measured on the whole training range
+    spec: InputSpec  # dstore.training.data's InputSpec, measured on the whole training range
     tour_range: tuple[int, int] | None = None  # under LTFB, the trainer's tournament samples
     mix: list | None = None  # a mix's (container, weight) pairs (then reader is its first source's)
     readers: list = dataclasses.field(default_factory=list)  # a mix's readers, one per source
 
 
-def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_path: str | None = None,
+def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_dir: str, *, resume_path: str | None = None,
                 say=console.say, tournament=None, watch: Preemption | None = None,
                 beat: Heartbeat | None = None) -> dict:
     """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
@@ -213,7 +216,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
                 "train_samples": data.train_range[1] - data.train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
         if data.mix:  # the mix, with each source's samples per epoch (dstore.mix's counts)
-            meta.update(data=" ".join(cfg.data), mix={"sources": [p for p, _ in data.mix],
+            meta.update(data=" ".join(cfg.data or ()), mix={"sources": [p for p, _ in data.mix],
                                                       "weights": [w for _, w in data.mix],
                                                       "counts": [int(c) for c in train_src.counts]})
         # Agreed over the whole job: under LTFB every trainer stops at the same global step.
@@ -225,18 +228,21 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str, run_dir: str, *, resume_
         return fit.run()
 
 
-def _open_data(stack, cfg: TrainConfig, comm, data_path: str, resume_path: str | None) -> tuple[_Data, dict | None]:
+def _open_data(stack, cfg: TrainConfig, comm, data_path: str | tuple[str, ...],
+               resume_path: str | None) -> tuple[_Data, dict | None]:
     """Opens the training (and --val) containers on `stack`, loads the checkpoint to resume (checked
     against the container before any store exists or anything is written), splits off the held-out
     range and measures the input; returns (_Data, the checkpoint or None)."""
     mix = parse_sources(cfg.data)
     if mix:
         return _open_mix(stack, cfg, comm, mix, resume_path)
+    assert isinstance(data_path, str)  # a tuple of positionals is a mix (parse_sources), opened above
     reader = stack.enter_context(open_container(data_path))
     container = container_identity(reader)
     ck = load_for_resume(resume_path, container) if resume_path else None
-    val_reader = stack.enter_context(open_container(cfg.val)) if cfg.val else None
-    if val_reader is not None:
+    val_reader = None
+    if cfg.val:
+        val_reader = stack.enter_context(open_container(cfg.val))
         check_val(cfg.val, val_reader, data_path, reader, container)
     train_range, held_range = split_ranges(reader.num_samples, 0.0 if cfg.val else cfg.holdout)
     warning = check_held_out(data_path, reader.info.extra, reader.labels, held_range)  # raises if class-ordered
@@ -301,8 +307,10 @@ def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int], str]:
         why = f"--model auto: {why}"
     else:
         name, why = cfg.model, f"--model {cfg.model}"
-    size = tuple(cfg.image_size) if cfg.image_size else get_model(name).input_size(spec.image_size)
-    return name, size, why
+    if cfg.image_size:
+        h, w = cfg.image_size
+        return name, (h, w), why
+    return name, get_model(name).input_size(spec.image_size), why
 
 
 def _build_model(cfg: TrainConfig, name: str, spec, input_size):
@@ -366,8 +374,9 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tu
     Stores populate when entered, so they are built first and share one memory budget per rank
     with the loaders' batches (dstore.training.budget) before any of them populates."""
     comm = ctx.comm
-    sources = [_make_mix(cfg, comm, data.mix) if data.mix
-               else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last, train=True)]
+    sources: list[MixedStore | PeerSource | DirectSource | DataStore | None] = [
+        _make_mix(cfg, comm, data.mix) if data.mix
+        else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last, train=True)]
     if data.held_range is not None or data.val_reader is not None:
         sources.append(_make_source(cfg, comm, data.val_reader or data.reader, data.held_range, cfg.seed + 1, False))
     else:
@@ -387,7 +396,7 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
     fraction of the time, in threads, so that a rank does not hold idle worker processes."""
     train_src, eval_src, tour_src = sources
     # Resize in the loader: JPEGs then decode at a reduced DCT scale where possible.
-    opts = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
+    opts: dict[str, Any] = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
     if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
         opts.update(pin_memory=True, device=ctx.device)
     loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, workers=workers,
@@ -400,7 +409,8 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
 def _transforms(cfg: TrainConfig, spec, input_size):
     """(training transform, evaluation transform) of `--augment` at `input_size`."""
     # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
-    common = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std, normalize=False)
+    common: dict[str, Any] = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std,
+                                  normalize=False)
     if cfg.augment == "imagenet":
         return (ImageTransform(train=True, flip=True, recipe="imagenet", **common),
                 ImageTransform(recipe="imagenet", **common))
@@ -437,7 +447,7 @@ def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | Non
         return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption, beat)
 
 
-def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_dir: str, say,
+def _run_job(cfg: TrainConfig, world, data_path: str | tuple[str, ...], resumed: str | None, run_dir: str, say,
              preemption: Preemption | None = None, beat: Heartbeat | None = None) -> dict:
     """train_trainers' job in its claimed run directory `run_dir` (resuming job directory `resumed`)."""
     explore = hparams.parse(cfg.explore)
@@ -450,6 +460,7 @@ def _run_job(cfg: TrainConfig, world, data_path: str, resumed: str | None, run_d
         _announce_job(cfg, tournament, run_dir, explore, starts, say)
         _write_job_config(cfg, run_dir)
     resume_path = None if resumed is None else os.path.join(resumed, f"trainer{k}", CHECKPOINT_NAME)
+    assert mine.run_dir is not None  # _trainer_config gives each trainer its directory
     comm = tournament.split()
     try:
         result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
@@ -510,8 +521,8 @@ def _job_result(cfg: TrainConfig, world, tournament, test: dict | None, run_dir:
     every = world.allgather(None if test is None else (test["accuracy"], test["loss"], test["samples"]))
     by_trainer = [every[j * tournament.ranks] for j in range(cfg.trainers)]
     accuracies = [None if t is None else t[0] for t in by_trainer]
-    scored = [j for j, a in enumerate(accuracies) if a is not None and not math.isnan(a)]
-    best = max(scored, key=lambda j: accuracies[j]) if scored else None
+    scored = {j: a for j, a in enumerate(accuracies) if a is not None and not math.isnan(a)}
+    best = max(scored, key=scored.__getitem__) if scored else None
     if world.Get_rank() == 0:
         for j, t in enumerate(by_trainer):
             say(f"trainer {j}: " + ("no test accuracy" if t is None else

@@ -9,6 +9,7 @@ separately (store_bench, training_view).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from dstore.errors import ConfigError
 from dstore.tools.bench.common import Measurement, evict_on_nodes, measure, rank_split
 from dstore.tools.bench.layouts import chunk_bytes
 from dstore.torch import resize
+
+if TYPE_CHECKING:
+    import torch
 
 # --- datasets (module level, so DataLoader workers can pickle them under any start method) ----------
 
@@ -81,16 +85,23 @@ class ContainerSampleDataset:
             if self.backend == "h5py":
                 import h5py
 
-                self._data = h5py.File(self.path, "r", locking=False)["data"]
+                data = h5py.File(self.path, "r", locking=False)["data"]
+                kind = h5py.Dataset
             else:
                 import zarr
 
-                self._data = zarr.open_group(self.path, mode="r")["data"]
+                data = zarr.open_group(self.path, mode="r")["data"]
+                kind = zarr.Array
+            if not isinstance(data, kind):
+                raise ConfigError(f"{self.path}: its 'data' is a {type(data).__name__}, not an array; "
+                                  "delete the copy to have it written again")
+            self._data = data
             self._pid = os.getpid()
         return self._data
 
-    def __getitem__(self, i):
-        data = self._array()[int(self.offsets[i]):int(self.offsets[i + 1])]
+    def __getitem__(self, i) -> tuple[np.ndarray | torch.Tensor, int]:
+        # (asarray: no copy; h5py and zarr return an ndarray for a slice, which their types do not say)
+        data = np.asarray(self._array()[int(self.offsets[i]):int(self.offsets[i + 1])])
         if self.decode:
             return decode_resized(data, self.size, f"{self.path}[{i}]"), int(self.labels[i])
         return data, int(self.labels[i])

@@ -131,6 +131,7 @@ def measure(comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int,
         got = comm.allgather((int(samples), int(nbytes), float(dt)))
         if best is None or max(g[2] for g in got) < max(g[2] for g in best):
             best = got
+    assert best is not None  # one pass at least
     if repeat > 1:
         extra["repeat"] = repeat
     return Measurement(name, group, cache, [g[0] for g in best], [g[1] for g in best],

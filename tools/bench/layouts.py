@@ -55,7 +55,8 @@ def _h5_current(path: str, key: str) -> bool:
 
     try:
         with h5py.File(path, "r", locking=False) as f:
-            return f.attrs.get("source_key") == key and f["data"].chunks is None
+            data = f["data"]
+            return f.attrs.get("source_key") == key and isinstance(data, h5py.Dataset) and data.chunks is None
     except (OSError, KeyError):
         return False
 
@@ -79,7 +80,9 @@ def _zarr_current(path: str, key: str) -> bool:
 
     try:
         g = zarr.open_group(path, mode="r")
-        return g.attrs.get("source_key") == key and tuple(g["data"].chunks) == (ZARR_CHUNK_BYTES,)
+        data = g["data"]
+        return (g.attrs.get("source_key") == key and isinstance(data, zarr.Array)
+                and tuple(data.chunks) == (ZARR_CHUNK_BYTES,))
     except Exception:  # noqa: BLE001 - zarr raises its own types for a missing or partial group
         return False
 
@@ -140,9 +143,15 @@ def chunk_bytes(path: str, backend: str) -> int | None:
         import h5py
 
         with h5py.File(path, "r", locking=False) as f:
-            c = f["data"].chunks
+            data = f["data"]
+            if not isinstance(data, h5py.Dataset):
+                raise ConfigError(f"{path}: its 'data' is a {type(data).__name__}, not an array")
+            c = data.chunks
     else:
         import zarr
 
-        c = zarr.open_group(path, mode="r")["data"].chunks
+        data = zarr.open_group(path, mode="r")["data"]
+        if not isinstance(data, zarr.Array):
+            raise ConfigError(f"{path}: its 'data' is a {type(data).__name__}, not an array")
+        c = data.chunks
     return None if c is None else int(c[0])

@@ -126,7 +126,7 @@ def _filled_window(comm, nbytes: int):
 
     win = MPI.Win.Allocate(max(nbytes, 1), 1, comm=comm)
     try:
-        arena = np.frombuffer(win.tomemory(), dtype=np.uint8)
+        arena = np.frombuffer(win.tomemory().cast("B"), dtype=np.uint8)
         arena[:] = comm.Get_rank() + 1
         del arena
         comm.Barrier()
@@ -205,7 +205,7 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20, fresh:
     def run():
         got = 0
         buf = np.empty(hi - lo if fresh else min(chunk, hi - lo), dtype=np.uint8)
-        view = memoryview(buf)
+        view = buf.data
         fd = os.open(path, os.O_RDONLY)
         try:
             pos = lo

@@ -10,6 +10,7 @@ Usage: python mosaic_peer.py --samples LIST.json --mds DIR [--seed S] [--batch-s
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -30,7 +31,8 @@ def evict(root: str) -> None:
 
 def convert(samples: list, out: str) -> float:
     """Writes MDS shards (columns image: bytes, label: int; no compression); returns seconds."""
-    from streaming import MDSWriter
+    # by name, here and in main(): Mosaic's venv holds streaming; the type check's environment does not
+    MDSWriter = importlib.import_module("streaming").MDSWriter
 
     t0 = time.perf_counter()
     tmp = out + ".tmp"
@@ -53,16 +55,16 @@ def read_pass(ds, epoch_label: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--samples", required=True, help="JSON list of [path, label]")
     p.add_argument("--mds", required=True, help="MDS directory (written if absent)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args(argv)
 
-    import streaming
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    streaming = importlib.import_module("streaming")
+    StreamingDataset = streaming.StreamingDataset
+    clean_stale_shared_memory = importlib.import_module("streaming.base.util").clean_stale_shared_memory
 
     with open(args.samples) as fh:
         samples = json.load(fh)

@@ -19,6 +19,8 @@ import contextlib
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +39,7 @@ class LoaderSpec:
     labels)) and `close()`; `paths` are the files it reads (evicted before a local pass)."""
 
     name: str
-    open: object
+    open: Callable[[Any], Any]
     paths: list
     collective: bool = False  # its epochs are collective (the store): never cut short on one rank
 
@@ -204,6 +206,7 @@ def measure(comm, spec_factory, rung: str, roots, *, rates=RATES, max_seconds=No
                 if res["cut_short"]:
                     break  # too slow to be worth a rate pass
             else:
+                assert row is not None  # the rate-free pass (rate None) comes first and set it
                 row["au_at"][rate] = res["au"]
                 row.setdefault("au_steady_at", {})[rate] = res["au_steady"]
         if row is None or names is None or k >= len(names):

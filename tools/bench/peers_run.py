@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def run(comm, cfg) -> dict:
     for why in skip.values():
         prog.note(f"skipped: {why}")
     roots = mount_roots(data_dir, container)
-    results = {"rungs": [], "quality": []}
+    results: dict[str, Any] = {"rungs": [], "quality": []}
     for rung in rungs:
         prog.start(f"rung {rung}")
         rows = peers.measure(comm, lambda tr: loaders(cfg, pd, "shuffled", tr, ranks, skip), rung, roots,

@@ -169,6 +169,13 @@ class _BenchRun:
         self.evict_paths: list[str] = []
         self.mnt = None
 
+    @property
+    def dataset(self) -> DataSet:
+        """The data set every reader reads, once `data_pass` has set it."""
+        if self.data is None:
+            raise RuntimeError("the bench's data set is read before data_pass() set it")
+        return self.data
+
     def add(self, m: Measurement) -> None:
         """Keeps a measurement and prints it."""
         self.ms.append(m)
@@ -190,30 +197,30 @@ class _BenchRun:
         self.prog.start("data")
         self.data = prepare(self.comm, self.cfg, self.prog, self.notes)
         if self.cfg.storage is not None:
-            self._mount()
+            self._mount(self.cfg.storage)
         self._layout_notes()
-        data = self.data
+        data = self.dataset
         self.prog.note(f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
                        f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB")
         self.evict_paths = container_files(data.container)
 
-    def _mount(self) -> None:
-        """--storage: every reader reads the data through a pfs mount, unmounted when `stack` closes."""
+    def _mount(self, model: PfsModel) -> None:
+        """--storage (`model`): every reader reads the data through a pfs mount, unmounted when `stack` closes."""
         cfg = self.cfg
         mnt = self.stack.enter_context(storage.mounted(self.comm, storage.mount_roots(cfg.data_path, cfg.container),
-                                                       cfg.storage))
+                                                       model))
         self.mnt = mnt
-        self.data = mnt.translate_dataset(self.data)
+        self.data = mnt.translate_dataset(self.dataset)
         self.prog.note(f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
-                       f"({cfg.storage.describe()}) at {', '.join(mnt.mountpoints)}")
+                       f"({model.describe()}) at {', '.join(mnt.mountpoints)}")
         self.notes.append(f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
-                          f"zarr, the training view) read through a `dstore pfs` mount with {cfg.storage.describe()}; "
+                          f"zarr, the training view) read through a `dstore pfs` mount with {model.describe()}; "
                           "files there have no page cache, so cold and warm passes both pay the model (the growth "
                           "sweep's repeated container is on local disk)")
 
     def _layout_notes(self) -> None:
         """What the h5py and zarr rows read: the per-sample copies, and the container as written."""
-        data = self.data
+        data = self.dataset
         self.notes.append(f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with "
                           "h5py's defaults (the fair per-sample baseline; the goal ratio uses it). "
                           f"{report.H5PY_CONTAINER}: the container as written, whose `data` is chunked (8 MiB when "
@@ -228,7 +235,7 @@ class _BenchRun:
     def limits_pass(self) -> None:
         """memcpy and raw RMA over the data set's sample sizes; per cache, the sequential read of the
         container beside the preload population it bounds."""
-        comm, offsets, B, seed = self.comm, self.data.offsets, self.cfg.batch_size, self.cfg.seed
+        comm, offsets, B, seed = self.comm, self.dataset.offsets, self.cfg.batch_size, self.cfg.seed
         self.prog.start("limit: memcpy")
         self.add(limits.memcpy_pass(comm, offsets, B, seed))
         self.prog.start("limit: raw RMA")
@@ -240,7 +247,7 @@ class _BenchRun:
 
     def _read_beside_population(self, cache: str) -> None:
         """The sequential-read limit and the preload population compared with it, side by side."""
-        comm, cfg, data = self.comm, self.cfg, self.data
+        comm, cfg, data = self.comm, self.cfg, self.dataset
         self.prog.start(f"limit: sequential read, {cache}; store population (preload), {cache}")
         # The limit and the population it is compared with are taken side by side, alternating,
         # `cold_repeat` times, and the median pass of each kept: cold reads move by 2x from one
@@ -269,7 +276,7 @@ class _BenchRun:
         self._mosaic_baseline()
 
     def _folder_baseline(self, cache: str) -> None:
-        cfg, data = self.cfg, self.data
+        cfg, data = self.cfg, self.dataset
         self.prog.start(f"baseline: DataLoader over files, {cache}")
         if data.files is not None:
             ds = baselines.FileBytesDataset(data.files, data.labels)
@@ -277,8 +284,9 @@ class _BenchRun:
                                                batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed))
 
     def _h5py_baselines(self, cache: str) -> None:
-        comm, seed, data = self.comm, self.cfg.seed, self.data
+        comm, seed, data = self.comm, self.cfg.seed, self.dataset
         self.prog.start(f"baseline: h5py per-sample, {cache}")
+        assert data.h5py_contiguous is not None  # prepare() writes the copy
         self.add(baselines.per_sample_pass(comm, data.h5py_contiguous, "h5py", data.offsets, data.labels,
                                            name=report.H5PY, cache=cache, seed=seed))
         if data.hdf5:
@@ -287,8 +295,9 @@ class _BenchRun:
                                                limit=CONTAINER_LAYOUT_LIMIT))
 
     def _zarr_baselines(self, cache: str) -> None:
-        comm, cfg, data = self.comm, self.cfg, self.data
+        comm, cfg, data = self.comm, self.cfg, self.dataset
         self.prog.start(f"baseline: zarr per-sample, {cache}")
+        assert data.zarr_per_sample is not None  # prepare() writes the copy
         self.add(baselines.per_sample_pass(comm, data.zarr_per_sample, "zarr", data.offsets, data.labels,
                                            name=report.ZARR, cache=cache, seed=cfg.seed, limit=cfg.zarr_limit))
         if data.zarr:
@@ -298,7 +307,7 @@ class _BenchRun:
                                                name=report.ZARR_CONTAINER, cache=cache, seed=cfg.seed, limit=limit))
 
     def _mosaic_baseline(self) -> None:
-        cfg, data = self.cfg, self.data
+        cfg, data = self.cfg, self.dataset
         self.prog.start("baseline: Mosaic Streaming")
         if cfg.storage is not None and cfg.mosaic:
             self.notes.append("Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its "
@@ -321,7 +330,7 @@ class _BenchRun:
     def store_pass(self) -> None:
         """Dynamic population per cache, then raw-byte delivery for each shuffle with prefetch on and
         off, and with every sample of another rank as an RMA get (node views off)."""
-        comm, container, B, seed = self.comm, self.data.container, self.cfg.batch_size, self.cfg.seed
+        comm, container, B, seed = self.comm, self.dataset.container, self.cfg.batch_size, self.cfg.seed
         for cache in self.caches:
             self.prog.start(f"store: population dynamic, {cache}")
             self.add(store_bench.population(comm, container, self.evict_paths, mode="dynamic", cache=cache,
@@ -339,7 +348,7 @@ class _BenchRun:
         """One epoch of decoded images through StoreLoader over the training view's samples. Returns
         the slowest rank's seconds per step (the training view's compute is set from it) and that
         number of samples."""
-        cfg, data = self.cfg, self.data
+        cfg, data = self.cfg, self.dataset
         self.prog.start("store: decode through StoreLoader")
         n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
         dec, step_s = store_bench.decode_pass(self.comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed,
@@ -352,14 +361,14 @@ class _BenchRun:
     def training_view_pass(self, step_s: float, n: int) -> dict:
         """The results' `training_view`: AU of the store and of each baseline (run_training_view)."""
         self.prog.start("training view (DLIO: sleep per step)")
-        return run_training_view(self.comm, self.cfg, self.data, step_s, n, self.prog)
+        return run_training_view(self.comm, self.cfg, self.dataset, step_s, n, self.prog)
 
     def growth_pass(self) -> list[dict]:
         """The results' `growth` (run_growth); empty without --growth sizes."""
         if not self.cfg.growth:
             return []
         self.prog.start(f"growth: {', '.join(f'{n:,}' for n in self.cfg.growth)} samples")
-        return run_growth(self.comm, self.cfg, self.data, self.prog)
+        return run_growth(self.comm, self.cfg, self.dataset, self.prog)
 
     # --- outputs ---------------------------------------------------------------------------------
     def results(self, tv: dict, growth: list[dict]) -> dict:
@@ -377,7 +386,7 @@ class _BenchRun:
 
     def _unmount(self) -> dict | None:
         """Closes the --storage mount; returns what the results' `meta.storage` records of it."""
-        if self.mnt is None:
+        if self.mnt is None or self.cfg.storage is None:  # (a mount is made only for --storage)
             return None
         self.stack.close()
         mnt, model = self.mnt, self.cfg.storage
@@ -385,7 +394,7 @@ class _BenchRun:
 
     def _meta(self, storage_meta: dict | None) -> dict:
         """The results' `meta` (bench_seconds is set last, by `results`)."""
-        cfg, data, busy = self.cfg, self.data, self.busy
+        cfg, data, busy = self.cfg, self.dataset, self.busy
         return {
             "ranks": self.comm.Get_size(), "num_samples": data.num_samples, "total_bytes": data.total_bytes,
             "mean_sample_bytes": data.total_bytes / max(1, data.num_samples), "batch_size": cfg.batch_size,
@@ -464,7 +473,7 @@ def run_storage_sweep(comm, cfg: BenchConfig) -> dict:
     import json
 
     rank = comm.Get_rank()
-    ladder = tuple(cfg.storage_sweep)
+    ladder = tuple(cfg.storage_sweep or ())
     prog = Progress(comm, 2 + len(ladder))
     notes: list[str] = []
     t_start = time.perf_counter()

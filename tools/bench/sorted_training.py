@@ -103,7 +103,7 @@ def run(out_dir: str, epochs: int = 5, seed: int = 0) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.bench.sorted_training", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.bench.sorted_training", description=(__doc__ or "").split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

@@ -4,6 +4,7 @@ accelerator utilisation AU = compute time / wall time. Every loader delivers dec
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from dstore.tools.bench.baselines import ContainerSampleDataset, FileBytesDataset, collate_list
 from dstore.tools.bench.common import evict_on_nodes, rank_split
@@ -93,7 +94,8 @@ def run_baselines(comm, data, n: int, *, compute_seconds: float, batch_size: int
     a DataLoader over the files (where the data set has them), and DataLoaders over the per-sample
     h5py and zarr copies (tools/bench/layouts.py), as a user training from HDF5 or Zarr would lay
     them out. Every one decodes to decode_size x decode_size."""
-    kw = dict(compute_seconds=compute_seconds, batch_size=batch_size, num_workers=num_workers, seed=seed)
+    kw: dict[str, Any] = dict(compute_seconds=compute_seconds, batch_size=batch_size, num_workers=num_workers,
+                              seed=seed)
     size = (decode_size, decode_size)
     offsets, labels = data.offsets[:n + 1], data.labels[:n]
     rows = []

@@ -62,6 +62,7 @@ def tiered_epochs(path: str, epochs: int, batch_size: int, checked: bool, reside
         if st.tier["storage_bytes"] == 0:
             raise SystemExit(f"the store is not tiered (budget {budget} bytes): lower --resident")
         if not checked:
+            assert st.windows is not None  # populated on entry
             st.windows.checks = None  # measurement only: the epoch's storage reads go unchecked
         for e in range(epochs):
             t0 = time.perf_counter()
@@ -72,7 +73,7 @@ def tiered_epochs(path: str, epochs: int, batch_size: int, checked: bool, reside
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("container")
     p.add_argument("--samples", type=int, default=800, help="samples timed per pass")
     p.add_argument("--repeat", type=int, default=5, help="passes (median kept)")

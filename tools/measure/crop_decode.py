@@ -56,7 +56,7 @@ def measure(args) -> list[tuple[str, float]]:
     out = np.empty((3, *size), np.uint8)
     area, scales = [], collections.Counter()
     for i, b in enumerate(blobs):
-        h, w = simplejpeg.decode_jpeg_header(b)[:2]
+        h, w = (int(v) for v in simplejpeg.decode_jpeg_header(b)[:2])  # (its stub: SupportsInt)
         box, _ = tf.plan((h, w), KeyedDraws(0, 0, i))
         area.append(box[2] * box[3] / (h * w))
         scales[decode.crop_divisor(box[2:], size)] += 1

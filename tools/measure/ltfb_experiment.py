@@ -161,7 +161,7 @@ def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--out", default="docs/ltfb", help="where experiment.json, experiment.md and experiment.png go")
     p.add_argument("--work", default=None, help="run directories (default: a temporary directory, removed unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the run directories")

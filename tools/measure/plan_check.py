@@ -144,6 +144,7 @@ def worker(path: str, batch: int, tiered: float) -> None:
         for k, _ in enumerate(store.epoch(0)):
             if k in (0, steps // 2, steps - 1):
                 peak = max(peak, pss() - base)
+        assert store.windows is not None  # populated on entry
         row = {"rank": comm.rank, "memory_bytes": peak, "window_bytes": int(store.layout.nbytes[comm.rank]),
                **{k: store.windows.population[k] for k in ("population_seconds", "population_bytes")},
                "resident_fraction": store.tier["resident_fraction"], "budget_bytes": budget}
@@ -281,7 +282,7 @@ def _load() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("container")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--loader-worker", type=int, default=None, help=argparse.SUPPRESS)

@@ -47,11 +47,12 @@ def worker(path: str, threads: int, tiered: float) -> None:
     t0 = time.perf_counter()
     with DataStore(comm, path, memory_budget=budget, **kw) as st:
         wall = time.perf_counter() - t0
+        assert st.windows is not None  # populated on entry
         pop = st.windows.population["population_seconds"]
         nbytes = st.windows.population["population_bytes"]
         frac = st.tier["resident_fraction"]
     rows = comm.gather((pop, nbytes, wall), root=0)
-    if comm.rank == 0:
+    if rows is not None:  # the root
         print(json.dumps({"population_seconds": max(r[0] for r in rows), "bytes": sum(r[1] for r in rows),
                           "open_seconds": max(r[2] for r in rows), "resident_fraction": frac}), flush=True)
 
@@ -73,7 +74,7 @@ def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("container")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])

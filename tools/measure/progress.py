@@ -23,7 +23,7 @@ from dstore.window import Arena
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--compute-ms", type=float, default=200.0, help="owner's compute step without MPI calls")
     parser.add_argument("--steps", type=int, default=8, help="compute steps")
     parser.add_argument("--period-ms", type=float, default=0.0, help="progress thread period; 0: none")
@@ -57,13 +57,13 @@ def main() -> None:
             time.sleep(0.05)
             for k in range(args.steps * 4):  # about four gets per compute step
                 t = time.perf_counter()
-                arena._win.Get(out, 0, ((k * sample) % ((64 << 20) - sample), sample, MPI.BYTE))
-                arena._win.Flush(0)
+                arena._live().Get(out, 0, ((k * sample) % ((64 << 20) - sample), sample, MPI.BYTE))
+                arena._live().Flush(0)
                 lat.append((time.perf_counter() - t) * 1e3)
                 time.sleep(args.compute_ms / 4e3)
         comm.Barrier()
     got = comm.gather((lat, matmuls, seconds), root=0)
-    if rank == 0:
+    if got is not None:  # the root
         lats = np.array(got[1][0])
         print(json.dumps({
             "period_ms": args.period_ms, "async_progress": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),

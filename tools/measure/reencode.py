@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def _fed(data: bytes, size: int = 224) -> np.ndarray:
 
     from dstore.decode import decode_image
 
-    return np.asarray(Image.fromarray(decode_image(data, channels=3)).resize((size, size), Image.BILINEAR),
+    return np.asarray(Image.fromarray(decode_image(data, channels=3)).resize((size, size), Image.Resampling.BILINEAR),
                       dtype=np.float64)
 
 
@@ -117,7 +118,7 @@ def _digit_folder(root: str, side: int) -> None:
     for i, (img, label) in enumerate(zip(images, labels)):
         d = os.path.join(root, str(int(label)))
         os.makedirs(d, exist_ok=True)
-        Image.fromarray(img[:, :, 0]).resize((side, side), Image.BILINEAR).save(os.path.join(d, f"{i:04d}.png"))
+        Image.fromarray(img[:, :, 0]).resize((side, side), Image.Resampling.BILINEAR).save(os.path.join(d, f"{i:04d}.png"))
 
 
 def measure_accuracy(work: str, digit_side: int, sides: list[int], quality: int | None, epochs: int,
@@ -151,7 +152,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--count", type=int, default=256, help="synthetic JPEGs for part 1 (0: skip it)")
     p.add_argument("--sides", type=int, nargs="+", default=[256, 384, 512])
     p.add_argument("--quality", type=int, default=None, help="JPEG quality of re-encoded images (default 90)")
@@ -165,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        result = {"load_before": os.getloadavg()}
+        result: dict[str, Any] = {"load_before": os.getloadavg()}
         if args.count > 0:
             result["sizes"] = measure_sizes(work, args.count, args.sides, args.quality, args.repeat)
             print(table(result["sizes"]))

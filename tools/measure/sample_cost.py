@@ -64,7 +64,7 @@ def steps(size: int):
         ("simplejpeg DCT-scaled decode (the loader's)",
          lambda b: simplejpeg.decode_jpeg(b, min_height=size, min_width=size), "bytes"),
         ("Pillow bilinear resize, with its conversions (before)",
-         lambda a: np.array(Image.fromarray(a).resize((size, size), Image.BILINEAR)), "scaled"),
+         lambda a: np.array(Image.fromarray(a).resize((size, size), Image.Resampling.BILINEAR)), "scaled"),
         ("dstore.resize of the centred part (now)", centred, "scaled"),
         ("sample_part: that resize and the crop with padding", lambda a: tf.sample_part(a, np.random.default_rng(1)),
          "scaled"),

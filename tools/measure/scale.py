@@ -33,6 +33,8 @@ def _use_source(src: str | None) -> None:
     pkg = os.path.join(src, "datastore")
     spec = importlib.util.spec_from_file_location("dstore", os.path.join(pkg, "__init__.py"),
                                                   submodule_search_locations=[pkg])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--src {src}: no importable datastore/ there")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["dstore"] = mod
     spec.loader.exec_module(mod)
@@ -159,7 +161,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
                         row["first_batch_anon_bytes"] = sb["RssAnon"] - s0["RssAnon"]
                         row["stream_plan_bytes"] = _stream_plan_bytes(store)
                     first = False
-                if last:
+                if seen is not None:  # the last epoch
                     seen[b.ids[~b.pad]] += 1
             comm.Barrier()
             row[f"epoch{e}_seconds"] = time.perf_counter() - t1
@@ -180,7 +182,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
     row["metadata_private_bytes"] = row["first_batch_anon_bytes"] - (window if row["window_private"] else 0)
     row["index_shared_bytes"] = max(0, shm - window)
     rows = comm.gather(row, root=0)
-    if rank:
+    if rows is None:  # not the root
         return None
     node = sum(r["metadata_private_bytes"] for r in rows) + rows[0]["index_shared_bytes"]
     for r in rows:
@@ -203,7 +205,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0], allow_abbrev=False)
     p.add_argument("--src", help="import dstore from DIR/datastore (an older checkout)")
     p.add_argument("--json", help="write the figures here as JSON")
     sub = p.add_subparsers(dest="cmd", required=True)

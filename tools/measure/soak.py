@@ -34,7 +34,7 @@ def _point() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("container")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--stores", type=int, default=20, help="store lifetimes after the long run")

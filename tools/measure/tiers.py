@@ -89,7 +89,7 @@ def _raw_reads(comm, container, args) -> list:
         sched = st.schedule(1)
     owner = np.zeros(sizes.size, dtype=np.int64)
     res = tiers.resident_mask(sizes, owner, np.array([int(offsets[-1]) // 2]), 0)
-    ids = sched.ids[~sched.pad]
+    ids = sched.ids[~np.asarray(sched.pad)]
     ids = ids[~res[ids]]
     reader = StorageReader(container, args.storage_threads)
     try:
@@ -129,7 +129,7 @@ def _raw_reads(comm, container, args) -> list:
 
 
 def _parse(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--count", type=int, default=1500)
     p.add_argument("--container", default=None, help="use this container instead of generated data")
@@ -208,6 +208,7 @@ def _store_row(comm, container: str, args, f: float) -> dict:
         row = training_view.run_store(comm, st, compute_seconds=args.compute_ms / 1e3, epoch=1,
                                       num_threads=args.threads, size=(args.size, args.size))
         stats = st.gather_stats()
+        assert st.windows is not None  # populated on entry
         res = st.windows.resident
         nonres = 0 if res is None else int(st.sizes[~res].sum())
         tier = dict(st.tier)

@@ -256,14 +256,20 @@ class PfsMount:
 
     def path(self, *parts) -> str:
         """A path inside the mount (`mnt.path("x.h5")`)."""
-        return os.path.join(self.mountpoint, *parts)
+        return os.path.join(self._where(), *parts)
 
     def translate(self, path) -> str:
         """The path under the mount of `path`, a path under `source`."""
         rel = os.path.relpath(os.path.realpath(os.fspath(path)), self.source)
         if rel.startswith(".."):
             raise ConfigError(f"{path} is not under the mounted directory {self.source}")
-        return self.mountpoint if rel == "." else os.path.join(self.mountpoint, rel)
+        return self._where() if rel == "." else os.path.join(self._where(), rel)
+
+    def _where(self) -> str:
+        """The mount point: given to the constructor, or made on entry (mountpoint=None)."""
+        if self.mountpoint is None:
+            raise PfsMountError(f"the pfs model of {self.source} is not mounted yet: enter the PfsMount first")
+        return self.mountpoint
 
     def __enter__(self) -> PfsMount:
         reason = fuse_available()
@@ -275,35 +281,36 @@ class PfsMount:
         if self._own_dir:
             self.mountpoint = os.path.join(self._tmp, "mnt")
             os.mkdir(self.mountpoint)
-        check_mountpoint(self.mountpoint, self.source)
+        mountpoint = self._where()
+        check_mountpoint(mountpoint, self.source)
         self._stats_path = os.path.join(self._tmp, "stats.json")
         self._log_path = os.path.join(self._tmp, "log.txt")
-        cmd = [sys.executable, "-m", "dstore.tools.pfs.fs", self.source, self.mountpoint, *self.model.to_args(),
+        cmd = [sys.executable, "-m", "dstore.tools.pfs.fs", self.source, mountpoint, *self.model.to_args(),
                "--stats-json", self._stats_path, "--watch-pid", str(os.getpid())]
         with open(self._log_path, "w") as log:
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=_child_env(), start_new_session=True)
+            self._proc = proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 env=_child_env(), start_new_session=True)
         try:
-            self._wait_live()
+            self._wait_live(proc, mountpoint)
         except BaseException:
             self.close()
             raise
         return self
 
-    def _wait_live(self) -> None:
+    def _wait_live(self, proc: subprocess.Popen, mountpoint: str) -> None:
         deadline = time.monotonic() + self.timeout
         while True:
-            if self._proc.poll() is not None:
-                raise PfsMountError(f"the pfs file system exited with code {self._proc.returncode} before "
-                                    f"mounting {self.source} at {self.mountpoint}: {self._read_log().strip()}")
-            if is_mounted(self.mountpoint):
+            if proc.poll() is not None:
+                raise PfsMountError(f"the pfs file system exited with code {proc.returncode} before "
+                                    f"mounting {self.source} at {mountpoint}: {self._read_log().strip()}")
+            if is_mounted(mountpoint):
                 try:
-                    os.stat(self.mountpoint)
+                    os.stat(mountpoint)
                     return
                 except OSError:
                     pass
             if time.monotonic() > deadline:
-                raise PfsMountError(f"the pfs mount at {self.mountpoint} did not come up within {self.timeout:g} s: "
+                raise PfsMountError(f"the pfs mount at {mountpoint} did not come up within {self.timeout:g} s: "
                                     f"{self._read_log().strip()}")
             time.sleep(0.02)
 

@@ -1,0 +1,1 @@
+../../datastore/__init__.py

@@ -1,0 +1,1 @@
+../../datastore/_jpegcrop.c

@@ -1,0 +1,1 @@
+../../datastore/decode_worker.py

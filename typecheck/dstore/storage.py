@@ -1,0 +1,1 @@
+../../datastore/storage.py

@@ -1,0 +1,1 @@
+../../datastore/workers.py
