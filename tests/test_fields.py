@@ -1,0 +1,173 @@
+"""Extra fields per sample (docs/format.md, "Fields"): written, read back with dstore and with plain
+h5py/zarr, carried by sharded manifests, kept by ingest (WebDataset members, ingest_items dicts),
+checked by verify; containers without fields read as before."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+from ingest_helpers import png_bytes
+from mpi4py import MPI
+
+from dstore.errors import ChecksumError, ConfigError
+from dstore.formats import create_writer, open_container, write_manifest
+from dstore.ingest import ingest, ingest_items
+from dstore.verify import container_info, format_info, verify_container
+
+PATHS = {"hdf5": "c.h5", "zarr": "c.zarr"}
+SPECS = {"txt": "text", "boxes": "json", "mask": "bytes"}
+
+
+def write(path, fmt, n=5, fields=SPECS):
+    values = [{f: v for f, v in {"txt": f"caption {k} é", "boxes": {"b": [[k, 1, 2, 3]]},
+                                 "mask": bytes([k, 0, 255])}.items() if f in fields} for k in range(n)]
+    with create_writer(path, fmt, encoding="raw", raw_dtype="uint8", raw_shape=[2], class_names=["a"],
+                       fields=fields) as w:
+        w.append(b"\x00\x01", 0, "s0", fields=values[0])
+        w.extend(bytes(range(2, 2 * n)), [2] * (n - 1), [0] * (n - 1), [f"s{k}" for k in range(1, n)],
+                 fields=values[1:])
+    return values
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_fields_round_trip_and_plain_readers(tmp_path, fmt):
+    path = str(tmp_path / PATHS[fmt])
+    values = write(path, fmt)
+    with open_container(path) as c:
+        assert c.info.fields == tuple(SPECS.items())
+        assert c.fields_of(range(5)) == [{"txt": v["txt"], "boxes": v["boxes"], "mask": v["mask"]} for v in values]
+        assert c.field_bytes("txt", 2) == "caption 2 é".encode()
+        with pytest.raises(ConfigError, match="no field 'nope'"):
+            c.field("nope", 0)
+    # Readable without dstore: the layout docs/format.md gives.
+    g = h5py.File(path, "r") if fmt == "hdf5" else zarr.open_group(path, mode="r")
+    assert [str(x) for x in g.attrs["fields"]] == ["txt:text", "boxes:json", "mask:bytes"]
+    off = g["fields/txt/offsets"][:]
+    raw = g["fields/txt/data"][off[3]:off[4]].tobytes()
+    assert raw.decode() == values[3]["txt"] and zlib.crc32(raw) == int(g["fields/txt/checksums"][3])
+    if fmt == "hdf5":
+        g.close()
+
+
+def test_container_without_fields_reads_as_before(tmp_path):
+    path = str(tmp_path / "old.h5")
+    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[1], class_names=["a"]) as w:
+        w.append(b"\x07", 0, "s0")
+    with h5py.File(path, "r") as f:  # nothing new in the file: an older reader sees what it always saw
+        assert "fields" not in f and "fields" not in f.attrs
+    with open_container(path) as c:
+        assert c.info.fields == () and c.field_names == () and c.sample(0)[0].tobytes() == b"\x07"
+        assert c.info.extra == {}
+    assert not [line for line in format_info(container_info(path)).splitlines() if line.startswith("  fields")]
+
+
+def test_writer_refuses_bad_values(tmp_path):
+    with pytest.raises(ConfigError, match="kind 'jpeg'"):
+        create_writer(str(tmp_path / "a.h5"), encoding="jpeg", class_names=[], fields={"x": "jpeg"})
+    with create_writer(str(tmp_path / "b.h5"), encoding="raw", raw_dtype="uint8", raw_shape=[1], class_names=["a"],
+                       fields={"txt": "text", "j": "json"}) as w:
+        with pytest.raises(ConfigError, match="s0: field 'txt' is not valid text"):
+            w.append(b"\x00", 0, "s0", fields={"txt": b"\xff\xfe"})
+        with pytest.raises(ConfigError, match="s0: field 'j' is not valid json"):
+            w.append(b"\x00", 0, "s0", fields={"j": b"{nope"})
+        with pytest.raises(ConfigError, match=r"field\(s\) \['other'\] were not declared"):
+            w.append(b"\x00", 0, "s0", fields={"other": b""})
+        w.append(b"\x00", 0, "s0", fields={"txt": "ok"})  # nothing of the refused ones was buffered
+    with open_container(str(tmp_path / "b.h5")) as c:
+        assert c.num_samples == 1 and c.fields_of([0]) == [{"txt": "ok", "j": None}]
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_verify_names_a_flipped_byte_in_a_field(tmp_path, fmt):
+    path = str(tmp_path / PATHS[fmt])
+    write(path, fmt)
+    assert verify_container(path).ok
+    g = h5py.File(path, "r+") if fmt == "hdf5" else zarr.open_group(path, mode="r+")
+    off = g["fields/txt/offsets"][:]
+    arr = g["fields/txt/data"]
+    arr[int(off[3])] = int(arr[int(off[3])]) ^ 0x01
+    if fmt == "hdf5":
+        g.close()
+    report = verify_container(path)
+    assert [(b.index, b.name) for b in report.bad] == [(3, "s3")]
+    assert "field 'txt' does not match its checksum" in report.summary()
+    with open_container(path) as c:
+        assert c.field("txt", 2) == "caption 2 é"
+        with pytest.raises(ChecksumError, match=r"sample 3 \(s3\): field 'txt'"):
+            c.field("txt", 3)
+
+
+def test_sharded_manifest_carries_fields(tmp_path):
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.zarr")
+    va, vb = write(a, "hdf5", n=3), write(b, "zarr", n=4)
+    m = write_manifest(str(tmp_path / "m.json"), [a, b])
+    with open_container(m) as c:
+        assert c.field_names == tuple(SPECS)
+        assert [c.field("mask", i) for i in range(7)] == [v["mask"] for v in va + vb]
+    assert verify_container(m).ok
+    other = str(tmp_path / "c.h5")
+    write(other, "hdf5", n=2, fields={"txt": "text"})
+    with pytest.raises(ConfigError, match="fields"):
+        write_manifest(str(tmp_path / "m2.json"), [a, other])
+
+
+def test_clip_style_webdataset_round_trip(tmp_path):
+    """Image + caption + JSON shards written with webdataset's TarWriter: after ingest (seeded order),
+    each sample's image and caption are byte for byte what webdataset.WebDataset yields for its key."""
+    wds = pytest.importorskip("webdataset", reason="the reference reader: pip install webdataset==1.0.2")
+    shards, src = [], tmp_path / "wds"
+    src.mkdir()
+    for s in range(2):
+        shards.append(str(src / f"shard-{s}.tar"))
+        with wds.TarWriter(shards[-1]) as sink:
+            for k in range(s * 4, s * 4 + 4):
+                sample = {"__key__": f"s{k:03d}", "png": png_bytes(4, k), "cls": str(k % 3).encode(),
+                          "txt": f"a photo of thing {k} – ünïcode".encode()}
+                if k % 2:
+                    sample["json"] = f'{{"k": {k}}}'.encode()
+                sink.write(sample)
+    out = str(tmp_path / "clip.h5")
+    report = ingest(str(src), out, comm=MPI.COMM_SELF, progress=False, seed=3)
+    assert "fields stored: json (json), txt (text)" in report.notes
+    reference = {s["__key__"]: s for s in wds.WebDataset(shards, shardshuffle=False, empty_check=False)}
+    with open_container(out) as c:
+        assert c.info.extra["ingest_order"] == "seeded"
+        keys = [c.name(i).rsplit("/", 1)[1].split(".")[0] for i in range(c.num_samples)]
+        assert sorted(keys) == sorted(reference) and keys != sorted(keys)
+        for i, key in enumerate(keys):
+            ref = reference[key]
+            assert bytes(c.sample(i)[0]) == ref["png"]
+            assert c.field_bytes("txt", i) == ref["txt"]
+            assert c.field_bytes("json", i) == ref.get("json", b"")
+    none = str(tmp_path / "none.h5")
+    report = ingest(str(src), none, comm=MPI.COMM_SELF, progress=False, fields="none")
+    assert "fields found but not stored (--fields): json, txt" in report.notes
+    with open_container(none) as c:
+        assert c.field_names == ()
+    with pytest.raises(ConfigError, match="no field 'caption'"):
+        ingest(str(src), str(tmp_path / "x.h5"), comm=MPI.COMM_SELF, progress=False, fields="caption")
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_detection_style_items_round_trip(tmp_path, fmt):
+    """Image + boxes (JSON) + a caption through ingest_items: each stored sample's fields are its item's."""
+    items = [(png_bytes(4, k), k % 2, f"img{k}.png", {"boxes": [[k, 0, 4, 4]], "note": f"n{k}"}) for k in range(6)]
+    items.append((png_bytes(4, 9), 0, "img9.png"))  # no fields: stored empty
+    out = str(tmp_path / PATHS[fmt])
+    report = ingest_items(iter(items), out, comm=MPI.COMM_SELF, progress=False, fmt=fmt)
+    assert "fields stored: boxes (json), note (text)" in report.notes
+    with open_container(out) as c:
+        for i in range(c.num_samples):
+            k = int(c.source_index[i])
+            assert bytes(c.sample(i)[0]) == items[k][0]
+            want = items[k][3] if len(items[k]) == 4 else {"boxes": None, "note": ""}
+            assert c.fields_of([i]) == [want]
+    assert verify_container(out).ok
+    assert "boxes (json), note (text)" in format_info(container_info(out))
+    assert os.listdir(tmp_path) == [PATHS[fmt]]  # the spool is gone
+    np.testing.assert_array_equal(np.sort(open_container(out).source_index), np.arange(7))
