@@ -171,3 +171,32 @@ def test_detection_style_items_round_trip(tmp_path, fmt):
     assert "boxes (json), note (text)" in format_info(container_info(out))
     assert os.listdir(tmp_path) == [PATHS[fmt]]  # the spool is gone
     np.testing.assert_array_equal(np.sort(open_container(out).source_index), np.arange(7))
+
+
+def test_cli_fields_option_info_and_verify(tmp_path, capsys):
+    """`dstore ingest --fields txt` stores only that member; `info` lists it; `verify` names a bad one."""
+    from dstore.tools.cli import main
+
+    src = tmp_path / "wds"
+    src.mkdir()
+    import webdataset as wds
+
+    with wds.TarWriter(str(src / "s-0.tar")) as sink:
+        for k in range(4):
+            sink.write({"__key__": f"k{k}", "png": png_bytes(4, k), "cls": b"0", "txt": f"t{k}".encode(),
+                        "json": b"{}"})
+    out = str(tmp_path / "o.zarr")
+    assert main(["ingest", str(src), out, "--fields", "txt", "--shards", "2", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "fields stored: txt (text)" in said and "fields found but not stored (--fields): json" in said
+    assert main(["info", out]) == 0
+    assert "fields       txt (text)" in capsys.readouterr().out
+    with open_container(out) as c:  # a sharded output: each shard carries the field, the manifest lists it
+        assert c.field_names == ("txt",)
+        assert sorted(c.field("txt", i) for i in range(4)) == ["t0", "t1", "t2", "t3"]
+        shard = c.shards[1].path
+    g = zarr.open_group(shard, mode="r+")
+    g["fields/txt/data"][0] = ord("X")
+    assert main(["verify", out]) == 1
+    said = capsys.readouterr().out
+    assert "fields txt" in said and "field 'txt' does not match its checksum" in said
