@@ -206,13 +206,14 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
     threads = _decode_threads(comm) if decode else 1
+    bad: list[BadSample] = []
     with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(threads) as pool:
         _ = reader.source_index  # read and checked on demand only (a store never reads it): here it is checked
         bounds = block_bounds(reader.offsets, size)
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
         with Heartbeat(f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples",
                        enabled=rank == 0) as beat:
-            bad = _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
+            bad += _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
         if rank == 0:  # fields are small (captions, records): one rank reads them all
             bad += _check_fields(reader)
         n, total, fields = reader.num_samples, reader.total_bytes, reader.field_names

@@ -287,7 +287,9 @@ class ContainerReader(abc.ABC):
         """The FieldIndex of field `name` (its offsets and checksums, read and checked on first use)."""
         from dstore.formats.fields import FieldIndex
 
-        cache = self.__dict__.setdefault("_field_cache", {})
+        cache = self.__dict__.get("_field_cache")
+        if cache is None:  # per reader, not per class: FieldIndex holds this reader's arrays
+            cache = self._field_cache = {}
         if name not in cache:
             kind = self._field_kind(name)
             cache[name] = FieldIndex(self.path, name, kind, self.num_samples, self._field_parts(name))
