@@ -200,3 +200,29 @@ def test_cli_fields_option_info_and_verify(tmp_path, capsys):
     assert main(["verify", out]) == 1
     said = capsys.readouterr().out
     assert "fields txt" in said and "field 'txt' does not match its checksum" in said
+
+
+def test_store_loader_yields_fields_with_each_batch(tmp_path):
+    """StoreLoader(fields=...) on one rank: each batch's captions are its own samples' (by last_ids)."""
+    import torch
+
+    from dstore.store import DataStore
+    from dstore.torch import StoreLoader
+
+    path = str(tmp_path / "raw.h5")
+    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[2, 2, 1], class_names=["a", "b"],
+                       fields={"txt": "text", "j": "json"}) as w:
+        for k in range(13):
+            w.append(bytes([k] * 4), k % 2, f"s{k}", fields={"txt": f"cap {k}", "j": [k]})
+    with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=2) as st:
+        with pytest.raises(ConfigError, match=r"has no field\(s\) \['nope'\]"):
+            StoreLoader(st, fields=["nope"])
+        with StoreLoader(st, fields=["txt", "j"]) as ld:
+            seen = []
+            for batch in ld:
+                ids = ld.last_ids.tolist()
+                assert set(batch) == {"image", "label", "txt", "j"}
+                assert batch["txt"] == [f"cap {i}" for i in ids] and batch["j"] == [[i] for i in ids]
+                assert torch.equal(batch["image"][:, 0, 0, 0], torch.tensor(ids, dtype=torch.uint8))
+                seen += ids
+            assert sorted(set(seen)) == list(range(13))

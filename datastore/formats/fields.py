@@ -202,3 +202,37 @@ class FieldIndex:
                     bad.append(k)
             i = j
         return bad
+
+
+class StoreFields:
+    """The extra fields of a store's batches, read from storage by this process (a loader's
+    `fields=`): a reader of its own over the store's container, so the store's readers are not
+    shared. The store does not hold fields in memory and its ranks do not serve them to each other
+    (one rank reads its own batches' values; serving them over RMA is a later step)."""
+
+    RESERVED = ("image", "label")
+    """Keys of a loader's batch dict that a field may not take."""
+
+    def __init__(self, store, names):
+        from dstore.formats import open_container
+        from dstore.formats.base import ContainerReader
+
+        names = (names,) if isinstance(names, str) else tuple(names)
+        reader = getattr(store, "container", None) or getattr(store, "reader", None)
+        if not isinstance(reader, ContainerReader):
+            raise ConfigError(f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
+                              "fields are read from a DataStore's or DirectSource's container only")
+        missing = [n for n in names if n not in reader.field_names or n in self.RESERVED]
+        if missing:
+            raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
+                              f"(its fields: {list(reader.field_names) or 'none'})")
+        self.names = names
+        self._reader = open_container(reader.path, check_labels=False)
+
+    def batch(self, ids) -> dict[str, list]:
+        """{field: [value of each sample id]}: str (text), parsed JSON or bytes, each checked
+        against its checksum (ChecksumError naming the sample and the field)."""
+        return {n: [self._reader.field(n, int(i)) for i in ids] for n in self.names}
+
+    def close(self) -> None:
+        self._reader.close()
