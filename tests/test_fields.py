@@ -4,6 +4,7 @@ checked by verify; containers without fields read as before."""
 
 from __future__ import annotations
 
+import io
 import os
 import zlib
 
@@ -226,3 +227,27 @@ def test_store_loader_yields_fields_with_each_batch(tmp_path):
                 assert torch.equal(batch["image"][:, 0, 0, 0], torch.tensor(ids, dtype=torch.uint8))
                 seen += ids
             assert sorted(set(seen)) == list(range(13))
+
+
+@pytest.mark.mpi
+def test_fields_follow_their_samples_on_several_ranks(tmp_path):
+    """3 ranks, 2 shards: every sample's caption is its own (the writer rank reads them in write order)."""
+    import tarfile
+
+    from mpirun import run_mpi
+
+    src = tmp_path / "wds"
+    src.mkdir()
+    with tarfile.open(src / "a.tar", "w") as tf:
+        for k in range(23):
+            for ext, data in (("png", png_bytes(4, k)), ("cls", b"0"), ("txt", f"caption {k}".encode())):
+                info = tarfile.TarInfo(f"k{k:03d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    run_mpi(3, ["dstore", "ingest", str(src), str(out), "--shards", "2", "--no-progress"], timeout=120)
+    with open_container(str(out)) as c:
+        keys = [int(c.name(i).rsplit("/", 1)[1][1:4]) for i in range(c.num_samples)]
+        assert sorted(keys) == list(range(23)) and keys != sorted(keys)
+        assert [c.field("txt", i) for i in range(23)] == [f"caption {k}" for k in keys]
+        assert [bytes(c.sample(i)[0]) for i in range(23)] == [png_bytes(4, k) for k in keys]
