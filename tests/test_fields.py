@@ -251,3 +251,17 @@ def test_fields_follow_their_samples_on_several_ranks(tmp_path):
         assert sorted(keys) == list(range(23)) and keys != sorted(keys)
         assert [c.field("txt", i) for i in range(23)] == [f"caption {k}" for k in keys]
         assert [bytes(c.sample(i)[0]) for i in range(23)] == [png_bytes(4, k) for k in keys]
+
+
+def test_zarr_container_with_fields_is_overwritten_and_reingested_with_them(tmp_path):
+    """A Zarr container's `fields` group marks it as ours (overwrite replaces it, before: refused as
+    'holds more than a dstore container'); re-ingesting a container keeps its fields."""
+    items = [(png_bytes(4, k), 0, f"i{k}.png", {"txt": f"t{k}"}) for k in range(5)]
+    out = str(tmp_path / "a.zarr")
+    ingest_items(iter(items), out, comm=MPI.COMM_SELF, progress=False, fmt="zarr")
+    ingest_items(iter(items), out, comm=MPI.COMM_SELF, progress=False, fmt="zarr", overwrite=True)
+    again = str(tmp_path / "b.h5")
+    report = ingest(out, again, comm=MPI.COMM_SELF, progress=False, seed=5)
+    assert "fields stored: txt (text)" in report.notes
+    with open_container(again) as c:
+        assert [c.field("txt", i) for i in range(5)] == [f"t{c.name(i)[1]}" for i in range(5)]
