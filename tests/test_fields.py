@@ -15,7 +15,7 @@ import zarr
 from ingest_helpers import png_bytes
 from mpi4py import MPI
 
-from dstore.errors import ChecksumError, ConfigError
+from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats import create_writer, open_container, write_manifest
 from dstore.ingest import ingest, ingest_items
 from dstore.verify import container_info, format_info, verify_container
@@ -265,3 +265,13 @@ def test_zarr_container_with_fields_is_overwritten_and_reingested_with_them(tmp_
     assert "fields stored: txt (text)" in report.notes
     with open_container(again) as c:
         assert [c.field("txt", i) for i in range(5)] == [f"t{c.name(i)[1]}" for i in range(5)]
+
+
+def test_hdf5_field_declaring_more_than_it_stores_is_refused(tmp_path):
+    path = str(tmp_path / "c.h5")
+    write(path, "hdf5")
+    with h5py.File(path, "r+") as f:
+        del f["fields/txt/offsets"]
+        f.create_dataset("fields/txt/offsets", shape=(1 << 40,), dtype=np.int64, chunks=(1 << 16,))
+    with open_container(path) as c, pytest.raises(FormatError, match="fields/txt/offsets.*declares"):
+        c.field("txt", 0)

@@ -356,7 +356,10 @@ class HDF5Reader(ContainerReader):
     def _field_parts(self, name: str) -> dict:
         f = self._open_file()
         try:
-            return {part: _dataset(self.path, f, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+            parts = {part: _dataset(self.path, f, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+            for part, dset in parts.items():  # before anything of a declared size is read
+                _check_stored(self.path, f"fields/{name}/{part}", dset)
+            return parts
         except KeyError as exc:
             raise FormatError(f"{self.path}: field {name!r} is listed in the fields attribute but its "
                               f"arrays are missing: {exc}") from exc
