@@ -271,7 +271,17 @@ def test_hdf5_field_declaring_more_than_it_stores_is_refused(tmp_path):
     path = str(tmp_path / "c.h5")
     write(path, "hdf5")
     with h5py.File(path, "r+") as f:
-        del f["fields/txt/offsets"]
-        f.create_dataset("fields/txt/offsets", shape=(1 << 40,), dtype=np.int64, chunks=(1 << 16,))
-    with open_container(path) as c, pytest.raises(FormatError, match="fields/txt/offsets.*declares"):
+        del f["fields/txt/data"]
+        f.create_dataset("fields/txt/data", shape=(1 << 40,), dtype=np.uint8, chunks=(1 << 16,))
+    with open_container(path) as c, pytest.raises(FormatError, match="fields/txt/data.*declares"):
+        c.field("txt", 0)
+
+
+def test_zarr_field_offsets_of_a_wrong_length_are_refused_before_read(tmp_path):
+    path = str(tmp_path / "c.zarr")
+    write(path, "zarr")
+    g = zarr.open_group(path, mode="r+")
+    del g["fields/txt/offsets"]
+    g.create_array("fields/txt/offsets", shape=(1 << 40,), dtype=np.int64, chunks=(1 << 16,))
+    with open_container(path) as c, pytest.raises(FormatError, match=r"field 'txt': offsets has shape \(1099511627776,\)"):
         c.field("txt", 0)

@@ -172,6 +172,9 @@ class FieldIndex:
         data, offsets, checksums = parts["data"], parts["offsets"], parts["checksums"]
         if getattr(data, "dtype", None) != np.uint8 or len(data.shape) != 1:
             raise FormatError(f"{path}: field {name!r} data must be 1-D uint8")
+        for part, arr, want in (("offsets", offsets, n + 1), ("checksums", checksums, n)):
+            if tuple(arr.shape) != (want,):  # before reading it: a damaged file may declare any size
+                raise FormatError(f"{path}: field {name!r}: {part} has shape {tuple(arr.shape)}, expected ({want},)")
         self.offsets = np.asarray(offsets[:], dtype=np.int64)
         self.checksums = np.asarray(checksums[:], dtype=np.uint32)
         check_field_index(path, name, n, int(data.shape[0]), self.offsets, self.checksums)
