@@ -43,6 +43,7 @@ import torch.utils.data
 from dstore.decode import decode_crop, decode_sample, resize
 from dstore.draws import draws_for
 from dstore.errors import ConfigError
+from dstore.formats.fields import StoreFields
 from dstore.kernels import resize_chw
 from dstore.torch_epoch import LoaderEpoch
 
@@ -186,6 +187,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
             the part to resize, into a batch buffer of `transform.canvas()` (4x the pixels);
             "worker" in the workers; "auto" (the default): device on a GPU, else worker. The
             pixels are the same either way (dstore.resize).
+        fields: None, or names of the container's extra fields (docs/format.md, "Fields"): each
+            batch is then a dict {"image": images, "label": labels, name: [value per sample]}
+            (str for text, the parsed document for JSON, bytes), the values read from storage
+            by this rank for its own batch (dstore.formats.fields.StoreFields; the store does
+            not serve fields over RMA yet).
 
     A transform whose `resizes` attribute is true (ImageTransform) makes the one resize itself:
     the loader then decodes at a DCT scale at least `size` (or the transform's size) and hands the
@@ -202,7 +208,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
                  ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None,
-                 workers: int | None = None, batch_ops: str = "auto", resize_on: str = "auto"):
+                 workers: int | None = None, batch_ops: str = "auto", resize_on: str = "auto", fields=None):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
@@ -220,6 +226,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
                               f"with fn(array, rng)")
         self.device = _device(device)
+        self._fields = StoreFields(store, fields) if fields else None
         if pin_memory and not torch.cuda.is_available():
             warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
                           UserWarning, stacklevel=2)
@@ -436,8 +443,19 @@ class StoreLoader(torch.utils.data.IterableDataset):
             raise ValueError("the StoreLoader is closed")
         self._end_epoch()
         gen = iter(LoaderEpoch(self, int(epoch)))  # a generator: nothing runs before the first next()
+        if self._fields is not None:
+            gen = self._with_fields(gen)
         self._active = gen
         return gen
+
+    def _with_fields(self, batches):
+        """Each batch of `batches` as a dict with its samples' field values (in last_ids' order)."""
+        fields = self._fields
+        try:
+            for images, labels in batches:
+                yield {"image": images, "label": labels, **(fields.batch(self.last_ids) if fields else {})}
+        finally:
+            batches.close()  # an abandoned epoch ends its decodes (_end_epoch closes this generator)
 
     def _from_workers(self, ticket):
         """A batch the workers decoded, copied once out of its slot (to the device, or on the CPU
@@ -510,6 +528,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
             self._workers.close()
         self._copier.shutdown(wait=True)
         self._pool.shutdown(wait=True)
+        if self._fields is not None:
+            self._fields.close()
 
     def __enter__(self):
         return self

@@ -50,6 +50,8 @@ class VerifyReport:
     nranks: int
     seconds: float
     bad: tuple[BadSample, ...]
+    fields: tuple[str, ...] = ()
+    """The extra fields whose checksums were checked (all of the container's)."""
 
     @property
     def ok(self) -> bool:
@@ -57,7 +59,8 @@ class VerifyReport:
 
     def summary(self) -> str:
         """A few lines for people: what was checked, how fast, and every bad sample."""
-        checks = "checksums, labels" + (", decoding" if self.decoded else "")
+        checks = "checksums, labels" + (", decoding" if self.decoded else "") + (
+            f", fields {', '.join(self.fields)}" if self.fields else "")
         rate = self.total_bytes / max(self.seconds, 1e-9)
         lines = [f"{self.path}: {self.num_samples} samples, {fmt_size(self.total_bytes)}; checked {checks} "
                  f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({fmt_rate(rate)})"]
@@ -203,21 +206,31 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     t0 = time.perf_counter()
     threads = _decode_threads(comm) if decode else 1
+    bad: list[BadSample] = []
     with open_container(path, check_labels=False) as reader, ThreadPoolExecutor(threads) as pool:
         _ = reader.source_index  # read and checked on demand only (a store never reads it): here it is checked
         bounds = block_bounds(reader.offsets, size)
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
         with Heartbeat(f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples",
                        enabled=rank == 0) as beat:
-            bad = _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
-        n, total = reader.num_samples, reader.total_bytes
+            bad += _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
+        if rank == 0:  # fields are small (captions, records): one rank reads them all
+            bad += _check_fields(reader)
+        n, total, fields = reader.num_samples, reader.total_bytes, reader.field_names
     if comm is not None and size > 1:
         bad = [b for part in comm.allgather(bad) for b in part]
         seconds = comm.allreduce(time.perf_counter() - t0, op=_max_op())
     else:
         seconds = time.perf_counter() - t0
     return VerifyReport(path=os.fspath(path), num_samples=n, total_bytes=total, decoded=decode,
-                        nranks=size, seconds=seconds, bad=tuple(sorted(bad, key=lambda b: b.index)))
+                        nranks=size, seconds=seconds, bad=tuple(sorted(bad, key=lambda b: b.index)),
+                        fields=fields)
+
+
+def _check_fields(reader) -> list[BadSample]:
+    """A BadSample per sample and field whose value does not match its checksum."""
+    return [BadSample(i, reader.name(i), f"field {name!r} does not match its checksum")
+            for name in reader.field_names for i in reader.field_bad_samples(name)]
 
 
 def _decode_threads(comm) -> int:
@@ -267,6 +280,7 @@ def container_info(path) -> dict:
             "labels_outside_classes": int((~in_range).sum()) if nclasses else 0,
             "sample_bytes": _distribution(np.diff(reader.offsets)),
             "attrs": info.extra,
+            "fields": [{"name": n, "kind": k} for n, k in info.fields],
         }
         if fmt == "sharded":
             result["shards"] = [{"path": s.path, "num_samples": s.num_samples, "total_bytes": s.total_bytes}
@@ -295,6 +309,8 @@ def format_info(summary: dict) -> str:
     lines.extend(f"    {c['label']:>4}  {n:<{width}}  {c['count']}" for c, n in zip(s["classes"], names))
     if s["labels_outside_classes"]:
         lines.append(f"  labels outside the class names: {s['labels_outside_classes']}")
+    if s.get("fields"):
+        lines.append("  fields       " + ", ".join(f"{shown(f['name'])} ({f['kind']})" for f in s["fields"]))
     for shard in s.get("shards", []):
         lines.append(f"  shard {shard['path']}: {shard['num_samples']} samples, {shard['total_bytes']} bytes")
     if s["attrs"]:

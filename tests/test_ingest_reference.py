@@ -72,9 +72,12 @@ def test_webdataset_shards_as_webdataset_reads_them(samples, per_shard):
         rows, classes, names = stored(os.path.join(tmp, "c.h5"))
         assert [n.rsplit("/", 1)[1].split(".")[0] for n in names] == [s["__key__"] for s in reference]
         assert rows == [(s["png"], int(s["cls"])) for s in reference]
+        with open_container(os.path.join(tmp, "c.h5")) as c:  # a .json member is kept as field `json`
+            assert [c.field_bytes("json", j) if "json" in c.field_names else b"" for j in range(c.num_samples)] \
+                == [s.get("json", b"") for s in reference]
         assert classes == tuple(str(k) for k in range(max(label for label, _, _ in samples) + 1))
         assert len(report.ignored) == sum(mac for _, _, mac in samples)  # webdataset skips them too
-        assert any("not stored: json" in n for n in report.notes) == any(j for _, j, _ in samples)
+        assert any("fields stored: json (json)" in n for n in report.notes) == any(j for _, j, _ in samples)
 
 
 # A split: the number of rows of each of its files.

@@ -115,11 +115,26 @@ def test_classlabel_integers_are_indices_not_names(tmp_path):
         run(tmp_path / "u.parquet", tmp_path / "u.h5")
 
 
-def test_table_columns_not_stored_are_named(tmp_path):
-    pq.write_table(rows_table(0, 3, extra=True), tmp_path / "t.parquet")
-    report = run(tmp_path / "t.parquet", tmp_path / "t.h5")
-    assert "columns kept: image (image), label (label); not stored: text" in report.notes
-    assert "note: columns kept" in report.summary()
+def test_table_columns_are_stored_as_fields_or_named(tmp_path):
+    """Detection style: boxes (a list of lists) and a caption per row come back per sample, in the
+    container's seeded order; a timestamp column, which has no JSON form, is named as not stored."""
+    import datetime
+
+    table = rows_table(0, 5, extra=True)
+    boxes = [[[k, 0.5, 2.0, 3.0]] * (k % 3) for k in range(5)]
+    table = table.append_column("boxes", pa.array(boxes, type=pa.list_(pa.list_(pa.float64()))))
+    table = table.append_column("when", pa.array([datetime.datetime(2020, 1, 1)] * 5))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
+    report = run(tmp_path / "t.parquet", tmp_path / "t.h5", seed=1)
+    assert ("columns: image (image), label (label); fields to store: text, boxes; not stored (no text, bytes or "
+            "JSON form): when (timestamp[us])") in report.notes
+    assert "fields stored: text (text), boxes (json)" in report.notes
+    with open_container(str(tmp_path / "t.h5")) as c:
+        rows = [int(c.name(j).rsplit("#", 1)[1]) for j in range(c.num_samples)]
+        assert rows != sorted(rows)
+        assert [c.field("text", j) for j in range(5)] == [f"row {k}" for k in rows]
+        assert [c.field("boxes", j) for j in range(5)] == [boxes[k] for k in rows]
+        assert [bytes(c.sample(j)[0]) for j in range(5)] == [png_bytes(4, k) for k in rows]
 
 
 def write_tar(path, members) -> None:
@@ -146,7 +161,10 @@ def test_webdataset_macos_members_skipped_and_fields_named(tmp_path):
     report = run(tmp_path / "m.tar", tmp_path / "m.h5", keep_order=True)
     assert stored(tmp_path / "m.h5") == [(png_bytes(4, 0), 2), (png_bytes(4, 1), 1)]
     assert [p.rsplit(":", 1)[1] for p in report.ignored] == ["._a.png", "README"]
-    assert "fields kept: png (image), cls (label); not stored: json (2 samples), txt (1 samples)" in report.notes
+    assert ("members: png (image), cls (label); other members, fields to store: json (2 of 2 samples), "
+            "txt (1 of 2 samples)") in report.notes
+    with open_container(str(tmp_path / "m.h5")) as c:
+        assert c.field_names == ("json", "txt") and c.field_bytes("txt", 1) == b""
 
 
 def test_truncated_tar_names_the_member_and_offset(tmp_path):

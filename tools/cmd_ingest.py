@@ -63,6 +63,10 @@ def add_arguments(parser) -> None:
                         help="WebDataset: the image member's extension(s) (default jpg;png;jpeg)")
     parser.add_argument("--tar-label-key", default=None, metavar="EXT", help="WebDataset: the label member's "
                                                                             "extension (default cls)")
+    parser.add_argument("--fields", default=None, metavar="NAME[,NAME...]",
+                        help="extra fields per sample to store (WebDataset member extensions, Parquet "
+                             "columns): default all found; 'none': only image and label; NAME:bytes stores a "
+                             "field as it is (e.g. txt:bytes for captions that are not UTF-8)")
     parser.add_argument("--image-column", default=None, help="Parquet/datasets: the image-bytes column (default image)")
     parser.add_argument("--label-column", default=None, help="Parquet/datasets: the label column (default label)")
     parser.add_argument("--validate", choices=("header", "full", "none"), default=None,
@@ -164,7 +168,7 @@ def _run(args) -> int:
                     keep_order=args.keep_order, stratify=args.stratify, encoding=args.encoding, resize=args.resize,
                     on_error=args.on_error, count=args.count, progress=_progress(args.progress),
                     overwrite=args.overwrite, source_type=args.source_type, reencode_max_side=args.max_side,
-                    reencode_quality=args.quality, **options)
+                    reencode_quality=args.quality, fields=args.fields, **options)
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps({"output": report.output, "samples": report.samples, "bytes": report.bytes,

@@ -107,6 +107,8 @@ class ContainerInfo:
     raw_shape: tuple[int, ...] | None = None
     source: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fields: tuple[tuple[str, str], ...] = ()
+    """Extra fields per sample as (name, kind) pairs (dstore.formats.fields); () for none."""
 
     @property
     def num_classes(self) -> int:
@@ -264,6 +266,55 @@ class ContainerReader(abc.ABC):
         i = self._check_index(i)
         return self.read_bytes(int(self.offsets[i]), int(self.offsets[i + 1])), int(self.labels[i])
 
+    # --- extra fields per sample (dstore.formats.fields) -----------------------------------
+    def _field_parts(self, name: str) -> dict:
+        """The arrays `data`, `offsets`, `checksums` of field `name` (sliceable, 1-D)."""
+        raise FormatError(f"{self.path}: this reader cannot read fields")
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The names of the container's extra fields, in the order declared."""
+        return tuple(n for n, _ in self.info.fields)
+
+    def _field_kind(self, name: str) -> str:
+        """Field `name`'s kind; ConfigError naming the fields there are if it has none of that name."""
+        kinds = dict(self.info.fields)
+        if name not in kinds:
+            raise ConfigError(f"{self.path} has no field {name!r} (fields: {list(kinds) or 'none'})")
+        return kinds[name]
+
+    def field_index(self, name: str):
+        """The FieldIndex of field `name` (its offsets and checksums, read and checked on first use)."""
+        from dstore.formats.fields import FieldIndex
+
+        cache = self.__dict__.get("_field_cache")
+        if cache is None:  # per reader, not per class: FieldIndex holds this reader's arrays
+            cache = self._field_cache = {}
+        if name not in cache:
+            kind = self._field_kind(name)
+            cache[name] = FieldIndex(self.path, name, kind, self.num_samples, self._field_parts(name))
+        return cache[name]
+
+    def field_bad_samples(self, name: str) -> list[int]:
+        """The samples whose value of field `name` does not match its checksum (what verify reports)."""
+        return self.field_index(name).bad_samples()
+
+    def field_bytes(self, name: str, i: int) -> bytes:
+        """Sample i's value of field `name` as stored, checked against its checksum (ChecksumError)."""
+        i = self._check_index(i)
+        return self.field_index(name).raw(i, self.name)
+
+    def field(self, name: str, i: int):
+        """Sample i's value of field `name`: str (`text`), the parsed document (`json`) or bytes."""
+        from dstore.formats.fields import decode_value
+
+        return decode_value(self._field_kind(name), self.field_bytes(name, i))
+
+    def fields_of(self, indices, names=None) -> list[dict]:
+        """Per sample of `indices`, {field name: value} for `names` (default: every field)."""
+        names = self.field_names if names is None else tuple(names)
+        return [{n: self.field(n, i) for n in names} for i in indices]
+
     def read_range(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Samples [start, stop) as one contiguous uint8 array, read with one large read per file.
 
@@ -292,7 +343,8 @@ class ContainerWriter(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None) -> int:
+    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None,
+               fields: dict | None = None) -> int:
         """Appends one sample (bytes-like or uint8 array); returns its index in the container.
 
         Args:
@@ -300,9 +352,11 @@ class ContainerWriter(abc.ABC):
                 (ingest computes it on the rank that loaded the sample, in parallel). The caller
                 vouches for it: it is stored as given, not recomputed, and a wrong one is what
                 `verify_container` reports. None: computed here.
+            fields: the sample's extra field values {name: str, bytes or (json) a JSON-able value}
+                for fields declared to the writer; a field left out is stored empty.
         """
 
-    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None) -> None:
+    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None, fields=None) -> None:
         """Appends len(sizes) samples whose bytes lie back to back in `data` (one buffer), in order.
 
         Args:
@@ -312,6 +366,7 @@ class ContainerWriter(abc.ABC):
             source_index: per sample (None: all -1).
             checksums: per sample, as `append`'s `checksum` (the caller vouches for them); None:
                 computed here.
+            fields: per sample, as `append`'s `fields` (a sequence of dicts, or None).
 
         Backends may do this faster than one `append` per sample (no per-sample copy).
         """
@@ -320,10 +375,11 @@ class ContainerWriter(abc.ABC):
         source_index = [-1] * n if source_index is None else source_index
         view, off = memoryview(data).cast("B"), 0
         check_batch(view.nbytes, sizes, labels=labels, names=names, source_index=source_index,
-                    checksums=checksums)
+                    checksums=checksums, fields=fields)
         for j, size in enumerate(sizes):
             self.append(view[off:off + size], labels[j], names[j], source_index[j],
-                        checksum=None if checksums is None else checksums[j])
+                        checksum=None if checksums is None else checksums[j],
+                        fields=None if fields is None else fields[j])
             off += size
 
     @abc.abstractmethod

@@ -353,6 +353,17 @@ class HDF5Reader(ContainerReader):
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         return checked_source_index(self.path, self.info, source_index)
 
+    def _field_parts(self, name: str) -> dict:
+        f = self._open_file()
+        try:
+            parts = {part: _dataset(self.path, f, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+            for part, dset in parts.items():  # before anything of a declared size is read
+                _check_stored(self.path, f"fields/{name}/{part}", dset)
+            return parts
+        except KeyError as exc:
+            raise FormatError(f"{self.path}: field {name!r} is listed in the fields attribute but its "
+                              f"arrays are missing: {exc}") from exc
+
     def _open_file(self) -> h5py.File:
         """The open file; ConfigError once the reader is closed."""
         if self._file is None:
@@ -469,6 +480,7 @@ class HDF5Writer(StreamingWriter):
         names = f.create_dataset("names", dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
         for a, block in buf.name_blocks():  # in blocks: never all names as Python objects at once
             names[a:a + len(block)] = np.array(block, dtype=object)
+        self._write_fields(lambda key, arr: f.create_dataset(key, data=arr))
         attrs = dict(attrs)
         # A dataset, not an attribute: an object header holds at most 64 KiB of attributes, about
         # 4,000 class names; ImageNet-21k has 21,841.

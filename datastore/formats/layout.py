@@ -20,6 +20,7 @@ from dstore.formats.base import (
     check_batch,
 )
 from dstore.formats.base import checksum as crc32_of
+from dstore.formats.fields import FIELDS_ATTR, FieldBuffer, check_field_specs, fields_attr, parse_fields_attr
 from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_target, move_into_place, remove_path, remove_stale_temporaries, temp_path
 
@@ -37,10 +38,12 @@ INDEX_CHUNK = 1 << 18
 
 
 def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-               extra_attrs: dict | None = None, num_samples: int, total_bytes: int) -> dict[str, Any]:
-    """The attribute dict a writer stores (without the completion marker), JSON-compatible."""
+               extra_attrs: dict | None = None, num_samples: int, total_bytes: int, fields=()) -> dict[str, Any]:
+    """The attribute dict a writer stores (without the completion marker), JSON-compatible; the
+    `fields` attribute only where there are fields (a container without them is as before)."""
     attrs: dict[str, Any] = dict(extra_attrs or {})
-    clash = sorted(set(attrs) & (set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR}))
+    clash = sorted(set(attrs) & (set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR,
+                                                        FIELDS_ATTR}))
     if clash:
         raise ConfigError(f"extra_attrs may not set the reserved attributes {clash}")
     attrs.update(version=FORMAT_VERSION, encoding=encoding, class_names=list(class_names),
@@ -49,6 +52,8 @@ def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, so
         attrs["raw_dtype"] = str(np.dtype(raw_dtype))
     if raw_shape is not None:
         attrs["raw_shape"] = [int(s) for s in raw_shape]
+    if fields:
+        attrs[FIELDS_ATTR] = fields_attr(fields)
     try:
         json.dumps(attrs)
     except (TypeError, ValueError) as exc:
@@ -120,7 +125,8 @@ def parse_info(attrs: dict, path: str) -> ContainerInfo:
         raise FormatError(f"{path}: attribute class_names is not a list of strings (got {type(names).__name__})")
     if not isinstance(attrs["encoding"], str):
         raise FormatError(f"{path}: attribute encoding={attrs['encoding']!r} is not a string")
-    reserved = set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR}
+    reserved = set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR, FIELDS_ATTR}
+    fields = parse_fields_attr(attrs.get(FIELDS_ATTR), path)
     try:
         return ContainerInfo(
             version=version,
@@ -132,6 +138,7 @@ def parse_info(attrs: dict, path: str) -> ContainerInfo:
             raw_shape=raw_shape,
             source=str(attrs.get("source", "")),
             extra={k: v for k, v in attrs.items() if k not in reserved},
+            fields=fields,
         )
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from exc
@@ -394,11 +401,14 @@ class StreamingWriter(ContainerWriter):
     """
 
     def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES):
+                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES,
+                 fields=None):
+        self._fields = FieldBuffer(check_field_specs(fields))
         class_names = check_writer_args(encoding=encoding, class_names=class_names,
                                         raw_dtype=raw_dtype, raw_shape=raw_shape)
         self._meta: dict[str, Any] = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
                           raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
+        self._meta["fields"] = self._fields.specs
         make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
         self._overwrite = bool(overwrite)
         self.path = check_target(path, self._overwrite)
@@ -435,15 +445,34 @@ class StreamingWriter(ContainerWriter):
     def _discard(self) -> None:
         raise NotImplementedError
 
-    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None) -> int:
+    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None,
+               fields: dict | None = None) -> int:
         self._check_open()
+        values = self._fields.check(fields, str(name)) if fields or self._fields.specs else None
         with self._storage_errors():
-            return self._buf.append(data, label, name, source_index, checksum)
+            i = self._buf.append(data, label, name, source_index, checksum)
+        if values is not None:
+            self._fields.add(values)
+        return i
 
-    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None) -> None:
+    def extend(self, data, sizes, labels, names, source_index=None, *, checksums=None, fields=None) -> None:
         self._check_open()
+        if fields is not None and len(fields) != len(sizes):
+            raise ConfigError(f"fields has {len(fields)} entries but sizes has {len(sizes)}")
+        values = None
+        if fields is not None or self._fields.specs:  # every value checked before anything is buffered
+            values = [self._fields.check(None if fields is None else fields[j], str(names[j]))
+                      for j in range(len(sizes))]
         with self._storage_errors():
             self._buf.extend(data, sizes, labels, names, source_index, checksums)
+        for v in values or ():
+            self._fields.add(v)
+
+    def _write_fields(self, create) -> None:
+        """Writes every field's arrays with `create(key, array)` (key: `fields/<name>/<part>`)."""
+        for name, _ in self._fields.specs:
+            for part, arr in self._fields.arrays(name).items():
+                create(f"fields/{name}/{part}", arr)
 
     @contextlib.contextmanager
     def _storage_errors(self):

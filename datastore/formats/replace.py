@@ -87,7 +87,7 @@ def _foreign_reason(path: str) -> str | None:
         attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
         if not isinstance(attrs, dict) or not all(k in attrs for k in _OUR_ATTRS):
             return "a Zarr store without dstore's attributes"
-        extra = sorted(entries - {"zarr.json", "class_names", *ARRAYS})
+        extra = sorted(entries - {"zarr.json", "class_names", "fields", *ARRAYS})  # fields: docs/format.md
         return f"a Zarr group that holds more than a dstore container: {extra[:5]}" if extra else None
     return "a directory that is not a container"
 

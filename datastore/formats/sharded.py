@@ -14,7 +14,7 @@ from dstore.formats.base import ContainerNotFoundError, ContainerReader, crc32
 from dstore.formats.layout import COMPLETE_ATTR, check_byte_range, check_out, make_attrs, parse_info
 from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
-_SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape")
+_SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape", "fields")
 """Attributes every shard of one container must agree on."""
 
 MANIFEST_VERSION = 2
@@ -78,7 +78,7 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
                         source=first_info.source,
                         extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
                         num_samples=sum(e["num_samples"] for e in entries),
-                        total_bytes=sum(e["total_bytes"] for e in entries))
+                        total_bytes=sum(e["total_bytes"] for e in entries), fields=first_info.fields)
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries, "attrs": merged,
                 COMPLETE_ATTR: True}  # the marker, last key
     _write_json_into_place(manifest, target, overwrite)
@@ -190,9 +190,10 @@ class ShardedReader(ContainerReader):
                     raise FormatError(
                         f"{mfile}: shard {i} ({entry['path']}) has {shard.num_samples} samples / "
                         f"{shard.total_bytes} bytes, the manifest says {entry['num_samples']} / {entry['total_bytes']}")
-                if shard.info.encoding != self.info.encoding or shard.info.class_names != self.info.class_names:
+                if (shard.info.encoding, shard.info.class_names, shard.info.fields) != (
+                        self.info.encoding, self.info.class_names, self.info.fields):
                     raise FormatError(f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
-                                      "on encoding or class names")
+                                      "on encoding, class names or fields")
                 if manifest["version"] >= 2:
                     _check_identity(mfile, i, entry, shard, sum(s.num_samples for s in self._shards[:-1]))
             self._load()
@@ -267,6 +268,17 @@ class ShardedReader(ContainerReader):
     def name(self, i: int) -> str:
         k, j = self.shard_of(i)
         return self._shards[k].name(j)
+
+    def field_bytes(self, name: str, i: int) -> bytes:
+        """Sample i's value of field `name`, read from its shard (checked against its checksum)."""
+        self._field_kind(name)
+        k, j = self.shard_of(i)
+        return self._shards[k].field_bytes(name, j)
+
+    def field_bad_samples(self, name: str) -> list[int]:
+        """Every shard's bad values of field `name`, as indices of the joined view."""
+        self._field_kind(name)
+        return [int(self._sample_starts[k]) + j for k, s in enumerate(self._shards) for j in s.field_bad_samples(name)]
 
     def close(self) -> None:
         shards, self._shards = self._shards, []

@@ -19,6 +19,7 @@ from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerReader
 from dstore.formats.layout import (
     COMPLETE_ATTR,
+    DATA_CHUNK_BYTES,
     INDEX_CHUNK,
     INDEX_FLOOR_BYTES,
     MAX_COMPRESSION,
@@ -255,6 +256,16 @@ class ZarrReader(ContainerReader):
             raise FormatError(f"{self.path}: cannot read source_index: {type(exc).__name__}: {exc}") from exc
         return checked_source_index(self.path, self.info, source_index)
 
+    def _field_parts(self, name: str) -> dict:
+        group = self._open_group()
+        try:
+            return {part: _array(self.path, group, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+        except (KeyError, OSError, ValueError) as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{self.path}: field {name!r} is listed in the fields attribute but its "
+                              f"arrays are missing: {exc}") from exc
+
     def _open_group(self) -> zarr.Group:
         """The open group; ConfigError once the reader is closed."""
         if self._group is None:
@@ -355,6 +366,14 @@ class ZarrWriter(StreamingWriter):
         names = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, INDEX_CHUNK)),))
         for a, block in buf.name_blocks(max(1, min(n, INDEX_CHUNK))):  # chunk by chunk, not all at once
             names[a:a + len(block)] = np.array(block, dtype=object)
+        def create(key: str, values: np.ndarray) -> None:
+            arr = g.create_array(key, shape=values.shape, dtype=values.dtype, compressors=None,
+                                 chunks=(max(1, min(values.size, DATA_CHUNK_BYTES if values.dtype == np.uint8
+                                                    else INDEX_CHUNK)),), config={"write_empty_chunks": True})
+            if values.size:
+                arr[:] = values
+
+        self._write_fields(create)
         g.attrs.update(attrs)
         g.attrs[COMPLETE_ATTR] = True  # the marker, last
         self._group = self._data = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dstore.errors import SampleError
+from dstore.errors import ChecksumError, SampleError
 from dstore.formats import detect_format, open_container
 from dstore.formats.base import checksum
 from dstore.ingest.source import Source
@@ -44,6 +44,7 @@ class ContainerSource(Source):
         self.raw_shape = None if info.raw_shape is None else tuple(info.raw_shape)
         self.description = f"container {spec}" + (f" (from {info.source})" if info.source else "")
         self._labels = np.asarray(self._reader.labels, dtype=np.int64)
+        self.field_specs = tuple(info.fields)  # carried over, each value checked against its checksum
         order = info.extra.get("ingest_order")
         if order is not None:
             self.notes.append(f"{spec} was written in {order} order; this ingest writes its own")
@@ -66,6 +67,12 @@ class ContainerSource(Source):
 
     def locate(self, i: int) -> str:
         return f"{self.path}[{i}] ({self._reader.name(i)})"
+
+    def fields(self, i: int, names) -> dict[str, bytes]:
+        try:
+            return {n: self._reader.field_bytes(n, i) for n in names}
+        except ChecksumError as exc:
+            raise SampleError(f"{self.locate(i)}: {exc}") from exc
 
     def load(self, i: int):
         data, _ = self._reader.sample(i)

@@ -41,7 +41,7 @@ from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolv
 from dstore.ingest.reencode import reencode_attrs
 from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
-from dstore.ingest.source import Source
+from dstore.ingest.source import Source, select_fields
 from dstore.ingest.writer import BackgroundWriter
 
 
@@ -113,7 +113,8 @@ class _Shard:
 
 
 def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int, *, index: int, path: str,
-                 fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar) -> _Shard | None:
+                 fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar,
+                 fields=()) -> _Shard | None:
     """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
     first rank, which returns the shard's record; the others return None)."""
     m, k = gcomm.Get_size(), gcomm.Get_rank()
@@ -123,8 +124,9 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
         try:
             writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
                                    raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
-                                   source=src.description, extra_attrs=extra_attrs, overwrite=overwrite)
-            out = BackgroundWriter(writer, src, order, on_written=bar)
+                                   source=src.description, extra_attrs=extra_attrs, overwrite=overwrite,
+                                   fields=fields)
+            out = BackgroundWriter(writer, src, order, on_written=bar, fields=[n for n, _ in fields])
         except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
             pending = e
     header = np.zeros(4, dtype=np.int64)
@@ -275,7 +277,7 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
            reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
-           heartbeat: float | None = None, **source_options) -> IngestReport:
+           heartbeat: float | None = None, fields=None, **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
@@ -300,6 +302,9 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         heartbeat: without a bar, seconds between the plain progress lines rank 0 writes on stderr
             (samples, bytes, rate, elapsed, time left; dstore.heartbeat), so a batch log shows a long
             ingest alive; None: $DSTORE_HEARTBEAT (dstore.rc, 30 s by default); 0: none.
+        fields: the extra fields per sample to store (`--fields`; dstore.ingest.source.select_fields):
+            None: every field the source has (WebDataset members other than the image and label,
+            other Parquet columns, ingest_items' field dicts); "none": none.
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -317,11 +322,11 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                        encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
                        overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), stratify=stratify,
-                       heartbeat=heartbeat, **source_options)
+                       heartbeat=heartbeat, fields=fields, **source_options)
 
 
 def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
-            progress, overwrite, reencode, stratify, heartbeat=None, **source_options) -> IngestReport:
+            progress, overwrite, reencode, stratify, heartbeat=None, fields=None, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     _check_args(fmt, shards, on_error, count, output)
     resize = plan.parse_resize(resize)
@@ -335,7 +340,7 @@ def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encodin
         src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
     job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
                           encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite,
-                          reencode=reencode, stratify=stratify)
+                          reencode=reencode, stratify=stratify, fields=fields)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
@@ -375,10 +380,11 @@ class _Job:
     manifest: str | None
     shard_paths: list[str]
     order_kind: str = "seeded"  # the `ingest_order` attribute: source, seeded or stratified
+    fields: tuple[tuple[str, str], ...] = ()  # the extra fields stored, (name, kind)
 
     @classmethod
     def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
-                   on_error, count, overwrite, reencode=(None, None), stratify=False) -> _Job:
+                   on_error, count, overwrite, reencode=(None, None), stratify=False, fields=None) -> _Job:
         """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
         n = len(src) if count is None else min(len(src), int(count))
         target = resolve_target(src, encoding, resize, *reencode)
@@ -386,7 +392,7 @@ class _Job:
         bounds = plan.shard_bounds(n, shards)
         manifest, shard_paths = output_paths(output, fmt, shards)
         return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
-                   manifest, shard_paths, kind)
+                   manifest, shard_paths, kind, select_fields(src, fields))
 
     def sample_bytes(self) -> int:
         """The expected bytes of a stored sample (sizes the chunks a group exchanges)."""
@@ -396,11 +402,20 @@ class _Job:
             return int(np.prod(t.raw_shape)) * np.dtype(t.raw_dtype).itemsize
         return self.src.estimated_sample_bytes
 
+    def _field_notes(self) -> list[str]:
+        """What the summary says of the extra fields: which are stored, which found but not."""
+        stored = dict(self.fields)
+        left = [n for n, _ in self.src.field_specs if n not in stored]
+        notes = [f"fields stored: {', '.join(f'{n} ({k})' for n, k in self.fields)}"] if stored else []
+        if left:
+            notes.append(f"fields found but not stored (--fields): {', '.join(left)}")
+        return notes
+
     def report(self, recs: list[_Shard], seconds: float, ranks: int) -> IngestReport:
         skipped = list(self.src.skipped) + [s for r in recs for s in r.skipped]
         return IngestReport(output=os.path.abspath(os.fspath(self.output)), samples=sum(r.samples for r in recs),
                             bytes=sum(r.bytes for r in recs), seconds=seconds, skipped=skipped,
-                            ignored=list(self.src.ignored), notes=list(self.src.notes),
+                            ignored=list(self.src.ignored), notes=list(self.src.notes) + self._field_notes(),
                             shards=[r.path for r in recs], encoding=self.target.encoding,
                             num_classes=len(self.src.class_names), ranks=ranks, fmt=self.fmt)
 
@@ -457,7 +472,8 @@ def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None = Non
                 chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
                 rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
                                    fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
-                                   extra_attrs=extra, bar=meter.update if meter.enabled else None)
+                                   extra_attrs=extra, bar=meter.update if meter.enabled else None,
+                                   fields=job.fields)
                 if rec is not None:
                     written.append(rec)
     except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dstore.errors import SampleError
+from dstore.errors import ConfigError, SampleError
 
 MAX_CLASSES = 1 << 20
 """The most classes a source may imply by its largest label when it names no classes (ImageNet-21k
@@ -86,6 +86,20 @@ class Source(abc.ABC):
             SampleError: naming `locate(i)` and the reason, if the sample is unreadable or invalid.
         """
 
+    field_specs: tuple[tuple[str, str], ...] = ()
+    """The extra fields per sample this source can store, as (name, kind) pairs (kinds:
+    dstore.formats.fields.FIELD_KINDS); () for none. `dstore ingest --fields` selects among them."""
+
+    def fields(self, i: int, names) -> dict[str, bytes]:
+        """Sample i's values of the fields `names` (a field it lacks is left out: stored empty).
+        Called on the writing rank, in write order.
+
+        Raises:
+            SampleError: naming `locate(i)` and the field, if a value cannot be read.
+        """
+        del i, names
+        return {}
+
     def prefetch(self, indices) -> None:
         """A hint that `load` will be called for these source indices next (a chunk's samples): a
         source in object storage fetches them concurrently. Nothing for a local source."""
@@ -97,6 +111,28 @@ class Source(abc.ABC):
         if self.raw_shape is not None and self.raw_dtype is not None:
             return int(np.prod(self.raw_shape)) * np.dtype(self.raw_dtype).itemsize
         return 110_000
+
+
+def select_fields(src: Source, fields) -> tuple[tuple[str, str], ...]:
+    """The (name, kind) pairs to store of `src.field_specs`: None or "all": every one; "none" or
+    []: none; else names (a comma-separated string or a sequence), each `name` or `name:kind` to
+    store it as another kind (`txt:bytes` keeps text that is not UTF-8 as it is). ConfigError naming
+    a field the source does not have, and the ones it has."""
+    found = dict(src.field_specs)
+    if fields is None or fields == "all":
+        return tuple(src.field_specs)
+    if isinstance(fields, str):
+        fields = [] if fields.strip() == "none" else [f for f in fields.split(",") if f.strip()]
+    chosen = []
+    for item in fields:
+        name, _, kind = str(item).strip().partition(":")
+        if name not in found:
+            raise ConfigError(f"--fields: the source has no field {name!r} (fields found: "
+                              f"{', '.join(found) or 'none'})")
+        chosen.append((name, kind or found[name]))
+    from dstore.formats.fields import check_field_specs
+
+    return check_field_specs(chosen)
 
 
 class ArraySamples(Source):

@@ -7,7 +7,9 @@ a `Dataset.save_to_disk` directory (its `state.json` lists the Arrow files), or 
 directory (`data/train-00000-of-00004.parquet`, `train/*.parquet`, `x_test.parquet`...), whose
 `*.parquet` (or else `*.arrow`) files are read in `datasets`' order. A directory with several
 splits needs `split=` (`--split`): they are never mixed. Columns other than the image and the
-label are not stored, and the ingest summary says so. The image column holds the file
+label are stored as extra fields per sample (`--fields` selects; docs/format.md, "Fields"): strings
+as `text`, binary as `bytes`, numbers, booleans, lists and structs as `json`; a column of another
+type (timestamps, decimals...) is not stored, and the ingest summary says which. The image column holds the file
 bytes, either as binary or as a `datasets` Image struct (`{bytes, path}`); the label column
 integers or class names (dstore.ingest.labels). Class names come, in this order, from `classes=`,
 from the `datasets` ClassLabel feature (in `dataset_info.json` or the schema's `huggingface`
@@ -177,6 +179,23 @@ def _parquet(pa, path: str, remote: Remote | None):
     return pa.parquet.ParquetFile(path if remote is None else remote.open(path, cache=False))
 
 
+def _column_kind(pa, t) -> str | None:
+    """The field kind a column of Arrow type `t` is stored as, or None where it has no faithful
+    text, bytes or JSON form."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytes"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return "json"
+    nested = (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+    if nested:
+        return "json" if _column_kind(pa, t.value_type) is not None else None
+    if pa.types.is_struct(t):
+        return "json" if all(_column_kind(pa, t.field(j).type) is not None for j in range(t.num_fields)) else None
+    return None
+
+
 class TableSource(Source):
     """Rows of Parquet/Arrow files (see the module docstring).
 
@@ -230,12 +249,44 @@ class TableSource(Source):
                 raise SampleError(f"{path}: no column {col!r}; its columns: {schema.names} (choose with "
                                   "--image-column / --label-column)")
 
-    def _note_columns(self, names: list[str]) -> None:
-        """Says once which columns ingest keeps and which it does not store (only one image and its label)."""
-        other = [n for n in names if n not in (self.image_column, self.label_column)]
-        if other and not any(n.startswith("columns kept:") for n in self.notes):
-            self.notes.append(f"columns kept: {self.image_column} (image), {self.label_column} (label); "
-                              f"not stored: {', '.join(other)}")
+    def _note_columns(self, schema) -> None:
+        """Declares, once, the other columns as fields (by their Arrow type, `_column_kind`) and says
+        which columns are what, and which cannot be stored."""
+        if any(n.startswith("columns:") for n in self.notes):
+            return
+        pa = _pyarrow()
+        specs, cannot = [], []
+        for f in schema:
+            if f.name in (self.image_column, self.label_column):
+                continue
+            kind = _column_kind(pa, f.type)
+            if kind is None:
+                cannot.append(f"{f.name} ({f.type})")
+            else:
+                specs.append((f.name, kind))
+        self.field_specs = tuple(specs)
+        if specs or cannot:
+            self.notes.append(f"columns: {self.image_column} (image), {self.label_column} (label)"
+                              + (f"; fields to store: {', '.join(n for n, _ in specs)}" if specs else "")
+                              + (f"; not stored (no text, bytes or JSON form): {', '.join(cannot)}" if cannot else ""))
+
+    def fields(self, i: int, names) -> dict[str, bytes]:
+        """Sample i's values of the columns `names` (a null is left out: stored empty)."""
+        p, row = self._where(i)
+        kinds = dict(self.field_specs)
+        got = {}
+        for name in names:
+            try:
+                value = self._column(p, name)[row].as_py()
+            except Exception as exc:  # pyarrow raises several types for damaged files; name the row
+                raise SampleError(f"{self.locate(i)}: cannot read column {name!r}: {type(exc).__name__}: {exc}") from exc
+            if value is None:
+                continue
+            if kinds[name] == "json":
+                got[name] = json.dumps(value).encode("utf-8")
+            else:
+                got[name] = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        return got
 
     def _list_file(self, pa, k: int, path: str, values: list) -> dict:
         """Appends file k's row parts and labels; returns the `datasets` features in its schema, if any."""
@@ -244,7 +295,7 @@ class TableSource(Source):
             if path.endswith(".arrow"):
                 table = _open_arrow(pa, path, self.remote)
                 self._check_columns(path, table.schema)
-                self._note_columns(table.schema.names)
+                self._note_columns(table.schema)
                 self._starts.append(len(values))
                 self._parts.append((k, -1, 0))
                 values.extend(table.column(self.label_column).to_pylist())
@@ -252,7 +303,7 @@ class TableSource(Source):
             else:
                 pf = _parquet(pa, path, self.remote)
                 self._check_columns(path, pf.schema_arrow)
-                self._note_columns(pf.schema_arrow.names)
+                self._note_columns(pf.schema_arrow)
                 row = 0
                 for g in range(pf.metadata.num_row_groups):
                     self._starts.append(len(values) + row)
@@ -302,24 +353,26 @@ class TableSource(Source):
         k, _, first = self._parts[p]
         return f"{self.files[k]}#{first + row}"
 
-    def _column(self, p: int):
-        """The image column of part p (cached)."""
-        if p in self._cache:
-            self._cache.move_to_end(p)
-            return self._cache[p]
+    def _column(self, p: int, column: str | None = None):
+        """Column `column` (default: the image column) of part p (cached)."""
+        column = column or self.image_column
+        key = p if column == self.image_column else (p, column)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
         pa = _pyarrow()
         k, group, _ = self._parts[p]
         path = self.files[k]
         if group < 0:
-            col = _open_arrow(pa, path, self.remote).column(self.image_column)
+            col = _open_arrow(pa, path, self.remote).column(column)
         else:
-            col = self._parquet_file(pa, k).read_row_group(group, columns=[self.image_column]).column(0)
+            col = self._parquet_file(pa, k).read_row_group(group, columns=[column]).column(0)
         col = col.combine_chunks()
-        if pa.types.is_struct(col.type):
+        if column == self.image_column and pa.types.is_struct(col.type):
             if col.type.get_field_index("bytes") < 0:
                 raise SampleError(f"{path}: image column {self.image_column!r} is a struct without a 'bytes' field")
-        self._cache[p] = col
-        while len(self._cache) > self.cache_row_groups:
+        self._cache[key] = col
+        while len(self._cache) > self.cache_row_groups * (1 + len(self.field_specs)):
             self._cache.popitem(last=False)
         return col
 

@@ -12,8 +12,9 @@ of 16 MiB requests while listing and a sample is one ranged GET); the label memb
 listing. Of each sample, the image is the member whose extension is one of `image_key`
 (`jpg;png;jpeg` by default, the first found), the label the member with extension `label_key`
 (`cls`: an integer or a class name; see dstore.ingest.labels). A sample with no image or no label
-member is a listing problem (`on_error`); members of other extensions (`json`, `txt`...) are not
-stored, and the ingest summary says which (`fields kept: ...; not stored: ...`).
+member is a listing problem (`on_error`); members of other extensions (`json`, `txt`...) are
+stored as extra fields named by their extension (`--fields` selects; docs/format.md, "Fields"),
+read on the writing rank, and the ingest summary says which (`fields stored: ...`).
 
 As `webdataset` 1.0.2 (`tariterators.group_by_keys`), whose behaviour is the reference:
 - a sample with two members of one extension (`a.jpg` twice) is refused (webdataset raises
@@ -179,6 +180,10 @@ def _keys(value: str, what: str) -> tuple[str, ...]:
     return keys
 
 
+_FIELD_KIND = {"txt": "text", "text": "text", "caption": "text", "json": "json"}
+"""The kind of a WebDataset member stored as a field, by extension (any other: bytes)."""
+
+
 class TarSource(Source):
     """Samples of WebDataset tar shards (see the module docstring).
 
@@ -208,7 +213,9 @@ class TarSource(Source):
         self.shards, self.notes = expand_shards(os.fspath(spec), split, self.remote)
         self.description = f"webdataset {os.fspath(spec)} ({len(self.shards)} shard(s))"
         self._members: list[tuple[int, str, int, int]] = []  # (shard, member name, data offset, size)
-        self._fields: dict[str, int] = {}  # extension -> samples with a member of it that is not stored
+        self._fields: dict[str, int] = {}  # extension -> samples with a member of it (an extra field)
+        # per sample: {extension: (data offset, size)} of its other members, read when written
+        self._field_members: list[dict[str, tuple[int, int]]] = []
         values: list[str] = []
         for s, path in enumerate(self.shards):
             self._list_shard(s, path, values, on_error)
@@ -295,17 +302,46 @@ class TarSource(Source):
         text = tf.extractfile(label).read().decode("utf-8", "replace").strip()
         self._members.append((s, image.name, image.offset_data, image.size))
         values.append(text)
-        for ext in group:  # the members of this sample that are not stored
+        extra = {}
+        for ext in group:  # the members of this sample other than its image and label: extra fields
             if group[ext] is not image and ext != self.label_key:
                 self._fields[ext] = self._fields.get(ext, 0) + 1
+                extra[ext] = (group[ext].offset_data, group[ext].size)
+        self._field_members.append(extra)
 
     def _note_fields(self) -> None:
-        """Says which member extensions are stored (one image and the label) and which are not."""
+        """Declares the other member extensions as fields (`txt`/`text`/`caption`: text, `json`:
+        json, else bytes) and says which members are what, with how many samples have each field
+        (a sample without one stores it empty)."""
         image = sorted({split_key(m[1])[1].lower() for m in self._members})
-        dropped = [f"{ext} ({n} samples)" for ext, n in sorted(self._fields.items())]
-        if dropped:
-            self.notes.append(f"fields kept: {';'.join(image)} (image), {self.label_key} (label); "
-                              f"not stored: {', '.join(dropped)}")
+        self.field_specs = tuple((ext, _FIELD_KIND.get(ext, "bytes")) for ext in sorted(self._fields))
+        found = [f"{ext} ({n} of {len(self._members)} samples)" for ext, n in sorted(self._fields.items())]
+        if found:
+            self.notes.append(f"members: {';'.join(image)} (image), {self.label_key} (label); "
+                              f"other members, fields to store: {', '.join(found)}")
+
+    def fields(self, i: int, names) -> dict[str, bytes]:
+        """Sample i's members of the extensions `names` (those it has), read from its shard."""
+        s = self._members[i][0]
+        got = {}
+        for ext in names:
+            where = self._field_members[i].get(ext)
+            if where is None:
+                continue
+            offset, size = where
+            what = f"{self.locate(i)} (field {ext!r})"
+            if self.remote is not None:
+                data = self.remote.read(self.shards[s], offset, offset + size)
+            else:
+                try:
+                    with open(self.shards[s], "rb") as f:
+                        data = os.pread(f.fileno(), size, offset)
+                except OSError as exc:
+                    raise SampleError(f"{what}: cannot read: {exc.strerror or exc}") from exc
+            if len(data) != size:
+                raise SampleError(f"{what}: the shard ends {size - len(data)} bytes before the member's end")
+            got[ext] = data
+        return got
 
     def __len__(self) -> int:
         return len(self._members)

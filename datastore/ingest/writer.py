@@ -22,12 +22,14 @@ class BackgroundWriter:
         writer: an open ContainerWriter (from dstore.formats.create_writer).
         source: where labels and names come from.
         order: the write order (source index at each position).
+        fields: the names of the extra fields to store (`Source.fields`), () for none.
         on_written: called with the number of positions done and the bytes written after each round
             (progress).
     """
 
-    def __init__(self, writer, source: Source, order: np.ndarray, on_written=None):
+    def __init__(self, writer, source: Source, order: np.ndarray, on_written=None, fields=()):
         self.writer = writer
+        self._fields = tuple(fields)  # names of the fields stored (read from the source here, in write order)
         self._source = source
         self._order = order
         self._on_written = on_written
@@ -71,8 +73,9 @@ class BackgroundWriter:
         if isinstance(data, list):
             data = np.concatenate(data) if data else np.zeros(0, np.uint8)
         indices = self._order[start:start + sizes.size][keep].tolist()
+        values = [src.fields(i, self._fields) for i in indices] if self._fields else None
         self.writer.extend(data, sizes[keep], [src.label(i) for i in indices], [src.name(i) for i in indices],
-                           indices, checksums=checksums)
+                           indices, checksums=checksums, fields=values)
         if self._on_written is not None:
             self._on_written(int(sizes.size), int(data.size))
         return int(data.size)

@@ -1,0 +1,241 @@
+"""Named extra fields per sample (a caption, a JSON record of boxes, any bytes): how they are
+declared, buffered by a writer, and checked and read back (the layout: docs/format.md, "Fields").
+
+Each field `<name>` is stored like the main data, in the container's sample order:
+`fields/<name>/data` (uint8, every sample's value back to back), `fields/<name>/offsets`
+(int64[N+1]) and `fields/<name>/checksums` (uint32[N], CRC32 of each value). The attribute
+`fields` lists them as `"<name>:<kind>"` strings; a container without it has no fields, and an
+older reader, which never looks at `fields/`, reads its images and labels as before.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import re
+
+import numpy as np
+
+from dstore.errors import ChecksumError, ConfigError, FormatError
+from dstore.formats.base import checksum as crc32_of
+
+FIELD_KINDS = ("text", "json", "bytes")
+"""`text`: UTF-8 text (read back as str); `json`: a UTF-8 JSON document (read back parsed);
+`bytes`: anything (read back as bytes)."""
+
+FIELDS_ATTR = "fields"
+"""The attribute listing a container's fields as `name:kind` strings (absent: no fields)."""
+
+FIELD_PARTS = ("data", "offsets", "checksums")
+"""The arrays of one field, under `fields/<name>/`."""
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+
+
+def check_field_specs(fields) -> tuple[tuple[str, str], ...]:
+    """A writer's `fields` argument ({name: kind}, or (name, kind) pairs; None: none) as checked
+    (name, kind) pairs; ConfigError naming the bad name or kind."""
+    if not fields:
+        return ()
+    pairs = list(fields.items()) if isinstance(fields, dict) else [tuple(p) for p in fields]
+    seen: set[str] = set()
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ConfigError(f"fields: {pair!r} is not a (name, kind) pair")
+        name, kind = pair
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"field name {name!r} must be 1-64 characters of letters, digits, '_', '.', '-' "
+                              "(not starting with '.' or '-')")
+        if kind not in FIELD_KINDS:
+            raise ConfigError(f"field {name!r}: kind {kind!r} is not one of {FIELD_KINDS}")
+        if name in seen:
+            raise ConfigError(f"field {name!r} is declared twice")
+        seen.add(name)
+    return tuple((str(n), str(k)) for n, k in pairs)
+
+
+def fields_attr(specs) -> list[str]:
+    """The `fields` attribute value for (name, kind) pairs."""
+    return [f"{n}:{k}" for n, k in specs]
+
+
+def parse_fields_attr(value, path: str) -> tuple[tuple[str, str], ...]:
+    """(name, kind) pairs from a stored `fields` attribute; FormatError naming the file if malformed."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise FormatError(f"{path}: attribute fields={value!r} is not a list of 'name:kind' strings")
+    pairs = []
+    for item in value:
+        name, sep, kind = str(item).rpartition(":")
+        if not sep:
+            raise FormatError(f"{path}: attribute fields entry {item!r} is not 'name:kind'")
+        pairs.append((name, kind))
+    try:
+        return check_field_specs(pairs)
+    except ConfigError as exc:
+        raise FormatError(f"{path}: attribute fields: {exc}") from exc
+
+
+def check_value(kind: str, field: str, value, sample: str) -> bytes:
+    """A field value as the bytes stored: str is UTF-8 encoded; a `json` value that is not bytes
+    or str is serialised; `text`/`json` bytes must be UTF-8 (and JSON). ConfigError naming the
+    sample and the field otherwise: nothing is stored that would not read back."""
+    if isinstance(value, str):
+        raw = value.encode("utf-8", "strict")
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+    elif isinstance(value, np.ndarray) and value.dtype == np.uint8:
+        raw = value.tobytes()
+    elif kind == "json":
+        try:
+            raw = json.dumps(value).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{sample}: field {field!r} (json) cannot be serialised: {exc}") from exc
+    else:
+        raise ConfigError(f"{sample}: field {field!r} ({kind}) is a {type(value).__name__}, not bytes or str")
+    if kind in ("text", "json"):
+        try:
+            text = raw.decode("utf-8")
+            if kind == "json":
+                json.loads(text)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(f"{sample}: field {field!r} is not valid {kind} ({exc}); declare it as "
+                              "kind 'bytes' to store it as it is") from exc
+    return raw
+
+
+def decode_value(kind: str, raw: bytes):
+    """A stored value as read back: str for `text`, the parsed document for `json`, else bytes."""
+    if kind == "text":
+        return raw.decode("utf-8")
+    if kind == "json":
+        return json.loads(raw.decode("utf-8")) if raw else None
+    return raw
+
+
+class FieldBuffer:
+    """Every field's values of the samples appended so far, in memory (a caption or a record is
+    small: 100 bytes per sample is 1 GB for 10M samples), written whole at commit."""
+
+    def __init__(self, specs: tuple[tuple[str, str], ...]):
+        self.specs = specs
+        self._data = {n: bytearray() for n, _ in specs}
+        self._offsets = {n: array.array("q", [0]) for n, _ in specs}
+        self._crcs = {n: array.array("I" if array.array("I").itemsize == 4 else "L") for n, _ in specs}
+
+    def check(self, values, sample: str) -> dict[str, bytes]:
+        """One sample's values ({name: value}; a field it lacks is stored empty) as bytes, checked
+        before anything is buffered; ConfigError naming an undeclared field."""
+        values = values or {}
+        unknown = sorted(set(values) - set(self._data))
+        if unknown:
+            raise ConfigError(f"{sample}: field(s) {unknown} were not declared to the writer "
+                              f"(declared: {[n for n, _ in self.specs] or 'none'})")
+        return {n: check_value(k, n, values[n], sample) if n in values else b"" for n, k in self.specs}
+
+    def add(self, checked: dict[str, bytes]) -> None:
+        """Buffers one sample's checked values (from `check`)."""
+        for n, raw in checked.items():
+            self._data[n] += raw
+            self._offsets[n].append(len(self._data[n]))
+            self._crcs[n].append(crc32_of(raw))
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The three arrays of field `name` (views, no copy)."""
+        crcs = self._crcs[name]
+        return {"data": np.frombuffer(self._data[name], dtype=np.uint8) if self._data[name] else np.zeros(0, np.uint8),
+                "offsets": np.frombuffer(self._offsets[name], dtype=np.int64),
+                "checksums": np.frombuffer(crcs, dtype=np.uint32) if crcs else np.zeros(0, np.uint32)}
+
+
+def check_field_index(path: str, name: str, n: int, data_len: int, offsets: np.ndarray,
+                      checksums: np.ndarray) -> None:
+    """FormatError naming the file and the field unless its offsets and checksums fit N samples and
+    its data (the same rules as the main index)."""
+    where = f"{path}: field {name!r}"
+    if offsets.ndim != 1 or offsets.shape[0] != n + 1:
+        raise FormatError(f"{where}: offsets has shape {offsets.shape}, expected ({n + 1},)")
+    if checksums.ndim != 1 or checksums.shape[0] != n:
+        raise FormatError(f"{where}: checksums has shape {checksums.shape}, expected ({n},)")
+    if int(offsets[0]) != 0 or (np.diff(offsets) < 0).any() or int(offsets[-1]) != data_len:
+        raise FormatError(f"{where}: offsets are not 0 .. {data_len} non-decreasing "
+                          f"(first {int(offsets[0])}, last {int(offsets[-1])})")
+
+
+class FieldIndex:
+    """One field of an open container: its offsets and checksums in memory, its data read on demand
+    through `read(lo, hi)` (a slice of the backend's `data` array)."""
+
+    def __init__(self, path: str, name: str, kind: str, n: int, parts):
+        self.path, self.name, self.kind = path, name, kind
+        data, offsets, checksums = parts["data"], parts["offsets"], parts["checksums"]
+        if getattr(data, "dtype", None) != np.uint8 or len(data.shape) != 1:
+            raise FormatError(f"{path}: field {name!r} data must be 1-D uint8")
+        for part, arr, want in (("offsets", offsets, n + 1), ("checksums", checksums, n)):
+            if tuple(arr.shape) != (want,):  # before reading it: a damaged file may declare any size
+                raise FormatError(f"{path}: field {name!r}: {part} has shape {tuple(arr.shape)}, expected ({want},)")
+        self.offsets = np.asarray(offsets[:], dtype=np.int64)
+        self.checksums = np.asarray(checksums[:], dtype=np.uint32)
+        check_field_index(path, name, n, int(data.shape[0]), self.offsets, self.checksums)
+        self._data = data
+
+    def raw(self, i: int, sample_name=None) -> bytes:
+        """Sample i's value as stored, after its checksum: ChecksumError naming the container, the
+        sample and the field where they differ (never a wrong caption served)."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        got = np.asarray(self._data[lo:hi]).tobytes() if hi > lo else b""
+        if crc32_of(got) != int(self.checksums[i]):
+            who = f" ({sample_name(i)})" if sample_name is not None else ""
+            raise ChecksumError(f"{self.path}: sample {i}{who}: field {self.name!r} does not match its checksum "
+                                "(damaged); run `dstore verify` on the container")
+        return got
+
+    def bad_samples(self, block_bytes: int = 64 << 20) -> list[int]:
+        """Indices of the samples whose value does not match its checksum (read in blocks)."""
+        bad, n, i = [], self.checksums.size, 0
+        while i < n:
+            j = int(np.searchsorted(self.offsets, self.offsets[i] + block_bytes, side="right")) - 1
+            j = min(n, max(j, i + 1))
+            lo = int(self.offsets[i])
+            buf = np.asarray(self._data[lo:int(self.offsets[j])]).tobytes()
+            for k in range(i, j):
+                a, b = int(self.offsets[k]) - lo, int(self.offsets[k + 1]) - lo
+                if crc32_of(buf[a:b]) != int(self.checksums[k]):
+                    bad.append(k)
+            i = j
+        return bad
+
+
+class StoreFields:
+    """The extra fields of a store's batches, read from storage by this process (a loader's
+    `fields=`): a reader of its own over the store's container, so the store's readers are not
+    shared. The store does not hold fields in memory and its ranks do not serve them to each other
+    (one rank reads its own batches' values; serving them over RMA is a later step)."""
+
+    RESERVED = ("image", "label")
+    """Keys of a loader's batch dict that a field may not take."""
+
+    def __init__(self, store, names):
+        from dstore.formats import open_container
+        from dstore.formats.base import ContainerReader
+
+        names = (names,) if isinstance(names, str) else tuple(names)
+        reader = getattr(store, "container", None) or getattr(store, "reader", None)
+        if not isinstance(reader, ContainerReader):
+            raise ConfigError(f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
+                              "fields are read from a DataStore's or DirectSource's container only")
+        missing = [n for n in names if n not in reader.field_names or n in self.RESERVED]
+        if missing:
+            raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
+                              f"(its fields: {list(reader.field_names) or 'none'})")
+        self.names = names
+        self._reader = open_container(reader.path, check_labels=False)
+
+    def batch(self, ids) -> dict[str, list]:
+        """{field: [value of each sample id]}: str (text), parsed JSON or bytes, each checked
+        against its checksum (ChecksumError naming the sample and the field)."""
+        return {n: [self._reader.field(n, int(i)) for i in ids] for n in self.names}
+
+    def close(self) -> None:
+        self._reader.close()
