@@ -12,9 +12,9 @@ import zlib
 
 import numpy as np
 import pytest
-from ingest_helpers import digit_png, small_jpegs
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.ingest import digit_png, small_jpegs
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import open_container

@@ -12,8 +12,8 @@ import socket
 import tarfile
 
 import pytest
-from ingest_helpers import png_bytes
 from mpi4py import MPI
+from support.ingest import png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container
@@ -264,7 +264,7 @@ def test_two_ranks_ingest_s3_shards_as_one_rank_ingests_the_local_ones(s3, tmp_p
     """Rank 0 lists the prefix and broadcasts the source; each rank reads its samples through its own
     connection; the container is the one a 1-rank local ingest writes. A missing bucket ends both ranks
     with one line naming the URL."""
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     b = bucket(s3)
     files = {f"train-{k:03d}.tar": shard_bytes(10 * k, 5) for k in range(3)}

@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 import pytest
-from ingest_helpers import (
+from mpi4py import MPI
+from support.ingest import (
     BAD_KINDS,
     Exploit,
     add_bad,
@@ -17,7 +18,6 @@ from ingest_helpers import (
     write_cifar10,
     write_pickle,
 )
-from mpi4py import MPI
 
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import ContainerExistsError, open_container
@@ -176,7 +176,7 @@ def test_cifar_batches_ingest_as_hwc_uint8(tmp_path, protocol):
 
 def test_cifar_python2_pickle_and_cifar100(tmp_path):
     # The distributed CIFAR files are Python 2 cPickles: str keys and data, numpy.core.multiarray.
-    from ingest_helpers import py2_cifar_pickle
+    from support.ingest import py2_cifar_pickle
 
     data = np.random.default_rng(1).integers(0, 256, size=(7, 3072), dtype=np.uint8)
     path = tmp_path / "data_batch_1"
@@ -186,7 +186,7 @@ def test_cifar_python2_pickle_and_cifar100(tmp_path):
     assert np.array_equal(src.load(6), data[6].reshape(3, 32, 32).transpose(1, 2, 0))
     c100 = tmp_path / "c100"
     c100.mkdir()
-    from ingest_helpers import cifar_batch
+    from support.ingest import cifar_batch
 
     write_pickle(str(c100 / "train"), cifar_batch(10, num_classes=100, cifar100=True))
     write_pickle(str(c100 / "meta"), {b"fine_label_names": [f"f{i}".encode() for i in range(100)],

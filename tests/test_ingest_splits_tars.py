@@ -9,8 +9,8 @@ import json
 import tarfile
 
 import pytest
-from ingest_helpers import png_bytes
 from mpi4py import MPI
+from support.ingest import png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container

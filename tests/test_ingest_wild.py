@@ -13,8 +13,8 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ingest_helpers import jpeg_bytes, png_bytes
 from mpi4py import MPI
+from support.ingest import jpeg_bytes, png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container

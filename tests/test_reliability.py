@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, replace_array, write_samples
-from ingest_helpers import small_jpegs
 from mpi4py import MPI
-from mpirun import REPO
+from support.formats import random_samples, replace_array, write_samples
+from support.ingest import small_jpegs
+from support.mpirun import REPO
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import ContainerExistsError, create_writer, open_container
@@ -289,7 +289,7 @@ REFUSE_CODE = "from dstore.ingest import open_source\nfrom dstore.errors import 
 
 
 def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
-    from ingest_helpers import cifar_batch, write_pickle
+    from support.ingest import cifar_batch, write_pickle
 
     np.savez(tmp_path / "a.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 2 ** 40]))
     batch = cifar_batch(3)
@@ -575,7 +575,7 @@ ingest(sys.argv[1], sys.argv[2], progress=False)
 
 @pytest.mark.mpi
 def test_kill_9_of_a_rank_during_ingest_ends_the_job_and_leaves_no_container(images, tmp_path):
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     small_jpegs(str(images), 60, seed=1)
     script = tmp_path / "kill.py"

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import raw_container
+from support.formats import raw_container
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
@@ -299,7 +299,7 @@ def test_a_hand_edited_checkpoint_is_one_line_naming_the_key(saved, tmp_path, ki
 @pytest.mark.mpi
 def test_two_ranks_refuse_a_held_run_dir_together(tmp_path):
     """Rank 0 takes the claim; its refusal ends both ranks with its one line, never a hang."""
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     data = _container(tmp_path / "d.h5")
     mine = tmp_path / "mine"

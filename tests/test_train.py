@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mpirun import REPO, mpiexec, run_mpi
+from support.mpirun import REPO, mpiexec, run_mpi
 
 from dstore.preemption import PREEMPTED_EXIT
 from dstore.training.metrics import read_jsonl

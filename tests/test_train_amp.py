@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError
 from dstore.training.config import TrainConfig

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from mpirun import REPO, run_mpi
+from support.mpirun import REPO, run_mpi
 
 SCRIPT = REPO / "docs" / "examples" / "train_own_script.py"
 RESULT = r"test accuracy ([0-9.]+) on (\d+) samples; weight sum (\S+)"

@@ -164,7 +164,7 @@ def test_json_log(tmp_path):
 
 @pytest.mark.mpi
 def test_direct_baseline_delivers_what_the_store_does(tmp_path):
-    from mpirun import REPO, run_mpi
+    from support.mpirun import REPO, run_mpi
 
     from dstore.formats import create_writer
 
