@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.fixtures import tmpfs
 from support.formats import random_samples, replace_array, write_samples
 from support.ingest import small_jpegs
 from support.mpirun import REPO
@@ -343,15 +344,8 @@ def dstore_without_dac(*args, cwd=None) -> subprocess.CompletedProcess:
 @pytest.fixture()
 def read_only_dir(tmp_path):
     """A read-only file system (a tmpfs mounted ro): writes fail with EROFS."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -522,15 +516,8 @@ def test_a_fifo_as_an_array_source_is_refused(tmp_path):
 @pytest.fixture()
 def tiny_fs(tmp_path):
     """A 100 KiB tmpfs: writes fail with ENOSPC."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "size=100k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
