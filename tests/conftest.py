@@ -1,16 +1,14 @@
-"""Shared fixtures. Multi-rank scenarios run through tests/mpirun.py (real mpiexec, with a timeout)."""
+"""Shared fixtures. Multi-rank scenarios run through tests/support/mpirun.py (real mpiexec, with a timeout).
+
+tests/ is on sys.path through `pythonpath = ["tests"]` in pyproject.toml."""
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from support import mpirun
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import mpirun  # found on the path set above
 
 # Property tests check results, never timings: on a loaded machine (CI, parallel jobs) one example
 # can take longer than Hypothesis's 200 ms deadline, or its data generation its too-slow limit, and

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from mpirun import REPO, mpiexec
+from support.mpirun import REPO, mpiexec
 
 from dstore.heartbeat import Heartbeat, period_from_env
 from dstore.memory import fmt_bytes, parse_bytes

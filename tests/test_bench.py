@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.tools.bench import layouts, mosaic, report, runner
 from dstore.tools.bench.common import Measurement

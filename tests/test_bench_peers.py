@@ -3,19 +3,15 @@ the tar shards hold the container's samples in the archive's order, and a tiny r
 whose every loader delivers every sample once per epoch (the peers' rows only where installed)."""
 
 import json
-import sys
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+from store_scenarios import scenarios
+from support.mpirun import run_mpi
 
 from dstore.tools.bench import peer_data, peers
 from dstore.tools.bench.shuffle_quality import global_batches, ideal_distinct, quality
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
-import scenarios
 
 
 def test_shuffle_quality_tells_a_class_sorted_stream_from_a_shuffled_one():

@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import one_line_error
 from PIL import Image
+from support.formats import one_line_error
 
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.ingest.bounds import ingest_need

@@ -3,20 +3,16 @@
 covers at least the buffers a store cannot do without, and stores that do not all fit keep part of
 their samples resident, within the budget, while still delivering every sample."""
 
-import sys
-from pathlib import Path
 
 import pytest
 from mpi4py import MPI
+from store_scenarios import scenarios
 
 from dstore.errors import MemoryBudgetError
 from dstore.kernels import RESERVE_BYTES
 from dstore.store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget
 from dstore.workers import KEEP_HANDED, WORKER_BYTES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
-import scenarios
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +99,7 @@ def test_the_budget_is_shared_on_every_rank_and_a_refusal_ends_all(container, tm
     import json
     import os
 
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     run_mpi(n, ["python", os.path.join(os.path.dirname(__file__), "budget_run.py"), container, str(tmp_path)],
             timeout=120)

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, raw_container, write_samples
-from mpirun import run_mpi
+from support.formats import random_samples, raw_container, write_samples
+from support.mpirun import run_mpi
 
 from dstore import budget, capacity, preload, tiers
 from dstore.errors import ConfigError

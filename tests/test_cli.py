@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 
 def test_help_lists_commands():

@@ -7,7 +7,7 @@ import os
 
 import pytest
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore import collective
 from dstore.collective import Topology, node_comm, on_root, topology

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 SCENARIOS = Path(__file__).resolve().parent / "train_scenarios"
 

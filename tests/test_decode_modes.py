@@ -12,9 +12,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from formats_helpers import write_samples
 from mpi4py import MPI
 from PIL import Image
+from support.formats import write_samples
 
 from dstore.decode import decode_image
 from dstore.errors import ConfigError, SampleError

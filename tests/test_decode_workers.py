@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.mpirun import run_mpi
+from workers_run import TRANSFORM
 
 from dstore.errors import ConfigError, DStoreError, SampleError
 from dstore.formats import create_writer
@@ -25,8 +26,6 @@ from dstore.training.augment import IDENTITY, ImageTransform
 from dstore.workers import available_cores, default_workers
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
-from workers_run import TRANSFORM  # noqa: E402
 
 BAD = 5  # the sample that is not a JPEG in `bad_container`
 

@@ -12,8 +12,8 @@ import shlex
 
 import pytest
 import torch
-from formats_helpers import raw_container
-from mpirun import REPO
+from support.formats import raw_container
+from support.mpirun import REPO
 
 from dstore.tools.cli import main
 

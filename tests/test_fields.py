@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from ingest_helpers import png_bytes
+from support.ingest import png_bytes
 from mpi4py import MPI
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
@@ -234,7 +234,7 @@ def test_fields_follow_their_samples_on_several_ranks(tmp_path):
     """3 ranks, 2 shards: every sample's caption is its own (the writer rank reads them in write order)."""
     import tarfile
 
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     src = tmp_path / "wds"
     src.mkdir()

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats import open_container

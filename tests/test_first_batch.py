@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, write_samples
+from support.formats import random_samples, write_samples
 
 from dstore.formats import open_container
 from dstore.tools.pfs import PfsModel, fuse_available, pfs_mount
@@ -76,7 +76,7 @@ def test_a_streamed_store_opens_the_container_once_per_rank(container, tmp_path)
     # of one descriptor) rather than each opening the container again: three requests per thread
     # per rank before the first batch. Every sample is still delivered once per epoch, its bytes
     # the container's (CRC32 of what each rank delivered against the container's checksums).
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     path, _ = container
     src, name = os.path.split(path)
@@ -126,7 +126,7 @@ def test_the_first_step_read_ahead_serves_exactly_its_own_step(container, tmp_pa
     # resumed step's, and a store whose first epoch is another serves that epoch exactly as well
     # (each delivered sample once, the positions of the global order from the step on, the
     # container's bytes). Local files: no mount needed.
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     path, _ = container
     script = tmp_path / "first.py"
@@ -139,7 +139,7 @@ def test_the_first_step_read_ahead_serves_exactly_its_own_step(container, tmp_pa
 def test_the_first_batch_tool_reports_every_loader(tmp_path):
     # tools/bench/first_batch.py (docs/benchmarks.md's before/after figures) on a tiny generated set:
     # a row per loader with one figure per pass; WebDataset's skipped with the reason where absent
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     from dstore.training.peers import missing
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from formats_helpers import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.formats import (
     BACKENDS,
     SUFFIX,
     build,
@@ -19,8 +21,6 @@ from formats_helpers import (
     set_attr,
     write_samples,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats import (

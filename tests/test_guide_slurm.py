@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from mpirun import REPO
+from support.mpirun import REPO
 
 from dstore.preemption import PREEMPTED_EXIT
 from dstore.tools.cli import build_parser

@@ -9,9 +9,9 @@ import os
 import h5py
 import numpy as np
 import pytest
-from formats_helpers import random_samples, write_samples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.formats import random_samples, write_samples
 
 from dstore import prefault
 from dstore.errors import FormatError

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import create_writer, open_container

@@ -188,7 +188,7 @@ def test_dstore_train_with_the_imagenet_recipe_is_the_same_run_in_threads_and_wo
     """`dstore train --augment imagenet` on a tiny model end to end: the start line names the model,
     its input size and why; decode threads and 2 decode workers train on the same pixels, so the
     deterministic runs' losses and accuracies are equal."""
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     from dstore.training.metrics import read_jsonl
 

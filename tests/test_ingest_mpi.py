@@ -7,8 +7,8 @@ import zlib
 
 import numpy as np
 import pytest
-from ingest_helpers import add_bad, check_container_against_folder, leftovers, listing, make_mixed_folder, write_cifar10
-from mpirun import run_mpi
+from support.ingest import add_bad, check_container_against_folder, leftovers, listing, make_mixed_folder, write_cifar10
+from support.mpirun import run_mpi
 
 from dstore.formats import open_container
 from dstore.ingest import open_source

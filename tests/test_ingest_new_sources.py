@@ -12,21 +12,17 @@ import zlib
 
 import numpy as np
 import pytest
-from ingest_helpers import digit_png, small_jpegs
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.ingest import digit_png, ingest_here, small_jpegs
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import open_container
-from dstore.ingest import ingest, ingest_items
+from dstore.ingest import ingest_items
 from dstore.ingest.registry import source_type_of
 
 SELF = MPI.COMM_SELF
 
-
-def run(source, output, **kw):
-    kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=SELF, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +73,20 @@ def write_csv(path, rows, header=True):
 def test_flat_folder_with_labels_csv(files, tmp_path):
     flat, rows = files
     write_csv(tmp_path / "labels.csv", rows)
-    report = run(flat, tmp_path / "a.h5", labels=str(tmp_path / "labels.csv"))
+    report = ingest_here(flat, tmp_path / "a.h5", labels=str(tmp_path / "labels.csv"))
     assert report.samples == 24 and report.encoding == "image"
     check_round_trip(tmp_path / "a.h5", {n: ((flat / n).read_bytes(), c) for n, c in rows}, ("cat", "dog", "emu"))
     # Integer labels are class indices; a missing file is a bad sample, named, and skippable.
     numbered = [(n, str(k % 4)) for k, (n, _) in enumerate(rows[:8])] + [("gone.jpg", "1")]
     write_csv(tmp_path / "n.csv", numbered, header=False)
     with pytest.raises(SampleError, match="gone.jpg: cannot read"):
-        run(flat, tmp_path / "n.h5", labels=str(tmp_path / "n.csv"))
-    report = run(flat, tmp_path / "n.h5", labels=str(tmp_path / "n.csv"), on_error="skip")
+        ingest_here(flat, tmp_path / "n.h5", labels=str(tmp_path / "n.csv"))
+    report = ingest_here(flat, tmp_path / "n.h5", labels=str(tmp_path / "n.csv"), on_error="skip")
     assert [os.path.basename(p) for p, _ in report.skipped] == ["gone.jpg"]
     check_round_trip(tmp_path / "n.h5", {n: ((flat / n).read_bytes(), c) for n, c in numbered[:8]}, "0123")
     write_csv(tmp_path / "bad.csv", [("a.jpg",)], header=False)
     with pytest.raises(SampleError, match="row 1 is not path,label"):
-        run(flat, tmp_path / "b.h5", labels=str(tmp_path / "bad.csv"))
+        ingest_here(flat, tmp_path / "b.h5", labels=str(tmp_path / "bad.csv"))
 
 
 def make_shards(files, directory, per_shard=10, extra=()):
@@ -125,15 +121,15 @@ def test_webdataset_shards_read_in_place(files, tmp_path):
     expect, classes = make_shards(files, str(shards), extra=[("orphan.json", b"{}")])
     assert source_type_of(str(shards)) == "tar"
     with pytest.raises(SampleError, match=r"orphan: sample has no image member \(jpg;png\)"):
-        run(shards, tmp_path / "t.h5", image_key="jpg;png")
-    report = run(str(shards / "shard-{000000..000002}.tar"), tmp_path / "t.h5", image_key="jpg;png",
+        ingest_here(shards, tmp_path / "t.h5", image_key="jpg;png")
+    report = ingest_here(str(shards / "shard-{000000..000002}.tar"), tmp_path / "t.h5", image_key="jpg;png",
                  on_error="skip", classes=classes)
     assert len(report.skipped) == 1 and "orphan" in report.skipped[0][0]
     check_round_trip(tmp_path / "t.h5", expect, classes)
     with tarfile.open(tmp_path / "z.tar.gz", "w:gz") as tf:
         tf.add(str(shards / "shard-000000.tar"), arcname="x.jpg")
     with pytest.raises(SampleError, match="gzip-compressed tar.*decompress it first"):
-        run(tmp_path / "z.tar.gz", tmp_path / "z.h5")  # recognised as a shard, refused with the reason
+        ingest_here(tmp_path / "z.tar.gz", tmp_path / "z.h5")  # recognised as a shard, refused with the reason
 
 
 def test_parquet_and_datasets_directory(files, tmp_path):
@@ -153,7 +149,7 @@ def test_parquet_and_datasets_directory(files, tmp_path):
     pq.write_table(table.slice(0, 15), tmp_path / "hub" / "data" / "train-00000-of-00002.parquet", row_group_size=4)
     pq.write_table(table.slice(15), tmp_path / "hub" / "data" / "train-00001-of-00002.parquet", row_group_size=4)
     assert source_type_of(str(tmp_path / "hub")) == "parquet"
-    run(tmp_path / "hub", tmp_path / "p.h5")
+    ingest_here(tmp_path / "hub", tmp_path / "p.h5")
     names = [f"train-0000{k // 15}-of-00002.parquet#{k % 15}" for k in range(len(rows))]
     expect = {names[k]: ((flat / n).read_bytes(), c) for k, (n, c) in enumerate(rows)}
     check_round_trip(tmp_path / "p.h5", expect, classes)
@@ -166,17 +162,17 @@ def test_parquet_and_datasets_directory(files, tmp_path):
         w.write_table(plain)
     (disk / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
     (disk / "dataset_info.json").write_text(json.dumps({"features": {"y": features["label"]}}))
-    run(disk, tmp_path / "d.zarr", fmt="zarr", image_column="img", label_column="y")
+    ingest_here(disk, tmp_path / "d.zarr", fmt="zarr", image_column="img", label_column="y")
     expect = {f"data-00000-of-00001.arrow#{k}": ((flat / n).read_bytes(), c) for k, (n, c) in enumerate(rows)}
     check_round_trip(tmp_path / "d.zarr", expect, classes)
     with pytest.raises(SampleError, match="no column 'image'"):
-        run(disk, tmp_path / "e.h5")
+        ingest_here(disk, tmp_path / "e.h5")
     holes = pa.table({"image": pa.array([(flat / rows[0][0]).read_bytes(), None, b"junk"]), "label": [0, 1, None]})
     pq.write_table(holes, tmp_path / "holes.parquet")
     with pytest.raises(SampleError, match="holes.parquet: the label column 'label' has empty"):
-        run(tmp_path / "holes.parquet", tmp_path / "h.h5")
+        ingest_here(tmp_path / "holes.parquet", tmp_path / "h.h5")
     pq.write_table(holes.set_column(1, "label", pa.array([0, 1, 1])), tmp_path / "holes.parquet")
-    report = run(tmp_path / "holes.parquet", tmp_path / "h.h5", on_error="skip")
+    report = ingest_here(tmp_path / "holes.parquet", tmp_path / "h.h5", on_error="skip")
     reasons = dict(report.skipped)
     assert report.samples == 1 and "no image bytes" in reasons[str(tmp_path / "holes.parquet") + "#1"]
     assert "not a valid image" in reasons[str(tmp_path / "holes.parquet") + "#2"], reasons
@@ -198,7 +194,7 @@ def test_ingest_items_from_any_iterable(files, tmp_path):
     assert any("junk" in p for p, _ in report.skipped) and any("item 3" in p for p, _ in report.skipped)
     assert not [p for p in os.listdir(tmp_path) if "spool" in p]
     with pytest.raises(ConfigError, match="needs labels"):
-        run(flat, tmp_path / "c.h5", source_type="list")
+        ingest_here(flat, tmp_path / "c.h5", source_type="list")
 
 
 ITEMS_RUN = """
@@ -225,8 +221,8 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
                 "--seed", "5", "--no-progress"], timeout=120)
     run_mpi(2, ["python", str(tmp_path / "items.py"), str(flat), str(tmp_path / "i2"), str(tmp_path / "labels.csv")],
             timeout=120)
-    run(tmp_path / "shards", tmp_path / "t1.h5", seed=5, image_key="jpg;png", classes=classes)
-    run(flat, tmp_path / "l1.h5", seed=5, labels=str(tmp_path / "labels.csv"))
+    ingest_here(tmp_path / "shards", tmp_path / "t1.h5", seed=5, image_key="jpg;png", classes=classes)
+    ingest_here(flat, tmp_path / "l1.h5", seed=5, labels=str(tmp_path / "labels.csv"))
     ingest_items((((flat / n).read_bytes(), c, n) for n, c in rows), str(tmp_path / "i1.h5"), comm=SELF,
                  progress=False, seed=5)
     pairs = [("t2", "t1.h5"), ("l2.h5", "l1.h5"), ("i2", "i1.h5")]
@@ -240,7 +236,7 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
         pq.write_table(table, tmp_path / "rows.parquet", row_group_size=5)
         run_mpi(2, ["dstore", "ingest", str(tmp_path / "rows.parquet"), str(tmp_path / "p2.h5"), "--seed", "5",
                     "--no-progress"], timeout=120)
-        run(tmp_path / "rows.parquet", tmp_path / "p1.h5", seed=5)
+        ingest_here(tmp_path / "rows.parquet", tmp_path / "p1.h5", seed=5)
         pairs.append(("p2.h5", "p1.h5"))
     for two, one in pairs:
         with open_container(str(tmp_path / two)) as a, open_container(str(tmp_path / one)) as b:

@@ -12,12 +12,10 @@ import socket
 import tarfile
 
 import pytest
-from ingest_helpers import png_bytes
-from mpi4py import MPI
+from support.ingest import ingest_here, png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container
-from dstore.ingest import ingest
 from dstore.ingest.registry import source_type_of
 
 pytest.importorskip("s3fs", reason="object storage is optional (pip install 'dstore-mpi[object]')")
@@ -83,10 +81,6 @@ def shard_bytes(first: int, n: int, extra: bool = False) -> bytes:
     return out.getvalue()
 
 
-def run(source, output, **kw):
-    kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)
-
 
 def contents(path):
     """[(name, bytes, label)] of a container in its order, its class names and encoding."""
@@ -109,8 +103,8 @@ def test_tar_shards_from_s3_match_a_local_ingest(s3, tmp_path, form):
     files = {f"shards/train-{k:03d}.tar": shard_bytes(10 * k, 4 + k, extra=(k == 1)) for k in range(3)}
     put_tree(s3, f"{b}/data", tmp_path / "data", files)
     spec = {"prefix": "shards", "glob": "shards/train-*.tar", "braces": "shards/train-{000..002}.tar"}[form]
-    local, remote = run(tmp_path / "data" / spec, tmp_path / "local.h5"), \
-        run(f"s3://{b}/data/{spec}", tmp_path / "remote.h5")
+    local, remote = ingest_here(tmp_path / "data" / spec, tmp_path / "local.h5"), \
+        ingest_here(f"s3://{b}/data/{spec}", tmp_path / "remote.h5")
     assert source_type_of(f"s3://{b}/data/{spec}") == "tar"
     got, expected = contents(tmp_path / "remote.h5"), contents(tmp_path / "local.h5")
     assert got == expected and len(got[0]) == 4 + 5 + 6
@@ -125,9 +119,9 @@ def test_tar_prefix_with_two_splits_needs_split(s3, tmp_path):
     files = {"train-000.tar": shard_bytes(0, 3), "validation-000.tar": shard_bytes(100, 2)}
     put_tree(s3, f"{b}/wds", tmp_path / "wds", files)
     with pytest.raises(SampleError, match=r"holds the splits train, validation; .*--split NAME"):
-        run(f"s3://{b}/wds", tmp_path / "mixed.h5")
-    run(f"s3://{b}/wds", tmp_path / "r.h5", split="validation")
-    run(tmp_path / "wds", tmp_path / "l.h5", split="validation")
+        ingest_here(f"s3://{b}/wds", tmp_path / "mixed.h5")
+    ingest_here(f"s3://{b}/wds", tmp_path / "r.h5", split="validation")
+    ingest_here(tmp_path / "wds", tmp_path / "l.h5", split="validation")
     assert contents(tmp_path / "r.h5") == contents(tmp_path / "l.h5")
     assert len(contents(tmp_path / "r.h5")[0]) == 2
 
@@ -145,7 +139,7 @@ def test_missing_bucket_prefix_and_shard_name_the_url(s3, tmp_path):
     }
     for url, pattern in cases.items():
         with pytest.raises(SampleError, match=pattern) as info:
-            run(url, tmp_path / "x.h5", source_type="tar")
+            ingest_here(url, tmp_path / "x.h5", source_type="tar")
         assert "\n" not in str(info.value)
     assert not (tmp_path / "x.h5").exists()
 
@@ -155,7 +149,7 @@ def test_truncated_shard_in_s3_names_the_url(s3, tmp_path):
     whole = shard_bytes(0, 3)
     s3.pipe(f"{b}/cut/a.tar", whole[:1100])
     with pytest.raises(SampleError, match=rf"^s3://{b}/cut/a.tar: truncated"):
-        run(f"s3://{b}/cut/a.tar", tmp_path / "x.h5")
+        ingest_here(f"s3://{b}/cut/a.tar", tmp_path / "x.h5")
 
 
 def test_unreachable_endpoint_names_the_url(s3, tmp_path, monkeypatch):
@@ -168,7 +162,7 @@ def test_unreachable_endpoint_names_the_url(s3, tmp_path, monkeypatch):
 
     fsspec.filesystem("s3").clear_instance_cache()
     with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: .*(connect|Connect)") as info:
-        run(f"s3://{b}/wds/a.tar", tmp_path / "x.h5")
+        ingest_here(f"s3://{b}/wds/a.tar", tmp_path / "x.h5")
     assert "\n" not in str(info.value)
 
 
@@ -211,16 +205,16 @@ def test_hub_parquet_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     url = f"s3://{b}/hub"
     assert source_type_of(url) == "parquet"
     with pytest.raises(SampleError, match=rf"^{url}: holds the splits train, test; .*--split NAME"):
-        run(url, tmp_path / "mixed.h5")
+        ingest_here(url, tmp_path / "mixed.h5")
     for split, n in (("train", 8), ("test", 2)):
-        remote = run(url, tmp_path / f"r-{split}.h5", split=split)
-        local = run(tmp_path / "hub", tmp_path / f"l-{split}.h5", split=split)
+        remote = ingest_here(url, tmp_path / f"r-{split}.h5", split=split)
+        local = ingest_here(tmp_path / "hub", tmp_path / f"l-{split}.h5", split=split)
         got = contents(tmp_path / f"r-{split}.h5")
         assert got == contents(tmp_path / f"l-{split}.h5") and len(got[0]) == n
         assert got[1] == ("cat", "dog", "emu")
         assert remote.notes == [n.replace(str(tmp_path / "hub"), url) for n in local.notes]
     one = f"{url}/data/test-00000-of-00001.parquet"
-    run(one, tmp_path / "one.h5")
+    ingest_here(one, tmp_path / "one.h5")
     assert [x[1:] for x in contents(tmp_path / "one.h5")[0]] == [x[1:] for x in contents(tmp_path / "l-test.h5")[0]]
 
 
@@ -233,12 +227,12 @@ def test_saved_dataset_dict_from_s3_matches_a_local_ingest(s3, tmp_path):
         files[f"{split}/state.json"] = json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
                                                    "_split": split}).encode()
     put_tree(s3, f"{b}/saved", tmp_path / "saved", files)
-    run(f"s3://{b}/saved", tmp_path / "r.h5", split="test")
-    run(tmp_path / "saved", tmp_path / "l.h5", split="test")
+    ingest_here(f"s3://{b}/saved", tmp_path / "r.h5", split="test")
+    ingest_here(tmp_path / "saved", tmp_path / "l.h5", split="test")
     got = contents(tmp_path / "r.h5")
     assert got == contents(tmp_path / "l.h5") and len(got[0]) == 3
     with pytest.raises(SampleError, match=rf"^s3://{b}/saved/nope.parquet: cannot read: does not exist"):
-        run(f"s3://{b}/saved/nope.parquet", tmp_path / "x.h5")
+        ingest_here(f"s3://{b}/saved/nope.parquet", tmp_path / "x.h5")
 
 
 def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
@@ -249,8 +243,8 @@ def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     put_tree(s3, f"{b}/imgs", tmp_path / "imgs", files)
     url = f"s3://{b}/imgs"
     assert source_type_of(url) == "folder"
-    remote = run(url, tmp_path / "r.h5", keep_order=True)
-    local = run(tmp_path / "imgs", tmp_path / "l.h5", keep_order=True)
+    remote = ingest_here(url, tmp_path / "r.h5", keep_order=True)
+    local = ingest_here(tmp_path / "imgs", tmp_path / "l.h5", keep_order=True)
     got = contents(tmp_path / "r.h5")
     assert got == contents(tmp_path / "l.h5") and len(got[0]) == 36 and got[1] == ("cat", "dog", "emu")
     assert [n[0] for n in got[0][:12:3]] == ["cat/0.png", "cat/a/0.png", "cat/a-b/0.png", "cat/a/x/0.png"]
@@ -258,7 +252,7 @@ def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
         sorted(i.replace(str(tmp_path / "imgs"), "") for i in local.ignored)
     s3.pipe(f"{b}/imgs/fox/only.txt", b"x")
     with pytest.raises(SampleError, match=rf"^{url}/fox: empty class folder"):
-        run(url, tmp_path / "e.h5")
+        ingest_here(url, tmp_path / "e.h5")
 
 
 @pytest.mark.mpi
@@ -266,14 +260,14 @@ def test_two_ranks_ingest_s3_shards_as_one_rank_ingests_the_local_ones(s3, tmp_p
     """Rank 0 lists the prefix and broadcasts the source; each rank reads its samples through its own
     connection; the container is the one a 1-rank local ingest writes. A missing bucket ends both ranks
     with one line naming the URL."""
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     b = bucket(s3)
     files = {f"train-{k:03d}.tar": shard_bytes(10 * k, 5) for k in range(3)}
     put_tree(s3, f"{b}/wds", tmp_path / "wds", files)
     run_mpi(2, ["dstore", "ingest", f"s3://{b}/wds", str(tmp_path / "r"), "--shards", "2", "--no-progress"],
             timeout=120)
-    run(tmp_path / "wds", tmp_path / "l", shards=2)
+    ingest_here(tmp_path / "wds", tmp_path / "l", shards=2)
     assert contents(tmp_path / "r") == contents(tmp_path / "l") and len(contents(tmp_path / "r")[0]) == 15
     bad = run_mpi(2, ["dstore", "ingest", "s3://no-such-bucket/wds", str(tmp_path / "x.h5"), "--no-progress"],
                   timeout=120, check=False)
@@ -292,7 +286,7 @@ def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
     with pytest.raises(SampleError, match=rf"^s3://{b}/wds: cannot list: permission denied \(check AWS_ACCESS_KEY_ID") \
             as info:
-        run(f"s3://{b}/wds", tmp_path / "x.h5", source_type="tar")
+        ingest_here(f"s3://{b}/wds", tmp_path / "x.h5", source_type="tar")
     assert "\n" not in str(info.value)
 
 
@@ -303,17 +297,17 @@ def test_flat_prefix_with_a_labels_csv_matches_a_local_ingest(s3, tmp_path):
                                      for k in (5, 2, 0, 3))
     files["val.csv"] = rows.encode()
     put_tree(s3, f"{b}/in", tmp_path / "in", files)
-    local = run(tmp_path / "in" / "val", tmp_path / "l.h5", labels=str(tmp_path / "in" / "val.csv"), keep_order=True)
+    local = ingest_here(tmp_path / "in" / "val", tmp_path / "l.h5", labels=str(tmp_path / "in" / "val.csv"), keep_order=True)
     for labels in (str(tmp_path / "in" / "val.csv"), f"s3://{b}/in/val.csv"):
-        remote = run(f"s3://{b}/in/val", tmp_path / "r.h5", labels=labels, keep_order=True, overwrite=True)
+        remote = ingest_here(f"s3://{b}/in/val", tmp_path / "r.h5", labels=labels, keep_order=True, overwrite=True)
         got = contents(tmp_path / "r.h5")
         assert got == contents(tmp_path / "l.h5") and len(got[0]) == 4 and got[1] == ("cat", "dog")
         assert remote.samples == local.samples == 4
     (tmp_path / "bad.csv").write_text("004.png,cat\n../x/000.png,dog\n")
     with pytest.raises(SampleError, match=r"bad.csv: row 2 names '../x/000.png', outside the prefix"):
-        run(f"s3://{b}/in/val", tmp_path / "x.h5", labels=str(tmp_path / "bad.csv"))
+        ingest_here(f"s3://{b}/in/val", tmp_path / "x.h5", labels=str(tmp_path / "bad.csv"))
     (tmp_path / "gone.csv").write_text("004.png,cat\n009.png,dog\n")
-    report = run(f"s3://{b}/in/val", tmp_path / "g.h5", labels=str(tmp_path / "gone.csv"), on_error="skip")
+    report = ingest_here(f"s3://{b}/in/val", tmp_path / "g.h5", labels=str(tmp_path / "gone.csv"), on_error="skip")
     assert report.samples == 1 and "does not exist" in str(report.skipped)
 
 
@@ -325,7 +319,7 @@ def test_a_protocol_without_its_package_says_what_to_install(tmp_path):
     if importlib.util.find_spec("gcsfs") is not None:
         pytest.skip("gcsfs is installed here: the message for a missing package cannot be seen")
     with pytest.raises(ConfigError, match=r"reading gs:// sources needs gcsfs: pip install gcsfs"):
-        run("gs://bucket/wds/", tmp_path / "x.h5")
+        ingest_here("gs://bucket/wds/", tmp_path / "x.h5")
 
 
 def test_prefetch_fetches_a_chunk_ahead_and_load_takes_it(s3, tmp_path, monkeypatch):
@@ -357,4 +351,4 @@ def test_the_s3_endpoint_variable_wins_over_the_general_one(s3, endpoint, tmp_pa
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
     fsspec.filesystem("s3").clear_instance_cache()
-    assert run(f"s3://{b}/wds/a.tar", tmp_path / "x.h5").samples == 2
+    assert ingest_here(f"s3://{b}/wds/a.tar", tmp_path / "x.h5").samples == 2

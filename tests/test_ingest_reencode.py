@@ -9,9 +9,9 @@ import zlib
 import numpy as np
 import pytest
 import simplejpeg
-from ingest_helpers import digit_png, listing, make_mixed_folder
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.ingest import digit_png, listing, make_mixed_folder
+from support.mpirun import run_mpi
 
 from dstore.decode import decode_image, sniff
 from dstore.errors import ConfigError

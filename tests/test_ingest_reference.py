@@ -14,8 +14,8 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from ingest_helpers import png_bytes
 from mpi4py import MPI
+from support.ingest import png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from mpirun import REPO, mpiexec
+from support.mpirun import REPO, mpiexec
 
 from dstore.formats import open_container
 from dstore.ingest import ingest

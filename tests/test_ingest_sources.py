@@ -5,11 +5,12 @@ import os
 
 import numpy as np
 import pytest
-from ingest_helpers import (
+from support.ingest import (
     BAD_KINDS,
     Exploit,
     add_bad,
     check_container_against_folder,
+    ingest_here,
     leftovers,
     make_mixed_folder,
     png_bytes,
@@ -17,20 +18,12 @@ from ingest_helpers import (
     write_cifar10,
     write_pickle,
 )
-from mpi4py import MPI
 
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import ContainerExistsError, open_container
-from dstore.ingest import ingest, open_source
+from dstore.ingest import open_source
 from dstore.ingest.cifar import CifarSource
 from dstore.ingest.synthetic import SyntheticSource, generate_image_folder
-
-SELF = MPI.COMM_SELF
-
-
-def run(source, output, **kw):
-    kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=SELF, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +34,7 @@ def mixed(tmp_path_factory):
 
 
 def test_folder_stores_original_bytes_labels_and_provenance(mixed, tmp_path):
-    report = run(mixed, tmp_path / "out.h5")
+    report = ingest_here(mixed, tmp_path / "out.h5")
     check_container_against_folder(str(tmp_path / "out.h5"), str(mixed), expect_encoding="image")
     assert report.samples == 36 and report.skipped == []
     assert any(p.endswith("README.txt") for p in report.ignored)
@@ -53,11 +46,11 @@ def test_folder_stores_original_bytes_labels_and_provenance(mixed, tmp_path):
 def test_folder_of_jpegs_is_encoding_jpeg_and_keep_order(tmp_path):
     root = tmp_path / "jpegs"
     small_jpegs(str(root), 9)
-    run(root, tmp_path / "a.h5", keep_order=True)
+    ingest_here(root, tmp_path / "a.h5", keep_order=True)
     with open_container(str(tmp_path / "a.h5")) as c:
         assert c.info.encoding == "jpeg"
         assert c.source_index.tolist() == list(range(9))
-    run(root, tmp_path / "b.zarr", fmt="zarr", seed=5)
+    ingest_here(root, tmp_path / "b.zarr", fmt="zarr", seed=5)
     check_container_against_folder(str(tmp_path / "b.zarr"), str(root), expect_encoding="jpeg")
 
 
@@ -66,9 +59,9 @@ def test_a_png_named_jpg_is_refused_when_the_encoding_is_jpeg(tmp_path):
     small_jpegs(str(root), 6)
     (root / "class001" / "liar.jpg").write_bytes(png_bytes())  # every name says JPEG: encoding 'jpeg'
     with pytest.raises(SampleError, match="liar.jpg: is a PNG file but the container's encoding is 'jpeg'"):
-        run(root, tmp_path / "o.h5")
+        ingest_here(root, tmp_path / "o.h5")
     assert leftovers(str(tmp_path)) == []
-    run(root, tmp_path / "o.h5", encoding="image")  # mixed formats are what 'image' is for
+    ingest_here(root, tmp_path / "o.h5", encoding="image")  # mixed formats are what 'image' is for
     check_container_against_folder(str(tmp_path / "o.h5"), str(root), expect_encoding="image")
 
 
@@ -78,7 +71,7 @@ def test_bad_input_raise_names_the_file_and_leaves_nothing(tmp_path, kind):
     small_jpegs(str(root), 8)
     path, word = add_bad(str(root), kind)
     with pytest.raises(SampleError) as info:
-        run(root, tmp_path / "out.h5")
+        ingest_here(root, tmp_path / "out.h5")
     assert path in str(info.value) and word in str(info.value), str(info.value)
     assert leftovers(str(tmp_path)) == [], "a failed ingest must leave no container or temporary"
 
@@ -87,7 +80,7 @@ def test_bad_inputs_skip_lists_every_one_and_keeps_the_rest(tmp_path):
     root = tmp_path / "images"
     small_jpegs(str(root), 8)
     bad = dict(add_bad(str(root), kind) for kind in BAD_KINDS)
-    report = run(root, tmp_path / "out.h5", on_error="skip")
+    report = ingest_here(root, tmp_path / "out.h5", on_error="skip")
     skipped = dict(report.skipped)
     assert set(skipped) == set(bad), (sorted(skipped), sorted(bad))
     for path, word in bad.items():
@@ -107,7 +100,7 @@ def test_unreadable_file(tmp_path):
     path = root / "class000" / "0000000.jpg"
     os.chmod(path, 0)
     with pytest.raises(SampleError, match="cannot read"):
-        run(root, tmp_path / "out.h5")
+        ingest_here(root, tmp_path / "out.h5")
 
 
 @pytest.mark.parametrize("layout", ["empty_dir", "no_class_dirs", "only_empty_classes", "missing"])
@@ -120,28 +113,28 @@ def test_empty_source_is_a_clear_error(tmp_path, layout):
     if layout == "only_empty_classes":
         (root / "a").mkdir()
     with pytest.raises((SampleError, ConfigError), match="src"):
-        run(root, tmp_path / "out.h5", on_error="skip")
+        ingest_here(root, tmp_path / "out.h5", on_error="skip")
     assert leftovers(str(tmp_path)) == []
 
 
 def test_existing_output_and_bad_parameters(mixed, tmp_path):
     out = tmp_path / "out.h5"
-    run(mixed, out)
+    ingest_here(mixed, out)
     with pytest.raises(ContainerExistsError):
-        run(mixed, out)
-    run(mixed, out, overwrite=True, seed=1)
+        ingest_here(mixed, out)
+    ingest_here(mixed, out, overwrite=True, seed=1)
     with pytest.raises(ConfigError, match="on_error"):
-        run(mixed, tmp_path / "x.h5", on_error="ignore")
+        ingest_here(mixed, tmp_path / "x.h5", on_error="ignore")
     with pytest.raises(ConfigError, match="resize"):
-        run(mixed, tmp_path / "x.h5", encoding="raw")
+        ingest_here(mixed, tmp_path / "x.h5", encoding="raw")
     with pytest.raises(ConfigError, match="takes no option"):
-        run(mixed, tmp_path / "x.h5", quality=3)
+        ingest_here(mixed, tmp_path / "x.h5", quality=3)
     with pytest.raises(ConfigError, match="fmt"):
-        run(mixed, tmp_path / "x.zarr")
+        ingest_here(mixed, tmp_path / "x.zarr")
 
 
 def test_resize_stores_decoded_pixels(mixed, tmp_path):
-    report = run(mixed, tmp_path / "r.h5", resize="16x12")
+    report = ingest_here(mixed, tmp_path / "r.h5", resize="16x12")
     assert report.encoding == "raw"
     from PIL import Image
 
@@ -161,7 +154,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_cifar_batches_ingest_as_hwc_uint8(tmp_path, protocol):
     batches = write_cifar10(str(tmp_path / "cifar"), protocol=protocol)
-    report = run(tmp_path / "cifar", tmp_path / "c.h5")
+    report = ingest_here(tmp_path / "cifar", tmp_path / "c.h5")
     assert report.samples == 40
     data = np.concatenate([b[b"data"] for b in batches])
     labels = sum((b[b"labels"] for b in batches), [])
@@ -176,7 +169,7 @@ def test_cifar_batches_ingest_as_hwc_uint8(tmp_path, protocol):
 
 def test_cifar_python2_pickle_and_cifar100(tmp_path):
     # The distributed CIFAR files are Python 2 cPickles: str keys and data, numpy.core.multiarray.
-    from ingest_helpers import py2_cifar_pickle
+    from support.ingest import py2_cifar_pickle
 
     data = np.random.default_rng(1).integers(0, 256, size=(7, 3072), dtype=np.uint8)
     path = tmp_path / "data_batch_1"
@@ -186,7 +179,7 @@ def test_cifar_python2_pickle_and_cifar100(tmp_path):
     assert np.array_equal(src.load(6), data[6].reshape(3, 32, 32).transpose(1, 2, 0))
     c100 = tmp_path / "c100"
     c100.mkdir()
-    from ingest_helpers import cifar_batch
+    from support.ingest import cifar_batch
 
     write_pickle(str(c100 / "train"), cifar_batch(10, num_classes=100, cifar100=True))
     write_pickle(str(c100 / "meta"), {b"fine_label_names": [f"f{i}".encode() for i in range(100)],
@@ -202,7 +195,7 @@ def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path):
     root.mkdir()
     write_pickle(str(root / "data_batch_1"), {b"data": Exploit(f"touch {marker}"), b"labels": [0]})
     with pytest.raises(SampleError, match=r"data_batch_1.*posix\.system|data_batch_1.*os\.system"):
-        run(root, tmp_path / "c.h5")
+        ingest_here(root, tmp_path / "c.h5")
     assert not marker.exists()
     write_pickle(str(root / "data_batch_1"), [Exploit(f"touch {marker}")], protocol=4)
     with pytest.raises(SampleError, match="refusing"):
@@ -217,7 +210,7 @@ def test_npz_and_npy_with_sidecar_labels(tmp_path):
     x = rng.integers(0, 256, size=(30, 6, 5, 3), dtype=np.uint8)
     y = rng.integers(0, 4, size=30)
     np.savez(tmp_path / "d.npz", images=x, labels=y)
-    run(tmp_path / "d.npz", tmp_path / "a.h5")
+    ingest_here(tmp_path / "d.npz", tmp_path / "a.h5")
     with open_container(str(tmp_path / "a.h5")) as c:
         assert c.info.raw_shape == (6, 5, 3) and c.info.class_names == ("0", "1", "2", "3")
         for j in range(30):
@@ -225,23 +218,23 @@ def test_npz_and_npy_with_sidecar_labels(tmp_path):
             assert np.array_equal(c.sample(j)[0].reshape(6, 5, 3), x[i]) and c.labels[j] == y[i]
     g = rng.random(size=(12, 4, 4)).astype(np.float32)
     np.save(tmp_path / "g.npy", g)
-    report = run(tmp_path / "g.npy", tmp_path / "g0.h5")
+    report = ingest_here(tmp_path / "g.npy", tmp_path / "g0.h5")
     assert any("all labels are 0" in n for n in report.notes)
     np.save(tmp_path / "g.labels.npy", np.arange(12) % 3)
-    run(tmp_path / "g.npy", tmp_path / "g.h5", keep_order=True)
+    ingest_here(tmp_path / "g.npy", tmp_path / "g.h5", keep_order=True)
     with open_container(str(tmp_path / "g.h5")) as c:
         assert c.info.raw_dtype == "float32" and c.info.raw_shape == (4, 4, 1)
         assert c.labels.tolist() == (np.arange(12) % 3).tolist()
         assert np.array_equal(c.sample(5)[0].view(np.float32).reshape(4, 4), g[5])
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object))
     with pytest.raises(SampleError, match="o.npy"):
-        run(tmp_path / "o.npy", tmp_path / "o.h5")
+        ingest_here(tmp_path / "o.npy", tmp_path / "o.h5")
 
 
 def test_digits_are_the_real_1797_images(tmp_path):
     from sklearn.datasets import load_digits
 
-    report = run("digits", tmp_path / "d.h5")
+    report = ingest_here("digits", tmp_path / "d.h5")
     d = load_digits()
     assert report.samples == 1797
     with open_container(str(tmp_path / "d.h5")) as c:
@@ -272,8 +265,8 @@ def test_synthetic_is_seeded_imagenet_sized_and_learnable(tmp_path):
 
 def test_generated_folder_equals_synthetic_source(tmp_path):
     paths = generate_image_folder(str(tmp_path / "f"), 12, seed=4, mean_bytes=3000, min_side=48, max_side=64)
-    run(tmp_path / "f", tmp_path / "f.h5")
-    run("synthetic", tmp_path / "s.h5", count=12, seed=4, mean_bytes=3000, min_side=48, max_side=64)
+    ingest_here(tmp_path / "f", tmp_path / "f.h5")
+    ingest_here("synthetic", tmp_path / "s.h5", count=12, seed=4, mean_bytes=3000, min_side=48, max_side=64)
     with open_container(str(tmp_path / "f.h5")) as f, open_container(str(tmp_path / "s.h5")) as s:
         by_name = {s.name(j): bytes(s.sample(j)[0]) for j in range(12)}
         assert {f.name(j): bytes(f.sample(j)[0]) for j in range(12)} == by_name
@@ -312,7 +305,7 @@ def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path
 
 
 def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
-    report = run("digits", tmp_path / "d16.h5", resize="16x16", keep_order=True, count=20)
+    report = ingest_here("digits", tmp_path / "d16.h5", resize="16x16", keep_order=True, count=20)
     assert report.samples == 20
     from PIL import Image
 
@@ -323,7 +316,7 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
         want = np.asarray(Image.fromarray(images[3, :, :, 0]).resize((16, 16), Image.BILINEAR))
         assert np.array_equal(c.sample(3)[0].reshape(16, 16), want)
     with pytest.raises(ConfigError, match="re-encoding"):
-        run("digits", tmp_path / "x.h5", encoding="png")
+        ingest_here("digits", tmp_path / "x.h5", encoding="png")
 
 
 def test_a_file_that_cannot_be_read_is_a_sample_error(tmp_path):

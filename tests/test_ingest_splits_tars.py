@@ -9,12 +9,10 @@ import json
 import tarfile
 
 import pytest
-from ingest_helpers import png_bytes
-from mpi4py import MPI
+from support.ingest import ingest_here, png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container
-from dstore.ingest import ingest
 from dstore.ingest.registry import source_type_of
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is optional (pip install 'dstore-mpi[parquet]')")
@@ -23,10 +21,6 @@ import pyarrow.parquet as pq  # noqa: E402
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
-
-def run(source, output, **kw):
-    kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)
 
 
 def rows_table(first: int, n: int, names=("cat", "dog", "emu"), extra: bool = False):
@@ -53,15 +47,15 @@ def test_hub_directory_splits_are_not_mixed(tmp_path):
     pq.write_table(rows_table(100, 2), hub / "data" / "test-00000-of-00001.parquet")
     assert source_type_of(str(hub)) == "parquet"
     with pytest.raises(SampleError, match=r"hub: holds the splits train, test; .*--split NAME"):
-        run(hub, tmp_path / "mixed.h5")
+        ingest_here(hub, tmp_path / "mixed.h5")
     with pytest.raises(SampleError, match=r"no split 'valid'; the splits found: train, test"):
-        run(hub, tmp_path / "v.h5", split="valid")
-    report = run(hub, tmp_path / "train.h5", split="train", keep_order=True)
+        ingest_here(hub, tmp_path / "v.h5", split="valid")
+    report = ingest_here(hub, tmp_path / "train.h5", split="train", keep_order=True)
     assert stored(tmp_path / "train.h5") == [(png_bytes(4, k), k % 3) for k in range(5)]
     assert any("split 'train' of the splits train, test" in n for n in report.notes), report.notes
     with open_container(str(tmp_path / "train.h5")) as c:
         assert c.info.source == f"table {hub} split train (columns image, label)"  # the provenance says which
-    run(hub, tmp_path / "test.h5", split="test", keep_order=True)
+    ingest_here(hub, tmp_path / "test.h5", split="test", keep_order=True)
     assert stored(tmp_path / "test.h5") == [(png_bytes(4, k), k % 3) for k in (100, 101)]
 
 
@@ -97,22 +91,22 @@ def test_dataset_dict_saved_to_disk(tmp_path):
     (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     assert source_type_of(str(saved)) == "parquet"
     with pytest.raises(SampleError, match="holds the splits train, test"):
-        run(saved, tmp_path / "x.h5")
-    run(saved, tmp_path / "test.h5", split="test", keep_order=True)
+        ingest_here(saved, tmp_path / "x.h5")
+    ingest_here(saved, tmp_path / "test.h5", split="test", keep_order=True)
     assert stored(tmp_path / "test.h5") == [(png_bytes(4, k), k % 3) for k in (10, 11)]
 
 
 def test_classlabel_integers_are_indices_not_names(tmp_path):
     """A ClassLabel whose names look like numbers: the value 0 is the first name, as in datasets."""
     pq.write_table(rows_table(0, 6, names=("1", "2", "3")), tmp_path / "t.parquet")
-    run(tmp_path / "t.parquet", tmp_path / "t.h5", keep_order=True)
+    ingest_here(tmp_path / "t.parquet", tmp_path / "t.h5", keep_order=True)
     with open_container(str(tmp_path / "t.h5")) as c:
         assert c.info.class_names == ("1", "2", "3")
         assert [int(x) for x in c.labels] == [k % 3 for k in range(6)]
     table = rows_table(0, 2)
     pq.write_table(table.set_column(1, "label", pa.array([0, -1])), tmp_path / "u.parquet")
     with pytest.raises(SampleError, match=r"label -1 is not a class index 0..2 .*no label"):
-        run(tmp_path / "u.parquet", tmp_path / "u.h5")
+        ingest_here(tmp_path / "u.parquet", tmp_path / "u.h5")
 
 
 def test_table_columns_are_stored_as_fields_or_named(tmp_path):
@@ -125,7 +119,7 @@ def test_table_columns_are_stored_as_fields_or_named(tmp_path):
     table = table.append_column("boxes", pa.array(boxes, type=pa.list_(pa.list_(pa.float64()))))
     table = table.append_column("when", pa.array([datetime.datetime(2020, 1, 1)] * 5))
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
-    report = run(tmp_path / "t.parquet", tmp_path / "t.h5", seed=1)
+    report = ingest_here(tmp_path / "t.parquet", tmp_path / "t.h5", seed=1)
     assert ("columns: image (image), label (label); fields to store: text, boxes; not stored (no text, bytes or "
             "JSON form): when (timestamp[us])") in report.notes
     assert "fields stored: text (text), boxes (json)" in report.notes
@@ -149,8 +143,8 @@ def test_webdataset_duplicate_member_is_refused(tmp_path):
     write_tar(tmp_path / "d.tar", [("a.png", png_bytes(4, 0)), ("a.cls", b"0"), ("b.png", png_bytes(4, 1)),
                                    ("b.cls", b"1"), ("b.png", png_bytes(4, 2))])
     with pytest.raises(SampleError, match=r"d.tar: sample 'b' has two members 'b.png' and 'b.png'"):
-        run(tmp_path / "d.tar", tmp_path / "d.h5")
-    report = run(tmp_path / "d.tar", tmp_path / "d.h5", on_error="skip")
+        ingest_here(tmp_path / "d.tar", tmp_path / "d.h5")
+    report = ingest_here(tmp_path / "d.tar", tmp_path / "d.h5", on_error="skip")
     assert report.samples == 1 and report.skipped[0][0].endswith("d.tar:b")
 
 
@@ -158,7 +152,7 @@ def test_webdataset_macos_members_skipped_and_fields_named(tmp_path):
     write_tar(tmp_path / "m.tar", [("a.png", png_bytes(4, 0)), ("._a.png", b"\0\5\26\7"), ("a.cls", b"2"),
                                    ("a.json", b"{}"), ("a.txt", b"hi"), ("README", b"x"),
                                    ("b.png", png_bytes(4, 1)), ("b.cls", b"1"), ("b.json", b"{}")])
-    report = run(tmp_path / "m.tar", tmp_path / "m.h5", keep_order=True)
+    report = ingest_here(tmp_path / "m.tar", tmp_path / "m.h5", keep_order=True)
     assert stored(tmp_path / "m.h5") == [(png_bytes(4, 0), 2), (png_bytes(4, 1), 1)]
     assert [p.rsplit(":", 1)[1] for p in report.ignored] == ["._a.png", "README"]
     assert ("members: png (image), cls (label); other members, fields to store: json (2 of 2 samples), "
@@ -173,11 +167,11 @@ def test_truncated_tar_names_the_member_and_offset(tmp_path):
     (tmp_path / "cut.tar").write_bytes(data[:len(data) // 3])
     with pytest.raises(SampleError, match=r"cut.tar: truncated: member 's\d.png' needs bytes up to \d+ but the file "
                                           r"ends at byte \d+") as err:
-        run(tmp_path / "cut.tar", tmp_path / "c.h5")
+        ingest_here(tmp_path / "cut.tar", tmp_path / "c.h5")
     assert "decompress" not in str(err.value)
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 64)
     with pytest.raises(SampleError, match="junk.tar: not a tar file"):
-        run(tmp_path / "junk.tar", tmp_path / "j.h5")
+        ingest_here(tmp_path / "junk.tar", tmp_path / "j.h5")
 
 
 def test_split_file_names_in_datasets_order_read_once(tmp_path):
@@ -187,7 +181,7 @@ def test_split_file_names_in_datasets_order_read_once(tmp_path):
     flat.mkdir()
     for k, name in enumerate(["my-train-1", "train_2", "train-training-3", "foo-test", "x"]):
         pq.write_table(rows_table(k, 1), flat / f"{name}.parquet")
-    report = run(flat, tmp_path / "t.h5", split="train", keep_order=True)
+    report = ingest_here(flat, tmp_path / "t.h5", split="train", keep_order=True)
     assert stored(tmp_path / "t.h5") == [(png_bytes(4, k), k % 3) for k in (2, 1, 0)]  # datasets' file order
     assert any("train-training-3.parquet); datasets reads their rows twice, dstore once" in n for n in report.notes)
     assert report.ignored == [str(flat / "x.parquet")]
@@ -200,7 +194,7 @@ def test_image_stored_as_a_path_only_is_named(tmp_path):
                       type=IMAGE)
     pq.write_table(table.set_column(0, "image", images), tmp_path / "p.parquet")
     with pytest.raises(SampleError, match=r"p.parquet#1: no image bytes, only the path '/elsewhere/b.png'"):
-        run(tmp_path / "p.parquet", tmp_path / "p.h5")
+        ingest_here(tmp_path / "p.parquet", tmp_path / "p.h5")
 
 
 def test_a_tar_cut_anywhere_is_refused(tmp_path):
@@ -231,9 +225,9 @@ def test_webdataset_directory_splits_are_not_mixed(tmp_path):
                                       ("b.cls", b"1")])
     write_tar(wds / "validation-000.tar", [("c.png", png_bytes(4, 2)), ("c.cls", b"1")])
     with pytest.raises(SampleError, match=r"wds: holds the splits train, validation; .*--split NAME"):
-        run(wds, tmp_path / "x.h5")
-    report = run(wds, tmp_path / "v.h5", split="validation", keep_order=True)
+        ingest_here(wds, tmp_path / "x.h5")
+    report = ingest_here(wds, tmp_path / "v.h5", split="validation", keep_order=True)
     assert stored(tmp_path / "v.h5") == [(png_bytes(4, 2), 1)]
     assert "split 'validation' of the splits train, validation (1 shard(s))" in report.notes
     with pytest.raises(SampleError, match=r"picks a split of a directory"):
-        run(wds / "train-000.tar", tmp_path / "t.h5", split="train")
+        ingest_here(wds / "train-000.tar", tmp_path / "t.h5", split="train")

@@ -13,21 +13,13 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ingest_helpers import jpeg_bytes, png_bytes
-from mpi4py import MPI
+from support.ingest import ingest_here, jpeg_bytes, png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container
-from dstore.ingest import ingest
 from dstore.ingest.folder import IMAGE_EXTENSIONS, FolderSource
 from dstore.ingest.labels import as_index, resolve_labels
 from dstore.ingest.listed import ListedSource, read_labels_csv
-
-
-def run(source, output, **kw):
-    kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)
-
 
 # --- labels: what an integer is, and saying when they are not all integers -----------------------
 
@@ -94,7 +86,7 @@ def write_rows(path, rows, *, bom=False):
 def test_a_byte_order_mark_does_not_hide_the_header(flat, tmp_path):
     rows = [("path", "label")] + [(f"a{k}.jpg", "cat" if k % 2 else "dog") for k in range(6)]
     labels = write_rows(tmp_path / "excel.csv", rows, bom=True)
-    report = run(flat, tmp_path / "o.h5", labels=labels, on_error="skip")
+    report = ingest_here(flat, tmp_path / "o.h5", labels=labels, on_error="skip")
     assert report.samples == 6 and not report.skipped
     with open_container(tmp_path / "o.h5") as c:
         assert c.info.class_names == ("cat", "dog")  # the header is no class
@@ -144,12 +136,12 @@ def test_one_file_under_two_spellings(flat, tmp_path):
     notes: list[str] = []
     assert [r[1] for r in read_labels_csv(same, str(flat), notes)] == ["a0.jpg", "a1.jpg"]
     assert len(notes) == 1 and "2 row(s) list a file again" in notes[0] and "row 3 ('./a0.jpg') repeats row 1" in notes[0]
-    report = run(flat, tmp_path / "s.h5", labels=same, keep_order=True)
+    report = ingest_here(flat, tmp_path / "s.h5", labels=same, keep_order=True)
     assert report.samples == 2
     clash = write_rows(tmp_path / "clash.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "1")])
     with pytest.raises(SampleError, match=r"clash.csv: rows 1 and 3 list the same file \('a0.jpg', './a0.jpg'\) "
                                           r"with different labels \('0', '1'\)"):
-        run(flat, tmp_path / "c.h5", labels=clash)
+        ingest_here(flat, tmp_path / "c.h5", labels=clash)
 
 
 @pytest.mark.timeout(120)
@@ -159,9 +151,9 @@ def test_a_fifo_a_device_or_a_directory_listed_is_refused_by_name(flat, tmp_path
     for name, kind in kinds.items():
         rows = [("a0.jpg", "0"), (name, "1"), ("a1.jpg", "1")]
         with pytest.raises(SampleError, match=f"{os.path.join(flat, name)}: not a regular file \\({kind}\\)"):
-            run(flat, tmp_path / "x.h5", labels=write_rows(tmp_path / "x.csv", rows))
+            ingest_here(flat, tmp_path / "x.h5", labels=write_rows(tmp_path / "x.csv", rows))
     rows = [(f"a{k}.jpg", str(k % 2)) for k in range(6)] + [(name, "0") for name in kinds]
-    report = run(flat, tmp_path / "k.h5", labels=write_rows(tmp_path / "k.csv", rows), on_error="skip")
+    report = ingest_here(flat, tmp_path / "k.h5", labels=write_rows(tmp_path / "k.csv", rows), on_error="skip")
     assert report.samples == 6
     assert sorted(reason for _, reason in report.skipped) == sorted(f"not a regular file ({k}); list image files only"
                                                                      for k in kinds.values())
@@ -316,7 +308,7 @@ def test_source_index_is_torchvisions_dataset_index(tmp_path):
         data = png_bytes(seed=k) if rel.lower().endswith(".png") else jpeg_bytes(seed=k)
         (root / rel).write_bytes(data if not rel.endswith((".gif", ".txt")) else b"GIF89a")
     want, classes = torchvision_listing(str(root))
-    report = run(root, tmp_path / "o.h5", seed=3)
+    report = ingest_here(root, tmp_path / "o.h5", seed=3)
     assert report.samples == len(want) == 10
     with open_container(tmp_path / "o.h5") as c:
         assert c.info.class_names == classes == (".cache", "Zebra", "cat", "dog")
@@ -340,9 +332,9 @@ def test_a_fifo_in_a_class_keeps_every_other_sample_at_its_torchvision_index(tmp
     os.mkfifo(root / "a" / "1.jpg")
     assert stat.S_ISFIFO(os.stat(root / "a" / "1.jpg").st_mode)
     with pytest.raises(SampleError, match="1.jpg: not a regular file"):
-        run(root, tmp_path / "r.h5")
+        ingest_here(root, tmp_path / "r.h5")
     want, _ = torchvision_listing(str(root))
-    report = run(root, tmp_path / "s.h5", on_error="skip")
+    report = ingest_here(root, tmp_path / "s.h5", on_error="skip")
     assert report.skipped == [(str(root / "a" / "1.jpg"), "not a regular file (a FIFO); list image files only")]
     with open_container(tmp_path / "s.h5") as c:
         got = {int(c.source_index[j]): (c.name(j), c.sample(j)[1]) for j in range(c.num_samples)}

@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
-from formats_helpers import build, random_samples, write_samples
 from mpi4py import MPI
-from mpirun import run_mpi
 from store_scenarios import scenarios
+from support.formats import build, random_samples, write_samples
+from support.mpirun import run_mpi
 
 from dstore.errors import ChecksumError, ContainerChangedError, FormatError
 from dstore.formats import open_container
@@ -116,7 +116,6 @@ _CHANGED = r'''
 import os, sys
 from mpi4py import MPI
 from dstore.store import DataStore
-sys.path.insert(0, sys.argv[3])
 from test_integrity import corrupt_in_place
 comm, path, case = MPI.COMM_WORLD, sys.argv[1], sys.argv[2]
 probe = DataStore(comm, path, batch_size=12)
@@ -153,7 +152,7 @@ def test_a_container_rewritten_between_epochs_ends_the_job_on_every_rank(tmp_pat
     path = scenarios.make_container(str(tmp_path / "t.h5"), n=1201, seed=1, large=8000, small=8000)
     script = tmp_path / "changed.py"
     script.write_text(_CHANGED)
-    res = run_mpi(2, ["python", str(script), path, case, os.path.dirname(__file__)], timeout=120, check=False)
+    res = run_mpi(2, ["python", str(script), path, case], timeout=120, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "finished" not in res.stdout, out
     lines = [x for x in res.stdout.splitlines() if " raised " in x]
@@ -248,7 +247,7 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
     import subprocess
     import threading
 
-    from mpirun import mpiexec
+    from support.mpirun import mpiexec
 
     path, alt = _raw_container(str(tmp_path / "t.h5"), 0), _raw_container(str(tmp_path / "alt.h5"), 1)
     assert os.path.getsize(path) == os.path.getsize(alt)
@@ -303,7 +302,6 @@ _FAIL_FAST = r'''
 import sys
 from mpi4py import MPI
 from dstore.store import DataStore
-sys.path.insert(0, sys.argv[3])
 from test_integrity import corrupt_in_place
 comm, path, fast = MPI.COMM_WORLD, sys.argv[1], sys.argv[2] == "fast"
 other = comm.Dup()  # stands for DDP's process group: a collective per step the store does not see
@@ -336,7 +334,7 @@ def test_a_mismatch_mid_epoch_ends_a_job_whose_ranks_wait_elsewhere(tmp_path):
     path = scenarios.make_container(str(tmp_path / "t.h5"), n=1201, seed=1, large=8000, small=8000)
     script = tmp_path / "fast.py"
     script.write_text(_FAIL_FAST)
-    res = run_mpi(2, ["python", "-m", "mpi4py", str(script), path, "fast", os.path.dirname(__file__)],
+    res = run_mpi(2, ["python", "-m", "mpi4py", str(script), path, "fast"],
                   timeout=90, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "finished" not in out, out
@@ -350,7 +348,7 @@ def test_verify_and_info_print_names_escaped(tmp_path):
     # clear the real one with a terminal escape); a class name likewise.
     import subprocess
 
-    from formats_helpers import flip_byte
+    from support.formats import flip_byte
 
     forged = "a.jpg\nOK: every sample passed\x1b[2K"
     samples = [(bytes(range(100)), 0, forged, 0), (bytes(range(50)), 1, "b.jpg", 1)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore import rc
 from dstore.errors import ConfigError

@@ -1,8 +1,8 @@
 """The test suite's own rules: markers are declared (--strict-markers) and every test that launches
 mpiexec is marked `mpi`, so `pytest -m "not mpi"` is the fast loop without any mpiexec."""
 
-import mpirun
 import pytest
+from support import mpirun
 
 
 def test_an_unmarked_test_cannot_launch_mpiexec():

@@ -143,9 +143,7 @@ def test_bad_epoch_size_and_sizes_are_named():
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    import sys
-    sys.path.insert(0, str(SCEN.parent))
-    import mix_scenario
+    from store_scenarios import mix_scenario
 
     return mix_scenario.make_sources(tmp_path_factory.mktemp("mix"))
 
@@ -155,10 +153,8 @@ def _load(path):
 
 
 def test_mixed_store_in_process_counts_bytes_and_resume(sources, tmp_path):
-    import sys
-    sys.path.insert(0, str(SCEN.parent))
-    import mix_scenario
     from mpi4py import MPI
+    from store_scenarios import mix_scenario
 
     full = mix_scenario.run(MPI.COMM_SELF, sources, "full", str(tmp_path / "full.json"))
     mix_scenario.check_counts(full, sources)
@@ -169,7 +165,7 @@ def test_mixed_store_in_process_counts_bytes_and_resume(sources, tmp_path):
 
 @pytest.mark.mpi
 def test_mixed_store_same_order_on_1_2_3_ranks_and_resume_on_another_count(sources, tmp_path):
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     runs = {}
     for n in (1, 2, 3):
@@ -239,8 +235,8 @@ def test_refusals_name_the_argument(sources):
 
 
 def test_a_mixed_stores_schedule_is_its_part_of_the_whole_plan(tmp_path):
-    from formats_helpers import write_samples
     from mpi4py import MPI
+    from support.formats import write_samples
 
     from dstore import plan
     from dstore.mixed import MixedStore
@@ -271,7 +267,7 @@ TIER_WEIGHTS = (0.9, 0.1)
 @pytest.fixture(scope="module")
 def raw_sources(tmp_path_factory):
     """[40 raw samples (7.7 kB), 400 raw samples (77 kB)], 192 bytes each."""
-    from formats_helpers import raw_container
+    from support.formats import raw_container
 
     tmp = tmp_path_factory.mktemp("mixraw")
     return [raw_container(tmp / "a.h5", n=40, shape=(8, 8, 3), seed=1),
@@ -305,10 +301,8 @@ def _entries_are_the_plan(result: dict, sources) -> None:
 def test_a_source_over_the_budget_is_served_from_storage_in_process(raw_sources, tmp_path, monkeypatch):
     # 40 kB on one rank: the 77 kB source keeps about 40% resident, the rest is read from storage;
     # every byte is checked against the container (mix_scenario), every planned entry delivered once.
-    import sys
-    sys.path.insert(0, str(SCEN.parent))
-    import mix_scenario
     from mpi4py import MPI
+    from store_scenarios import mix_scenario
 
     monkeypatch.setenv("DSTORE_MEMORY_BUDGET", "40kB")
     full = mix_scenario.run(MPI.COMM_SELF, raw_sources, "full", str(tmp_path / "full.json"), TIER_WEIGHTS)
@@ -320,7 +314,7 @@ def test_a_source_over_the_budget_is_served_from_storage_in_process(raw_sources,
 
 @pytest.mark.mpi
 def test_a_source_over_the_budget_is_served_from_storage_on_2_ranks(raw_sources, tmp_path):
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     out = tmp_path / "tiered.json"
     run_mpi(2, ["python", "-m", "mpi4py", str(SCEN), *raw_sources, "full", str(out)], timeout=120,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from formats_helpers import raw_container
-from mpirun import REPO
+from support.formats import raw_container
+from support.mpirun import REPO
 
 from dstore.errors import ConfigError
 from dstore.training.config import TrainConfig

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from formats_helpers import raw_container
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.formats import raw_container
+from support.mpirun import run_mpi
 
 from dstore import DataStore, job
 

@@ -6,7 +6,7 @@ keep them.) No MPI."""
 import os
 
 import pytest
-from formats_helpers import BACKENDS, build, random_samples
+from support.formats import BACKENDS, build, random_samples
 
 from dstore import pagecache
 from dstore.formats import ContainerNotFoundError, open_container
@@ -30,7 +30,7 @@ def test_evict_covers_every_file_of_the_container(tmp_path, backend):
 
 
 def test_sharded_manifest_file_includes_shards_elsewhere(tmp_path):
-    from formats_helpers import write_samples
+    from support.formats import write_samples
 
     from dstore.formats import write_manifest
 

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError
 from dstore.tools.bench import storage

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from formats_helpers import one_line_error
+from support.formats import one_line_error
 
 from dstore.errors import ConfigError
 from dstore.tools.pfs.model import MAX_DELAY_S, Model, PfsModel

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpirun import run_mpi
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError
 

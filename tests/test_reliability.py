@@ -11,10 +11,11 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, replace_array, write_samples
-from ingest_helpers import small_jpegs
 from mpi4py import MPI
-from mpirun import REPO
+from support.fixtures import tmpfs
+from support.formats import random_samples, replace_array, write_samples
+from support.ingest import small_jpegs
+from support.mpirun import REPO
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats import ContainerExistsError, create_writer, open_container
@@ -289,7 +290,7 @@ REFUSE_CODE = "from dstore.ingest import open_source\nfrom dstore.errors import 
 
 
 def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
-    from ingest_helpers import cifar_batch, write_pickle
+    from support.ingest import cifar_batch, write_pickle
 
     np.savez(tmp_path / "a.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 2 ** 40]))
     batch = cifar_batch(3)
@@ -343,15 +344,8 @@ def dstore_without_dac(*args, cwd=None) -> subprocess.CompletedProcess:
 @pytest.fixture()
 def read_only_dir(tmp_path):
     """A read-only file system (a tmpfs mounted ro): writes fail with EROFS."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -522,15 +516,8 @@ def test_a_fifo_as_an_array_source_is_refused(tmp_path):
 @pytest.fixture()
 def tiny_fs(tmp_path):
     """A 100 KiB tmpfs: writes fail with ENOSPC."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "size=100k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -575,7 +562,7 @@ ingest(sys.argv[1], sys.argv[2], progress=False)
 
 @pytest.mark.mpi
 def test_kill_9_of_a_rank_during_ingest_ends_the_job_and_leaves_no_container(images, tmp_path):
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     small_jpegs(str(images), 60, seed=1)
     script = tmp_path / "kill.py"

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from ingest_helpers import check_container_against_folder, small_jpegs
-from mpirun import REPO, mpiexec, run_mpi
+from support.ingest import check_container_against_folder, small_jpegs
+from support.mpirun import REPO, mpiexec, run_mpi
 
 from dstore.formats import ContainerExistsError, create_writer, open_container
 from dstore.formats.lock import lock_path

@@ -4,6 +4,7 @@ COMM_SELF: the CLI calls the same train()."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,7 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import raw_container
+from support.fixtures import tmpfs
+from support.formats import raw_container
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
@@ -89,25 +91,17 @@ def test_an_empty_folder_and_an_earlier_run_dir_are_taken(run, tmp_path):
 
 @pytest.mark.parametrize("kind", ["file", "unwritable"])
 def test_a_run_dir_that_is_a_file_or_unwritable_is_one_line(run, tmp_path, kind):
-    if kind == "file":
-        target = tmp_path / "f"
-        target.write_text("x")
-        match = "is a file, not a directory"
-    else:
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
-        if res.returncode != 0:
-            pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode().strip()}")
-        target = ro / "run"
-        match = "cannot create it: Read-only file system"
-    try:
+    with contextlib.ExitStack() as mounted:
+        if kind == "file":
+            target = tmp_path / "f"
+            target.write_text("x")
+            match = "is a file, not a directory"
+        else:
+            target = mounted.enter_context(tmpfs(tmp_path / "ro", "ro,size=1m")) / "run"
+            match = "cannot create it: Read-only file system"
         with pytest.raises(ConfigError, match=match) as err:
             run(run_dir=str(target))
         assert str(target) in str(err.value) and "\n" not in str(err.value)
-    finally:
-        if kind == "unwritable":
-            subprocess.run(["umount", str(tmp_path / "ro")], check=False)
 
 
 def test_a_refused_start_leaves_no_new_run_dir(run, tmp_path):
@@ -299,7 +293,7 @@ def test_a_hand_edited_checkpoint_is_one_line_naming_the_key(saved, tmp_path, ki
 @pytest.mark.mpi
 def test_two_ranks_refuse_a_held_run_dir_together(tmp_path):
     """Rank 0 takes the claim; its refusal ends both ranks with its one line, never a hang."""
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     data = _container(tmp_path / "d.h5")
     mine = tmp_path / "mine"
@@ -318,17 +312,10 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_earlier_check
     from dstore.errors import OutputError
     from dstore.training.checkpoint import load_checkpoint, save_checkpoint
 
-    tiny = tmp_path / "tiny"
-    tiny.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(tiny)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "size=200k") as tiny:
         path = tiny / "checkpoint.pt"
         save_checkpoint(path, {"epoch": 1, "w": torch.zeros(10)})
         with pytest.raises(OutputError, match=r"No space left on device.*; the checkpoint there before is kept") as err:
             save_checkpoint(path, {"epoch": 2, "w": torch.zeros(1_000_000)})
         assert str(path) in str(err.value) and "\n" not in str(err.value)
         assert load_checkpoint(path)["epoch"] == 1 and os.listdir(tiny) == ["checkpoint.pt"]
-    finally:
-        subprocess.run(["umount", str(tiny)], check=False)

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from formats_helpers import build, random_samples, write_samples
 from mpi4py import MPI
-from mpirun import run_mpi
+from support.formats import build, random_samples, write_samples
+from support.mpirun import run_mpi
 
 from dstore import budget as budget_mod
 from dstore import index, plan, shuffle

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from formats_helpers import random_samples, write_samples
-from mpirun import run_mpi
+from support.formats import random_samples, write_samples
+from support.mpirun import run_mpi
 
 
 @pytest.mark.mpi

@@ -1,16 +1,14 @@
 """DataStore end to end: the same scenarios (tests/store_scenarios/scenarios.py) in-process on
 COMM_SELF and under real `mpiexec -n 1..4` on uneven data, plus an error on one rank ending the job."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+from store_scenarios import scenarios
+from support.mpirun import run_mpi
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
-sys.path.insert(0, str(SCEN_DIR))
-import scenarios  # noqa: E402
 
 
 @pytest.fixture(scope="module")

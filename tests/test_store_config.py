@@ -4,8 +4,8 @@ table of them, and the defect it closed (an argument that changes the resident s
 from __future__ import annotations
 
 import pytest
-from mpirun import run_mpi
 from store_scenarios import scenarios
+from support.mpirun import run_mpi
 
 _THREADS_DIFFER = (
     "import sys, zlib\n"

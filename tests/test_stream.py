@@ -2,18 +2,16 @@
 served while the windows fill under real mpiexec: the same deliveries as a preload (order,
 exactly-once, bytes), a read of its own checked against the container's checksums."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+from store_scenarios import scenarios
+from support.mpirun import run_mpi
 
 from dstore import plan, preload, shuffle, stream
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
-sys.path.insert(0, str(SCEN_DIR))
-import scenarios  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -123,9 +121,8 @@ def test_epoch_0_served_while_streaming_is_the_preloads_under_mpiexec(container,
 
 _CORRUPT = (
     "import sys\n"
-    "sys.path.insert(0, sys.argv[2])\n"
     "from mpi4py import MPI\n"
-    "import stream_scenarios\n"
+    "from store_scenarios import stream_scenarios\n"
     "from dstore.store import DataStore\n"
     "stream_scenarios.slow_stream(pause=0.05)\n"
     "try:\n"
@@ -160,7 +157,7 @@ def test_a_sample_read_while_streaming_is_checked_against_its_checksum(tmp_path)
         fh.write(bytes([byte[0] ^ 0xFF]))
     script = tmp_path / "read.py"
     script.write_text(_CORRUPT)
-    res = run_mpi(2, ["python", str(script), path, str(SCEN_DIR)], timeout=60, check=False)
+    res = run_mpi(2, ["python", str(script), path], timeout=60, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "finished" not in res.stdout, out
     for r in (0, 1):

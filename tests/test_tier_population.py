@@ -4,18 +4,14 @@ plus the gaps it may cross; the window holds exactly the resident samples' bytes
 names the bad sample."""
 
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_scenarios import scenarios
 
 from dstore import preload, tiers
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
-import scenarios
 
 GAP = 3000  # bytes: below the larger samples of the container (up to 8,000), so some gaps are skipped
 
@@ -132,8 +128,8 @@ def test_preload_reads_cover_the_ids_once_within_piece_and_gap(sizes, data):
 def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch, backend, expect):
     # Unfiltered HDF5 (and shards of it) is read at file offsets: the preload reads the runs. Zarr
     # decodes whole chunks per read: the preload reads pieces of the block. Both fill the window alike.
-    from formats_helpers import build, random_samples
     from mpi4py import MPI
+    from support.formats import build, random_samples
 
     from dstore.formats import open_container
 

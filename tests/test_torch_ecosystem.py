@@ -7,9 +7,9 @@ runs where the package is installed (none is a dependency) and is skipped with t
 import importlib.util
 
 import pytest
-from formats_helpers import raw_container
 from mpi4py import MPI
-from mpirun import REPO, run_mpi
+from support.formats import raw_container
+from support.mpirun import REPO, run_mpi
 from torch.utils.data import DataLoader
 
 from dstore import DataStore, StoreLoader

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from mpirun import REPO, mpiexec, run_mpi
+from support.formats import raw_container
+from support.mpirun import REPO, mpiexec, run_mpi
 
 from dstore.preemption import PREEMPTED_EXIT
 from dstore.training.metrics import read_jsonl
@@ -93,15 +94,7 @@ def test_bad_input_ends_the_job_with_a_precise_message(tmp_path):
 
 
 def test_direct_cold_run_evicts_each_epoch_and_records_the_flag(tmp_path):
-    import numpy as np
-
-    from dstore.formats import create_writer
-
-    path = str(tmp_path / "small.h5")
-    gen = np.random.default_rng(0)
-    with create_writer(path, encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(4, 4, 1)) as w:
-        for i in range(40):
-            w.append(gen.integers(0, 256, (4, 4, 1), dtype=np.uint8), i % 2, f"s{i}", i)
+    path = raw_container(tmp_path / "small.h5", n=40)
     run_dir = tmp_path / "run"
     run_mpi(1, ["dstore", "train", path, "--loader", "direct", "--direct-cold", "--epochs", "1", "--batch-size", "8",
                 "--no-progress", "--run-dir", str(run_dir)], timeout=60)

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from mpirun import run_mpi
+from support.formats import raw_container
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError
 from dstore.training.config import TrainConfig
@@ -46,14 +47,9 @@ def test_train_with_amp_and_channels_last(tmp_path):
     # fp16 takes every path of --amp (autocast, the scaler, its checkpointed state); bf16 differs only
     # in the type autocast computes in (test above) and in needing no scaler. One run keeps it quick.
     amp = "fp16"
-    from dstore.formats import create_writer
     from dstore.training.checkpoint import load_checkpoint
 
-    path = str(tmp_path / "tiny.h5")
-    gen = np.random.default_rng(0)
-    with create_writer(path, encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(12, 12, 3)) as w:
-        for i in range(20):
-            w.append(gen.integers(0, 256, (12, 12, 3), dtype=np.uint8), i % 2, f"s{i}", i)
+    path = raw_container(tmp_path / "tiny.h5", n=20, shape=(12, 12, 3))
     run_dir = tmp_path / "run"
     run_mpi(1, ["dstore", "train", path, "--model", "resnet20", "--image-size", "16", "--amp", amp,
                 "--channels-last", "--epochs", "1", "--batch-size", "8", "--holdout", "0.2", "--no-progress",

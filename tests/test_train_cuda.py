@@ -1,12 +1,11 @@
 """The CUDA path: pinned batches, non-blocking device copies, the CUDA RNG in checkpoints, nccl over
 MPI. Run where torch sees a GPU; skipped (not passed) elsewhere."""
 
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from support.formats import raw_container
 
-from dstore.formats import create_writer
 from dstore.store import DataStore
 from dstore.torch import StoreLoader
 from dstore.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -16,13 +15,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("cuda") / "raw.h5")
-    rng = np.random.default_rng(7)
-    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(8, 8, 3)) as w:
-        for i in range(50):
-            w.append(rng.integers(0, 256, 192, dtype=np.uint8).tobytes(), i % 2, f"s{i}", i)
-    return path
+    # rng.integers of shape (8, 8, 3) draws the same 192 bytes as of size 192: the same container.
+    return raw_container(tmp_path_factory.mktemp("cuda") / "raw.h5", n=50, shape=(8, 8, 3), seed=7)
 
 
 def test_pinned_batches_and_device_copies_equal_the_cpu_ones(container):

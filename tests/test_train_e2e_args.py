@@ -40,7 +40,7 @@ def test_unknown_loaders_are_refused_naming_them(tmp_path, capsys):
 def test_peer_loaders_run_over_copies_written_beside_the_container(tmp_path):
     # `--loaders store webdataset` (spaces or commas): the tar shards are written in peers/ beside
     # the container before any run, and the peer's run is a `dstore train --loader webdataset`
-    from formats_helpers import random_samples, write_samples
+    from support.formats import random_samples, write_samples
 
     from dstore.tools.bench import peers
 

@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-from mpirun import REPO, run_mpi
+from support.formats import raw_container
+from support.mpirun import REPO, run_mpi
 
 SCRIPT = REPO / "docs" / "examples" / "train_own_script.py"
 RESULT = r"test accuracy ([0-9.]+) on (\d+) samples; weight sum (\S+)"
@@ -50,16 +51,7 @@ def test_own_script_example_takes_any_container(tmp_path):
     import subprocess
     import sys
 
-    import numpy as np
-
-    from dstore.formats import create_writer
-
-    path = tmp_path / "rgb.h5"
-    rng = np.random.default_rng(0)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b", "c"], raw_dtype="uint8",
-                       raw_shape=(40, 40, 3)) as w:
-        for i in range(80):
-            w.append(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), i % 3, f"s{i}", i)
+    path = raw_container(tmp_path / "rgb.h5", n=80, shape=(40, 40, 3), classes=3)
     res = subprocess.run([sys.executable, str(SCRIPT), str(path), "--epochs", "1"], capture_output=True, text=True,
                          timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr

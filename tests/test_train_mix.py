@@ -2,20 +2,16 @@
 its refusals, and resume tied to the mix."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+from store_scenarios import mix_scenario
+from support.mpirun import run_mpi
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer, open_container
 from dstore.training.config import TrainConfig
 from dstore.training.data import check_mix_flags, check_mix_readers, parse_sources
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "store_scenarios"))
-import mix_scenario
 
 
 def _raw(path, classes, n=12, seed=2):

@@ -10,8 +10,8 @@ import os
 
 import numpy as np
 import pytest
-from formats_helpers import random_samples, write_samples
 from mpi4py import MPI
+from support.formats import random_samples, write_samples
 
 from dstore.errors import ConfigError
 from dstore.formats import open_container

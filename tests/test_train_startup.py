@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from formats_helpers import raw_container
-from mpirun import REPO
+from support.formats import raw_container
+from support.mpirun import REPO
 
 from dstore.preemption import PREEMPTED_EXIT
 
@@ -208,7 +208,7 @@ def test_a_checkpoint_of_another_run_is_not_resumed_into_a_dir_holding_a_run(run
 
 @pytest.mark.mpi
 def test_an_ltfb_job_resumes_from_its_own_config_json_alone(container, tmp_path):
-    from mpirun import run_mpi
+    from support.mpirun import run_mpi
 
     job = tmp_path / "job"
     run_mpi(2, ["dstore", "train", container, "--trainers", "2", "--epochs", "2", "--batch-size", "4", "--lr", "0.01",

@@ -164,16 +164,10 @@ def test_json_log(tmp_path):
 
 @pytest.mark.mpi
 def test_direct_baseline_delivers_what_the_store_does(tmp_path):
-    from mpirun import REPO, run_mpi
+    from support.formats import raw_container
+    from support.mpirun import REPO, run_mpi
 
-    from dstore.formats import create_writer
-
-    gen = np.random.default_rng(0)
-    path = str(tmp_path / "small.h5")
-    with create_writer(path, encoding="raw", class_names=["a", "b", "c"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
-        for i in range(53):
-            w.append(gen.integers(0, 256, (4, 4, 1), dtype=np.uint8), i % 3, f"s{i}", i)
+    path = raw_container(tmp_path / "small.h5", n=53, classes=3)
     res = run_mpi(2, ["python", str(REPO / "tests" / "train_scenarios" / "direct_vs_store.py"), path], timeout=60)
     assert json.loads(res.stdout.strip().splitlines()[-1])["ok"] == [True, True], res.stdout
 

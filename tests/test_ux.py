@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from formats_helpers import raw_container
-from mpirun import REPO, run_mpi
+from support.formats import raw_container
+from support.mpirun import REPO, run_mpi
 
 from dstore.training.dist import launcher_mismatch
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from formats_helpers import BACKENDS, build, flip_byte, image_bytes, random_samples, write_samples
-from mpirun import REPO, run_mpi
+from support.formats import BACKENDS, build, flip_byte, image_bytes, random_samples, write_samples
+from support.mpirun import REPO, run_mpi
 
 from dstore.errors import IncompleteContainerError
 from dstore.formats import open_container

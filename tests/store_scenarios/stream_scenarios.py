@@ -7,15 +7,12 @@ rank that delivers them. Every check is collective (scenarios.check_delivery).""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scenarios
-from scenarios import BATCH, check_delivery, run_epoch
+from store_scenarios import scenarios
+from store_scenarios.scenarios import BATCH, check_delivery, run_epoch
 
 from dstore import preload as preload_mod
 from dstore.formats import open_container

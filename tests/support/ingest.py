@@ -216,3 +216,14 @@ def py2_cifar_pickle(data: np.ndarray, labels: list[int]) -> bytes:
              + b"\x89" + s(data.tobytes()) + b"tb")  # fortran=False, raw bytes; BUILD
     label_list = b"](" + b"".join(i(v) for v in labels) + b"e"
     return b"\x80\x02}(" + s(b"data") + array + s(b"labels") + label_list + s(b"batch_label") + s(b"py2") + b"u."
+
+
+def ingest_here(source, output, **kw):
+    """`dstore.ingest.ingest` of `source` into `output` in this process alone (COMM_SELF), without a
+    progress line unless `progress` is given; returns what ingest returns."""
+    from mpi4py import MPI
+
+    from dstore.ingest import ingest
+
+    kw.setdefault("progress", False)
+    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
+TESTS = REPO / "tests"
+"""On $PYTHONPATH of every job launched here: its scripts import `support.*`, `store_scenarios.*`
+and test modules by name, with no sys.path edits of their own."""
 
 MARKED: bool | None = None
 """Whether the running test is marked `mpi` (set by conftest before its fixtures; None outside a test):
@@ -59,6 +62,7 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool =
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     if env:
         full_env.update(env)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not keep_cr,
