@@ -35,6 +35,8 @@ import pickle
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -434,8 +436,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
             err = exc
         job.chunk_done(time.perf_counter() - t0, err)
 
-    def epoch(self, epoch: int):
-        """Yields (images, labels) for every step of `epoch` (see the class docstring).
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """Yields (images, labels) for every step of `epoch` (see the class docstring), or with
+        `fields=` a dict per step ("image", "label" and each field). Typed Any: which of the two
+        depends on the constructor's argument, not on a type.
 
         An epoch of this loader still open (abandoned mid-way) is ended first.
         """

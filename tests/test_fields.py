@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from support.ingest import png_bytes
 from mpi4py import MPI
+from support.ingest import png_bytes
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats import create_writer, open_container, write_manifest

@@ -28,7 +28,7 @@ def expected(repo: str = REPO) -> dict[str, str]:
     """The links the tree must hold: name in typecheck/dstore -> relative target."""
     links = {name: os.path.join("..", "..", "datastore", name)
              for name in sorted(os.listdir(os.path.join(repo, "datastore")))
-             if name not in SKIP and not name.endswith(".pyc")}
+             if name not in SKIP and not name.endswith((".pyc", ".so"))}  # .so: a build output (.gitignore)
     for sub in ("training", "tools"):  # dstore.training, dstore.tools (package-dir)
         if sub in links:
             raise SystemExit(f"datastore/{sub} would hide the {sub}/ folder as dstore.{sub}: rename it")
