@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from dstore.errors import ConfigError, ContainerChangedError, DStoreError, FormatError
+from dstore.formats.crc import checksum as checksum  # re-exported: the backends, sharded, integrity, verify
+from dstore.formats.crc import crc32 as crc32
 
 FORMAT_VERSION = 1
 """Version of the container layout written by this code (attribute `version`)."""
@@ -32,17 +34,6 @@ class ContainerExistsError(DStoreError, FileExistsError):
 
 class ContainerNotFoundError(DStoreError, FileNotFoundError):
     """Nothing is at the path given as a container."""
-
-
-try:  # zlib-ng's CRC32: the same values as zlib's, about 5x faster here (SIMD); releases the GIL as zlib's
-    from zlib_ng.zlib_ng import crc32 as crc32  # `as`: re-exported (dstore.integrity, dstore.verify)
-except ImportError:  # pragma: no cover - a platform without zlib-ng's wheels
-    from zlib import crc32 as crc32
-
-
-def checksum(data) -> int:
-    """CRC32 of a sample's bytes (what the `checksums` array stores), as an unsigned 32-bit int."""
-    return crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
 
 
 def check_batch(nbytes: int, sizes, **per_sample) -> None:

@@ -13,11 +13,15 @@ from __future__ import annotations
 import array
 import json
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
-from dstore.formats.base import checksum as crc32_of
+from dstore.formats.crc import checksum as crc32_of
+
+if TYPE_CHECKING:  # base.py imports this module (ContainerReader.field_index)
+    from dstore.formats.base import ContainerReader
 
 FIELD_KINDS = ("text", "json", "bytes")
 """`text`: UTF-8 text (read back as str); `json`: a UTF-8 JSON document (read back parsed);
@@ -217,12 +221,11 @@ class StoreFields:
     """Keys of a loader's batch dict that a field may not take."""
 
     def __init__(self, store, names):
-        from dstore.formats import open_container
-        from dstore.formats.base import ContainerReader
+        from dstore.formats import open_container  # the package: loaded before this module anyway
 
         names = (names,) if isinstance(names, str) else tuple(names)
-        reader = getattr(store, "container", None) or getattr(store, "reader", None)
-        if not isinstance(reader, ContainerReader):
+        reader: ContainerReader | None = getattr(store, "container", None) or getattr(store, "reader", None)
+        if reader is None or not hasattr(reader, "field_names"):  # a ContainerReader, by what it has
             raise ConfigError(f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
                               "fields are read from a DataStore's or DirectSource's container only")
         missing = [n for n in names if n not in reader.field_names or n in self.RESERVED]
