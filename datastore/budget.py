@@ -139,9 +139,9 @@ def tier_buffers(p: StorePlan, bufs: int) -> int:
     """Bytes a rank holds besides resident data when tiered: receive buffers, storage buffers (the
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
-    preload reads with those threads)."""
+    preload reads with those threads); and the served fields' window and buffer, always resident."""
     return tier_bytes(bufs, recv_bound(p), p.reader_index, storage_lookahead=p.storage_lookahead,
-                      storage_threads=p.storage_threads)
+                      storage_threads=p.storage_threads) + p.field_bytes
 
 
 def memory_needs(p: StorePlan) -> tuple[int, int]:
@@ -156,7 +156,8 @@ def _buffers(p: StorePlan) -> tuple[int, int]:
     """(a rank's receive buffers, the most it holds besides its data: peak_bytes)."""
     bufs = receive_buffers(p)
     streaming = p.population == "stream" and not p.replicate  # the stream runs beside epoch 0's buffers
-    return bufs, peak_bytes(bufs, population_readers(p), stream_buffers(p) if streaming else None)
+    # the served fields (dstore.fieldstore) are always resident, beside everything else
+    return bufs, peak_bytes(bufs, population_readers(p), stream_buffers(p) if streaming else None) + p.field_bytes
 
 
 def check_budget(p: StorePlan, comm, topology: Topology, name: str = "storage") -> Residency | None:

@@ -61,6 +61,11 @@ class StoreConfig:
         "drop the short last batch (else it is served short; a rank with nothing gets one flagged pad)"))
     sample_range: tuple[int, int] | None = arg(None, agree=True, values="(start, stop)",
                                                doc="serve a contiguous subset (train / held-out split)")
+    fields: tuple[str, ...] = arg((), agree=True, values="field names (none)", doc=(
+        "the container's extra fields (docs/format.md, \"Fields\") the store holds and serves with each "
+        "sample: each rank keeps its block's values in a window of its own (counted in the budget, always "
+        "resident) and a batch's values come from their owners' windows with the batch (`Batch.fields`, "
+        "`StoreLoader(fields=)`); checked against the container's field checksums when read"))
     memory_budget: int | str | None = arg(None, agree=False, values='bytes or "8G"', doc=(
         "per-rank budget; default 70% of available memory (or of what the job's memory cgroup, e.g. a Slurm "
         "`--mem` cap, still allows, if less) shared by the node's ranks, or `$DSTORE_MEMORY_BUDGET`"))
@@ -122,7 +127,7 @@ class StoreConfig:
             storage_lookahead=_positive_int("storage_lookahead", self.storage_lookahead, 0),
             storage_threads=_positive_int("storage_threads", self.storage_threads),
             population_threads=_positive_int("population_threads", self.population_threads),
-            progress_period=_progress_period(self.progress_period))
+            progress_period=_progress_period(self.progress_period), fields=_field_names(self.fields))
 
     def agreed(self) -> tuple[tuple[str, Any], ...]:
         """(name, value) of every field ranks must agree on, in field order (compare `checked()` ones)."""
@@ -148,6 +153,14 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
     return int(value)
+
+
+def _field_names(value: Any) -> tuple[str, ...]:
+    """The fields argument as a tuple of distinct names (a single name may be given as a str)."""
+    names = (value,) if isinstance(value, str) else tuple(value or ())
+    if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+        raise ConfigError(f"fields={value!r} must be distinct field names (str), e.g. ['txt', 'json']")
+    return names
 
 
 def _progress_period(value: Any) -> float | None:

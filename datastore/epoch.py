@@ -53,6 +53,8 @@ class Batch:
         epoch: the epoch.
         step: the step within the epoch.
         pad: bool[b], True for padding repeats (see dstore.store's module docstring).
+        fields: with `DataStore(fields=[...])`, {field: [each sample's value as stored, bytes]}
+            from the owners' windows (dstore.fieldstore); None without fields.
     """
 
     samples: list
@@ -61,6 +63,7 @@ class Batch:
     epoch: int
     step: int
     pad: np.ndarray
+    fields: dict | None = None
 
     def __len__(self) -> int:
         return len(self.samples)

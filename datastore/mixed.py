@@ -86,6 +86,9 @@ class MixedStore:
             raise ConfigError(f"MixedStore takes a StoreConfig or keywords, not both ({', '.join(options)})")
         if config.shuffle != "global":
             raise ConfigError(f"shuffle={config.shuffle!r}: a mix is served in one global order (shuffle='global')")
+        if config.fields:
+            raise ConfigError(f"fields={list(config.fields)}: a MixedStore does not serve extra fields; serve one "
+                              "container with DataStore(..., fields=[...])")
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.batch_size, self.seed, self.drop_last = config.batch_size, config.seed, bool(config.drop_last)
         self.weights = mix.check_weights([w for _, w, _ in items], len(items), [_name(c) for c, _, _ in items])

@@ -31,12 +31,17 @@ Rules a user can rely on (the arithmetic is in dstore.plan and dstore.shuffle):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import time
 import warnings
 
+import numpy as np
+
 from dstore import budget as budget_mod
+from dstore import fieldstore
 from dstore import job, plan, rc, storeplan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
@@ -133,6 +138,13 @@ class DataStore:
         except BaseException:
             self._close_container()
             raise
+        try:
+            if self._config.fields:  # collective, agreed; fields not asked for cost nothing
+                self._fields = fieldstore.ServedFields(comm, self.container, self.start, self.stop, self._config.fields)
+        except BaseException:
+            self._index.free()  # agreed: every rank is here
+            self._close_container()
+            raise
         exc = None
         try:
             self._init_index()
@@ -141,6 +153,8 @@ class DataStore:
         try:
             agree(comm, exc)
         except BaseException:
+            if self._fields is not None:
+                self._fields.free()
             self._index.free()  # agreed: every rank is here
             self._close_container()
             raise
@@ -159,9 +173,11 @@ class DataStore:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
         self.container, self._owns_container = reader, owns
         self._index = None
+        self._fields: fieldstore.ServedFields | None = None
         try:
             self.start, self.stop = served_range(reader, cfg.sample_range)
             self._config = dataclasses.replace(cfg, sample_range=(self.start, self.stop))  # as ranks compare it
+            fieldstore.check_names(reader, cfg.fields)
         except BaseException:
             self._close_container()
             raise
@@ -186,6 +202,14 @@ class DataStore:
         self.plan: StorePlan = storeplan.build(self.rank, self.size, self._config, self.start, self.stop,
                                                index.offsets, index.labels, index.checksums, index.base_byte,
                                                reader_index)
+        if self._fields is not None:  # its window and a step's buffer, counted in the budget
+            p = self.plan
+            per_step = -(-p.batch_size // p.size)  # as dstore.budget.step_bound counts a step
+            if p.policy != "global":
+                per_step = max(per_step, -(-int(np.diff(p.bounds).max()) // p.steps_per_epoch))
+            per_step = min(per_step + 1, p.num_samples)
+            need = self._fields.window_bytes(p.bounds, p.rank) + fieldstore.step_bytes(self._fields.offsets, per_step)
+            self.plan = dataclasses.replace(p, field_bytes=need)
 
     # The plan's values, as the store's attributes (NOTE [ The store as values ] in dstore.storeplan)
     config = property(lambda self: self.plan.config, doc="The validated arguments (a StoreConfig).")
@@ -213,6 +237,8 @@ class DataStore:
     layout = property(lambda self: self.plan.layout)
     tier = property(lambda self: self.plan.tier)
     budget_source = property(lambda self: self.plan.budget_source)
+    fields = property(lambda self: self.plan.config.fields,
+                      doc="The extra fields the store holds and serves with its samples (`fields=`).")
 
     @property
     def seed(self) -> int:
@@ -251,6 +277,14 @@ class DataStore:
         if self._closed:
             raise ValueError("the DataStore is closed")
         w = self.windows = populate_mod.populate(self.plan, self.comm, self.container)
+        if self._fields is not None:
+            try:  # collective, agreed: a damaged value is raised on every rank before anything is served
+                t0 = time.perf_counter()
+                n = self._fields.populate(self.comm, self.container, self.plan.bounds, self.rank, self.node_views)
+                w.add_population(time.perf_counter() - t0, n)
+            except BaseException:
+                self._free_windows()  # agreed: every rank is here
+                raise
         self.plan = dataclasses.replace(self.plan, layout=w.layout, tier=w.tier)  # over budget: the resident samples'
         if self.population == "stream" and w.resident is None and not self.replicate:
             # the block read in the background (dstore.stream), in the order of the epoch served first
@@ -341,14 +375,18 @@ class DataStore:
         first = self._begin(e, start)
         run = EpochRun(self.plan, self.comm, self.container, self.windows, e, first, schedule, self.fail_fast)
         batches = None
+        fields = self._fields
         try:
             steps = run.start().steps
             self.stats = run.stats
             self._advance(e, first, steps)
             batches = iter(run)
-            for batch in batches:
-                self._advance(e, batch.step + 1, steps)
-                yield batch
+            with fields.reading() if fields is not None else contextlib.nullcontext():
+                for batch in batches:
+                    if fields is not None:  # the batch's values from their owners' windows (dstore.fieldstore)
+                        batch.fields = fields.fetch(batch.ids - self.start, self.rank)
+                    self._advance(e, batch.step + 1, steps)
+                    yield batch
         finally:
             if batches is not None:
                 batches.close()  # an abandoned epoch completes its gets before it unlocks the windows
@@ -425,6 +463,8 @@ class DataStore:
                 self._agree(self.windows.end_stream())  # a rank that failed mid-epoch waits here: meet it
         finally:
             self._free_windows()
+            if self._fields is not None:
+                self._fields.free()  # collective, like the windows
             if self._index is not None:
                 self._index.free()  # collective over the node, like the windows
             self._close_container()
@@ -432,11 +472,13 @@ class DataStore:
         self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
 
     def _free_windows(self) -> None:
-        """Collective: frees the windows and the node communicator (safe twice)."""
+        """Collective: frees the windows (the fields' too) and the node communicator (safe twice)."""
         self._stop_progress()
         windows, self.windows = self.windows, None
         if windows is not None:
             windows.free()
+        if self._fields is not None:
+            self._fields.free_windows()
 
     def __enter__(self):
         try:
@@ -471,6 +513,8 @@ class DataStore:
         windows, self.windows = self.windows, None
         if windows is not None:
             windows.abandon()  # local: nothing writes into the windows from here on
+        if self._fields is not None:
+            self._fields.abandon()
         if self._index is not None:
             self._index.abandon()
         self._close_container()

@@ -38,6 +38,8 @@ class StorePlan:
         tier: {resident_fraction, resident_bytes, storage_bytes} (all resident until the budget says otherwise).
         reader_index: bytes of the index arrays each storage or population thread's reader holds.
         budget_source: what set the memory budget (named in a MemoryBudgetError).
+        field_bytes: what the served fields (`fields=`, dstore.fieldstore) cost this rank: its
+            window of its block's values and a step's receive buffer (0 without fields).
     """
 
     rank: int
@@ -56,6 +58,7 @@ class StorePlan:
     tier: dict
     reader_index: int
     budget_source: str = "memory_budget argument"
+    field_bytes: int = 0
 
     @property
     def num_samples(self) -> int:

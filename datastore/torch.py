@@ -191,9 +191,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
             pixels are the same either way (dstore.resize).
         fields: None, or names of the container's extra fields (docs/format.md, "Fields"): each
             batch is then a dict {"image": images, "label": labels, name: [value per sample]}
-            (str for text, the parsed document for JSON, bytes), the values read from storage
-            by this rank for its own batch (dstore.formats.fields.StoreFields; the store does
-            not serve fields over RMA yet).
+            (str for text, the parsed document for JSON, bytes). A DataStore must hold them
+            (`DataStore(..., fields=[...])`): its batches carry them from their owners' windows
+            (dstore.fieldstore), with decode workers too. A source that holds none
+            (dstore.training.data.DirectSource, which reads its samples from storage anyway)
+            has them read from storage for each batch (dstore.formats.fields.StoreFields).
 
     A transform whose `resizes` attribute is true (ImageTransform) makes the one resize itself:
     the loader then decodes at a DCT scale at least `size` (or the transform's size) and hands the
@@ -228,7 +230,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
                               f"with fn(array, rng)")
         self.device = _device(device)
-        self._fields = StoreFields(store, fields) if fields else None
+        self._fields, self._field_kinds = _field_source(store, fields)
         if pin_memory and not torch.cuda.is_available():
             warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
                           UserWarning, stacklevel=2)
@@ -271,6 +273,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._closed = False
         self.last_ids = np.zeros(0, np.int64)
         self.last_pad = np.zeros(0, bool)
+        self.last_fields: dict = {}  # the last batch's values of the served fields (decoded)
         self.last_wait_seconds = 0.0
         self.last_decode_seconds = 0.0
         self.stats = {}
@@ -447,7 +450,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             raise ValueError("the StoreLoader is closed")
         self._end_epoch()
         gen = iter(LoaderEpoch(self, int(epoch)))  # a generator: nothing runs before the first next()
-        if self._fields is not None:
+        if self._field_kinds:
             gen = self._with_fields(gen)
         self._active = gen
         return gen
@@ -457,7 +460,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         fields = self._fields
         try:
             for images, labels in batches:
-                yield {"image": images, "label": labels, **(fields.batch(self.last_ids) if fields else {})}
+                values = fields.batch(self.last_ids) if fields is not None else self.last_fields
+                yield {"image": images, "label": labels, **values}
         finally:
             batches.close()  # an abandoned epoch ends its decodes (_end_epoch closes this generator)
 
@@ -541,6 +545,30 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _field_source(store, fields) -> tuple[StoreFields | None, dict]:
+    """(a reader of the fields from storage, or None where the store serves them; {name: kind} of
+    the fields asked for, {} for none). ConfigError naming a field the container lacks, one named
+    like a batch key, or one a DataStore was not asked to hold."""
+    if not fields:
+        return None, {}
+    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    held = getattr(store, "fields", None)
+    if held is None:  # not a DataStore: read from storage, per batch (DirectSource reads its images so too)
+        src = StoreFields(store, names)
+        return src, {n: src.kind(n) for n in names}
+    reader = store.container
+    kinds = dict(reader.info.fields)
+    missing = [n for n in names if n not in kinds or n in StoreFields.RESERVED]
+    if missing:
+        raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
+                          f"(its fields: {list(kinds) or 'none'})")
+    lacking = [n for n in names if n not in held]
+    if lacking:
+        raise ConfigError(f"fields={list(names)}: the DataStore does not hold field(s) {lacking}; pass them to it, "
+                          f"DataStore(..., fields={list(names)!r}), and it serves them with their samples")
+    return None, {n: kinds[n] for n in names}
 
 
 def _refuse_batching_dataloader(caller) -> None:

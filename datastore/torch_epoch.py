@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dstore.errors import ConfigError
+from dstore.formats.fields import decode_value
 
 
 class BatchDecode:
@@ -97,6 +98,7 @@ class Ready:
     epoch: int
     step: int
     decode_seconds: float
+    fields: dict = dataclasses.field(default_factory=dict)  # the served fields' values, decoded
 
 
 class LoaderEpoch:
@@ -216,7 +218,19 @@ class LoaderEpoch:
             images, secs = self.loader._from_workers(job.result.result())
         batch = job.batch
         labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
-        return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs)
+        return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs,
+                     self.fields_of(batch))
+
+    def fields_of(self, batch) -> dict:
+        """The loader's served fields of `batch` (the store's bytes, dstore.fieldstore) decoded by
+        kind; {} where the loader asks for none or reads them from storage itself."""
+        kinds = self.loader._field_kinds
+        if not kinds or self.loader._fields is not None:
+            return {}
+        held = batch.fields
+        if held is None:  # the store was built with fields: every batch carries them
+            raise ValueError(f"step {batch.step}: the store's batch carries no fields")
+        return {n: [decode_value(k, raw) for raw in held[n]] for n, k in kinds.items()}
 
     def account(self, ready: Ready, wait: float) -> None:
         """Records a batch about to be yielded: the loader's last_* attributes, the epoch's stats,
@@ -225,6 +239,7 @@ class LoaderEpoch:
         loader.last_wait_seconds = wait
         loader.last_decode_seconds = ready.decode_seconds
         loader.last_ids, loader.last_pad = ready.ids, ready.pad
+        loader.last_fields = ready.fields
         st["batches"] += 1
         st["wait_seconds"] += wait
         st["decode_seconds"] += ready.decode_seconds

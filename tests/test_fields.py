@@ -203,8 +203,10 @@ def test_cli_fields_option_info_and_verify(tmp_path, capsys):
     assert "fields txt" in said and "field 'txt' does not match its checksum" in said
 
 
-def test_store_loader_yields_fields_with_each_batch(tmp_path):
-    """StoreLoader(fields=...) on one rank: each batch's captions are its own samples' (by last_ids)."""
+@pytest.mark.parametrize("workers", [0, 1])
+def test_store_loader_yields_fields_with_each_batch(tmp_path, workers):
+    """StoreLoader(fields=...) over DataStore(fields=...) on one rank, in decode threads and in a
+    decode worker: each batch's captions are its own samples' (by last_ids), served by the store."""
     import torch
 
     from dstore.store import DataStore
@@ -216,9 +218,12 @@ def test_store_loader_yields_fields_with_each_batch(tmp_path):
         for k in range(13):
             w.append(bytes([k] * 4), k % 2, f"s{k}", fields={"txt": f"cap {k}", "j": [k]})
     with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=2) as st:
+        with pytest.raises(ConfigError, match=r"does not hold field\(s\) \['txt'\].*DataStore\(\.\.\., fields="):
+            StoreLoader(st, fields=["txt"])
+    with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=2, fields=["txt", "j"]) as st:
         with pytest.raises(ConfigError, match=r"has no field\(s\) \['nope'\]"):
             StoreLoader(st, fields=["nope"])
-        with StoreLoader(st, fields=["txt", "j"]) as ld:
+        with StoreLoader(st, fields=["txt", "j"], workers=workers, size=(2, 2), channels=1) as ld:
             seen = []
             for batch in ld:
                 ids = ld.last_ids.tolist()
@@ -227,6 +232,10 @@ def test_store_loader_yields_fields_with_each_batch(tmp_path):
                 assert torch.equal(batch["image"][:, 0, 0, 0], torch.tensor(ids, dtype=torch.uint8))
                 seen += ids
             assert sorted(set(seen)) == list(range(13))
+        with StoreLoader(st, fields="txt") as ld:  # only what is asked for
+            assert set(next(iter(ld))) == {"image", "label", "txt"}
+    with pytest.raises(ConfigError, match=r"has no field\(s\) \['nope'\]"):
+        DataStore(MPI.COMM_SELF, path, batch_size=4, fields=["txt", "nope"])
 
 
 @pytest.mark.mpi

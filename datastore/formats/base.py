@@ -301,6 +301,16 @@ class ContainerReader(abc.ABC):
 
         return decode_value(self._field_kind(name), self.field_bytes(name, i))
 
+    def field_block(self, name: str, lo: int, hi: int, *, data: bool = True) -> tuple:
+        """Field `name` of samples [lo, hi) as stored, read with one slice of each array (what a
+        store holds: dstore.fieldstore): (offsets int64[hi-lo+1] from 0, the values' bytes back to
+        back as uint8 (empty unless `data`), their checksums uint32[hi-lo]). Nothing is checked
+        against the checksums here; FormatError naming the field where the offsets do not fit."""
+        from dstore.formats.fields import block_of
+
+        self._field_kind(name)
+        return block_of(self.path, name, self._field_parts(name), lo, hi, self.num_samples, data)
+
     def fields_of(self, indices, names=None) -> list[dict]:
         """Per sample of `indices`, {field name: value} for `names` (default: every field)."""
         names = self.field_names if names is None else tuple(names)

@@ -167,6 +167,28 @@ def check_field_index(path: str, name: str, n: int, data_len: int, offsets: np.n
                           f"(first {int(offsets[0])}, last {int(offsets[-1])})")
 
 
+def block_of(path: str, name: str, parts, lo: int, hi: int, n: int, data: bool = True) -> tuple:
+    """(offsets from 0, bytes, checksums) of field `name` for samples [lo, hi) of a container of `n`
+    samples, sliced from its arrays `parts` (ContainerReader.field_block); FormatError naming the
+    file and the field where the stored arrays do not fit."""
+    where = f"{path}: field {name!r}"
+    if not 0 <= lo <= hi <= n:
+        raise ConfigError(f"{where}: samples [{lo}, {hi}) are outside [0, {n})")
+    for part, want in (("offsets", n + 1), ("checksums", n)):
+        if tuple(parts[part].shape) != (want,):
+            raise FormatError(f"{where}: {part} has shape {tuple(parts[part].shape)}, expected ({want},)")
+    off = np.asarray(parts["offsets"][lo:hi + 1], dtype=np.int64)
+    crcs = np.asarray(parts["checksums"][lo:hi], dtype=np.uint32)
+    size = int(parts["data"].shape[0])
+    if (np.diff(off) < 0).any() or int(off[0]) < 0 or int(off[-1]) > size:
+        raise FormatError(f"{where}: offsets of samples [{lo}, {hi}] are not non-decreasing within its "
+                          f"{size} data bytes; run `dstore verify` on the container")
+    raw = np.zeros(0, np.uint8)
+    if data and int(off[-1]) > int(off[0]):
+        raw = np.asarray(parts["data"][int(off[0]):int(off[-1])], dtype=np.uint8)
+    return off - off[0], raw, crcs
+
+
 class FieldIndex:
     """One field of an open container: its offsets and checksums in memory, its data read on demand
     through `read(lo, hi)` (a slice of the backend's `data` array)."""
@@ -212,10 +234,11 @@ class FieldIndex:
 
 
 class StoreFields:
-    """The extra fields of a store's batches, read from storage by this process (a loader's
-    `fields=`): a reader of its own over the store's container, so the store's readers are not
-    shared. The store does not hold fields in memory and its ranks do not serve them to each other
-    (one rank reads its own batches' values; serving them over RMA is a later step)."""
+    """The extra fields of a source's batches read from storage by this process (a loader's
+    `fields=` over a source that holds none: dstore.training.data.DirectSource, which reads its
+    samples from storage too): a reader of its own over the source's container, so the source's
+    readers are not shared. A DataStore holds the fields it is asked for and serves them with its
+    samples instead (dstore.fieldstore)."""
 
     RESERVED = ("image", "label")
     """Keys of a loader's batch dict that a field may not take."""
@@ -234,6 +257,10 @@ class StoreFields:
                               f"(its fields: {list(reader.field_names) or 'none'})")
         self.names = names
         self._reader = open_container(reader.path, check_labels=False)
+
+    def kind(self, name: str) -> str:
+        """Field `name`'s kind (`text`, `json` or `bytes`)."""
+        return dict(self._reader.info.fields)[name]
 
     def batch(self, ids) -> dict[str, list]:
         """{field: [value of each sample id]}: str (text), parsed JSON or bytes, each checked

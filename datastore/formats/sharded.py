@@ -275,6 +275,27 @@ class ShardedReader(ContainerReader):
         k, j = self.shard_of(i)
         return self._shards[k].field_bytes(name, j)
 
+    def field_block(self, name: str, lo: int, hi: int, *, data: bool = True) -> tuple:
+        """ContainerReader.field_block over the shards that hold samples [lo, hi), joined."""
+        self._field_kind(name)
+        if not self._shards:
+            raise ConfigError(f"{self.path}: the reader is closed")
+        starts = self._sample_starts
+        offs, datas, crcs, at = [np.zeros(1, np.int64)], [], [], 0
+        for k in range(max(0, int(np.searchsorted(starts, lo, side="right")) - 1), len(self._shards)):
+            a, b = max(lo, int(starts[k])), min(hi, int(starts[k + 1]))
+            if a >= hi:
+                break
+            if b <= a:
+                continue
+            o, d, c = self._shards[k].field_block(name, a - int(starts[k]), b - int(starts[k]), data=data)
+            offs.append(o[1:] + at)
+            at += int(o[-1])
+            datas.append(d)
+            crcs.append(c)
+        return (np.concatenate(offs), np.concatenate(datas) if datas else np.zeros(0, np.uint8),
+                np.concatenate(crcs) if crcs else np.zeros(0, np.uint32))
+
     def field_bad_samples(self, name: str) -> list[int]:
         """Every shard's bad values of field `name`, as indices of the joined view."""
         self._field_kind(name)
