@@ -206,7 +206,7 @@ class MixedStore:
                 samples[j] = x
             labels[where] = b.labels
             cids[where] = b.ids
-        return MixedBatch(samples, labels, cids, e, s, sched.pad[sched.step(s)], src.copy())
+        return MixedBatch(samples, labels, cids, e, s, sched.pad[sched.step(s)], sources=src.copy())
 
     def gather_stats(self) -> list:
         """Collective: every rank's `stats` ({} before the first epoch), in rank order."""

@@ -41,8 +41,7 @@ import warnings
 import numpy as np
 
 from dstore import budget as budget_mod
-from dstore import fieldstore
-from dstore import job, plan, rc, storeplan, tiers
+from dstore import fieldstore, job, plan, rc, storeplan, tiers
 from dstore import populate as populate_mod
 from dstore import shuffle as shuffle_mod
 from dstore import stream as stream_mod
