@@ -1,0 +1,1 @@
+../../datastore/fieldstore.py
