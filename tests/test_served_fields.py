@@ -180,3 +180,12 @@ def test_window_place_finds_each_value_in_its_owners_window():
     assert owner.tolist() == [1, 0, 1, 1] * 2
     assert length.tolist() == [1, 3, 5, 2, 2, 1, 0, 4]
     assert disp.tolist() == [7, 0, 2, 0, 8 + 4, 3 + 0, 8 + 4, 8 + 0]
+
+
+def test_a_mix_refuses_fields_in_one_line(tmp_path):
+    from dstore.errors import ConfigError
+    from dstore.mixed import MixedStore
+
+    path = _damaged(tmp_path)
+    with pytest.raises(ConfigError, match=r"fields=\['txt'\]: a MixedStore does not serve extra fields"):
+        MixedStore(MPI.COMM_SELF, [(path, 1.0), (path, 1.0)], batch_size=4, fields=["txt"])
