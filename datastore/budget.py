@@ -194,10 +194,11 @@ def choose_resident(p: StorePlan, caps: list, bufs: int, name: str = "storage") 
     keep = resident_room(caps, extra)
     if keep.min() < 0:
         r = int(np.argmin(keep))
+        served = ", and the served fields (always resident)" if p.field_bytes else ""
         raise MemoryBudgetError(
             f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
             f"{fmt_bytes(extra)} of buffers (receive, and {p.storage_lookahead + 1} steps of storage "
-            f"reads) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
+            f"reads{served}) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
             f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
     if p.layout.base is not None:  # blocks: the residency one block at a time, the windows' layout looked up
         resident = tiers.resident_blocks(p.sizes, p.bounds, keep, p.seed)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from dstore import plan
 from dstore.collective import agree, node_comm
 from dstore.errors import ChecksumError, ConfigError, ContainerChangedError
 from dstore.window import Arena
+
+if TYPE_CHECKING:
+    from dstore.storeplan import StorePlan
 
 
 def check_names(reader, names) -> tuple[str, ...]:
@@ -125,6 +129,14 @@ class ServedFields:
         """Bytes of rank's window (its block of every field)."""
         return int(block_bytes(self.offsets, bounds)[:, rank].sum())
 
+    def budget_bytes(self, p: StorePlan) -> int:
+        """What the fields cost rank `p.rank` of store plan `p`: its window and a step's buffer (the
+        largest values a step can take, counted as dstore.budget.step_bound counts a step's samples)."""
+        per_step = -(-p.batch_size // p.size)
+        if p.policy != "global":
+            per_step = max(per_step, -(-int(np.diff(p.bounds).max()) // p.steps_per_epoch))
+        return self.window_bytes(p.bounds, p.rank) + step_bytes(self.offsets, min(per_step + 1, p.num_samples))
+
     def populate(self, comm, reader, bounds: np.ndarray, rank: int, node_views: bool) -> int:
         """Collective over `comm`: allocates this rank's window, reads its block of each field from
         `reader` (one range read each) and checks it (module docstring), agrees, publishes, and
@@ -136,7 +148,11 @@ class ServedFields:
             self.arena = Arena(comm, self.window_bytes(bounds, rank))
         except Exception as e:  # noqa: BLE001 - as in __init__
             exc = e
-        agree(comm, exc)
+        try:
+            agree(comm, exc)
+        except BaseException:
+            self.arena = None  # a rank whose allocation failed has none: a collective free would not match
+            raise
         arena = self.arena
         assert arena is not None
         try:

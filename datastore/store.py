@@ -25,6 +25,9 @@ Rules a user can rely on (the arithmetic is in dstore.plan and dstore.shuffle):
   seeded random subset of its samples in its window and the rest are read from the container by
   the rank that delivers them, ahead of need (dstore.tiers, dstore.storage). None of the
   rules above depends on residency.
+* Fields: with ``fields=[...]`` each batch also carries those fields' values of its samples
+  (``Batch.fields``), held in the ranks' memory beside the samples and served from the same owners
+  (dstore.fieldstore); order, exactly-once and resumption are the samples'.
 * Failure: every collective step first agrees that no rank failed (dstore.collective); a read
   error on one rank is raised on every rank, naming the container and the samples.
 """
@@ -37,8 +40,6 @@ import logging
 import os
 import time
 import warnings
-
-import numpy as np
 
 from dstore import budget as budget_mod
 from dstore import fieldstore, job, plan, rc, storeplan, tiers
@@ -113,8 +114,9 @@ class DataStore:
         **options: StoreConfig's fields as keywords (`batch_size` is required), each documented
             there: batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
             drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
-            storage_threads, population_threads, progress_period. The validated, normalised
-            arguments are kept as `config`.
+            storage_threads, population_threads, progress_period, fields (the container's extra
+            fields held and served with the samples: each batch's `fields`, dstore.fieldstore).
+            The validated, normalised arguments are kept as `config`.
     """
 
     def __init__(self, comm, container, config: StoreConfig | None = None, /, **options):
@@ -202,13 +204,7 @@ class DataStore:
                                                index.offsets, index.labels, index.checksums, index.base_byte,
                                                reader_index)
         if self._fields is not None:  # its window and a step's buffer, counted in the budget
-            p = self.plan
-            per_step = -(-p.batch_size // p.size)  # as dstore.budget.step_bound counts a step
-            if p.policy != "global":
-                per_step = max(per_step, -(-int(np.diff(p.bounds).max()) // p.steps_per_epoch))
-            per_step = min(per_step + 1, p.num_samples)
-            need = self._fields.window_bytes(p.bounds, p.rank) + fieldstore.step_bytes(self._fields.offsets, per_step)
-            self.plan = dataclasses.replace(p, field_bytes=need)
+            self.plan = dataclasses.replace(self.plan, field_bytes=self._fields.budget_bytes(self.plan))
 
     # The plan's values, as the store's attributes (NOTE [ The store as values ] in dstore.storeplan)
     config = property(lambda self: self.plan.config, doc="The validated arguments (a StoreConfig).")
