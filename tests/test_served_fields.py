@@ -147,6 +147,20 @@ def test_a_damaged_field_byte_is_an_error_naming_sample_and_field(tmp_path, opti
         assert all(b.fields is None for b in st.epoch(1))
 
 
+@pytest.mark.mpi
+def test_a_damaged_field_byte_while_streaming_on_two_ranks_stops_both(tmp_path):
+    """Two ranks streaming: the rank that reads the damaged caption and the other both raise the
+    error naming the sample and the field; nothing is served."""
+    from support.mpirun import run_mpi
+
+    path = _damaged(tmp_path)
+    res = run_mpi(2, ["python", "-m", "mpi4py", str(SCENARIO), "damaged", path, "stream"], timeout=120)
+    for r in range(2):
+        assert f"rank {r} raised ChecksumError: {path}: sample 3 (s3): field 'txt' does not match" in res.stdout, \
+            res.stdout + res.stderr
+    assert "served" not in res.stdout
+
+
 def test_budget_counts_the_served_fields():
     """The fields' window and a step's buffer are in the rank's needs; none without fields."""
     import tempfile

@@ -6,6 +6,7 @@ Modes:
       StoreLoader's decoded captions for another) gathered to rank 0, which checks that every sample
       comes exactly once and that its image and its caption/json bytes are the reference's (a JSON
       file {key: [image hex, txt hex, json hex or null]} that webdataset's own reading gave).
+  damaged CONTAINER POPULATION: each rank prints the error its store raised (or that it served).
   save CONTAINER OUT STEPS: serves STEPS steps of epoch 0 with fields, then writes the store's
       state_dict and every rank's (id, field bytes) delivered so far to OUT (rank 0; JSON).
 """
@@ -79,11 +80,25 @@ def save(comm, container: str, out: str, steps: int) -> None:
             json.dump({"state": state, "served": [r for part in got for r in part]}, f)
 
 
+def damaged(comm, container: str, population: str) -> None:
+    """Prints what each rank raised when its store reads a damaged field (or that it served)."""
+    try:
+        with DataStore(comm, container, batch_size=4, population=population, fields=["txt"]) as store:
+            for _ in store.epoch(0):
+                pass
+    except Exception as exc:  # noqa: BLE001 - the scenario reports it for the test to check
+        print(f"rank {comm.Get_rank()} raised {type(exc).__name__}: {exc}", flush=True)
+        return
+    print(f"rank {comm.Get_rank()} served the damaged field", flush=True)
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "clip":
         clip(MPI.COMM_WORLD, args[0], args[1], args[2])
     elif mode == "save":
         save(MPI.COMM_WORLD, args[0], args[1], int(args[2]))
+    elif mode == "damaged":
+        damaged(MPI.COMM_WORLD, args[0], args[1])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
