@@ -203,3 +203,20 @@ def test_a_mix_refuses_fields_in_one_line(tmp_path):
     path = _damaged(tmp_path)
     with pytest.raises(ConfigError, match=r"fields=\['txt'\]: a MixedStore does not serve extra fields"):
         MixedStore(MPI.COMM_SELF, [(path, 1.0), (path, 1.0)], batch_size=4, fields=["txt"])
+
+
+def test_a_source_without_windows_has_its_fields_read_from_storage(tmp_path):
+    """DirectSource (reads its samples from storage, holds no windows): StoreLoader(fields=) reads
+    each batch's values from the container instead, the same values the store would serve."""
+    from dstore.training.data import DirectSource
+
+    items = detection_items(9)
+    out = str(tmp_path / "det.h5")
+    ingest_items(iter(items), out, comm=MPI.COMM_SELF, progress=False)
+    with open_container(out) as c:
+        src = DirectSource(MPI.COMM_SELF, c, batch_size=4, seed=3)
+        with StoreLoader(src, fields=["txt", "boxes"]) as ld:
+            for batch in ld:
+                ids = ld.last_ids.tolist()
+                assert batch["txt"] == [c.field("txt", i) for i in ids]
+                assert batch["boxes"] == [c.field("boxes", i) for i in ids]
