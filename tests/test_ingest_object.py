@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import socket
 import tarfile
 
 import pytest
@@ -18,52 +17,8 @@ from dstore.errors import SampleError
 from dstore.formats import open_container
 from dstore.ingest.registry import source_type_of
 
-pytest.importorskip("s3fs", reason="object storage is optional (pip install 'dstore-mpi[object]')")
-moto_server = pytest.importorskip("moto.server", reason="the test S3 server is moto's (pip install 'moto[server]')")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    """A real S3 server (moto) on a free local port, for the module."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3(endpoint, monkeypatch):
-    """An s3fs file system on the test server, with the credentials and endpoint ingest reads from
-    the environment; each test gets its own bucket."""
-    import fsspec
-
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
-        monkeypatch.setenv(key, value)
-    for key in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(key, raising=False)
-    fsspec.filesystem("s3").clear_instance_cache()
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    yield fs
-    fsspec.filesystem("s3").clear_instance_cache()
-
-
-_buckets = iter(range(1_000_000))
-
-
-def bucket(fs) -> str:
-    name = f"bucket-{next(_buckets)}"
-    fs.mkdir(name)
-    return name
+from support.s3 import bucket, endpoint, s3  # noqa: F401 - fixtures, used by name
+from support.s3 import free_port as _free_port
 
 
 def shard_bytes(first: int, n: int, extra: bool = False) -> bytes:

@@ -11,6 +11,7 @@ import numpy as np
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ContainerNotFoundError, ContainerReader
+from dstore.formats.objects import ObjectFile, is_url, join, stat
 
 FORMATS = {
     "hdf5": ("dstore.formats.hdf5", "HDF5Reader", "HDF5Writer"),
@@ -57,6 +58,8 @@ def detect_format(path) -> str:
         FormatError: something is there but it is none of the three.
     """
     path = os.fspath(path)
+    if is_url(path):
+        return _detect_object(path)
     if not os.path.exists(path):
         raise ContainerNotFoundError(f"{path}: no such container (file or directory)")
     if not os.path.isdir(path) and not os.path.isfile(path):  # opening a FIFO would wait for a writer
@@ -73,6 +76,32 @@ def detect_format(path) -> str:
     if path.endswith(SUFFIXES) or is_hdf5(path):  # the name first: the signature costs a storage request
         return "hdf5"
     raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
+
+
+def _detect_object(url: str) -> str:
+    """detect_format of an object-store URL: an object is HDF5 (`.h5`/`.hdf5` or its signature) or
+    a manifest (`.json`); a prefix holding `manifest.json` is sharded, one holding `zarr.json` Zarr.
+    One or two HEAD requests."""
+    url = url.rstrip("/")
+    if stat(url) is not None:
+        if url.endswith(".json"):
+            return "sharded"
+        if url.endswith(SUFFIXES):
+            return "hdf5"
+        file = ObjectFile(url)
+        try:
+            head = bytearray(len(HDF5_MAGIC))
+            if file.pread_into(memoryview(head), 0) == len(HDF5_MAGIC) and bytes(head) == HDF5_MAGIC:
+                return "hdf5"
+        finally:
+            file.close()
+        raise FormatError(f"{url}: not an HDF5 object (no HDF5 signature) or a JSON manifest")
+    if stat(join(url, MANIFEST_NAME)) is not None:
+        return "sharded"
+    if stat(join(url, "zarr.json")) is not None:
+        return "zarr"
+    raise ContainerNotFoundError(f"{url}: no such container (no object at this URL, and no {MANIFEST_NAME} or "
+                                 "zarr.json below it; check the bucket and the key)")
 
 
 def open_backend(path, fmt: str, *, check_labels: bool = True) -> ContainerReader:

@@ -52,7 +52,12 @@ def check_batch(nbytes: int, sizes, **per_sample) -> None:
 
 def file_identity(path: str, fd: int | None = None) -> tuple:
     """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file or directory (of the open file `fd`
-    where given: what was actually opened), or (path, None, None, None, None) where it is gone."""
+    where given: what was actually opened), or (path, None, None, None, None) where it is gone; of
+    an object-store URL, (url, "object", ETag, size, modification time) (dstore.formats.objects)."""
+    from dstore.formats.objects import is_url, object_identity
+
+    if fd is None and is_url(path):
+        return object_identity(path)
     try:
         st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError:
@@ -68,7 +73,9 @@ def identity_change(then: tuple, now: tuple) -> str | None:
     if b[0] is None:
         return f"{path} is gone"
     what = []
-    if a[:2] != b[:2]:
+    if a[0] == "object" and a[:2] != b[:2]:
+        what.append(f"another object is at its URL (ETag {a[1]} -> {b[1]})")
+    elif a[:2] != b[:2]:
         what.append("another file is at its path (device/inode differ)")
     if a[2] != b[2]:
         what.append(f"size {a[2]} -> {b[2]} bytes")

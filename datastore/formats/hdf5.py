@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 from dstore.errors import ConfigError, FormatError
-from dstore.formats.base import ARRAYS, ContainerReader, file_identity
+from dstore.formats.base import ARRAYS, ContainerNotFoundError, ContainerReader
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     INDEX_FLOOR_BYTES,
@@ -25,6 +25,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
+from dstore.formats.objects import LocalFile, ObjectFile, open_file
 
 CLASS_NAMES = "class_names"
 """The dataset holding the class names (an attribute in files written before it)."""
@@ -93,20 +94,22 @@ def _check_stored(path: str, key: str, dset: h5py.Dataset) -> None:
 
 
 class _DirectData:
-    """Byte ranges of an unfiltered `data` dataset read with os.preadv from the file itself.
+    """Byte ranges of an unfiltered `data` dataset read with positioned reads from the file itself
+    (os.preadv; of an object in a bucket, one ranged request: dstore.formats.objects).
 
     Chunks of unfiltered data are stored as they are, each at a file offset HDF5 reports; h5py reads
     (and copies) a whole chunk for any slice, which with 8 MiB chunks and its 1 MiB chunk cache is
     8 MiB of I/O per sample. Here a sample costs one system call, straight into the caller's array.
     """
 
-    def __init__(self, path: str, fd: int, chunk: int, starts: np.ndarray):
-        self._path, self._fd, self._chunk = path, fd, chunk
+    def __init__(self, path: str, file: LocalFile | ObjectFile, chunk: int, starts: np.ndarray):
+        self._path, self._file, self._chunk = path, file, chunk
         self._starts = starts  # file offset of each chunk
 
     @classmethod
-    def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset, fd: int) -> _DirectData | None:
-        """The reader for `dset` in `f`, read with (a duplicate of) `fd`, the file `f` reads (its
+    def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset,
+                    file: LocalFile | ObjectFile) -> _DirectData | None:
+        """The reader for `dset` in `f`, read with (a duplicate of) `file`, the file `f` reads (its
         _BlockFile's), or None where its bytes are not stored as they are in that file (filters,
         external or virtual storage)."""
         dcpl = dset.id.get_create_plist()
@@ -146,7 +149,7 @@ class _DirectData:
                               "a missing one is damage, never zeros")
         # A duplicate of the descriptor h5py reads through: the very file it opened, even if
         # `path` has been replaced since; preadv does not move the shared file position.
-        return cls(path, os.dup(fd), chunk, starts)
+        return cls(path, file.dup(), chunk, starts)
 
     def read(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Bytes [lo, hi) of the dataset into `out` (length hi - lo); chunks that lie one after the
@@ -164,34 +167,34 @@ class _DirectData:
             pos = stop
 
     def _pread(self, view: np.ndarray, at: int, pos: int) -> None:
-        fd = self._fd
-        if fd is None:
+        file = self._file
+        if file is None:
             raise ValueError(f"{self._path}: the direct data reader is closed")
         done, n = 0, view.size
         while done < n:
             # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
-            got = os.preadv(fd, [view[done:done + _MAX_PREAD].data], at + done)
+            got = file.pread_into(view[done:done + _MAX_PREAD].data, at + done)
             if got <= 0:
                 raise FormatError(f"{self._path}: data bytes [{pos + done}, {pos + n}) lie past the end of "
                                   f"the file (file bytes from {at + done}): truncated?")
             done += got
 
     @property
-    def fd(self) -> int | None:
-        """The file descriptor the reads use (None once closed)."""
-        return self._fd
+    def file(self) -> LocalFile | ObjectFile | None:
+        """The file the reads use (None once closed)."""
+        return self._file
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
 
-def _pread_all(fd: int, view: memoryview, at: int) -> int:
+def _pread_all(file: LocalFile | ObjectFile, view: memoryview, at: int) -> int:
     """Reads into `view` from file offset `at` until it is full or the file ends; the bytes read."""
     done = 0
     while done < len(view):
-        got = os.preadv(fd, [view[done:done + _MAX_PREAD]], at + done)
+        got = file.pread_into(view[done:done + _MAX_PREAD], at + done)
         if got <= 0:
             break
         done += got
@@ -202,12 +205,13 @@ class _BlockFile(io.RawIOBase):
     """The container file as h5py's file object (its `fileobj` driver): reads smaller than
     META_BLOCK are served from aligned blocks of META_BLOCK bytes read whole (the last
     META_BLOCKS_KEPT kept), larger ones go to the file as they are. Read-only; h5py calls it under
-    its own lock, one call at a time. `fd` is also what _DirectData reads the data with."""
+    its own lock, one call at a time. `file` (a local file, or an object in a bucket:
+    dstore.formats.objects) is also what _DirectData reads the data with."""
 
     def __init__(self, path: str):
         super().__init__()
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self.size = os.fstat(self.fd).st_size
+        self.file: LocalFile | ObjectFile | None = open_file(path)
+        self.size = self.file.size
         self._pos = 0
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
 
@@ -229,7 +233,7 @@ class _BlockFile(io.RawIOBase):
         got = self._blocks.pop(k, None)
         if got is None:
             buf = bytearray(max(0, min(META_BLOCK, self.size - k * META_BLOCK)))  # not past the end: a request more
-            got = bytes(buf[:_pread_all(self.fd, memoryview(buf), k * META_BLOCK)])
+            got = bytes(buf[:_pread_all(self._live(), memoryview(buf), k * META_BLOCK)])
             while len(self._blocks) >= META_BLOCKS_KEPT:
                 self._blocks.popitem(last=False)
         self._blocks[k] = got  # most recently used last
@@ -239,7 +243,7 @@ class _BlockFile(io.RawIOBase):
         out = memoryview(b).cast("B")
         n = max(0, min(len(out), self.size - self._pos))
         if n >= META_BLOCK:
-            n = _pread_all(self.fd, out[:n], self._pos)
+            n = _pread_all(self._live(), out[:n], self._pos)
         else:
             done = 0
             while done < n:
@@ -253,15 +257,20 @@ class _BlockFile(io.RawIOBase):
         self._pos += n
         return n
 
+    def _live(self) -> LocalFile | ObjectFile:
+        if self.file is None:
+            raise ValueError("the HDF5 file object is closed")
+        return self.file
+
     def forget(self) -> None:
         """Drops the blocks kept (read again if asked for)."""
         self._blocks.clear()
 
     def close(self) -> None:
-        fd, self.fd = self.fd, -1
+        file, self.file = self.file, None
         self._blocks.clear()
-        if fd >= 0:
-            os.close(fd)
+        if file is not None:
+            file.close()
         super().close()
 
 
@@ -286,21 +295,25 @@ class HDF5Reader(ContainerReader):
             self._fileobj = fileobj = _BlockFile(self.path)
             f = h5py.File(fileobj, "r", locking=False)
         except OSError as exc:
+            if isinstance(exc, ContainerNotFoundError):  # no object at the URL
+                self.close()
+                raise
             self.close()
             raise FormatError(f"{self.path}: not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
         self._file = f
         try:
-            self._load(f, fileobj.fd)
+            self._load(f, fileobj._live())
             if index:
                 self._load_index()
         except BaseException:
             self.close()
             raise
-        # The file actually opened (its descriptor), so a file replaced since is seen as another.
-        self.opened_identity = (file_identity(self.path, self._direct.fd if self._direct is not None else None),)
+        # The file actually opened (its descriptor; an object's version), so a file replaced since is
+        # seen as another.
+        self.opened_identity = (fileobj._live().identity(),)
 
-    def _load(self, f: h5py.File, fd: int) -> None:
-        """Reads the attributes and checks the arrays of `f`, the file h5py reads through `fd`."""
+    def _load(self, f: h5py.File, file: LocalFile | ObjectFile) -> None:
+        """Reads the attributes and checks the arrays of `f`, the file h5py reads through `file`."""
         try:
             attrs = {k: _py(v) for k, v in f.attrs.items()}
             if CLASS_NAMES in f:  # since the class-names dataset; older files hold an attribute
@@ -322,7 +335,7 @@ class HDF5Reader(ContainerReader):
         except KeyError as exc:
             raise FormatError(f"{self.path}: damaged HDF5 structure: {exc}") from exc
         self._data = data
-        self._direct = _DirectData.for_dataset(self.path, f, data, fd)
+        self._direct = _DirectData.for_dataset(self.path, f, data, file)
         self._names_len = int(names.shape[0]) if names.ndim == 1 else -1
         self._names = names.asstr() if h5py.check_string_dtype(names.dtype) else names
 

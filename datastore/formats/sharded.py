@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats.backends import MANIFEST_FORMAT, MANIFEST_NAME, detect_format, open_backend
 from dstore.formats.base import ContainerNotFoundError, ContainerReader, crc32
 from dstore.formats.layout import COMPLETE_ATTR, check_byte_range, check_out, make_attrs, parse_info
+from dstore.formats.objects import is_url, join, read_object, stat
 from dstore.formats.replace import check_target, move_into_place, remove_path, temp_path
 
 _SHARED_KEYS = ("encoding", "class_names", "raw_dtype", "raw_shape", "fields")
@@ -43,7 +45,7 @@ def shard_identity(reader: ContainerReader, sample_start: int) -> dict:
 def manifest_file(path) -> str:
     """The manifest file for `path`: `path` itself if it ends in .json, else `path/manifest.json`."""
     path = os.fspath(path)
-    return path if path.endswith(".json") else os.path.join(path, MANIFEST_NAME)
+    return path if path.endswith(".json") else join(path.rstrip("/") if is_url(path) else path, MANIFEST_NAME)
 
 
 def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwrite: bool = False) -> str:
@@ -129,11 +131,15 @@ def _write_json_into_place(value, target: str, overwrite: bool) -> None:
 def read_manifest(path) -> dict:
     """The manifest at `path` (file or directory), validated; shard paths made absolute."""
     mfile = manifest_file(path)
-    if not os.path.isfile(mfile):
+    remote = is_url(mfile)
+    if not (stat(mfile) is not None if remote else os.path.isfile(mfile)):
         raise ContainerNotFoundError(f"{path}: no manifest file {mfile}")
     try:
-        with open(mfile, encoding="utf-8") as f:
-            manifest = json.load(f)
+        if remote:
+            manifest = json.loads(read_object(mfile).decode("utf-8"))
+        else:
+            with open(mfile, encoding="utf-8") as f:
+                manifest = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{mfile}: not a readable JSON manifest: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
@@ -146,13 +152,16 @@ def read_manifest(path) -> dict:
     missing = [k for k in ("shards", "attrs") if k not in manifest]
     if missing or not isinstance(manifest["shards"], list) or not manifest["shards"]:
         raise FormatError(f"{mfile}: missing or empty key(s) {missing or ['shards']}")
-    base = os.path.dirname(os.path.abspath(mfile))
+    base = posixpath.dirname(mfile) if remote else os.path.dirname(os.path.abspath(mfile))
     for i, entry in enumerate(manifest["shards"]):
         keys = ("path", "num_samples", "total_bytes") + (IDENTITY_KEYS if manifest["version"] >= 2 else ())
         lacking = [k for k in keys if not isinstance(entry, dict) or k not in entry]
         if lacking:
             raise FormatError(f"{mfile}: shard entry {i} lacks {lacking}")
-        entry["path"] = os.path.join(base, entry["path"])
+        if remote and (is_url(entry["path"]) or entry["path"].startswith(("/", ".."))):
+            raise FormatError(f"{mfile}: shard entry {i} has path {entry['path']!r}; a manifest in object storage "
+                              "names its shards relative to itself, below its prefix")
+        entry["path"] = join(base, entry["path"])
     manifest["file"] = mfile
     return manifest
 

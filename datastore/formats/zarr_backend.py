@@ -17,6 +17,7 @@ from zarr.storage import LocalStore
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerReader
+from dstore.formats.objects import LocalFile, ObjectFile, filesystem, is_url, join
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     DATA_CHUNK_BYTES,
@@ -38,40 +39,59 @@ _FAST_READ_BYTES = 1 << 20
 
 
 class _ChunkFiles:
-    """Byte ranges of an uncompressed 1-D uint8 Zarr array in a local directory store, read with
-    os.pread from its chunk files. Zarr itself reads (and copies) a whole chunk for any slice:
-    8 MiB per sample. A small cache of open descriptors keeps warm reads at one system call."""
+    """Byte ranges of an uncompressed 1-D uint8 Zarr array, read with os.pread from its chunk files
+    in a local directory store, or with one ranged request per chunk piece from its chunk objects
+    in a bucket (each pinned to the ETag listed when the container was opened:
+    dstore.formats.objects). Zarr itself reads (and copies) a whole chunk for any slice: 8 MiB per
+    sample. A small cache of open files keeps warm reads at one system call (one request)."""
 
     _MAX_OPEN = 32
 
-    def __init__(self, root: str, chunk: int, key_encoding, fill: int):
+    def __init__(self, root: str, chunk: int, key_encoding, fill: int, objects: dict | None = None):
         self._root, self._chunk, self._keys, self._fill = root, chunk, key_encoding, fill
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._objects = objects  # in a bucket: {chunk key: its identity when listed}, else None
+        self._fds: OrderedDict[int, LocalFile | ObjectFile] = OrderedDict()
 
     @classmethod
-    def for_array(cls, arr) -> _ChunkFiles | None:
-        """The reader for `arr`, or None where its chunks are not plain bytes in local files."""
+    def for_array(cls, arr, root: str | None = None, objects: dict | None = None) -> _ChunkFiles | None:
+        """The reader for `arr`, or None where its chunks are not plain bytes in local files; with
+        `objects` (the listing of `arr`'s chunk objects below the URL `root`), of those objects."""
         store = arr.store_path.store
         codecs = arr.metadata.codecs
-        if not isinstance(store, LocalStore) or len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
+        if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
+            return None
+        if objects is not None and root is not None:
+            return cls(root, int(arr.chunks[0]), arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value),
+                       objects)
+        if not isinstance(store, LocalStore):
             return None
         return cls(os.path.join(str(store.root), arr.store_path.path), int(arr.chunks[0]),
                    arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value))
 
-    def _fd(self, k: int) -> int:
+    def _fd(self, k: int) -> LocalFile | ObjectFile:
         if k in self._fds:
             self._fds.move_to_end(k)
             return self._fds[k]
         key = self._keys.encode_chunk_key((k,))
         try:
-            fd = os.open(os.path.join(self._root, key), os.O_RDONLY)
+            if self._objects is not None:
+                if key not in self._objects:
+                    raise FileNotFoundError(key)
+                fd: LocalFile | ObjectFile = ObjectFile(join(self._root, key), self._objects[key])
+            else:
+                fd = LocalFile(os.path.join(self._root, key))
         except FileNotFoundError:
             # zarr would read it as fill values (zeros): samples that are not the ingested ones
             raise FormatError(missing_chunk(self._root, key, k, self._chunk)) from None
         self._fds[k] = fd
         if len(self._fds) > self._MAX_OPEN:
-            os.close(self._fds.popitem(last=False)[1])
+            self._fds.popitem(last=False)[1].close()
         return fd
+
+    @property
+    def remote(self) -> bool:
+        """True where the chunks are objects in a bucket (every read goes through here, pinned)."""
+        return self._objects is not None
 
     def check_present(self, lo: int, hi: int) -> None:
         """FormatError naming the first chunk file of data bytes [lo, hi) that is missing."""
@@ -85,19 +105,19 @@ class _ChunkFiles:
             n = min(hi - pos, self._chunk - start)
             view = out[pos - lo:pos - lo + n]
             # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
-            if os.preadv(self._fd(k), [view.data], start) != n:
+            if self._fd(k).pread_into(view.data, start) != n:
                 raise FormatError(f"{self._root}: chunk {self._keys.encode_chunk_key((k,))} is truncated")
             pos += n
 
     def close(self) -> None:
         fds, self._fds = self._fds, OrderedDict()
         for fd in fds.values():
-            os.close(fd)
+            fd.close()
 
 
 def missing_chunk(root: str, key: str, k: int, chunk: int) -> str:
     """The message for a missing chunk file of `data` (chunk `k` of `chunk` bytes)."""
-    return (f"{os.path.join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
+    return (f"{join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
             "missing; dstore stores every chunk, so a missing one is damage, never zeros")
 
 
@@ -110,7 +130,7 @@ def _array(path: str, group: zarr.Group, key: str) -> zarr.Array:
     return member
 
 
-def _check_chunks(path: str, data, files: dict[str, int]) -> None:
+def _check_chunks(path: str, data, files: dict[str, int], objects: dict | None = None) -> None:
     """FormatError naming the first missing chunk file of `data` (and the samples it holds, by the
     caller): counted from the scan, so a complete store costs no stat per chunk."""
     chunk, size = int(data.chunks[0]), int(data.shape[0])
@@ -118,10 +138,10 @@ def _check_chunks(path: str, data, files: dict[str, int]) -> None:
     if max(files.get("data", 0) - 1, 0) >= n:  # one of the files is data/zarr.json
         return
     keys = data.metadata.chunk_key_encoding
-    root = os.path.join(path, "data")
+    root = join(path, "data")
     for k in range(n):
         key = keys.encode_chunk_key((k,))
-        if not os.path.isfile(os.path.join(root, key)):
+        if (key not in objects) if objects is not None else not os.path.isfile(os.path.join(root, key)):
             raise FormatError(missing_chunk(root, key, k, chunk))
 
 
@@ -158,6 +178,30 @@ def _scan_store(root: str) -> dict[str, int]:
     return counts
 
 
+def _list_objects(url: str) -> tuple[dict[str, int], dict[str, tuple]]:
+    """_scan_store of a Zarr group below the URL `url` (one recursive listing), and the identity of
+    each of `data`'s chunk objects as listed ({chunk key: identity}, what its reads are pinned to)."""
+    fs = filesystem(url)
+    root = fs._strip_protocol(url).rstrip("/")
+    try:
+        fs.invalidate_cache(root)
+        found = fs.find(root, detail=True)
+    except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
+        raise FormatError(f"{url}: cannot list the Zarr store: {type(exc).__name__}: {exc}") from exc
+    counts: dict[str, int] = {}
+    chunks: dict[str, tuple] = {}
+    for name, info in found.items():
+        if info.get("type") == "directory" or not name.startswith(root + "/"):
+            continue
+        rel = name[len(root) + 1:]
+        counts[rel.split("/")[0]] = counts.get(rel.split("/")[0], 0) + 1
+        if rel.startswith("data/") and rel != "data/zarr.json":
+            mtime = info.get("LastModified") or info.get("mtime")
+            chunks[rel[len("data/"):]] = (join(url, rel), "object", info.get("ETag") or info.get("etag"),
+                                          int(info.get("size") or 0), None if mtime is None else str(mtime))
+    return counts, chunks
+
+
 def _check_declared_sizes(path: str, group: zarr.Group, files: dict[str, int]) -> None:
     """FormatError if an array declares far more bytes than its chunk files can hold (zarr reads a
     missing chunk as fill values, so a few KB of metadata can declare a terabyte). `data` is bounded
@@ -184,12 +228,19 @@ class ZarrReader(ContainerReader):
 
     def __init__(self, path, *, index: bool = True):
         self.path = os.fspath(path)
+        remote = is_url(self.path)
+        if remote:
+            self.path = self.path.rstrip("/")
         # All None once closed (close()); _live() and _open_group() are the checked ways to them.
         self._group: zarr.Group | None = None
         self._files: _ChunkFiles | None = None
         self._data: zarr.Array | None = None
         self._names: zarr.Array | None = None
-        files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
+        objects = None
+        if remote:  # one listing; zarr then reads through its fsspec store (the index arrays, the names)
+            files, objects = _list_objects(self.path)
+        else:
+            files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
             group = zarr.open_group(self.path, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
@@ -205,14 +256,18 @@ class ZarrReader(ContainerReader):
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise FormatError(f"{self.path}: data must be 1-D uint8, got {data.dtype}{data.shape}")
             _check_declared_sizes(self.path, group, files)
-            _check_chunks(self.path, data, files)
+            _check_chunks(self.path, data, files, objects)
             names = _array(self.path, group, "names")
         except (OSError, ValueError, KeyError) as exc:
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
         self._group, self._data, self._names = group, data, names
-        self._files = _ChunkFiles.for_array(data)
+        self._files = _ChunkFiles.for_array(data, join(self.path, "data"), objects)
+        if remote and self._files is None:
+            raise FormatError(f"{self.path}: data is compressed or filtered; a Zarr container in object storage "
+                              "is read with ranged requests of its chunk objects, which needs plain bytes "
+                              "(what dstore ingest writes)")
         self.opened_identity = self.identity()
         if index:
             try:
@@ -225,6 +280,8 @@ class ZarrReader(ContainerReader):
         """The group's and `data`'s metadata, and the directories of `data`'s chunk files (which
         change when a chunk file is added, removed or replaced; bytes rewritten in place are caught
         by the samples' checksums). The index arrays are read once: they are not watched."""
+        if is_url(self.path):  # the objects; the chunk objects' listing (dstore.formats.objects.object_identity)
+            return [join(self.path, "zarr.json"), join(self.path, "data", "zarr.json"), join(self.path, "data", "")]
         data = os.path.join(self.path, "data")
         chunks = os.path.join(data, "c")  # the default chunk key encoding's directory
         return [os.path.join(self.path, "zarr.json"), os.path.join(data, "zarr.json"), data] + (
@@ -293,7 +350,7 @@ class ZarrReader(ContainerReader):
         if hi == lo:
             return out if out is not None else np.empty(0, dtype=np.uint8)
         try:
-            if self._files is not None and hi - lo < _FAST_READ_BYTES:
+            if self._files is not None and (hi - lo < _FAST_READ_BYTES or self._files.remote):
                 out = check_out(out, hi - lo)
                 self._files.read(lo, hi, out)
                 return out

@@ -314,6 +314,12 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         ConfigError: a bad parameter. SampleError: a bad sample (with on_error="raise") or an
         unreadable/empty source. ContainerExistsError: `output` exists. Every rank raises.
     """
+    from dstore.formats.objects import is_url
+
+    if is_url(os.fspath(output)):  # before any collective step: every rank refuses alike
+        raise ConfigError(f"output {output!r} is a URL; ingest writes a local container (under a temporary name, "
+                          "renamed when complete: object stores have no rename). Ingest to a local path, upload it "
+                          "(aws s3 cp --recursive, or fsspec's put), then train on the URL")
     if comm is None:
         from mpi4py import MPI
 

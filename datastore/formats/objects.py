@@ -1,0 +1,264 @@
+"""Containers in object storage (`s3://bucket/key.h5`, any fsspec URL): one object read with ranged
+requests, pinned to the version the job opened.
+
+A container file in a bucket is read as a local one is, through a `RangeFile` (positioned reads,
+its identity, `dup`): `LocalFile` over a descriptor (os.preadv), `ObjectFile` over an object. What
+a read asks for is what one request fetches: no read-ahead cache, no block rounding (fsspec's
+default file reads 5 MiB blocks ahead, which for a random sample read is 50x the bytes asked for).
+The callers choose the sizes: HDF5's metadata in aligned blocks of META_BLOCK bytes (a few requests
+to open a file), the data as the store's coalesced runs (dstore.tiers.plan_storage: one request per
+run of consecutive samples) and the preload's pieces (dstore.preload).
+
+An object is pinned at open by its ETag (and size, modification time): each thread reads through
+its own fsspec file, whose requests carry ``If-Match: <ETag>`` (s3fs), so an object replaced while
+the job reads it fails the next request with ContainerChangedError naming the URL, never serves
+bytes of another version. A thread's file that opens another version is refused the same way.
+
+Credentials and the endpoint come from the environment as the AWS tools read them
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_DEFAULT_REGION,
+AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), or fsspec's configuration; each process (each rank) makes
+its own connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import threading
+
+from dstore.errors import ConfigError, ContainerChangedError, FormatError, shown
+
+_URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
+
+OBJECT = "object"
+"""The second entry of an object's identity (where a file's has its device number)."""
+
+
+def is_url(path) -> bool:
+    """Whether `path` is an object-store URL (`s3://...`), not a local path (`file://` is local)."""
+    m = _URL.match(str(path))
+    return m is not None and m.group("protocol").lower() not in ("file", "local")
+
+
+def filesystem(url: str):
+    """The fsspec file system of `url`'s protocol, made once per process (fsspec's instance cache).
+
+    Raises:
+        ConfigError: fsspec or the protocol's package (s3fs...) is not installed.
+    """
+    protocol = _URL.match(url).group("protocol").lower()  # type: ignore[union-attr] - callers check is_url
+    try:
+        import fsspec
+
+        return fsspec.filesystem(protocol)
+    except ImportError as exc:
+        hint = "fsspec and s3fs: pip install 'dstore-mpi[object]'" if protocol in ("s3", "s3a") else \
+            "the fsspec implementation of this protocol"
+        raise ConfigError(f"reading {protocol}:// containers needs {hint} ({exc})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{protocol}:// is not a protocol fsspec knows: {exc}") from None
+
+
+def join(base: str, *parts: str) -> str:
+    """`base` and `parts` joined with "/" (a URL's or a path's separator, as `base` has it)."""
+    return posixpath.join(base, *parts) if is_url(base) else os.path.join(base, *parts)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    if isinstance(exc, PermissionError):
+        return f"permission denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket policy; {first})"
+    return first
+
+
+def stat(url: str) -> dict | None:
+    """The object `url`'s {"size", "etag", "mtime"} as the store says now (one HEAD request, never a
+    cached listing), or None if there is no object (a prefix is none).
+
+    Raises:
+        FormatError: the store cannot be asked (no bucket permission, no connection), naming `url`.
+    """
+    fs = filesystem(url)
+    path = fs._strip_protocol(url)
+    try:
+        fs.invalidate_cache(path)
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
+        raise FormatError(f"{shown(url)}: cannot read: {shown(_reason(exc))}") from exc
+    if info.get("type") == "directory":
+        return None
+    mtime = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return {"size": int(info.get("size") or 0), "etag": info.get("ETag") or info.get("etag"),
+            "mtime": str(mtime) if mtime is not None else None}
+
+
+def object_identity(url: str) -> tuple:
+    """(url, OBJECT, ETag, size, modification time) of the object now, or (url, None, None, None,
+    None) where there is none: the shape of dstore.formats.base.file_identity, compared alike.
+    A URL ending in "/" is a prefix (a Zarr array's chunk objects): its ETag is a digest of every
+    object's key, ETag and size below it (one listing), its size their total bytes."""
+    if url.endswith("/"):
+        return _prefix_identity(url)
+    st = stat(url)
+    if st is None:
+        return (url, None, None, None, None)
+    return (url, OBJECT, st["etag"], st["size"], st["mtime"])
+
+
+def _prefix_identity(url: str) -> tuple:
+    fs = filesystem(url)
+    root = fs._strip_protocol(url).rstrip("/")
+    try:
+        fs.invalidate_cache(root)
+        found = fs.find(root, detail=True)
+    except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
+        raise FormatError(f"{shown(url)}: cannot list: {shown(_reason(exc))}") from exc
+    if not found:
+        return (url, None, None, None, None)
+    digest = hashlib.sha256()
+    for key in sorted(found):
+        info = found[key]
+        digest.update(f"{key}\0{info.get('ETag') or info.get('etag')}\0{info.get('size')}\n".encode())
+    return (url, OBJECT, f"{len(found)} objects, digest {digest.hexdigest()[:16]}",
+            sum(int(i.get("size") or 0) for i in found.values()), None)
+
+
+def read_object(url: str) -> bytes:
+    """A small object (a manifest, a zarr.json) read whole; ContainerNotFoundError-free: FormatError."""
+    fs = filesystem(url)
+    try:
+        return fs.cat_file(fs._strip_protocol(url))
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - many types; name the URL
+        raise FormatError(f"{shown(url)}: cannot read: {shown(_reason(exc))}") from exc
+
+
+class LocalFile:
+    """A local file read with os.preadv (releases the GIL; threads may share it)."""
+
+    def __init__(self, path: str, fd: int | None = None):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if fd is None else fd
+        self.size = os.fstat(self.fd).st_size
+
+    def pread_into(self, view: memoryview, at: int) -> int:
+        """Reads into `view` from byte `at`; the bytes read (fewer at the end of the file)."""
+        return os.preadv(self.fd, [view], at)
+
+    def identity(self) -> tuple:
+        from dstore.formats.base import file_identity
+
+        return file_identity(self.path, self.fd)
+
+    def dup(self) -> LocalFile:
+        """Another handle on the very file opened (a duplicate descriptor), closed separately."""
+        return LocalFile(self.path, os.dup(self.fd))
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class ObjectFile:
+    """An object read with ranged requests, pinned to the version opened (see the module docstring).
+
+    Args:
+        url: the object's URL.
+        pinned: the identity to hold it to (`dup`); None: the object as it is now (one HEAD request).
+
+    Raises:
+        ContainerNotFoundError: no object at `url`.
+        ContainerChangedError: `pinned` given and the object is another version now.
+    """
+
+    def __init__(self, url: str, pinned: tuple | None = None):
+        from dstore.formats.base import ContainerNotFoundError
+
+        self.path = url
+        self.fs = filesystem(url)
+        self._key = self.fs._strip_protocol(url)
+        if pinned is None:
+            pinned = object_identity(url)
+            if pinned[1] is None:
+                raise ContainerNotFoundError(f"{shown(url)}: no such object (check the bucket and the key)")
+        self._pinned = pinned
+        self.size = int(pinned[3])
+        self._local = threading.local()
+        self._files: list = []
+        self._lock = threading.Lock()
+        self.requests = 0
+        """Ranged requests made (the metadata's blocks and the data's runs), for the measurements."""
+
+    def _file(self):
+        f = getattr(self._local, "file", None)
+        if f is None:
+            try:
+                # cache_type "none": each read is one request for exactly its bytes (module docstring).
+                f = self.fs.open(self._key, "rb", cache_type="none")
+            except FileNotFoundError:
+                raise self._changed("it is gone") from None
+            except Exception as exc:  # noqa: BLE001 - name the URL
+                raise FormatError(f"{shown(self.path)}: cannot open: {shown(_reason(exc))}") from exc
+            details = getattr(f, "details", {}) or {}
+            etag, size = details.get("ETag") or details.get("etag"), details.get("size")
+            if (etag is not None and etag != self._pinned[2]) or (size is not None and int(size) != self.size):
+                f.close()
+                raise self._changed(f"ETag {self._pinned[2]} -> {etag}, size {self.size} -> {size}")
+            with self._lock:
+                self._files.append(f)
+            self._local.file = f
+        return f
+
+    def _changed(self, what: str) -> ContainerChangedError:
+        return ContainerChangedError(f"{shown(self.path)}: the container changed while this job was reading it "
+                                     f"({what}); a container must not be rewritten while a job reads it")
+
+    def pread_into(self, view: memoryview, at: int) -> int:
+        """Reads into `view` from byte `at` with one ranged request; the bytes read (fewer at the end)."""
+        n = min(len(view), max(0, self.size - at))
+        if n <= 0:
+            return 0
+        f = self._file()
+        try:
+            f.seek(at)
+            got = f.read(n)
+        except FileNotFoundError:
+            raise self._changed("it is gone") from None
+        except OSError as exc:
+            if type(exc).__name__ == "FileExpired" or "pre-condition" in str(exc).lower():
+                raise self._changed("another version: its ETag no longer matches") from None
+            raise FormatError(f"{shown(self.path)}: cannot read bytes [{at}, {at + n}): {shown(_reason(exc))}") \
+                from exc
+        with self._lock:
+            self.requests += 1
+        view[:len(got)] = got
+        return len(got)
+
+    def identity(self) -> tuple:
+        """The identity the object was pinned to (what every read is held to)."""
+        return self._pinned
+
+    def dup(self) -> ObjectFile:
+        """Another handle on the same version (its own connection's files), closed separately."""
+        return ObjectFile(self.path, self._pinned)
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._files = self._files, []
+        for f in files:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001, S110 - a read-only file: nothing is lost
+                pass
+
+
+def open_file(path: str) -> LocalFile | ObjectFile:
+    """The file or object at `path` opened for positioned reads."""
+    return ObjectFile(path) if is_url(path) else LocalFile(path)
