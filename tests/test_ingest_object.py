@@ -11,14 +11,16 @@ import re
 import tarfile
 
 import pytest
+from support import s3 as s3_server
 from support.ingest import ingest_here, png_bytes
 
 from dstore.errors import SampleError
 from dstore.formats import open_container
 from dstore.ingest.registry import source_type_of
 
-from support.s3 import bucket, endpoint, s3  # noqa: F401 - fixtures, used by name
-from support.s3 import free_port as _free_port
+endpoint, s3 = s3_server.endpoint, s3_server.s3  # the test server's fixtures (used by name)
+bucket = s3_server.bucket
+_free_port = s3_server.free_port
 
 
 def shard_bytes(first: int, n: int, extra: bool = False) -> bytes:

@@ -11,13 +11,16 @@ import sys
 
 import numpy as np
 import pytest
-from support.s3 import bucket, endpoint, s3  # noqa: F401 - fixtures, used by name
 from store_scenarios import scenarios
 from store_scenarios.object_scenarios import scenario_object_tiered, tiered_epoch
+from support import s3 as s3_server
 
 from dstore.errors import ChecksumError, ContainerChangedError
 from dstore.formats import ContainerNotFoundError, open_container
 from dstore.store import DataStore
+
+endpoint, s3 = s3_server.endpoint, s3_server.s3  # the test server's fixtures (used by name)
+bucket = s3_server.bucket
 
 N = 400  # samples of 0..8,000 bytes: 1.6 MB, a few dozen steps of BATCH
 
@@ -196,3 +199,21 @@ def test_ingest_to_an_s3_output_is_refused_clearly(s3, tmp_path):
 
 
 _ = tiered_epoch  # the helper the mpiexec scenario uses, imported here so a rename breaks this module too
+
+
+def test_dstore_train_reads_an_s3_container(s3, tmp_path):
+    """`dstore train s3://...`: the trainer's stores read the object (the run's checkpoint names the URL)."""
+    import json
+
+    from dstore.ingest import ingest
+
+    ingest("digits", str(tmp_path / "digits.h5"), progress=False)
+    b = bucket(s3)
+    s3.put(str(tmp_path / "digits.h5"), f"{b}/digits.h5")
+    url = f"s3://{b}/digits.h5"
+    out = dstore_cli("train", url, "--epochs", "1", "--batch-size", "64", "--no-progress", "--run-dir",
+                     tmp_path / "run")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"samples of {url} with 1 rank(s)" in out.stdout and "test accuracy" in out.stdout
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert url in json.dumps(config)

@@ -234,7 +234,10 @@ def container_identity(reader) -> dict:
     import hashlib
 
     crcs = np.ascontiguousarray(np.asarray(reader.checksums, dtype="<u4"))
-    return {"path": os.path.abspath(os.fspath(reader.path)), "num_samples": int(reader.num_samples),
+    path = os.fspath(reader.path)
+    from dstore.formats.objects import is_url
+
+    return {"path": path if is_url(path) else os.path.abspath(path), "num_samples": int(reader.num_samples),
             "total_bytes": int(reader.total_bytes), "checksums_sha256": hashlib.sha256(crcs.tobytes()).hexdigest()}
 
 

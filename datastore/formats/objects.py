@@ -32,6 +32,8 @@ from dstore.errors import ConfigError, ContainerChangedError, FormatError, shown
 
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
 
+_COUNT_LOCK = threading.Lock()
+
 OBJECT = "object"
 """The second entry of an object's identity (where a file's has its device number)."""
 
@@ -135,7 +137,7 @@ def read_object(url: str) -> bytes:
         return fs.cat_file(fs._strip_protocol(url))
     except FileNotFoundError:
         raise
-    except Exception as exc:  # noqa: BLE001 - many types; name the URL
+    except Exception as exc:
         raise FormatError(f"{shown(url)}: cannot read: {shown(_reason(exc))}") from exc
 
 
@@ -178,6 +180,11 @@ class ObjectFile:
         ContainerChangedError: `pinned` given and the object is another version now.
     """
 
+    total_requests = 0
+    """Ranged requests made by every ObjectFile of this process (for measurements)."""
+    total_bytes = 0
+    """Bytes they fetched."""
+
     def __init__(self, url: str, pinned: tuple | None = None):
         from dstore.formats.base import ContainerNotFoundError
 
@@ -204,7 +211,7 @@ class ObjectFile:
                 f = self.fs.open(self._key, "rb", cache_type="none")
             except FileNotFoundError:
                 raise self._changed("it is gone") from None
-            except Exception as exc:  # noqa: BLE001 - name the URL
+            except Exception as exc:
                 raise FormatError(f"{shown(self.path)}: cannot open: {shown(_reason(exc))}") from exc
             details = getattr(f, "details", {}) or {}
             etag, size = details.get("ETag") or details.get("etag"), details.get("size")
@@ -238,6 +245,9 @@ class ObjectFile:
                 from exc
         with self._lock:
             self.requests += 1
+        with _COUNT_LOCK:
+            ObjectFile.total_requests += 1
+            ObjectFile.total_bytes += len(got)
         view[:len(got)] = got
         return len(got)
 
@@ -255,7 +265,7 @@ class ObjectFile:
         for f in files:
             try:
                 f.close()
-            except Exception:  # noqa: BLE001, S110 - a read-only file: nothing is lost
+            except Exception:  # noqa: BLE001 - a read-only file: nothing is lost
                 pass
 
 

@@ -17,7 +17,6 @@ from zarr.storage import LocalStore
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerReader
-from dstore.formats.objects import LocalFile, ObjectFile, filesystem, is_url, join
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     DATA_CHUNK_BYTES,
@@ -33,6 +32,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
+from dstore.formats.objects import LocalFile, ObjectFile, filesystem, is_url, join
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
