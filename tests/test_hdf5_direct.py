@@ -135,7 +135,7 @@ def test_data_cut_short_after_open_names_file_and_range(tmp_path):
 
 def test_close_twice_closes_the_descriptor(chunked):
     r = HDF5Reader(chunked)
-    fd = r._direct._fd
+    fd = r._direct._file.fd
     os.fstat(fd)
     r.close()
     r.close()

@@ -58,6 +58,26 @@ def test_a_tiered_epoch_from_s3_delivers_the_local_containers_bytes_once(s3, loc
     assert stats["samples_storage"] > 0 and stats["bytes_storage"] > 0  # the tier did read from the object
 
 
+def test_an_ingest_from_s3_then_a_tiered_epoch_from_s3(s3, tmp_path):
+    """The whole round trip on the S3 server: an image folder in a bucket ingested (ranged GETs), the
+    container uploaded, a tiered store over its URL: every sample once, with the local container's
+    bytes, which are the source files' bytes."""
+    from mpi4py import MPI
+    from support.ingest import ingest_here, png_bytes
+
+    b = bucket(s3)
+    files = {f"{c}/{k:03d}.png": png_bytes(32 + (k % 5) * 8, 10 * k + len(c)) for c in ("cat", "dog") for k in range(200)}
+    s3.pipe({f"{b}/imgs/{rel}": data for rel, data in files.items()})
+    ingest_here(f"s3://{b}/imgs", tmp_path / "c.h5")
+    with open_container(str(tmp_path / "c.h5")) as c:
+        assert c.num_samples == 400
+        assert all(bytes(c.sample(i)[0]) == files[c.name(i).split("imgs/")[-1]] for i in range(c.num_samples))
+    s3.put(str(tmp_path / "c.h5"), f"{b}/sets/c.h5")
+    stats = scenario_object_tiered(MPI.COMM_SELF, f"s3://{b}/sets/c.h5", str(tmp_path / "c.h5"),
+                                   populations=("preload",))
+    assert stats["samples_storage"] > 0
+
+
 @pytest.mark.mpi
 def test_two_ranks_each_read_their_tier_from_s3(s3, local):
     """Each rank opens its own connection (credentials and endpoint from the inherited environment)."""
