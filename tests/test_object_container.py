@@ -6,9 +6,6 @@ key is one line naming the URL; `dstore verify` / `info` read s3:// URLs."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from store_scenarios import scenarios
@@ -22,7 +19,7 @@ from dstore.store import DataStore
 endpoint, s3 = s3_server.endpoint, s3_server.s3  # the test server's fixtures (used by name)
 bucket = s3_server.bucket
 
-N = 400  # samples of 0..8,000 bytes: 1.6 MB, a few dozen steps of BATCH
+N = 300  # samples of 0..8,000 bytes: 1.2 MB, 25 steps of BATCH
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +40,14 @@ def upload(fs, path: str, fmt: str) -> str:
     return f"s3://{key}"
 
 
-def dstore_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env=env)
+def dstore_here(capsys, *args) -> tuple[int, str, str]:
+    """`dstore ARGS` in this process (one rank): (exit code, stdout, stderr)."""
+    from dstore.tools.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -66,15 +68,16 @@ def test_an_ingest_from_s3_then_a_tiered_epoch_from_s3(s3, tmp_path):
     from support.ingest import ingest_here, png_bytes
 
     b = bucket(s3)
-    files = {f"{c}/{k:03d}.png": png_bytes(32 + (k % 5) * 8, 10 * k + len(c)) for c in ("cat", "dog") for k in range(200)}
+    files = {f"{c}/{k:03d}.png": png_bytes(48 + (k % 5) * 8, 10 * k + len(c))
+             for c in ("cat", "dog") for k in range(60)}
     s3.pipe({f"{b}/imgs/{rel}": data for rel, data in files.items()})
     ingest_here(f"s3://{b}/imgs", tmp_path / "c.h5")
     with open_container(str(tmp_path / "c.h5")) as c:
-        assert c.num_samples == 400
+        assert c.num_samples == 120
         assert all(bytes(c.sample(i)[0]) == files[c.name(i).split("imgs/")[-1]] for i in range(c.num_samples))
     s3.put(str(tmp_path / "c.h5"), f"{b}/sets/c.h5")
     stats = scenario_object_tiered(MPI.COMM_SELF, f"s3://{b}/sets/c.h5", str(tmp_path / "c.h5"),
-                                   populations=("preload",))
+                                   populations=("preload",), storage_lookahead=1)
     assert stats["samples_storage"] > 0
 
 
@@ -100,7 +103,7 @@ def _flipped(path: str, k: int) -> bytes:
     return bytes(blob)
 
 
-def test_a_flipped_byte_in_the_object_is_a_checksum_error_naming_the_sample(s3, local):
+def test_a_flipped_byte_in_the_object_is_a_checksum_error_naming_the_sample(s3, local, capsys):
     from mpi4py import MPI
 
     with open_container(local["hdf5"]) as c:
@@ -115,8 +118,8 @@ def test_a_flipped_byte_in_the_object_is_a_checksum_error_naming_the_sample(s3, 
         with scenarios._tiered(MPI.COMM_SELF, url, batch_size=scenarios.BATCH, seed=3) as st:
             for _ in st.epoch(0):
                 pass
-    out = dstore_cli("verify", url)
-    assert out.returncode != 0 and f"{k} ({name})" in out.stdout + out.stderr, out.stdout + out.stderr
+    code, out, err = dstore_here(capsys, "verify", url)
+    assert code != 0 and f"{k} ({name})" in out + err, out + err
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -167,7 +170,7 @@ def test_an_object_rewritten_with_the_same_bytes_plus_one_is_refused_at_the_next
         st.close()
 
 
-def test_a_missing_key_is_one_line_naming_the_url(s3, local):
+def test_a_missing_key_is_one_line_naming_the_url(s3, local, capsys):
     from mpi4py import MPI
 
     b = bucket(s3)
@@ -175,21 +178,21 @@ def test_a_missing_key_is_one_line_naming_the_url(s3, local):
         with pytest.raises(ContainerNotFoundError, match=rf"^{url}: no such container") as info:
             DataStore(MPI.COMM_SELF, url, batch_size=4)
         assert "\n" not in str(info.value)
-    out = dstore_cli("info", f"s3://{b}/nope.h5")
-    errors = [line for line in out.stderr.splitlines() if line.startswith("dstore: error")]
-    assert out.returncode != 0 and errors == [f"dstore: error: ContainerNotFoundError: s3://{b}/nope.h5: no such "
+    code, _, err = dstore_here(capsys, "info", f"s3://{b}/nope.h5")
+    errors = [line for line in err.splitlines() if line.startswith("dstore: error")]
+    assert code != 0 and errors == [f"dstore: error: ContainerNotFoundError: s3://{b}/nope.h5: no such "
                                               "container (no object at this URL, and no manifest.json or zarr.json "
-                                              "below it; check the bucket and the key)"], out.stderr
+                                              "below it; check the bucket and the key)"], err
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
-def test_verify_and_info_read_an_s3_container(s3, local, fmt):
+def test_verify_and_info_read_an_s3_container(s3, local, fmt, capsys):
     url = upload(s3, local[fmt], fmt)
-    out = dstore_cli("verify", url)
-    assert out.returncode == 0 and f"{N} samples" in out.stdout, out.stdout + out.stderr
-    remote, here = dstore_cli("info", url, "--json"), dstore_cli("info", local[fmt], "--json")
-    assert remote.returncode == 0, remote.stderr
-    assert remote.stdout.replace(url, "PATH") == here.stdout.replace(local[fmt], "PATH")
+    code, out, err = dstore_here(capsys, "verify", url)
+    assert code == 0 and f"{N} samples" in out, out + err
+    remote, here = dstore_here(capsys, "info", url, "--json"), dstore_here(capsys, "info", local[fmt], "--json")
+    assert remote[0] == 0, remote[2]
+    assert remote[1].replace(url, "PATH") == here[1].replace(local[fmt], "PATH")
 
 
 def test_a_sharded_container_in_s3_reads_as_the_local_one(s3, tmp_path):
@@ -211,29 +214,30 @@ def test_a_sharded_container_in_s3_reads_as_the_local_one(s3, tmp_path):
         assert st_sample == bytes(here.read_range(35, 45))  # a read across the two shards
 
 
-def test_ingest_to_an_s3_output_is_refused_clearly(s3, tmp_path):
+def test_ingest_to_an_s3_output_is_refused_clearly(s3, tmp_path, capsys):
     """`dstore ingest` writes local containers only: an s3:// output is refused before anything is read."""
     b = bucket(s3)
-    out = dstore_cli("ingest", "synthetic", f"s3://{b}/out.h5", "--no-progress")
-    assert out.returncode != 0 and f"s3://{b}/out.h5" in out.stderr and "local" in out.stderr, out.stderr
+    code, _, err = dstore_here(capsys, "ingest", "synthetic", f"s3://{b}/out.h5", "--no-progress")
+    assert code != 0 and f"output 's3://{b}/out.h5' is a URL; ingest writes a local container" in err, err
+    assert not s3.exists(f"{b}/out.h5")
 
 
 _ = tiered_epoch  # the helper the mpiexec scenario uses, imported here so a rename breaks this module too
 
 
-def test_dstore_train_reads_an_s3_container(s3, tmp_path):
+def test_dstore_train_reads_an_s3_container(s3, tmp_path, capsys):
     """`dstore train s3://...`: the trainer's stores read the object (the run's checkpoint names the URL)."""
     import json
 
-    from dstore.ingest import ingest
+    from support.formats import raw_container
 
-    ingest("digits", str(tmp_path / "digits.h5"), progress=False)
+    raw_container(tmp_path / "digits.h5", n=96, shape=(8, 8, 1), classes=3)
     b = bucket(s3)
     s3.put(str(tmp_path / "digits.h5"), f"{b}/digits.h5")
     url = f"s3://{b}/digits.h5"
-    out = dstore_cli("train", url, "--epochs", "1", "--batch-size", "64", "--no-progress", "--run-dir",
-                     tmp_path / "run")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"samples of {url} with 1 rank(s)" in out.stdout and "test accuracy" in out.stdout
+    code, out, err = dstore_here(capsys, "train", url, "--epochs", "1", "--batch-size", "16", "--no-progress",
+                                 "--run-dir", tmp_path / "run", "--model", "small_cnn")
+    assert code == 0, out + err
+    assert f"samples of {url} with 1 rank(s)" in out and "test accuracy" in out
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert url in json.dumps(config)

@@ -131,7 +131,11 @@ def _prefix_identity(url: str) -> tuple:
 
 
 def read_object(url: str) -> bytes:
-    """A small object (a manifest, a zarr.json) read whole; ContainerNotFoundError-free: FormatError."""
+    """A small object (a manifest) read whole.
+
+    Raises:
+        FileNotFoundError: no such object. FormatError: the store cannot be asked, naming `url`.
+    """
     fs = filesystem(url)
     try:
         return fs.cat_file(fs._strip_protocol(url))

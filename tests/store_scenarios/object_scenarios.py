@@ -28,15 +28,15 @@ def tiered_epoch(st, epoch: int, ref) -> tuple:
     return tuple(np.concatenate(x) for x in (ids, crcs, pads, labels, stepno))
 
 
-def scenario_object_tiered(comm, url: str, local: str, populations=("preload", "stream")) -> dict:
+def scenario_object_tiered(comm, url: str, local: str, populations=("preload", "stream"), **kw) -> dict:
     """About 45% of the container resident, the rest read from the object by each rank's storage
     tier: each epoch delivers every sample exactly once, in the reference order, with the local
-    container's bytes; each rank read exactly the non-resident bytes it delivered, once. Returns
-    this rank's stats of the last epoch."""
+    container's bytes; each rank read exactly the non-resident bytes it delivered, once. `kw` go to
+    the store. Returns this rank's stats of the last epoch."""
     stats = {}
     with open_container(local) as ref:
         for population in populations:
-            with _tiered(comm, url, batch_size=BATCH, seed=3, population=population) as st:
+            with _tiered(comm, url, batch_size=BATCH, seed=3, population=population, **kw) as st:
                 if not str(st.container.path).startswith(url.rstrip("/")):
                     raise AssertionError(f"the store reads {st.container.path}, not {url}")
                 for epoch in (0, 1):
