@@ -164,7 +164,9 @@ def _fill(p: StorePlan, container, w: Windows, peers: list | None) -> int:
         return b - a
     w.segs = w.arena.map_peers(peers, w.layout.nbytes)
     if w.resident is not None:
-        w.storage = StorageReader(container.path, p.storage_threads, container.opened_identity)
+        # shared: where the job's reader allows concurrent reads (HDF5's positioned reads), the
+        # threads read with it; opening the container again costs storage requests per thread.
+        w.storage = StorageReader(container.path, p.storage_threads, container.opened_identity, shared=container)
     if p.population == "dynamic":
         w.loaded = loaded = np.zeros(p.num_samples, dtype=bool)
         loaded[w.layout.owner != p.rank] = True  # only own samples are tracked

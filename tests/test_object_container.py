@@ -241,3 +241,13 @@ def test_dstore_train_reads_an_s3_container(s3, tmp_path, capsys):
     assert f"samples of {url} with 1 rank(s)" in out and "test accuracy" in out
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert url in json.dumps(config)
+
+
+def test_a_missing_zarr_chunk_object_is_named_never_zeros(s3, local):
+    from dstore.errors import FormatError
+
+    url = upload(s3, local["zarr"], "zarr")
+    s3.rm(f"{url[len('s3://'):]}/data/c/1")
+    with pytest.raises(FormatError, match=rf"^{url}/data/c/1: data chunk 1 \(bytes \[200000, 400000\) of data\) is "
+                                          "missing; dstore stores every chunk, so a missing one is damage, never zeros"):
+        open_container(url)
