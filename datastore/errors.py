@@ -34,6 +34,10 @@ class ContainerChangedError(FormatError):
     """A container's files changed (another file, size or modification time) after a job opened it."""
 
 
+class ContainerNotFoundError(DStoreError, FileNotFoundError):
+    """Nothing is at the path given as a container."""
+
+
 class SampleError(DStoreError, ValueError):
     """One source sample cannot be ingested or decoded; the message names the file and the reason."""
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
 
 from dstore.errors import ConfigError, ContainerChangedError, DStoreError, FormatError
+from dstore.errors import ContainerNotFoundError as ContainerNotFoundError  # re-exported: its home before errors.py
 from dstore.formats.crc import checksum as checksum  # re-exported: the backends, sharded, integrity, verify
 from dstore.formats.crc import crc32 as crc32
 
@@ -30,10 +30,6 @@ ENCODINGS = ("jpeg", "png", "image", "raw")
 
 class ContainerExistsError(DStoreError, FileExistsError):
     """The path a writer would create already exists and `overwrite` was not given."""
-
-
-class ContainerNotFoundError(DStoreError, FileNotFoundError):
-    """Nothing is at the path given as a container."""
 
 
 def check_batch(nbytes: int, sizes, **per_sample) -> None:
@@ -54,15 +50,11 @@ def file_identity(path: str, fd: int | None = None) -> tuple:
     """(path, st_dev, st_ino, st_size, st_mtime_ns) of a file or directory (of the open file `fd`
     where given: what was actually opened), or (path, None, None, None, None) where it is gone; of
     an object-store URL, (url, "object", ETag, size, modification time) (dstore.formats.objects)."""
-    from dstore.formats.objects import is_url, object_identity
+    from dstore.formats.objects import is_url, local_identity, object_identity
 
     if fd is None and is_url(path):
         return object_identity(path)
-    try:
-        st = os.fstat(fd) if fd is not None else os.stat(path)
-    except OSError:
-        return (path, None, None, None, None)
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return local_identity(path, fd)
 
 
 def identity_change(then: tuple, now: tuple) -> str | None:

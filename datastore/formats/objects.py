@@ -28,7 +28,7 @@ import posixpath
 import re
 import threading
 
-from dstore.errors import ConfigError, ContainerChangedError, FormatError, shown
+from dstore.errors import ConfigError, ContainerChangedError, ContainerNotFoundError, FormatError, shown
 
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -158,9 +158,7 @@ class LocalFile:
         return os.preadv(self.fd, [view], at)
 
     def identity(self) -> tuple:
-        from dstore.formats.base import file_identity
-
-        return file_identity(self.path, self.fd)
+        return local_identity(self.path, self.fd)
 
     def dup(self) -> LocalFile:
         """Another handle on the very file opened (a duplicate descriptor), closed separately."""
@@ -170,6 +168,16 @@ class LocalFile:
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+def local_identity(path: str, fd: int | None = None) -> tuple:
+    """(path, st_dev, st_ino, st_size, st_mtime_ns) of a local file or directory (of the open file
+    `fd` where given), or (path, None, None, None, None) where it is gone (base.file_identity)."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return (path, None, None, None, None)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class ObjectFile:
@@ -190,8 +198,6 @@ class ObjectFile:
     """Bytes they fetched."""
 
     def __init__(self, url: str, pinned: tuple | None = None):
-        from dstore.formats.base import ContainerNotFoundError
-
         self.path = url
         self.fs = filesystem(url)
         self._key = self.fs._strip_protocol(url)
