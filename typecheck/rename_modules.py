@@ -13,7 +13,9 @@ keeps the old names):
   old name where its file name changed (`from dstore.memory import limits as memory`), so the code
   below the import reads unchanged;
 - dotted names: `dstore.old` (imports, `import dstore.old`, `-m dstore.old`, strings given to mock
-  or monkeypatch, prose) -> `dstore.new`;
+  or monkeypatch, prose) -> `dstore.new`. `dstore.store` and `dstore.memory` name packages now: they
+  are rewritten only where an attribute of the old module follows (`dstore.store.DataStore`,
+  `from dstore.memory import parse_bytes`); the bare name is left alone and listed for a look;
 - paths: `datastore/old.py` -> `datastore/new/path.py` (docs, comments, the module map).
 Then `ruff check --fix --select I` puts the rewritten imports back in order.
 """
@@ -87,8 +89,10 @@ def _dotted(m: re.Match) -> str:
     old, nxt = m.group(1), (m.group(2) or "")[1:]
     if old not in MOVED:
         return m.group(0)
-    if old in SUBMODULES and (nxt or m.group(4)) in SUBMODULES[old]:
-        return m.group(0)  # `dstore.store.epoch`, `from dstore.store import epoch`: already the new name
+    if old in SUBMODULES:  # `store`, `memory`: a module then, a package now
+        after = nxt or m.group(4)
+        if not after or after in SUBMODULES[old]:
+            return m.group(0)  # the package (`dstore.store`), or already new (`from dstore.store import epoch`)
     return "dstore." + MOVED[old]
 
 
@@ -169,12 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(new)
             changed.append(rel)
+    bare = [f"{rel}:{n}" for rel in tracked_files() if rel.endswith(".py")
+            for n, line in enumerate(open(os.path.join(REPO, rel)), 1)
+            if re.search(r"(?<![\w.])dstore\.(" + "|".join(SUBMODULES) + r")\b(?!\.\w|\s+import)", line)]
     stale = [rel for rel in tracked_files() if rel.endswith(".py") and re.search(
         r"^\s*from \.(" + "|".join(MOVED) + r") import", open(os.path.join(REPO, rel)).read(), re.MULTILINE)]
     py = [c for c in changed if c.endswith(".py")]
     if py:
         subprocess.run([sys.executable, "-m", "ruff", "check", "--fix", "--select", "I", "-q", *py], cwd=REPO)
     print(f"rewrote {len(changed)} files")
+    for where in bare:
+        print(f"bare dstore.store or dstore.memory (the package now; the old module?): {where}")
     for rel in stale:
         print(f"relative import of a moved module (rewrite by hand): {rel}")
     return 0
