@@ -82,6 +82,7 @@ SUFFIXES = (".py", ".md", ".toml", ".sh", ".c", ".cfg", ".yaml", ".yml", ".txt")
 
 _DOTTED = re.compile(r"(?<![\w.])dstore\.(\w+)(?=(\.\w+)?)(?=(\s+import\s+(\w+))?)")
 _FROM = re.compile(r"^(?P<indent>[ \t]*)from dstore import (?P<names>[\w ,]+?)(?P<tail>[ \t]*(#.*)?)$", re.MULTILINE)
+_FROM_INLINE = re.compile(r"(?:(?<=[\"'; ])|(?<=\\n))from dstore import (?P<names>[\w ,]+?)(?=\\n|[\"';])")  # code in strings
 _PATH = re.compile(r"(?<![\w/])(?P<pre>(?:\.\./)*)datastore/(?P<name>\w+)\.(?P<ext>py|c)\b")
 
 
@@ -97,7 +98,8 @@ def _dotted(m: re.Match) -> str:
 
 
 def _from_line(m: re.Match) -> str:
-    indent, tail = m.group("indent"), m.group("tail")
+    inline = "indent" not in m.re.groupindex  # `"...\\nfrom dstore import x\\n..."`: one line, `; ` between
+    indent, tail = ("", "") if inline else (m.group("indent"), m.group("tail"))
     kept: list[str] = []
     by_pkg: dict[str, list[str]] = {}
     for item in (s.strip() for s in m.group("names").split(",")):
@@ -115,7 +117,7 @@ def _from_line(m: re.Match) -> str:
     lines = [f"from dstore import {', '.join(kept)}"] if kept else []
     lines += [f"from dstore.{pkg} import {', '.join(names)}" for pkg, names in sorted(by_pkg.items())]
     lines[0] += tail
-    return "\n".join(indent + line for line in lines)
+    return ("; " if inline else "\n").join(indent + line for line in lines)
 
 
 def _path(m: re.Match) -> str:
@@ -128,6 +130,7 @@ def _path(m: re.Match) -> str:
 def rewrite(text: str) -> str:
     """`text` with every reference to a moved module under its new name (idempotent)."""
     text = _FROM.sub(_from_line, text)
+    text = _FROM_INLINE.sub(_from_line, text)
     text = _DOTTED.sub(_dotted, text)
     return _PATH.sub(_path, text)
 
