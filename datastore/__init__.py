@@ -26,11 +26,11 @@ from dstore.errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ imports them on first use
-    from dstore.mixed import MixedStore
-    from dstore.store import DataStore
-    from dstore.torch import StoreLoader
+    from dstore.loader.store_loader import StoreLoader
+    from dstore.store.data_store import DataStore
+    from dstore.store.mixed import MixedStore
 
-_LAZY = {"DataStore": "dstore.store", "MixedStore": "dstore.mixed", "StoreLoader": "dstore.torch"}
+_LAZY = {"DataStore": "dstore.store.data_store", "MixedStore": "dstore.store.mixed", "StoreLoader": "dstore.loader.store_loader"}
 
 __all__ = [
     "ChecksumError",

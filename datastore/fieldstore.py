@@ -10,19 +10,19 @@ one it was (a store without fields allocates nothing here and does nothing per s
 field value, being small (a caption, a JSON record of boxes: ~100 bytes against ~100 KB of image),
 is always resident: it is read once at the population, whatever the images' population (preload,
 dynamic, stream, replicated or tiered over budget), and counted in the memory budget
-(dstore.budget, `StorePlan.field_bytes`).
+(dstore.memory.budget, `StorePlan.field_bytes`).
 
 Layout: the fields' owners are the store's blocks (`StorePlan.bounds`: rank r holds samples
 [bounds[r], bounds[r+1]) of every field), whatever the images' layout; rank r's window holds its
 block's values of the first field back to back, then the second's, and so on. Each field's offsets
 over the served samples (int64[N+1], from 0) are kept once per node in shared memory (as the
-samples' index, dstore.index), so a rank finds any value's owner and displacement with no
+samples' index, dstore.store.index), so a rank finds any value's owner and displacement with no
 communication: O(N) per node, not per rank.
 
 Integrity: each rank reads its block of each field with one range read, checks every value
 against the container's field checksums and the offsets against the node's copy before anything
 is served; a mismatch is a ChecksumError naming the container, the sample and the field, raised on
-every rank (dstore.collective.agree). Values are served as bytes (copies: they are small, and
+every rank (dstore.runtime.collective.agree). Values are served as bytes (copies: they are small, and
 outlive the batch), in the batch's order.
 """
 
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dstore import plan
-from dstore.collective import agree, node_comm
 from dstore.errors import ChecksumError, ConfigError, ContainerChangedError
-from dstore.window import Arena
+from dstore.order import plan
+from dstore.runtime.collective import agree, node_comm
+from dstore.store.window import Arena
 
 if TYPE_CHECKING:
-    from dstore.storeplan import StorePlan
+    from dstore.store.storeplan import StorePlan
 
 
 def check_names(reader, names) -> tuple[str, ...]:
@@ -131,7 +131,7 @@ class ServedFields:
 
     def budget_bytes(self, p: StorePlan) -> int:
         """What the fields cost rank `p.rank` of store plan `p`: its window and a step's buffer (the
-        largest values a step can take, counted as dstore.budget.step_bound counts a step's samples)."""
+        largest values a step can take, counted as dstore.memory.budget.step_bound counts a step's samples)."""
         per_step = -(-p.batch_size // p.size)
         if p.policy != "global":
             per_step = max(per_step, -(-int(np.diff(p.bounds).max()) // p.steps_per_epoch))

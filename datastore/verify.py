@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dstore.collective import topology
-from dstore.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError, shown
 from dstore.formats import detect_format, open_container
 from dstore.formats.base import crc32
-from dstore.heartbeat import Heartbeat
-from dstore.plan import block_bounds
-from dstore.units import fmt_rate, fmt_size
+from dstore.loader.decode import decode_sample
+from dstore.order.plan import block_bounds
+from dstore.runtime.collective import topology
+from dstore.runtime.heartbeat import Heartbeat
+from dstore.runtime.units import fmt_rate, fmt_size
 
 READ_SIZE = 64 << 20
 """How many bytes verification reads at once (whole samples; a larger sample is read alone)."""
@@ -144,7 +144,7 @@ def _check_large(reader, i: int, read_size: int, decode: bool) -> list[str]:
 def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None,
                  beat=None) -> list[BadSample]:
     """Every check on samples [start, stop) of an open reader; decoding runs on `pool` (the
-    decoders release the GIL) when one is given; `beat` (a dstore.heartbeat.Heartbeat) counts them."""
+    decoders release the GIL) when one is given; `beat` (a dstore.runtime.heartbeat.Heartbeat) counts them."""
     info, offsets = reader.info, reader.offsets
     nclasses = info.num_classes
     reasons: dict[int, list[str]] = {}

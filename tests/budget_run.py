@@ -10,7 +10,7 @@ import sys
 from mpi4py import MPI
 
 from dstore.errors import MemoryBudgetError
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 from dstore.training.budget import share_budget
 
 path, results = sys.argv[1], sys.argv[2]

@@ -11,10 +11,10 @@ import sys
 
 from mpi4py import MPI
 
-from dstore import collective
 from dstore.errors import FormatError
 from dstore.ingest import ingest
 from dstore.ingest.run import IngestError, open_source_collective
+from dstore.runtime import collective
 
 
 class PeerError(RuntimeError):

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from dstore.formats import open_container
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 
 path, out = sys.argv[1], sys.argv[2]
 comm = MPI.COMM_WORLD

@@ -1,5 +1,5 @@
 """Run under mpiexec by test_collective.py: how much CPU a rank burns while it waits for a late rank
-in the store's collective steps (dstore.collective.settle), written to RESULTS/rankN.json."""
+in the store's collective steps (dstore.runtime.collective.settle), written to RESULTS/rankN.json."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 
 from mpi4py import MPI
 
-from dstore import collective
 from dstore.ingest import ingest
-from dstore.store import DataStore
+from dstore.runtime import collective
+from dstore.store.data_store import DataStore
 
 LATE = 2.0
 """Seconds rank 0 arrives late at each step."""

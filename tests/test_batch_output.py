@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from support.mpirun import REPO, mpiexec
 
-from dstore.heartbeat import Heartbeat, period_from_env
-from dstore.memory import fmt_bytes, parse_bytes
+from dstore.memory.limits import fmt_bytes, parse_bytes
+from dstore.runtime.heartbeat import Heartbeat, period_from_env
+from dstore.runtime.units import fmt_rate, fmt_seconds, fmt_size, parse_byte_rate, parse_duration, parse_size
 from dstore.tools.cli import main
 from dstore.tools.pfs import parse_bandwidth, parse_time
 from dstore.training.console import human_bytes, summarize_io
-from dstore.units import fmt_rate, fmt_seconds, fmt_size, parse_byte_rate, parse_duration, parse_size
 
 
 def _raw_log(argv, env) -> str:

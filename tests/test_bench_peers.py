@@ -91,7 +91,7 @@ def test_the_sorted_training_set_is_class_sorted_and_the_store_trains_on_it(tmp_
     from mpi4py import MPI
 
     from dstore.formats import open_container
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
     from dstore.tools.bench import sorted_training
 
     path, shards, hx, hy = sorted_training.write_sets(str(tmp_path), seed=0)

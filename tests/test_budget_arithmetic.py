@@ -1,10 +1,10 @@
-"""The memory budget's arithmetic (dstore.budget) on plain values: no MPI, no store. Each figure is
+"""The memory budget's arithmetic (dstore.memory.budget) on plain values: no MPI, no store. Each figure is
 checked against the bytes counted by hand, so a changed `+ 1` or rounding fails here."""
 
 import numpy as np
 import pytest
 
-from dstore import budget
+from dstore.memory import budget
 
 # sample sizes 1, 2, 4, ..., 128: any k largest have their own sum (the top 3: 224, 4: 240)
 OFFSETS = np.concatenate([[0], np.cumsum(2 ** np.arange(8))]).astype(np.int64)
@@ -63,11 +63,11 @@ def test_the_room_for_resident_data_is_each_budget_less_the_buffers():
     assert room.dtype == np.int64 and room.tolist() == [429, 29, -71]
 
 
-# A store's plan (dstore.storeplan) built from the same plain values, as 4 ranks see it: the budget's
+# A store's plan (dstore.store.storeplan) built from the same plain values, as 4 ranks see it: the budget's
 # store-level figures (what check_budget gathers) without MPI or a container.
 def _plan(rank=0, **options):
-    from dstore import storeplan
-    from dstore.config import StoreConfig
+    from dstore.store import storeplan
+    from dstore.store.config import StoreConfig
 
     cfg = StoreConfig.from_options({"batch_size": 8, **options}).checked(4)
     n = OFFSETS.size - 1

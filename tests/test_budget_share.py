@@ -9,10 +9,10 @@ from mpi4py import MPI
 from store_scenarios import scenarios
 
 from dstore.errors import MemoryBudgetError
-from dstore.kernels import RESERVE_BYTES
-from dstore.store import DataStore
+from dstore.loader.kernels import RESERVE_BYTES
+from dstore.loader.workers import KEEP_HANDED, WORKER_BYTES
+from dstore.store.data_store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget
-from dstore.workers import KEEP_HANDED, WORKER_BYTES
 
 
 @pytest.fixture(scope="module")

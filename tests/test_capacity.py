@@ -1,4 +1,4 @@
-"""`dstore plan`'s arithmetic (dstore.capacity) and its command line."""
+"""`dstore plan`'s arithmetic (dstore.memory.capacity) and its command line."""
 
 import dataclasses
 import json
@@ -11,8 +11,10 @@ import pytest
 from support.formats import random_samples, raw_container, write_samples
 from support.mpirun import run_mpi
 
-from dstore import budget, capacity, preload, tiers
 from dstore.errors import ConfigError
+from dstore.memory import budget, capacity
+from dstore.order import tiers
+from dstore.store import preload
 from dstore.tools.measure import plan_check
 
 PFS8 = capacity.Storage(latency=8e-3, iops=2000, bandwidth=1e9)
@@ -82,7 +84,7 @@ def test_the_command_reads_a_containers_sizes(tmp_path):
 
 
 def test_the_model_of_a_tiered_preload_is_its_reads():
-    # A random residency's reads as dstore.tiers.preload_reads plans them: bytes (resident ones and
+    # A random residency's reads as dstore.order.tiers.preload_reads plans them: bytes (resident ones and
     # the gaps crossed) and the number of reads, which the population's requests count.
     n, size, piece = 20_000, 110_000, 4_500_000
     offsets = np.arange(n + 1, dtype=np.int64) * size
@@ -133,7 +135,7 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
     # counted in the budget would be memory no reader holds (fewer samples resident for nothing).
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     path = raw_container(tmp_path / "c.h5", n=400, shape=(8, 8, 3))
     store = DataStore(MPI.COMM_SELF, path, batch_size=8, population="stream")

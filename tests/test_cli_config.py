@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from dstore import shuffle, tiers
 from dstore.errors import ConfigError
+from dstore.order import shuffle, tiers
 from dstore.tools import flags
 from dstore.tools.cli import build_parser
 from dstore.training import config, dist, ltfb, optim

@@ -1,4 +1,4 @@
-"""dstore.collective's topology (node_comm, topology) and root-only work (on_root): in this process on
+"""dstore.runtime.collective's topology (node_comm, topology) and root-only work (on_root): in this process on
 one rank, and under `mpiexec -n 4` with and without $DSTORE_RANKS_PER_NODE=2."""
 
 import dataclasses
@@ -9,9 +9,9 @@ import pytest
 from mpi4py import MPI
 from support.mpirun import run_mpi
 
-from dstore import collective
-from dstore.collective import Topology, node_comm, on_root, topology
 from dstore.errors import ConfigError, FormatError
+from dstore.runtime import collective
+from dstore.runtime.collective import Topology, node_comm, on_root, topology
 
 COMMS = {"self": MPI.COMM_SELF, "world": MPI.COMM_WORLD}
 

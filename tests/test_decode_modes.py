@@ -16,11 +16,11 @@ from mpi4py import MPI
 from PIL import Image
 from support.formats import write_samples
 
-from dstore.decode import decode_image
 from dstore.errors import ConfigError, SampleError
-from dstore.job import describe
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.decode import decode_image
+from dstore.loader.store_loader import StoreLoader
+from dstore.runtime.job import describe
+from dstore.store.data_store import DataStore
 from dstore.verify import verify_container
 
 WIDE = np.array([[0, 255, 256, 32768, 65535, 65280, 128, 40000]], np.uint16)
@@ -159,7 +159,7 @@ def test_decode_workers_give_the_threads_rgb_by_default(grey_and_colour):
 
 
 def test_a_mix_of_a_grey_and_a_colour_set_loads_as_rgb(tmp_path, grey_and_colour):
-    from dstore.mixed import MixedStore
+    from dstore.store.mixed import MixedStore
 
     grey = [(encoded(Image.new("L", (9, 9), 40 + i), "PNG"), 0, f"g{i}", i) for i in range(6)]
     grey_path = write_samples(tmp_path / "grey.h5", "hdf5", grey, encoding="image", class_names=("a", "b"))
@@ -189,8 +189,8 @@ def test_storeloader_refuses_bad_sizes_naming_size(size):
 
 
 def test_one_mean_or_std_value_is_broadcast_once_and_a_wrong_count_is_refused(grey_and_colour):
-    from dstore.decode import decode_sample
     from dstore.formats import open_container
+    from dstore.loader.decode import decode_sample
     from dstore.training.data import _read_spec
 
     with open_container(grey_and_colour) as r:

@@ -1,11 +1,11 @@
-"""dstore.draws.KeyedDraws: a sample's draws are a function of its key alone (the same stream in any
+"""dstore.loader.draws.KeyedDraws: a sample's draws are a function of its key alone (the same stream in any
 process, pinned by known values so that a change to it is a deliberate one), in range, and spread
 evenly; the trainer's transform takes them as it takes a numpy Generator."""
 
 import numpy as np
 import pytest
 
-from dstore.draws import KeyedDraws
+from dstore.loader.draws import KeyedDraws
 from dstore.training.augment import ImageTransform
 
 

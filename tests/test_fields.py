@@ -209,8 +209,8 @@ def test_store_loader_yields_fields_with_each_batch(tmp_path, workers):
     decode worker: each batch's captions are its own samples' (by last_ids), served by the store."""
     import torch
 
-    from dstore.store import DataStore
-    from dstore.torch import StoreLoader
+    from dstore.loader.store_loader import StoreLoader
+    from dstore.store.data_store import DataStore
 
     path = str(tmp_path / "raw.h5")
     with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[2, 2, 1], class_names=["a", "b"],

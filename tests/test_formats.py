@@ -343,7 +343,7 @@ def test_an_open_reads_no_source_index(tmp_path, backend, damage):
     # (never read at open) does not stop it; asking for it, and so `verify`, is a FormatError naming the file.
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
     from dstore.verify import verify_container
 
     path = build(tmp_path, backend, SAMPLES, chunk_bytes=4096)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from support.mpirun import REPO
 
-from dstore.preemption import PREEMPTED_EXIT
+from dstore.runtime.preemption import PREEMPTED_EXIT
 from dstore.tools.cli import build_parser
 
 NEEDED = ("nodes", "ntasks-per-node", "cpus-per-task", "mem", "time", "signal", "requeue")

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.formats import random_samples, write_samples
 
-from dstore import prefault
 from dstore.errors import FormatError
 from dstore.formats import open_container
 from dstore.formats.hdf5 import HDF5Reader
+from dstore.store import prefault
 
 SAMPLES = random_samples(60, seed=3)
 WHOLE = b"".join(s[0] for s in SAMPLES)

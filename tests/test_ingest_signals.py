@@ -83,7 +83,7 @@ def test_an_aborted_job_removes_its_mpich_shm_file(tmp_path):
     """MPICH removes /dev/shm/mpich_shm_* in MPI_Finalize, never on MPI_Abort: each aborted job left one."""
     script = tmp_path / "abort.py"
     script.write_text(
-        "from mpi4py import MPI\nfrom dstore import job\nimport time\n"
+        "from mpi4py import MPI\nfrom dstore.runtime import job\nimport time\n"
         "maps = sorted({l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if 'mpich_shm_' in l})\n"
         "print('MAPPED', *maps, flush=True)\nMPI.COMM_WORLD.Barrier()\n"
         "if MPI.COMM_WORLD.Get_rank() == 1:\n    job.report_and_abort(3, 'boom')\ntime.sleep(60)\n")

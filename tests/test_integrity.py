@@ -18,7 +18,7 @@ from support.mpirun import run_mpi
 
 from dstore.errors import ChecksumError, ContainerChangedError, FormatError
 from dstore.formats import open_container
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 
 BATCH = scenarios.BATCH
 
@@ -115,7 +115,7 @@ def test_a_reader_names_what_changed_in_its_files(tmp_path):
 _CHANGED = r'''
 import os, sys
 from mpi4py import MPI
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 from test_integrity import corrupt_in_place
 comm, path, case = MPI.COMM_WORLD, sys.argv[1], sys.argv[2]
 probe = DataStore(comm, path, batch_size=12)
@@ -301,7 +301,7 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
 _FAIL_FAST = r'''
 import sys
 from mpi4py import MPI
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 from test_integrity import corrupt_in_place
 comm, path, fast = MPI.COMM_WORLD, sys.argv[1], sys.argv[2] == "fast"
 other = comm.Dup()  # stands for DDP's process group: a collective per step the store does not see

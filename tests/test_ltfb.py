@@ -14,8 +14,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from support.mpirun import run_mpi
 
-from dstore import rc
 from dstore.errors import ConfigError
+from dstore.runtime import rc
 from dstore.training import exchange, hparams
 from dstore.training.ltfb import (
     duel,
@@ -315,8 +315,8 @@ def self_trainer(tmp_path):
     from mpi4py import MPI
 
     from dstore.formats import create_writer
-    from dstore.store import DataStore
-    from dstore.torch import StoreLoader
+    from dstore.loader.store_loader import StoreLoader
+    from dstore.store.data_store import DataStore
     from dstore.training.augment import ImageTransform
     from dstore.training.dist import init_distributed
     from dstore.training.loop import Trainer

@@ -1,4 +1,4 @@
-"""Mixing by proportion: the pure plan (dstore.mix) by property tests, and MixedStore end to end in
+"""Mixing by proportion: the pure plan (dstore.order.mix) by property tests, and MixedStore end to end in
 process and under mpiexec -n 1, 2, 3 (tests/store_scenarios/mix_scenario.py)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import mix
 from dstore.errors import ConfigError
+from dstore.order import mix
 
 SCEN = Path(__file__).resolve().parent / "store_scenarios" / "mix_scenario.py"
 
@@ -109,7 +109,7 @@ def test_a_bad_weight_is_refused_naming_the_container_and_the_weight(sources, we
     # before any store is built (nothing read): one line, the source's container and its weight
     from mpi4py import MPI
 
-    from dstore.mixed import MixedStore
+    from dstore.store.mixed import MixedStore
 
     with pytest.raises(ConfigError) as err:
         MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], weight)], batch_size=4)
@@ -120,7 +120,7 @@ def test_a_bad_weight_is_refused_naming_the_container_and_the_weight(sources, we
 def test_weights_all_zero_are_refused_naming_them(sources):
     from mpi4py import MPI
 
-    from dstore.mixed import MixedStore
+    from dstore.store.mixed import MixedStore
 
     with pytest.raises(ConfigError, match=r"the weights \[0.0, 0.0\] must not all be 0"):
         MixedStore(MPI.COMM_SELF, [(sources[0], 0), (sources[1], 0.0)], batch_size=4)
@@ -187,10 +187,10 @@ def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
     import torch
     from mpi4py import MPI
 
-    from dstore.decode import decode_sample
     from dstore.formats import open_container
-    from dstore.mixed import MixedStore
-    from dstore.torch import StoreLoader
+    from dstore.loader.decode import decode_sample
+    from dstore.loader.store_loader import StoreLoader
+    from dstore.store.mixed import MixedStore
 
     readers = [open_container(p) for p in sources]
     with MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], 0.3)], batch_size=16, seed=1) as store, \
@@ -238,8 +238,8 @@ def test_a_mixed_stores_schedule_is_its_part_of_the_whole_plan(tmp_path):
     from mpi4py import MPI
     from support.formats import write_samples
 
-    from dstore import plan
-    from dstore.mixed import MixedStore
+    from dstore.order import plan
+    from dstore.store.mixed import MixedStore
 
     paths = [write_samples(tmp_path / f"s{k}.h5", "hdf5", [(bytes([k, i % 256]), i % 3, f"s{i}", i) for i in range(n)])
              for k, n in enumerate((37, 11))]
@@ -278,7 +278,7 @@ def raw_sources(tmp_path_factory):
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.data())
 def test_step_sums_count_an_empty_step_as_zero(counts, data):
     # a source's steps in a mix: any of them may hold none of its entries, the last ones too
-    from dstore.storage import step_sums
+    from dstore.store.storage import step_sums
 
     ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     values = np.asarray(data.draw(st.lists(st.integers(0, 10**6), min_size=int(ptr[-1]), max_size=int(ptr[-1]))),
@@ -330,7 +330,7 @@ def test_a_streamed_mix_serves_the_preloaded_mixs_bytes(sources, enter):
     # by the mix (with) or by the first epoch (schedule given), the batches are the preloaded mix's
     from mpi4py import MPI
 
-    from dstore.mixed import MixedStore
+    from dstore.store.mixed import MixedStore
 
     def epochs(population):
         store = MixedStore(MPI.COMM_SELF, [(sources[0], 0.6), (sources[1], 0.4)], batch_size=8, seed=2,

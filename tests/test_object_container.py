@@ -14,7 +14,7 @@ from support import s3 as s3_server
 
 from dstore.errors import ChecksumError, ContainerChangedError
 from dstore.formats import ContainerNotFoundError, open_container
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 
 endpoint, s3 = s3_server.endpoint, s3_server.s3  # the test server's fixtures (used by name)
 bucket = s3_server.bucket

@@ -11,7 +11,8 @@ from mpi4py import MPI
 from support.formats import raw_container
 from support.mpirun import run_mpi
 
-from dstore import DataStore, job
+from dstore import DataStore
+from dstore.runtime import job
 
 LAUNCH_VARS = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
                "RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")
@@ -119,7 +120,7 @@ def test_a_preemption_signal_sets_the_flag_and_is_given_back(tmp_path):
     import signal
 
     from dstore.errors import ConfigError
-    from dstore.preemption import Preemption, parse_signals
+    from dstore.runtime.preemption import Preemption, parse_signals
 
     assert parse_signals("sigterm, USR1") == ("TERM", "USR1") and parse_signals("none") == ()
     with pytest.raises(ConfigError, match="KILL"):

@@ -69,7 +69,7 @@ def test_import_root_is_light_and_installed(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["dstore.store", "dstore.torch", "dstore.tools.cli"]
+    assert res.stdout.split() == ["dstore.store.data_store", "dstore.loader.store_loader", "dstore.tools.cli"]
 
 
 def test_no_import_of_the_old_roots():

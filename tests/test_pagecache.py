@@ -1,4 +1,4 @@
-"""dstore.pagecache: evict() runs on real containers of every backend and returns their files'
+"""dstore.memory.pagecache: evict() runs on real containers of every backend and returns their files'
 total size; a missing path and an unopenable file are named in the error; without posix_fadvise
 it warns and does nothing. (Whether the kernel really dropped the pages is not asserted: it may
 keep them.) No MPI."""
@@ -8,8 +8,8 @@ import os
 import pytest
 from support.formats import BACKENDS, build, random_samples
 
-from dstore import pagecache
 from dstore.formats import ContainerNotFoundError, open_container
+from dstore.memory import pagecache
 
 
 def _sizes(paths):

@@ -1,4 +1,4 @@
-"""The O(N/P) arithmetic of issue 20: the keyed bijection (dstore.permute), a rank's part of an
+"""The O(N/P) arithmetic of issue 20: the keyed bijection (dstore.order.permute), a rank's part of an
 epoch's order built from it alone, lookups that replace per-sample arrays (plan.Derived), and the
 bounds computed without an int64[N] temporary. Pure: no MPI."""
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dstore import permute, plan, shuffle
+from dstore.order import permute, plan, shuffle
 
 
 @settings(max_examples=80)

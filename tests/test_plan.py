@@ -1,10 +1,10 @@
-"""Property tests of the store's arithmetic (dstore.plan), without MPI."""
+"""Property tests of the store's arithmetic (dstore.order.plan), without MPI."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import plan, shuffle
+from dstore.order import plan, shuffle
 
 sizes = st.lists(st.integers(0, 1000), min_size=1, max_size=200)
 

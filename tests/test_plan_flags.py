@@ -1,6 +1,6 @@
 """Every flag of `dstore plan` bounded: a value out of its range is refused in one line naming the
 flag, the value and what is allowed (never a traceback, never printed as a recommendation); and the
-forecast's library inputs (dstore.capacity) alike."""
+forecast's library inputs (dstore.memory.capacity) alike."""
 
 import json
 import math
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import capacity
 from dstore.errors import ConfigError, DStoreError
+from dstore.memory import capacity
 from dstore.tools import cmd_plan
 from dstore.tools.cli import build_parser
 

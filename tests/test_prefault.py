@@ -1,4 +1,4 @@
-"""dstore.prefault: reading in pieces with the next pieces' pages faulted in by a thread gives
+"""dstore.store.prefault: reading in pieces with the next pieces' pages faulted in by a thread gives
 the same bytes as one read, for every piece size and depth, empty and one-piece destinations
 included; a failing read propagates after the thread is done. No MPI."""
 
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from dstore import prefault
+from dstore.store import prefault
 
 
 def _fresh(n):

@@ -14,8 +14,8 @@ SCRIPT = """
 import json, sys, time
 import numpy as np
 from mpi4py import MPI
-from dstore.progress import ProgressThread
-from dstore.window import Arena
+from dstore.runtime.progress import ProgressThread
+from dstore.store.window import Arena
 
 comm = MPI.COMM_WORLD
 use_thread, compute_s = sys.argv[1] == "1", float(sys.argv[2])
@@ -75,7 +75,7 @@ def test_a_get_completes_while_its_owner_computes(tmp_path):
 def test_progress_thread_arguments_and_stop_twice():
     from mpi4py import MPI
 
-    from dstore.progress import ProgressThread
+    from dstore.runtime.progress import ProgressThread
 
     with pytest.raises(ConfigError, match="period"):
         ProgressThread(MPI.COMM_SELF, period=0)

@@ -1,4 +1,4 @@
-"""dstore.rc: every environment variable the project reads, in one module with one parser."""
+"""dstore.runtime.rc: every environment variable the project reads, in one module with one parser."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dstore import rc
 from dstore.errors import ConfigError
+from dstore.runtime import rc
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,8 +32,8 @@ def test_every_variable_named_in_the_sources_is_an_option_and_only_rc_reads_the_
                     and str(node.args[0].value).startswith("DSTORE_") and ast.unparse(node.func) in (
                         "os.environ.get", "os.getenv", "environ.get"):
                 readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert named <= set(rc.OPTIONS), f"not in dstore.rc: {sorted(named - set(rc.OPTIONS))}"
-    assert not readers, f"read outside dstore.rc: {readers}"
+    assert named <= set(rc.OPTIONS), f"not in dstore.runtime.rc: {sorted(named - set(rc.OPTIONS))}"
+    assert not readers, f"read outside dstore.runtime.rc: {readers}"
 
 
 def test_the_guide_shows_the_generated_table():

@@ -1,4 +1,4 @@
-"""Issue 20 under mpiexec: one index per node (dstore.index.NodeIndex) read by one rank of the node,
+"""Issue 20 under mpiexec: one index per node (dstore.store.index.NodeIndex) read by one rank of the node,
 and the epoch's order built per rank from the bijection still delivers every sample once, in the
 same global order as on one rank."""
 
@@ -10,9 +10,10 @@ from mpi4py import MPI
 from support.formats import build, random_samples, write_samples
 from support.mpirun import run_mpi
 
-from dstore import budget as budget_mod
-from dstore import index, plan, shuffle
-from dstore.store import DataStore
+from dstore.memory import budget as budget_mod
+from dstore.order import plan, shuffle
+from dstore.store import index
+from dstore.store.data_store import DataStore
 
 N = 203
 

@@ -18,8 +18,8 @@ from dstore import fieldstore
 from dstore.errors import ChecksumError
 from dstore.formats import create_writer, open_container
 from dstore.ingest import ingest, ingest_items
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 
 SCENARIO = Path(__file__).resolve().parent / "store_scenarios" / "fields_scenario.py"
 
@@ -198,7 +198,7 @@ def test_window_place_finds_each_value_in_its_owners_window():
 
 def test_a_mix_refuses_fields_in_one_line(tmp_path):
     from dstore.errors import ConfigError
-    from dstore.mixed import MixedStore
+    from dstore.store.mixed import MixedStore
 
     path = _damaged(tmp_path)
     with pytest.raises(ConfigError, match=r"fields=\['txt'\]: a MixedStore does not serve extra fields"):

@@ -1,13 +1,13 @@
-"""Property tests of the epoch orders (dstore.shuffle): permutations, determinism, policies."""
+"""Property tests of the epoch orders (dstore.order.shuffle): permutations, determinism, policies."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import shuffle
 from dstore.errors import ConfigError
-from dstore.plan import block_bounds
+from dstore.order import shuffle
+from dstore.order.plan import block_bounds
 
 sizes = st.lists(st.integers(0, 50), min_size=1, max_size=120)
 

@@ -46,7 +46,7 @@ def test_error_inside_an_epoch_on_one_rank_ends_the_job(container, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(
         "from mpi4py import MPI\n"
-        "from dstore.store import DataStore\n"
+        "from dstore.store.data_store import DataStore\n"
         f"with DataStore(MPI.COMM_WORLD, {container!r}, batch_size=12) as st:\n"
         "    for b in st.epoch(0):\n"
         "        if st.rank == 1 and b.step == 3:\n"
@@ -69,7 +69,7 @@ def test_zarr_container_in_process(tmp_path):
 
 @pytest.mark.parametrize("tiered", [False, True])
 def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, monkeypatch, caplog, tiered):
-    # The preload with several reads in flight (dstore.preload), pieces smaller than a chunk:
+    # The preload with several reads in flight (dstore.store.preload), pieces smaller than a chunk:
     # a truncated Zarr data chunk fails one piece on a worker thread; the error names the container
     # and the sample (index and source name), as the one-thread preload's does.
     import os
@@ -77,9 +77,9 @@ def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, m
 
     from mpi4py import MPI
 
-    from dstore import preload
     from dstore.errors import FormatError
-    from dstore.store import DataStore
+    from dstore.store import preload
+    from dstore.store.data_store import DataStore
 
     monkeypatch.setattr(preload, "PARALLEL_PIECE", 20_000)
     monkeypatch.setattr(preload, "PRELOAD_SCRATCH", 20_000)
@@ -107,7 +107,7 @@ def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
     from mpi4py import MPI
 
     from dstore.formats import open_container
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     reader = open_container(container)
     with DataStore(MPI.COMM_SELF, reader, batch_size=scenarios.BATCH, seed=1) as st:
@@ -133,7 +133,7 @@ def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
 _FAILING_READ = (
     "import sys\n"
     "from mpi4py import MPI\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "try:\n"
     "    with DataStore(MPI.COMM_WORLD, sys.argv[1], batch_size=12, population=sys.argv[2],\n"
     "                   replicate=sys.argv[3] == '1') as st:\n"
@@ -205,7 +205,7 @@ _FAILING_STORAGE = (
     "import os, sys\n"
     "import numpy as np\n"
     "from mpi4py import MPI\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "comm = MPI.COMM_WORLD\n"
     "path, chunk = sys.argv[1], 1 << 16\n"
     "probe = DataStore(comm, path, batch_size=12)\n"
@@ -257,7 +257,7 @@ def test_a_storage_read_failing_mid_epoch_on_one_rank_ends_the_job_on_every_rank
 _DISAGREEING = (
     "import sys\n"
     "from mpi4py import MPI\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "comm, path = MPI.COMM_WORLD, sys.argv[1]\n"
     "r = comm.rank\n"
     "cases = {\n"
@@ -315,7 +315,7 @@ def test_ranks_that_disagree_fail_together_or_are_served_alike(container, tmp_pa
 _PROGRESS = (
     "import sys, time\n"
     "from mpi4py import MPI\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "comm, path, period = MPI.COMM_WORLD, sys.argv[1], sys.argv[2]\n"
     "r = comm.rank\n"
     "kw = {} if period == 'auto' else dict(progress_period=float(period))\n"
@@ -358,7 +358,7 @@ def test_progress_period_is_checked_by_name(container):
     from mpi4py import MPI
 
     from dstore.errors import ConfigError
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     for bad in (-1, "fast", float("nan")):
         with pytest.raises(ConfigError, match="progress_period"):

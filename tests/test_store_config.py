@@ -12,7 +12,7 @@ _THREADS_DIFFER = (
     "import numpy as np\n"
     "from mpi4py import MPI\n"
     "from dstore.formats import open_container\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "comm, path = MPI.COMM_WORLD, sys.argv[1]\n"
     "r = comm.rank\n"
     "kw = dict(batch_size=16, seed=3, storage_threads=4 if r == 0 else 1)\n"
@@ -53,17 +53,17 @@ def test_storage_threads_differing_between_ranks_is_refused_on_every_rank(tmp_pa
 def test_every_argument_says_whether_ranks_must_agree_and_the_plan_changing_ones_do():
     import dataclasses
 
-    from dstore.config import StoreConfig
+    from dstore.store.config import StoreConfig
 
     fields = {f.name: f.metadata for f in dataclasses.fields(StoreConfig)}
     assert all(isinstance(m.get("agree"), bool) and m.get("doc") and m.get("values") for m in fields.values())
     agreed = {n for n, m in fields.items() if m["agree"]}
-    # what the plan or the resident set is computed from (dstore.plan, dstore.tiers via the budget's buffers)
+    # what the plan or the resident set is computed from (dstore.order.plan, dstore.order.tiers via the budget's buffers)
     assert {"batch_size", "seed", "shuffle", "partial_fraction", "population", "replicate", "prefetch",
             "drop_last", "sample_range", "overflow", "storage_lookahead", "storage_threads"} <= agreed
     # how a rank reads, or its own budget (gathered, not compared): may differ
     assert not agreed & {"memory_budget", "node_views", "population_threads", "progress_period"}
-    from dstore.config import arg
+    from dstore.store.config import arg
 
     with pytest.raises(TypeError, match="agree"):  # a new field cannot leave it out
         arg(1, values="int", doc="x")
@@ -72,18 +72,18 @@ def test_every_argument_says_whether_ranks_must_agree_and_the_plan_changing_ones
 def test_the_guide_shows_the_generated_table_of_options():
     from pathlib import Path
 
-    from dstore.config import options_table
+    from dstore.store.config import options_table
 
     guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
-    assert options_table() in guide, "docs/guide.md: paste `python -m dstore.config` under Store options"
+    assert options_table() in guide, "docs/guide.md: paste `python -m dstore.store.config` under Store options"
 
 
 def test_datastore_keywords_are_the_config_fields(tmp_path):
     from mpi4py import MPI
 
-    from dstore.config import StoreConfig, options_from
     from dstore.errors import ConfigError
-    from dstore.store import DataStore
+    from dstore.store.config import StoreConfig, options_from
+    from dstore.store.data_store import DataStore
 
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=20)
     with pytest.raises(ConfigError, match="unknown argument.*storage_thread\\b"):

@@ -1,4 +1,4 @@
-"""The store's modules as values (NOTE [ The store as values ] in dstore.storeplan): no import cycle
+"""The store's modules as values (NOTE [ The store as values ] in dstore.store.storeplan): no import cycle
 among datastore/ modules (typing imports included) and no module but store.py touching a store's
 private members (dstore.tools.measure.imports counts both)."""
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from store_scenarios import scenarios
 
-from dstore import shuffle
 from dstore.formats import open_container
+from dstore.order import shuffle
 
 N, BATCH, SEED = 61, 8, 4
 STEPS = -(-N // BATCH)  # the last batch is short (drop_last=False)
@@ -34,7 +34,7 @@ def container(tmp_path_factory):
 def _open(path, prefetch, population, tiered):
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     kw = dict(batch_size=BATCH, seed=SEED, prefetch=prefetch, population=population)
     if tiered:  # a budget that keeps about half the samples resident: the rest are read from storage

@@ -1,4 +1,4 @@
-"""The streaming preload (population="stream", dstore.stream): the piece plan (pure), and epoch 0
+"""The streaming preload (population="stream", dstore.store.stream): the piece plan (pure), and epoch 0
 served while the windows fill under real mpiexec: the same deliveries as a preload (order,
 exactly-once, bytes), a read of its own checked against the container's checksums."""
 
@@ -9,7 +9,8 @@ import pytest
 from store_scenarios import scenarios
 from support.mpirun import run_mpi
 
-from dstore import plan, preload, shuffle, stream
+from dstore.order import plan, shuffle
+from dstore.store import preload, stream
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
 
@@ -55,7 +56,7 @@ def test_first_use_is_the_step_of_the_global_order():
 
 
 def _plan_pieces_before(offsets, bounds, piece, use):
-    """dstore.stream.plan_pieces as it was before each rank planned its own block (the reference)."""
+    """dstore.store.stream.plan_pieces as it was before each rank planned its own block (the reference)."""
     need = np.zeros(offsets.size - 1, dtype=np.int64)
     orders = []
     for r in range(bounds.size - 1):
@@ -123,7 +124,7 @@ _CORRUPT = (
     "import sys\n"
     "from mpi4py import MPI\n"
     "from store_scenarios import stream_scenarios\n"
-    "from dstore.store import DataStore\n"
+    "from dstore.store.data_store import DataStore\n"
     "stream_scenarios.slow_stream(pause=0.05)\n"
     "try:\n"
     "    with DataStore(MPI.COMM_WORLD, sys.argv[1], batch_size=12, seed=1, population='stream') as st:\n"
@@ -143,7 +144,7 @@ def test_a_sample_read_while_streaming_is_checked_against_its_checksum(tmp_path)
     # the checksum catches it and every rank raises, naming the sample.
     import h5py
 
-    from dstore import shuffle
+    from dstore.order import shuffle
 
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=157)
     sizes = np.diff(scenarios.open_container(path).offsets)

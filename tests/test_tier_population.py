@@ -1,4 +1,4 @@
-"""The tiered preload (dstore.preload.preload_resident) reads only the resident samples' runs:
+"""The tiered preload (dstore.store.preload.preload_resident) reads only the resident samples' runs:
 the bytes it reads, counted by the storage tier's reader, lie between the resident bytes and those
 plus the gaps it may cross; the window holds exactly the resident samples' bytes; a failed read
 names the bad sample."""
@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_scenarios import scenarios
 
-from dstore import preload, tiers
+from dstore.order import tiers
+from dstore.store import preload
 
 GAP = 3000  # bytes: below the larger samples of the container (up to 8,000), so some gaps are skipped
 
@@ -35,7 +36,7 @@ def _skippable_gaps(resident, sizes, gap):
 
 
 def _tiered(comm, path, fraction, **kw):
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     probe = DataStore(comm, path, **kw)
     budget = probe.tier_overhead() + int(fraction * int(probe.layout.nbytes.max()))
@@ -67,7 +68,7 @@ def test_the_tiered_preload_reads_the_resident_bytes_and_small_gaps_only(contain
             a = int(disp[i])
             assert np.array_equal(window[a:a + int(sizes[i])], ref.sample(i)[0]), i
         # delivered data: the same as a fully resident store's
-        from dstore.store import DataStore
+        from dstore.store.data_store import DataStore
 
         with DataStore(MPI.COMM_SELF, container, **kw) as full:
             for x, y in zip(scenarios.run_epoch(st, 0), scenarios.run_epoch(full, 0)):

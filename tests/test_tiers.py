@@ -1,12 +1,12 @@
-"""The tiered store's pure arithmetic (dstore.tiers): the resident set and a step's storage reads."""
+"""The tiered store's pure arithmetic (dstore.order.tiers): the resident set and a step's storage reads."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore import plan, tiers
 from dstore.errors import ConfigError
+from dstore.order import plan, tiers
 
 
 @st.composite
@@ -73,7 +73,7 @@ def test_the_resident_set_is_a_random_subset_spread_over_the_order():
     owner = plan.owner_of(np.array([0, n // 2, n]), np.arange(n))
     res = tiers.resident_mask(sizes, owner, np.array([250_000, 250_000]), seed=3)
     assert res.sum() == n // 2
-    from dstore.shuffle import global_order
+    from dstore.order.shuffle import global_order
 
     per_step = res[global_order(n, 3, 0)].reshape(-1, b).sum(axis=1)
     assert 30 < per_step.min() and per_step.max() < 70  # hypergeometric(100 of 10,000, half): sd 5

@@ -11,11 +11,11 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from dstore.decode import decode_sample
 from dstore.errors import ConfigError
 from dstore.formats import create_writer, open_container
-from dstore.store import DataStore
-from dstore.torch import StoreLoader, resize, seeded
+from dstore.loader.decode import decode_sample
+from dstore.loader.store_loader import StoreLoader, resize, seeded
+from dstore.store.data_store import DataStore
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 from support.formats import raw_container
 from support.mpirun import REPO, mpiexec, run_mpi
 
-from dstore.preemption import PREEMPTED_EXIT
+from dstore.runtime.preemption import PREEMPTED_EXIT
 from dstore.training.metrics import read_jsonl
 
 pytestmark = pytest.mark.mpi

@@ -6,8 +6,8 @@ import torch
 from mpi4py import MPI
 from support.formats import raw_container
 
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 from dstore.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")

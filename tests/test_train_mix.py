@@ -67,7 +67,7 @@ def test_train_on_a_mix_of_two_encodings_then_resume_refuses_another_mix(data, t
     args = ["--val", val, "--epochs", "1", "--batch-size", "16", "--no-progress", "--run-dir", str(run)]
     run_mpi(2, ["dstore", "train", f"{a}:0.7", f"{b}:0.3"] + args, timeout=150)
     meta = json.loads((run / "config.json").read_text())
-    # 65 samples at 0.7/0.3: shares 45.5 and 19.5 -> 46 and 19 (dstore.mix's largest remainder)
+    # 65 samples at 0.7/0.3: shares 45.5 and 19.5 -> 46 and 19 (dstore.order.mix's largest remainder)
     assert meta["mix"] == {"sources": [a, b], "weights": [0.7, 0.3], "counts": [46, 19]}
     final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if '"io_stats"' in line][-1]

@@ -12,7 +12,7 @@ import pytest
 from support.formats import raw_container
 from support.mpirun import REPO
 
-from dstore.preemption import PREEMPTED_EXIT
+from dstore.runtime.preemption import PREEMPTED_EXIT
 
 SIGNALLING_FACTORY = '''
 import os, signal

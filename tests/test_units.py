@@ -1,4 +1,4 @@
-"""Printing sizes and durations (dstore.units): rounded first, then the unit chosen, so a figure never
+"""Printing sizes and durations (dstore.runtime.units): rounded first, then the unit chosen, so a figure never
 shows a mantissa of 1000 or a fourth digit; and the Hypothesis profile the tests run under."""
 
 import math
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore.units import fmt_rate, fmt_seconds, fmt_size, parse_duration, parse_size
+from dstore.runtime.units import fmt_rate, fmt_seconds, fmt_size, parse_duration, parse_size
 
 # values next to every boundary where rounding to three digits changes the unit or the decimals
 _EDGES = [m * 10.0 ** e for e in range(-12, 19) for m in (0.99949, 0.9995, 0.99951, 0.9996, 0.99999, 1.0)]

@@ -161,7 +161,7 @@ def _write(path, text):
 
 
 def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
-    from dstore import memory
+    from dstore.memory import limits as memory
 
     # v2: a Slurm-like job cgroup with a 2 GiB cap above the step's own (unlimited) cgroup.
     v2 = tmp_path / "v2"

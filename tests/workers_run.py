@@ -17,8 +17,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
 TRANSFORM = ImageTransform(size=(32, 32), channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, train=True, pad=4,

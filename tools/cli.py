@@ -14,9 +14,10 @@ import os
 import sys
 import warnings
 
-from dstore import __version__, job, rc
+from dstore import __version__
 from dstore.errors import DStoreError
-from dstore.job import launcher_mismatch
+from dstore.runtime import job, rc
+from dstore.runtime.job import launcher_mismatch
 from dstore.tools import config_file, flags
 
 COMMANDS = {
@@ -130,7 +131,7 @@ def abort_on_error(fn, *args):
     job with a non-zero code, so that no other rank waits forever in a collective.
 
     Errors of our own types (DStoreError) print one clear line; anything else prints the traceback.
-    dstore.job.report_and_abort prints it (once per job) and aborts; a closed stdout
+    dstore.runtime.job.report_and_abort prints it (once per job) and aborts; a closed stdout
     (BrokenPipeError) ends quietly.
     """
     settle = 0.0

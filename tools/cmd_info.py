@@ -16,7 +16,7 @@ def run(args) -> int:
     from mpi4py import MPI
 
     # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
-    from dstore.collective import on_root
+    from dstore.runtime.collective import on_root
     from dstore.verify import container_info, format_info
 
     def show() -> int:

@@ -120,8 +120,8 @@ def _sigterm_unwinds():
 
 
 def _size(text: str) -> int:
-    """--mean-bytes in dstore.units' size grammar."""
-    from dstore.units import parse_size
+    """--mean-bytes in dstore.runtime.units' size grammar."""
+    from dstore.runtime.units import parse_size
 
     try:
         return parse_size(text, "--mean-bytes")

@@ -1,5 +1,5 @@
 """`dstore plan`: what a data set costs a cluster (memory per rank, population, traffic per step), and
-the settings to use, before a job is queued (dstore.capacity)."""
+the settings to use, before a job is queued (dstore.memory.capacity)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the forecasts as JSON")
 
 
-NUMBER_FLAGS = (  # flag, its dest, dstore.capacity.check_number's rule
+NUMBER_FLAGS = (  # flag, its dest, dstore.memory.capacity.check_number's rule
     ("--samples", "samples", {"low": 1, "integer": True}),
     ("--ranks-per-node", "ranks_per_node", {"low": 1, "integer": True}),
     ("--storage-lookahead", "storage_lookahead", {"integer": True}),
-    ("--network", "network", {"strict": True, "high": 1e21}),  # GB/s: dstore.capacity.MAX_FIGURE bytes/s
+    ("--network", "network", {"strict": True, "high": 1e21}),  # GB/s: dstore.memory.capacity.MAX_FIGURE bytes/s
     ("--consume", "consume", {"strict": True}),
     ("--batch-size", "batch_size", {"low": 1, "integer": True}),
     ("--threads", "threads", {"low": 1, "integer": True}),
@@ -61,8 +61,8 @@ def _from_bench(path: str) -> tuple[float | None, float | None]:
     """
     import json
 
-    from dstore import capacity
     from dstore.errors import ConfigError
+    from dstore.memory import capacity
 
     try:
         with open(path) as f:
@@ -90,9 +90,9 @@ def _from_bench(path: str) -> tuple[float | None, float | None]:
 def _inputs(args) -> dict:
     """Every flag checked (ConfigError naming the flag, its value and what is allowed, before any
     file is read) and read: the data set's (n, mean bytes) where given as flags, and the cluster's."""
-    from dstore import capacity
     from dstore.errors import ConfigError
-    from dstore.memory import parse_bytes
+    from dstore.memory import capacity
+    from dstore.memory.limits import parse_bytes
     from dstore.tools.pfs.model import parse_bandwidth, parse_spec
 
     for flag, dest, rule in NUMBER_FLAGS:
@@ -135,14 +135,14 @@ def run(args) -> int:
 
     import numpy as np
 
-    from dstore import capacity
+    from dstore.memory import capacity
 
     inputs = _inputs(args)
     sizes = inputs["sizes"]
     largest, reader_index = None, 0
     if args.container:
-        from dstore import plan
         from dstore.formats import open_container
+        from dstore.order import plan
 
         with open_container(args.container) as c:
             n, mean = c.num_samples, c.total_bytes / max(1, c.num_samples)

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from dstore.preemption import PREEMPTED_EXIT, Preemption, parse_signals
+from dstore.runtime.preemption import PREEMPTED_EXIT, Preemption, parse_signals
 from dstore.tools import flags
 from dstore.training.config import RUN, TrainConfig
 from dstore.training.metrics import _plain
@@ -76,7 +76,7 @@ def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
     --progress, --stop-after-steps, --overwrite) are never taken from it. A flag given with another
     value than the run's is refused when the checkpoint is checked (dstore.training.resume.
     check_compatible: all of them in one line), unless a resume may change it (CHANGEABLE)."""
-    from dstore.collective import on_root
+    from dstore.runtime.collective import on_root
     from dstore.tools import config_file
     from dstore.training import console
     from dstore.training.resume import NOT_COMPARED, run_config_path

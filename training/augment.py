@@ -22,8 +22,8 @@ from typing import ClassVar
 import numpy as np
 
 from dstore.errors import ConfigError
-from dstore.kernels import resize_chw
-from dstore.resize import fit, resize, resize_batch, shift
+from dstore.loader.kernels import resize_chw
+from dstore.loader.resize import fit, resize, resize_batch, shift
 
 
 def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
@@ -56,7 +56,7 @@ def box(shape: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, i
 
 def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Resizes the shorter side to fit `size` (keeping the aspect ratio), then centre-crops to it:
-    one resize (dstore.resize, fixed-point bilinear) of the centred part `box` picks."""
+    one resize (dstore.loader.resize, fixed-point bilinear) of the centred part `box` picks."""
     if img.shape[:2] == tuple(size):
         return img
     top, left, bh, bw = box(img.shape[:2], size)
@@ -146,13 +146,13 @@ class ImageTransform:
             the crop with padding `pad`; "imagenet": (train) a random resized crop
             (`random_resized_box`, torchvision's algorithm, scale (0.08, 1), ratio (3/4, 4/3)), or
             (evaluation) the shorter side resized to size*256/224 and the centre `size` kept
-            (`centre_box`); `pad` must be 0. Either way one resize, dstore.resize's fixed-point
+            (`centre_box`); `pad` must be 0. Either way one resize, dstore.loader.resize's fixed-point
             bilinear (see docs/training.md for why not torchvision's antialiased one).
 
     Every recipe first picks a box of the image and the sample's parameters (`plan`, from the image's
     size and the draws alone), then resizes the box: so a loader that knows the image's size before
     decoding it (a JPEG's header) can decode only what the box needs (`crop_aware`,
-    dstore.decode.decode_crop) and give the plan with the smaller image: the same draws, whichever
+    dstore.loader.decode.decode_crop) and give the plan with the smaller image: the same draws, whichever
     thread or worker decodes it.
 
     The work is in two parts: `sample_part` (resize, crop: needs the sample; run where it is
@@ -189,7 +189,7 @@ class ImageTransform:
 
     @property
     def crop_aware(self) -> bool:
-        """Whether a loader should decode through `plan` (dstore.decode.decode_crop): the ImageNet
+        """Whether a loader should decode through `plan` (dstore.loader.decode.decode_crop): the ImageNet
         recipe, whose box is a small part of the image (the CIFAR recipe's is the whole shorter side:
         the loader's own DCT scale serves it)."""
         return self.recipe == "imagenet"
@@ -203,7 +203,7 @@ class ImageTransform:
             return box(shape, self.size), self._draw(rng)
         if self.train:
             if rng is None:
-                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.draws.KeyedDraws)")
+                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
             where = random_resized_box(shape, rng)
         else:
             where = centre_box(shape, self.size)
@@ -222,11 +222,11 @@ class ImageTransform:
 
         With defer_resize=True the resize and the crop are left to `resize_batch` (a batch op, on the
         GPU where there is one): the image returned is the centred part `resize_to` would scale,
-        box-reduced as it would be (`dstore.resize.fit`), and the parameters also hold its height
+        box-reduced as it would be (`dstore.loader.resize.fit`), and the parameters also hold its height
         and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly.
 
         plan: (box, params) as `plan` gives them, the box in `img`'s pixels (a decode that kept
-        less than the image, dstore.decode.decode_crop): used instead of drawing from `rng`."""
+        less than the image, dstore.loader.decode.decode_crop): used instead of drawing from `rng`."""
         img = to_channels(img, self.channels)
         (top, left, bh, bw), params = plan if plan is not None else self.plan(img.shape[:2], rng)
         params = np.array(params, np.int32)  # a copy: the caller's plan stays as it was
@@ -238,9 +238,9 @@ class ImageTransform:
         return shift(resize(part, self.size), int(params[5]), int(params[6])), params
 
     keyed: ClassVar[bool] = True
-    """The transform draws from a `dstore.draws.KeyedDraws` as well as from a numpy Generator (a
+    """The transform draws from a `dstore.loader.draws.KeyedDraws` as well as from a numpy Generator (a
     StoreLoader then passes it the keyed draws: numpy's Generator cost a decode worker a tenth of
-    its time per sample, dstore.draws)."""
+    its time per sample, dstore.loader.draws)."""
 
     def _draw(self, rng) -> np.ndarray:
         """The sample's int32 parameters (PARAMS), drawn from `rng` (a numpy Generator or a
@@ -248,7 +248,7 @@ class ImageTransform:
         params = IDENTITY.copy()
         if self.train:
             if rng is None:
-                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.draws.KeyedDraws)")
+                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
             if self.pad > 0:
                 top, left = rng.integers(0, 2 * self.pad + 1, size=2)
                 params[5] = int(top) - self.pad
@@ -264,7 +264,7 @@ class ImageTransform:
     def sample_into(self, img: np.ndarray, rng, out: np.ndarray, *, finish: bool, plan=None) -> np.ndarray:
         """`sample_part(img, rng)` written into `out` (uint8 [C, H, W], e.g. a batch buffer's
         sample), and with finish=True `finish` too: the pixels of those and a CHW copy, made in one
-        pass by the compiled kernel where there is one (dstore.kernels.resize_chw: resize, crop and
+        pass by the compiled kernel where there is one (dstore.loader.kernels.resize_chw: resize, crop and
         flip; the jitter after it, in numpy). Returns the parameters (the batch part's, where
         finish=False). plan: as `sample_part`'s."""
         img = to_channels(img, self.channels)
@@ -278,7 +278,7 @@ class ImageTransform:
     def resize_batch(self, images, params):
         """The images `sample_part(defer_resize=True)` gave, each in the top left corner of a uint8 batch
         [b, C, Hc, Wc] (on any device), resized and cropped as `sample_part` does: [b, C, H, W]
-        uint8, the same pixels on every device (dstore.resize.resize_batch)."""
+        uint8, the same pixels on every device (dstore.loader.resize.resize_batch)."""
         return resize_batch(images, params[:, 3:5], self.size, params[:, 5:7])
 
     def canvas(self) -> tuple[int, int]:

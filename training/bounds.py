@@ -9,9 +9,9 @@ flags.
 
 from __future__ import annotations
 
-from dstore.collective import agree, topology
 from dstore.errors import MemoryBudgetError
-from dstore.memory import available_memory, fmt_bytes
+from dstore.memory.limits import available_memory, fmt_bytes
+from dstore.runtime.collective import agree, topology
 
 
 def memory_bound_error(cfg, *, reserve: int, ranks_on_node: int, available: tuple[int, str]) -> MemoryBudgetError | None:

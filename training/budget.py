@@ -10,11 +10,11 @@ fraction of their samples resident and serve the rest from storage (`overflow="s
 
 from __future__ import annotations
 
-from dstore.capacity import LOADER_AHEAD, loader_reserve  # noqa: F401 - the trainer's, kept here by name
-from dstore.collective import agree, topology
 from dstore.errors import MemoryBudgetError
-from dstore.memory import default_budget, fmt_bytes
-from dstore.store import DataStore
+from dstore.memory.capacity import LOADER_AHEAD, loader_reserve  # noqa: F401 - the trainer's, kept here by name
+from dstore.memory.limits import default_budget, fmt_bytes
+from dstore.runtime.collective import agree, topology
+from dstore.store.data_store import DataStore
 
 
 def share_budget(comm, stores, *, budget: int | None, reserve: int = 0) -> list[int] | None:

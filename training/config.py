@@ -14,10 +14,10 @@ import dataclasses
 import math
 
 from dstore.errors import ConfigError
-from dstore.memory import parse_bytes
-from dstore.preemption import parse_signals
-from dstore.shuffle import POLICIES as SHUFFLES
-from dstore.tiers import OVERFLOWS, POPULATIONS
+from dstore.memory.limits import parse_bytes
+from dstore.order.shuffle import POLICIES as SHUFFLES
+from dstore.order.tiers import OVERFLOWS, POPULATIONS
+from dstore.runtime.preemption import parse_signals
 from dstore.training import ltfb
 from dstore.training.dist import DEVICES
 from dstore.training.models import get_model, model_names
@@ -31,7 +31,7 @@ AUGMENTS = ("auto", "on", "off", "imagenet")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never, or the
 ImageNet recipe (random resized crop + flip; evaluation: resize to size*256/224, centre crop)."""
 RESIZE_ON = ("auto", "device", "worker")
-"""Where decode workers leave the training images' resize and crop (dstore.torch.StoreLoader(resize_on=))."""
+"""Where decode workers leave the training images' resize and crop (dstore.loader.store_loader.StoreLoader(resize_on=))."""
 AMPS = ("off", "bf16", "fp16")
 """Mixed precision: none, torch.autocast to bfloat16, or to float16 with a GradScaler."""
 CHANNELS = (1, 3)

@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from dstore.units import fmt_rate, fmt_seconds, fmt_size
+from dstore.runtime.units import fmt_rate, fmt_seconds, fmt_size
 
 
 def say(line: str) -> None:
@@ -41,7 +41,7 @@ def progress_bar(progress: bool | None, main: bool, total: int, epoch: int):
     return tqdm(total=total, desc=f"epoch {epoch}", leave=False, mininterval=0.5)
 
 
-human_bytes = fmt_size  # the one formatter (dstore.units)
+human_bytes = fmt_size  # the one formatter (dstore.runtime.units)
 
 
 def describe_io(stats: dict) -> str:

@@ -1,7 +1,7 @@
 """From a container to training tensors: the built-in data set cache, the input spec (size,
 channels, normalisation) read off the container, the train/held-out split, and the loaders.
 
-Two batch sources feed the same decode-and-augment pipeline (dstore.torch.StoreLoader):
+Two batch sources feed the same decode-and-augment pipeline (dstore.loader.store_loader.StoreLoader):
 `DataStore` (the distributed in-memory store, the point of this project) and `DirectSource`, a
 baseline that reads every sample from the container file when its batch is due, in the same
 global order, so the two can be compared with everything else equal.
@@ -19,14 +19,15 @@ import time
 
 import numpy as np
 
-from dstore import plan, rc, shuffle
-from dstore.collective import on_root
-from dstore.decode import decode_sample
 from dstore.errors import ChecksumError, ConfigError, shown
 from dstore.formats import checksum
 from dstore.ingest import ingest
-from dstore.integrity import read_error
-from dstore.store import Batch
+from dstore.loader.decode import decode_sample
+from dstore.order import plan, shuffle
+from dstore.runtime import rc
+from dstore.runtime.collective import on_root
+from dstore.runtime.integrity import read_error
+from dstore.store.data_store import Batch
 from dstore.training.augment import channel_stats, per_channel, to_channels
 
 BUILTIN = {"digits": "digits.h5"}
@@ -130,7 +131,7 @@ def _read_spec(parts, channels, mean, std) -> InputSpec:
     first image; the channels (unless given) and stats (unless given) over every part's images.
 
     The channels the model takes are decided here, once per run: `channels` (--channels) where
-    given, else 1 when every probed image is grey (one channel as decoded, dstore.decode), else 3.
+    given, else 1 when every probed image is grey (one channel as decoded, dstore.loader.decode), else 3.
     The loaders then convert every sample to them (ImageTransform: grey repeated, colour to
     luminance), so a set probed grey whose later samples are colour trains grey: --channels 3."""
     reader = parts[0][0]

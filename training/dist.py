@@ -17,10 +17,10 @@ import gc
 import socket
 from typing import Any
 
-from dstore import job
-from dstore.collective import topology
 from dstore.errors import ConfigError
-from dstore.job import launcher_mismatch as launcher_mismatch  # re-exported
+from dstore.runtime import job
+from dstore.runtime.collective import topology
+from dstore.runtime.job import launcher_mismatch as launcher_mismatch  # re-exported
 
 DEVICES = ("cpu", "cuda")
 _collect_at_exit = False
@@ -79,7 +79,7 @@ class DistContext:
     group: Any = None
     _owns_group: bool = dataclasses.field(default=False, repr=False)
     _store: Any = dataclasses.field(default=None, repr=False)
-    _job: Any = dataclasses.field(default=None, repr=False)  # its hold on dstore.job's aborting hook
+    _job: Any = dataclasses.field(default=None, repr=False)  # its hold on dstore.runtime.job's aborting hook
 
     @property
     def is_main(self) -> bool:

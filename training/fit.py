@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dstore.collective import agree
 from dstore.errors import DStoreError, OutputError
-from dstore.pagecache import evict
+from dstore.memory.pagecache import evict
+from dstore.runtime.collective import agree
 from dstore.training.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from dstore.training.console import progress_bar, summarize_io
 from dstore.training.loop import StepTimer, Trainer, global_batch_count
@@ -56,7 +56,7 @@ class Fit:
             "steps_per_epoch", ...).
         on_step: `on_step(global_step)`, if given, runs after every optimizer step (LTFB's rounds),
             before any checkpoint of that step, so a checkpoint holds the model the trainer kept.
-        preemption: (a dstore.preemption.Preemption, the communicator every rank of the job agrees
+        preemption: (a dstore.runtime.preemption.Preemption, the communicator every rank of the job agrees
             on it over), or None; when a signal arrived, the run stops after the step with a checkpoint.
         resume_path: the checkpoint this run continues, or None.
         resumed: that checkpoint, loaded (and its container checked) by run_trainer.

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from dstore.units import fmt_seconds
+from dstore.runtime.units import fmt_seconds
 
 
 def stdout_is_terminal() -> bool:

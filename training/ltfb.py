@@ -18,8 +18,8 @@ import zlib
 
 import numpy as np
 
-from dstore.collective import topology
 from dstore.errors import ConfigError
+from dstore.runtime.collective import topology
 from dstore.training import exchange, hparams
 from dstore.training.metrics import JsonLog
 

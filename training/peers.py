@@ -245,7 +245,7 @@ class PeerSource:
                                   f"[{self.start}, {self.stop})")
 
     def _batch(self, stream: Iterator[tuple], epoch: int, s: int):
-        from dstore.store import Batch  # here: it initialises MPI (see the imports)
+        from dstore.store.data_store import Batch  # here: it initialises MPI (see the imports)
 
         t0 = time.perf_counter()
         got = [next(stream) for _ in range(self.per_rank)]

@@ -22,15 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from dstore.collective import on_root
-from dstore.config import options_from
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
-from dstore.mixed import MixedStore
-from dstore.preemption import Preemption, parse_signals
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.loader.workers import default_workers
+from dstore.runtime.collective import on_root
+from dstore.runtime.preemption import Preemption, parse_signals
+from dstore.store.config import options_from
+from dstore.store.data_store import DataStore
+from dstore.store.mixed import MixedStore
 from dstore.training import console, hparams, ltfb
 from dstore.training.augment import ImageTransform, default_augmentation
 from dstore.training.bounds import check_memory_bounds
@@ -59,7 +60,6 @@ from dstore.training.optim import Schedule, make_optimizer, make_scheduler
 from dstore.training.peers import PEER_LOADERS, PeerSource
 from dstore.training.resume import checkpoint_steps, load_for_resume
 from dstore.training.rundir import claimed_run_dir
-from dstore.workers import default_workers
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -98,7 +98,7 @@ def train(cfg: TrainConfig, comm, *, say=None, preemption: Preemption | None = N
         cfg: the run's configuration.
         comm: the job's MPI communicator (COMM_WORLD, or a sub-communicator).
         say: how rank 0 reports progress lines (default: one flushed write to stdout per line).
-        preemption: the installed dstore.preemption.Preemption watching cfg.preempt_signal (the CLI
+        preemption: the installed dstore.runtime.preemption.Preemption watching cfg.preempt_signal (the CLI
             installs it first thing, before torch loads); None: train() installs one here, so that
             a signal during start-up (population, ...) is held until the run can stop (exit 75).
 
@@ -188,7 +188,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_di
         data, ck = _open_data(stack, cfg, comm, data_path, resume_path)
         workers = default_workers(node_ranks) if cfg.decode_workers is None else cfg.decode_workers
         if data.mix and cfg.decode_workers is None and len({r.info.encoding for r in data.readers}) > 1:
-            workers = 0  # decode workers take one encoding (dstore.torch); threads decode each by its own
+            workers = 0  # decode workers take one encoding (dstore.loader.store_loader); threads decode each by its own
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
         name, input_size, why = _input_of(cfg, data.spec)
         report(f"model {name} at {input_size[0]}x{input_size[1]} ({why}; images {data.spec.image_size[0]}x"
@@ -215,7 +215,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_di
                 "data": data_path, "container": data.container,
                 "train_samples": data.train_range[1] - data.train_range[0], "steps_per_epoch": spe,
                 "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
-        if data.mix:  # the mix, with each source's samples per epoch (dstore.mix's counts)
+        if data.mix:  # the mix, with each source's samples per epoch (dstore.order.mix's counts)
             meta.update(data=" ".join(cfg.data or ()), mix={"sources": [p for p, _ in data.mix],
                                                       "weights": [w for _, w in data.mix],
                                                       "counts": [int(c) for c in train_src.counts]})
@@ -342,7 +342,7 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
         return FilesSource(comm, reader, root=cfg.files_root, read_threads=cfg.read_threads,
                            batch_size=cfg.batch_size, seed=seed, drop_last=drop_last, sample_range=sample_range,
                            prefetch=max(1, cfg.prefetch))
-    # every DataStore argument the run's config has (dstore.config.StoreConfig names them)
+    # every DataStore argument the run's config has (dstore.store.config.StoreConfig names them)
     store = DataStore(comm, reader, **options_from(cfg, seed=seed, drop_last=drop_last, sample_range=sample_range))
     # A read failing mid-epoch ends the job at once (the CLI aborts on any rank's error): the other
     # ranks wait in a DDP step, not in the store's agreement at the epoch's end.
@@ -351,7 +351,7 @@ def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_l
 
 
 def _make_mix(cfg: TrainConfig, comm, mix: list) -> MixedStore:
-    """The training set of a mix: one DataStore per source (dstore.mixed), failing fast as one store does."""
+    """The training set of a mix: one DataStore per source (dstore.store.mixed), failing fast as one store does."""
     store = MixedStore(comm, mix, **options_from(cfg, seed=cfg.seed, drop_last=cfg.drop_last))
     for s in store.stores:
         s.fail_fast = True

@@ -30,8 +30,8 @@ import os
 import re
 import shutil
 
-from dstore.collective import on_root
 from dstore.errors import ConfigError
+from dstore.runtime.collective import on_root
 
 MARKER = ".dstore-run"
 """The file that marks a directory as a dstore run directory (and whose flock is the job's hold)."""

@@ -1,6 +1,6 @@
 """Rebuild typecheck/dstore: the repository's three folders under their one import name, for pyright.
 
-pyright names a file by the folder it sits in, so datastore/store.py would be checked as
+pyright names a file by the folder it sits in, so datastore/store/data_store.py would be checked as
 `datastore.store` while every module imports it as `dstore.store`: two names, two classes to the
 checker. typecheck/dstore is a committed tree of relative links that lays the folders out as
 [tool.setuptools] package-dir installs them (datastore/ is `dstore`, training/ is

@@ -47,7 +47,7 @@ def open_container(path, *, check_labels: bool = True, index: bool = True) -> Co
         check_labels: refuse a container with a label outside its class names (what training
             would index with); `dstore info`/`verify` pass False, to report such samples instead.
         index: read and check the index arrays now. False: only the attributes (a reader of byte
-            ranges whose index another reader checked, e.g. a node peer's: dstore.index); the
+            ranges whose index another reader checked, e.g. a node peer's: dstore.store.index); the
             arrays are read on first use, and labels are not checked. A sharded container reads
             its shards' indexes at open either way.
 

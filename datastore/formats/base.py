@@ -122,7 +122,7 @@ does not use them, and the open of a container of N samples reads 8 N bytes less
 class ContainerReader(abc.ABC):
     """Read access to one container. Index arrays are held in memory (20 bytes per sample), read
     at open, or on first use where the backend was opened with ``index=False`` (a reader that only
-    reads byte ranges, e.g. a store's rank whose node shares one index: dstore.index); the source
+    reads byte ranges, e.g. a store's rank whose node shares one index: dstore.store.index); the source
     indices (LAZY_ARRAYS) and names are read only when asked for; sample bytes on demand.
 
     Attributes:
@@ -175,7 +175,7 @@ class ContainerReader(abc.ABC):
     def concurrent_reads(self) -> bool:
         """True where `read_bytes` may be called from several threads at once on this one reader
         (positioned reads of a descriptor it holds), so a pool of reading threads can share it
-        instead of each opening the container again (dstore.storage.StorageReader); False (the
+        instead of each opening the container again (dstore.store.storage.StorageReader); False (the
         default) where each thread needs its own reader."""
         return False
 
@@ -210,7 +210,7 @@ class ContainerReader(abc.ABC):
 
     def drop_index(self) -> None:
         """Forgets the index arrays (read again on next use): for a reader whose index another
-        copy replaces (dstore.index)."""
+        copy replaces (dstore.store.index)."""
         for name in INDEX_ARRAYS + LAZY_ARRAYS:
             vars(self).pop(name, None)
 

@@ -6,8 +6,8 @@ its identity, `dup`): `LocalFile` over a descriptor (os.preadv), `ObjectFile` ov
 a read asks for is what one request fetches: no read-ahead cache, no block rounding (fsspec's
 default file reads 5 MiB blocks ahead, which for a random sample read is 50x the bytes asked for).
 The callers choose the sizes: HDF5's metadata in aligned blocks of META_BLOCK bytes (a few requests
-to open a file), the data as the store's coalesced runs (dstore.tiers.plan_storage: one request per
-run of consecutive samples) and the preload's pieces (dstore.preload).
+to open a file), the data as the store's coalesced runs (dstore.order.tiers.plan_storage: one request per
+run of consecutive samples) and the preload's pieces (dstore.store.preload).
 
 An object is pinned at open by its ETag (and size, modification time): each thread reads through
 its own fsspec file, whose requests carry ``If-Match: <ETag>`` (s3fs), so an object replaced while

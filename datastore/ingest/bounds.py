@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dstore.errors import MemoryBudgetError
 from dstore.ingest import plan
-from dstore.memory import available_memory, fmt_bytes
+from dstore.memory.limits import available_memory, fmt_bytes
 
 
 def ingest_need(*, sample_bytes: int, positions: int, ranks: int, shards: int, ranks_on_node: int) -> tuple[int, int]:

@@ -8,13 +8,13 @@ the rate, the time so far and the time left.
 
 from __future__ import annotations
 
-from dstore.heartbeat import Heartbeat
+from dstore.runtime.heartbeat import Heartbeat
 
 
 class Meter:
     """Rank 0's progress over the samples of its group's shards (`bounds`: the shards' first positions,
     `mine`: the group's shards, of `shards` in `groups` groups): a tqdm bar (`bar`), or else plain
-    heartbeat lines every `period` seconds (dstore.heartbeat; None: $DSTORE_HEARTBEAT), which a log
+    heartbeat lines every `period` seconds (dstore.runtime.heartbeat; None: $DSTORE_HEARTBEAT), which a log
     file keeps readable. Totals over all ranks would need the other groups' counts, which only MPI
     (not this thread) could bring: with several groups the line says it is rank 0's share."""
 

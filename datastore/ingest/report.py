@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dstore.errors import DStoreError
-from dstore.units import fmt_rate, fmt_size
+from dstore.runtime.units import fmt_rate, fmt_size
 
 
 class IngestError(DStoreError, RuntimeError):

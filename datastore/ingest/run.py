@@ -21,8 +21,6 @@ import uuid
 
 import numpy as np
 
-from dstore import collective
-from dstore.collective import message, remote_error
 from dstore.errors import ConfigError, OutputError, SampleError
 from dstore.formats import (
     FORMATS,
@@ -43,6 +41,8 @@ from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source, select_fields
 from dstore.ingest.writer import BackgroundWriter
+from dstore.runtime import collective
+from dstore.runtime.collective import message, remote_error
 
 
 def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[str]]:
@@ -76,7 +76,7 @@ def _raise_agreed(comm, exc: BaseException | None) -> None:
 
 
 def agree(comm, exc: BaseException | None) -> None:
-    """Collective: returns if no rank passes an error, else raises on every rank (dstore.collective.agree
+    """Collective: returns if no rank passes an error, else raises on every rank (dstore.runtime.collective.agree
     with ingest's error types)."""
     collective.agree(comm, exc, types=_TYPES, fallback=IngestError)
 
@@ -300,8 +300,8 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         reencode_max_side, reencode_quality: re-encode images whose longer side is over this many px
             as JPEG of that side and quality (default 90) (`--max-side`, `--quality`; ingest.reencode).
         heartbeat: without a bar, seconds between the plain progress lines rank 0 writes on stderr
-            (samples, bytes, rate, elapsed, time left; dstore.heartbeat), so a batch log shows a long
-            ingest alive; None: $DSTORE_HEARTBEAT (dstore.rc, 30 s by default); 0: none.
+            (samples, bytes, rate, elapsed, time left; dstore.runtime.heartbeat), so a batch log shows a long
+            ingest alive; None: $DSTORE_HEARTBEAT (dstore.runtime.rc, 30 s by default); 0: none.
         fields: the extra fields per sample to store (`--fields`; dstore.ingest.source.select_fields):
             None: every field the source has (WebDataset members other than the image and label,
             other Parquet columns, ingest_items' field dicts); "none": none.

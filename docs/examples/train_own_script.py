@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dstore import DataStore, StoreLoader
 from dstore.formats import open_container
-from dstore.preemption import PREEMPTED_EXIT, Preemption
+from dstore.runtime.preemption import PREEMPTED_EXIT, Preemption
 from dstore.training.data import probe_input
 from dstore.training.dist import init_distributed
 
@@ -39,7 +39,7 @@ from dstore.training.dist import init_distributed
 def normalizer(mean, std):
     """The loader's transform (run in its decode threads): an (H, W, C) uint8 image -> a normalised
     CHW float tensor. (A seeded augmentation takes the loader's per-sample rng instead:
-    transform=seeded(fn) with fn(img, rng), from dstore.torch.)"""
+    transform=seeded(fn) with fn(img, rng), from dstore.loader.store_loader.)"""
     mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
 

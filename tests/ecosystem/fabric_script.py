@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 from dstore import DataStore, StoreLoader
-from dstore.collective import topology
+from dstore.runtime.collective import topology
 
 comm = MPI.COMM_WORLD
 

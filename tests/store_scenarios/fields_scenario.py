@@ -18,8 +18,8 @@ import sys
 
 from mpi4py import MPI
 
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 
 
 def served(batches, names) -> list:

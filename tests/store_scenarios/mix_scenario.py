@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dstore.formats import create_writer, open_container
-from dstore.mixed import MixedStore
+from dstore.store.mixed import MixedStore
 
 WEIGHTS = (0.7, 0.3)
 BATCH = 8
@@ -95,7 +95,7 @@ def run(comm, sources, mode: str, out: str, weights=WEIGHTS) -> dict:
 
 def check_counts(result: dict, sources, weights=WEIGHTS) -> None:
     """Each epoch's entries per source equal the store's counts (the largest-remainder shares)."""
-    from dstore import mix
+    from dstore.order import mix
 
     sizes = [open_container(p).num_samples for p in sources]
     counts = mix.mix_counts(sum(sizes), weights).tolist()

@@ -14,10 +14,11 @@ import zlib
 
 import numpy as np
 
-from dstore import rc, shuffle
 from dstore.errors import ConfigError, MemoryBudgetError
 from dstore.formats import create_writer, open_container
-from dstore.store import DataStore
+from dstore.order import shuffle
+from dstore.runtime import rc
+from dstore.store.data_store import DataStore
 
 BATCH = 12  # global batch size used throughout; N below is not a multiple of it nor of 1..4 ranks
 
@@ -266,10 +267,10 @@ def scenario_replicate_and_range(comm, path):
 
 
 def scenario_preload_pieces(comm, path):
-    """Preload in pieces (dstore.prefault) leaves each rank's window byte-identical to its block,
+    """Preload in pieces (dstore.store.prefault) leaves each rank's window byte-identical to its block,
     with pieces smaller than a sample, than a block, and larger than every block, and with empty
     blocks (a range of empty samples); replicate's shared copy too."""
-    from dstore import prefault
+    from dstore.store import prefault
 
     reader = open_container(path)
     empty = [i for i in range(reader.num_samples) if reader.offsets[i + 1] == reader.offsets[i]]
@@ -298,10 +299,10 @@ def scenario_preload_pieces(comm, path):
 
 
 def scenario_parallel_population(comm, path):
-    """A preload with several reads in flight (dstore.preload) fills every window byte-identical
+    """A preload with several reads in flight (dstore.store.preload) fills every window byte-identical
     to a one-thread preload: a rank's block, a replicated copy's node part, and a tiered window's
     resident samples, with pieces smaller than a sample and than a block."""
-    from dstore import preload
+    from dstore.store import preload
 
     saved = preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH
     tier_reader = open_container(tier_container(path))

@@ -1,4 +1,4 @@
-"""The streaming preload (population="stream", dstore.stream) on any communicator: COMM_SELF in
+"""The streaming preload (population="stream", dstore.store.stream) on any communicator: COMM_SELF in
 pytest, or COMM_WORLD under `mpiexec -n N python -m mpi4py stream_scenarios.py CONTAINER NAME...`.
 
 The stream is slowed (a pause after each piece, pieces of a few KiB) so that epoch 0 really is
@@ -14,9 +14,9 @@ import numpy as np
 from store_scenarios import scenarios
 from store_scenarios.scenarios import BATCH, check_delivery, run_epoch
 
-from dstore import preload as preload_mod
 from dstore.formats import open_container
-from dstore.store import DataStore
+from dstore.store import preload as preload_mod
+from dstore.store.data_store import DataStore
 
 PAUSE = 0.004  # seconds after each piece read by the stream
 

@@ -7,7 +7,7 @@ import sys
 from mpi4py import MPI
 
 from dstore.formats import open_container
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 from dstore.training.data import DirectSource
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from dstore.collective import topology
-from dstore.pagecache import evict_files
+from dstore.memory.pagecache import evict_files
+from dstore.runtime.collective import topology
 from dstore.tools.pfs.mount import pfs_mountpoints, under_pfs_mount
 
 MB = 1e6
@@ -190,7 +190,7 @@ def files_under(paths) -> list[str]:
 def evict(paths) -> int:
     """Drops the page-cache pages of every file under `paths` (files or directories, an image
     folder included), so the next read is cold; files that cannot be opened are left out.
-    Returns the bytes advised (dstore.pagecache.evict_files)."""
+    Returns the bytes advised (dstore.memory.pagecache.evict_files)."""
     # Files served by a `dstore pfs` mount have no page cache (direct I/O): every read already pays the
     # model, and opening each one to advise it would spend the model's operations between passes.
     mps = pfs_mountpoints()

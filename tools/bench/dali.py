@@ -1,7 +1,7 @@
 """NVIDIA DALI's CPU pipeline beside dstore's loader: the same JPEGs, the same cores, the same recipe.
 
 DALI runs in a venv of its own (tools/setup_dali.sh: about 1.1 GB, never the project's), found by
-`python=` (a flag), $DSTORE_DALI_PYTHON (dstore.rc) or DEFAULT_PYTHON; `dali_peer.py` runs there in
+`python=` (a flag), $DSTORE_DALI_PYTHON (dstore.runtime.rc) or DEFAULT_PYTHON; `dali_peer.py` runs there in
 a subprocess, pinned to the same cores as dstore's rows (`cores`). The container's JPEGs are handed
 over once as two .npy files (the bytes back to back, the offsets) and DALI's process loads them into
 memory before it is timed: see dali_peer.py for why memory and not DALI's file reader.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dstore import rc
+from dstore.runtime import rc
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = REPO / ".cache" / "venv-dali" / "bin" / "python"

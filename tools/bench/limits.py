@@ -8,8 +8,8 @@ import os
 
 import numpy as np
 
-from dstore.plan import block_bounds, global_schedule
-from dstore.shuffle import global_order
+from dstore.order.plan import block_bounds, global_schedule
+from dstore.order.shuffle import global_order
 from dstore.tools.bench.common import (
     RAW_RMA,
     RAW_RMA_PER_SAMPLE,
@@ -24,7 +24,7 @@ from dstore.tools.bench.common import (
 def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
                epoch: int = 0) -> list[np.ndarray]:
     """Rank `rank`'s sample indices, step by step, in the store's own global-shuffle epoch
-    (dstore.shuffle.global_order + dstore.plan.global_schedule, last short batch kept)."""
+    (dstore.order.shuffle.global_order + dstore.order.plan.global_schedule, last short batch kept)."""
     sched = global_schedule(global_order(num_samples, seed, epoch), batch_size, size, rank, False)
     return [sched.ids[sched.step(s)][~sched.pad[sched.step(s)]] for s in range(sched.steps)]
 

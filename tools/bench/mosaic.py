@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from dstore import rc
+from dstore.runtime import rc
 from dstore.tools.bench.common import Measurement, quiet_barrier
 
 REPO = Path(__file__).resolve().parents[2]

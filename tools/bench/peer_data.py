@@ -119,7 +119,7 @@ def write_sorted_container(container: str, path: str) -> str:
 
 def prepare(comm, container: str, out_dir: str, *, seed: int, litdata_ok: bool) -> PeerData:
     """Every copy (rank 0 writes what is missing or stale); the same PeerData on every rank."""
-    from dstore.collective import on_root
+    from dstore.runtime.collective import on_root
 
     return on_root(comm, write_copies, container, out_dir, seed=seed, litdata_ok=litdata_ok)
 

@@ -48,7 +48,7 @@ class _Store:
     def __init__(self, comm, container, population, batch_size, seed):
         # here, not at the top: the peers' DataLoader workers (spawned) unpickle this module's
         # helpers and must not initialise MPI, which dstore.store does
-        from dstore.store import DataStore
+        from dstore.store.data_store import DataStore
 
         self.store = DataStore(comm, container, batch_size=batch_size, seed=seed, population=population)
         self.store.__enter__()

@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 from dstore.tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
 from dstore.tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
 from dstore.tools.bench.data import (

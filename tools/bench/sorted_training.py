@@ -73,7 +73,7 @@ def run(out_dir: str, epochs: int = 5, seed: int = 0) -> list[dict]:
     """Every loader over the class-sorted set (one process); returns the rows."""
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     path, shards, hx, hy = write_sets(out_dir, seed)
     comm = MPI.COMM_SELF

@@ -9,8 +9,8 @@ import math
 import os
 import time
 
-from dstore.collective import node_comm
-from dstore.store import DataStore
+from dstore.runtime.collective import node_comm
+from dstore.store.data_store import DataStore
 from dstore.tools.bench import training_view
 from dstore.tools.bench.report import _plt
 from dstore.tools.pfs.model import PfsModel, parse_spec

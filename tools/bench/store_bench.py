@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dstore.store import DataStore
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 from dstore.tools.bench.common import Measurement, evict_on_nodes, measure
-from dstore.torch import StoreLoader
 
 PREFETCH_ON = 2
 """Batches in flight ahead of the consumer when prefetch is on (the store's default)."""

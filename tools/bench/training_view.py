@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dstore.loader.store_loader import StoreLoader
 from dstore.tools.bench.baselines import ContainerSampleDataset, FileBytesDataset, collate_list
 from dstore.tools.bench.common import evict_on_nodes, rank_split
-from dstore.torch import StoreLoader
 
 TV_H5PY = "h5py Dataset (contiguous) + DataLoader"
 TV_ZARR = "zarr Dataset (128 KiB chunks) + DataLoader"

@@ -1,6 +1,6 @@
 """What checking every byte read from storage costs: per sample, the CRC32 check the store makes
-(dstore.integrity.SampleChecks, one CRC32 per sample) against decoding the same sample
-(dstore.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
+(dstore.runtime.integrity.SampleChecks, one CRC32 per sample) against decoding the same sample
+(dstore.loader.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
 prints a table and writes JSON (docs/reliability.md, "What the checks cost").
 
     python -m dstore.tools.measure.checksum syn.h5 --samples 800 --repeat 5
@@ -22,10 +22,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from dstore import integrity
-from dstore.decode import decode_sample
 from dstore.formats import open_container
-from dstore.store import DataStore
+from dstore.loader.decode import decode_sample
+from dstore.runtime import integrity
+from dstore.store.data_store import DataStore
 
 
 def per_sample(path: str, count: int, repeat: int) -> dict:

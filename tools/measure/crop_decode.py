@@ -2,7 +2,7 @@
 CPU time, tight loops, median of rounds) of simplejpeg's full decode alone, and of the ImageNet
 recipe's per-sample path (the sample's plan, the decode, the resize/crop/flip into a batch buffer)
 with (a) a full decode then the crop, (b) the DCT scale chosen from the crop (1/2, 1/4, 1/8 where
-the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore._jpegcrop).
+the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop).
 Also the mean crop area and how often each DCT scale is taken. Prints a Markdown table.
 
     python -m dstore.tools.measure.crop_decode syn480.h5 --size 224 --count 200 --rounds 5
@@ -19,9 +19,9 @@ import numpy as np
 import simplejpeg
 from mpi4py import MPI
 
-from dstore import decode, kernels
-from dstore.draws import KeyedDraws
-from dstore.store import DataStore
+from dstore.loader import decode, kernels
+from dstore.loader.draws import KeyedDraws
+from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
 
@@ -81,7 +81,7 @@ def measure(args) -> list[tuple[str, float]]:
     finally:
         decode._jpegcrop = ext
     if ext is not None:
-        rows.append(("(c) (b) with libjpeg-turbo's partial decode (dstore._jpegcrop)", _us(crop_aware, blobs,
+        rows.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop)", _us(crop_aware, blobs,
                                                                                             args.rounds)))
     print(f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
           f"{dict(sorted(scales.items()))}")

@@ -4,7 +4,7 @@
     python -m dstore.tools.measure.imports [datastore/]
 
 Prints each cycle (a strongly connected component of the import graph with more than one module)
-and each `store._x` / `self._store._x` / `<DataStore>._x` access outside datastore/store.py.
+and each `store._x` / `self._store._x` / `<DataStore>._x` access outside datastore/store/data_store.py.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import time
 from mpi4py import MPI
 
 import dstore
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform, default_augmentation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -28,7 +28,7 @@ import time
 from mpi4py import MPI
 
 from dstore.formats.objects import ObjectFile
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 
 
 class _Requests(logging.Handler):

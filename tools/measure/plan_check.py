@@ -1,5 +1,5 @@
 """`dstore plan` against the real store (issue 20): for each storage rung, rank count and memory
-budget, the forecast (dstore.capacity, the inputs the store gets) beside a measured run: the
+budget, the forecast (dstore.memory.capacity, the inputs the store gets) beside a measured run: the
 resident fraction, the memory per rank and the population time, with the error of each.
 
     python -m dstore.tools.measure.plan_check /tmp/plan/set-2048.h5 --make 2048 --ranks 1 2 \\
@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from dstore import pagecache
+from dstore.memory import pagecache
 from dstore.tools.measure.population import run_job
 from dstore.tools.measure.scale import status
 from dstore.tools.pfs.model import parse_spec
@@ -71,9 +71,9 @@ def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> Non
     import torch  # noqa: F401 - imported before the baseline: the interpreter's, not the loader's
     from mpi4py import MPI
 
-    from dstore import capacity
-    from dstore.store import DataStore
-    from dstore.torch import StoreLoader
+    from dstore.loader.store_loader import StoreLoader
+    from dstore.memory import capacity
+    from dstore.store.data_store import DataStore
     from dstore.training.augment import ImageTransform, default_augmentation
 
     pad, flip = default_augmentation((224, 224))
@@ -125,7 +125,7 @@ def worker(path: str, batch: int, tiered: float) -> None:
     import h5py  # noqa: F401 - imported before the baseline: the interpreter's, not the store's
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     comm = MPI.COMM_WORLD
     kw = dict(batch_size=batch * comm.size, seed=1, population_threads=4)
@@ -170,8 +170,9 @@ def predict(path: str, ranks: int, batch: int, budget: int, spec: str, disk: flo
     """`dstore plan`'s forecast for the run's inputs (one node of `ranks` ranks, the store's defaults)."""
     import numpy as np
 
-    from dstore import capacity, plan
     from dstore.formats import open_container
+    from dstore.memory import capacity
+    from dstore.order import plan
 
     with open_container(path) as c:
         n, total, offsets = c.num_samples, c.total_bytes, np.asarray(c.offsets)

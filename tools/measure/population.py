@@ -1,4 +1,4 @@
-"""Measures the store's one-time population (dstore.populate) against `population_threads`: on
+"""Measures the store's one-time population (dstore.store.populate) against `population_threads`: on
 local disk with the container evicted from the page cache before every run, and through `dstore pfs`
 mounts of the container's directory. Prints a markdown table and writes JSON.
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from dstore import pagecache
+from dstore.memory import pagecache
 from dstore.tools.pfs.model import parse_spec
 from dstore.tools.pfs.mount import pfs_mount
 
@@ -35,7 +35,7 @@ def worker(path: str, threads: int, tiered: float) -> None:
     # Here, not at the top: importing them initialises MPI, and the driver that starts mpiexec must not.
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     comm = MPI.COMM_WORLD
     kw = dict(batch_size=64, population_threads=threads)

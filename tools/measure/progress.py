@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from dstore.progress import ProgressThread
-from dstore.window import Arena
+from dstore.runtime.progress import ProgressThread
+from dstore.store.window import Arena
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ over the samples it delivered, and the workers' CPU (/proc/PID/stat) beside it. 
 epoch, then the total. The decode workers load their compiled kernels in the background; the
 figure is about the rank, whose own share does not depend on that. Under mpiexec every rank
 measures its own share and rank 0 prints a line per rank: a rank that finishes its epoch first waits
-for the others at the epoch's end (the store's agreement, dstore.collective.agree), and how it waits
+for the others at the epoch's end (the store's agreement, dstore.runtime.collective.agree), and how it waits
 is part of its CPU.
 """
 
@@ -26,8 +26,8 @@ import time
 
 from mpi4py import MPI
 
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 
 
 def rank_cpu() -> float:

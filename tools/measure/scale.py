@@ -118,7 +118,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
     import numpy as np
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     r.add_argument("--epochs", type=int, default=2)
     r.add_argument("--batch", type=int, default=1024)
     r.add_argument("--population", default="preload", choices=("preload", "stream"),
-                   help="stream: the first batch is measured while the windows still fill (dstore.stream)")
+                   help="stream: the first batch is measured while the windows still fill (dstore.store.stream)")
     a = p.parse_args(argv)
     _use_source(a.src)
     out = make(a.path, a.samples, a.bytes) if a.cmd == "make" else run(a.path, a.epochs, a.batch, a.population)

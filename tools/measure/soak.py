@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from dstore.store import DataStore
+from dstore.store.data_store import DataStore
 
 
 def _rss_mib() -> float:

@@ -17,8 +17,8 @@ import time
 from mpi4py import MPI
 
 import dstore
-from dstore.store import DataStore
-from dstore.torch import StoreLoader
+from dstore.loader.store_loader import StoreLoader
+from dstore.store.data_store import DataStore
 
 
 def best_rate(run, passes: int) -> float:

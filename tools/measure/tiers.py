@@ -16,10 +16,10 @@ import argparse
 import json
 import time
 
-from dstore import tiers
 from dstore.formats import open_container
-from dstore.storage import StorageReader
-from dstore.store import DataStore
+from dstore.order import tiers
+from dstore.store.data_store import DataStore
+from dstore.store.storage import StorageReader
 from dstore.tools.bench import baselines, training_view
 from dstore.tools.bench.common import evict_on_nodes
 from dstore.tools.bench.data import container_path, data_tag, load_dataset, prepare_data

@@ -19,9 +19,9 @@ import sys
 import time
 
 from dstore.errors import ConfigError
+from dstore.runtime.units import parse_size
 from dstore.tools.pfs.model import DEFAULTS, MAX_DELAY_S, Model, PfsModel, parse_bandwidth, parse_rate, parse_time
 from dstore.tools.pfs.mount import PfsMountError, check_mountpoint, fusermount
-from dstore.units import parse_size
 
 FSNAME = "dstore-pfs"
 """The mount's type in /proc/mounts (`dstore-pfs:SOURCE on /mnt type fuse.dstore-pfs`)."""
@@ -225,7 +225,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _size_flag(text: str) -> int:
-    """A size flag in dstore.units' grammar, as argparse wants its error."""
+    """A size flag in dstore.runtime.units' grammar, as argparse wants its error."""
     try:
         return parse_size(text, "--max-read")
     except ConfigError as exc:

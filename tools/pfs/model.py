@@ -14,7 +14,7 @@ import threading
 import time
 
 from dstore.errors import ConfigError
-from dstore.units import parse_byte_rate, parse_duration
+from dstore.runtime.units import parse_byte_rate, parse_duration
 
 UNLIMITED = math.inf
 
@@ -28,7 +28,7 @@ _NO_CAP = ("unlimited", "inf", "none")
 
 
 def parse_time(text: str, name: str = "time") -> float:
-    """`2ms`, `500us`, `0.5s`, `0` -> seconds (dstore.units' grammar). A non-zero number needs its unit.
+    """`2ms`, `500us`, `0.5s`, `0` -> seconds (dstore.runtime.units' grammar). A non-zero number needs its unit.
 
     Raises:
         ConfigError: naming `name` and the value.
@@ -39,7 +39,7 @@ def parse_time(text: str, name: str = "time") -> float:
 def parse_bandwidth(text: str, name: str = "bandwidth") -> float:
     """`500MB/s`, `1G/s`, `2GiB/s`, `unlimited` -> bytes per second (inf for no cap).
 
-    dstore.units' size grammar per second: MB is 10^6 bytes, MiB 2^20. Raises ConfigError naming
+    dstore.runtime.units' size grammar per second: MB is 10^6 bytes, MiB 2^20. Raises ConfigError naming
     `name` otherwise."""
     s = str(text).strip().lower()
     if s in _NO_CAP:

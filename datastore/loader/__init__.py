@@ -1,0 +1,1 @@
+"""dstore.loader: see docs/design.md, "Layers"."""

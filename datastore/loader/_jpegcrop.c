@@ -1,0 +1,126 @@
+/* dstore.loader._jpegcrop: decode only a region of a JPEG with the system's libjpeg(-turbo), GIL released.
+ *
+ * libjpeg-turbo's own partial decode (libjpeg API, since 1.5): jpeg_crop_scanline narrows each
+ * output row to the iMCU columns that cover the region, jpeg_skip_scanlines passes the rows above
+ * it without the inverse DCT, colour conversion or upsampling, and the rows below it are never
+ * read. Within the region the pixels are those of the full decode (libjpeg's design; tested in
+ * tests/test_crop_decode.py). simplejpeg does not expose it, and PyTurboJPEG needs libjpeg-turbo
+ * 3.0 (Debian 12 has 2.1.5) and offers no region decode either; so this small extension.
+ *
+ * decode_region(data, out, top, left, height, width, denom, gray) -> (out_width, x_offset)
+ *   data: the JPEG's bytes (any buffer); out: a writable buffer of at least
+ *   height * (width + 32) * channels bytes; the region in the pixels of the decode at 1/denom
+ *   (denom 1, 2, 4 or 8); gray: 1 for one channel, 0 for RGB. Writes `height` rows of
+ *   out_width pixels (contiguous), whose first column is column x_offset of the scaled image
+ *   (x_offset <= left, x_offset + out_width >= left + width: the iMCU columns around the region).
+ * Raises ValueError with libjpeg's message on a broken or unsupported JPEG, a warning included
+ * (corrupt data in the rows it reads).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <jpeglib.h>
+
+struct error_mgr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+};
+
+static void on_error(j_common_ptr cinfo) {
+    struct error_mgr *err = (struct error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+/* A warning (corrupt data, a premature end: libjpeg would fill in grey and go on) is an error, as
+ * simplejpeg's default (strict) makes it: a broken sample is refused, never served. Trace
+ * messages (level > 0) are dropped. Only what is decoded is checked: the rows below the region
+ * are not read (docs/training.md). */
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0)
+        on_error(cinfo);
+}
+
+/* The decode, without the GIL; 0 on success, else 1 with err->message set. */
+static int decode(const unsigned char *data, size_t size, unsigned char *out, size_t capacity, int top, int left,
+                  int height, int width, int denom, int gray, struct error_mgr *err, int *out_width, int *x_offset) {
+    struct jpeg_decompress_struct cinfo;
+    cinfo.err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err->jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return 1;
+    }
+    jpeg_mem_src(&cinfo, data, (unsigned long)size);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.out_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)denom;
+    jpeg_start_decompress(&cinfo);
+    int channels = gray ? 1 : 3;
+    if (top < 0 || left < 0 || height < 1 || width < 1 || (JDIMENSION)(top + height) > cinfo.output_height ||
+        (JDIMENSION)(left + width) > cinfo.output_width) {
+        snprintf(err->message, sizeof err->message, "region (%d, %d, %d, %d) outside the %ux%u image at 1/%d",
+                 top, left, height, width, cinfo.output_height, cinfo.output_width, denom);
+        jpeg_destroy_decompress(&cinfo);
+        return 1;
+    }
+    JDIMENSION x = (JDIMENSION)left, w = (JDIMENSION)width;
+    if (w < cinfo.output_width)
+        jpeg_crop_scanline(&cinfo, &x, &w);
+    else
+        x = 0;
+    if ((size_t)height * w * channels > capacity) {
+        snprintf(err->message, sizeof err->message, "output buffer of %zu bytes, %zu needed", capacity,
+                 (size_t)height * w * channels);
+        jpeg_destroy_decompress(&cinfo);
+        return 1;
+    }
+    if (top > 0)
+        jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
+    for (int r = 0; r < height; r++) {
+        JSAMPROW row = out + (size_t)r * w * channels;
+        jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_destroy_decompress(&cinfo); /* the rows below the region are never decoded */
+    *out_width = (int)w;
+    *x_offset = (int)x;
+    return 0;
+}
+
+static PyObject *decode_region(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer data, out;
+    int top, left, height, width, denom, gray;
+    if (!PyArg_ParseTuple(args, "y*w*iiiiii", &data, &out, &top, &left, &height, &width, &denom, &gray))
+        return NULL;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "denom=%d must be 1, 2, 4 or 8", denom);
+    }
+    struct error_mgr err;
+    int failed, out_width = 0, x_offset = 0;
+    Py_BEGIN_ALLOW_THREADS
+    failed = decode((const unsigned char *)data.buf, (size_t)data.len, (unsigned char *)out.buf, (size_t)out.len, top,
+                    left, height, width, denom, gray, &err, &out_width, &x_offset);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (failed)
+        return PyErr_Format(PyExc_ValueError, "%s", err.message);
+    return Py_BuildValue("(ii)", out_width, x_offset);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_region", decode_region, METH_VARARGS, "Decodes a region of a JPEG into a buffer (see the module)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", "libjpeg partial decode", -1, methods};
+
+PyMODINIT_FUNC PyInit__jpegcrop(void) { return PyModule_Create(&module); }

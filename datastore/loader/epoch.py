@@ -1,0 +1,275 @@
+"""One epoch of a StoreLoader: `LoaderEpoch` (the batches as tensors) and `BatchDecode` (one batch in the pool).
+
+`StoreLoader.epoch(e)` iterates a `LoaderEpoch`; its named steps, as the store's `EpochRun` has, are
+`issue` (ask the store for its next batches until `ahead` are decoding and hand each to the decode
+pool, after a copy out of the store's views when ahead >= 2), `complete` (wait for the oldest
+batch's decode: images, labels, ids, padding) and `account` (the loader's `last_*` attributes, its
+epoch `stats` and its position). Between `complete` and `account` the batch moves to the loader's
+device. `close` runs however the iteration ends (exhausted, abandoned by the caller, or failed): no
+thread is left reading a batch's bytes once the store's epoch ends.
+
+All MPI (the store's `next()`) stays on the calling thread; the pool's threads only decode.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+
+import numpy as np
+import torch
+
+from dstore.errors import ConfigError
+from dstore.formats.fields import decode_value
+
+
+class BatchDecode:
+    """One batch being decoded: its chunks run in the pool, and the chunk that finishes last
+    stacks the batch into one tensor there, so the caller only picks up `result`."""
+
+    def __init__(self, batch, pin: bool = False):
+        self.batch = batch
+        self.pin = pin
+        self.futures = []  # the chunks' futures (to cancel or wait for when abandoned)
+        self.result = concurrent.futures.Future()  # -> (images, thread-seconds of decoding)
+        self._lock = threading.Lock()
+        self._left = 0
+        self._secs = 0.0
+        self._error = None
+        self.parts: list[list[torch.Tensor] | None] = []  # each chunk's tensors (StoreLoader._decode_chunk)
+
+    def expect(self, chunks: int) -> None:
+        """The number of chunk_done() calls that finish the batch (one for an empty batch)."""
+        self.parts = [None] * chunks
+        self._left = max(chunks, 1)
+
+    def chunk_done(self, secs: float, error) -> None:
+        """Called by each chunk (in its thread) when it ends; the last one finishes the batch."""
+        with self._lock:
+            self._secs += secs
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            if self._left:
+                return
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._error is not None:
+            self.result.set_exception(self._error)
+            return
+        try:
+            tensors = []
+            for k, part in enumerate(self.parts):
+                if part is None:  # a chunk_done() without its part or an error: a bug
+                    raise RuntimeError(f"chunk {k} of step {self.batch.step} ended without its samples")
+                tensors.extend(part)
+            shapes = {tuple(t.shape) for t in tensors}
+            if len(shapes) > 1:
+                raise ConfigError(mismatch(self.batch.step, shapes))
+            images = torch.stack(tensors)
+            self.result.set_result((images.pin_memory() if self.pin else images, self._secs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.result.set_exception(exc)
+        self.parts = []
+
+
+def mismatch(step: int, shapes) -> str:
+    """Why the samples of `step`, of these (C, H, W) shapes, make no batch, and the remedy: `channels`
+    where their channels differ (a raw source beside an encoded one, or a transform's output), else `size`."""
+    listed = sorted(shapes)[:4]
+    if len({s[0] for s in shapes if len(s) == 3}) > 1:
+        return (f"samples of step {step} decode to different channel counts {listed}; pass channels=1 or 3 "
+                f"(StoreLoader(channels=...), dstore train --channels) or a transform that makes them equal")
+    return f"samples of step {step} decode to different shapes {listed}; pass size=(H, W) or a transform that makes them equal"
+
+
+@dataclasses.dataclass
+class Ready:
+    """A decoded batch taken off the queue (on the CPU): what the caller gets and `account` records."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    ids: np.ndarray  # copies: the store may reuse its arrays once asked for the next batch
+    pad: np.ndarray
+    epoch: int
+    step: int
+    decode_seconds: float
+    fields: dict = dataclasses.field(default_factory=dict)  # the served fields' values, decoded
+
+
+class LoaderEpoch:
+    """Epoch `e` of `loader` (a StoreLoader), iterated once.
+
+    Nothing happens before the first `next()` (then the store's epoch starts and the loader's
+    `stats` restart); a closed or failed iteration ends in `close`."""
+
+    def __init__(self, loader, e: int):
+        self.loader = loader
+        self.e = e
+        self.pending = collections.deque()  # BatchDecode jobs, oldest first
+        self.copying = None  # the copy out of the store's views of the batch fetched last (ahead >= 2)
+        self.batches = None  # the store's epoch (a generator of Batch)
+        self.stats = {}
+
+    def __iter__(self):
+        loader = self.loader
+        t_in = time.perf_counter()  # the caller waits from its first next() on
+        self.batches = loader.store.epoch(self.e)
+        self.stats = loader.stats = {"epoch": self.e, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0,
+                                     "copy_seconds": 0.0, "copy_bytes": 0}
+        try:
+            # The first batch alone first: batches queued behind it would only slow its decode.
+            self.issue(1)
+            while self.pending:
+                ready = self.complete()
+                self.issue(loader.ahead)
+                images, labels = loader._to_device(ready.images, ready.labels)
+                self.account(ready, time.perf_counter() - t_in)
+                yield images, labels
+                t_in = time.perf_counter()
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------ per batch
+    def issue(self, depth: int) -> None:
+        """Asks the store for its next batches until `depth` are queued (or the epoch has no more)
+        and starts decoding each: straight from the store's views with ahead=1, else after a copy
+        out of them, made in the copier thread beside the caller's work on the batch it was given."""
+        loader = self.loader
+        while len(self.pending) < depth:
+            if self.copying is not None:  # the store may reuse that batch's views only once copied
+                self.copying.result()
+                self.copying = None
+            if self.batches is None:  # set by __iter__, the only caller
+                raise ValueError(f"epoch {self.e} of the loader has not started: nothing is fetched before next()")
+            nxt = next(self.batches, None)  # with ahead=1, the views of the batch before are released here
+            if nxt is None:
+                return
+            job = BatchDecode(nxt, pin=loader.pin_memory)
+            self.pending.append(job)
+            if loader.ahead == 1 and loader._workers is None:
+                self.submit(job)
+            else:
+                self.copying = loader._copier.submit(self.copy_and_submit, job)
+
+    def submit(self, job: BatchDecode) -> None:
+        """Decodes `job.batch` in up to decode_threads chunks in the loader's pool."""
+        loader, batch = self.loader, job.batch
+        n = len(batch.samples)
+        ids = batch.ids.tolist()
+        cuts = [(n * k) // loader.decode_threads for k in range(loader.decode_threads + 1)]
+        spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        job.expect(len(spans))
+        src = getattr(batch, "sources", None)  # a mix (dstore.store.mixed): each entry decodes by its source's encoding
+        src = [None] * n if src is None else src.tolist()
+        job.futures = [loader._pool.submit(loader._decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
+                       for k, (a, b) in enumerate(spans)]
+        if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
+            job.chunk_done(0.0, None)
+
+    def copy_and_submit(self, job: BatchDecode) -> None:
+        """In the copier thread: `job`'s samples moved out of the store's views, then submitted to
+        the decode threads, or (with workers) into a ring slot and to the workers, `job.result`
+        then being the ticket. A failure here is `job.result`'s, so `complete` raises it."""
+        try:
+            workers = self.loader._workers
+            if workers is None:
+                job.batch = self.own_copy(job.batch)
+                self.submit(job)
+                return
+            self.loader._workers_ready.result()  # raises the start's error
+            t0 = time.perf_counter()
+            ticket = workers.submit(job.batch)
+            job.batch = dataclasses.replace(job.batch, samples=[])  # the store's views are not needed any more
+            self.stats["copy_seconds"] += time.perf_counter() - t0
+            self.stats["copy_bytes"] += int(ticket.nbytes)
+            job.result.set_result(ticket)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through job.result
+            if not job.result.done():
+                job.result.set_exception(exc)
+
+    def own_copy(self, batch):
+        """`batch` with its samples moved into one read-only buffer of its own, so that the store's
+        views (valid only until its next batch) are no longer needed."""
+        t0 = time.perf_counter()
+        lens = np.fromiter((s.size for s in batch.samples), np.int64, len(batch.samples))
+        ends = np.cumsum(lens)
+        buf = np.empty(int(ends[-1]) if lens.size else 0, np.uint8)
+        if lens.size:
+            np.concatenate(batch.samples, out=buf)
+        buf.flags.writeable = False
+        starts = (ends - lens).tolist()
+        samples = [buf[a:b] for a, b in zip(starts, ends.tolist())]
+        self.stats["copy_seconds"] += time.perf_counter() - t0
+        self.stats["copy_bytes"] += buf.size
+        return dataclasses.replace(batch, samples=samples)
+
+    def complete(self) -> Ready:
+        """Waits for the oldest batch's decode (raising its error) and takes it off the queue, its
+        labels, ids and padding copied before the store is asked for more."""
+        job = self.pending.popleft()
+        if self.loader._workers is None:
+            images, secs = job.result.result()
+        else:  # the job is off the queue first: its answers are read even when it fails
+            images, secs = self.loader._from_workers(job.result.result())
+        batch = job.batch
+        labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
+        return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs,
+                     self.fields_of(batch))
+
+    def fields_of(self, batch) -> dict:
+        """The loader's served fields of `batch` (the store's bytes, dstore.fieldstore) decoded by
+        kind; {} where the loader asks for none or reads them from storage itself."""
+        kinds = self.loader._field_kinds
+        if not kinds or self.loader._fields is not None:
+            return {}
+        held = batch.fields
+        if held is None:  # the store was built with fields: every batch carries them
+            raise ValueError(f"step {batch.step}: the store's batch carries no fields")
+        return {n: [decode_value(k, raw) for raw in held[n]] for n, k in kinds.items()}
+
+    def account(self, ready: Ready, wait: float) -> None:
+        """Records a batch about to be yielded: the loader's last_* attributes, the epoch's stats,
+        and the loader's position (the batch after it)."""
+        loader, st = self.loader, self.stats
+        loader.last_wait_seconds = wait
+        loader.last_decode_seconds = ready.decode_seconds
+        loader.last_ids, loader.last_pad = ready.ids, ready.pad
+        loader.last_fields = ready.fields
+        st["batches"] += 1
+        st["wait_seconds"] += wait
+        st["decode_seconds"] += ready.decode_seconds
+        loader._pos = (ready.epoch, ready.step + 1)
+
+    def drain_workers(self) -> None:
+        """Reads the answers of the batches the workers still have (NOTE [decode workers] 4: every
+        request is answered and read), their errors dropped: the epoch is ending anyway."""
+        workers = self.loader._workers
+        for job in self.pending:
+            try:
+                ticket = job.result.result()
+                workers.collect(ticket)
+                workers.release(ticket)
+            except Exception:  # noqa: BLE001 - a failed or dead worker's batch: nothing to read
+                continue
+
+    # ------------------------------------------------------------ after the last batch
+    def close(self) -> None:
+        """However the epoch ended (exhausted, abandoned or failed): finishes the copy, drops the
+        decodes not started, waits for the running ones (no thread may be left reading a batch's
+        bytes, with ahead=1 the store's views, once the store's epoch ends), then ends that epoch."""
+        if self.copying is not None:
+            concurrent.futures.wait([self.copying])
+        futs = [f for job in self.pending for f in job.futures]
+        for f in futs:
+            f.cancel()
+        concurrent.futures.wait(futs)
+        if self.loader._workers is not None:
+            self.drain_workers()
+        self.pending.clear()
+        if self.batches is not None:  # always: __iter__ sets it before the try whose finally calls this
+            self.batches.close()

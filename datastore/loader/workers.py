@@ -1,0 +1,484 @@
+"""Decode workers: a StoreLoader's per-sample work (decode, resize, the transform's per-sample part)
+in processes of their own, so the rank's process holds the GIL only for whole batches.
+
+The rank never touches a sample in Python: per batch it copies the samples' bytes into shared
+memory in one call, sends each worker one request (sample ids and offsets), and reads one answer
+per worker; the pixels arrive in a shared batch buffer, from which the batch is copied once (to the
+GPU from pinned memory, or into a tensor of its own on the CPU).
+
+NOTE [decode workers] (the protocol; code relying on a point cites it by number)
+1. Start. Each worker is `python -m dstore.loader.decode_worker FD_IN FD_OUT RANK_PID`, started through
+   subprocess (fork and exec at once) from the loader's copier thread. Not multiprocessing's fork:
+   a copy of a process that called MPI_Init, with other threads' locks possibly held. Not spawn or
+   forkserver either: both re-import the main script in the child, and a script that imports
+   mpi4py at its top would call MPI_Init there. An exec'd interpreter inherits only its two pipe
+   ends, and its environment lacks the launcher's variables (PMI_*, PMIX_*, OMPI_*, HYDRA_*,
+   MPI_LOCALRANKID...), so not even an import of mpi4py could join the job. Workers import
+   neither MPI nor torch. The first message is the setup (the pickled transform, shapes, seed);
+   the worker answers "ready" (or an error, raised by the loader) before any request.
+2. Lifetime. The worker sets PR_SET_PDEATHSIG = SIGKILL (Linux, prctl through ctypes): it is
+   killed when the thread that started it ends, the copier thread, which lives until the loader
+   closes, or the rank dies (kill -9 included). It then checks its parent pid (the rank may have
+   died before the prctl). EOF on its requests pipe ends it too (any OS). `close` sends "stop",
+   waits, then kills.
+3. Memory. The ring has `ahead + 1` slots (`ahead` batches decoding, one being handed over). A
+   slot has an input segment (the batch's encoded bytes back to back, copied out of the store's
+   views by the copier thread) and an output segment (`capacity` x [C, H, W] uint8 pixels, then
+   `capacity` x NPARAMS int32 batch-part parameters at `params_offset(capacity)`). With a
+   deferred resize (`defer`) a sample's pixels are the part of its image the batch resize reads,
+   in the top left corner of a canvas [C, Hc, Wc] (`ImageTransform.canvas`), its size among the
+   parameters. Where batches stay on
+   the CPU each batch gets an output segment of its own instead, the workers apply the transform's
+   batch part themselves (`finish`: the flip is a stride of the copy they make anyway), and the
+   caller's batch tensor is a view of the segment: no copy of the pixels in the rank at all (a
+   batch-part flip there cost 1.2 ms per 224px sample, a clone 58 us). When the caller lets go of
+   that tensor (its last view), the segment comes back as a spare, to be written again: up to
+   KEEP_HANDED spares are kept, mapped by the rank and by the workers, and one past that is closed,
+   its uid sent with the next request (`retired`) so that the workers unmap it too. A fresh
+   segment per batch cost its writer 88 us of page faults per 224px sample and 26 us to free its
+   pages, against 3 us to write a mapped one again (measured): a tenth of a worker's time. A segment is a memfd
+   on Linux, shared by the path /proc/RANK_PID/fd/N: nothing to unlink, freed with the last map,
+   so a kill -9 leaves nothing behind; elsewhere a file in /dev/shm (or the temporary folder)
+   removed at close. A batch larger than its slot gets a new, larger segment; a worker maps a
+   slot anew when its path changes. Where CUDA exists the output segments are page-locked
+   (cudaHostRegister), so the copy to the GPU is asynchronous.
+4. Requests. Per batch the rank sends each worker with samples to do one request: (ticket, slot,
+   segment paths and sizes, capacity, offsets[n + 1], ids[n], epoch, lo, hi): samples lo..hi-1.
+   A worker answers every request, in order: ("ok", ticket, seconds, native) once its pixels are
+   written, or ("error", ticket, message naming the sample, native); native: its compiled kernels
+   (dstore.loader.kernels) are loaded, which happens in the background after its start (`native`).
+   `collect` reads one answer from each worker of the oldest batch, all of them even when one is
+   an error (requests and answers stay paired),
+   then raises the error as a SampleError. A dead worker is EOF on its answers pipe: a DStoreError
+   naming it and its exit status.
+5. Reuse. A slot is written again only after its batch was collected and, on a GPU, after the
+   copy out of it finished (the CUDA event given to `release`).
+6. Determinism. A sample's pixels and parameters are a function of (seed, epoch, sample id): the
+   worker draws from `KeyedDraws(seed, epoch, id)` for a transform that says it can (`keyed`,
+   dstore.loader.draws), else from numpy's Generator seeded with [seed, epoch, id], as the decode threads
+   do, and which worker decodes a sample changes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import mmap
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Protocol
+
+import numpy as np
+
+from dstore.errors import DStoreError, SampleError
+
+_LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPIR_", "I_MPI_",
+                  "SLURM_STEP_", "PALS_")
+STOP_SECONDS = 5.0
+KEEP_HANDED = 4
+"""Output segments the caller let go of that are kept, mapped, to be written again (NOTE 3): counted
+in the rank's budget as that many batches (dstore.memory.capacity.loader_reserve)."""
+WORKER_BYTES = 128 << 20
+"""A worker's own memory counted in the rank's budget (dstore.training.budget), with a margin:
+measured 248 MB RSS decoding 224px batches of 64 once its compiled kernels are loaded
+(dstore.loader.kernels), of which 93 MB anonymous (20 MB before them: numba and LLVM hold the rest), 57 MB
+the shared batch segments it maps (counted with the batches) and 97 MB file pages of the
+interpreter and its libraries, shared by all the workers and the rank (dstore.loader.kernels.RESERVE_BYTES,
+counted once)."""
+
+
+NPARAMS = 8
+"""int32 parameters per sample in an output segment (the transform's PARAMS, padded)."""
+
+
+def params_offset(capacity: int, shape: tuple[int, int, int]) -> int:
+    """Where the parameters start in an output segment of `capacity` images of `shape` (C, H, W):
+    8-byte aligned after the pixels."""
+    return -(-capacity * math.prod(shape) // 8) * 8
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 cpu.max quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def default_workers(local_ranks: int) -> int:
+    """Decode workers per rank by default: the cores this rank may use shared by the node's ranks."""
+    return max(1, available_cores() // max(1, int(local_ranks)))
+
+
+class Segment:
+    """A shared-memory segment of `size` bytes: a memfd (Linux) or a file in /dev/shm, mapped here.
+    NOTE [decode workers] 3."""
+
+    _made = 0
+
+    def __init__(self, size: int, pin: bool = False, capacity: int = 0):
+        self.size = max(int(size), 8)
+        self.capacity = int(capacity)  # an output segment's samples (NOTE 3)
+        Segment._made += 1
+        self.uid = Segment._made  # a path may name a later segment (fd numbers are reused); this never
+        self._file = None
+        if hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd"):
+            self.fd = os.memfd_create("dstore-decode", os.MFD_CLOEXEC)
+            self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        else:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self.fd, self._file = tempfile.mkstemp(prefix="dstore-decode-", dir=shm)
+            self.path = self._file
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self._array = np.frombuffer(self.map, np.uint8)
+        self.tensor = None
+        self._pinned = False
+        if pin:
+            self._pin()
+
+    def _pin(self) -> None:
+        import torch
+
+        tensor = self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+        try:
+            cudart = torch.cuda.cudart()
+            if cudart is None:  # never past its _lazy_init (an AssertionError there); unpinned if it were
+                self._pinned = False
+                return
+            err = cudart.cudaHostRegister(tensor.data_ptr(), self.size, 0)
+            self._pinned = int(err) == 0
+        except (RuntimeError, AttributeError, TypeError):  # unpinned still works, only the copy is synchronous
+            self._pinned = False
+
+    @property
+    def array(self) -> np.ndarray:
+        """The segment's bytes (uint8, this process's map); ValueError once closed."""
+        if self._array is None:
+            raise ValueError(f"the segment {self.path} is closed: its map is gone")
+        return self._array
+
+    def lend(self, back):
+        """The segment as a uint8 tensor for the caller; `back(self)` runs once the tensor's last
+        view is gone (NOTE 3: the segment is then a spare). The tensor views a numpy array of its
+        own, made here and held by nothing else, whose end `weakref.finalize` reports."""
+        import torch
+
+        if self.map is None:
+            raise ValueError(f"the segment {self.path} is closed: it cannot be lent")
+        view = np.frombuffer(self.map, np.uint8)
+        weakref.finalize(view, back, self)
+        return torch.frombuffer(view, dtype=torch.uint8)
+
+    def torch(self):
+        """The segment as a uint8 torch tensor (made once)."""
+        import torch
+
+        if self.tensor is None:
+            self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+        return self.tensor
+
+    def close(self) -> None:
+        if self._pinned:
+            import torch
+
+            cudart, tensor = torch.cuda.cudart(), self.tensor
+            if cudart is not None and tensor is not None:  # both are, while pinned (_pin)
+                cudart.cudaHostUnregister(tensor.data_ptr())
+            self._pinned = False
+        self.tensor = self._array = None
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a batch tensor still views it: the map goes with the last view
+                pass
+            self.map = None
+        if self.fd < 0:
+            return
+        os.close(self.fd)
+        self.fd = -1
+        if self._file is not None:
+            os.unlink(self._file)
+            self._file = None
+
+
+class _Event(Protocol):
+    """What a slot needs of a CUDA event (torch.cuda.Event): waiting for the work it marks."""
+
+    def synchronize(self) -> None: ...
+
+
+@dataclasses.dataclass
+class Slot:
+    """One ring slot: its segments, the samples its output holds, and the GPU copy out of it."""
+
+    inp: Segment | None = None
+    out: Segment | None = None
+    capacity: int = 0
+    event: _Event | None = None  # a CUDA event: the copy out of `out` (NOTE 5)
+
+    def output(self) -> Segment:
+        """The output segment; ValueError where there is none (the workers are closed, or the
+        segment was handed to the caller)."""
+        if self.out is None:
+            raise ValueError("this ring slot has no output segment: the decode workers are closed")
+        return self.out
+
+
+@dataclasses.dataclass
+class Ticket:
+    """A batch handed to the workers: its slot and which workers have a part of it."""
+
+    seq: int
+    slot: int
+    n: int
+    nbytes: int
+    workers: list
+
+
+class DecodeWorkers:
+    """`n` decode worker processes and their shared ring (NOTE [decode workers]).
+
+    `start`, `submit` and `release`'s wait run in the loader's copier thread; `collect` in the
+    caller's. Args: shape: (C, H, W) of the output (of the canvas with `defer`); info: the
+    container's ContainerInfo; channels: as the StoreLoader's; size: the workers' own resize, None
+    where the transform resizes; hint: the decode's minimum (H, W) (a JPEG's DCT scale); defer:
+    the transform's resize and crop are left to the caller (`sample_part(defer_resize=True)`);
+    transform: None or one with `sample_part`; seed: the store's seed;
+    slots: the ring's slots; pin: page-lock the output segments (CUDA); on_device: the caller runs
+    the transform's batch part on the batch's device, else the workers apply it (its `finish`)
+    and each batch gets an output segment of its own, handed to the caller (NOTE 3)."""
+
+    def __init__(self, n: int, *, shape, info, channels, size, transform, seed: int, slots: int, pin: bool,
+                 on_device: bool, hint=None, defer: bool = False):
+        self.n = int(n)
+        c, h, w = (int(x) for x in shape)
+        self.shape = (c, h, w)
+        self.pin = pin
+        self.fresh = not on_device
+        self.defer = bool(defer)
+        info = types.SimpleNamespace(encoding=info.encoding, raw_dtype=getattr(info, "raw_dtype", None),
+                                     raw_shape=getattr(info, "raw_shape", None))
+        self._setup = pickle.dumps({"shape": self.shape, "info": info, "channels": channels, "size": size,
+                                    "hint": size if hint is None else hint, "defer": self.defer,
+                                    "transform": transform, "seed": int(seed), "finish": not on_device})
+        self.slots = [Slot() for _ in range(slots)]
+        self._spare: collections.deque[Segment] = collections.deque()  # NOTE 3: let go of by the caller
+        self._retired: list[int] = []  # uids of closed spares the workers have yet to unmap
+        self._lock = threading.Lock()  # spares come back in whichever thread drops a batch's last view
+        self._closed = False
+        self.procs, self._to, self._from = [], [], []
+        self._native = [False] * self.n  # per worker: its compiled kernels loaded, as of its last answer
+        self._seq = 0
+        self.pids = []
+
+    @property
+    def native(self) -> bool:
+        """Whether every worker had its compiled kernels (dstore.loader.kernels) loaded at its last answer:
+        they load in the background after the start, the numpy path serving until then."""
+        return all(self._native)
+
+    # ---------------------------------------------------------------- start and stop
+    def start(self) -> None:
+        """Starts the workers and waits for each one's "ready" (NOTE 1)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["OMP_NUM_THREADS"] = "1"
+        for _ in range(self.n):
+            req_r, req_w = os.pipe()
+            ans_r, ans_w = os.pipe()
+            proc = subprocess.Popen([sys.executable, "-m", "dstore.loader.decode_worker", str(req_r), str(ans_w),
+                                     str(os.getpid())], pass_fds=(req_r, ans_w), env=env,
+                                    stdin=subprocess.DEVNULL)
+            os.close(req_r)
+            os.close(ans_w)
+            self.procs.append(proc)
+            self._to.append(Connection(req_w, readable=False))
+            self._from.append(Connection(ans_r, writable=False))
+        for k in range(self.n):
+            self._to[k].send_bytes(self._setup)
+        for k in range(self.n):
+            kind, pid, _, native = self._answer(k)
+            self._native[k] = native
+            if kind != "ready":
+                raise DStoreError(f"decode worker {k} could not start: {pid}")
+            self.pids.append(pid)
+
+    def close(self) -> None:
+        """Stops the workers (NOTE 2) and frees the ring. Safe to call twice."""
+        for conn in self._to:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except OSError:  # already gone
+                pass
+            conn.close()
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for conn in self._from:
+            conn.close()
+        self.procs, self._to, self._from = [], [], []
+        for slot in self.slots:
+            for seg in (slot.inp, slot.out):
+                if seg is not None:
+                    seg.close()
+            slot.inp = slot.out = None
+        with self._lock:
+            self._closed = True
+            spare, self._spare = list(self._spare), collections.deque()
+        for seg in spare:
+            seg.close()
+
+    def _back(self, seg: Segment) -> None:
+        """A lent output segment whose batch the caller let go of (NOTE 3): kept as a spare, or
+        closed (past KEEP_HANDED spares, or once the workers are closed)."""
+        with self._lock:
+            if not self._closed and len(self._spare) < KEEP_HANDED:
+                self._spare.append(seg)
+                return
+            if not self._closed:
+                self._retired.append(seg.uid)
+        seg.close()
+
+    def _spare_for(self, n: int) -> Segment | None:
+        """A spare output segment with room for `n` samples (NOTE 3), or None."""
+        with self._lock:
+            for seg in self._spare:
+                if seg.capacity >= n:
+                    self._spare.remove(seg)
+                    return seg
+        return None
+
+    # ---------------------------------------------------------------- per batch
+    def submit(self, batch) -> Ticket:
+        """Copies `batch`'s bytes into the next slot and sends the workers its parts (NOTE 4)."""
+        seq, self._seq = self._seq, self._seq + 1
+        k = seq % len(self.slots)
+        slot = self.slots[k]
+        if slot.event is not None:  # NOTE 5: the GPU's copy out of this slot must be done
+            slot.event.synchronize()
+            slot.event = None
+        n = len(batch.samples)
+        lens = np.fromiter((s.size for s in batch.samples), np.int64, n)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        inp, out = self._fit(slot, int(offsets[-1]), n)
+        if n:
+            np.concatenate(batch.samples, out=inp.array[: offsets[-1]])
+        ids = np.array(batch.ids, np.int64)
+        cuts = [n * w // self.n for w in range(self.n + 1)]
+        parts = [(w, a, b) for w, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
+        base = {"ticket": seq, "slot": k, "in": (inp.path, inp.size, inp.uid),
+                "out": (out.path, out.size, out.uid), "capacity": slot.capacity,
+                "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh,
+                "retired": self._take_retired()}
+        for w, a, b in parts:
+            try:
+                self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
+            except OSError:  # a broken pipe: the worker died before this request
+                raise self._died(w) from None
+        return Ticket(seq, k, n, int(offsets[-1]), [w for w, _, _ in parts])
+
+    def _fit(self, slot: Slot, nbytes: int, n: int) -> tuple[Segment, Segment]:
+        """Replaces a slot's segments that are too small for `nbytes` / `n` samples (NOTE 3); the
+        slot's (input, output) segments."""
+        inp, out = slot.inp, slot.out
+        if inp is None or inp.size < nbytes:
+            if inp is not None:
+                inp.close()
+            inp = slot.inp = Segment(int(nbytes * 1.25) + 4096)
+        if self.fresh and out is None:
+            out = self._spare_for(n)
+        if out is None or out.capacity < n:
+            if out is not None:
+                out.close()
+                if self.fresh:  # a batch's own segment, mapped by uid in the workers (NOTE 3)
+                    with self._lock:
+                        self._retired.append(out.uid)
+            cap = max(n, 1)
+            out = Segment(params_offset(cap, self.shape) + 4 * NPARAMS * cap, pin=self.pin, capacity=cap)
+        slot.out, slot.capacity = out, out.capacity
+        return inp, out
+
+    def _take_retired(self) -> list[int]:
+        with self._lock:
+            gone, self._retired = self._retired, []
+        return gone
+
+    def collect(self, ticket: Ticket):
+        """Waits for `ticket`'s answers (NOTE 4): (pixels uint8 [n, C, H, W], parameters int32
+        [n, NPARAMS], worker-seconds), both views of the slot until `release`, or of memory of their own
+        (one segment per batch, the batch part applied) without `on_device`."""
+        secs, error = 0.0, None
+        for w in ticket.workers:
+            kind, seq, value, native = self._answer(w)
+            self._native[w] = native
+            if seq != ticket.seq:
+                raise DStoreError(f"decode worker {w} answered batch {seq} where {ticket.seq} was due (a bug)")
+            if kind == "ok":
+                secs += value
+            elif error is None:
+                error = value
+        if error is not None:
+            raise SampleError(f"decode worker: {error}")
+        slot = self.slots[ticket.slot]
+        if self.fresh:  # NOTE 3: the caller's from now on, a spare again once it lets go
+            whole, slot.out = slot.output().lend(self._back), None
+        else:
+            whole = slot.output().torch()
+        c, h, w = self.shape
+        images = whole[: slot.capacity * c * h * w].view(slot.capacity, c, h, w)[: ticket.n]
+        at = params_offset(slot.capacity, self.shape)
+        params = whole[at: at + 4 * NPARAMS * slot.capacity].view(_int32()).view(slot.capacity, NPARAMS)[: ticket.n]
+        return images, params, secs
+
+    def release(self, ticket: Ticket, event=None) -> None:
+        """The slot of `ticket` may be written again (after `event`, a CUDA event, where given)."""
+        self.slots[ticket.slot].event = event
+
+    def _answer(self, w: int):
+        """Worker `w`'s next answer; a DStoreError naming it if it died."""
+        conn = self._from[w]
+        try:
+            wait([conn])
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self._died(w) from None
+
+    def _died(self, w: int) -> DStoreError:
+        """The error naming worker `w`, found dead (by a request's broken pipe or an answer's EOF)."""
+        proc = self.procs[w]
+        try:
+            code = proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        return DStoreError(f"decode worker {w} (pid {proc.pid}) ended unexpectedly"
+                           + (f" with exit status {code}" if code is not None else "")
+                           + "; a signal -9 is often the kernel's out-of-memory killer")
+
+
+def _int32():
+    import torch
+
+    return torch.int32

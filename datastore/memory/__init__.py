@@ -1,0 +1,1 @@
+"""dstore.memory: see docs/design.md, "Layers"."""

@@ -1,0 +1,1 @@
+"""dstore.order: see docs/design.md, "Layers"."""

@@ -1,0 +1,1 @@
+"""dstore.runtime: see docs/design.md, "Layers"."""

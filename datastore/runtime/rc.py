@@ -1,0 +1,132 @@
+"""Runtime options: every environment variable the project reads, with its default, its doc and one
+parser (as mpi4py's `rc`). Read at the moment of use, so a test or a launcher can set them per job.
+
+Each option is an `Option`: `get()` parses the variable (unset or blank: the default; a bad value:
+ConfigError naming the variable, its value and what is allowed), `raw()` gives its text. The table
+in docs/guide.md is `python -m dstore.runtime.rc` (a test compares).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from dstore.errors import ConfigError
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One environment variable: its name, kind (`bool`, `int`, `bytes`, `seconds`, `path`), its
+    default (text, as a user would write it; None: not set) and what it does."""
+
+    name: str
+    kind: str
+    default: str | None
+    doc: str
+
+    def raw(self) -> str | None:
+        """The variable's text, stripped; None where it is unset or blank."""
+        text = os.environ.get(self.name, "").strip()
+        return text or None
+
+    def get(self) -> Any:
+        """The variable parsed (its default where unset or blank; None if that is None too)."""
+        text = self.raw()
+        if text is None:
+            text = self.default
+        return None if text is None else parse(self, text)
+
+
+def parse(option: Option, text: str) -> Any:
+    """`text` as `option`'s kind; ConfigError naming the variable if it is not one."""
+    kind = option.kind
+    if kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        allowed = "one of " + "/".join(_TRUE + _FALSE)
+    elif kind == "int":
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value >= 1:
+            return value
+        allowed = "an integer >= 1"
+    elif kind == "bytes":
+        from dstore.runtime.units import parse_size  # not dstore.memory, which imports this module
+
+        return parse_size(text, f"${option.name}")
+    elif kind == "seconds":
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if 0 <= value < float("inf"):
+            return value
+        allowed = "a finite number of seconds >= 0"
+    else:  # path
+        return os.path.expanduser(text)
+    raise ConfigError(f"${option.name}={text!r} must be {allowed}")
+
+
+MEMORY_BUDGET = Option("DSTORE_MEMORY_BUDGET", "bytes", None, (
+    "each rank's memory budget where `memory_budget=` / `--memory-budget` is not given (e.g. `8G`); "
+    "unset: 70% of the node's available memory shared by its ranks"))
+NODE_VIEWS = Option("DSTORE_NODE_VIEWS", "bool", "1", (
+    "`0`: a store gets every sample that is not this rank's own, instead of reading its node peers' "
+    "windows in place (where `node_views=` is not given)"))
+PROGRESS_PERIOD = Option("DSTORE_PROGRESS_PERIOD", "seconds", None, (
+    "the period of a store's MPI progress thread where `progress_period=` is not given; 0: none; unset: "
+    "automatic (0.002 s where a rank is on another node)"))
+RANKS_PER_NODE = Option("DSTORE_RANKS_PER_NODE", "int", None, (
+    "tests on one machine: a store treats each run of this many consecutive ranks as a node (samples of "
+    "other \"nodes\" are then served with gets)"))
+CACHE = Option("DSTORE_CACHE", "path", "~/.cache/dstore", "where `dstore train` ingests its built-in data sets")
+MOSAIC_VENV = Option("DSTORE_MOSAIC_VENV", "path", None, (
+    "the virtual environment with mosaicml-streaming that `dstore bench` compares against "
+    "(default: the one tools/setup_mosaic.sh makes)"))
+DALI_PYTHON = Option("DSTORE_DALI_PYTHON", "path", None, (
+    "the Python of the virtual environment with NVIDIA DALI that `dstore bench --peers` and "
+    "`python -m dstore.tools.measure.loader --dali` compare against (default: the one tools/setup_dali.sh makes)"))
+LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tests that need 12 GiB of memory")
+SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
+    "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
+HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
+    "seconds between the heartbeat lines rank 0 writes during a store's population, `dstore verify` and "
+    "`dstore ingest` without a progress bar (where `heartbeat=` is not given); 0: none"))
+ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
+    "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
+NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
+    "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
+    "(dstore.loader.kernels, numba; the same pixels)"))
+NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
+    "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
+    "(dstore.loader.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
+PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
+    "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
+    "libjpeg-turbo's partial decode (dstore.loader._jpegcrop; the same pixels, each file checked to its end)"))
+MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
+    "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
+
+OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
+                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
+                               PARTIAL_DECODE, MPICH_NOLOCAL)}
+"""Every runtime option, by variable name."""
+
+
+def options_table() -> str:
+    """The markdown table of the runtime options that docs/guide.md shows."""
+    rows = ["| variable | kind | default | what it does |", "| --- | --- | --- | --- |"]
+    for o in OPTIONS.values():
+        rows.append(f"| `{o.name}` | {o.kind} | {'unset' if o.default is None else f'`{o.default}`'} | {o.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the docs table
+    print(options_table(), end="")

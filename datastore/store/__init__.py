@@ -1,0 +1,1 @@
+"""dstore.store: see docs/design.md, "Layers"."""

@@ -1,1 +1,0 @@
-../../datastore/_jpegcrop.c

@@ -1,1 +1,0 @@
-../../datastore/config.py

@@ -1,1 +1,0 @@
-../../datastore/decode_worker.py

@@ -1,1 +1,0 @@
-../../datastore/draws.py

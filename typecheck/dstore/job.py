@@ -1,1 +1,0 @@
-../../datastore/job.py

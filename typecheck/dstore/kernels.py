@@ -1,1 +1,0 @@
-../../datastore/kernels.py

@@ -1,1 +1,0 @@
-../../datastore/preload.py

@@ -1,1 +1,0 @@
-../../datastore/torch_epoch.py
