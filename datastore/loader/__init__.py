@@ -1,1 +1,23 @@
-"""dstore.loader: see docs/design.md, "Layers"."""
+"""The loader: a store's bytes -> uint8 tensors (torch only in `store_loader.py` and `epoch.py`).
+
+`store_loader.py` is `StoreLoader` (it was dstore/torch.py, a name that shadowed torch);
+`epoch.py` one loader epoch; `workers.py` the decode processes (`decode_worker.py`); `decode.py`
+bytes -> HWC pixels (and the optional extension `_jpegcrop`); `kernels.py` and `resize.py` the
+per-sample resize; `draws.py` a sample's augmentation draws. docs/design.md, "The loader".
+"""
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dstore.loader.store_loader import StoreLoader
+
+__all__ = ["StoreLoader"]
+
+
+def __getattr__(name: str):
+    if name == "StoreLoader":  # loaded on first use: torch is imported only by who asks for it
+        value = importlib.import_module("dstore.loader.store_loader").StoreLoader
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dstore.loader' has no attribute {name!r}")
