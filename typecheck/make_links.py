@@ -1,7 +1,7 @@
 """Rebuild typecheck/dstore: the repository's three folders under their one import name, for pyright.
 
-pyright names a file by the folder it sits in, so datastore/store/data_store.py would be checked as
-`datastore.store` while every module imports it as `dstore.store`: two names, two classes to the
+pyright names a file by the folder it sits in, so datastore/store/epoch.py would be checked as
+`datastore.store.epoch` while every module imports it as `dstore.store.epoch`: two names, two classes to the
 checker. typecheck/dstore is a committed tree of relative links that lays the folders out as
 [tool.setuptools] package-dir installs them (datastore/ is `dstore`, training/ is
 `dstore.training`, tools/ is `dstore.tools`); [tool.pyright] checks it and resolves `dstore`
@@ -9,8 +9,9 @@ there (include, extraPaths). pyright always leaves out the editable install's ow
 (build/__editable__.*), so that one cannot serve.
 
 Run after adding or removing a top-level entry of datastore/ (tests/test_package.py fails until
-then): ``python typecheck/make_links.py``. The subpackages (formats/, ingest/) and training/,
-tools/ are linked whole, so files added inside them need nothing.
+then): ``python typecheck/make_links.py``. The subpackages (store/, order/, memory/, loader/,
+runtime/, formats/, ingest/) and training/, tools/ are linked whole, so files added inside them
+need nothing.
 """
 
 from __future__ import annotations
