@@ -203,7 +203,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     Attributes:
         last_ids: int64[b] container ids of the last batch returned.
-        last_pad: bool[b], which of them are padding repeats (see dstore.store).
+        last_pad: bool[b], which of them are padding repeats (see dstore.store.data_store).
         last_wait_seconds: how long the caller waited for the last batch.
         last_decode_seconds: thread-seconds spent decoding the last batch.
         stats: totals for the current epoch (batches, wait_seconds, decode_seconds, and

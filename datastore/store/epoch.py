@@ -52,7 +52,7 @@ class Batch:
         ids: int64[b], container sample indices.
         epoch: the epoch.
         step: the step within the epoch.
-        pad: bool[b], True for padding repeats (see dstore.store's module docstring).
+        pad: bool[b], True for padding repeats (see dstore.store.data_store's module docstring).
         fields: with `DataStore(fields=[...])`, {field: [each sample's value as stored, bytes]}
             from the owners' windows (dstore.fieldstore); None without fields.
     """
