@@ -17,17 +17,19 @@ keeps the old names):
   are rewritten only where an attribute of the old module follows (`dstore.store.DataStore`,
   `from dstore.memory import parse_bytes`); the bare name is left alone and listed for a look;
 - paths: `datastore/old.py` -> `datastore/new/path.py` (docs, comments, the module map).
-After merging branches written against the old layout (rebase this branch commit by commit onto
-them, never squashed, so the move commit's renames carry their edits to the new paths): where that
-commit conflicts, take the other side of the file (`git checkout --ours FILE` during a rebase), run
-this script, `git add` it and continue (the move commit changes file contents only by this
-script's rewrites); once rebased, run it again for the references they added elsewhere (new
-modules, docs/reliability.md, which this branch left to the lead), then `python
-typecheck/make_links.py` if they added a top-level module, and `pip install -e` again.
-A new top-level module of theirs that belongs in a folder: add it to MOVED and run with --move.
-
 Then `ruff check --fix --select I` puts the rewritten imports back in order. A line with the marker
 `rename_modules: keep` (KEEP) is left alone.
+
+After merging branches written against the old layout (rebase this branch commit by commit onto
+them, never squashed, so the move commit's renames carry their edits to the new paths): where that
+commit conflicts in a file it changed only by this script's rewrites, take the other side of the
+file (`git checkout --ours FILE` during a rebase), run this script, `git add` it and continue. Its
+other edits are by hand and must be kept: pyproject.toml (the package list, the extension's path),
+.gitignore (datastore/**/*.so), datastore/__init__.py (`_LAZY`: dstore.store.data_store) and
+tests/test_package.py (the expected module names). Once rebased, run it again for references the
+merged branches added elsewhere (their new modules; docs/reliability.md, left to the lead), then
+`python typecheck/make_links.py` if they added a top-level module, and `pip install -e` again. A new
+top-level module of theirs that belongs in a folder: add it to MOVED and run with --move.
 """
 
 from __future__ import annotations
