@@ -1,4 +1,4 @@
-"""Extra fields served by the store (`DataStore(fields=[...])`, dstore.fieldstore): a CLIP-style
+"""Extra fields served by the store (`DataStore(fields=[...])`, dstore.store.fieldstore): a CLIP-style
 round trip from WebDataset shards on 2 ranks against webdataset's own reading, a detection-style
 one from ingest_items, a resume from 2 ranks to 1, a damaged field byte while streaming or tiered,
 and the memory budget counting the fields."""
@@ -14,11 +14,11 @@ import pytest
 from mpi4py import MPI
 from support.ingest import png_bytes
 
-from dstore import fieldstore
 from dstore.errors import ChecksumError
 from dstore.formats import create_writer, open_container
 from dstore.ingest import ingest, ingest_items
 from dstore.loader.store_loader import StoreLoader
+from dstore.store import fieldstore
 from dstore.store.data_store import DataStore
 
 SCENARIO = Path(__file__).resolve().parent / "store_scenarios" / "fields_scenario.py"

@@ -56,6 +56,7 @@ MOVED = {
     "storage": "store.storage",
     "index": "store.index",
     "window": "store.window",
+    "fieldstore": "store.fieldstore",
     # pure arithmetic: which sample, where, when (no MPI, no I/O)
     "plan": "order.plan",
     "shuffle": "order.shuffle",

@@ -302,7 +302,7 @@ class ContainerReader(abc.ABC):
 
     def field_block(self, name: str, lo: int, hi: int, *, data: bool = True) -> tuple:
         """Field `name` of samples [lo, hi) as stored, read with one slice of each array (what a
-        store holds: dstore.fieldstore): (offsets int64[hi-lo+1] from 0, the values' bytes back to
+        store holds: dstore.store.fieldstore): (offsets int64[hi-lo+1] from 0, the values' bytes back to
         back as uint8 (empty unless `data`), their checksums uint32[hi-lo]). Nothing is checked
         against the checksums here; FormatError naming the field where the offsets do not fit."""
         from dstore.formats.fields import block_of

@@ -238,7 +238,7 @@ class StoreFields:
     `fields=` over a source that holds none: dstore.training.data.DirectSource, which reads its
     samples from storage too): a reader of its own over the source's container, so the source's
     readers are not shared. A DataStore holds the fields it is asked for and serves them with its
-    samples instead (dstore.fieldstore)."""
+    samples instead (dstore.store.fieldstore)."""
 
     RESERVED = ("image", "label")
     """Keys of a loader's batch dict that a field may not take."""

@@ -222,7 +222,7 @@ class LoaderEpoch:
                      self.fields_of(batch))
 
     def fields_of(self, batch) -> dict:
-        """The loader's served fields of `batch` (the store's bytes, dstore.fieldstore) decoded by
+        """The loader's served fields of `batch` (the store's bytes, dstore.store.fieldstore) decoded by
         kind; {} where the loader asks for none or reads them from storage itself."""
         kinds = self.loader._field_kinds
         if not kinds or self.loader._fields is not None:

@@ -193,7 +193,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             batch is then a dict {"image": images, "label": labels, name: [value per sample]}
             (str for text, the parsed document for JSON, bytes). A DataStore must hold them
             (`DataStore(..., fields=[...])`): its batches carry them from their owners' windows
-            (dstore.fieldstore), with decode workers too. A source that holds none
+            (dstore.store.fieldstore), with decode workers too. A source that holds none
             (dstore.training.data.DirectSource, which reads its samples from storage anyway)
             has them read from storage for each batch (dstore.formats.fields.StoreFields).
 

@@ -156,7 +156,7 @@ def _buffers(p: StorePlan) -> tuple[int, int]:
     """(a rank's receive buffers, the most it holds besides its data: peak_bytes)."""
     bufs = receive_buffers(p)
     streaming = p.population == "stream" and not p.replicate  # the stream runs beside epoch 0's buffers
-    # the served fields (dstore.fieldstore) are always resident, beside everything else
+    # the served fields (dstore.store.fieldstore) are always resident, beside everything else
     return bufs, peak_bytes(bufs, population_readers(p), stream_buffers(p) if streaming else None) + p.field_bytes
 
 

@@ -27,7 +27,7 @@ Rules a user can rely on (the arithmetic is in dstore.order.plan and dstore.orde
   rules above depends on residency.
 * Fields: with ``fields=[...]`` each batch also carries those fields' values of its samples
   (``Batch.fields``), held in the ranks' memory beside the samples and served from the same owners
-  (dstore.fieldstore); order, exactly-once and resumption are the samples'.
+  (dstore.store.fieldstore); order, exactly-once and resumption are the samples'.
 * Failure: every collective step first agrees that no rank failed (dstore.runtime.collective); a read
   error on one rank is raised on every rank, naming the container and the samples.
 """
@@ -41,7 +41,6 @@ import os
 import time
 import warnings
 
-from dstore import fieldstore
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
@@ -52,8 +51,8 @@ from dstore.order import shuffle as shuffle_mod
 from dstore.runtime import job, rc
 from dstore.runtime.collective import AGREED, agree, is_agreed, settle
 from dstore.runtime.progress import ProgressThread
+from dstore.store import fieldstore, storeplan
 from dstore.store import populate as populate_mod
-from dstore.store import storeplan
 from dstore.store import stream as stream_mod
 from dstore.store.config import StoreConfig
 from dstore.store.epoch import Batch as Batch  # re-exported: dstore.store.data_store.Batch
@@ -118,7 +117,7 @@ class DataStore:
             there: batch_size, seed, shuffle, partial_fraction, population, replicate, prefetch,
             drop_last, sample_range, memory_budget, node_views, overflow, storage_lookahead,
             storage_threads, population_threads, progress_period, fields (the container's extra
-            fields held and served with the samples: each batch's `fields`, dstore.fieldstore).
+            fields held and served with the samples: each batch's `fields`, dstore.store.fieldstore).
             The validated, normalised arguments are kept as `config`.
     """
 
@@ -381,7 +380,7 @@ class DataStore:
             batches = iter(run)
             with fields.reading() if fields is not None else contextlib.nullcontext():
                 for batch in batches:
-                    if fields is not None:  # the batch's values from their owners' windows (dstore.fieldstore)
+                    if fields is not None:  # the batch's values from their owners' windows (dstore.store.fieldstore)
                         batch.fields = fields.fetch(batch.ids - self.start, self.rank)
                     self._advance(e, batch.step + 1, steps)
                     yield batch

@@ -54,7 +54,7 @@ class Batch:
         step: the step within the epoch.
         pad: bool[b], True for padding repeats (see dstore.store.data_store's module docstring).
         fields: with `DataStore(fields=[...])`, {field: [each sample's value as stored, bytes]}
-            from the owners' windows (dstore.fieldstore); None without fields.
+            from the owners' windows (dstore.store.fieldstore); None without fields.
     """
 
     samples: list

@@ -38,7 +38,7 @@ class StorePlan:
         tier: {resident_fraction, resident_bytes, storage_bytes} (all resident until the budget says otherwise).
         reader_index: bytes of the index arrays each storage or population thread's reader holds.
         budget_source: what set the memory budget (named in a MemoryBudgetError).
-        field_bytes: what the served fields (`fields=`, dstore.fieldstore) cost this rank: its
+        field_bytes: what the served fields (`fields=`, dstore.store.fieldstore) cost this rank: its
             window of its block's values and a step's receive buffer (0 without fields).
     """
 

@@ -1,4 +1,4 @@
-"""A DataStore serving extra fields (dstore.fieldstore) on any communicator: under
+"""A DataStore serving extra fields (dstore.store.fieldstore) on any communicator: under
 `mpiexec -n N python -m mpi4py fields_scenario.py MODE CONTAINER ARG...`, or called in-process.
 
 Modes:

@@ -1,1 +1,0 @@
-../../datastore/fieldstore.py
