@@ -133,8 +133,10 @@ def test_a_rank_waiting_for_a_late_rank_sleeps(tmp_path):
     results, work = tmp_path / "results", tmp_path / "work"
     results.mkdir()
     work.mkdir()
+    # MPICH's plain busy-poll (conftest turns on its heavy yield, which would make even an unsettled
+    # wait cheap, so this check could not fail).
     run_mpi(2, ["python", os.path.join(os.path.dirname(__file__), "settle_run.py"), str(results), str(work)],
-            timeout=90)
+            timeout=90, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"})
     waiting = json.loads((results / "rank1.json").read_text())
     for step in ("agree", "epoch_start"):
         assert waiting[step]["wall"] > 1.5, (step, waiting)  # it did wait for rank 0
