@@ -21,6 +21,7 @@ def container(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(scenarios.SCENARIOS))
 def test_scenario_in_process_on_comm_self(container, name):
+    import torch  # noqa: F401  (here scenario_resume's state goes through torch.save/load(weights_only=True))
     from mpi4py import MPI
 
     scenarios.SCENARIOS[name](MPI.COMM_SELF, container)
