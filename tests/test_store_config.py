@@ -100,3 +100,20 @@ def test_datastore_keywords_are_the_config_fields(tmp_path):
     assert options_from(Run(), seed=2) == {"batch_size": 8, "shuffle": "local", "prefetch": 3, "seed": 2}
     with pytest.raises(ConfigError, match="not DataStore arguments: lr"):
         options_from(Run(), lr=1)
+
+
+def test_train_flags_for_the_storage_tier_reach_the_store():
+    # a container in object storage needs more reads in flight than a disk: `dstore train
+    # --storage-threads 16 --storage-lookahead 8` must be what its stores are built with
+    from dstore.store.config import options_from
+    from dstore.tools.cli import build_parser
+    from dstore.tools.flags import from_args
+    from dstore.training.config import TrainConfig
+    from dstore.training.resume import CHANGEABLE
+
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    cfg = from_args(TrainConfig, sub.choices["train"].parse_args(["--storage-threads", "16",
+                                                                  "--storage-lookahead", "8"]))
+    opts = options_from(cfg, seed=1)
+    assert opts["storage_threads"] == 16 and opts["storage_lookahead"] == 8
+    assert {"storage_threads", "storage_lookahead"} <= set(CHANGEABLE)  # how a run reads, not what it learns

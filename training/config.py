@@ -133,6 +133,12 @@ class TrainConfig:
                                       group=DATA, parse=_bytes, metavar="BYTES")
     overflow: str = _flag("serve", "data over the memory budget: serve the rest from storage (default) or refuse",
                           group=DATA, choices=OVERFLOWS)
+    storage_threads: int = _flag(4, "with data over the memory budget served from storage: the reads in flight "
+                                    "per rank (a container in object storage wants more: a rank's storage tier "
+                                    "serves about threads / round-trip time samples per second)", group=DATA)
+    storage_lookahead: int = _flag(4, "with data over the memory budget served from storage: the steps whose "
+                                      "storage reads are issued ahead (their buffers count in the budget)",
+                                   group=DATA)
     drop_last: bool = _flag(False, "drop each epoch's last partial global batch", group=DATA)
     augment: str = _flag("auto", "auto: random crop with padding + flip for images of 32x32 and up, none below; "
                                  "imagenet: random resized crop (0.08-1, 3/4-4/3) + flip, evaluation resize "

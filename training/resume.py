@@ -43,7 +43,8 @@ SAME_CONFIG = ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainer
 SAME_INPUT = ("model", "image_size", "augment", "channels", "mean", "std", "val")
 
 CHANGEABLE = ("epochs", "loader", "files_root", "read_threads", "direct_cold", "population", "prefetch",
-              "decode_threads", "decode_workers", "resize_on", "memory_budget", "overflow", "cache_dir",
+              "decode_threads", "decode_workers", "resize_on", "memory_budget", "overflow", "storage_threads",
+              "storage_lookahead", "cache_dir",
               "deterministic", "device", "amp", "channels_last", "checkpoint_every", "preempt_signal",
               "tensorboard", "log_batches")
 """Config fields a resume may change (documented in docs/training.md, 'Resuming'): how the run

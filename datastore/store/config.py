@@ -84,8 +84,9 @@ class StoreConfig:
         "with overflow served: steps whose storage reads are in flight ahead (their buffers count in the "
         "budget, so in the resident set)"))
     storage_threads: int = arg(4, agree=True, values="int >= 1 (4)", doc=(
-        "with overflow served: the threads that read from storage, each with its own reader of the container "
-        "(a sharded container's readers hold its index, counted in the budget; HDF5 and Zarr readers hold none)"))
+        "with overflow served: the threads that read from storage: with the job's own reader where it allows "
+        "concurrent reads (HDF5), else each with a reader of its own (a sharded container's readers hold its "
+        "index, counted in the budget; Zarr readers hold none); from object storage, the requests in flight"))
     population_threads: int = arg(4, agree=False, values="int >= 1 (4)", doc=(
         "reads in flight while a preload fills the windows (4 MiB pieces, one container reader per thread); "
         "1: one stream of 32 MiB reads. Pays on shared file systems, where one stream of reads waits a round "
