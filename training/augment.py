@@ -17,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.loader.kernels import resize_chw
 from dstore.loader.resize import fit, resize, resize_batch, shift
+
+if TYPE_CHECKING:
+    from dstore.loader.transform import SplitTransform
 
 
 def to_channels(img: np.ndarray, channels: int) -> np.ndarray:
@@ -411,3 +414,8 @@ def channel_stats(images: list[np.ndarray]) -> tuple[tuple[float, ...], tuple[fl
     std = np.sqrt(np.maximum(total_sq / n - mean * mean, 1e-12))
     std = np.maximum(std, 1e-3)  # a constant channel must not divide by zero
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+if TYPE_CHECKING:  # pyright checks that ImageTransform is all a StoreLoader can use of a transform
+    def _splits(tf: ImageTransform) -> SplitTransform:
+        return tf

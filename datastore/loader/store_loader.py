@@ -35,7 +35,7 @@ import pickle
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,10 +44,12 @@ import torch.utils.data
 
 from dstore.errors import ConfigError
 from dstore.formats.fields import StoreFields
+from dstore.loader.config import LoaderConfig, size_pair
 from dstore.loader.decode import decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
 from dstore.loader.epoch import LoaderEpoch
 from dstore.loader.kernels import resize_chw
+from dstore.loader.transform import SplitTransform
 
 
 class seeded:  # lower case: used like a function, transform=seeded(fn)
@@ -97,38 +99,6 @@ def crop_then_transform(tf, data, info, key, channels, name: str):
     return tf(arr, plan=(where, params))
 
 
-def _device(device):
-    """None (leave batches on the CPU) or a torch.device that exists here."""
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device={device!r} is not a torch device: {exc}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={device!r} was asked for but torch sees no CUDA GPU; use device=None or 'cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def _size_pair(size, name: str = "size"):
-    """None, or `size` (an int or (height, width)) as a pair of positive ints; ConfigError naming
-    `name` otherwise (a bool is refused: True is an int, and would mean 1 x 1)."""
-    if size is None:
-        return None
-    pair = (size, size) if isinstance(size, (int, np.integer)) else size
-    try:
-        h, w = pair
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={size!r} must be an int or (height, width)") from None
-    for v in (h, w):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ConfigError(f"{name}={size!r} must be a positive int or (height, width) of positive ints")
-    return int(h), int(w)
-
-
 def decode_channels(channels, transform) -> int | None:
     """The channels a StoreLoader decodes encoded images to (decided here, once per loader): its
     `channels` where given; else None (each image's own: grey 1, colour 3) for a transform with a
@@ -140,6 +110,17 @@ def decode_channels(channels, transform) -> int | None:
     if transform is not None and getattr(transform, "channels", None) in (1, 3):
         return None
     return 3
+
+
+_KEYWORD_DEFAULTS = {"decode_threads": None, "channels": None, "size": None, "ahead": 2, "pin_memory": False,
+                     "device": None, "workers": None, "batch_ops": "auto", "resize_on": "auto", "fields": None}
+"""StoreLoader's keyword defaults: a keyword that differs was passed (refused beside a LoaderConfig)."""
+
+
+def _is_default(value, default) -> bool:
+    """Whether a keyword's value is its default (compared by value only for ints, bools and strings:
+    a size or field list may be an array, whose == is not a truth value)."""
+    return value is default or (type(value) is type(default) and isinstance(value, (int, str)) and value == default)
 
 
 class StoreLoader(torch.utils.data.IterableDataset):
@@ -158,7 +139,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
             from (store seed, epoch, sample id), so augmentation is reproducible whatever the
             thread or rank count; a transform with a true `keyed` attribute, as ImageTransform,
             gets a `dstore.loader.draws.KeyedDraws` of that key instead). The array may be a read-only
-            view of the sample's bytes (raw encoding): copy before changing it in place.
+            view of the sample's bytes (raw encoding): copy before changing it in place. What the
+            loader uses beyond the call, each part optional, is `dstore.loader.transform.SplitTransform`.
         decode_threads: decode threads (`num_threads` is its deprecated old name).
         channels: 1 or 3 to convert encoded images to. None: 3 (RGB, grey images too, as
             torchvision's folder loader), or each image's own (grey 1, colour 3) for a transform
@@ -196,6 +178,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
             (dstore.store.fieldstore), with decode workers too. A source that holds none
             (dstore.training.data.DirectSource, which reads its samples from storage anyway)
             has them read from storage for each batch (dstore.formats.fields.StoreFields).
+        config: a dstore.loader.config.LoaderConfig instead of the keywords above (not both); the
+            validated, normalised arguments are kept as `config` either way.
 
     A transform whose `resizes` attribute is true (ImageTransform) makes the one resize itself:
     the loader then decodes at a DCT scale at least `size` (or the transform's size) and hands the
@@ -210,27 +194,33 @@ class StoreLoader(torch.utils.data.IterableDataset):
             copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2).
     """
 
-    def __init__(self, store, transform=None, decode_threads: int | None = None, channels=None, size=None,
-                 ahead: int = 2, *, pin_memory: bool = False, device=None, num_threads: int | None = None,
-                 workers: int | None = None, batch_ops: str = "auto", resize_on: str = "auto", fields=None):
+    def __init__(self, store, transform: SplitTransform | Callable[..., Any] | None = None,
+                 decode_threads: int | None = None, channels=None, size=None, ahead: int = 2, *,
+                 pin_memory: bool = False, device=None, num_threads: int | None = None, workers: int | None = None,
+                 batch_ops: str = "auto", resize_on: str = "auto", fields=None, config: LoaderConfig | None = None):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
             warnings.warn("StoreLoader(num_threads=) is deprecated: use decode_threads=", DeprecationWarning,
                           stacklevel=2)
             decode_threads = num_threads
-        decode_threads = 2 if decode_threads is None else decode_threads
-        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or decode_threads < 1:
-            raise ConfigError(f"decode_threads={decode_threads!r} must be an integer >= 1")
-        if isinstance(ahead, bool) or not isinstance(ahead, (int, np.integer)) or ahead < 1:
-            raise ConfigError(f"ahead={ahead!r} must be an integer >= 1")
-        if channels not in (None, 1, 3):
-            raise ConfigError(f"channels={channels!r} must be None, 1 or 3")
+        given = {"decode_threads": decode_threads, "channels": channels, "size": size, "ahead": ahead,
+                 "pin_memory": pin_memory, "device": device, "workers": workers, "batch_ops": batch_ops,
+                 "resize_on": resize_on, "fields": fields}
+        if config is None:
+            config = LoaderConfig(**{k: v for k, v in given.items() if not (k == "decode_threads" and v is None)})
+        else:
+            passed = [k for k, v in given.items() if not _is_default(v, _KEYWORD_DEFAULTS[k])]
+            if passed:
+                raise ConfigError(f"StoreLoader takes a LoaderConfig or keywords, not both ({', '.join(passed)})")
+        cfg = config.checked()
+        self.config = cfg
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
                               f"with fn(array, rng)")
-        self.device = _device(device)
-        self._fields, self._field_kinds = _field_source(store, fields)
+        self.device = cfg.device
+        self._fields, self._field_kinds = _field_source(store, cfg.fields)
+        pin_memory = cfg.pin_memory
         if pin_memory and not torch.cuda.is_available():
             warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
                           UserWarning, stacklevel=2)
@@ -239,25 +229,22 @@ class StoreLoader(torch.utils.data.IterableDataset):
         on_gpu = self.device is not None and self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if on_gpu else None
         self.store = store
-        self.transform = transform
+        self.transform: Any = transform  # its optional parts are looked up by name (dstore.loader.transform)
         self._seeded = transform is not None and _takes_rng(transform)
-        self.channels = channels
-        self._channels = decode_channels(channels, transform)
-        self.size = _size_pair(size)
+        self.channels = cfg.channels
+        self._channels = decode_channels(cfg.channels, transform)
+        self.size = cfg.size
         # a transform that resizes itself gets the decoded image: one resize, not two
         self._tf_resizes = transform is not None and bool(getattr(transform, "resizes", False))
-        self._hint = (_size_pair(transform.size, "transform.size")
+        self._hint = (size_pair(self.transform.size, "transform.size")
                       if self.size is None and self._tf_resizes and transform is not None else self.size)
-        self.decode_threads = decode_threads
-        self.ahead = int(ahead)
-        self._pool = concurrent.futures.ThreadPoolExecutor(decode_threads, thread_name_prefix="dstore-decode")
+        self.decode_threads = cfg.decode_threads
+        self.ahead = cfg.ahead
+        self._pool = concurrent.futures.ThreadPoolExecutor(cfg.decode_threads, thread_name_prefix="dstore-decode")
         self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
-        if batch_ops not in ("auto", "device", "worker"):
-            raise ConfigError(f"batch_ops={batch_ops!r} must be 'auto', 'device' or 'worker'")
-        self.batch_ops = batch_ops
-        if resize_on not in ("auto", "device", "worker"):
-            raise ConfigError(f"resize_on={resize_on!r} must be 'auto', 'device' or 'worker'")
-        self.resize_on = resize_on
+        self.batch_ops = cfg.batch_ops
+        self.resize_on = cfg.resize_on
+        resize_on, workers = cfg.resize_on, cfg.workers
         self._workers = self._make_workers(workers, on_gpu)
         if self._workers is None and resize_on == "device":
             raise ConfigError("resize_on='device' needs decode workers (workers=N): decode threads resize each sample")
@@ -280,10 +267,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     def _make_workers(self, workers, on_gpu: bool):
         """None (decode threads) or the DecodeWorkers of `workers` processes, not yet started."""
-        if workers is None or workers == 0:
+        if workers is None or workers == 0:  # checked by LoaderConfig.checked
             return None
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
-            raise ConfigError(f"workers={workers!r} must be an integer >= 0 (0: decode in threads)")
         tf = self.transform
         if tf is not None and not (hasattr(tf, "sample_part") and hasattr(tf, "batch_part")):
             raise ConfigError(f"workers={workers} needs transform=None or one split into sample_part and batch_part "
