@@ -23,7 +23,6 @@ import numpy as np
 
 from dstore.errors import ConfigError, OutputError, SampleError
 from dstore.formats import (
-    FORMATS,
     MANIFEST_NAME,
     ContainerExistsError,
     ContainerNotFoundError,
@@ -34,8 +33,9 @@ from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable, is_leftover, private_like, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
+from dstore.ingest.config import IngestConfig
 from dstore.ingest.meter import Meter
-from dstore.ingest.process import ON_ERROR, Block, Target, process_block, resolve_target
+from dstore.ingest.process import Block, Target, process_block, resolve_target
 from dstore.ingest.reencode import reencode_attrs
 from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
@@ -207,20 +207,8 @@ def _wait(request) -> None:
         pause = min(pause * 2, 1e-3)
 
 
-MAX_SHARDS = 99_999
-"""The most shards an ingest writes (`shard-00000-of-99999`)."""
-
-
-def _check_args(fmt, shards, on_error, count, output):
-    if fmt not in FORMATS:
-        raise ConfigError(f"fmt={fmt!r} is not one of {sorted(FORMATS)}")
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error={on_error!r} is not one of {ON_ERROR}")
-    if not isinstance(shards, (int, np.integer)) or not 1 <= shards <= MAX_SHARDS:
-        raise ConfigError(f"shards={shards!r} (--shards) must be an integer in [1, {MAX_SHARDS}] (shard names have "
-                          f"five digits)")
-    if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
-        raise ConfigError(f"count={count!r} must be a positive integer or None")
+def _check_output(fmt: str, shards: int, output) -> None:
+    """ConfigError if a one-file `output` has the other format's suffix."""
     lower = os.fspath(output).rstrip("/").lower()
     if shards == 1 and ((fmt == "hdf5" and lower.endswith(".zarr")) or (fmt == "zarr" and lower.endswith((".h5", ".hdf5")))):
         raise ConfigError(f"output {output!r} has the suffix of the other format but fmt={fmt!r}")
@@ -277,7 +265,8 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
            reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
-           heartbeat: float | None = None, fields=None, **source_options) -> IngestReport:
+           heartbeat: float | None = None, fields=None, config: IngestConfig | None = None,
+           **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
@@ -305,6 +294,7 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         fields: the extra fields per sample to store (`--fields`; dstore.ingest.source.select_fields):
             None: every field the source has (WebDataset members other than the image and label,
             other Parquet columns, ingest_items' field dicts); "none": none.
+        config: a dstore.ingest.config.IngestConfig instead of the keywords fmt .. fields (not both).
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -324,18 +314,32 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+    given = {"fmt": fmt, "shards": shards, "seed": seed, "keep_order": keep_order, "encoding": encoding,
+             "resize": resize, "on_error": on_error, "count": count, "progress": progress, "overwrite": overwrite,
+             "reencode_max_side": reencode_max_side, "reencode_quality": reencode_quality, "stratify": stratify,
+             "heartbeat": heartbeat, "fields": fields}
+    if config is None:
+        config = IngestConfig(**given)
+    else:
+        defaults = IngestConfig()
+        passed = [k for k, v in given.items() if not _is_default(v, getattr(defaults, k))]
+        if passed:  # before any collective step: every rank refuses alike
+            raise ConfigError(f"ingest takes an IngestConfig or keywords, not both ({', '.join(passed)})")
     with private_like(source):  # a private source gives a private container
-        return _ingest(source, output, comm, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
-                       encoding=encoding, resize=resize, on_error=on_error, count=count, progress=progress,
-                       overwrite=overwrite, reencode=(reencode_max_side, reencode_quality), stratify=stratify,
-                       heartbeat=heartbeat, fields=fields, **source_options)
+        return _ingest(source, output, comm, config, **source_options)
 
 
-def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encoding, resize, on_error, count,
-            progress, overwrite, reencode, stratify, heartbeat=None, fields=None, **source_options) -> IngestReport:
+def _is_default(value, default) -> bool:
+    """Whether a keyword's value is its default (compared by value only for ints, bools and strings:
+    a resize may be an array, whose == is not a truth value)."""
+    return value is default or (type(value) is type(default) and isinstance(value, (int, str)) and value == default)
+
+
+def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
-    _check_args(fmt, shards, on_error, count, output)
-    resize = plan.parse_resize(resize)
+    cfg = config.checked()
+    _check_output(cfg.fmt, cfg.shards, output)
+    fmt, shards, seed, on_error, count = cfg.fmt, cfg.shards, cfg.seed, cfg.on_error, cfg.count
     comm.Barrier()
     t0 = time.perf_counter()
     if isinstance(source, Source):  # built by the caller (every rank has it), e.g. ingest_items' spool
@@ -344,16 +348,17 @@ def _ingest(source, output: str, comm, *, fmt, shards, seed, keep_order, encodin
         if source == "synthetic" or source_options.get("source_type") == "synthetic":
             source_options["seed"] = seed  # one seed: the generated images and their order
         src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
-    job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=keep_order,
-                          encoding=encoding, resize=resize, on_error=on_error, count=count, overwrite=overwrite,
-                          reencode=reencode, stratify=stratify, fields=fields)
+    job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=cfg.keep_order,
+                          encoding=cfg.encoding, resize=cfg.resize, on_error=on_error, count=count,
+                          overwrite=cfg.overwrite, reencode=(cfg.reencode_max_side, cfg.reencode_quality),
+                          stratify=cfg.stratify, fields=cfg.fields)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
         created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
-                                     overwrite, job_lock is not None and job_lock.held, types=_TYPES,
+                                     cfg.overwrite, job_lock is not None and job_lock.held, types=_TYPES,
                                      fallback=IngestError)
-        written, exc = _write_shards(comm, job, progress, heartbeat)
+        written, exc = _write_shards(comm, job, cfg.progress, cfg.heartbeat)
         recs = _finish(comm, job, written, exc, created)
     finally:
         if job_lock is not None:
