@@ -50,7 +50,10 @@ def filesystem(url: str):
     Raises:
         ConfigError: fsspec or the protocol's package (s3fs...) is not installed.
     """
-    protocol = _URL.match(url).group("protocol").lower()  # type: ignore[union-attr] - callers check is_url
+    m = _URL.match(url)
+    if m is None:
+        raise ConfigError(f"{shown(url)} is not a URL (protocol://...)")
+    protocol = m.group("protocol").lower()
     try:
         import fsspec
 
@@ -112,14 +115,24 @@ def object_identity(url: str) -> tuple:
     return (url, OBJECT, st["etag"], st["size"], st["mtime"])
 
 
-def _prefix_identity(url: str) -> tuple:
+def list_below(url: str, what: str = "cannot list") -> tuple[str, dict[str, dict]]:
+    """Every object below the prefix `url`, listed afresh (fsspec's listing cache dropped first):
+    (the prefix as the file system names it, {key: its listing entry}).
+
+    Raises:
+        FormatError: the store cannot be asked; `what` and the reason, naming `url`.
+    """
     fs = filesystem(url)
     root = fs._strip_protocol(url).rstrip("/")
     try:
         fs.invalidate_cache(root)
-        found = fs.find(root, detail=True)
+        return root, fs.find(root, detail=True)
     except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
-        raise FormatError(f"{shown(url)}: cannot list: {shown(_reason(exc))}") from exc
+        raise FormatError(f"{shown(url)}: {what}: {shown(_reason(exc))}") from exc
+
+
+def _prefix_identity(url: str) -> tuple:
+    _root, found = list_below(url)
     if not found:
         return (url, None, None, None, None)
     digest = hashlib.sha256()

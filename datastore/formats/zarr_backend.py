@@ -32,7 +32,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
-from dstore.formats.objects import LocalFile, ObjectFile, filesystem, is_url, join
+from dstore.formats.objects import LocalFile, ObjectFile, is_url, join, list_below
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
@@ -181,13 +181,7 @@ def _scan_store(root: str) -> dict[str, int]:
 def _list_objects(url: str) -> tuple[dict[str, int], dict[str, tuple]]:
     """_scan_store of a Zarr group below the URL `url` (one recursive listing), and the identity of
     each of `data`'s chunk objects as listed ({chunk key: identity}, what its reads are pinned to)."""
-    fs = filesystem(url)
-    root = fs._strip_protocol(url).rstrip("/")
-    try:
-        fs.invalidate_cache(root)
-        found = fs.find(root, detail=True)
-    except Exception as exc:  # botocore, aiohttp and fsspec raise many types; name the URL
-        raise FormatError(f"{url}: cannot list the Zarr store: {type(exc).__name__}: {exc}") from exc
+    root, found = list_below(url, "cannot list the Zarr store")
     counts: dict[str, int] = {}
     chunks: dict[str, tuple] = {}
     for name, info in found.items():
