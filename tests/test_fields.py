@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zarr
 from mpi4py import MPI
-from support.ingest import png_bytes
+from support.ingest import clip_shards, png_bytes
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats import create_writer, open_container, write_manifest
@@ -121,17 +121,9 @@ def test_clip_style_webdataset_round_trip(tmp_path):
     """Image + caption + JSON shards written with webdataset's TarWriter: after ingest (seeded order),
     each sample's image and caption are byte for byte what webdataset.WebDataset yields for its key."""
     wds = pytest.importorskip("webdataset", reason="the reference reader: pip install webdataset==1.0.2")
-    shards, src = [], tmp_path / "wds"
+    src = tmp_path / "wds"
     src.mkdir()
-    for s in range(2):
-        shards.append(str(src / f"shard-{s}.tar"))
-        with wds.TarWriter(shards[-1]) as sink:
-            for k in range(s * 4, s * 4 + 4):
-                sample = {"__key__": f"s{k:03d}", "png": png_bytes(4, k), "cls": str(k % 3).encode(),
-                          "txt": f"a photo of thing {k} – ünïcode".encode()}
-                if k % 2:
-                    sample["json"] = f'{{"k": {k}}}'.encode()
-                sink.write(sample)
+    shards = clip_shards(wds, src, 4)
     out = str(tmp_path / "clip.h5")
     report = ingest(str(src), out, comm=MPI.COMM_SELF, progress=False, seed=3)
     assert "fields stored: json (json), txt (text)" in report.notes

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support.ingest import png_bytes
+from support.ingest import clip_shards, png_bytes
 
 from dstore.errors import ChecksumError
 from dstore.formats import create_writer, open_container
@@ -38,17 +38,9 @@ def test_clip_style_webdataset_served_on_two_ranks_is_webdatasets_reading(tmp_pa
     wds = pytest.importorskip("webdataset", reason="the reference reader: pip install webdataset==1.0.2")
     from support.mpirun import run_mpi
 
-    shards, src = [], tmp_path / "wds"
+    src = tmp_path / "wds"
     src.mkdir()
-    for s in range(2):
-        shards.append(str(src / f"shard-{s}.tar"))
-        with wds.TarWriter(shards[-1]) as sink:
-            for k in range(s * 9, s * 9 + 9):
-                sample = {"__key__": f"s{k:03d}", "png": png_bytes(4, k), "cls": str(k % 3).encode(),
-                          "txt": f"a photo of thing {k} – ünïcode {'x' * k}".encode()}
-                if k % 2:
-                    sample["json"] = f'{{"k": {k}}}'.encode()
-                sink.write(sample)
+    shards = clip_shards(wds, src, 9, long_captions=True)
     out = str(tmp_path / "clip.h5")
     ingest(str(src), out, comm=MPI.COMM_SELF, progress=False, seed=3)
     reference = {s["__key__"]: [s["png"].hex(), s["txt"].hex(), s["json"].hex() if "json" in s else None]

@@ -157,6 +157,25 @@ BAD_KINDS = ("undecodable", "truncated_jpeg", "truncated_png", "empty_file", "no
              "empty_class")
 
 
+
+def clip_shards(wds, folder, per_shard: int, *, long_captions: bool = False) -> list[str]:
+    """Two image + caption (+ JSON on odd samples) WebDataset shards written by webdataset's own
+    TarWriter (`wds`: the webdataset module) into `folder`, `per_shard` samples each; their paths.
+    Sample k: key s{k:03d}, a PNG, class k % 3, a caption (k more 'x's with `long_captions`)."""
+    shards = []
+    for s in range(2):
+        shards.append(os.path.join(str(folder), f"shard-{s}.tar"))
+        with wds.TarWriter(shards[-1]) as sink:
+            for k in range(s * per_shard, (s + 1) * per_shard):
+                caption = f"a photo of thing {k} – ünïcode" + (f" {'x' * k}" if long_captions else "")
+                sample = {"__key__": f"s{k:03d}", "png": png_bytes(4, k), "cls": str(k % 3).encode(),
+                          "txt": caption.encode()}
+                if k % 2:
+                    sample["json"] = f'{{"k": {k}}}'.encode()
+                sink.write(sample)
+    return shards
+
+
 def add_bad(root: str, kind: str) -> tuple[str, str]:
     """Adds one bad input of `kind` to the ImageFolder at root; returns (its path, a word the
     reason must contain)."""
