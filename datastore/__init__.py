@@ -53,12 +53,22 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dstore' has no attribute {name!r}")
+def lazy_getattr(package: str, table: dict[str, str], namespace: dict):
+    """A package's module `__getattr__` that imports each name of `table` (name -> module) from its
+    module on first use and keeps it in `namespace` (the package's globals()): the packages of
+    dstore name their public classes without importing torch or MPI until asked."""
+
+    def __getattr__(name: str):
+        if name in table:
+            value = getattr(importlib.import_module(table[name]), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -7,8 +7,9 @@ bytes -> HWC pixels (and the optional extension `_jpegcrop`); `kernels.py` and `
 per-sample resize; `draws.py` a sample's augmentation draws. docs/design.md, "The loader".
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from dstore import lazy_getattr
 
 if TYPE_CHECKING:
     from dstore.loader.store_loader import StoreLoader
@@ -16,9 +17,5 @@ if TYPE_CHECKING:
 __all__ = ["StoreLoader"]
 
 
-def __getattr__(name: str):
-    if name == "StoreLoader":  # loaded on first use: torch is imported only by who asks for it
-        value = importlib.import_module("dstore.loader.store_loader").StoreLoader
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dstore.loader' has no attribute {name!r}")
+# loaded on first use: torch is imported only by who asks for it
+__getattr__ = lazy_getattr(__name__, {"StoreLoader": "dstore.loader.store_loader"}, globals())

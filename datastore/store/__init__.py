@@ -10,8 +10,9 @@ The guide's import path before the move, `from dstore.store.data_store import Da
 (rename_modules: keep): the names below are loaded on first use, so importing a submodule loads no MPI.
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from dstore import lazy_getattr
 
 if TYPE_CHECKING:
     from dstore.store.data_store import DataStore
@@ -23,9 +24,4 @@ _LAZY = {"DataStore": "dstore.store.data_store", "Batch": "dstore.store.epoch", 
 __all__ = ["Batch", "DataStore", "MixedStore"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dstore.store' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
