@@ -29,6 +29,7 @@ COMMANDS = {
     "pfs": "dstore.tools.cmd_pfs",
     "plot": "dstore.tools.cmd_plot",
     "plan": "dstore.tools.cmd_plan",
+    "cluster": "dstore.tools.cmd_cluster",
 }
 
 

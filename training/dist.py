@@ -45,13 +45,52 @@ def _free_port() -> int:
 
 
 def _rendezvous_host() -> str:
-    """This host's name if it resolves to an address, else its IP (the other ranks must reach it)."""
-    name = socket.gethostname()
+    """This host's name if it resolves to an address, else an address of one of its network interfaces
+    (`_own_interface`), else 127.0.0.1: the other ranks must reach it, and on another node a loopback
+    address is that node's own (an emulated node whose name resolved nowhere waited 300 s for nothing)."""
+    if _resolves(socket.gethostname()):
+        return socket.gethostname()
+    found = _own_interface()
+    return found[1] if found else "127.0.0.1"
+
+
+def _resolves(name: str) -> bool:
     try:
         socket.getaddrinfo(name, None)
-        return name
+        return True
     except OSError:
-        return "127.0.0.1"
+        return False
+
+
+def _own_interface() -> tuple[str, str] | None:
+    """(name, IPv4 address) of this host's first network interface other than loopback that has one
+    (Linux: SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:
+                continue  # no IPv4 address, or down
+            addr = socket.inet_ntoa(packed[20:24])
+            if not addr.startswith("127."):
+                return name, addr
+    return None
+
+
+def _gloo_interface() -> None:
+    """Points gloo at a real interface where this host's name does not resolve: gloo binds what the
+    name resolves to and falls back to loopback otherwise, which no other node can reach. An explicit
+    $GLOO_SOCKET_IFNAME is kept."""
+    import os
+
+    if "GLOO_SOCKET_IFNAME" in os.environ or _resolves(socket.gethostname()):
+        return
+    found = _own_interface()
+    if found:
+        os.environ["GLOO_SOCKET_IFNAME"] = found[0]
 
 
 @dataclasses.dataclass
@@ -152,6 +191,8 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
             f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}")
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _rendezvous(comm, timeout)
+    if backend == "gloo":
+        _gloo_interface()
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     job.reassert()  # torch installs its own excepthook over ours: see job.reassert
     return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, backend,
