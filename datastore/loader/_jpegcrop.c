@@ -2,14 +2,22 @@
  *
  * libjpeg-turbo's own partial decode (libjpeg API, since 1.5): jpeg_crop_scanline narrows each
  * output row to the iMCU columns that cover the region, jpeg_skip_scanlines passes the rows above
- * it without the inverse DCT, colour conversion or upsampling, and the rows below it are never
- * read. Within the region the pixels are those of the full decode (libjpeg's design; tested in
- * tests/test_crop_decode.py). simplejpeg does not expose it, and PyTurboJPEG needs libjpeg-turbo
- * 3.0 (Debian 12 has 2.1.5) and offers no region decode either; so this small extension.
+ * it without the inverse DCT, colour conversion or upsampling. simplejpeg does not expose it, and
+ * PyTurboJPEG needs libjpeg-turbo 3.0 (Debian 12 has 2.1.5) and offers no region decode either; so
+ * this small extension.
+ *
+ * Exact: the region's pixels are the whole decode's (same libjpeg, same settings: fancy upsampling,
+ * the integer IDCT) for every chroma subsampling. jpeg_crop_scanline alone is not: the fancy
+ * upsampler of horizontally subsampled chroma (4:2:0, 4:2:2) blends each chroma sample with its
+ * neighbour, and at the edges of a cropped row it has none, so it repeats the edge one (up to
+ * 25 levels off in a crop's first and last columns on photos). So the crop asked of libjpeg is
+ * EDGE_PAD chroma samples wider on each side than the region (inside the image), and the region
+ * is cut out of it. The rows need nothing: jpeg_skip_scanlines keeps the upsampler's context rows.
+ * tests/test_partial_decode.py compares every subsampling, progressive and restart-marker files.
  *
  * decode_region(data, out, top, left, height, width, denom, gray) -> (out_width, x_offset)
  *   data: the JPEG's bytes (any buffer); out: a writable buffer of at least
- *   height * (width + 32) * channels bytes; the region in the pixels of the decode at 1/denom
+ *   height * (width + 64) * channels bytes; the region in the pixels of the decode at 1/denom
  *   (denom 1, 2, 4 or 8); gray: 1 for one channel, 0 for RGB. Writes `height` rows of
  *   out_width pixels (contiguous), whose first column is column x_offset of the scaled image
  *   (x_offset <= left, x_offset + out_width >= left + width: the iMCU columns around the region).
@@ -21,6 +29,10 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <jpeglib.h>
+
+/* Chroma samples of context kept on each side of the region: libjpeg-turbo's fancy upsamplers
+ * (h2v1, h2v2) read one neighbour; 2 leaves a margin. In output pixels: EDGE_PAD * max_h_samp_factor. */
+#define EDGE_PAD 2
 
 struct error_mgr {
     struct jpeg_error_mgr pub;
@@ -36,8 +48,7 @@ static void on_error(j_common_ptr cinfo) {
 
 /* A warning (corrupt data, a premature end: libjpeg would fill in grey and go on) is an error, as
  * simplejpeg's default (strict) makes it: a broken sample is refused, never served. Trace
- * messages (level > 0) are dropped. Only what is decoded is checked: the rows below the region
- * are not read (docs/training.md). */
+ * messages (level > 0) are dropped. */
 static void on_message(j_common_ptr cinfo, int level) {
     if (level < 0)
         on_error(cinfo);
@@ -69,7 +80,13 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
         jpeg_destroy_decompress(&cinfo);
         return 1;
     }
-    JDIMENSION x = (JDIMENSION)left, w = (JDIMENSION)width;
+    /* The crop asked of libjpeg: the region and EDGE_PAD chroma samples on each side (see the top). */
+    JDIMENSION pad = (JDIMENSION)(EDGE_PAD * cinfo.max_h_samp_factor);
+    JDIMENSION x = (JDIMENSION)left > pad ? (JDIMENSION)left - pad : 0;
+    JDIMENSION end = (JDIMENSION)(left + width) + pad;
+    if (end > cinfo.output_width)
+        end = cinfo.output_width;
+    JDIMENSION w = end - x;
     if (w < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &x, &w);
     else
@@ -123,4 +140,13 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", "libjpeg partial decode", -1, methods};
 
-PyMODINIT_FUNC PyInit__jpegcrop(void) { return PyModule_Create(&module); }
+/* VERSION: what dstore.loader.decode checks before it uses a build (an older one, left by an install
+ * that did not rebuild the extension, is not used): 2 = exact at the edges of subsampled chroma. */
+PyMODINIT_FUNC PyInit__jpegcrop(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

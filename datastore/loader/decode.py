@@ -6,6 +6,7 @@ Both libraries release the GIL, so callers decode in a thread pool (see dstore.l
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 
@@ -26,6 +27,15 @@ try:  # the partial decode (datastore/loader/_jpegcrop.c), an optional extension
 except ImportError:  # not built here (no compiler or libjpeg headers at install): whole decodes
     _jpegcrop = None
 if not rc.PARTIAL_DECODE.get():  # DSTORE_PARTIAL_DECODE=0: whole decodes, read once per process
+    _jpegcrop = None
+EXTENSION_VERSION = 2
+"""The build of dstore.loader._jpegcrop this module uses (its VERSION): 2, exact at the edges of
+subsampled chroma. An older build (an install that did not rebuild it) is not used: whole decodes,
+said once per process."""
+if _jpegcrop is not None and getattr(_jpegcrop, "VERSION", 1) < EXTENSION_VERSION:
+    warnings.warn(f"dstore.loader._jpegcrop ({_jpegcrop.__file__}) is an older build than this dstore's "
+                  f"(version {getattr(_jpegcrop, 'VERSION', 1)} < {EXTENSION_VERSION}), so JPEGs are decoded whole; "
+                  f"reinstall dstore to rebuild it", RuntimeWarning, stacklevel=1)
     _jpegcrop = None
 
 
@@ -195,11 +205,12 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
         rows, and columns to the iMCU edges around it), the box in its pixels (`scale_box`), and
         `plan`'s extra as it gave it.
 
-    At scale 1 the pixels in the box are the whole decode's (libjpeg's partial decode is exact).
-    At 1/2-1/8 they differ from a full decode cropped and resized at the same box: libjpeg's
-    reduced IDCT averages each 8x8 block's frequencies, a box filter, before the resize's bilinear
-    (tests/test_imagenet_recipe.py bounds the difference). The same bytes and plan give the same
-    pixels in any thread or process.
+    The pixels in the box are the whole decode's at the same scale, for every chroma subsampling
+    (the extension decodes the chroma context the upsampler reads beside the box:
+    tests/test_partial_decode.py), so at scale 1 they are the full decode's. At 1/2-1/8 they differ
+    from a full decode cropped and resized at the same box: libjpeg's reduced IDCT averages each
+    8x8 block's frequencies, a box filter, before the resize's bilinear (tests/test_imagenet_recipe.py
+    bounds the difference). The same bytes and plan give the same pixels in any thread or process.
 
     scratch: with the extension, decode into this thread's scratch buffer (dstore.loader.resize.scratch),
     valid until the thread's next decode_crop: for a caller that uses the image at once (the
@@ -245,7 +256,7 @@ def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | N
     scaled = (-(-shape[0] // k), -(-shape[1] // k))
     top, left, bh, bw = scale_box(where, k, scaled)
     c = 1 if channels == 1 else 3
-    need = bh * (bw + 32) * c  # the iMCU columns around the box: 32 px at most more
+    need = bh * (bw + 64) * c  # the iMCU columns around the box and the edge context: 64 px at most more
     out = _resize.scratch("jpegcrop", (need,), np.uint8) if scratch else np.empty(need, np.uint8)
     try:
         width, x0 = ext.decode_region(buf, out, top, left, bh, bw, k, int(c == 1))

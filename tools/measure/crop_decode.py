@@ -4,6 +4,8 @@ recipe's per-sample path (the sample's plan, the decode, the resize/crop/flip in
 with (a) a full decode then the crop, (b) the DCT scale chosen from the crop (1/2, 1/4, 1/8 where
 the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop).
 Also the mean crop area and how often each DCT scale is taken. Prints a Markdown table.
+`--extension PATH` adds a row of (c) with another build of the extension (an older one, say),
+measured in the same rounds.
 
     python -m dstore.tools.measure.crop_decode syn480.h5 --size 224 --count 200 --rounds 5
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import statistics
 import time
 
@@ -83,9 +86,25 @@ def measure(args) -> list[tuple[str, float]]:
     if ext is not None:
         rows.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop)", _us(crop_aware, blobs,
                                                                                             args.rounds)))
+    for path in args.extension:
+        decode._jpegcrop = _load(path)
+        try:
+            rows.append((f"(c) with the extension at {path}", _us(crop_aware, blobs, args.rounds)))
+        finally:
+            decode._jpegcrop = ext
     print(f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
           f"{dict(sorted(scales.items()))}")
     return rows
+
+
+def _load(path: str):
+    """The extension module built at `path` (a .so file), loaded beside this dstore's own."""
+    spec = importlib.util.spec_from_file_location("_jpegcrop", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--extension {path}: not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv=None) -> int:
@@ -95,6 +114,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--extension", action="append", default=[], metavar="PATH",
+                   help="also (c) with the build of dstore.loader._jpegcrop at PATH (repeatable)")
     args = p.parse_args(argv)
     rows = measure(args)
     base = rows[0][1]
