@@ -15,6 +15,13 @@
  * is cut out of it. The rows need nothing: jpeg_skip_scanlines keeps the upsampler's context rows.
  * tests/test_partial_decode.py compares every subsampling, progressive and restart-marker files.
  *
+ * Checked to the end: the rows below the region are still entropy-decoded (jpeg_skip_scanlines
+ * runs the Huffman decoder over the iMCU rows it skips, without the inverse DCT, the upsampling or
+ * the colour conversion), the last row decoded, and jpeg_finish_decompress reads on to the EOI
+ * marker; libjpeg's warnings are errors. So a file damaged anywhere that the whole decode refuses
+ * is refused here too, not only in the rows the region reads (libjpeg-turbo's jpeg_skip_scanlines
+ * to the last row would mark the end reached without reading it: the last row is read instead).
+ *
  * decode_region(data, out, top, left, height, width, denom, gray) -> (out_width, x_offset)
  *   data: the JPEG's bytes (any buffer); out: a writable buffer of at least
  *   height * (width + 64) * channels bytes; the region in the pixels of the decode at 1/denom
@@ -22,7 +29,7 @@
  *   out_width pixels (contiguous), whose first column is column x_offset of the scaled image
  *   (x_offset <= left, x_offset + out_width >= left + width: the iMCU columns around the region).
  * Raises ValueError with libjpeg's message on a broken or unsupported JPEG, a warning included
- * (corrupt data in the rows it reads).
+ * (corrupt data anywhere in the file).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -103,7 +110,17 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, si
         JSAMPROW row = out + (size_t)r * w * channels;
         jpeg_read_scanlines(&cinfo, &row, 1);
     }
-    jpeg_destroy_decompress(&cinfo); /* the rows below the region are never decoded */
+    /* The rest of the file, checked (see the top): entropy-decoded to the last row, which is read
+     * (into libjpeg's own memory, freed with cinfo), then on to EOI. */
+    if (cinfo.output_scanline < cinfo.output_height) {
+        JDIMENSION rest = cinfo.output_height - cinfo.output_scanline;
+        if (rest > 1)
+            jpeg_skip_scanlines(&cinfo, rest - 1);
+        JSAMPARRAY last = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, w * channels, 1);
+        jpeg_read_scanlines(&cinfo, last, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
     *out_width = (int)w;
     *x_offset = (int)x;
     return 0;
@@ -141,10 +158,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", "libjpeg partial decode", -1, methods};
 
 /* VERSION: what dstore.loader.decode checks before it uses a build (an older one, left by an install
- * that did not rebuild the extension, is not used): 2 = exact at the edges of subsampled chroma. */
+ * that did not rebuild the extension, is not used): 2 = exact at the edges of subsampled chroma,
+ * 3 = the file checked to its end. */
 PyMODINIT_FUNC PyInit__jpegcrop(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }

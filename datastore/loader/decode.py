@@ -28,10 +28,10 @@ except ImportError:  # not built here (no compiler or libjpeg headers at install
     _jpegcrop = None
 if not rc.PARTIAL_DECODE.get():  # DSTORE_PARTIAL_DECODE=0: whole decodes, read once per process
     _jpegcrop = None
-EXTENSION_VERSION = 2
-"""The build of dstore.loader._jpegcrop this module uses (its VERSION): 2, exact at the edges of
-subsampled chroma. An older build (an install that did not rebuild it) is not used: whole decodes,
-said once per process."""
+EXTENSION_VERSION = 3
+"""The build of dstore.loader._jpegcrop this module uses (its VERSION): 3, exact at the edges of
+subsampled chroma (2) and each file checked to its end (3). An older build (an install that did not
+rebuild it) is not used: whole decodes, said once per process."""
 if _jpegcrop is not None and getattr(_jpegcrop, "VERSION", 1) < EXTENSION_VERSION:
     warnings.warn(f"dstore.loader._jpegcrop ({_jpegcrop.__file__}) is an older build than this dstore's "
                   f"(version {getattr(_jpegcrop, 'VERSION', 1)} < {EXTENSION_VERSION}), so JPEGs are decoded whole; "
@@ -205,6 +205,10 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
         rows, and columns to the iMCU edges around it), the box in its pixels (`scale_box`), and
         `plan`'s extra as it gave it.
 
+    The file is checked to its end either way: the extension still entropy-decodes the rows below
+    the box and reads on to the end marker, so a file damaged anywhere is refused as the whole
+    decode refuses it (SampleError naming `name`), never served in part.
+
     The pixels in the box are the whole decode's at the same scale, for every chroma subsampling
     (the extension decodes the chroma context the upsampler reads beside the box:
     tests/test_partial_decode.py), so at scale 1 they are the full decode's. At 1/2-1/8 they differ
@@ -248,8 +252,9 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
 
 def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None, scratch: bool):
     """(image, box) of the partial decode (dstore.loader._jpegcrop) of box `where` at 1/k of a JPEG of
-    `shape`, or None where libjpeg refuses it (a colour space it cannot convert, say): the caller
-    then decodes whole, which raises the error a broken file deserves."""
+    `shape`, or None where libjpeg refuses it (a colour space it cannot convert, or corrupt data
+    anywhere in the file): the caller then decodes whole, which raises the error (simplejpeg's
+    message) a broken file deserves, the same as where the extension is not built."""
     ext = _jpegcrop
     if ext is None:
         return None

@@ -34,7 +34,7 @@ def data_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "data")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def photo(name: str, size: tuple[int, int] | None = None) -> np.ndarray:
     """Photo `name` of COLOUR as an RGB uint8 array (read-only); with `size` = (H, W), resized to
     cover it (Pillow's Lanczos) and centre-cropped, e.g. (375, 500) for an ImageNet-like photo."""

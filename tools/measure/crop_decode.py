@@ -4,8 +4,8 @@ recipe's per-sample path (the sample's plan, the decode, the resize/crop/flip in
 with (a) a full decode then the crop, (b) the DCT scale chosen from the crop (1/2, 1/4, 1/8 where
 the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop).
 Also the mean crop area and how often each DCT scale is taken. Prints a Markdown table.
-`--extension PATH` adds a row of (c) with another build of the extension (an older one, say),
-measured in the same rounds.
+`--extension PATH` adds a row of (c) with another build of the extension (an older one, say).
+The rows take turns within each round (a change of load falls on all of them).
 
     python -m dstore.tools.measure.crop_decode syn480.h5 --size 224 --count 200 --rounds 5
 """
@@ -39,15 +39,23 @@ def _blobs(path: str, count: int) -> tuple[list[bytes], object]:
         return blobs[:count], st.info
 
 
-def _us(fn, blobs, rounds: int) -> float:
-    """Median over `rounds` of thread CPU microseconds per sample of fn(i, blob) over `blobs`."""
-    per = []
-    for _ in range(rounds):
-        t0 = time.thread_time()
-        for i, b in enumerate(blobs):
-            fn(i, b)
-        per.append(1e6 * (time.thread_time() - t0) / len(blobs))
-    return statistics.median(per)
+def _us(cases, blobs, rounds: int) -> list[float]:
+    """Per case (fn(i, blob), extension module or None), the median over `rounds` of thread CPU
+    microseconds per sample of fn over `blobs`, with decode._jpegcrop set to the case's module. The
+    cases take turns within each round, so a change of the machine's load falls on all of them."""
+    per: list[list[float]] = [[] for _ in cases]
+    ext = decode._jpegcrop
+    try:
+        for _ in range(rounds):
+            for k, (fn, module) in enumerate(cases):
+                decode._jpegcrop = module
+                t0 = time.thread_time()
+                for i, b in enumerate(blobs):
+                    fn(i, b)
+                per[k].append(1e6 * (time.thread_time() - t0) / len(blobs))
+    finally:
+        decode._jpegcrop = ext
+    return [statistics.median(p) for p in per]
 
 
 def measure(args) -> list[tuple[str, float]]:
@@ -74,24 +82,14 @@ def measure(args) -> list[tuple[str, float]]:
         tf.sample_into(img, None, out, finish=True, plan=(where, params))
 
     ext = decode._jpegcrop
-    rows = [("simplejpeg full decode alone (the baseline)", _us(lambda i, b: simplejpeg.decode_jpeg(b), blobs,
-                                                                  args.rounds)),
-            ("(a) full decode, then the plan's crop resized/flipped into the batch", _us(full_then_crop, blobs,
-                                                                                          args.rounds))]
-    decode._jpegcrop = None
-    try:
-        rows.append(("(b) DCT scale from the crop (simplejpeg), then the same", _us(crop_aware, blobs, args.rounds)))
-    finally:
-        decode._jpegcrop = ext
+    cases = [("simplejpeg full decode alone (the baseline)", lambda i, b: simplejpeg.decode_jpeg(b), ext),
+             ("(a) full decode, then the plan's crop resized/flipped into the batch", full_then_crop, ext),
+             ("(b) DCT scale from the crop (simplejpeg), then the same", crop_aware, None)]
     if ext is not None:
-        rows.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop)", _us(crop_aware, blobs,
-                                                                                            args.rounds)))
-    for path in args.extension:
-        decode._jpegcrop = _load(path)
-        try:
-            rows.append((f"(c) with the extension at {path}", _us(crop_aware, blobs, args.rounds)))
-        finally:
-            decode._jpegcrop = ext
+        cases.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop)", crop_aware, ext))
+    cases += [(f"(c) with the extension at {path}", crop_aware, _load(path)) for path in args.extension]
+    us = _us([(fn, module) for _, fn, module in cases], blobs, args.rounds)
+    rows = [(name, t) for (name, _, _), t in zip(cases, us)]
     print(f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
           f"{dict(sorted(scales.items()))}")
     return rows
