@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dstore import errors as _errors
 from dstore.errors import ConfigError, DStoreError
 from dstore.runtime import rc
+from dstore.runtime.watchdog import guarded
 
 # NOTE [ Store agreement protocol ]
 #
@@ -119,11 +120,12 @@ def settle(comm) -> None:
     """
     if comm.Get_size() == 1:
         return
-    req = comm.Ibarrier()
-    pause = SETTLE_FIRST
-    while not req.Test():
-        time.sleep(pause)
-        pause = min(2 * pause, SETTLE_MOST)
+    with guarded(f"an agreement of {comm.Get_size()} ranks"):  # NOTE [ Waits on another node ]
+        req = comm.Ibarrier()
+        pause = SETTLE_FIRST
+        while not req.Test():
+            time.sleep(pause)
+            pause = min(2 * pause, SETTLE_MOST)
 
 
 def agree(comm, exc: BaseException | None, *, types=None, fallback: Fallback = RemoteError) -> None:

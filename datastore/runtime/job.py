@@ -112,21 +112,27 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
-def report_and_abort(code: int, msg: str | None, *, settle: float = 0.0) -> int:
+def report_and_abort(code: int, msg: str | None, *, settle: float = 0.0, host: str | None = None,
+                     delay: float | None = None) -> int:
     """Prints `msg` once for the whole job and, with several ranks, aborts every rank with `code`
     (after `settle` seconds, for the other ranks to finish what they are doing: INTERRUPT_GRACE_S).
 
     Rank 0 prints at once; another rank first waits `error_delay(rank)`, so that an error met by
     every rank is printed by rank 0 alone (its abort ends the others while they wait), and an error
     of one rank is still printed, by that rank. Returns `code` (only with one rank).
+
+    Args:
+        host: named in the line's prefix (`dstore: error on rank 2/4 (host node2): ...`).
+        delay: seconds to wait before printing, instead of `error_delay(rank)`.
     """
     rank, size = world()
     if size > 1 and settle > 0:
         time.sleep(settle)
     if msg is not None:
         if size > 1:
-            time.sleep(error_delay(rank))
-        prefix = f"dstore: error on rank {rank}/{size}: " if size > 1 else "dstore: error: "
+            time.sleep(error_delay(rank) if delay is None else delay)
+        where = f" (host {host})" if host else ""
+        prefix = f"dstore: error on rank {rank}/{size}{where}: " if size > 1 else f"dstore: error{where}: "
         sys.stderr.write(prefix + msg + "\n")
         sys.stderr.flush()
     try:

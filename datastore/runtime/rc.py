@@ -111,12 +111,16 @@ NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
 PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
     "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
     "libjpeg-turbo's partial decode (dstore.loader._jpegcrop; the same pixels, each file checked to its end)"))
+WAIT_BOUND = Option("DSTORE_WAIT_BOUND", "seconds", "60", (
+    "seconds a rank of a store on several hosts waits on another node (its gets, an agreement) before it "
+    "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "
+    "end the job with one line naming the node (dstore.runtime.watchdog: within about 2 x this + 8 s); 0: no watchdog"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
                                LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
-                               PARTIAL_DECODE, MPICH_NOLOCAL)}
+                               PARTIAL_DECODE, WAIT_BOUND, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 

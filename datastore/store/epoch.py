@@ -27,6 +27,7 @@ import numpy as np
 from dstore.order import plan
 from dstore.runtime.collective import agree
 from dstore.runtime.integrity import read_error
+from dstore.runtime.watchdog import NOTHING
 from dstore.store.populate import Windows, fill_dynamic
 from dstore.store.storage import StorageEpoch
 
@@ -181,6 +182,12 @@ class EpochRun:
         self.agreement_failed = False
         self.failure: BaseException | None = None  # a read error on this rank, agreed with the others where they next meet
 
+    def _watching(self, what: str, owners):
+        """The watchdog's `waiting` around a wait for gets from `owners` (NOTE [ Waits on another
+        node ]), or nothing on a single host."""
+        watch = self.windows.watch
+        return NOTHING if watch is None else watch.waiting(what, owners)
+
     def _agree(self, exc) -> None:
         """Collective (dstore.runtime.collective.agree): raises on every rank if `exc` is set on any."""
         try:
@@ -232,7 +239,9 @@ class EpochRun:
                         tier.release()
             finally:
                 for item in pending:  # an abandoned epoch: complete what is in flight before unlocking
-                    arena.wait(item.reqs)
+                    if item.reqs:
+                        with self._watching("an abandoned epoch's gets", item.fetch.run_owner):
+                            arena.wait(item.reqs)
                     if item.stream_read is not None:  # and the stream's reads, whose buffers the next epoch reuses
                         concurrent.futures.wait(item.stream_read[1][3])
                 if tier is not None:
@@ -336,8 +345,11 @@ class EpochRun:
                 own = np.where(miss, p.rank, own)
                 sread = (miss, self.stream.read(ids[miss], slot))
         f = plan.plan_fetch(own, disp, length, p.rank, self.mapped)
-        reqs = self.windows.arena.start_gets(self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf) \
-            if f.run_len.size else []
+        reqs = []
+        if f.run_len.size:
+            with self._watching("a batch's gets", f.run_owner):
+                reqs = self.windows.arena.start_gets(self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len,
+                                                     f.run_buf)
         self.stats.fetch_seconds += time.perf_counter() - t
         return Issued(s, slot, ids, self.sched.pad[sl], f, reqs, own, sread)
 
@@ -354,7 +366,9 @@ class EpochRun:
         own, sread = item.owner, item.stream_read
         assert f is not None  # issued above
         t1 = time.perf_counter()
-        self.windows.arena.wait(reqs)
+        if reqs:
+            with self._watching("a batch's gets", f.run_owner):
+                self.windows.arena.wait(reqs)
         t2 = time.perf_counter()
         st.get_wait_seconds += t2 - t1
         st.fetch_seconds += t2 - t1

@@ -23,9 +23,10 @@ from dstore.order import plan
 from dstore.runtime.collective import AGREED, Topology, agree, node_comm, topology_of
 from dstore.runtime.heartbeat import Heartbeat
 from dstore.runtime.integrity import SampleChecks
+from dstore.runtime.watchdog import Watchdog, close_watchdog, open_watchdog
 from dstore.store.preload import RangeReads, preload, preload_resident, read_samples
 from dstore.store.storage import StorageReader
-from dstore.store.window import Arena
+from dstore.store.window import Arena, Probe
 
 if TYPE_CHECKING:
     from dstore.store.storeplan import StorePlan
@@ -57,6 +58,8 @@ class Windows:
         storage_bufs: the storage tier's read buffers (dstore.store.storage.StorageEpoch), reused likewise.
         population: the population's figures so far (population_seconds, population_bytes,
             population_MBps): the preload's, then epoch 0's dynamic reads or the stream's.
+        watch: the watchdog over this rank's waits on other nodes (dstore.runtime.watchdog), where the
+            store's ranks are on several hosts, else None.
     """
 
     arena: Arena
@@ -74,6 +77,7 @@ class Windows:
     recv_bufs: list = dataclasses.field(default_factory=list)
     storage_bufs: list = dataclasses.field(default_factory=list)
     population: dict = dataclasses.field(default_factory=lambda: {"population_seconds": 0.0, "population_bytes": 0})
+    watch: Watchdog | None = None
 
     def add_population(self, seconds: float, nbytes: int) -> None:
         """Counts `nbytes` read in `seconds` as population."""
@@ -108,6 +112,8 @@ class Windows:
         if self.stream is not None:
             self.stream.stop()  # nothing may write into a window being freed
         self._drop()
+        watch, self.watch = self.watch, None
+        close_watchdog(watch, free=True)
         self.arena.free()
         nodecomm, self.nodecomm = self.nodecomm, None
         if nodecomm is not None:
@@ -120,6 +126,8 @@ class Windows:
         if self.stream is not None:
             self.stream.stop()
         self._drop()
+        watch, self.watch = self.watch, None
+        close_watchdog(watch, free=False)
         self.nodecomm = None
 
     def _drop(self) -> None:
@@ -226,7 +234,8 @@ def populate(p: StorePlan, comm, container) -> Windows:
     assert made is not None  # else agree raised
     arena, kept, peers = made
     w = Windows(arena, topology, layout, tier, checks, nodecomm=kept,
-                resident=None if residency is None else residency.resident)
+                resident=None if residency is None else residency.resident,
+                watch=open_watchdog(comm, Probe))  # collective: every rank is here (agreed above)
     nbytes = 0
     try:
         with Heartbeat(f"population of rank 0's {fmt_bytes(int(layout.nbytes[0]))}", enabled=p.rank == 0):

@@ -1,4 +1,5 @@
-"""The only module that touches `MPI.Win`: allocate an arena, read epochs, batched gets, free.
+"""The only module that touches `MPI.Win`: allocate an arena, read epochs, batched gets, free; and
+the watchdog's liveness probe (`Probe`).
 
 An `Arena` is one collective window of raw bytes per rank (`MPI.Win.Allocate`, which lets the
 MPI library place it in shared memory), or one node-wide segment (`MPI.Win.Allocate_shared`) that
@@ -13,6 +14,8 @@ from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
+
+from dstore.errors import DStoreError
 
 
 def _bytes_of(mem) -> np.ndarray:
@@ -147,14 +150,24 @@ class Arena:
         win = self._live()
         mv = buf.data  # memoryview(buf) (numpy's stubs give ndarray __buffer__ on Python 3.12+ only)
         byte = MPI.BYTE
-        return [win.Rget(mv[b:b + n], o, (d, n, byte))
-                for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())]
+        try:
+            return [win.Rget(mv[b:b + n], o, (d, n, byte))
+                    for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())]
+        except MPI.Exception as exc:
+            raise _comm_error(exc) from exc
 
     @staticmethod
     def wait(requests: list) -> None:
-        """Completes requests from `start_gets`."""
+        """Completes requests from `start_gets`.
+
+        Raises:
+            CommError: a get failed (its owner's process ended or its connection broke).
+        """
         if requests:
-            MPI.Request.Waitall(requests)
+            try:
+                MPI.Request.Waitall(requests)
+            except MPI.Exception as exc:
+                raise _comm_error(exc) from exc
 
     def free(self) -> None:
         """Frees the window (collective over `comm`). Safe to call twice."""
@@ -162,6 +175,61 @@ class Arena:
         self.local = np.zeros(0, np.uint8)
         if win is not None:
             win.Free()
+
+
+class Probe:
+    """A window of 8 bytes per rank, read by one thread (dstore.runtime.watchdog) to learn whether
+    other ranks still answer: a get is completed by the target's MPI progress engine alone (its
+    progress thread, or any MPI call it is in), so an unanswered one means a dead or unreachable
+    process, not a busy one. Collective constructor and `free()` (safe twice); the read epoch is
+    open for the probe's whole life.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._win: MPI.Win | None = MPI.Win.Allocate(8, 1, comm=comm)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._kept: list = []  # buffers of gets never answered: MPI may still write into them
+
+    def silent(self, ranks, timeout: float, pause: float = 0.01) -> list[int]:
+        """The ranks of `ranks` whose 1-byte get is not answered within `timeout` seconds (not
+        collective; from any one thread at a time)."""
+        import time
+
+        win = self._win
+        if win is None:
+            raise ValueError("probe is freed")
+        ranks = [int(r) for r in ranks]
+        bufs = [np.zeros(1, np.uint8) for _ in ranks]
+        reqs = [win.Rget(b, r, (0, 1, MPI.BYTE)) for b, r in zip(bufs, ranks)]
+        done = [False] * len(reqs)
+        end = time.monotonic() + timeout
+        while True:
+            for i, req in enumerate(reqs):
+                if not done[i]:
+                    done[i] = bool(req.Test())
+            if all(done) or time.monotonic() > end:
+                break
+            time.sleep(pause)
+        self._kept.extend(b for b, d in zip(bufs, done) if not d)
+        return [r for r, d in zip(ranks, done) if not d]
+
+    def free(self) -> None:
+        """Ends the read epoch and frees the window (collective over `comm`). Safe to call twice."""
+        win, self._win = self._win, None
+        if win is not None:
+            win.Unlock_all()
+            win.Free()
+
+
+class CommError(DStoreError, ConnectionError):
+    """An MPI call on another rank's window failed (its process ended, its connection broke)."""
+
+
+def _comm_error(exc: MPI.Exception) -> CommError:
+    """Our error for MPI's: the last line of its error stack, which says what broke."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return CommError(lines[-1] if lines else str(exc))
 
 
 def allreduce_min(comm, value):
