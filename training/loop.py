@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from dstore.errors import ConfigError
+from dstore.runtime.watchdog import guarded
 from dstore.training.metrics import EpochMeter
 
 AMP_DTYPES = {"off": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -106,13 +107,14 @@ class Trainer:
             losses = losses * weights
         loss = losses.sum() * (self.ctx.size / max(global_count, 1))
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is None:
-            loss.backward()
-            self.optimizer.step()
-        else:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)  # skipped where the scaled gradients overflowed
-            self.scaler.update()
+        with guarded("a training step's gradient allreduce"):  # NOTE [ Waits on another node ]
+            if self.scaler is None:
+                loss.backward()
+                self.optimizer.step()
+            else:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)  # skipped where the scaled gradients overflowed
+                self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
         with torch.no_grad():
