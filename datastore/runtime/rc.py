@@ -114,7 +114,8 @@ PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
 WAIT_BOUND = Option("DSTORE_WAIT_BOUND", "seconds", "60", (
     "seconds a rank of a store on several hosts waits on another node (its gets, an agreement) before it "
     "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "
-    "end the job with one line naming the node (dstore.runtime.watchdog: within about 2 x this + 8 s); 0: no watchdog"))
+    "end the job with one line naming the node (dstore.runtime.watchdog: within 2 x this + 13 s at most; "
+    "docs/reliability.md); 0: no watchdog"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
