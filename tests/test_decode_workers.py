@@ -139,18 +139,30 @@ def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
         it.close()
 
 
-@pytest.mark.parametrize("reaped", [False, True], ids=["dying", "dead-before-the-next-request"])
-def test_a_dead_worker_ends_the_epoch_with_an_error(jpegs, reaped):
+@pytest.mark.parametrize("reaped, sig", [(False, signal.SIGKILL), (True, signal.SIGKILL), (False, signal.SIGSEGV)],
+                         ids=["dying", "dead-before-the-next-request", "SIGSEGV"])
+def test_a_dead_worker_ends_the_epoch_with_an_error_naming_the_signal(jpegs, reaped, sig):
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=0) as st, \
             StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
         it = ld.epoch(0)
         next(it)
-        os.kill(ld._workers.pids[1], signal.SIGKILL)
+        os.kill(ld._workers.pids[1], sig)
         if reaped:  # its pipe is closed when the next request is sent (a BrokenPipeError, unnamed, before)
             ld._workers.procs[1].wait(10)
-        with pytest.raises(DStoreError, match=r"decode worker 1 \(pid \d+\) ended unexpectedly"):
+        with pytest.raises(DStoreError, match=rf"decode worker 1 \(pid \d+\) ended unexpectedly, killed by "
+                                              rf"{sig.name}") as err:
             for _ in it:
                 pass
+    assert ("out-of-memory" in str(err.value)) == (sig == signal.SIGKILL), err.value
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="killpg and the workers' sessions: POSIX")
+def test_the_ranks_sigterm_never_reaches_its_workers(jpegs):
+    """MPICH's proxy forwards mpiexec's SIGTERM to the rank's process group (and Slurm to every process of
+    the step): the workers ignore it, and the rank, which checkpoints on it, gets its batches to the end."""
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers_run.py"), "term", jpegs], capture_output=True,
+                         text=True, timeout=120, start_new_session=True)
+    assert res.returncode == 0 and "served 4 after TERM" in res.stdout, (res.stdout, res.stderr)
 
 
 def test_workers_refuse_what_they_cannot_run(jpegs):

@@ -7,10 +7,15 @@ loader's state after the first step in OUT/state.json.
 
 `workers_run.py hold CONTAINER`: one process, a loader with 2 workers that has delivered a batch;
 prints "pids <rank> <worker> <worker>" and sleeps (the test kills it with SIGKILL).
+
+`workers_run.py term CONTAINER`: one process watching SIGTERM, a loader with 2 workers; after a batch
+it sends SIGTERM to its process group and to each worker, then serves the rest of the epoch and
+prints "served <batches> after TERM".
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -55,8 +60,22 @@ def hold(path: str) -> None:
         time.sleep(120)
 
 
+def term(path: str) -> None:
+    """A rank watching SIGTERM (as `dstore train`) sends it to its whole process group, the way MPICH's
+    proxy forwards mpiexec's (and Slurm signals every process of the step): its workers must keep serving."""
+    from dstore.runtime.preemption import Preemption
+
+    with Preemption(("TERM",)) as watch, DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st, \
+            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+        it = iter(ld.epoch(0))
+        next(it)
+        os.killpg(0, signal.SIGTERM)
+        for pid in ld._workers.pids:  # and to each worker itself
+            os.kill(pid, signal.SIGTERM)
+        served = sum(1 for _ in it)
+        print("served", served, "after", watch.received, flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "ranks":
-        ranks(sys.argv[2], sys.argv[3])
-    else:
-        hold(sys.argv[2])
+    {"ranks": lambda: ranks(sys.argv[2], sys.argv[3]), "hold": lambda: hold(sys.argv[2]),
+     "term": lambda: term(sys.argv[2])}[sys.argv[1]]()

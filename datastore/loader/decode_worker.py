@@ -1,4 +1,5 @@
-"""A decode worker process: `python -m dstore.loader.decode_worker FD_IN FD_OUT PARENT_PID`.
+"""A decode worker process: `python -m dstore.loader.decode_worker FD_IN FD_OUT PARENT_PID` (started as
+`python -c` through `main`, dstore.loader.workers._WORKER_MAIN).
 
 Started by `dstore.loader.workers.DecodeWorkers` (the protocol is its NOTE [decode workers]): it decodes,
 resizes and runs the transform's per-sample part on ranges of whole batches, reading the encoded
@@ -24,7 +25,7 @@ from dstore.loader import kernels
 from dstore.loader.decode import decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
 from dstore.loader.kernels import resize_chw
-from dstore.loader.workers import NPARAMS, params_offset
+from dstore.loader.workers import JOB_SIGNALS, NPARAMS, params_offset
 
 _PR_SET_PDEATHSIG = 1
 MAX_SPARE_MAPS = 64
@@ -183,8 +184,9 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
 
 def main(argv=None) -> int:
     fd_in, fd_out, parent = (int(a) for a in (argv or sys.argv[1:]))
+    for name in JOB_SIGNALS:  # the rank's, which stops its workers
+        signal.signal(getattr(signal, name), signal.SIG_IGN)  # (NOTE [decode workers] 2; already, under -c)
     die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the rank, which stops its workers
     return serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
 
 

@@ -7,7 +7,8 @@ per worker; the pixels arrive in a shared batch buffer, from which the batch is 
 GPU from pinned memory, or into a tensor of its own on the CPU).
 
 NOTE [decode workers] (the protocol; code relying on a point cites it by number)
-1. Start. Each worker is `python -m dstore.loader.decode_worker FD_IN FD_OUT RANK_PID`, started through
+1. Start. Each worker is `python -c _WORKER_MAIN FD_IN FD_OUT RANK_PID` (dstore.loader.decode_worker's
+   `main`), started through
    subprocess (fork and exec at once) from the loader's copier thread. Not multiprocessing's fork:
    a copy of a process that called MPI_Init, with other threads' locks possibly held. Not spawn or
    forkserver either: both re-import the main script in the child, and a script that imports
@@ -16,7 +17,13 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    MPI_LOCALRANKID...), so not even an import of mpi4py could join the job. Workers import
    neither MPI nor torch. The first message is the setup (the pickled transform, shapes, seed);
    the worker answers "ready" (or an error, raised by the loader) before any request.
-2. Lifetime. The worker sets PR_SET_PDEATHSIG = SIGKILL (Linux, prctl through ctypes): it is
+2. Lifetime. The job's signals are the rank's, never a worker's: a worker runs in a session (and
+   process group) of its own, so a signal to the rank's group misses it (MPICH's proxy forwards
+   mpiexec's SIGTERM to each rank's process group, as a terminal's Ctrl-C goes to its foreground
+   group), and it ignores SIGTERM, SIGINT, SIGUSR1/2 and SIGHUP from its first instruction (Slurm
+   signals every process of the step). The rank stops its workers when it ends (preempted or not).
+   A worker found dead is named with the signal that ended it (-N: that signal's name); the
+   out-of-memory killer is named only for SIGKILL. The worker sets PR_SET_PDEATHSIG = SIGKILL (Linux, prctl through ctypes): it is
    killed when the thread that started it ends, the copier thread, which lives until the loader
    closes, or the rank dies (kill -9 included). It then checks its parent pid (the rank may have
    died before the prctl). EOF on its requests pipe ends it too (any OS). `close` sends "stop",
@@ -67,6 +74,7 @@ import math
 import mmap
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +91,12 @@ from dstore.errors import DStoreError, SampleError
 
 _LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPIR_", "I_MPI_",
                   "SLURM_STEP_", "PALS_")
+JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+"""Signals a worker ignores: the job's (preemption, Ctrl-C, hang-up), the rank's to act on (NOTE 2)."""
+_WORKER_MAIN = (f"import signal as s\nfor n in {JOB_SIGNALS!r}: s.signal(getattr(s, n), s.SIG_IGN)\n"
+                "from dstore.loader.decode_worker import main\nraise SystemExit(main())")
+"""A worker's command line (`python -c`): the job's signals are ignored before anything is imported
+(NOTE [decode workers] 2); they are the rank's, which stops its workers itself."""
 STOP_SECONDS = 5.0
 KEEP_HANDED = 4
 """Output segments the caller let go of that are kept, mapped, to be written again (NOTE 3): counted
@@ -304,9 +318,9 @@ class DecodeWorkers:
         for _ in range(self.n):
             req_r, req_w = os.pipe()
             ans_r, ans_w = os.pipe()
-            proc = subprocess.Popen([sys.executable, "-m", "dstore.loader.decode_worker", str(req_r), str(ans_w),
-                                     str(os.getpid())], pass_fds=(req_r, ans_w), env=env,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN, str(req_r), str(ans_w), str(os.getpid())],
+                                    pass_fds=(req_r, ans_w), env=env, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
             os.close(req_r)
             os.close(ans_w)
             self.procs.append(proc)
@@ -473,9 +487,23 @@ class DecodeWorkers:
             code = proc.wait(1.0)
         except subprocess.TimeoutExpired:
             code = None
-        return DStoreError(f"decode worker {w} (pid {proc.pid}) ended unexpectedly"
-                           + (f" with exit status {code}" if code is not None else "")
-                           + "; a signal -9 is often the kernel's out-of-memory killer")
+        return DStoreError(f"decode worker {w} (pid {proc.pid}) ended unexpectedly{ended_by(code)}")
+
+
+def ended_by(code: int | None) -> str:
+    """How a worker ended, from its exit status (subprocess's: -N for signal N), as the end of a
+    sentence: the signal by name, the out-of-memory killer named only for SIGKILL (NOTE 2)."""
+    if code is None:
+        return ""
+    if code >= 0:
+        return f" with exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = "; SIGKILL is often the kernel's out-of-memory killer (dmesg, or the job's memory limit)" \
+        if -code == signal.SIGKILL else ""
+    return f", killed by {name}{why}"
 
 
 def _int32():
