@@ -127,13 +127,14 @@ class Trainer:
     def evaluate(self, loader, epoch: int = 0) -> dict:
         """Loss and accuracy over one pass of `loader` (a StoreLoader; collective over ctx.comm).
 
-        Uses the bare model (no DDP, no gradient traffic). Padding repeats (`loader.last_pad`) are
-        not counted.
+        Uses the bare model (no DDP, no gradient traffic), its buffers first made the group's first
+        rank's (`sync_buffers`). Padding repeats (`loader.last_pad`) are not counted.
         """
         import torch
         import torch.nn.functional as F
 
         meter = EpochMeter()
+        self.sync_buffers()
         self.model.eval()
         with torch.no_grad():
             for images, labels in loader.epoch(epoch):
@@ -150,6 +151,20 @@ class Trainer:
                 meter.update(float(losses.sum()), int(hit.sum()), int(losses.numel()))
         self.model.train()
         return meter.reduce(self.ctx.comm)
+
+    def sync_buffers(self) -> None:
+        """Collective over ctx.group: every rank's module buffers (BatchNorm's running statistics)
+        become the group's first rank's, as DDP makes them before each training forward pass
+        (broadcast_buffers). The last step's forward pass updated each rank's from its own part of
+        the batch; evaluated so, every rank would test another model, and a resumed run (every
+        rank loads the checkpoint, the first rank's) another again."""
+        import torch.distributed as dist
+
+        buffers = [b for b in self.model.buffers() if b.numel()]
+        if self.ctx.size < 2 or not buffers:
+            return
+        for buf in buffers:
+            dist.broadcast(buf.data, group=self.ctx.group, group_src=0)
 
     def _prepare(self, images):
         images = images if self.prepare is None else self.prepare(images)
