@@ -150,7 +150,7 @@ def test_clip_style_webdataset_round_trip(tmp_path):
 def test_detection_style_items_round_trip(tmp_path, fmt):
     """Image + boxes (JSON) + a caption through ingest_items: each stored sample's fields are its item's."""
     items = [(png_bytes(4, k), k % 2, f"img{k}.png", {"boxes": [[k, 0, 4, 4]], "note": f"n{k}"}) for k in range(6)]
-    items.append((png_bytes(4, 9), 0, "img9.png"))  # no fields: stored empty
+    items.append((png_bytes(4, 9), 0, "img9.png"))  # no fields: stored missing (None), not empty
     out = str(tmp_path / PATHS[fmt])
     report = ingest_items(iter(items), out, comm=MPI.COMM_SELF, progress=False, fmt=fmt)
     assert "fields stored: boxes (json), note (text)" in report.notes
@@ -158,7 +158,7 @@ def test_detection_style_items_round_trip(tmp_path, fmt):
         for i in range(c.num_samples):
             k = int(c.source_index[i])
             assert bytes(c.sample(i)[0]) == items[k][0]
-            want = items[k][3] if len(items[k]) == 4 else {"boxes": None, "note": ""}
+            want = items[k][3] if len(items[k]) == 4 else {"boxes": None, "note": None}
             assert c.fields_of([i]) == [want]
     assert verify_container(out).ok
     assert "boxes (json), note (text)" in format_info(container_info(out))

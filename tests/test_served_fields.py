@@ -25,7 +25,7 @@ SCENARIO = Path(__file__).resolve().parent / "store_scenarios" / "fields_scenari
 
 
 def detection_items(n: int) -> list:
-    """Image + boxes (JSON) + a caption per item, some without fields (stored empty)."""
+    """Image + boxes (JSON) + a caption per item, some without fields (stored missing: served as None)."""
     return [(png_bytes(4, k), k % 3, f"img{k}.png", {"boxes": [[k, 0, 4, 4], [1, 1, k % 5, 2]], "txt": f"obj {k}"})
             if k % 7 else (png_bytes(4, k), k % 3, f"img{k}.png") for k in range(n)]
 
@@ -74,7 +74,7 @@ def test_detection_style_items_served_with_their_boxes(tmp_path):
         for b in st.epoch(1):  # the store's own batches: the bytes as stored
             for i, s, t in zip(b.ids.tolist(), b.samples, b.fields["txt"]):
                 item = items[int(source[i])]
-                assert bytes(s) == item[0] and t == (item[3]["txt"].encode() if len(item) == 4 else b"")
+                assert bytes(s) == item[0] and t == (item[3]["txt"].encode() if len(item) == 4 else None)
 
 
 @pytest.mark.mpi
@@ -92,10 +92,11 @@ def test_resume_mid_epoch_from_two_ranks_on_one_gives_the_same_fields(tmp_path):
     first = [i for i, _, _ in doc["served"]]
     assert len(first) == 8 and doc["state"]["nranks"] == 2
     with open_container(out) as c:
-        want = {i: (bytes(c.sample(i)[0]), c.field_bytes("txt", i), c.field_bytes("boxes", i))
-                for i in range(c.num_samples)}
-    for i, image, fields in doc["served"]:  # the two ranks' part: each sample's own fields
-        assert (bytes.fromhex(image), bytes.fromhex(fields["txt"]), bytes.fromhex(fields["boxes"])) == want[i]
+        want = {i: (bytes(c.sample(i)[0]), *(None if c.field_missing(n, i, i + 1)[0] else c.field_bytes(n, i)
+                                             for n in ("txt", "boxes"))) for i in range(c.num_samples)}
+    for i, image, fields in doc["served"]:  # the two ranks' part: each sample's own fields (None: missing)
+        got = [None if fields[n] is None else bytes.fromhex(fields[n]) for n in ("txt", "boxes")]
+        assert (bytes.fromhex(image), *got) == want[i]
     with DataStore(MPI.COMM_SELF, out, batch_size=4, seed=9, fields=["txt", "boxes"]) as st:
         whole = [(b.step, b.ids.tolist()) for b in st.epoch(0)]  # the uninterrupted order
         st.load_state_dict(doc["state"])

@@ -295,10 +295,20 @@ class ContainerReader(abc.ABC):
         return self.field_index(name).raw(i, self.name)
 
     def field(self, name: str, i: int):
-        """Sample i's value of field `name`: str (`text`), the parsed document (`json`) or bytes."""
+        """Sample i's value of field `name`: str (`text`), the parsed document (`json`) or bytes;
+        None where the sample has none (`field_missing`; an empty value is '' or b'')."""
         from dstore.formats.fields import decode_value
 
-        return decode_value(self._field_kind(name), self.field_bytes(name, i))
+        raw = self.field_bytes(name, i)
+        return decode_value(self._field_kind(name), None if self.field_missing(name, i, i + 1)[0] else raw)
+
+    def field_missing(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """bool[hi - lo]: True for the samples of [lo, hi) that have no value of field `name` (a
+        Parquet null, a WebDataset sample without that member), False for a value, an empty one
+        included (docs/format.md, "Fields": `fields/<name>/missing`)."""
+        if not 0 <= lo <= hi <= self.num_samples:
+            raise ConfigError(f"{self.path}: field {name!r}: samples [{lo}, {hi}) are outside [0, {self.num_samples})")
+        return self.field_index(name).missing[lo:hi]
 
     def field_block(self, name: str, lo: int, hi: int, *, data: bool = True) -> tuple:
         """Field `name` of samples [lo, hi) as stored, read with one slice of each array (what a

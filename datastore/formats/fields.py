@@ -3,7 +3,10 @@ declared, buffered by a writer, and checked and read back (the layout: docs/form
 
 Each field `<name>` is stored like the main data, in the container's sample order:
 `fields/<name>/data` (uint8, every sample's value back to back), `fields/<name>/offsets`
-(int64[N+1]) and `fields/<name>/checksums` (uint32[N], CRC32 of each value). The attribute
+(int64[N+1]), `fields/<name>/checksums` (uint32[N], CRC32 of each value) and
+`fields/<name>/missing` (uint8[N], 1 where the sample has no value: a Parquet null, a WebDataset
+sample without that member; its bytes are empty; absent in containers written before it: every
+sample has a value, an empty one an empty value). The attribute
 `fields` lists them as `"<name>:<kind>"` strings; a container without it has no fields, and an
 older reader, which never looks at `fields/`, reads its images and labels as before.
 """
@@ -31,7 +34,11 @@ FIELDS_ATTR = "fields"
 """The attribute listing a container's fields as `name:kind` strings (absent: no fields)."""
 
 FIELD_PARTS = ("data", "offsets", "checksums")
-"""The arrays of one field, under `fields/<name>/`."""
+"""The arrays every field has, under `fields/<name>/`."""
+
+MISSING_PART = "missing"
+"""The array that tells a missing value from an empty one, under `fields/<name>/` (uint8[N], 1:
+missing); containers written before it lack it (no value missing)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -109,8 +116,11 @@ def check_value(kind: str, field: str, value, sample: str) -> bytes:
     return raw
 
 
-def decode_value(kind: str, raw: bytes):
-    """A stored value as read back: str for `text`, the parsed document for `json`, else bytes."""
+def decode_value(kind: str, raw: bytes | None):
+    """A stored value as read back: str for `text`, the parsed document for `json`, else bytes;
+    None for a missing value (`raw` None)."""
+    if raw is None:
+        return None
     if kind == "text":
         return raw.decode("utf-8")
     if kind == "json":
@@ -127,37 +137,48 @@ class FieldBuffer:
         self._data = {n: bytearray() for n, _ in specs}
         self._offsets = {n: array.array("q", [0]) for n, _ in specs}
         self._crcs = {n: array.array("I" if array.array("I").itemsize == 4 else "L") for n, _ in specs}
+        self._missing = {n: bytearray() for n, _ in specs}
 
-    def check(self, values, sample: str) -> dict[str, bytes]:
-        """One sample's values ({name: value}; a field it lacks is stored empty) as bytes, checked
-        before anything is buffered; ConfigError naming an undeclared field."""
+    def check(self, values, sample: str) -> dict[str, bytes | None]:
+        """One sample's values ({name: value}; a field it lacks, or whose value is None, is missing:
+        None) as bytes, checked before anything is buffered; ConfigError naming an undeclared field."""
         values = values or {}
         unknown = sorted(set(values) - set(self._data))
         if unknown:
             raise ConfigError(f"{sample}: field(s) {unknown} were not declared to the writer "
                               f"(declared: {[n for n, _ in self.specs] or 'none'})")
-        return {n: check_value(k, n, values[n], sample) if n in values else b"" for n, k in self.specs}
+        return {n: None if values.get(n) is None else check_value(k, n, values[n], sample) for n, k in self.specs}
 
-    def add(self, checked: dict[str, bytes]) -> None:
-        """Buffers one sample's checked values (from `check`)."""
+    def add(self, checked: dict[str, bytes | None]) -> None:
+        """Buffers one sample's checked values (from `check`; None: missing, stored empty)."""
         for n, raw in checked.items():
+            self._missing[n].append(raw is None)
+            raw = raw or b""
             self._data[n] += raw
             self._offsets[n].append(len(self._data[n]))
             self._crcs[n].append(crc32_of(raw))
 
     def arrays(self, name: str) -> dict[str, np.ndarray]:
-        """The three arrays of field `name` (views, no copy)."""
-        crcs = self._crcs[name]
+        """The four arrays of field `name` (FIELD_PARTS and MISSING_PART; views, no copy)."""
+        crcs, missing = self._crcs[name], self._missing[name]
         return {"data": np.frombuffer(self._data[name], dtype=np.uint8) if self._data[name] else np.zeros(0, np.uint8),
                 "offsets": np.frombuffer(self._offsets[name], dtype=np.int64),
-                "checksums": np.frombuffer(crcs, dtype=np.uint32) if crcs else np.zeros(0, np.uint32)}
+                "checksums": np.frombuffer(crcs, dtype=np.uint32) if crcs else np.zeros(0, np.uint32),
+                MISSING_PART: np.frombuffer(missing, dtype=np.uint8) if missing else np.zeros(0, np.uint8)}
 
 
 def check_field_index(path: str, name: str, n: int, data_len: int, offsets: np.ndarray,
-                      checksums: np.ndarray) -> None:
-    """FormatError naming the file and the field unless its offsets and checksums fit N samples and
-    its data (the same rules as the main index)."""
+                      checksums: np.ndarray, missing: np.ndarray | None = None) -> None:
+    """FormatError naming the file and the field unless its offsets, checksums and missing flags fit
+    N samples and its data (the same rules as the main index; a missing value's bytes are empty)."""
     where = f"{path}: field {name!r}"
+    if missing is not None:
+        if missing.shape != (n,):
+            raise FormatError(f"{where}: {MISSING_PART} has shape {missing.shape}, expected ({n},)")
+        if offsets.shape == (n + 1,) and (missing & (offsets[1:] != offsets[:-1])).any():
+            first = int(np.flatnonzero(missing & (offsets[1:] != offsets[:-1]))[0])
+            raise FormatError(f"{where}: sample {first} is marked missing but has a value "
+                              f"({int(offsets[first + 1] - offsets[first])} bytes)")
     if offsets.ndim != 1 or offsets.shape[0] != n + 1:
         raise FormatError(f"{where}: offsets has shape {offsets.shape}, expected ({n + 1},)")
     if checksums.ndim != 1 or checksums.shape[0] != n:
@@ -190,20 +211,26 @@ def block_of(path: str, name: str, parts, lo: int, hi: int, n: int, data: bool =
 
 
 class FieldIndex:
-    """One field of an open container: its offsets and checksums in memory, its data read on demand
-    through `read(lo, hi)` (a slice of the backend's `data` array)."""
+    """One field of an open container: its offsets, checksums and missing flags in memory, its data
+    read on demand through `read(lo, hi)` (a slice of the backend's `data` array).
+
+    Attributes:
+        missing: bool[N], True where the sample has no value (all False for a container written
+            before the `missing` array: docs/format.md, "Fields")."""
 
     def __init__(self, path: str, name: str, kind: str, n: int, parts):
         self.path, self.name, self.kind = path, name, kind
         data, offsets, checksums = parts["data"], parts["offsets"], parts["checksums"]
+        missing = parts.get(MISSING_PART)
         if getattr(data, "dtype", None) != np.uint8 or len(data.shape) != 1:
             raise FormatError(f"{path}: field {name!r} data must be 1-D uint8")
-        for part, arr, want in (("offsets", offsets, n + 1), ("checksums", checksums, n)):
-            if tuple(arr.shape) != (want,):  # before reading it: a damaged file may declare any size
+        for part, arr, want in (("offsets", offsets, n + 1), ("checksums", checksums, n), (MISSING_PART, missing, n)):
+            if arr is not None and tuple(arr.shape) != (want,):  # before reading it: a damaged file may declare any size
                 raise FormatError(f"{path}: field {name!r}: {part} has shape {tuple(arr.shape)}, expected ({want},)")
         self.offsets = np.asarray(offsets[:], dtype=np.int64)
         self.checksums = np.asarray(checksums[:], dtype=np.uint32)
-        check_field_index(path, name, n, int(data.shape[0]), self.offsets, self.checksums)
+        self.missing = np.zeros(n, bool) if missing is None else np.asarray(missing[:]) != 0
+        check_field_index(path, name, n, int(data.shape[0]), self.offsets, self.checksums, self.missing)
         self._data = data
 
     def raw(self, i: int, sample_name=None) -> bytes:

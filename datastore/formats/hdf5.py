@@ -12,6 +12,7 @@ import numpy as np
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerNotFoundError, ContainerReader
+from dstore.formats.fields import FIELD_PARTS, MISSING_PART
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     INDEX_FLOOR_BYTES,
@@ -369,7 +370,9 @@ class HDF5Reader(ContainerReader):
     def _field_parts(self, name: str) -> dict:
         f = self._open_file()
         try:
-            parts = {part: _dataset(self.path, f, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+            parts = {part: _dataset(self.path, f, f"fields/{name}/{part}") for part in FIELD_PARTS}
+            if f"fields/{name}/{MISSING_PART}" in f:  # written since issue 38 (docs/format.md, "Fields")
+                parts[MISSING_PART] = _dataset(self.path, f, f"fields/{name}/{MISSING_PART}")
             for part, dset in parts.items():  # before anything of a declared size is read
                 _check_stored(self.path, f"fields/{name}/{part}", dset)
             return parts

@@ -284,6 +284,18 @@ class ShardedReader(ContainerReader):
         k, j = self.shard_of(i)
         return self._shards[k].field_bytes(name, j)
 
+    def field_missing(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """ContainerReader.field_missing over the shards that hold samples [lo, hi), joined."""
+        self._field_kind(name)
+        if not 0 <= lo <= hi <= self.num_samples:
+            raise ConfigError(f"{self.path}: field {name!r}: samples [{lo}, {hi}) are outside [0, {self.num_samples})")
+        starts, parts = self._sample_starts, [np.zeros(0, bool)]
+        for k in range(len(self._shards)):
+            a, b = max(lo, int(starts[k])), min(hi, int(starts[k + 1]))
+            if b > a:
+                parts.append(self._shards[k].field_missing(name, a - int(starts[k]), b - int(starts[k])))
+        return np.concatenate(parts)
+
     def field_block(self, name: str, lo: int, hi: int, *, data: bool = True) -> tuple:
         """ContainerReader.field_block over the shards that hold samples [lo, hi), joined."""
         self._field_kind(name)

@@ -17,6 +17,7 @@ from zarr.storage import LocalStore
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerReader
+from dstore.formats.fields import FIELD_PARTS, MISSING_PART
 from dstore.formats.layout import (
     COMPLETE_ATTR,
     DATA_CHUNK_BYTES,
@@ -310,7 +311,10 @@ class ZarrReader(ContainerReader):
     def _field_parts(self, name: str) -> dict:
         group = self._open_group()
         try:
-            return {part: _array(self.path, group, f"fields/{name}/{part}") for part in ("data", "offsets", "checksums")}
+            parts = {part: _array(self.path, group, f"fields/{name}/{part}") for part in FIELD_PARTS}
+            if f"fields/{name}/{MISSING_PART}" in group:  # written since issue 38 (docs/format.md, "Fields")
+                parts[MISSING_PART] = _array(self.path, group, f"fields/{name}/{MISSING_PART}")
+            return parts
         except (KeyError, OSError, ValueError) as exc:
             if isinstance(exc, FormatError):
                 raise

@@ -69,8 +69,8 @@ class ContainerSource(Source):
         return f"{self.path}[{i}] ({self._reader.name(i)})"
 
     def fields(self, i: int, names) -> dict[str, bytes]:
-        try:
-            return {n: self._reader.field_bytes(n, i) for n in names}
+        try:  # a missing value stays missing (left out), an empty one empty
+            return {n: self._reader.field_bytes(n, i) for n in names if not self._reader.field_missing(n, i, i + 1)[0]}
         except ChecksumError as exc:
             raise SampleError(f"{self.locate(i)}: {exc}") from exc
 

@@ -108,14 +108,37 @@ def convert(data, source: Source, target: Target, where: str) -> np.ndarray:
     return out.reshape(target.raw_shape)
 
 
-def process_sample(source: Source, i: int, target: Target) -> np.ndarray:
-    """Sample i in its stored form, as a flat uint8 array.
+def check_fields(source: Source, i: int, fields) -> None:
+    """Sample i's values of `fields` ((name, kind) pairs) as the writer will check them: a `text`
+    value that is not UTF-8 or a `json` one that does not parse (an empty member included) makes the
+    sample bad, so that it follows `on_error` like a bad image (the writer, on another rank and
+    later, could only stop the whole ingest).
 
     Raises:
-        SampleError: `where: reason` if it cannot be loaded, validated or converted.
+        SampleError: `where: field 'txt' is not valid text (...)`.
+    """
+    from dstore.formats.fields import check_value
+
+    values = source.fields(i, [n for n, _ in fields])
+    for name, kind in fields:
+        if values.get(name) is not None:
+            try:
+                check_value(kind, name, values[name], source.locate(i))
+            except ConfigError as exc:
+                raise SampleError(f"{exc} (dstore ingest --fields {name}:bytes)") from exc
+
+
+def process_sample(source: Source, i: int, target: Target, fields=()) -> np.ndarray:
+    """Sample i in its stored form, as a flat uint8 array; its `fields` ((name, kind) pairs) checked.
+
+    Raises:
+        SampleError: `where: reason` if it cannot be loaded, validated or converted, or a field's
+            value would not read back as its kind.
     """
     data = source.load(i)
     where = source.locate(i)
+    if fields:
+        check_fields(source, i, fields)
     if target.convert:
         data = convert(data, source, target, where)
     elif target.max_side is not None:
@@ -168,9 +191,9 @@ class Block:
 
 
 def process_block(source: Source, indices, target: Target, on_error: str = "raise", *,
-                  checksums: bool = True) -> Block:
-    """Processes the samples `indices` (source indices) in order; with `checksums`, also computes
-    each kept sample's CRC32.
+                  checksums: bool = True, fields=()) -> Block:
+    """Processes the samples `indices` (source indices) in order, checking their `fields` ((name,
+    kind) pairs stored); with `checksums`, also computes each kept sample's CRC32.
 
     Raises:
         SampleError: with on_error="raise", the first bad sample's location and reason.
@@ -181,7 +204,7 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
     source.prefetch([int(i) for i in indices])
     for k, i in enumerate(indices):
         try:
-            arr = process_sample(source, int(i), target)
+            arr = process_sample(source, int(i), target, fields)
         except SampleError as exc:
             if on_error == "raise":
                 raise

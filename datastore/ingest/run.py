@@ -144,7 +144,7 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                     # Alone (m == 1), the writer thread checksums while this thread loads the
                     # next round (measured: faster than checksumming here); in a group, every
                     # member checksums its own samples and the writer rank needs to compute none.
-                    block = process_block(src, order[a:b], target, on_error, checksums=m > 1)
+                    block = process_block(src, order[a:b], target, on_error, checksums=m > 1, fields=fields)
                 except Exception as e:  # noqa: BLE001 - any failure must reach the whole group
                     err = e
             if block is None:

@@ -91,7 +91,8 @@ class Source(abc.ABC):
     dstore.formats.fields.FIELD_KINDS); () for none. `dstore ingest --fields` selects among them."""
 
     def fields(self, i: int, names) -> dict[str, bytes]:
-        """Sample i's values of the fields `names` (a field it lacks is left out: stored empty).
+        """Sample i's values of the fields `names` (a field it lacks is left out: stored as missing,
+        never as an empty value; docs/format.md, "Fields").
         Called on the writing rank, in write order.
 
         Raises:

@@ -271,7 +271,7 @@ class TableSource(Source):
                               + (f"; not stored (no text, bytes or JSON form): {', '.join(cannot)}" if cannot else ""))
 
     def fields(self, i: int, names) -> dict[str, bytes]:
-        """Sample i's values of the columns `names` (a null is left out: stored empty)."""
+        """Sample i's values of the columns `names` (a null is left out: stored as missing)."""
         p, row = self._where(i)
         kinds = dict(self.field_specs)
         got = {}

@@ -89,7 +89,8 @@ class ServedFields:
         start, stop: the served samples; names: the fields (checked: `check_names`).
 
     Attributes:
-        names: the fields, in the order asked; offsets: int64[F, N+1], read-only, node shared.
+        names: the fields, in the order asked; offsets: int64[F, N+1], read-only, node shared;
+        missing: bool[F, N], True where a served sample has no value (served as None), node shared.
     """
 
     def __init__(self, comm, reader, start: int, stop: int, names):
@@ -106,11 +107,13 @@ class ServedFields:
         leader = self._node.Get_rank() == 0
         exc = None
         try:
-            self._index = Arena(self._node, 8 * f * (n + 1) if leader else 0, shared=True)
+            self._index = Arena(self._node, 8 * f * (n + 1) + f * n if leader else 0, shared=True)
             if leader:
-                out = self._index.local.view(np.int64).reshape(f, n + 1)
+                out = self._index.local[:8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
+                gone = self._index.local[8 * f * (n + 1):].reshape(f, n)
                 for k, name in enumerate(self.names):
                     out[k] = reader.field_block(name, int(start), int(stop), data=False)[0]
+                    gone[k] = reader.field_missing(name, int(start), int(stop))
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
             exc = e
         try:
@@ -121,9 +124,13 @@ class ServedFields:
         index = self._index
         assert index is not None  # agreed: every rank's Arena() succeeded
         index.publish()
-        offsets = index.segment(0).view(np.int64).reshape(f, n + 1)
+        whole = index.segment(0)
+        offsets = whole[:8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
         offsets.flags.writeable = False
         self.offsets = offsets
+        missing = whole[8 * f * (n + 1):8 * f * (n + 1) + f * n].reshape(f, n).view(bool)
+        missing.flags.writeable = False
+        self.missing = missing
 
     def window_bytes(self, bounds: np.ndarray, rank: int) -> int:
         """Bytes of rank's window (its block of every field)."""
@@ -211,9 +218,10 @@ class ServedFields:
         with self.arena.reading():
             yield self
 
-    def fetch(self, ids: np.ndarray, rank: int) -> dict[str, list[bytes]]:
-        """{field: [value of each served sample id, as bytes]}, from the owners' windows (in place
-        where this rank maps them, else one get per run of adjacent values). Inside `reading()`."""
+    def fetch(self, ids: np.ndarray, rank: int) -> dict[str, list[bytes | None]]:
+        """{field: [value of each served sample id, as bytes; None where it has none]}, from the
+        owners' windows (in place where this rank maps them, else one get per run of adjacent
+        values). Inside `reading()`."""
         arena = self.arena
         if arena is None:
             raise ValueError("the store's fields are not populated")
@@ -230,7 +238,13 @@ class ServedFields:
         vals = [bytes((segs[o] if loc else buf)[a:a + n]) for loc, o, a, n in
                 zip(f.local.tolist(), owner.tolist(), f.start.tolist(), f.length.tolist())]
         b = ids.size
-        return {name: vals[k * b:(k + 1) * b] for k, name in enumerate(self.names)}
+        out: dict[str, list[bytes | None]] = {}
+        for k, name in enumerate(self.names):
+            got: list[bytes | None] = list(vals[k * b:(k + 1) * b])
+            for j in np.flatnonzero(self.missing[k, ids]).tolist():
+                got[j] = None
+            out[name] = got
+        return out
 
     def free_windows(self) -> None:
         """Collective: frees this rank's field window (safe twice)."""

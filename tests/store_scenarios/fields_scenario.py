@@ -28,7 +28,8 @@ def served(batches, names) -> list:
     for b in batches:
         for j, (i, s) in enumerate(zip(b.ids.tolist(), b.samples)):
             if not b.pad[j]:
-                rows.append((int(i), bytes(s).hex(), {n: b.fields[n][j].hex() for n in names}))
+                value = {n: None if b.fields[n][j] is None else b.fields[n][j].hex() for n in names}  # None: missing
+                rows.append((int(i), bytes(s).hex(), value))
     return rows
 
 
@@ -54,7 +55,7 @@ def clip(comm, container: str, reference: str, population: str) -> None:
         raise AssertionError(f"epoch 0 delivered ids {ids}, not each of {len(ref)} samples once")
     for i, image, fields in got:
         want = ref[names_of[i]]
-        if image != want[0] or fields["txt"] != want[1] or fields["json"] != (want[2] or ""):
+        if image != want[0] or fields["txt"] != want[1] or fields["json"] != want[2]:
             raise AssertionError(f"sample {i} ({names_of[i]}): served image/fields differ from webdataset's")
     caps = sorted(c for _, captions, _ in rows for c in captions)
     if [i for i, _ in caps] != list(range(len(ref))):
