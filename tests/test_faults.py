@@ -69,22 +69,27 @@ def dstore_lines(res) -> list[str]:
     return [x for x in (res.stdout + res.stderr).splitlines() if x.startswith("dstore: error")]
 
 
-def one_watchdog_line(res) -> str:
+def one_watchdog_line(res, lost: int = 2) -> str:
+    """The one `dstore: error` line of a job whose node `lost` went silent: written by the lowest rank
+    of the other node (rank 0, else rank 2 after its report's delay)."""
     lines = dstore_lines(res)
     assert len(lines) == 1, (res.stdout, res.stderr)
     line = lines[0]
-    assert re.match(r"dstore: error on rank [01]/4 \(host node1\): no answer from node node2 \(ranks 2-3\) for "
-                    r"[0-9.]+ s: a batch's gets waiting", line), line
+    here, ranks, far_ranks = (1, "[01]", "2-3") if lost == 2 else (2, "[23]", "0-1")
+    assert re.match(rf"dstore: error on rank {ranks}/4 \(host node{here}\): no answer from node node{lost} \(ranks "
+                    rf"{far_ranks}\) for [0-9.]+ s: a batch's gets waiting", line), line
     return line
 
 
-def test_link_down_mid_epoch_ends_the_job_with_the_node_named(box):
+@pytest.mark.parametrize("node", [2, 1])
+def test_link_down_mid_epoch_ends_the_job_with_the_node_named(box, node):
+    """Node 2's link, then node 1's: rank 0 is cut off, and rank 2 writes the line."""
     c = box[0]
     try:
-        res, ended, gone = fault_job(box, lambda c: cluster.set_link(c, 2, "down"), name="down")
+        res, ended, gone = fault_job(box, lambda c: cluster.set_link(c, node, "down"), name=f"down{node}")
     finally:
-        cluster.set_link(c, 2, "up")
-    line = one_watchdog_line(res)
+        cluster.set_link(c, node, "up")
+    line = one_watchdog_line(res, node)
     assert "unanswered" in line and f"$DSTORE_WAIT_BOUND={BOUND:g} s" in line
     assert res.returncode != 0 and ended < ENDS_WITHIN and gone < ENDS_WITHIN + 2, (ended, gone)
     # The link is back: the same nodes run a job again.
