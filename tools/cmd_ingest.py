@@ -32,7 +32,9 @@ def add_arguments(parser) -> None:
                                        "'synthetic'; shards, Parquet, an image folder or a --labels folder may be "
                                        "in object storage: s3://bucket/prefix (credentials and endpoint from the "
                                        "AWS_* environment; pip install 'dstore-mpi[object]')")
-    parser.add_argument("output", help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json")
+    parser.add_argument("output", nargs="?", default=None,
+                        help="container path (x.h5, x.zarr); with --shards > 1 a directory or x.json (not with "
+                             "--append-to, which names the container written)")
     parser.add_argument("--format", dest="fmt", choices=("hdf5", "zarr"), default=None,
                         help="container backend (default: zarr if OUTPUT ends in .zarr, else hdf5)")
     parser.add_argument("--shards", type=int, default=1,
@@ -96,6 +98,22 @@ def add_arguments(parser) -> None:
                         help="a progress bar on rank 0's stderr (default: only when stderr is a terminal, so "
                              "a redirected log gets no \\r frames; under mpiexec stderr is a pipe: pass --progress)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", dest="resume", action="store_const", const=True, default=None,
+                        help="continue the interrupted ingest of OUTPUT (refused if there is none; without this "
+                             "flag one is continued anyway where its journal .OUTPUT.ingest is beside OUTPUT)")
+    resume.add_argument("--restart", dest="resume", action="store_const", const=False,
+                        help="discard what an interrupted ingest of OUTPUT wrote and start over")
+    parser.add_argument("--append-to", default=None, metavar="CONTAINER",
+                        help="add the source's samples to this existing container (an HDF5 file or Zarr group is "
+                             "written again and renamed over the old; a sharded one gets new shards and a new "
+                             "manifest); new classes are added after the old ones, never renumbered")
+    parser.add_argument("--duplicates", choices=("raise", "skip"), default="raise",
+                        help="with --append-to: a sample already stored (the same name, or the same bytes) stops "
+                             "the append (raise) or is left out and listed (skip)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list, count and size the source and say what the container would hold (classes, "
+                             "fields, bytes, shards, split), writing nothing")
 
 
 class Terminated(KeyboardInterrupt):
@@ -110,7 +128,8 @@ def _sigterm_unwinds():
     """For the `with` block, SIGTERM raises Terminated in the main thread (as SIGINT raises
     KeyboardInterrupt); the previous handler is put back after."""
     def on_term(signum, frame):
-        raise Terminated("terminated (SIGTERM); the partial output was removed")
+        raise Terminated("terminated (SIGTERM); what was not written durably was removed (what was is kept "
+                         "beside the output for a resume: run the same command again)")
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -150,9 +169,10 @@ def _run(args) -> int:
     from mpi4py import MPI
 
     # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
+    from dstore.errors import ConfigError
     from dstore.ingest import ingest
 
-    fmt = args.fmt or ("zarr" if args.output.rstrip("/").lower().endswith(".zarr") else "hdf5")
+    fmt = args.fmt or ("zarr" if (args.output or "").rstrip("/").lower().endswith(".zarr") else "hdf5")
     options = dict(args.source_option)
     if args.validate is not None:
         options["validate"] = args.validate
@@ -164,11 +184,21 @@ def _run(args) -> int:
         if getattr(args, key) is not None:
             options[option] = getattr(args, key)
     comm = MPI.COMM_WORLD
-    report = ingest(args.source, args.output, comm=comm, fmt=fmt, shards=args.shards, seed=args.seed,
-                    keep_order=args.keep_order, stratify=args.stratify, encoding=args.encoding, resize=args.resize,
-                    on_error=args.on_error, count=args.count, progress=_progress(args.progress),
-                    overwrite=args.overwrite, source_type=args.source_type, reencode_max_side=args.max_side,
-                    reencode_quality=args.quality, fields=args.fields, **options)
+    if args.output is None and args.append_to is None:
+        raise ConfigError("dstore ingest: give OUTPUT (the container to write) or --append-to CONTAINER")
+    kwargs = dict(fmt=fmt, shards=args.shards, seed=args.seed, keep_order=args.keep_order, stratify=args.stratify,
+                  encoding=args.encoding, resize=args.resize, on_error=args.on_error, count=args.count,
+                  overwrite=args.overwrite, reencode_max_side=args.max_side, reencode_quality=args.quality,
+                  fields=args.fields, resume=args.resume, append_to=args.append_to, duplicates=args.duplicates)
+    if args.dry_run:
+        from dstore.ingest.dryrun import dry_run
+
+        if comm.Get_rank() == 0:  # rank 0 alone: a dry run reads no sample and writes nothing
+            plan = dry_run(args.source, args.output, source_type=args.source_type, **kwargs, **options)
+            print(json.dumps(plan.as_dict()) if args.json else plan.summary(), flush=True)
+        return 0
+    report = ingest(args.source, args.output, comm=comm, progress=_progress(args.progress),
+                    source_type=args.source_type, **kwargs, **options)
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps({"output": report.output, "samples": report.samples, "bytes": report.bytes,

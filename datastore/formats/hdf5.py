@@ -484,6 +484,16 @@ class HDF5Writer(StreamingWriter):
         else:
             self._data.write_direct(np.ascontiguousarray(chunk), dest_sel=np.s_[start:stop])
 
+    def _sync(self) -> None:
+        f = self._open_file()
+        f.flush()
+        os.fsync(f.id.get_vfd_handle())
+
+    def _chunk_locator(self, k: int) -> int:
+        """The file offset of data chunk k (a whole chunk, stored unfiltered as it was written)."""
+        assert self._data is not None  # a chunk was written (durable: k < chunks written)
+        return int(self._data.id.get_chunk_info_by_coord((k * self._buf.chunk_bytes,)).byte_offset)
+
     def _finish(self, buf: SampleBuffer, attrs: dict) -> None:
         f = self._open_file()
         tail = buf.tail()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -402,7 +403,7 @@ class StreamingWriter(ContainerWriter):
 
     def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
                  extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES,
-                 fields=None):
+                 fields=None, tmp: str | None = None):
         self._fields = FieldBuffer(check_field_specs(fields))
         class_names = check_writer_args(encoding=encoding, class_names=class_names,
                                         raw_dtype=raw_dtype, raw_shape=raw_shape)
@@ -415,8 +416,11 @@ class StreamingWriter(ContainerWriter):
         self._lock = OutputLock(self.path)  # one writer of a path at a time (released at commit/abort)
         if self._lock.held:  # no other writer of this path lives: its temporaries are a killed job's
             remove_stale_temporaries(self.path)
-        self._tmp = temp_path(self.path)
+        # `tmp`: a resumable ingest's temporary, named by its journal (dstore.ingest.journal) so that a
+        # killed writer's durable chunks survive the next writer's clean-up of stale temporaries.
+        self._tmp = temp_path(self.path) if tmp is None else os.path.abspath(tmp)
         self._buf = SampleBuffer(self._write_chunk, chunk_bytes)
+        self._synced_chunks = 0  # data chunks made durable by `durable()` so far
         self._state = "open"
         try:
             self._open_tmp()
@@ -432,6 +436,47 @@ class StreamingWriter(ContainerWriter):
     def num_samples(self) -> int:
         """Samples appended so far."""
         return self._buf.num_samples
+
+    @property
+    def buffer(self) -> SampleBuffer:
+        """The samples appended so far (offsets, checksums: what a journal records of them)."""
+        return self._buf
+
+    @property
+    def tmp(self) -> str:
+        """The temporary the container is written to until `commit()`."""
+        return self._tmp
+
+    def durable(self) -> tuple[int, list]:
+        """Makes the data chunks handed to storage so far durable (flushed; HDF5: fsync'd) and
+        returns (the bytes of `data` they hold, a locator per chunk made durable since the last
+        call: what `read_durable` needs to read them back from the temporary after a kill)."""
+        self._check_open()
+        with self._storage_errors():
+            self._sync()
+            k1 = self._buf.written // self._buf.chunk_bytes
+            found = [self._chunk_locator(k) for k in range(self._synced_chunks, k1)]
+        self._synced_chunks = k1
+        return self._buf.written, found
+
+    def _sync(self) -> None:
+        """Pushes what was written to the temporary to storage (default: nothing to push)."""
+
+    def _chunk_locator(self, k: int):
+        """Where data chunk k lies in the temporary (default: None: found by name)."""
+        del k
+        return None
+
+    def release(self) -> None:
+        """Ends the writer but keeps its temporary (a resumable ingest's durable part) and releases
+        the lock. Safe twice and after commit/abort."""
+        if self._state != "open":
+            return
+        self._state = "released"
+        try:
+            self._discard()
+        finally:
+            self._lock.release()
 
     def _open_tmp(self) -> None:
         raise NotImplementedError
@@ -518,3 +563,36 @@ class StreamingWriter(ContainerWriter):
         finally:
             remove_path(self._tmp)
             self._lock.release()
+
+
+def read_durable(fmt: str, tmp: str, chunk_bytes: int, locators: list, lo: int, hi: int) -> np.ndarray:
+    """Bytes [lo, hi) of `data` in the temporary `tmp` of a writer that was killed, read from its
+    durable chunks (`StreamingWriter.durable`): HDF5 chunks at the file offsets `locators` gives
+    (the file's own metadata may be half-written: it is not read), Zarr chunks from their files.
+    OutputError naming the temporary where a chunk cannot be read whole."""
+    out = np.empty(hi - lo, dtype=np.uint8)
+    pos = lo
+    fd = None
+    try:
+        if fmt == "hdf5":
+            fd = os.open(tmp, os.O_RDONLY)
+        while pos < hi:
+            k, within = divmod(pos, chunk_bytes)
+            n = min(hi - pos, chunk_bytes - within)
+            if fmt == "hdf5":
+                got = os.pread(fd, n, int(locators[k]) + within)
+            else:
+                with open(os.path.join(tmp, "data", "c", str(k)), "rb") as f:
+                    f.seek(within)
+                    got = f.read(n)
+            if len(got) != n:
+                raise OutputError(f"{tmp}: data chunk {k} is short ({len(got)} of {n} bytes): not durable")
+            out[pos - lo:pos - lo + n] = np.frombuffer(got, dtype=np.uint8)
+            pos += n
+    except (OSError, IndexError) as exc:
+        raise OutputError(f"{tmp}: cannot read back data chunk {pos // chunk_bytes}: {exc}") from exc
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return out
+

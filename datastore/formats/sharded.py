@@ -3,6 +3,7 @@ into one logical container whose samples are the shards' samples in manifest ord
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -103,14 +104,27 @@ def _shard_entries(shard_paths: list[str], base: str):
         attrs = {k: getattr(info, k) for k in _SHARED_KEYS}
         if first is None:
             first, first_path, first_info = attrs, p, info
-        elif attrs != first:
-            diff = [k for k in _SHARED_KEYS if attrs[k] != first[k]]
-            raise ConfigError(f"shard {p} disagrees with shard {first_path} on {diff}: "
-                              f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
+        else:
+            diff = [k for k in _SHARED_KEYS if attrs[k] != first[k] and k != "class_names"]
+            if not diff and not _prefix(first["class_names"], attrs["class_names"]):
+                diff = ["class_names"]
+            if diff:
+                raise ConfigError(f"shard {p} disagrees with shard {first_path} on {diff}: "
+                                  f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
+            if len(attrs["class_names"]) > len(first["class_names"]):  # an appended shard added classes
+                first = dict(first, class_names=attrs["class_names"])
+                first_info = dataclasses.replace(first_info, class_names=attrs["class_names"])
         rel = os.path.relpath(os.path.abspath(p), base)
         entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
                         "num_samples": info.num_samples, "total_bytes": info.total_bytes, **identity})
     return entries, first_info
+
+
+def _prefix(a, b) -> bool:
+    """Whether one of the class-name lists `a`, `b` begins the other: an append adds classes after
+    the old ones (dstore.ingest.append), so an old shard's class names begin the container's."""
+    n = min(len(a), len(b))
+    return tuple(a[:n]) == tuple(b[:n])
 
 
 def _write_json_into_place(value, target: str, overwrite: bool) -> None:
@@ -199,10 +213,10 @@ class ShardedReader(ContainerReader):
                     raise FormatError(
                         f"{mfile}: shard {i} ({entry['path']}) has {shard.num_samples} samples / "
                         f"{shard.total_bytes} bytes, the manifest says {entry['num_samples']} / {entry['total_bytes']}")
-                if (shard.info.encoding, shard.info.class_names, shard.info.fields) != (
-                        self.info.encoding, self.info.class_names, self.info.fields):
+                if (shard.info.encoding, shard.info.fields) != (self.info.encoding, self.info.fields) or (
+                        tuple(self.info.class_names[:shard.info.num_classes]) != tuple(shard.info.class_names)):
                     raise FormatError(f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
-                                      "on encoding, class names or fields")
+                                      "on encoding, class names (a shard's must begin the manifest's) or fields")
                 if manifest["version"] >= 2:
                     _check_identity(mfile, i, entry, shard, sum(s.num_samples for s in self._shards[:-1]))
             self._load()

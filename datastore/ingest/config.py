@@ -21,6 +21,9 @@ from dstore.formats import FORMATS
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR
 
+DUPLICATES = ("raise", "skip")
+"""Values of `duplicates`: what an append does with a sample the container already holds."""
+
 MAX_SHARDS = 99_999
 """The most shards an ingest writes (`shard-00000-of-99999`)."""
 
@@ -49,6 +52,13 @@ class IngestConfig:
     stratify: bool = arg(False, doc="a seeded order with every class spread evenly (plan.stratified_order)")
     heartbeat: float | None = arg(None, doc="seconds between plain progress lines without a bar (None: $DSTORE_HEARTBEAT)")
     fields: Any = arg(None, doc="the extra fields per sample to store (None: every one the source has; \"none\": none)")
+    resume: bool | None = arg(None, doc="None: continue an interrupted ingest of the output if its journal is there, "
+                                        "else start; True: continue one (refused if there is none); False: discard "
+                                        "any and start over (`--resume`, `--restart`)")
+    append_to: str | None = arg(None, doc="an existing container to add the source's samples to (`--append-to`; "
+                                          "dstore.ingest.append); the output is then that container")
+    duplicates: str = arg("raise", doc="an appended sample already stored (same name, or same bytes): `raise` or "
+                                       "`skip` it (`--duplicates`)")
 
     def checked(self) -> IngestConfig:
         """This config validated (ConfigError naming the argument and its value) and `resize`
@@ -61,6 +71,10 @@ class IngestConfig:
         if not isinstance(shards, (int, np.integer)) or not 1 <= shards <= MAX_SHARDS:
             raise ConfigError(f"shards={shards!r} (--shards) must be an integer in [1, {MAX_SHARDS}] (shard names "
                               f"have five digits)")
+        if self.duplicates not in DUPLICATES:
+            raise ConfigError(f"duplicates={self.duplicates!r} is not one of {DUPLICATES}")
+        if self.resume not in (None, True, False):
+            raise ConfigError(f"resume={self.resume!r} must be None, True or False")
         count = self.count
         if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
             raise ConfigError(f"count={count!r} must be a positive integer or None")

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +31,13 @@ from dstore.formats import (
     create_writer,
     write_manifest,
 )
+from dstore.formats.layout import DATA_CHUNK_BYTES
 from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable, is_leftover, private_like, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
 from dstore.ingest.config import IngestConfig
+from dstore.ingest.journal import Checkpointer, Journal, journal_dir, options_fingerprint
 from dstore.ingest.meter import Meter
 from dstore.ingest.process import Block, Target, process_block, resolve_target
 from dstore.ingest.reencode import reencode_attrs
@@ -41,7 +45,7 @@ from dstore.ingest.registry import open_source
 from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source, select_fields
 from dstore.ingest.writer import BackgroundWriter
-from dstore.runtime import collective
+from dstore.runtime import collective, rc
 from dstore.runtime.collective import message, remote_error
 
 
@@ -110,25 +114,57 @@ class _Shard:
     samples: int
     bytes: int
     skipped: list
+    duplicates: list = dataclasses.field(default_factory=list)
 
 
 def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int, *, index: int, path: str,
                  fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar,
-                 fields=()) -> _Shard | None:
+                 fields=(), journal: Journal | None = None, chunk_bytes: int = DATA_CHUNK_BYTES, kept=None,
+                 prologue=None, dedupe=None, meter: Meter | None = None) -> _Shard | None:
     """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
-    first rank, which returns the shard's record; the others return None)."""
+    first rank, which returns the shard's record; the others return None). With a `journal`, the
+    positions its best attempt made durable are restored first and only the rest are written, with
+    checkpoints logged (dstore.ingest.journal); `kept` (a list) gets True if an abort kept the
+    temporary for a resume. `prologue(writer)` writes samples before position lo (an append's
+    old samples); `dedupe` filters each round (dstore.ingest.append)."""
     m, k = gcomm.Get_size(), gcomm.Get_rank()
     out, pending = None, None
     skipped: list = []
+    start = lo
+    attempt = None
     if k == 0:
         try:
+            state = journal.state(index) if journal is not None else None
+            attempt = journal.new_attempt(index) if journal is not None else None
             writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
                                    raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
                                    source=src.description, extra_attrs=extra_attrs, overwrite=overwrite,
-                                   fields=fields)
-            out = BackgroundWriter(writer, src, order, on_written=bar, fields=[n for n, _ in fields])
+                                   fields=fields, chunk_bytes=chunk_bytes,
+                                   tmp=None if attempt is None else attempt.tmp)
+            names = [n for n, _ in fields]
+            ckpt = None
+            try:
+                if prologue is not None:
+                    prologue(writer)
+                restored = None
+                if journal is not None and attempt is not None:
+                    if state is not None:
+                        restored = journal.restore(state, writer, src, order, lo, names)
+                        start = lo + restored.positions
+                        if meter is not None:
+                            meter.already(restored.positions)
+                        skipped.extend(tuple(x) for x in restored.skipped)
+                    ckpt = Checkpointer(journal, attempt, writer, float(rc.INGEST_CHECKPOINT.get()),
+                                        superseded=state, prefix=restored)
+            except BaseException:
+                writer.abort()
+                raise
+            out = BackgroundWriter(writer, src, order, on_written=bar, fields=names, checkpointer=ckpt,
+                                   filter=dedupe)
         except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
             pending = e
+    if m > 1:
+        start = gcomm.bcast(start, root=0)
     header = np.zeros(4, dtype=np.int64)
     headers = np.zeros((m, 4), dtype=np.int64)
     # Reused byte buffers (not new ones each round, page-faulted in anew): [t % 2] what the writer
@@ -136,7 +172,7 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     # in round t + 2, and submit(t + 1) has by then waited for round t to be written.
     bufs = [np.empty(0, np.uint8)] * 3
     try:
-        for t, rnd in enumerate(plan.rounds(plan.chunk_bounds(lo, hi, chunk), m)):
+        for t, rnd in enumerate(plan.rounds(plan.chunk_bounds(start, hi, chunk), m)):
             a, b = rnd[k]
             err, block = pending or (out.error if out is not None else None), None
             if err is None:
@@ -158,17 +194,25 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
             else:
                 skipped_parts, sizes, data, crcs = [block.skipped], block.sizes, block.parts, None
             if out is not None:  # the group's writer (its rank 0: an error there was raised above)
-                for part in skipped_parts:
-                    skipped.extend(part)
+                round_skipped = [s for part in skipped_parts for s in part]
+                skipped.extend(round_skipped)
                 assert sizes is not None and data is not None  # the writer's gather holds them
-                out.submit(rnd[0][0], sizes, data, checksums=crcs)
+                out.submit(rnd[0][0], sizes, data, checksums=crcs, skipped=round_skipped)
         agree(gcomm, out.finish() if out is not None else pending)
     finally:
         if out is not None:
             out.abort()  # after a commit this only stops the thread
+            if out.kept and kept is not None:
+                kept.append(True)
+            elif journal is not None and attempt is not None and not out.kept:
+                journal.discard(attempt)  # its log: the temporary went with the abort or the commit
+        elif attempt is not None and journal is not None:
+            journal.discard(attempt)
     if out is None:  # not the writer (on the writer a failed creation was raised above)
         return None
-    return _Shard(index, path, out.writer.num_samples, out.bytes, skipped)
+    dropped = list(getattr(dedupe, "dropped", []))
+    return _Shard(index, path, out.writer.num_samples, out.writer.buffer.total_bytes, skipped + dropped,
+                  duplicates=dropped)
 
 
 def _gather_round(gcomm, block: Block, headers: np.ndarray, bufs: list[np.ndarray], slot: int):
@@ -231,15 +275,17 @@ def _check_overlap(source: str, output: str, paths: list[str]) -> None:
 
 
 def _prepare_output(source: str, output: str, manifest: str | None, shard_paths: list[str],
-                    overwrite: bool, locked: bool = False) -> bool:
+                    overwrite: bool, locked: bool = False, done=frozenset()) -> bool:
     """On rank 0 before writing: checks the target (it may hold only our own containers, and only
     with `overwrite`); for a sharded container creates its directory and removes an old manifest
     (so a failed rewrite never leaves a manifest over mixed shards), and, if `locked` (this job
     holds the output's lock, so nobody else writes in it), the temporaries and lock files killed
-    writers left in its directory. Returns True if it created the directory."""
+    writers left in its directory. The shards in `done` (finished by the interrupted ingest being
+    resumed) are kept. Returns True if it created the directory."""
     _check_overlap(source, os.fspath(output), ([] if manifest is None else [manifest]) + shard_paths)
+    kept = {shard_paths[s] for s in done}
     for path in ([] if manifest is None else [manifest]) + shard_paths:
-        if os.path.lexists(path):
+        if os.path.lexists(path) and path not in kept:
             if not overwrite:
                 raise ContainerExistsError(f"{path} already exists (pass overwrite=True / --overwrite)")
             check_replaceable(path)
@@ -261,12 +307,12 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
     return True
 
 
-def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
+def ingest(source: str | Source, output: str | None, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
            keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
            count: int | None = None, progress: bool = True, overwrite: bool = False,
            reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
-           heartbeat: float | None = None, fields=None, config: IngestConfig | None = None,
-           **source_options) -> IngestReport:
+           heartbeat: float | None = None, fields=None, resume: bool | None = None, append_to: str | None = None,
+           duplicates: str = "raise", config: IngestConfig | None = None, **source_options) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
@@ -294,7 +340,13 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
         fields: the extra fields per sample to store (`--fields`; dstore.ingest.source.select_fields):
             None: every field the source has (WebDataset members other than the image and label,
             other Parquet columns, ingest_items' field dicts); "none": none.
-        config: a dstore.ingest.config.IngestConfig instead of the keywords fmt .. fields (not both).
+        resume: None: continue an interrupted ingest of `output` where its journal (dstore.ingest.journal)
+            is there, else start; True: continue one (ConfigError if there is none); False: discard
+            any and start over. A changed source or option is refused, naming what changed.
+        append_to: add the source's samples to this existing container instead (dstore.ingest.append);
+            `output` must then be None or the same path.
+        duplicates: with append_to, a sample already stored (same name, or same bytes): `raise` or `skip`.
+        config: a dstore.ingest.config.IngestConfig instead of the keywords fmt .. duplicates (not both).
         **source_options: passed to the source (e.g. validate="full", split="test", seed options).
 
     Returns:
@@ -317,7 +369,8 @@ def ingest(source: str | Source, output: str, *, comm=None, fmt: str = "hdf5", s
     given = {"fmt": fmt, "shards": shards, "seed": seed, "keep_order": keep_order, "encoding": encoding,
              "resize": resize, "on_error": on_error, "count": count, "progress": progress, "overwrite": overwrite,
              "reencode_max_side": reencode_max_side, "reencode_quality": reencode_quality, "stratify": stratify,
-             "heartbeat": heartbeat, "fields": fields}
+             "heartbeat": heartbeat, "fields": fields, "resume": resume, "append_to": append_to,
+             "duplicates": duplicates}
     if config is None:
         config = IngestConfig(**given)
     else:
@@ -338,7 +391,13 @@ def _is_default(value, default) -> bool:
 def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     cfg = config.checked()
-    _check_output(cfg.fmt, cfg.shards, output)
+    if cfg.append_to is not None:
+        if output is not None and os.path.abspath(os.fspath(output)) != os.path.abspath(os.fspath(cfg.append_to)):
+            raise ConfigError(f"append_to={cfg.append_to!r} writes into that container; output={output!r} must be it "
+                              "or None")
+        output = os.fspath(cfg.append_to)
+    else:
+        _check_output(cfg.fmt, cfg.shards, output)
     fmt, shards, seed, on_error, count = cfg.fmt, cfg.shards, cfg.seed, cfg.on_error, cfg.count
     comm.Barrier()
     t0 = time.perf_counter()
@@ -348,18 +407,23 @@ def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -
         if source == "synthetic" or source_options.get("source_type") == "synthetic":
             source_options["seed"] = seed  # one seed: the generated images and their order
         src = open_source_collective(comm, source, on_error=on_error, count=count, **source_options)
-    job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=cfg.keep_order,
-                          encoding=cfg.encoding, resize=cfg.resize, on_error=on_error, count=count,
-                          overwrite=cfg.overwrite, reencode=(cfg.reencode_max_side, cfg.reencode_quality),
-                          stratify=cfg.stratify, fields=cfg.fields)
+    if cfg.append_to is not None:
+        job = _append_job(comm, source, src, cfg)
+    else:
+        job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=cfg.keep_order,
+                              encoding=cfg.encoding, resize=cfg.resize, on_error=on_error, count=count,
+                              overwrite=cfg.overwrite, reencode=(cfg.reencode_max_side, cfg.reencode_quality),
+                              stratify=cfg.stratify, fields=cfg.fields)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     try:
+        resume = collective.on_root(comm, _open_journal, job, cfg, source, source_options, types=_TYPES,
+                                    fallback=IngestError)
         created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
                                      cfg.overwrite, job_lock is not None and job_lock.held, types=_TYPES,
-                                     fallback=IngestError)
-        written, exc = _write_shards(comm, job, cfg.progress, cfg.heartbeat)
-        recs = _finish(comm, job, written, exc, created)
+                                     fallback=IngestError, done=set(resume.done))
+        written, exc, kept = _write_shards(comm, job, cfg.progress, cfg.heartbeat, resume)
+        recs = _finish(comm, job, written, exc, created, resume, kept)
     finally:
         if job_lock is not None:
             job_lock.release()
@@ -367,7 +431,142 @@ def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -
         if close is not None:  # a source holding a file open (a container being re-ingested)
             close()
     seconds = comm.bcast(time.perf_counter() - t0, root=0)
-    return job.report(recs, seconds, comm.Get_size())
+    report = job.report(recs, seconds, comm.Get_size())
+    if job.old is not None:
+        _append_notes(report, job)
+    if resume.positions:
+        report.notes.append(f"resumed an interrupted ingest: {resume.positions} of {job.n} positions were "
+                            "already written and were kept")
+    return report
+
+
+def _append_job(comm, source, src: Source, cfg: IngestConfig) -> _Job:
+    """The job of an append (dstore.ingest.append) on every rank: the source without the samples the
+    container already names, labelled in the merged class map, written after the old samples (one
+    file: the old ones copied first, then renamed over it; sharded: new shards and a new manifest)."""
+    from dstore.ingest import append
+
+    old = collective.on_root(comm, append.OldContainer.open, cfg.append_to, types=_TYPES, fallback=IngestError)
+    n = len(src) if cfg.count is None else min(len(src), int(cfg.count))
+    merged, mapping = append.merge_classes(old.class_names, src.class_names)
+    keep, dup = collective.on_root(comm, append.name_duplicates, old.path, src, n, types=_TYPES, fallback=IngestError)
+    if dup and cfg.duplicates == "raise":  # the same on every rank: every rank raises alike
+        i, j = dup[0]
+        raise SampleError(f"{src.locate(i)}: a duplicate: stored sample {j} of {old.path} has its name "
+                          f"{src.name(i)!r} ({len(dup)} such sample(s)); pass duplicates='skip' (--duplicates skip) "
+                          "to leave them out")
+    description = f"{old.source} + {src.description}" if old.source else src.description
+    asrc = append.AppendSource(src, keep, merged, mapping if src.class_names else None, description)
+    asrc.skipped += [(src.locate(i), f"duplicate: the name of stored sample {j} of {old.path}") for i, j in dup]
+    if not len(asrc):
+        raise SampleError(f"{src.description}: nothing to append to {old.path}: all {n} samples are stored there already")
+    single = old.kind != "sharded"
+    if single and cfg.shards != 1:
+        raise ConfigError(f"shards={cfg.shards}: an append to the one-file container {old.path} writes one file; "
+                          "append to a sharded container to add shards")
+    job = _Job.for_source(source, old.path, asrc, fmt=old.shard_fmt, shards=cfg.shards, seed=cfg.seed,
+                          keep_order=cfg.keep_order, encoding=cfg.encoding if cfg.encoding is not None else old.encoding,
+                          resize=cfg.resize, on_error=cfg.on_error, count=None, overwrite=single,
+                          reencode=(cfg.reencode_max_side, cfg.reencode_quality), stratify=cfg.stratify,
+                          fields=cfg.fields)
+    append.check_compatible(old, src, job.target, job.fields)
+    added = [c for c in merged[len(old.class_names):]]
+    extra = append.history(old, src.description, cfg.seed, len(asrc), added)
+    job.journaled, job.old = False, old
+    job.dedupe = lambda: append.Duplicates(old.path, asrc, cfg.duplicates)
+    if single:
+        job.prologue = append.CopyOld(old.path, [f for f, _ in job.fields])
+        job.extra_attrs = extra
+    else:
+        job.manifest, job.shard_paths = None, append.new_shard_paths(old, cfg.shards)
+        job.lock_path = old.path
+        job.finish = lambda paths: append.write_appended_manifest(old, paths, extra)
+    return job
+
+
+def _append_notes(report: IngestReport, job: _Job) -> None:
+    """An append's report: the samples and bytes added (not the container's), what it holds now,
+    the classes added and the duplicates left out, by name and by content."""
+    old = job.old
+    if old.kind != "sharded":
+        report.samples -= old.num_samples
+        report.bytes -= old.total_bytes
+    report.output = old.path
+    added = list(job.src.class_names[len(old.class_names):])
+    report.notes.append(f"appended {report.samples} samples to {old.path}, which now holds "
+                        f"{old.num_samples + report.samples} samples of {len(job.src.class_names)} classes"
+                        + (f"; classes added: {', '.join(added)}" if added else "; no class added"))
+    by_name = sum(1 for _, why in report.skipped if why.startswith("duplicate: the name"))
+    by_bytes = sum(1 for _, why in report.skipped if why.startswith("duplicate: the same bytes"))
+    if by_name or by_bytes:
+        report.notes.append(f"left out as already stored: {by_name} by name, {by_bytes} by content (the same bytes)")
+
+
+@dataclasses.dataclass
+class _Resume:
+    """What rank 0 found in the output's journal (dstore.ingest.journal), the same on every rank."""
+
+    journal: str | None  # the journal directory (None: the ingest keeps none)
+    ingest_id: str
+    chunk_bytes: int
+    done: dict  # shard -> (samples, bytes) of the shards an interrupted run finished
+    positions: int = 0  # positions found written (finished shards and durable prefixes)
+
+    def open(self) -> Journal | None:
+        return None if self.journal is None else Journal.load(self.journal)
+
+
+def _finished_by(path: str, ingest_id: str) -> tuple[int, int] | None:
+    """(samples, bytes) of the complete container at `path` if ingest `ingest_id` wrote it, else None."""
+    from dstore.formats import open_container
+
+    if not os.path.exists(path):
+        return None
+    try:
+        with open_container(path, check_labels=False) as r:
+            ok = r.info.extra.get("ingest_id") == ingest_id
+            return (r.num_samples, r.total_bytes) if ok else None
+    except Exception:  # noqa: BLE001 - not a finished container of this ingest: written again
+        return None
+
+
+def _open_journal(job: _Job, cfg: IngestConfig, source, source_options: dict) -> _Resume:
+    """On rank 0: the journal of this ingest, created, or found and checked against this run's
+    options and source (ConfigError in one line naming what changed); what it says is finished."""
+    jdir = journal_dir(job.output)
+    journal = Journal.load(jdir)
+    if journal is not None and cfg.resume is False:
+        journal.remove()
+        journal = None
+    if journal is not None and _finished_by(job.manifest or job.shard_paths[0], journal.ingest_id):
+        journal.remove()  # that ingest finished; its journal outlived it (a kill just after the rename)
+        journal = None
+    options = options_fingerprint(str(source), cfg, source_options)
+    if not job.journaled:  # an append (dstore.ingest.append): run again whole if interrupted
+        if cfg.resume:
+            raise ConfigError("resume=True (--resume) does not apply to an append (append_to / --append-to): an "
+                              "interrupted append leaves the container as it was; run it again")
+        return _Resume(None, uuid.uuid4().hex, int(rc.INGEST_CHUNK_BYTES.get()), {})
+    if journal is None:
+        if cfg.resume:
+            raise ConfigError(f"resume=True (--resume): there is no interrupted ingest of {job.output} to resume "
+                              f"(no journal {jdir})")
+        chunk = int(rc.INGEST_CHUNK_BYTES.get())
+        journal = Journal.create(jdir, options=options, src=job.src, n=job.n, fmt=job.fmt, chunk_bytes=chunk)
+        return _Resume(jdir, journal.ingest_id, journal.chunk_bytes, {})
+    done_positions = np.zeros(job.n, dtype=bool)
+    done, positions = {}, 0
+    for s in range(job.shards):
+        lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
+        finished = _finished_by(job.shard_paths[s], journal.ingest_id) if job.manifest is not None else None
+        state = None if finished else journal.state(s)
+        count = (hi - lo) if finished else (state.positions if state is not None else 0)
+        if finished:
+            done[s] = finished
+        done_positions[job.order[lo:lo + count]] = True
+        positions += count
+    journal.check(options, job.src, job.n, done_positions)
+    return _Resume(jdir, journal.ingest_id, journal.chunk_bytes, done, positions)
 
 
 @dataclasses.dataclass
@@ -392,6 +591,17 @@ class _Job:
     shard_paths: list[str]
     order_kind: str = "seeded"  # the `ingest_order` attribute: source, seeded or stratified
     fields: tuple[tuple[str, str], ...] = ()  # the extra fields stored, (name, kind)
+    journaled: bool = True  # keeps a journal for a resume (dstore.ingest.journal); not an append
+    extra_attrs: dict = dataclasses.field(default_factory=dict)  # more attributes (an append's history)
+    prologue: Any = None  # writes samples before shard 0's first position (an append's old samples)
+    finish: Any = None  # on rank 0 after every shard is written, with their paths (an append's manifest)
+    dedupe: Any = None  # makes a round filter for a group's writer (an append's duplicates), or None
+    lock_path: str | None = None  # an output rank 0 locks for the whole job (an append's manifest)
+    old: Any = None  # the container appended to (dstore.ingest.append.OldContainer), or None
+
+    def dedupe_for(self, gcomm):
+        """The duplicate filter of this group's writer (None on the other ranks, or not an append)."""
+        return self.dedupe() if self.dedupe is not None and gcomm.Get_rank() == 0 else None
 
     @classmethod
     def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
@@ -452,68 +662,97 @@ def _lock_output(comm, job: _Job) -> OutputLock | None:
     def take() -> None:
         if job.manifest is not None:
             held.append(OutputLock(job.output))
+        elif job.lock_path is not None:
+            held.append(OutputLock(job.lock_path))
+        elif job.journaled:  # a single file: its writer locks the file; its journal is this job's
+            held.append(OutputLock(journal_dir(job.output)))
 
     collective.on_root(comm, take, types=_TYPES, fallback=IngestError)
     return held[0] if held else None
 
 
-def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None = None
-                  ) -> tuple[list[_Shard], BaseException | None]:
-    """Collective: this rank's group writes the group's shards. Returns the records of the shards
-    this rank wrote (as its group's first rank) and this rank's error, not raised: the other groups
-    must learn of it first (`_finish`)."""
+def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resume: _Resume
+                  ) -> tuple[list[_Shard], BaseException | None, bool]:
+    """Collective: this rank's group writes the group's shards (those a resumed ingest has not
+    finished). Returns the records of the shards this rank wrote (as its group's first rank), this
+    rank's error, not raised: the other groups must learn of it first (`_finish`), and whether this
+    rank kept something for a resume."""
     rank, size = comm.Get_rank(), comm.Get_size()
     group = plan.group_of(rank, size, job.shards)
     gcomm = comm.Split(group, rank)
     # One id for every shard of this ingest (a manifest records it per shard: a shard of another
-    # ingest, even of the same source, is then refused by name).
-    ingest_id = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
-    extra = {"ingest_seed": int(job.seed), "ingest_order": job.order_kind, "ingest_id": ingest_id}
+    # ingest, even of the same source, is then refused by name); a resumed ingest keeps its journal's.
+    extra = {"ingest_seed": int(job.seed), "ingest_order": job.order_kind, "ingest_id": resume.ingest_id}
     if job.target.max_side is not None:
         extra.update(reencode_attrs(job.target.max_side, job.target.quality))
+    extra.update(job.extra_attrs)
     mine = plan.shards_of_group(group, size, job.shards)
     sample_bytes = job.sample_bytes()
-    meter = Meter(job.bounds, mine, job.shards, plan.num_groups(size, job.shards), bar=progress, period=heartbeat,
-                  enabled=rank == 0)
-    written, exc = [], None
+    meter = Meter(job.bounds, [s for s in mine if s not in resume.done], job.shards,
+                  plan.num_groups(size, job.shards), bar=progress, period=heartbeat,
+                  enabled=gcomm.Get_rank() == 0, rank=rank, bar_rank=rank == 0)
+    written, exc, kept = [], None, []
     try:
+        journal = resume.open() if gcomm.Get_rank() == 0 else None
         with meter:
             for s in mine:
                 lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
+                if s in resume.done:  # finished by the interrupted run: kept as it is
+                    if gcomm.Get_rank() == 0:
+                        written.append(_Shard(s, job.shard_paths[s], *resume.done[s], []))
+                        kept.append(True)
+                    continue
                 chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
                 rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
                                    fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
                                    extra_attrs=extra, bar=meter.update if meter.enabled else None,
-                                   fields=job.fields)
+                                   fields=job.fields, journal=journal, chunk_bytes=resume.chunk_bytes, kept=kept,
+                                   prologue=job.prologue if s == 0 else None, dedupe=job.dedupe_for(gcomm),
+                                   meter=meter if meter.enabled else None)
                 if rec is not None:
                     written.append(rec)
     except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises
         exc = e
     finally:
         gcomm.Free()
-    return written, exc
+    return written, exc, bool(kept)
 
 
-def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool) -> list[_Shard]:
+def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool,
+            resume: _Resume, kept: bool) -> list[_Shard]:
     """Collective: gathers every group's shard records and, where all went well, has rank 0 write a
-    sharded container's manifest. On any failure every rank removes what it wrote and raises (its own
-    error, or the first failing rank's). Returns the records of all shards, in shard order."""
+    sharded container's manifest (or an append's new one) and remove the journal. On any failure
+    every rank removes what it wrote, unless some rank kept durable work for a resume (then all of
+    it stays, and rank 0 says how to resume), and raises (its own error, or the first failing
+    rank's). Returns the records of all shards, in shard order."""
     rank = comm.Get_rank()
     results = comm.allgather((None if exc is None else message(exc), written))
     recs = sorted((r for _, part in results for r in part), key=lambda r: r.index)
     if exc is None and not any(m for m, _ in results):
         if sum(r.samples for r in recs) == 0:
             exc = SampleError(f"{job.source}: no samples left to write: all {job.n} were skipped")
-        elif job.manifest is not None and rank == 0:
+        elif rank == 0 and (job.manifest is not None or job.finish is not None):
             try:
-                write_manifest(os.path.abspath(os.fspath(job.output)), [r.path for r in recs],
-                               overwrite=job.overwrite)
+                if job.finish is not None:
+                    job.finish([r.path for r in recs])
+                else:
+                    write_manifest(os.path.abspath(os.fspath(job.output)), [r.path for r in recs],
+                                   overwrite=job.overwrite)
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
     failed = comm.allgather(None if exc is None else message(exc))
     if not any(failed):
+        if rank == 0 and resume.journal is not None:
+            Journal(resume.journal, {}).remove()  # after the completion marker: the container is whole
         return recs
-    _remove_written(comm, job, written, recs, created)
+    if resume.journal is not None and any(comm.allgather(kept)):
+        if rank == 0:
+            print(f"ingest: what was written durably is kept in {resume.journal}; run the same command again "
+                  "to resume, or pass --restart to start over", file=sys.stderr, flush=True)
+    else:
+        _remove_written(comm, job, written, recs, created)
+        if rank == 0 and resume.journal is not None:
+            Journal(resume.journal, {}).remove()
     if exc is not None:
         raise exc
     r, (name, text) = next((r, m) for r, m in enumerate(failed) if m is not None)

@@ -100,6 +100,15 @@ SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
 HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
     "seconds between the heartbeat lines rank 0 writes during a store's population, `dstore verify` and "
     "`dstore ingest` without a progress bar (where `heartbeat=` is not given); 0: none"))
+INGEST_CHECKPOINT = Option("DSTORE_INGEST_CHECKPOINT", "seconds", "10", (
+    "seconds between the checkpoints of a resumable `dstore ingest` (each makes the written data chunks "
+    "durable and logs them in the journal beside the output); 0: after every round"))
+INGEST_CHUNK_BYTES = Option("DSTORE_INGEST_CHUNK_BYTES", "bytes", "8MiB", (
+    "the chunk size of a new container's `data` array: what an ingest writes at once and the unit a resume "
+    "keeps (a resumed ingest uses its journal's)"))
+INGEST_KILL_AT = Option("DSTORE_INGEST_KILL_AT", "path", None, (
+    "tests: `SIGNAL:N` (e.g. `SIGKILL:600`): an ingest's writer sends its own process SIGNAL once its journal "
+    "has logged N positions of a shard (an interruption at a known point, for the resume tests)"))
 ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
     "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
 NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
@@ -120,7 +129,8 @@ MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
-                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
+                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, INGEST_CHECKPOINT, INGEST_CHUNK_BYTES,
+                               INGEST_KILL_AT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
                                PARTIAL_DECODE, WAIT_BOUND, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
