@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from dstore.errors import ConfigError, FormatError
+from dstore.errors import ConfigError, FormatError, IncompleteContainerError
 from dstore.formats.base import ContainerNotFoundError, ContainerReader
 from dstore.formats.objects import ObjectFile, is_url, join, stat
 
@@ -61,7 +61,7 @@ def detect_format(path) -> str:
     if is_url(path):
         return _detect_object(path)
     if not os.path.exists(path):
-        raise ContainerNotFoundError(f"{path}: no such container (file or directory)")
+        raise ContainerNotFoundError(f"{path}: no such container" + (_interrupted(path) or " (file or directory)"))
     if not os.path.isdir(path) and not os.path.isfile(path):  # opening a FIFO would wait for a writer
         raise FormatError(f"{path}: not a regular file or directory (a FIFO, socket or device?); "
                           "a container is an HDF5 file, a Zarr directory or a JSON manifest")
@@ -70,12 +70,25 @@ def detect_format(path) -> str:
             return "sharded"
         if os.path.isfile(os.path.join(path, "zarr.json")):
             return "zarr"
+        if _interrupted(path):
+            raise IncompleteContainerError(f"{path}: not a container yet{_interrupted(path)}")
         raise FormatError(f"{path}: a directory with neither {MANIFEST_NAME} (sharded) nor zarr.json (Zarr v3)")
     if path.endswith(".json"):
         return "sharded"
     if path.endswith(SUFFIXES) or is_hdf5(path):  # the name first: the signature costs a storage request
         return "hdf5"
     raise FormatError(f"{path}: not an HDF5 file (no HDF5 signature), a Zarr v3 directory or a JSON manifest")
+
+
+def _interrupted(path: str) -> str:
+    """`: its ingest was interrupted ...` where the journal of an unfinished ingest of `path` lies
+    beside it (dstore.ingest.journal.journal_dir), else ""."""
+    head, tail = os.path.split(os.path.abspath(path).rstrip("/"))
+    journal = os.path.join(head, f".{tail}.ingest")
+    if not os.path.isdir(journal):
+        return ""
+    return (f": its ingest was interrupted (what it wrote is journaled in {journal}); run the same `dstore ingest` "
+            "again to finish it")
 
 
 def _detect_object(url: str) -> str:

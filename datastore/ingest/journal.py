@@ -59,7 +59,8 @@ def options_fingerprint(source_spec: str, cfg, source_options: dict) -> dict:
     opts["resize"] = None if opts["resize"] is None else list(opts["resize"])
     opts["fields"] = opts["fields"] if opts["fields"] is None or isinstance(opts["fields"], str) else list(opts["fields"])
     opts["source"] = os.path.abspath(source_spec) if os.path.exists(str(source_spec)) else str(source_spec)
-    opts.update({f"source option {k}": v for k, v in sorted(source_options.items()) if k != "on_error"})
+    opts.update({f"source option {k}": v for k, v in sorted(source_options.items())
+                 if k != "on_error" and not (k == "source_type" and v == "auto")})  # auto: the default
     return json.loads(json.dumps(opts, default=str))
 
 
@@ -264,7 +265,7 @@ class Journal:
             new = set(names.split(b"\n"))
             added, removed = sorted(new - old), sorted(old - new)
             parts = [f"{len(added)} sample(s) added (e.g. {added[0].decode('utf-8', 'replace')})"] if added else []
-            parts += [f"{len(removed)} removed (e.g. {removed[0].decode('utf-8', 'replace')})"] if removed else []
+            parts += [f"{len(removed)} sample(s) removed (e.g. {removed[0].decode('utf-8', 'replace')})"] if removed else []
             return ", ".join(parts) or f"{then['samples']} -> {now['samples']} samples (names reordered)"
         if then["class_names"] != now["class_names"]:
             return f"class names {then['class_names'][:5]} -> {now['class_names'][:5]}"

@@ -358,7 +358,9 @@ def ingest(source: str | Source, output: str | None, *, comm=None, fmt: str = "h
     """
     from dstore.formats.objects import is_url
 
-    if is_url(os.fspath(output)):  # before any collective step: every rank refuses alike
+    if output is None and append_to is None and (config is None or config.append_to is None):
+        raise ConfigError("ingest: output=None needs append_to (the container to add to)")
+    if output is not None and is_url(os.fspath(output)):  # before any collective step: every rank refuses alike
         raise ConfigError(f"output {output!r} is a URL; ingest writes a local container (under a temporary name, "
                           "renamed when complete: object stores have no rename). Ingest to a local path, upload it "
                           "(aws s3 cp --recursive, or fsspec's put), then train on the URL")
@@ -419,8 +421,8 @@ def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -
     try:
         resume = collective.on_root(comm, _open_journal, job, cfg, source, source_options, types=_TYPES,
                                     fallback=IngestError)
-        created = collective.on_root(comm, _prepare_output, source, output, job.manifest, job.shard_paths,
-                                     cfg.overwrite, job_lock is not None and job_lock.held, types=_TYPES,
+        created = collective.on_root(comm, _prepare_output, source, job.output, job.manifest, job.shard_paths,
+                                     job.overwrite, job_lock is not None and job_lock.held, types=_TYPES,
                                      fallback=IngestError, done=set(resume.done))
         written, exc, kept = _write_shards(comm, job, cfg.progress, cfg.heartbeat, resume)
         recs = _finish(comm, job, written, exc, created, resume, kept)
