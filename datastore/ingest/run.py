@@ -467,7 +467,7 @@ def _append_job(comm, source, src: Source, cfg: IngestConfig) -> _Job:
         raise ConfigError(f"shards={cfg.shards}: an append to the one-file container {old.path} writes one file; "
                           "append to a sharded container to add shards")
     job = _Job.for_source(source, old.path, asrc, fmt=old.shard_fmt, shards=cfg.shards, seed=cfg.seed,
-                          keep_order=cfg.keep_order, encoding=cfg.encoding if cfg.encoding is not None else old.encoding,
+                          keep_order=cfg.keep_order, encoding=_append_encoding(cfg, old.encoding),
                           resize=cfg.resize, on_error=cfg.on_error, count=None, overwrite=single,
                           reencode=(cfg.reencode_max_side, cfg.reencode_quality), stratify=cfg.stratify,
                           fields=cfg.fields)
@@ -484,6 +484,14 @@ def _append_job(comm, source, src: Source, cfg: IngestConfig) -> _Job:
         job.lock_path = old.path
         job.finish = lambda paths: append.write_appended_manifest(old, paths, extra)
     return job
+
+
+def _append_encoding(cfg: IngestConfig, stored: str) -> str | None:
+    """The encoding an append asks for: the container's unless --encoding or --resize says (then
+    dstore.ingest.append.check_compatible refuses what would not match)."""
+    if cfg.encoding is not None or cfg.resize is not None or stored == "raw":
+        return cfg.encoding
+    return stored
 
 
 def _append_notes(report: IngestReport, job: _Job) -> None:

@@ -245,4 +245,4 @@ def ingest_here(source, output, **kw):
     from dstore.ingest import ingest
 
     kw.setdefault("progress", False)
-    return ingest(str(source), str(output), comm=MPI.COMM_SELF, **kw)
+    return ingest(str(source), None if output is None else str(output), comm=MPI.COMM_SELF, **kw)
