@@ -165,18 +165,19 @@ def test_an_ingest_log_has_no_bar_unless_asked(tmp_path):
         assert (b"\r" in res.stderr) == frames, res.stderr
 
 
-def test_an_ingest_heartbeat_of_several_shard_groups_says_it_is_rank_0s_share(capsys):
-    """Rank 0 sees only its group's shards (the others' counts would need MPI from the beat's thread):
-    the line says whose share it counts, and counts that share's samples only."""
+def test_an_ingest_heartbeat_of_several_shard_groups_says_whose_share_it_is(capsys):
+    """A group's writer sees only its group's shards (the others' counts would need MPI from the beat's
+    thread): each writing rank's line names the rank and its share, and counts that share's samples only."""
     import numpy as np
 
     from dstore.ingest.meter import Meter
 
-    with Meter(np.array([0, 30, 60, 90]), [0], shards=3, groups=3, bar=False, period=0.01, enabled=True) as meter:
+    with Meter(np.array([0, 30, 60, 90]), [1], shards=3, groups=3, bar=False, period=0.01, enabled=True,
+               rank=1) as meter:
         meter.update(10, 1000)
         time.sleep(0.1)
     line = capsys.readouterr().err.splitlines()[-1]
-    assert line.startswith("ingest (rank 0's share: 1 of 3 shards): 10 of 30 samples (33%), 1.00 kB, "), line
+    assert line.startswith("ingest [rank 1: 1 of 3 shards]: 10 of 30 samples (33%), 1.00 kB, "), line
     with Meter(np.array([0, 30]), [0], shards=1, groups=1, bar=False, period=0.01, enabled=False) as quiet:
         quiet.update(10, 1000)
         time.sleep(0.05)

@@ -1,6 +1,7 @@
-"""An ingest ended by a signal leaves nothing of its own behind (issue 19, partly held): SIGTERM
-unwinds as Ctrl-C does; what a SIGKILLed writer left is removed by the next writer of that output
-(and accepted by --overwrite of a sharded output); an aborted job's MPICH /dev/shm file goes."""
+"""An ingest ended by a signal before anything was durable leaves nothing of its own behind (issue 19,
+partly held): SIGTERM unwinds as Ctrl-C does; what a SIGKILLed writer left is removed by the next
+writer of that output (and accepted by --overwrite of a sharded output); an aborted job's MPICH
+/dev/shm file goes. (What an interrupted ingest made durable is kept for a resume: test_ingest_resume.)"""
 
 from __future__ import annotations
 
@@ -22,16 +23,17 @@ def _leftovers(folder):
 
 
 def _signal_mid_ingest(tmp_path, sig, *args, mpi=0):
-    """Starts `dstore ingest synthetic ARGS`, sends `sig` once its first temporary exists; returns
-    (returncode, output)."""
+    """Starts `dstore ingest synthetic ARGS`, sends `sig` once its first temporary exists (in the
+    journal beside the output), before its first checkpoint; returns (returncode, output)."""
     cmd = [sys.executable, "-m", "dstore.tools", "ingest", "synthetic", *args, "--count", "3000", "--no-progress"]
     if mpi:
         cmd = [mpiexec(), "-n", str(mpi), *cmd]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                         "DSTORE_INGEST_CHECKPOINT": "1000"})
     try:
         deadline = time.monotonic() + 120
-        while not any(".tmp-" in f for f in _leftovers(tmp_path)):
+        while not any(".a0." in f for f in _leftovers(tmp_path)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(sig)

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dstore.errors import ConfigError
+from dstore.errors import ConfigError, OutputError
 from dstore.formats.base import crc32
 from dstore.formats.layout import read_durable
 from dstore.ingest.source import Source
@@ -185,6 +185,15 @@ class Journal:
     @classmethod
     def create(cls, path: str, *, options: dict, src: Source, n: int, fmt: str, chunk_bytes: int) -> Journal:
         """A new journal (replacing any at `path`) for an ingest of `src` with `options`."""
+        try:
+            return cls._create(path, options=options, src=src, n=n, fmt=fmt, chunk_bytes=chunk_bytes)
+        except OSError as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise OutputError(f"{os.path.dirname(path)}: cannot create the ingest's journal {path} beside the "
+                              f"output: {exc.strerror or exc}") from exc
+
+    @classmethod
+    def _create(cls, path: str, *, options: dict, src: Source, n: int, fmt: str, chunk_bytes: int) -> Journal:
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path)
         names = _names_blob(src, n)

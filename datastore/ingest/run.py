@@ -418,6 +418,7 @@ def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -
                               stratify=cfg.stratify, fields=cfg.fields)
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
+    resume = None
     try:
         resume = collective.on_root(comm, _open_journal, job, cfg, source, source_options, types=_TYPES,
                                     fallback=IngestError)
@@ -426,6 +427,13 @@ def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -
                                      fallback=IngestError, done=set(resume.done))
         written, exc, kept = _write_shards(comm, job, cfg.progress, cfg.heartbeat, resume)
         recs = _finish(comm, job, written, exc, created, resume, kept)
+    except BaseException:
+        # A failure before the shards (the output refused), or an interruption outside the collective
+        # clean-up (SIGTERM, Ctrl-C): a journal that records nothing durable is rank 0's to remove.
+        if comm.Get_rank() == 0 and resume is not None and resume.journal is not None and \
+                not _worth_keeping(job, resume):
+            Journal(resume.journal, {}).remove()
+        raise
     finally:
         if job_lock is not None:
             job_lock.release()
@@ -538,6 +546,17 @@ def _finished_by(path: str, ingest_id: str) -> tuple[int, int] | None:
             return (r.num_samples, r.total_bytes) if ok else None
     except Exception:  # noqa: BLE001 - not a finished container of this ingest: written again
         return None
+
+
+def _worth_keeping(job: _Job, resume: _Resume) -> bool:
+    """Whether the journal records durable work: a checkpoint logged, or a finished shard."""
+    try:
+        logs = [e for e in os.listdir(resume.journal) if e.endswith(".log")]
+    except OSError:
+        return False
+    if any(os.path.getsize(os.path.join(resume.journal, e)) for e in logs):
+        return True
+    return job.manifest is not None and any(_finished_by(p, resume.ingest_id) for p in job.shard_paths)
 
 
 def _open_journal(job: _Job, cfg: IngestConfig, source, source_options: dict) -> _Resume:
