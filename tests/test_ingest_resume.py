@@ -160,7 +160,9 @@ def test_resume_true_needs_a_journal_and_on_error_may_change(tmp_path, small_chu
 def test_a_torn_durable_chunk_is_written_again(tmp_path, small_chunks):
     """A checkpoint whose bytes do not read back (a chunk lost to a crash) ends the kept prefix there."""
     root, out, _ = _interrupted(tmp_path)
-    state = Journal.load(journal_dir(out)).state(0)
+    journal = Journal.load(journal_dir(out))
+    state = None if journal is None else journal.state(0)
+    assert state is not None
     with open(state.tmp, "r+b") as f:  # damage the third durable chunk in the temporary
         f.seek(int(state.locators[2]) + 100)
         f.write(b"\0" * 64)

@@ -579,7 +579,7 @@ def read_durable(fmt: str, tmp: str, chunk_bytes: int, locators: list, lo: int, 
         while pos < hi:
             k, within = divmod(pos, chunk_bytes)
             n = min(hi - pos, chunk_bytes - within)
-            if fmt == "hdf5":
+            if fd is not None:  # HDF5
                 got = os.pread(fd, n, int(locators[k]) + within)
             else:
                 with open(os.path.join(tmp, "data", "c", str(k)), "rb") as f:

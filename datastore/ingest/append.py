@@ -83,10 +83,11 @@ class AppendSource(Source):
     """The samples `keep` of `inner` (a subset: those not stored already), labelled in the merged
     class map (`mapping`: inner label -> merged label; None: labels kept, a source without class names)."""
 
+    kind = "appended"
+
     def __init__(self, inner: Source, keep: np.ndarray, class_names, mapping: np.ndarray | None, description: str):
         super().__init__()
         self.inner, self._keep, self._mapping = inner, np.asarray(keep, dtype=np.int64), mapping
-        self.kind = inner.kind
         self.class_names = tuple(class_names)
         self.encoding, self.raw_dtype, self.raw_shape = inner.encoding, inner.raw_dtype, inner.raw_shape
         self.field_specs = inner.field_specs
@@ -202,7 +203,7 @@ class Duplicates:
                 continue
             i = int(indices[p])
             where = self._src.locate(i)
-            what = f"the same bytes as stored sample {j} ({self._reader.name(j)}) of {self._path}"
+            what = f"the same bytes as stored sample {j} ({self._open().name(j)}) of {self._path}"
             if self._policy == "raise":
                 raise SampleError(f"{where}: a duplicate: {what}; pass duplicates='skip' (--duplicates skip) to "
                                   "leave such samples out")

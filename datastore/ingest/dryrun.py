@@ -115,7 +115,7 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
         else:
             sizes = None if target.max_side is not None else _sizes(src, n)
             exact = sizes is not None
-            total = int(sizes.sum()) if exact else src.estimated_sample_bytes * n
+            total = int(sizes.sum()) if sizes is not None else src.estimated_sample_bytes * n
         listed = [(src.name(i), classes[labels[i]][0] if labels[i] < len(classes) else int(labels[i]),
                    None if sizes is None else int(sizes[i])) for i in range(min(n, 5))]
         append = resume = None
@@ -136,7 +136,7 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
                           "command would resume it, if its source and options are unchanged")
             elif os.path.lexists(output) and not cfg.overwrite:
                 resume = f"{output} exists: the ingest would be refused without --overwrite"
-        return DryRun(source=str(getattr(src, "description", source)), output=os.fspath(output), samples=n,
+        return DryRun(source=str(getattr(src, "description", source)), output=str(output), samples=n,
                       classes=classes, encoding=target.encoding, fields=fields, bytes=int(total), bytes_exact=exact,
                       shards=shards, split=getattr(src, "split", None), listed=listed, skipped=list(src.skipped),
                       ignored=len(src.ignored), notes=list(src.notes), resume=resume, append=append)
@@ -150,7 +150,7 @@ def _append_plan(cfg: IngestConfig, src, n: int) -> str:
     """What an append would add, in words: samples, classes added, duplicates by name."""
     from dstore.ingest import append
 
-    old = append.OldContainer.open(os.fspath(cfg.append_to))
+    old = append.OldContainer.open(str(cfg.append_to))
     merged, _ = append.merge_classes(old.class_names, src.class_names)
     keep, dup = append.name_duplicates(old.path, src, n)
     added = list(merged[len(old.class_names):])

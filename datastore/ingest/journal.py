@@ -443,10 +443,13 @@ class Checkpointer:
         rec = {"positions": positions, "sizes": self._sizes[self.logged:positions],
                "crcs": [int(c) for c in crcs[self._logged_kept:kept]],
                "skipped": [list(x) for x in self._skipped[self._logged_skipped:nskip]], "locators": locators}
-        with open(self.state.log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.state.log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise OutputError(f"{self.state.log}: cannot write the ingest's journal: {exc.strerror or exc}") from exc
         self.logged, self._logged_kept, self._logged_skipped = positions, kept, nskip
         _kill_at(positions)
         if self.superseded is not None and positions >= self.superseded.positions:

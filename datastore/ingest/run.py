@@ -390,7 +390,7 @@ def _is_default(value, default) -> bool:
     return value is default or (type(value) is type(default) and isinstance(value, (int, str)) and value == default)
 
 
-def _ingest(source, output: str, comm, config: IngestConfig, **source_options) -> IngestReport:
+def _ingest(source, output: str | None, comm, config: IngestConfig, **source_options) -> IngestReport:
     """ingest()'s work, inside its private_like block."""
     cfg = config.checked()
     if cfg.append_to is not None:
@@ -550,6 +550,8 @@ def _finished_by(path: str, ingest_id: str) -> tuple[int, int] | None:
 
 def _worth_keeping(job: _Job, resume: _Resume) -> bool:
     """Whether the journal records durable work: a checkpoint logged, or a finished shard."""
+    if resume.journal is None:
+        return False
     try:
         logs = [e for e in os.listdir(resume.journal) if e.endswith(".log")]
     except OSError:
@@ -728,7 +730,8 @@ def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resu
                 lo, hi = int(job.bounds[s]), int(job.bounds[s + 1])
                 if s in resume.done:  # finished by the interrupted run: kept as it is
                     if gcomm.Get_rank() == 0:
-                        written.append(_Shard(s, job.shard_paths[s], *resume.done[s], []))
+                        samples, nbytes = resume.done[s]
+                        written.append(_Shard(s, job.shard_paths[s], samples, nbytes, []))
                         kept.append(True)
                     continue
                 chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
