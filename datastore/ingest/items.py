@@ -225,7 +225,8 @@ def ingest_items(items, output: str, *, comm=None, class_names=None, validate: s
 
     src = collective.on_root(comm, make_spool, types={}, fallback=IngestError)
     try:
-        return ingest(src, output, comm=comm, on_error=on_error, **options)
+        # resume=False: the spool is written anew each time, so a journal of an earlier run never matches.
+        return ingest(src, output, comm=comm, on_error=on_error, **{"resume": False, **options})
     finally:
         comm.Barrier()  # every rank has read what it needed from the spool
         if comm.Get_rank() == 0:
