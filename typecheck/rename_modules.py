@@ -7,8 +7,8 @@ that branch's new references too, leaving the rewritten ones alone.
     python typecheck/rename_modules.py           # rewrite references in the tracked files
     python typecheck/rename_modules.py --move    # first `git mv` files still at their old paths
 
-What it rewrites, in every tracked .py, .md, .toml, .sh, .c and .ci/run (CHANGELOG.md is history and
-keeps the old names):
+What it rewrites, in every tracked .py, .md, .toml, .sh, .c and .ci/run (CHANGELOG.md and
+docs/history.md are history and keep the old names):
 - `from dstore import a, b as c` lines: a moved module is imported from its new package, under its
   old name where its file name changed (`from dstore.memory import limits as memory`), so the code
   below the import reads unchanged;
@@ -90,7 +90,7 @@ MOVED = {
 }
 PACKAGES = sorted({new.split(".")[0] for new in MOVED.values()})
 SUBMODULES = {pkg: {new.split(".")[1] for new in MOVED.values() if new.startswith(pkg + ".")} for pkg in PACKAGES}
-SKIP = {"CHANGELOG.md", "typecheck/rename_modules.py"}
+SKIP = {"CHANGELOG.md", "docs/history.md", "typecheck/rename_modules.py"}
 SUFFIXES = (".py", ".md", ".toml", ".sh", ".c", ".cfg", ".yaml", ".yml", ".txt")
 
 _DOTTED = re.compile(r"(?<![\w.])dstore\.(\w+)(?=(\.\w+)?)(?=(\s+import\s+(\w+))?)")
