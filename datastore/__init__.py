@@ -77,15 +77,13 @@ def __dir__() -> list[str]:
 
 MOVED = {  # rename_modules: keep (the old names, on purpose)
     "dstore.torch": "dstore.loader.store_loader",  # rename_modules: keep
-    "dstore.mixed": "dstore.store.mixed",  # rename_modules: keep
-    "dstore.draws": "dstore.loader.draws",  # rename_modules: keep
     "dstore.preemption": "dstore.runtime.preemption",  # rename_modules: keep
-    "dstore.collective": "dstore.runtime.collective",  # rename_modules: keep
     "dstore.pagecache": "dstore.memory.pagecache",  # rename_modules: keep
 }
-"""Import paths the docs showed users before the modules moved into subpackages (issue 30), each
-the same module object as its new path. (`dstore.store` is a package now that serves `DataStore`
-itself.) The project's own code uses the new paths (tests/test_package.py)."""
+"""Import paths the docs of release 0.1.0 showed users before the modules moved into subpackages
+(issue 30), each the same module object as its new path; paths no release showed are not kept.
+(`dstore.store` is a package now that serves `DataStore` itself.) The project's own code uses the
+new paths (tests/test_package.py)."""
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -6,16 +6,3 @@
 bytes -> HWC pixels (and the optional extension `_jpegcrop`); `kernels.py` and `resize.py` the
 per-sample resize; `draws.py` a sample's augmentation draws. docs/design.md, "The loader".
 """
-
-from typing import TYPE_CHECKING
-
-from dstore import lazy_getattr
-
-if TYPE_CHECKING:
-    from dstore.loader.store_loader import StoreLoader
-
-__all__ = ["StoreLoader"]
-
-
-# loaded on first use: torch is imported only by who asks for it
-__getattr__ = lazy_getattr(__name__, {"StoreLoader": "dstore.loader.store_loader"}, globals())
