@@ -11,7 +11,6 @@ import numpy as np
 from dstore.formats import create_writer, detect_format, open_container
 from dstore.ingest import ingest
 from dstore.ingest.synthetic import generate_image_folder
-from dstore.tools.bench.common import files_under
 
 
 @dataclasses.dataclass
@@ -121,21 +120,6 @@ def load_dataset(container: str, zarr_path: str | None, folder: str | None) -> D
     if not all(os.path.isfile(f) for f in files[:: max(1, len(files) // 64)]):
         files = None
     return DataSet(container, container if fmt == "hdf5" else None, zarr_path, files, offsets, labels)
-
-
-def container_files(path: str) -> list[str]:
-    """Every file a container consists of (the file itself, a Zarr directory's files, a manifest's shards)."""
-    import json
-
-    if os.path.isfile(path) and path.endswith(".json"):
-        with open(path) as fh:
-            man = json.load(fh)
-        base = os.path.dirname(path)
-        shards = [s if isinstance(s, str) else s.get("path", "") for s in man.get("shards", [])]
-        return files_under([path] + [os.path.join(base, s) for s in shards])
-    if os.path.isdir(path):
-        return files_under([path])
-    return [path]
 
 
 def repeated_container(comm, src: DataSet, count: int, path: str) -> DataSet:

@@ -62,7 +62,7 @@ class _Store:
 
 
 def store_spec(container: str, population: str, batch_size: int, seed: int, label: str = "") -> LoaderSpec:
-    from dstore.tools.bench.data import container_files
+    from dstore.memory.pagecache import container_files
 
     return LoaderSpec(f"store ({population}){label}",
                       lambda comm: _Store(comm, container, population, batch_size, seed),

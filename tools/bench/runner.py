@@ -10,12 +10,12 @@ import platform
 import sys
 import time
 
+from dstore.memory.pagecache import container_files
 from dstore.store.data_store import DataStore
 from dstore.tools.bench import baselines, layouts, limits, mosaic, report, storage, store_bench, training_view
 from dstore.tools.bench.common import STORE_GETS, Measurement, Progress, busy_cores, median_pass
 from dstore.tools.bench.data import (
     DataSet,
-    container_files,
     container_path,
     data_tag,
     load_dataset,
