@@ -97,7 +97,7 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
     training view's compute time is set from)."""
     with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload",
                    sample_range=sample_range) as store:
-        with StoreLoader(store, num_threads=num_threads, size=size) as loader:
+        with StoreLoader(store, decode_threads=num_threads, size=size) as loader:
             steps = {"n": 0}
 
             def run():

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                    help="store, direct, files, webdataset, litdata (space- or comma-separated)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--out", default="train-e2e-out")
+    p.add_argument("--out", default="bench-out/train-e2e", help="directory for the runs and train-e2e.json/.md")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--from-json", action="store_true", help="only rewrite train-e2e.md from OUT/train-e2e.json")
     p.add_argument("extra", nargs="*", help="after --: more `dstore train` options")

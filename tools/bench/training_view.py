@@ -59,7 +59,7 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
 
 def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: int, size) -> dict:
     """The training view of the store: one epoch of decoded batches from `StoreLoader`."""
-    with StoreLoader(store, num_threads=num_threads, size=size) as loader:
+    with StoreLoader(store, decode_threads=num_threads, size=size) as loader:
         row = au_loop(comm, "store (StoreLoader)", lambda: loader.epoch(epoch), compute_seconds)
     row["cache"] = "memory"
     return row

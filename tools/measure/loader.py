@@ -397,8 +397,9 @@ def _main(argv=None) -> int:
     p.add_argument("--channels-last", action="store_true", help="the model alone in channels-last memory format")
     p.add_argument("--no-gil", dest="gil", action="store_false", help="skip the py-spy pass")
     p.add_argument("--decoder-samples", type=int, default=400)
-    p.add_argument("--out", default="measure-loader.json")
-    p.add_argument("--md", default="measure-loader.md")
+    # under bench-out/ (ignored by git, as `dstore bench --out`'s default): a run's output is never committed
+    p.add_argument("--out", default="bench-out/measure-loader.json")
+    p.add_argument("--md", default="bench-out/measure-loader.md")
     args = p.parse_args(argv)
     if args.dali is not None and not args.dali:
         args.dali = [1, 2]
@@ -413,6 +414,8 @@ def _main(argv=None) -> int:
     res = measure(args)
     text = markdown(res)
     print(text)
+    for path in (args.out, args.md):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
     with open(args.md, "w") as fh:
