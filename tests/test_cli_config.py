@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from dstore.errors import ConfigError
-from dstore.order import shuffle, tiers
+from dstore.order import policy, tiers
 from dstore.tools import flags
 from dstore.tools.cli import build_parser
 from dstore.training import config, dist, ltfb, optim
@@ -46,7 +46,7 @@ def test_every_config_field_that_is_a_flag_is_in_the_parser_with_its_default_and
 
 def test_a_choice_set_is_one_constant_for_the_flag_and_the_check():
     choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(TrainConfig)}
-    assert choices["shuffle"] is shuffle.POLICIES and choices["population"] is tiers.POPULATIONS
+    assert choices["shuffle"] is policy.NAMES and choices["population"] is tiers.POPULATIONS
     assert choices["overflow"] is tiers.OVERFLOWS and choices["device"] is dist.DEVICES
     assert choices["optimizer"] is optim.OPTIMIZERS and choices["schedule"] is optim.SCHEDULES
     assert choices["ltfb_metric"] is ltfb.METRICS and choices["ltfb_strategy"] is ltfb.STRATEGIES

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstore.order import plan, shuffle
+from dstore.order.policy import POLICIES, resume_point
 
 sizes = st.lists(st.integers(0, 1000), min_size=1, max_size=200)
 
@@ -68,9 +69,9 @@ def test_local_and_partial_deliver_exactly_once_in_equal_steps(sz, bs, nranks, p
     offsets = np.concatenate([[0], np.cumsum(sz)])
     n = len(sz)
     bounds = plan.block_bounds(offsets, nranks)
-    order = shuffle.epoch_order(policy, n, bounds, 5, 2, 0.5)
+    order = POLICIES[policy].order(n, bounds, 5, 2, 0.5)
     steps = plan.steps_per_epoch(n, bs, drop)
-    scheds = [plan.rank_schedule(policy, order, bounds, bs, nranks, r, drop) for r in range(nranks)]
+    scheds = [POLICIES[policy].schedule(order, bounds, bs, nranks, r, drop) for r in range(nranks)]
     assert all(s.steps == steps for s in scheds)
     if steps:
         real = np.concatenate([s.ids[~s.pad] for s in scheds])
@@ -148,10 +149,10 @@ def test_resume_point_checks_the_state():
     cur = {"version": 1, "seed": 0, "epoch": 0, "step": 0, "position": 0, "batch_size": 8, "num_samples": 50,
            "shuffle": "global", "partial_fraction": 0.25, "drop_last": 0, "nranks": 2, "sample_start": 0,
            "sample_stop": 50}
-    assert plan.resume_point(dict(cur, epoch=3, step=2, position=16), cur, 7) == (3, 2)
-    assert plan.resume_point(dict(cur, epoch=3, step=7, position=56), cur, 7) == (4, 0)
+    assert resume_point(dict(cur, epoch=3, step=2, position=16), cur, 7) == (3, 2)
+    assert resume_point(dict(cur, epoch=3, step=7, position=56), cur, 7) == (4, 0)
     for bad, key in ((dict(cur, batch_size=4), "batch_size"), (dict(cur, num_samples=9), "num_samples"),
                      (dict(cur, version=9), "version"), ([], "version"),
                      (dict(cur, step=9, position=72), "outside")):
         with pytest.raises(ConfigError, match=key):
-            plan.resume_point(bad, cur, 7)
+            resume_point(bad, cur, 7)

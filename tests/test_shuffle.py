@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from dstore.errors import ConfigError
 from dstore.order import shuffle
 from dstore.order.plan import block_bounds
+from dstore.order.policy import POLICIES, policy
 
 sizes = st.lists(st.integers(0, 50), min_size=1, max_size=120)
 
@@ -32,12 +33,12 @@ def test_orders_change_with_epoch_and_seed():
 def test_local_and_partial_are_permutations_and_local_stays_home(sz, nranks, seed, epoch, frac):
     offsets = np.concatenate([[0], np.cumsum(sz)])
     bounds = block_bounds(offsets, nranks)
-    loc = shuffle.epoch_order("local", len(sz), bounds, seed, epoch)
+    loc = POLICIES["local"].order(len(sz), bounds, seed, epoch, 0.25)
     assert np.array_equal(np.sort(loc), np.arange(len(sz)))
     for r in range(nranks):  # every rank's part holds only its own samples
         part = loc[bounds[r]:bounds[r + 1]]
         assert np.all((part >= bounds[r]) & (part < bounds[r + 1]))
-    par = shuffle.epoch_order("partial", len(sz), bounds, seed, epoch, frac)
+    par = POLICIES["partial"].order(len(sz), bounds, seed, epoch, frac)
     assert np.array_equal(np.sort(par), np.arange(len(sz)))
     # At most round(frac*N) slots differ from the local order.
     assert np.count_nonzero(par != loc) <= round(frac * len(sz))
@@ -61,6 +62,6 @@ def test_bad_seed_is_a_config_error(bad):
 
 def test_bad_policy_and_fraction():
     with pytest.raises(ConfigError, match="shuffle='nope'"):
-        shuffle.epoch_order("nope", 10, np.array([0, 10]), 0, 0)
+        policy("nope")
     with pytest.raises(ConfigError, match="partial_fraction"):
         shuffle.partial_order(np.array([0, 10]), 0, 0, 1.5)

@@ -42,3 +42,38 @@ def test_no_module_but_the_store_touches_its_private_members(tmp_path):
     (tmp_path / "store" / "data_store.py").write_text("store._advance(1)\n")  # the owner's own
     (tmp_path / "loader" / "epoch.py").write_text("store._advance(1)\n")
     assert [line.split(":")[0] for line in imports.private_accesses(tmp_path)] == [str(tmp_path / "loader" / "epoch.py")]
+
+
+def _policy_name_comparisons(root: pathlib.Path) -> list[str]:
+    """Each comparison (`==`, `!=`, `in`, `not in`, `is`) of a shuffle policy's name in the sources
+    under `root`, outside the policies' table: `"global"`/`"partial"` anywhere, `"local"` where the
+    other side names a shuffle or policy (`"local"` is also a storage spec)."""
+    import ast
+
+    from dstore.order.policy import NAMES
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "policy.py" and path.parent.name == "order":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            names = {c.value for o in operands for c in ast.walk(o)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in NAMES}
+            others = " ".join(ast.unparse(o) for o in operands).lower()
+            if names - {"local"} or (names and ("shuffle" in others or "policy" in others)):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_shuffle_policy_name_is_compared_outside_its_table(tmp_path):
+    # dstore.order.policy holds one object per policy; a module that compares a policy's name takes a
+    # branch a new policy would fall into silently (docs/design.md, "The epoch order").
+    repo = ROOT.parent
+    assert [f for folder in ("datastore", "training", "tools") for f in _policy_name_comparisons(repo / folder)] == []
+    (tmp_path / "a.py").write_text('if cfg.shuffle != "global":\n    pass\nif spec == "local":\n    pass\n'
+                                   'ok = policy(name) in ("local", "partial")\n')
+    assert [line.split(": ", 1)[1] for line in _policy_name_comparisons(tmp_path)] == [
+        "cfg.shuffle != 'global'", "policy(name) in ('local', 'partial')"]

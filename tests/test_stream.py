@@ -10,6 +10,7 @@ from store_scenarios import scenarios
 from support.mpirun import run_mpi
 
 from dstore.order import plan, shuffle
+from dstore.order.policy import POLICIES
 from dstore.store import preload, stream
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
@@ -49,9 +50,9 @@ def test_the_piece_plan_reads_every_piece_once_earliest_first_and_says_what_each
 
 def test_first_use_is_the_step_of_the_global_order():
     order = np.random.default_rng(0).permutation(50)
-    use = stream.first_use("global", order, np.array([0, 20, 50]), 8, 7)
+    use = POLICIES["global"].first_use(order, np.array([0, 20, 50]), 8, 7)
     assert np.array_equal(use[order], np.arange(50) // 8)
-    local = stream.first_use("local", order, np.array([0, 20, 50]), 8, 7)
+    local = POLICIES["local"].first_use(order, np.array([0, 20, 50]), 8, 7)
     assert local.min() == 0 and local.max() == 6
 
 
@@ -88,14 +89,14 @@ def test_each_rank_plans_its_own_block_and_looks_up_the_rest_as_the_whole_plan_d
     bounds = plan.block_bounds(offsets, nranks)
     steps = plan.steps_per_epoch(n, bs, False)
     epoch = int(rng.integers(0, 3))
-    order = shuffle.epoch_order(policy, n, bounds, 7, epoch, 0.3)
-    use = stream.first_use(policy, order, bounds, bs, steps)  # the whole epoch's, as the stream built it
+    order = POLICIES[policy].order(n, bounds, 7, epoch, 0.3)
+    use = POLICIES[policy].first_use(order, bounds, bs, steps)  # the whole epoch's, as the stream built it
     orders, need = _plan_pieces_before(offsets, bounds, piece, use)
     assert np.array_equal(stream.plan_pieces(offsets, bounds, piece, use)[1], need)
     blocks = []
     for r in range(nranks):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
-        mine = stream.block_first_use(policy, n, bounds, r, 7, epoch, bs, steps, 0.3)
+        mine = POLICIES[policy].block_first_use(n, bounds, r, 7, epoch, bs, steps, 0.3)
         assert np.array_equal(mine, use[lo:hi])
         own, cuts, place = stream.plan_block(offsets, lo, hi, piece, mine)
         assert np.array_equal(own, orders[r])  # the same read order of the rank's pieces
@@ -144,7 +145,6 @@ def test_a_sample_read_while_streaming_is_checked_against_its_checksum(tmp_path)
     # the checksum catches it and every rank raises, naming the sample.
     import h5py
 
-    from dstore.order import shuffle
 
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=157)
     sizes = np.diff(scenarios.open_container(path).offsets)

@@ -15,7 +15,8 @@ import math
 
 from dstore.errors import ConfigError
 from dstore.memory.limits import parse_bytes
-from dstore.order.shuffle import POLICIES as SHUFFLES
+from dstore.order.policy import NAMES as SHUFFLES
+from dstore.order.policy import policy
 from dstore.order.tiers import OVERFLOWS, POPULATIONS
 from dstore.runtime.preemption import parse_signals
 from dstore.training import ltfb
@@ -260,7 +261,7 @@ class TrainConfig:
             raise ConfigError(f"amp={self.amp!r} is not one of {AMPS}")
         if self.augment not in AUGMENTS:
             raise ConfigError(f"augment={self.augment!r} is not one of {AUGMENTS}")
-        if self.loader in ("direct", "files") and self.shuffle != "global":
+        if self.loader in ("direct", "files") and not policy(self.shuffle).one_order:
             raise ConfigError(f"loader={self.loader!r} supports only shuffle='global', not {self.shuffle!r}")
         if self.files_root is not None and self.loader != "files":
             raise ConfigError(f"--files-root (files_root) needs --loader files, not --loader {self.loader}")

@@ -50,6 +50,7 @@ from dstore.loader.draws import draws_for
 from dstore.loader.epoch import LoaderEpoch
 from dstore.loader.kernels import resize_chw
 from dstore.loader.transform import SplitTransform
+from dstore.order import policy
 
 
 class seeded:  # lower case: used like a function, transform=seeded(fn)
@@ -369,9 +370,9 @@ class StoreLoader(torch.utils.data.IterableDataset):
                 state["end_pending"] = 1
             epoch, step = epoch + 1, 0
         state["epoch"], state["step"] = int(epoch), int(step)
-        if "position" in state:  # global order: an index in it, which does not depend on the rank count
-            global_policy = state.get("shuffle", "global") == "global"
-            state["position"] = step * int(state["batch_size"]) if global_policy else step
+        if "position" in state:  # where the policy has one order (a mix's too): an index in it, whatever the rank count
+            pol = policy.policy(state.get("shuffle", policy.GLOBAL.name))
+            state["position"] = pol.position(step, int(state["batch_size"]))
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -110,8 +110,7 @@ def resident_room(caps, extra: int) -> np.ndarray:
 
 def recv_bound(p: StorePlan) -> int:
     """An upper bound on one receive buffer: the largest bytes a rank can get in one step (step_bound)."""
-    block = int(np.diff(p.bounds).max()) if p.policy != "global" else None
-    return step_bound(p.offsets, p.num_samples, p.batch_size, p.size, largest_block=block,
+    return step_bound(p.offsets, p.num_samples, p.batch_size, p.size, largest_block=p.order_policy.largest_block(p.bounds),
                       steps_per_epoch=p.steps_per_epoch)
 
 

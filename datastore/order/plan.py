@@ -9,8 +9,9 @@ Rules (the store's docstring repeats them for users):
 * Global policy: step s covers positions ``[s*B, s*B + n_s)`` of the epoch order, ``n_s = B`` except
   the last (``N - s*B``) when not dropping; rank r takes the contiguous part
   ``[s*B + n_s*r // P, s*B + n_s*(r+1) // P)``. drop_last drops the order's last ``N % B``.
-* Local/partial policies: rank r deals its own part of the epoch order over the same number of
-  steps (step s gets items ``[len*s // S, len*(s+1) // S)``); nothing is dropped, even with drop_last.
+* Local/partial policies (dstore.order.policy, `Policy.schedule`): rank r deals its own part of
+  the epoch order over the same number of steps (step s gets items ``[len*s // S, len*(s+1) // S)``);
+  nothing is dropped, even with drop_last.
 * Padding: a rank whose share of a step would be empty (only when a step holds fewer samples than
   ranks) gets one pad sample instead, a repeat flagged in ``Schedule.pad`` (its own first sample
   of the epoch); pads are never counted as deliveries.
@@ -28,32 +29,6 @@ from dstore.errors import ConfigError
 
 STATE_VERSION = 1
 """Version of the DataStore state dict layout."""
-
-_STATE_MATCH = ("num_samples", "batch_size", "shuffle", "drop_last", "sample_start", "sample_stop")
-
-
-def resume_point(sd, current: dict, steps_per_epoch: int) -> tuple[int, int]:
-    """(epoch, step) a saved store state `sd` resumes at, checked against the `current` state.
-
-    Under ``global`` the step comes from the position in the global order (samples consumed), so
-    it is the same whatever the number of ranks. A finished epoch resumes at the next one's start.
-
-    Raises:
-        ConfigError: `sd` is not a store state, or it was saved for another data set, batch size,
-            policy, partial fraction, drop_last, or a step outside the epoch.
-    """
-    if not isinstance(sd, dict) or sd.get("version") != STATE_VERSION:
-        got = sd.get("version") if isinstance(sd, dict) else type(sd).__name__
-        raise ConfigError(f"state_dict version {got!r} is not {STATE_VERSION}, or not a DataStore state")
-    for key in _STATE_MATCH + (("partial_fraction",) if current["shuffle"] == "partial" else ()):
-        if sd.get(key) != current[key]:
-            raise ConfigError(f"state_dict[{key!r}]={sd.get(key)!r} does not match this store's {current[key]!r}")
-    epoch, step = int(sd["epoch"]), int(sd["step"])
-    if current["shuffle"] == "global":
-        step = int(sd["position"]) // int(sd["batch_size"])
-    if not 0 <= step <= steps_per_epoch or epoch < 0:
-        raise ConfigError(f"state_dict epoch={epoch} step={step} is outside [0, {steps_per_epoch}]")
-    return (epoch + 1, 0) if step == steps_per_epoch else (epoch, step)
 
 
 def block_bounds(offsets: np.ndarray, nranks: int) -> np.ndarray:
@@ -215,16 +190,6 @@ def dealt_schedule(seq: np.ndarray, steps: int, pad_id: int) -> Schedule:
     """`seq` dealt in order over `steps` steps (step s gets ``seq[len*s//S : len*(s+1)//S]``)."""
     ptr = (np.arange(steps + 1, dtype=np.int64) * seq.size) // max(steps, 1)
     return _with_pads(np.asarray(seq, dtype=np.int64), np.diff(ptr), pad_id)
-
-
-def rank_schedule(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, nranks: int,
-                  rank: int, drop_last: bool) -> Schedule:
-    """Rank's deliveries for an epoch whose order (dstore.order.shuffle.epoch_order) is `order`."""
-    if policy == "global":
-        return global_schedule(order, batch_size, nranks, rank, drop_last)
-    steps = steps_per_epoch(order.size, batch_size, drop_last)
-    seq = order[int(bounds[rank]):int(bounds[rank + 1])]
-    return dealt_schedule(seq, steps, int(seq[0]) if seq.size else int(order[rank % order.size]))
 
 
 def global_assignment(num_samples: int, batch_size: int, nranks: int, drop_last: bool) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Epoch orders as pure functions of (sizes, seed, epoch): index arrays, no MPI, no global state.
 
-Three policies, all returning one int64 permutation of ``range(num_samples)``:
+The orders of the three policies (dstore.order.policy holds the policy objects, `POLICIES`), each one
+int64 permutation of ``range(num_samples)``:
 
 * ``global``: one permutation of all samples; it depends only on (seed, epoch, N), never on the
   number of ranks. It is a keyed bijection (dstore.order.permute: a Feistel network with cycle-walking)
@@ -28,9 +29,6 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.order.permute import Permutation
-
-POLICIES = ("global", "local", "partial")
-"""The shuffle policies a store accepts."""
 
 # Stream tags keep the random streams of different uses apart for one (seed, epoch).
 _GLOBAL, _LOCAL, _PARTIAL = 0, 1, 2
@@ -106,15 +104,3 @@ def check_fraction(fraction) -> float:
     if not 0.0 <= f <= 1.0:
         raise ConfigError(f"partial_fraction={fraction!r} must be in [0, 1]")
     return f
-
-
-def epoch_order(policy: str, num_samples: int, bounds: np.ndarray, seed: int, epoch: int,
-                fraction: float = 0.25) -> np.ndarray:
-    """The epoch's order under `policy` (see the module docstring); `bounds` is ignored for global."""
-    if policy == "global":
-        return global_order(num_samples, seed, epoch)
-    if policy == "local":
-        return local_order(bounds, seed, epoch)
-    if policy == "partial":
-        return partial_order(bounds, seed, epoch, fraction)
-    raise ConfigError(f"shuffle={policy!r} is not one of {POLICIES}")

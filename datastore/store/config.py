@@ -19,7 +19,7 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.memory.limits import parse_bytes
-from dstore.order import shuffle, tiers
+from dstore.order import policy, shuffle, tiers
 from dstore.runtime import rc
 
 
@@ -115,8 +115,7 @@ class StoreConfig:
         if batch_size < nranks:
             raise ConfigError(f"batch_size={self.batch_size} is the global batch size and must be >= the "
                               f"number of ranks ({nranks})")
-        if self.shuffle not in shuffle.POLICIES:
-            raise ConfigError(f"shuffle={self.shuffle!r} is not one of {shuffle.POLICIES}")
+        policy.policy(self.shuffle)  # ConfigError naming the policies
         if self.population not in tiers.POPULATIONS:
             raise ConfigError(f"population={self.population!r} is not one of {tiers.POPULATIONS}")
         return dataclasses.replace(

@@ -47,6 +47,7 @@ from dstore.formats.base import ContainerReader
 from dstore.memory import budget as budget_mod
 from dstore.memory.limits import parse_bytes
 from dstore.order import plan, tiers
+from dstore.order import policy as policy_mod
 from dstore.order import shuffle as shuffle_mod
 from dstore.runtime import job, rc
 from dstore.runtime.collective import AGREED, agree, is_agreed, settle
@@ -416,7 +417,7 @@ class DataStore:
         """Where the store is: plain ints/strs/floats (torch.save-able with weights_only=True)."""
         e, s = self._next
         return {"version": plan.STATE_VERSION, "seed": self.seed, "epoch": e, "step": s,
-                "position": s * self.batch_size if self.policy == "global" else s,
+                "position": self.plan.order_policy.position(s, self.batch_size),
                 "batch_size": self.batch_size, "num_samples": self.num_samples, "shuffle": self.policy,
                 "partial_fraction": self.partial_fraction, "drop_last": int(self.drop_last),
                 "nranks": self.size, "sample_start": self.start, "sample_stop": self.stop}
@@ -428,8 +429,8 @@ class DataStore:
             ConfigError: `sd` is not a store state, or it was saved for another data set, batch
                 size, policy or drop_last.
         """
-        epoch, step = plan.resume_point(sd, self.state_dict(), self.steps_per_epoch)
-        if self.policy != "global" and step and int(sd["nranks"]) != self.size:
+        epoch, step = policy_mod.resume_point(sd, self.state_dict(), self.steps_per_epoch)
+        if not self.plan.order_policy.one_order and step and int(sd["nranks"]) != self.size:
             warnings.warn(f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
                           f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
                           RuntimeWarning, stacklevel=2)

@@ -140,8 +140,9 @@ class ServedFields:
         """What the fields cost rank `p.rank` of store plan `p`: its window and a step's buffer (the
         largest values a step can take, counted as dstore.memory.budget.step_bound counts a step's samples)."""
         per_step = -(-p.batch_size // p.size)
-        if p.policy != "global":
-            per_step = max(per_step, -(-int(np.diff(p.bounds).max()) // p.steps_per_epoch))
+        block = p.order_policy.largest_block(p.bounds)
+        if block is not None:
+            per_step = max(per_step, -(-block // p.steps_per_epoch))
         return self.window_bytes(p.bounds, p.rank) + step_bytes(self.offsets, min(per_step + 1, p.num_samples))
 
     def populate(self, comm, reader, bounds: np.ndarray, rank: int, node_views: bool) -> int:

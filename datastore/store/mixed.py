@@ -23,6 +23,7 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.order import mix, plan
+from dstore.order import policy as policy_mod
 from dstore.order.shuffle import check_seed, epoch_rng
 from dstore.runtime.collective import is_agreed
 from dstore.store.config import StoreConfig
@@ -84,7 +85,7 @@ class MixedStore:
             config = StoreConfig.from_options(options)
         elif options:
             raise ConfigError(f"MixedStore takes a StoreConfig or keywords, not both ({', '.join(options)})")
-        if config.shuffle != "global":
+        if not policy_mod.policy(config.shuffle).one_order:
             raise ConfigError(f"shuffle={config.shuffle!r}: a mix is served in one global order (shuffle='global')")
         if config.fields:
             raise ConfigError(f"fields={list(config.fields)}: a MixedStore does not serve extra fields; serve one "

@@ -18,6 +18,7 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.order import plan, shuffle
+from dstore.order import policy as policy_mod
 from dstore.store.config import StoreConfig
 
 
@@ -78,6 +79,11 @@ class StorePlan:
         return self.config.shuffle
 
     @property
+    def order_policy(self) -> policy_mod.Policy:
+        """The shuffle policy's object (dstore.order.policy): everything that differs by policy."""
+        return policy_mod.policy(self.config.shuffle)
+
+    @property
     def partial_fraction(self) -> float:
         return self.config.partial_fraction
 
@@ -120,16 +126,8 @@ class StorePlan:
     def schedule(self, epoch: int) -> plan.Schedule:
         """This rank's deliveries in `epoch` (pure). Under ``global`` and ``local`` only this rank's
         part of the order is built (O(N/P) memory)."""
-        if self.policy == "global":
-            perm = shuffle.global_permutation(self.num_samples, self.seed, epoch)
-            return plan.global_schedule(perm, self.batch_size, self.size, self.rank, self.drop_last)
-        if self.policy == "local" and self.bounds[self.rank + 1] > self.bounds[self.rank]:
-            seq = shuffle.local_block(self.bounds, self.rank, self.seed, epoch)
-            return plan.dealt_schedule(seq, self.steps_per_epoch, int(seq[0]))
-        order = shuffle.epoch_order(self.policy, self.num_samples, self.bounds, self.seed, epoch,
-                                    self.partial_fraction)
-        return plan.rank_schedule(self.policy, order, self.bounds, self.batch_size, self.size, self.rank,
-                                  self.drop_last)
+        return self.order_policy.rank_schedule(self.num_samples, self.bounds, self.seed, epoch, self.partial_fraction,
+                                               self.batch_size, self.size, self.rank, self.drop_last)
 
 
 def build(rank: int, size: int, config: StoreConfig, start: int, stop: int, offsets: np.ndarray,
@@ -147,7 +145,7 @@ def build(rank: int, size: int, config: StoreConfig, start: int, stop: int, offs
         raise ConfigError(f"batch_size={cfg.batch_size} with drop_last=True leaves no step: only "
                           f"{num_samples} samples")
     bounds = plan.block_bounds(offsets, size)
-    if cfg.population == "dynamic" and cfg.shuffle == "global" and not cfg.replicate:
+    if cfg.population == "dynamic" and policy_mod.policy(cfg.shuffle).one_order and not cfg.replicate:
         # Owners from epoch 0's bijection on lookup; only the displacements are held (int64[N])
         perm0 = shuffle.global_permutation(num_samples, cfg.seed, 0)
         owner = plan.dynamic_owner_of(num_samples, cfg.batch_size, size, cfg.drop_last, perm0)

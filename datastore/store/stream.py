@@ -42,7 +42,6 @@ import numpy as np
 from mpi4py import MPI
 
 from dstore.memory import budget
-from dstore.order import shuffle as shuffle_mod
 from dstore.runtime.integrity import read_error
 from dstore.store import preload
 from dstore.store.storage import StorageReader
@@ -92,40 +91,6 @@ def start(p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | No
 
     return Stream(p, comm, container, arena, checks, fill, preload.piece_bytes(threads), budget.recv_bound(p),
                   first_epoch, first_step)
-
-
-def first_use(policy: str, order: np.ndarray, bounds: np.ndarray, batch_size: int, steps: int) -> np.ndarray:
-    """int64[N]: the step of the epoch whose order is `order` in which each sample is delivered
-    (under ``local``/``partial`` the step its rank's dealt sequence puts it in, approximately)."""
-    n = order.size
-    step = np.zeros(n, dtype=np.int64)
-    if policy == "global":
-        step[order] = np.arange(n, dtype=np.int64) // batch_size
-        return step
-    for r in range(len(bounds) - 1):
-        lo, hi = int(bounds[r]), int(bounds[r + 1])
-        m = hi - lo
-        step[order[lo:hi]] = (np.arange(m, dtype=np.int64) * steps) // max(m, 1)
-    return step
-
-
-def block_first_use(policy: str, num_samples: int, bounds: np.ndarray, rank: int, seed: int, epoch: int,
-                    batch_size: int, steps: int, fraction: float = 0.25) -> np.ndarray:
-    """``first_use(...)[lo:hi]`` for rank's block ``[lo, hi) = bounds[rank:rank+2]``, computed from the
-    block alone where the order allows: ``global`` by the bijection's inverse (each sample's position),
-    ``local`` from the block's own order (O(N/P) both); ``partial`` builds the whole order, as its
-    order does (O(N))."""
-    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-    if policy == "global":
-        perm = shuffle_mod.global_permutation(num_samples, seed, epoch)
-        return perm.position_of(np.arange(lo, hi, dtype=np.int64)) // batch_size
-    if policy == "local":
-        seq = shuffle_mod.local_block(bounds, rank, seed, epoch)
-        use = np.empty(hi - lo, dtype=np.int64)
-        use[seq - lo] = (np.arange(hi - lo, dtype=np.int64) * steps) // max(hi - lo, 1)
-        return use
-    order = shuffle_mod.epoch_order(policy, num_samples, bounds, seed, epoch, fraction)
-    return first_use(policy, order, bounds, batch_size, steps)[lo:hi]
 
 
 def plan_block(offsets: np.ndarray, lo: int, hi: int, piece: int, use: np.ndarray) -> tuple[np.ndarray, np.ndarray,
@@ -240,8 +205,8 @@ class Stream:
         # This rank plans its own block's pieces (O(N/P)) and learns the others' (O(pieces)): no
         # order or first-use step of all N samples is built (but under `partial`, whose order is).
         lo, hi = int(p.bounds[p.rank]), int(p.bounds[p.rank + 1])
-        use = block_first_use(p.policy, p.num_samples, p.bounds, p.rank, p.seed, first_epoch,
-                              p.batch_size, p.steps_per_epoch, p.partial_fraction)
+        use = p.order_policy.block_first_use(p.num_samples, p.bounds, p.rank, p.seed, first_epoch,
+                                             p.batch_size, p.steps_per_epoch, p.partial_fraction)
         own, cuts, place = plan_block(p.offsets, lo, hi, piece, use)
         del use
         self.need = PieceWaits(p.offsets, p.bounds, comm.allgather((cuts, place)))
