@@ -146,9 +146,9 @@ def test_a_dead_worker_ends_the_epoch_with_an_error_naming_the_signal(jpegs, rea
             StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
         it = ld.epoch(0)
         next(it)
-        os.kill(ld._workers.pids[1], sig)
+        os.kill(ld.workers.pids[1], sig)
         if reaped:  # its pipe is closed when the next request is sent (a BrokenPipeError, unnamed, before)
-            ld._workers.procs[1].wait(10)
+            ld.workers.procs[1].wait(10)
         with pytest.raises(DStoreError, match=rf"decode worker 1 \(pid \d+\) ended unexpectedly, killed by "
                                               rf"{sig.name}") as err:
             for _ in it:
@@ -248,9 +248,9 @@ def test_a_batch_let_go_of_is_written_again_and_a_held_one_never(jpegs):
         del held  # ten segments back at once: four kept, the rest closed and retired
         for _ in ld.epoch(6):
             pass
-        with open(f"/proc/{ld._workers.pids[0]}/maps") as fh:
+        with open(f"/proc/{ld.workers.pids[0]}/maps") as fh:
             maps = {line.split()[0] for line in fh if "dstore-decode" in line}
-        assert len(maps) <= 2 * len(ld._workers.slots) + wk.KEEP_HANDED + 2, maps
+        assert len(maps) <= 2 * len(ld.workers.slots) + wk.KEEP_HANDED + 2, maps
 
 
 def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs):
@@ -267,10 +267,10 @@ def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs
         try:
             with StoreLoader(st, size=(72, 72), channels=3, transform=big, workers=2) as ld:
                 deadline = time.monotonic() + 60
-                while not ld._workers.native and time.monotonic() < deadline:  # epochs until both loaded
+                while not ld.workers.native and time.monotonic() < deadline:  # epochs until both loaded
                     for _ in ld.epoch(0):
                         pass
-                assert ld._workers.native
+                assert ld.workers.native
                 in_workers = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
         finally:
             del os.environ["DSTORE_NATIVE_AFTER"]

@@ -1,7 +1,8 @@
-"""The store's modules as values (NOTE [ The store as values ] in dstore.store.storeplan): no import cycle
-among the store's modules (datastore/ less formats/ and ingest/, typing imports included) and no
-module but store/data_store.py touching a store's private members (dstore.tools.measure.imports
-counts both)."""
+"""The code as values (NOTE [ The store as values ] in dstore.store.storeplan; the loader's plan and
+pipeline, dstore.loader.pipeline): no import cycle among the store's modules (datastore/ less formats/
+and ingest/, typing imports included), no module reaching into another object's private members by
+any name (dstore.tools.measure.imports counts both), and no shuffle policy's name compared outside
+dstore.order.policy."""
 
 import pathlib
 
@@ -30,18 +31,27 @@ def test_the_measure_sees_a_cycle_across_subpackages(tmp_path):
 def test_the_measure_finds_a_cycle_and_a_private_access(tmp_path):
     (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dstore.b import B\n")
     (tmp_path / "b.py").write_text("from dstore import a\n\ndef f(store):\n    store._advance(1)\n")
-    graph = {p.stem: imports.imports_of(p) for p in tmp_path.glob("*.py")}
+    (tmp_path / "c.py").write_text("class C:\n    def _advance(self, n):\n        self._n = n\n")
+    graph = {p.stem: imports.imports_of(p) for p in (tmp_path / "a.py", tmp_path / "b.py")}
     assert imports.cycles(graph) == [["a", "b"]]
     assert len(imports.private_accesses(tmp_path)) == 1
 
 
-def test_no_module_but_the_store_touches_its_private_members(tmp_path):
-    assert imports.private_accesses(ROOT) == []
+def test_no_module_reaches_into_another_objects_private_members(tmp_path):
+    # `name._x` by any name (not self/cls) outside the module that owns `_x`: the loader's epoch once
+    # read nine of StoreLoader's private members and wrote its position back (issue 37).
+    repo = ROOT.parent
+    assert imports.private_accesses(*(repo / d for d in ("datastore", "training", "tools"))) == []
     (tmp_path / "store").mkdir()
     (tmp_path / "loader").mkdir()
-    (tmp_path / "store" / "data_store.py").write_text("store._advance(1)\n")  # the owner's own
-    (tmp_path / "loader" / "epoch.py").write_text("store._advance(1)\n")
-    assert [line.split(":")[0] for line in imports.private_accesses(tmp_path)] == [str(tmp_path / "loader" / "epoch.py")]
+    (tmp_path / "store" / "data_store.py").write_text(
+        "class DataStore:\n    def _advance(self, n):\n        self._pos = n\n\n"
+        "def other(store):\n    store._advance(1)\n")  # the owner's own, on another instance
+    (tmp_path / "loader" / "epoch.py").write_text("def run(ld, st):\n    ld._pos = st._advance(1)\n"
+                                                  "    return self_._pos, os._exit\n")
+    found = imports.private_accesses(tmp_path)
+    assert sorted(line.split(": ", 1)[1] for line in found) == ["ld._pos", "self_._pos", "st._advance"], found
+    assert [line.split(": ", 1)[1] for line in imports.library_privates(tmp_path)] == ["os._exit"]
 
 
 def _policy_name_comparisons(root: pathlib.Path) -> list[str]:

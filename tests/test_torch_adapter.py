@@ -13,8 +13,8 @@ from mpi4py import MPI
 
 from dstore.errors import ConfigError
 from dstore.formats import create_writer, open_container
-from dstore.loader.decode import decode_sample
-from dstore.loader.store_loader import StoreLoader, resize, seeded
+from dstore.loader.decode import decode_sample, resize
+from dstore.loader.store_loader import StoreLoader, seeded
 from dstore.store.data_store import DataStore
 
 

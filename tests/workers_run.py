@@ -38,7 +38,7 @@ def ranks(path: str, out: str) -> None:
         for step, (x, _) in enumerate(ld.epoch(1)):
             if step == 0:  # the launcher's variables are not the workers' (NOTE [decode workers] 1)
                 assert any(k.startswith(("PMI_", "HYDRA_")) for k in os.environ), "not under mpiexec?"
-                for pid in ld._workers.pids:
+                for pid in ld.workers.pids:
                     with open(f"/proc/{pid}/environ", "rb") as fh:
                         env = [kv.split(b"=", 1)[0] for kv in fh.read().split(b"\0") if kv]
                     leaked = [k for k in env if k.startswith((b"PMI_", b"PMIX_", b"HYDRA_", b"OMPI_"))]
@@ -56,7 +56,7 @@ def hold(path: str) -> None:
     with DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st, \
             StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
         next(iter(ld.epoch(0)))
-        print("pids", os.getpid(), *ld._workers.pids, flush=True)
+        print("pids", os.getpid(), *ld.workers.pids, flush=True)
         time.sleep(120)
 
 

@@ -3,10 +3,12 @@
 `StoreLoader.epoch(e)` iterates a `LoaderEpoch`; its named steps, as the store's `EpochRun` has, are
 `issue` (ask the store for its next batches until `ahead` are decoding and hand each to the decode
 pool, after a copy out of the store's views when ahead >= 2), `complete` (wait for the oldest
-batch's decode: images, labels, ids, padding) and `account` (the loader's `last_*` attributes, its
-epoch `stats` and its position). Between `complete` and `account` the batch moves to the loader's
-device. `close` runs however the iteration ends (exhausted, abandoned by the caller, or failed): no
-thread is left reading a batch's bytes once the store's epoch ends.
+batch's decode: images, labels, ids, padding) and `account` (the epoch's own `stats`). Between
+`complete` and `account` the batch moves to the loader's device. It reads the loader's frozen plan
+and its decode machinery (dstore.loader.pipeline) and writes nothing into the loader: each batch is
+yielded with its `Ready` record (place, ids, timings), which `StoreLoader` records. `close` runs
+however the iteration ends (exhausted, abandoned by the caller, or failed): no thread is left
+reading a batch's bytes once the store's epoch ends.
 
 All MPI (the store's `next()`) stays on the calling thread; the pool's threads only decode.
 """
@@ -24,6 +26,7 @@ import torch
 
 from dstore.errors import ConfigError
 from dstore.formats.fields import decode_value
+from dstore.loader.pipeline import LoaderPlan, Pipeline
 
 
 class BatchDecode:
@@ -39,7 +42,7 @@ class BatchDecode:
         self._left = 0
         self._secs = 0.0
         self._error = None
-        self.parts: list[list[torch.Tensor] | None] = []  # each chunk's tensors (StoreLoader._decode_chunk)
+        self.parts: list[list[torch.Tensor] | None] = []  # each chunk's tensors (Pipeline.decode_chunk)
 
     def expect(self, chunks: int) -> None:
         """The number of chunk_done() calls that finish the batch (one for an empty batch)."""
@@ -89,7 +92,8 @@ def mismatch(step: int, shapes) -> str:
 
 @dataclasses.dataclass
 class Ready:
-    """A decoded batch taken off the queue (on the CPU): what the caller gets and `account` records."""
+    """A decoded batch taken off the queue (on the CPU): what the caller gets, with what the loader
+    records of it (its place, ids, padding, fields and timings)."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -99,37 +103,37 @@ class Ready:
     step: int
     decode_seconds: float
     fields: dict = dataclasses.field(default_factory=dict)  # the served fields' values, decoded
+    wait_seconds: float = 0.0  # how long the caller waited for it (set by `account`)
 
 
 class LoaderEpoch:
-    """Epoch `e` of `loader` (a StoreLoader), iterated once.
+    """Epoch `e` of a StoreLoader's `store`, decoded by its `pipeline` as its `plan` says, iterated once:
+    yields (images, labels, Ready) per batch.
 
-    Nothing happens before the first `next()` (then the store's epoch starts and the loader's
-    `stats` restart); a closed or failed iteration ends in `close`."""
+    Nothing happens before the first `next()` (then the store's epoch starts); a closed or failed
+    iteration ends in `close`. `stats`: the epoch's totals (batches, wait_seconds, decode_seconds,
+    copy_seconds, copy_bytes), its own."""
 
-    def __init__(self, loader, e: int):
-        self.loader = loader
-        self.e = e
+    def __init__(self, store, plan: LoaderPlan, pipeline: Pipeline, e: int):
+        self.store, self.plan, self.pipeline, self.e = store, plan, pipeline, e
         self.pending = collections.deque()  # BatchDecode jobs, oldest first
         self.copying = None  # the copy out of the store's views of the batch fetched last (ahead >= 2)
         self.batches = None  # the store's epoch (a generator of Batch)
-        self.stats = {}
+        self.stats = {"epoch": e, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0, "copy_seconds": 0.0,
+                      "copy_bytes": 0}
 
     def __iter__(self):
-        loader = self.loader
         t_in = time.perf_counter()  # the caller waits from its first next() on
-        self.batches = loader.store.epoch(self.e)
-        self.stats = loader.stats = {"epoch": self.e, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0,
-                                     "copy_seconds": 0.0, "copy_bytes": 0}
+        self.batches = self.store.epoch(self.e)
         try:
             # The first batch alone first: batches queued behind it would only slow its decode.
             self.issue(1)
             while self.pending:
                 ready = self.complete()
-                self.issue(loader.ahead)
-                images, labels = loader._to_device(ready.images, ready.labels)
-                self.account(ready, time.perf_counter() - t_in)
-                yield images, labels
+                self.issue(self.plan.ahead)
+                images, labels = self.pipeline.to_device(ready.images, ready.labels)
+                ready = self.account(ready, time.perf_counter() - t_in)
+                yield images, labels, ready
                 t_in = time.perf_counter()
         finally:
             self.close()
@@ -139,7 +143,7 @@ class LoaderEpoch:
         """Asks the store for its next batches until `depth` are queued (or the epoch has no more)
         and starts decoding each: straight from the store's views with ahead=1, else after a copy
         out of them, made in the copier thread beside the caller's work on the batch it was given."""
-        loader = self.loader
+        pipe = self.pipeline
         while len(self.pending) < depth:
             if self.copying is not None:  # the store may reuse that batch's views only once copied
                 self.copying.result()
@@ -149,24 +153,24 @@ class LoaderEpoch:
             nxt = next(self.batches, None)  # with ahead=1, the views of the batch before are released here
             if nxt is None:
                 return
-            job = BatchDecode(nxt, pin=loader.pin_memory)
+            job = BatchDecode(nxt, pin=self.plan.pin)
             self.pending.append(job)
-            if loader.ahead == 1 and loader._workers is None:
+            if self.plan.ahead == 1 and pipe.workers is None:
                 self.submit(job)
             else:
-                self.copying = loader._copier.submit(self.copy_and_submit, job)
+                self.copying = pipe.copier.submit(self.copy_and_submit, job)
 
     def submit(self, job: BatchDecode) -> None:
         """Decodes `job.batch` in up to decode_threads chunks in the loader's pool."""
-        loader, batch = self.loader, job.batch
+        pipe, batch, threads = self.pipeline, job.batch, self.plan.threads
         n = len(batch.samples)
         ids = batch.ids.tolist()
-        cuts = [(n * k) // loader.decode_threads for k in range(loader.decode_threads + 1)]
+        cuts = [(n * k) // threads for k in range(threads + 1)]
         spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
         job.expect(len(spans))
         src = getattr(batch, "sources", None)  # a mix (dstore.store.mixed): each entry decodes by its source's encoding
         src = [None] * n if src is None else src.tolist()
-        job.futures = [loader._pool.submit(loader._decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
+        job.futures = [pipe.pool.submit(pipe.decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
                        for k, (a, b) in enumerate(spans)]
         if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
             job.chunk_done(0.0, None)
@@ -176,12 +180,12 @@ class LoaderEpoch:
         the decode threads, or (with workers) into a ring slot and to the workers, `job.result`
         then being the ticket. A failure here is `job.result`'s, so `complete` raises it."""
         try:
-            workers = self.loader._workers
+            workers = self.pipeline.workers
             if workers is None:
                 job.batch = self.own_copy(job.batch)
                 self.submit(job)
                 return
-            self.loader._workers_ready.result()  # raises the start's error
+            self.pipeline.wait_workers()  # raises the start's error
             t0 = time.perf_counter()
             ticket = workers.submit(job.batch)
             job.batch = dataclasses.replace(job.batch, samples=[])  # the store's views are not needed any more
@@ -212,10 +216,10 @@ class LoaderEpoch:
         """Waits for the oldest batch's decode (raising its error) and takes it off the queue, its
         labels, ids and padding copied before the store is asked for more."""
         job = self.pending.popleft()
-        if self.loader._workers is None:
+        if self.pipeline.workers is None:
             images, secs = job.result.result()
         else:  # the job is off the queue first: its answers are read even when it fails
-            images, secs = self.loader._from_workers(job.result.result())
+            images, secs = self.pipeline.from_workers(job.result.result())
         batch = job.batch
         labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
         return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs,
@@ -224,31 +228,26 @@ class LoaderEpoch:
     def fields_of(self, batch) -> dict:
         """The loader's served fields of `batch` (the store's bytes, dstore.store.fieldstore) decoded by
         kind; {} where the loader asks for none or reads them from storage itself."""
-        kinds = self.loader._field_kinds
-        if not kinds or self.loader._fields is not None:
+        kinds = self.pipeline.batch_fields
+        if not kinds:
             return {}
         held = batch.fields
         if held is None:  # the store was built with fields: every batch carries them
             raise ValueError(f"step {batch.step}: the store's batch carries no fields")
         return {n: [decode_value(k, raw) for raw in held[n]] for n, k in kinds.items()}
 
-    def account(self, ready: Ready, wait: float) -> None:
-        """Records a batch about to be yielded: the loader's last_* attributes, the epoch's stats,
-        and the loader's position (the batch after it)."""
-        loader, st = self.loader, self.stats
-        loader.last_wait_seconds = wait
-        loader.last_decode_seconds = ready.decode_seconds
-        loader.last_ids, loader.last_pad = ready.ids, ready.pad
-        loader.last_fields = ready.fields
+    def account(self, ready: Ready, wait: float) -> Ready:
+        """A batch about to be yielded counted in the epoch's stats; `ready` with the caller's wait."""
+        st = self.stats
         st["batches"] += 1
         st["wait_seconds"] += wait
         st["decode_seconds"] += ready.decode_seconds
-        loader._pos = (ready.epoch, ready.step + 1)
+        return dataclasses.replace(ready, wait_seconds=wait)
 
     def drain_workers(self) -> None:
         """Reads the answers of the batches the workers still have (NOTE [decode workers] 4: every
         request is answered and read), their errors dropped: the epoch is ending anyway."""
-        workers = self.loader._workers
+        workers = self.pipeline.workers
         for job in self.pending:
             try:
                 ticket = job.result.result()
@@ -268,7 +267,7 @@ class LoaderEpoch:
         for f in futs:
             f.cancel()
         concurrent.futures.wait(futs)
-        if self.loader._workers is not None:
+        if self.pipeline.workers is not None:
             self.drain_workers()
         self.pending.clear()
         if self.batches is not None:  # always: __iter__ sets it before the try whose finally calls this

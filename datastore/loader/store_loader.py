@@ -29,11 +29,9 @@ decoding them; see `stats["copy_seconds"]`); the store moves on once that copy i
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import pickle
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,12 +41,9 @@ import torch
 import torch.utils.data
 
 from dstore.errors import ConfigError
-from dstore.formats.fields import StoreFields
 from dstore.loader.config import LoaderConfig, size_pair
-from dstore.loader.decode import decode_crop, decode_sample, resize
-from dstore.loader.draws import draws_for
 from dstore.loader.epoch import LoaderEpoch
-from dstore.loader.kernels import resize_chw
+from dstore.loader.pipeline import LoaderPlan, Pipeline, StoreFields
 from dstore.loader.transform import SplitTransform
 from dstore.order import policy
 
@@ -88,16 +83,6 @@ def _takes_rng(fn) -> bool:
         return False
     second = positional[1]
     return second.default is second.empty or second.name == "rng"
-
-
-def crop_then_transform(tf, data, info, key, channels, name: str):
-    """What a decode thread gives for a `crop_aware` transform (ImageTransform's ImageNet recipe):
-    the sample's plan drawn from `key` and the image's size before the decode, the decode of what
-    it needs (dstore.loader.decode.decode_crop), then the transform with that plan."""
-    rng = draws_for(tf, key)
-    arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), tf.size, channels=channels,
-                                     name=name, scratch=True)
-    return tf(arr, plan=(where, params))
 
 
 def decode_channels(channels, transform) -> int | None:
@@ -178,7 +163,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             (`DataStore(..., fields=[...])`): its batches carry them from their owners' windows
             (dstore.store.fieldstore), with decode workers too. A source that holds none
             (dstore.training.data.DirectSource, which reads its samples from storage anyway)
-            has them read from storage for each batch (dstore.formats.fields.StoreFields).
+            has them read from storage for each batch (dstore.loader.pipeline.StoreFields).
         config: a dstore.loader.config.LoaderConfig instead of the keywords above (not both); the
             validated, normalised arguments are kept as `config` either way.
 
@@ -220,7 +205,6 @@ class StoreLoader(torch.utils.data.IterableDataset):
             raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
                               f"with fn(array, rng)")
         self.device = cfg.device
-        self._fields, self._field_kinds = _field_source(store, cfg.fields)
         pin_memory = cfg.pin_memory
         if pin_memory and not torch.cuda.is_available():
             warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
@@ -228,29 +212,27 @@ class StoreLoader(torch.utils.data.IterableDataset):
             pin_memory = False
         self.pin_memory = bool(pin_memory)
         on_gpu = self.device is not None and self.device.type == "cuda"
-        self._stream = torch.cuda.Stream(self.device) if on_gpu else None
         self.store = store
         self.transform: Any = transform  # its optional parts are looked up by name (dstore.loader.transform)
-        self._seeded = transform is not None and _takes_rng(transform)
         self.channels = cfg.channels
-        self._channels = decode_channels(cfg.channels, transform)
         self.size = cfg.size
-        # a transform that resizes itself gets the decoded image: one resize, not two
-        self._tf_resizes = transform is not None and bool(getattr(transform, "resizes", False))
-        self._hint = (size_pair(self.transform.size, "transform.size")
-                      if self.size is None and self._tf_resizes and transform is not None else self.size)
         self.decode_threads = cfg.decode_threads
         self.ahead = cfg.ahead
-        self._pool = concurrent.futures.ThreadPoolExecutor(cfg.decode_threads, thread_name_prefix="dstore-decode")
-        self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstore-copy")
         self.batch_ops = cfg.batch_ops
         self.resize_on = cfg.resize_on
-        resize_on, workers = cfg.resize_on, cfg.workers
-        self._workers = self._make_workers(workers, on_gpu)
-        if self._workers is None and resize_on == "device":
+        # a transform that resizes itself gets the decoded image: one resize, not two
+        resizes = transform is not None and bool(getattr(transform, "resizes", False))
+        self.plan = LoaderPlan(
+            channels=decode_channels(cfg.channels, transform), size=cfg.size,
+            hint=size_pair(transform.size, "transform.size") if cfg.size is None and resizes else cfg.size,
+            seeded=transform is not None and _takes_rng(transform), resizes=resizes, ahead=cfg.ahead,
+            threads=cfg.decode_threads, device=cfg.device, pin=self.pin_memory)
+        self._fields, field_kinds = _field_source(store, cfg.fields)
+        self._field_names = tuple(field_kinds)
+        workers = self._make_workers(cfg.workers, on_gpu)
+        if workers is None and cfg.resize_on == "device":
             raise ConfigError("resize_on='device' needs decode workers (workers=N): decode threads resize each sample")
-        # NOTE [decode workers] 2: started by the copier thread, which lives as long as the loader
-        self._workers_ready = None if self._workers is None else self._copier.submit(self._workers.start)
+        self._pipeline = Pipeline(self.plan, store, transform, workers, {} if self._fields is not None else field_kinds)
         self._epoch = 0
         # (epoch, step) after the last batch yielded (LoaderEpoch.account); None: the store's own position
         self._pos: tuple[int, int] | None = None
@@ -284,21 +266,21 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if channels is None and info.encoding == "raw":
             channels = 1 if len(info.raw_shape) == 2 else int(info.raw_shape[-1])
         elif channels is None:
-            channels = self._channels
+            channels = self.plan.channels
         if size is None or channels is None:
             raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) "
                               f"(or a transform that has size and channels)")
         defer = self._resize_on_device(on_gpu)
         # A batch with a buffer of its own (not on_device) is not page-locked there: it is freed with
-        # the caller's tensor, which cannot unregister it; pin_memory then copies it (_from_workers).
+        # the caller's tensor, which cannot unregister it; pin_memory then copies it (Pipeline.from_workers).
         # A deferred resize runs in this process, so the batch part after it does too.
         on_device = self._batch_ops_on_device(on_gpu) or defer
         shape = (channels, *(tf.canvas() if defer and tf is not None else size))  # defer: tf is not None
         try:
             from dstore.loader.workers import DecodeWorkers
 
-            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self._channels,
-                                 size=None if self._tf_resizes else self.size, hint=self._hint, defer=defer,
+            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self.plan.channels,
+                                 size=None if self.plan.resizes else self.size, hint=self.plan.hint, defer=defer,
                                  transform=tf, seed=self.store.seed, slots=self.ahead + 1,
                                  pin=(self.pin_memory or on_gpu) and on_device, on_device=on_device)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -387,44 +369,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             self._epoch -= 1
             self._ended = self._epoch
 
-    # -------------------------------------------------------------- decoding
-    def _decode_one(self, data, sid: int, epoch: int, source: int | None = None):
-        """One sample decoded, resized and transformed; `source` is its source in a mix (dstore.store.mixed),
-        whose encoding it is decoded by and which joins the augmentation's seed."""
-        info = self.store.info if source is None else self.store.infos[source]
-        name = f"sample {sid}" if source is None else f"source {source} sample {sid}"
-        tf = self.transform
-        if self._seeded and getattr(tf, "crop_aware", False):  # the crop known before the decode
-            key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
-            out = crop_then_transform(tf, data, info, key, self._channels, name)
-            return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
-        arr = decode_sample(data, info, channels=self._channels, min_size=self._hint, name=name)
-        if self.size is not None and not self._tf_resizes:
-            if self.transform is None and arr.dtype == np.uint8:  # the resize and the CHW copy in one pass
-                out = np.empty((arr.shape[2], *self.size), np.uint8)
-                resize_chw(arr, (0, 0, *arr.shape[:2]), self.size, out)
-                return torch.from_numpy(out)
-            arr = resize(arr, self.size)
-        if self.transform is None:
-            if not arr.flags.writeable:  # a raw sample viewing the batch's bytes: copy out of it
-                arr = arr.copy()
-            return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
-        if self._seeded:
-            key = [self.store.seed, epoch, sid] if source is None else [self.store.seed, epoch, sid, source]
-            out = self.transform(arr, draws_for(self.transform, key))
-        else:
-            out = self.transform(arr)
-        return out if isinstance(out, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(out))
-
-    def _decode_chunk(self, job, k: int, samples, ids, sources) -> None:
-        t0 = time.perf_counter()
-        try:
-            job.parts[k] = [self._decode_one(s, i, job.batch.epoch, src) for s, i, src in zip(samples, ids, sources)]
-            err = None
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through job.result
-            err = exc
-        job.chunk_done(time.perf_counter() - t0, err)
-
+    # -------------------------------------------------------------- epochs
     def epoch(self, epoch: int) -> Iterator[Any]:
         """Yields (images, labels) for every step of `epoch` (see the class docstring), or with
         `fields=` a dict per step ("image", "label" and each field). Typed Any: which of the two
@@ -435,11 +380,27 @@ class StoreLoader(torch.utils.data.IterableDataset):
         if self._closed:
             raise ValueError("the StoreLoader is closed")
         self._end_epoch()
-        gen = iter(LoaderEpoch(self, int(epoch)))  # a generator: nothing runs before the first next()
-        if self._field_kinds:
+        # a generator: nothing runs before the first next()
+        gen = self._recorded(LoaderEpoch(self.store, self.plan, self._pipeline, int(epoch)))
+        if self._field_names:
             gen = self._with_fields(gen)
         self._active = gen
         return gen
+
+    def _recorded(self, run: LoaderEpoch):
+        """`run`'s batches as (images, labels), each recorded as it is yielded: `last_*`, the epoch's
+        `stats` and the position after it (what `state_dict` gives)."""
+        batches = iter(run)
+        self.stats = run.stats
+        try:
+            for images, labels, ready in batches:
+                self.last_wait_seconds = ready.wait_seconds
+                self.last_decode_seconds = ready.decode_seconds
+                self.last_ids, self.last_pad, self.last_fields = ready.ids, ready.pad, ready.fields
+                self._pos = (ready.epoch, ready.step + 1)
+                yield images, labels
+        finally:
+            batches.close()
 
     def _with_fields(self, batches):
         """Each batch of `batches` as a dict with its samples' field values (in last_ids' order)."""
@@ -451,61 +412,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
         finally:
             batches.close()  # an abandoned epoch ends its decodes (_end_epoch closes this generator)
 
-    def _from_workers(self, ticket):
-        """A batch the workers decoded, copied once out of its slot (to the device, or on the CPU
-        into a tensor of its own), with the transform's batch part and normalisation applied there.
-        NOTE [decode workers] 5: the slot is released after the copy (on a GPU, after its event)."""
-        workers = self._workers
-        if workers is None:  # LoaderEpoch calls this only with workers
-            raise ValueError("_from_workers needs decode workers (StoreLoader(workers=N))")
-        images, params, secs = workers.collect(ticket)
-        slot_storage = images.untyped_storage().data_ptr()
-        event = None
-        if self._stream is not None:
-            with torch.cuda.stream(self._stream):
-                images = images.to(self.device, non_blocking=True)
-                params = params.to(self.device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self._stream)
-            images.record_stream(current)
-            params.record_stream(current)
-        elif self.device is not None and self.device.type != "cpu":
-            images, params = images.to(self.device), params.to(self.device)
-        tf = self.transform
-        if tf is not None:
-            if workers.defer:  # the workers cut out what to resize: the resize and crop run here
-                images = tf.resize_batch(images, params)
-            if not workers.fresh:  # else the workers applied it
-                images = tf.batch_part(images, params)
-            if getattr(tf, "normalize", False):
-                images = tf.normalize_batch(images)
-        if not workers.fresh and images.untyped_storage().data_ptr() == slot_storage:
-            images = images.clone()  # the slot is written again: the caller gets a copy
-        elif workers.fresh and self.pin_memory and self.device is None:
-            images = images.pin_memory()
-        workers.release(ticket, event)
-        return images, secs
-
-    def _to_device(self, images, labels):
-        """The batch on `self.device` (unchanged without one). On CUDA the copies run on a side
-        stream, overlapping what the caller's stream still has queued; the caller's stream then
-        waits for them, and record_stream keeps the memory from being reused before its use."""
-        if self.device is None:
-            return images, labels
-        if self._stream is None:
-            return images.to(self.device), labels.to(self.device)
-        if self.pin_memory:
-            labels = labels.pin_memory()
-        with torch.cuda.stream(self._stream):
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-        current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self._stream)
-        images.record_stream(current)
-        labels.record_stream(current)
-        return images, labels
+    @property
+    def workers(self):
+        """The decode workers (dstore.loader.workers.DecodeWorkers: their `pids`, `native`), or None
+        where the loader decodes in threads. Read-only: the loader owns and closes them."""
+        return self._pipeline.workers
 
     def _end_epoch(self) -> None:
         active, self._active = self._active, None
@@ -516,12 +427,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         """Ends an open epoch (after its running decodes) and stops the decode threads. Safe to call twice."""
         self._closed = True
         self._end_epoch()
-        if self._workers is not None:
-            if self._workers_ready is not None:  # always, with workers (__init__)
-                concurrent.futures.wait([self._workers_ready])  # a start still running ends first
-            self._workers.close()
-        self._copier.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+        self._pipeline.close()
         if self._fields is not None:
             self._fields.close()
 

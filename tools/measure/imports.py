@@ -1,13 +1,17 @@
-"""The store's coupling, measured: import cycles among the store's modules (every import, those under
-`if TYPE_CHECKING:` included) and the accesses of a store's private members from other modules.
+"""The code's coupling, measured: import cycles among the store's modules (every import, those under
+`if TYPE_CHECKING:` included) and reach-ins: `name._x` where `name` is not `self`/`cls`, outside the
+module that owns `_x`.
 
-    python -m dstore.tools.measure.imports [datastore/]
+    python -m dstore.tools.measure.imports [datastore/] [--reach-in datastore training tools]
 
 The store's modules are datastore/ less formats/ and ingest/ (which never import the store):
 the top level and store/, order/, memory/, loader/, runtime/, each named by its dotted path under
 `dstore` (`store.data_store`, `order.plan`). Prints each cycle (a strongly connected component of
-the import graph with more than one module) and each `store._x` / `self._store._x` /
-`<DataStore>._x` access outside datastore/store/data_store.py.
+the import graph with more than one module) and each reach-in: an attribute `_x` (not a dunder) read
+or written on anything but `self`/`cls` in a module that does not define `_x` itself (a `def _x`,
+`class _x`, an assignment to `_x`, `self._x` or `cls._x`, a keyword `_x=`), where some module of the
+folders scanned does (the owner). A library's private member (`os._exit`, argparse's `_actions`) has
+no owner here: those are counted apart (`library_privates`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,9 @@ from __future__ import annotations
 import argparse
 import ast
 import pathlib
-import re
 
-PRIVATE = re.compile(r"\b(?:store|self\._store|stores?\[[^]]*\])\._[a-z]\w*")
 OUTSIDE = ("formats", "ingest")
 """Subpackages that are not the store's (formats never imports it; ingest writes containers)."""
-OWNER = "store/data_store.py"
-"""The one module that may touch a store's private members: DataStore's own."""
 
 
 def store_modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -109,32 +109,75 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def private_accesses(root: pathlib.Path) -> list[str]:
-    """`file:line: text` of each access to a store's private member outside OWNER."""
-    out = []
-    for path in store_modules(root).values():
-        if path.relative_to(root).as_posix() == OWNER:
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if PRIVATE.search(line):
-                out.append(f"{path}:{n}: {line.strip()}")
-    return out
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def defined_privates(tree: ast.AST) -> set[str]:
+    """The private names a module defines: defs, classes, assigned names and attributes, keywords."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) \
+                and node.value.id in ("self", "cls"):
+            out.add(node.attr)  # an instance's or class's own (a store into another object's is a reach-in)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.keyword) and node.arg:
+            out.add(node.arg)
+    return {n for n in out if _private(n)}
+
+
+def _reach_ins(*roots: pathlib.Path) -> tuple[list[str], list[str]]:
+    """(`file:line: expr` of each reach-in to a member some module here owns, the same of a library's)."""
+    trees = {p: ast.parse(p.read_text()) for r in roots for p in sorted(r.rglob("*.py")) if "__pycache__" not in p.parts}
+    own = {p: defined_privates(t) for p, t in trees.items()}
+    owned = set().union(*own.values()) if own else set()
+    project, library = [], []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in own[path]:
+                continue  # the owner's own (another instance of its class, its module's names)
+            line = f"{path}:{node.lineno}: {ast.unparse(node)}"
+            (project if node.attr in owned else library).append(line)
+    return project, library
+
+
+def private_accesses(*roots: pathlib.Path) -> list[str]:
+    """`file:line: expr` of each reach-in under `roots`: `name._x` (name not self/cls) outside the
+    module that owns `_x`, where a module under `roots` owns it."""
+    return _reach_ins(*roots)[0]
+
+
+def library_privates(*roots: pathlib.Path) -> list[str]:
+    """The same for private members no module under `roots` defines (a library's: `os._exit`)."""
+    return _reach_ins(*roots)[1]
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Import cycles and private store accesses in datastore/.")
+    ap = argparse.ArgumentParser(description="Import cycles in datastore/ and private reach-ins in the folders.")
     ap.add_argument("root", nargs="?", default="datastore", help="the package directory (default: datastore)")
+    ap.add_argument("--reach-in", nargs="+", default=["datastore", "training", "tools"], metavar="DIR",
+                    help="the folders whose reach-ins are counted (default: datastore training tools)")
     args = ap.parse_args(argv)
     root = pathlib.Path(args.root)
     graph = graph_of(root)
     found = cycles(graph)
-    priv = private_accesses(root)
+    folders = [pathlib.Path(d) for d in args.reach_in]
+    priv, lib = _reach_ins(*folders)
     for c in found:
         print(f"cycle ({len(c)} modules): {' '.join(c)}")
     for line in priv:
         print(f"private: {line}")
+    for line in lib:
+        print(f"library private: {line}")
     print(f"modules: {len(graph)}; cycles: {len(found)}; modules in cycles: {sum(map(len, found))}; "
-          f"private accesses: {len(priv)}")
+          f"private reach-ins: {len(priv)}; a library's private members used: {len(lib)}")
 
 
 if __name__ == "__main__":

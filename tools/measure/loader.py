@@ -85,7 +85,7 @@ WARM_SECONDS = 60.0
 def imagenet_transform(size: int):
     """The trainer's `--augment imagenet` training transform at `size` (uint8 out), or ConfigError
     where this version of the trainer has none. The hook for the ImageNet recipe: it asks the
-    trainer's own transform builder (training.run._transforms) for it, as `dstore train` would."""
+    trainer's own transform builder (training.run.build_transforms) for it, as `dstore train` would."""
     from types import SimpleNamespace
 
     from dstore.training import config, run
@@ -96,9 +96,9 @@ def imagenet_transform(size: int):
                           f"{', '.join(config.AUGMENTS)}); use --recipe plain")
     spec = SimpleNamespace(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     try:
-        train_tf, _ = run._transforms(SimpleNamespace(augment="imagenet"), spec, (size, size))
+        train_tf, _ = run.build_transforms(SimpleNamespace(augment="imagenet"), spec, (size, size))
     except (AttributeError, TypeError) as exc:
-        raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run._transforms) changed; "
+        raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run.build_transforms) changed; "
                           f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})") from None
     return train_tf
 
@@ -150,7 +150,7 @@ def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, floa
             if _native(ld) or time.monotonic() > deadline:
                 break
         done = warm() if warm is not None else None
-        pids = list(ld._workers.pids) if ld._workers is not None else []
+        pids = list(ld.workers.pids) if ld.workers is not None else []
         n, t0, c0, w0 = 0, time.perf_counter(), _cpu(), _cpu_of(pids)
         for e in range(epoch, epoch + args.epochs):
             for x, _ in ld.epoch(e):
@@ -166,8 +166,8 @@ def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, floa
 def _native(loader) -> bool:
     """Whether the loader's per-sample kernels are loaded where it uses them (dstore.loader.kernels): the
     workers' (their last answers), else this process's (waited for)."""
-    if loader._workers is not None:
-        return loader._workers.native or not kernels.available()
+    if loader.workers is not None:
+        return loader.workers.native or not kernels.available()
     kernels.available()
     return True
 

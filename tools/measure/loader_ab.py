@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
             for e in range(6):  # warm-up: workers started, kernels loaded (DSTORE_NATIVE_AFTER=1)
                 for _ in ld.epoch(e):
                     pass
-            native = getattr(ld._workers, "native", None)
+            native = getattr(ld.workers, "native", None)
             t0, k = time.perf_counter(), 0
             for e in range(6, 9):
                 for x, _ in ld.epoch(e):

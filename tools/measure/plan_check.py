@@ -90,7 +90,7 @@ def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> Non
             peak = 0
             for k, (x, _) in enumerate(loader):
                 images.append(tuple(x.shape))
-                pids = [] if loader._workers is None else loader._workers.pids
+                pids = [] if loader.workers is None else loader.workers.pids
                 peak = max(peak, pss() - base + sum(pss(str(p)) for p in pids))
                 if k + 1 >= batches:
                     break

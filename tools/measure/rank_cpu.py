@@ -67,7 +67,7 @@ def measure(path: str, *, workers: int, threads: int | None, batch_size: int, si
                         workers=workers, decode_threads=threads) as ld:
         for _ in ld.epoch(0):  # untimed: the workers' start, the pages' first touch
             pass
-        pids = list(ld._workers.pids) if ld._workers is not None else []
+        pids = list(ld.workers.pids) if ld.workers is not None else []
         for e in epochs:
             n, t0, c0, w0 = 0, time.perf_counter(), rank_cpu(), workers_cpu(pids)
             for _ in ld.epoch(e):
