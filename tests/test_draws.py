@@ -44,8 +44,8 @@ def test_the_transform_draws_from_either():
     tf = ImageTransform(size=(8, 8), channels=3, mean=(0.5,) * 3, std=(0.5,) * 3, train=True, pad=2, flip=True,
                         jitter=0.3)
     for sid in range(50):
-        p = tf._draw(KeyedDraws(1, 0, sid))
-        q = tf._draw(np.random.default_rng([1, 0, sid]))
+        p = tf.draw(KeyedDraws(1, 0, sid))
+        q = tf.draw(np.random.default_rng([1, 0, sid]))
         for params in (p, q):
             assert params[0] in (0, 1) and -2 <= params[5] <= 2 and -2 <= params[6] <= 2
             assert 0.7 * 256 - 1 <= params[1] <= 1.3 * 256 + 1 and 0.7 * 256 - 1 <= params[2] <= 1.3 * 256 + 1

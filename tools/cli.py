@@ -113,7 +113,7 @@ def build_parser() -> _Parser:
                            formatter_class=_HelpFormatter)
         mod.add_arguments(p)
         _every_default_shown(p)
-        p.set_defaults(_run=mod.run, _parser=p)
+        p.set_defaults(command_run=mod.run, command_parser=p)
     return parser
 
 
@@ -190,17 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     from_file: dict = {}
     if getattr(args, "config", None):  # the file's values become defaults: the command line wins
         try:
-            from_file = config_file.apply(args._parser, args.config)
+            from_file = config_file.apply(args.command_parser, args.config)
         except DStoreError as exc:
-            args._parser.error(str(exc))
+            args.command_parser.error(str(exc))
         args = parser.parse_args(argv)
     if hasattr(args, "resume"):  # what the user gave (command line or --config file), not a default
-        args._given = flags.given(parser, args._parser, argv) | set(from_file)
+        args.given_flags = flags.given(parser, args.command_parser, argv) | set(from_file)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     code = _check_launcher()
     if code:
         return code
-    code = abort_on_error(args._run, args)
+    code = abort_on_error(args.command_run, args)
     return int(code or 0)
 
 

@@ -70,7 +70,7 @@ def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
 
 
 def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
-    """`cfg` with every flag the user did not give (args._given: command line or --config file) set
+    """`cfg` with every flag the user did not give (args.given_flags: command line or --config file) set
     to the value in the config.json of the run --resume continues, so that `dstore train --resume
     auto --run-dir D` needs no other flag. The flags of this invocation only (--run-dir, --resume,
     --progress, --stop-after-steps, --overwrite) are never taken from it. A flag given with another
@@ -81,11 +81,11 @@ def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
     from dstore.training import console
     from dstore.training.resume import NOT_COMPARED, run_config_path
 
-    given = getattr(args, "_given", None)  # set by dstore.tools.cli.main
+    given = getattr(args, "given_flags", None)  # set by dstore.tools.cli.main
     path = None if given is None else on_root(comm, run_config_path, cfg.resume, cfg.run_dir, cfg.runs_root)
     if path is None:  # no run to take from, or args not parsed by dstore's main: every flag as given
         return cfg
-    saved = on_root(comm, config_file.read_values, args._parser, path)
+    saved = on_root(comm, config_file.read_values, args.command_parser, path)
     taken = {k: v for k, v in saved.items()
              if k not in given and (k == "data" or k not in NOT_COMPARED) and k in TrainConfig.__dataclass_fields__}
     if comm.Get_rank() == 0 and taken:

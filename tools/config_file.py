@@ -56,7 +56,7 @@ def read(path: str) -> dict:
     return data
 
 
-def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+def _actions_by_dest(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The parser's value-taking options by dest (positionals too), but --config itself and --help."""
     return {a.dest: a for a in parser._actions
             if a.dest not in ("help", "config", "print_config") and a.default is not argparse.SUPPRESS}
@@ -110,7 +110,7 @@ def read_values(parser: argparse.ArgumentParser, path: str) -> dict:
     Raises:
         ConfigError: naming the file and the first key that is no flag, or whose value is not allowed.
     """
-    actions = _actions(parser)
+    actions = _actions_by_dest(parser)
     values = {}
     for key, value in read(path).items():
         dest = str(key).lstrip("-").replace("-", "_")

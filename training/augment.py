@@ -203,14 +203,14 @@ class ImageTransform:
         random resized crop's draws, then crop with padding, flip, jitter). A function of the shape
         and the draws alone."""
         if self.recipe == "cifar":
-            return box(shape, self.size), self._draw(rng)
+            return box(shape, self.size), self.draw(rng)
         if self.train:
             if rng is None:
                 raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
             where = random_resized_box(shape, rng)
         else:
             where = centre_box(shape, self.size)
-        return where, self._draw(rng)
+        return where, self.draw(rng)
 
     resizes: ClassVar[bool] = True
     """The transform makes the one resize to `size` (a StoreLoader then only decodes at a DCT scale
@@ -245,7 +245,7 @@ class ImageTransform:
     StoreLoader then passes it the keyed draws: numpy's Generator cost a decode worker a tenth of
     its time per sample, dstore.loader.draws)."""
 
-    def _draw(self, rng) -> np.ndarray:
+    def draw(self, rng) -> np.ndarray:
         """The sample's int32 parameters (PARAMS), drawn from `rng` (a numpy Generator or a
         KeyedDraws) in a fixed order: crop, flip, jitter (IDENTITY where not training)."""
         params = IDENTITY.copy()

@@ -202,7 +202,7 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_di
         sources = _open_sources(stack, cfg, ctx, data, reserve)
         train_src = sources[0]
         spe = train_src.steps_per_epoch
-        train_tf, eval_tf = _transforms(cfg, data.spec, input_size)
+        train_tf, eval_tf = build_transforms(cfg, data.spec, input_size)
         trainer = _make_trainer(cfg, ctx, model, optimizer, spe, prepare=eval_tf.normalize_batch)
         beat.phase("start-up: starting the loaders")
         loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf,
@@ -406,7 +406,7 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
     return loader, eval_loader, tour_loader
 
 
-def _transforms(cfg: TrainConfig, spec, input_size):
+def build_transforms(cfg: TrainConfig, spec, input_size):
     """(training transform, evaluation transform) of `--augment` at `input_size`."""
     # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
     common: dict[str, Any] = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std,

@@ -135,7 +135,7 @@ def hub_splits(root: str, files: list[str] | None = None) -> dict[str, list[str]
     return {"train": paths} if paths else {}
 
 
-def _read_local(path: str) -> str:
+def read_local(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()
 
@@ -144,7 +144,7 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if "://" in root else os.path.join(root, name)
 
 
-def saved_splits(root: str, files=None, read=_read_local) -> dict[str, list[str]] | None:
+def saved_splits(root: str, files=None, read=read_local) -> dict[str, list[str]] | None:
     """{split: its Arrow files, relative to root} of a `DatasetDict.save_to_disk` directory, or None
     if `root` has no dataset_dict.json. For an object-store prefix, `files` are its relative paths
     and `read(url)` returns a small object's text.
@@ -164,7 +164,7 @@ def saved_splits(root: str, files=None, read=_read_local) -> dict[str, list[str]
     return {name: [f"{name}/{f}" for f in state_files(_join(root, name), read)] for name in names}
 
 
-def state_files(directory: str, read=_read_local) -> list[str]:
+def state_files(directory: str, read=read_local) -> list[str]:
     """The Arrow files a `save_to_disk` directory's state.json lists, in its order (relative names).
 
     Raises:

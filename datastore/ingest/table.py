@@ -108,7 +108,7 @@ def table_files(spec: str, split: str | None = None,
         raise SampleError(f"{spec}: cannot read: does not exist (no such bucket or key)")
     tree = None if remote is None else _Tree(remote, spec)
     listing = None if tree is None else tree.files
-    read = splits._read_local if tree is None else tree.remote.read_text
+    read = splits.read_local if tree is None else tree.remote.read_text
     join = os.path.join if tree is None else (lambda _root, *parts: tree.join(*parts))
     notes: list[str] = []
     ignored: list[str] = []

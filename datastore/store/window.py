@@ -50,7 +50,7 @@ class Arena:
     def closed(self) -> bool:
         return self._win is None
 
-    def _live(self) -> MPI.Win:
+    def live(self) -> MPI.Win:
         """The window, or ValueError once `free()` has freed it."""
         if self._win is None:
             raise ValueError("arena is freed")
@@ -60,7 +60,7 @@ class Arena:
         """Rank's bytes of a shared arena, mapped into this process (no copy)."""
         if not self.shared:
             raise TypeError("segment() needs an arena allocated with shared=True")
-        buf, _ = self._live().Shared_query(rank)
+        buf, _ = self.live().Shared_query(rank)
         return _bytes_of(buf)
 
     def publish(self) -> None:
@@ -76,12 +76,12 @@ class Arena:
         others, their writes to its loads; inside or outside a `reading()` epoch. Paired with a
         message between the ranks (dstore.store.stream's exchange), as `publish` pairs it with a barrier."""
         if self._reading:
-            self._live().Sync()
+            self.live().Sync()
         else:
             self._sync()
 
     def _sync(self) -> None:
-        win = self._live()
+        win = self.live()
         win.Lock_all(MPI.MODE_NOCHECK)
         try:
             win.Sync()
@@ -105,7 +105,7 @@ class Arena:
             {rank: uint8 array over that rank's window}; valid until `free()`.
         """
         out = {}
-        win = self._live()
+        win = self.live()
         for r in ranks:
             r = int(r)
             if r == self.rank:
@@ -132,7 +132,7 @@ class Arena:
 
         Not collective: each rank opens and closes its own epoch.
         """
-        win = self._live()
+        win = self.live()
         win.Lock_all(MPI.MODE_NOCHECK)
         self._reading = True
         try:
@@ -147,7 +147,7 @@ class Arena:
 
         Must be called inside `reading()`.
         """
-        win = self._live()
+        win = self.live()
         mv = buf.data  # memoryview(buf) (numpy's stubs give ndarray __buffer__ on Python 3.12+ only)
         byte = MPI.BYTE
         try:

@@ -40,14 +40,14 @@ def missing(python: str | os.PathLike | None = None) -> str | None:
     if py is None:
         return (f"DALI: no DALI venv (run `bash tools/setup_dali.sh` to create {os.path.relpath(DEFAULT_PYTHON, REPO)}, "
                 f"or pass its python with --dali / $DSTORE_DALI_PYTHON)")
-    proc = subprocess.run([py, "-c", "import nvidia.dali"], capture_output=True, text=True, env=_env(), timeout=120)
+    proc = subprocess.run([py, "-c", "import nvidia.dali"], capture_output=True, text=True, env=dali_env(), timeout=120)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return f"DALI: {py} cannot import nvidia.dali: {' '.join(tail)}"
     return None
 
 
-def _env() -> dict:
+def dali_env() -> dict:
     """The environment without MPI launcher variables or this project's PYTHONPATH."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"}
@@ -80,7 +80,7 @@ def run(python: str, blob: tuple[str, str], *, recipe: str, threads: int, batch_
     if cores:  # the same cores as dstore's rows: DALI's threads and its feeding thread stay on them
         cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dali_env())
     except subprocess.TimeoutExpired:
         return {"error": f"DALI did not finish within {timeout:.0f} s"}
     except OSError as exc:

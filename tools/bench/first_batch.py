@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     rows: dict = {}
     for _ in range(args.repeats):
         for k in range(len(specs(lambda x: x))):
-            with peers._storage(comm, args.rung, roots) as (tr, stats):
+            with peers.storage_rung(comm, args.rung, roots) as (tr, stats):
                 spec = specs(tr)[k]
                 if args.rung == "local":
                     from dstore.tools.bench.common import evict_on_nodes

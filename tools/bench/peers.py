@@ -156,7 +156,7 @@ def _failed(comm, spec: LoaderSpec, exc) -> dict:
 
 
 @contextlib.contextmanager
-def _storage(comm, spec: str, roots):
+def storage_rung(comm, spec: str, roots):
     """Yields (translate(path), stats list filled at exit) for a `local` or `pfs:...` rung."""
     if spec == "local":
         yield (lambda p: p), []
@@ -180,7 +180,7 @@ def measure(comm, spec_factory, rung: str, roots, *, rates=RATES, max_seconds=No
     for k in itertools.count():
         row = None
         for rate in (None, *rates):
-            with _storage(comm, rung, roots) as (translate, stats):
+            with storage_rung(comm, rung, roots) as (translate, stats):
                 specs = spec_factory(translate)
                 names = [s.name for s in specs]
                 if k >= len(specs):

@@ -134,7 +134,7 @@ def decode_rows(comm, cfg, container: str) -> dict:
                    "--workers", "1", "2", "--dali", "1", "2", "--dali-python", dali.find_python(cfg.dali_python),
                    "--device", "cpu", "--no-gil", "--batch-size", str(cfg.batch_size), "--size",
                    str(cfg.decode_size), "--out", os.path.join(cfg.out, "peers-dali.json"), "--md", md]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=dali._env(), timeout=3600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=dali.dali_env(), timeout=3600)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
                 result = {"note": f"DALI comparison failed (exit {proc.returncode}): {' | '.join(tail)}",

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from dstore.loader import decode, kernels
 from dstore.loader.draws import KeyedDraws
+from dstore.runtime import rc
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 

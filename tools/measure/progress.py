@@ -57,8 +57,8 @@ def main() -> None:
             time.sleep(0.05)
             for k in range(args.steps * 4):  # about four gets per compute step
                 t = time.perf_counter()
-                arena._live().Get(out, 0, ((k * sample) % ((64 << 20) - sample), sample, MPI.BYTE))
-                arena._live().Flush(0)
+                arena.live().Get(out, 0, ((k * sample) % ((64 << 20) - sample), sample, MPI.BYTE))
+                arena.live().Flush(0)
                 lat.append((time.perf_counter() - t) * 1e3)
                 time.sleep(args.compute_ms / 4e3)
         comm.Barrier()
