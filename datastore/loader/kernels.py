@@ -29,18 +29,12 @@ import types
 
 import numpy as np
 
+from dstore.memory.costs import NATIVE_MIN_PIXELS, RESERVE_BYTES  # noqa: F401 - RESERVE_BYTES: read here too
 from dstore.runtime import rc
 
 BAND = 8
 """Output rows a band of the RGB resize (`resize_rgb`) makes at once: the row pass's scratch is
 BAND rows, not the whole image's (as fast here: 83 us per 224px sample either way)."""
-NATIVE_MIN_PIXELS = 64 * 64
-"""Outputs of fewer pixels (H x W) take the numpy path, and do not count towards DSTORE_NATIVE_AFTER."""
-RESERVE_BYTES = 144 << 20
-"""Memory the loaded kernels cost a rank, counted once in its budget where its loader's input has
-NATIVE_MIN_PIXELS or more (dstore.memory.capacity.loader_reserve): measured 141 MB more RSS in a rank that
-loads them itself (decode threads: 62 MB anonymous, 78 MB numba's and LLVM's file pages), and
-97 MB of file pages its decode workers share (their own anonymous part is in WORKER_BYTES)."""
 _wanted = 0  # samples of NATIVE_MIN_PIXELS or more so far (no lock: the order of a few does not matter)
 _load_after: int | None = None  # DSTORE_NATIVE_AFTER, read at the first such sample
 

@@ -88,6 +88,7 @@ from typing import Protocol
 import numpy as np
 
 from dstore.errors import DStoreError, SampleError
+from dstore.memory.costs import KEEP_HANDED, WORKER_BYTES  # noqa: F401 - WORKER_BYTES: read here too (the memory it costs)
 
 _LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPIR_", "I_MPI_",
                   "SLURM_STEP_", "PALS_")
@@ -98,16 +99,6 @@ _WORKER_MAIN = (f"import signal as s\nfor n in {JOB_SIGNALS!r}: s.signal(getattr
 """A worker's command line (`python -c`): the job's signals are ignored before anything is imported
 (NOTE [decode workers] 2); they are the rank's, which stops its workers itself."""
 STOP_SECONDS = 5.0
-KEEP_HANDED = 4
-"""Output segments the caller let go of that are kept, mapped, to be written again (NOTE 3): counted
-in the rank's budget as that many batches (dstore.memory.capacity.loader_reserve)."""
-WORKER_BYTES = 128 << 20
-"""A worker's own memory counted in the rank's budget (dstore.training.budget), with a margin:
-measured 248 MB RSS decoding 224px batches of 64 once its compiled kernels are loaded
-(dstore.loader.kernels), of which 93 MB anonymous (20 MB before them: numba and LLVM hold the rest), 57 MB
-the shared batch segments it maps (counted with the batches) and 97 MB file pages of the
-interpreter and its libraries, shared by all the workers and the rank (dstore.loader.kernels.RESERVE_BYTES,
-counted once)."""
 
 
 NPARAMS = 8

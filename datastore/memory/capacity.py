@@ -33,8 +33,8 @@ import math
 import numbers
 
 from dstore.errors import ConfigError
-from dstore.loader import kernels
-from dstore.loader.workers import KEEP_HANDED, WORKER_BYTES
+from dstore.memory import costs
+from dstore.memory.costs import KEEP_HANDED, WORKER_BYTES
 
 REQUEST_BYTES = 1 << 20
 """Bytes of one storage request of a large read (the kernel splits reads into about 1 MiB)."""
@@ -190,8 +190,8 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
     [decode workers] in dstore.loader.workers): each costs `WORKER_BYTES` and two decoded images, and the
     `KEEP_HANDED` spare batch segments are kept to be written again. `deferred_resize`: the
     workers leave the resize to a batch op (StoreLoader(resize_on="device")), their ring's slots
-    hold canvases of 4x the input's pixels instead. An input of dstore.loader.kernels.NATIVE_MIN_PIXELS or
-    more adds, once, what the compiled kernels cost (`kernels.RESERVE_BYTES`)."""
+    hold canvases of 4x the input's pixels instead. An input of dstore.memory.costs.NATIVE_MIN_PIXELS or
+    more adds, once, what the compiled kernels cost (`costs.RESERVE_BYTES`)."""
     batch_pixels = local_batch * math.prod(input_shape)
     batches = (LOADER_AHEAD + 1) * (local_batch * mean_sample_bytes + 2 * batch_pixels)
     threads = decode_threads * 2 * math.prod(image_shape)
@@ -200,8 +200,8 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
         total += workers * (WORKER_BYTES + 2 * math.prod(image_shape)) + KEEP_HANDED * batch_pixels - threads
         if deferred_resize:
             total += (LOADER_AHEAD + 1) * 4 * batch_pixels
-    if math.prod(input_shape[:2]) >= kernels.NATIVE_MIN_PIXELS:  # the compiled kernels will load
-        total += kernels.RESERVE_BYTES
+    if math.prod(input_shape[:2]) >= costs.NATIVE_MIN_PIXELS:  # the compiled kernels will load
+        total += costs.RESERVE_BYTES
     return int(total)
 
 
