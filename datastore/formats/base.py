@@ -16,6 +16,7 @@ from dstore.errors import ConfigError, ContainerChangedError, DStoreError, Forma
 from dstore.errors import ContainerNotFoundError as ContainerNotFoundError  # re-exported: its home before errors.py
 from dstore.formats.crc import checksum as checksum  # re-exported: the backends, sharded, integrity, verify
 from dstore.formats.crc import crc32 as crc32
+from dstore.formats.fields import FieldIndex, block_of, decode_value
 
 FORMAT_VERSION = 1
 """Version of the container layout written by this code (attribute `version`)."""
@@ -275,8 +276,6 @@ class ContainerReader(abc.ABC):
 
     def field_index(self, name: str):
         """The FieldIndex of field `name` (its offsets and checksums, read and checked on first use)."""
-        from dstore.formats.fields import FieldIndex
-
         cache = self.__dict__.get("_field_cache")
         if cache is None:  # per reader, not per class: FieldIndex holds this reader's arrays
             cache = self._field_cache = {}
@@ -297,8 +296,6 @@ class ContainerReader(abc.ABC):
     def field(self, name: str, i: int):
         """Sample i's value of field `name`: str (`text`), the parsed document (`json`) or bytes;
         None where the sample has none (`field_missing`; an empty value is '' or b'')."""
-        from dstore.formats.fields import decode_value
-
         raw = self.field_bytes(name, i)
         return decode_value(self._field_kind(name), None if self.field_missing(name, i, i + 1)[0] else raw)
 
@@ -315,8 +312,6 @@ class ContainerReader(abc.ABC):
         store holds: dstore.store.fieldstore): (offsets int64[hi-lo+1] from 0, the values' bytes back to
         back as uint8 (empty unless `data`), their checksums uint32[hi-lo]). Nothing is checked
         against the checksums here; FormatError naming the field where the offsets do not fit."""
-        from dstore.formats.fields import block_of
-
         self._field_kind(name)
         return block_of(self.path, name, self._field_parts(name), lo, hi, self.num_samples, data)
 

@@ -16,15 +16,11 @@ from __future__ import annotations
 import array
 import json
 import re
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dstore.errors import ChecksumError, ConfigError, FormatError
 from dstore.formats.crc import checksum as crc32_of
-
-if TYPE_CHECKING:  # base.py imports this module (ContainerReader.field_index)
-    from dstore.formats.base import ContainerReader
 
 FIELD_KINDS = ("text", "json", "bytes")
 """`text`: UTF-8 text (read back as str); `json`: a UTF-8 JSON document (read back parsed);
@@ -258,41 +254,3 @@ class FieldIndex:
                     bad.append(k)
             i = j
         return bad
-
-
-class StoreFields:
-    """The extra fields of a source's batches read from storage by this process (a loader's
-    `fields=` over a source that holds none: dstore.training.data.DirectSource, which reads its
-    samples from storage too): a reader of its own over the source's container, so the source's
-    readers are not shared. A DataStore holds the fields it is asked for and serves them with its
-    samples instead (dstore.store.fieldstore)."""
-
-    RESERVED = ("image", "label")
-    """Keys of a loader's batch dict that a field may not take."""
-
-    def __init__(self, store, names):
-        from dstore.formats import open_container  # the package: loaded before this module anyway
-
-        names = (names,) if isinstance(names, str) else tuple(names)
-        reader: ContainerReader | None = getattr(store, "container", None) or getattr(store, "reader", None)
-        if reader is None or not hasattr(reader, "field_names"):  # a ContainerReader, by what it has
-            raise ConfigError(f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
-                              "fields are read from a DataStore's or DirectSource's container only")
-        missing = [n for n in names if n not in reader.field_names or n in self.RESERVED]
-        if missing:
-            raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
-                              f"(its fields: {list(reader.field_names) or 'none'})")
-        self.names = names
-        self._reader = open_container(reader.path, check_labels=False)
-
-    def kind(self, name: str) -> str:
-        """Field `name`'s kind (`text`, `json` or `bytes`)."""
-        return dict(self._reader.info.fields)[name]
-
-    def batch(self, ids) -> dict[str, list]:
-        """{field: [value of each sample id]}: str (text), parsed JSON or bytes, each checked
-        against its checksum (ChecksumError naming the sample and the field)."""
-        return {n: [self._reader.field(n, int(i)) for i in ids] for n in self.names}
-
-    def close(self) -> None:
-        self._reader.close()
