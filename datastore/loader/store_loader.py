@@ -224,17 +224,17 @@ class StoreLoader(torch.utils.data.IterableDataset):
         resizes = transform is not None and bool(getattr(transform, "resizes", False))
         self.plan = LoaderPlan(
             channels=decode_channels(cfg.channels, transform), size=cfg.size,
-            hint=size_pair(transform.size, "transform.size") if cfg.size is None and resizes else cfg.size,
+            hint=size_pair(self.transform.size, "transform.size") if cfg.size is None and resizes else cfg.size,
             seeded=transform is not None and _takes_rng(transform), resizes=resizes, ahead=cfg.ahead,
             threads=cfg.decode_threads, device=cfg.device, pin=self.pin_memory)
         self._fields, field_kinds = _field_source(store, cfg.fields)
         self._field_names = tuple(field_kinds)
-        workers = self._make_workers(cfg.workers, on_gpu)
-        if workers is None and cfg.resize_on == "device":
+        procs = self._make_workers(cfg.workers, on_gpu)
+        if procs is None and cfg.resize_on == "device":
             raise ConfigError("resize_on='device' needs decode workers (workers=N): decode threads resize each sample")
-        self._pipeline = Pipeline(self.plan, store, transform, workers, {} if self._fields is not None else field_kinds)
+        self._pipeline = Pipeline(self.plan, store, transform, procs, {} if self._fields is not None else field_kinds)
         self._epoch = 0
-        # (epoch, step) after the last batch yielded (LoaderEpoch.account); None: the store's own position
+        # (epoch, step) after the last batch yielded (recorded by _recorded); None: the store's own position
         self._pos: tuple[int, int] | None = None
         self._active = None  # the open epoch's generator (over a LoaderEpoch)
         # An epoch whose every batch was yielded before the state this loader was loaded from was
