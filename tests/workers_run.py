@@ -70,7 +70,7 @@ def term(path: str) -> None:
         it = iter(ld.epoch(0))
         next(it)
         os.killpg(0, signal.SIGTERM)
-        for pid in ld._workers.pids:  # and to each worker itself
+        for pid in ld.workers.pids:  # and to each worker itself
             os.kill(pid, signal.SIGTERM)
         served = sum(1 for _ in it)
         print("served", served, "after", watch.received, flush=True)

@@ -5,6 +5,7 @@ Both libraries release the GIL, so callers decode in a thread pool (see dstore.l
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 
@@ -248,6 +249,23 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return arr, scale_box(where, k, arr.shape[:2]), extra
+
+
+def extension():
+    """The build of the partial decode (dstore.loader._jpegcrop) `decode_crop` uses; None: whole decodes."""
+    return _jpegcrop
+
+
+@contextlib.contextmanager
+def using_extension(module):
+    """`decode_crop` decodes with `module` (a build of dstore.loader._jpegcrop, or None: whole decodes)
+    inside the block, in every thread: for measurements that compare builds (tools/measure/crop_decode.py)."""
+    global _jpegcrop
+    saved, _jpegcrop = _jpegcrop, module
+    try:
+        yield
+    finally:
+        _jpegcrop = saved
 
 
 def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None, scratch: bool):

@@ -24,7 +24,6 @@ from mpi4py import MPI
 
 from dstore.loader import decode, kernels
 from dstore.loader.draws import KeyedDraws
-from dstore.runtime import rc
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
@@ -42,20 +41,16 @@ def _blobs(path: str, count: int) -> tuple[list[bytes], object]:
 
 def _us(cases, blobs, rounds: int) -> list[float]:
     """Per case (fn(i, blob), extension module or None), the median over `rounds` of thread CPU
-    microseconds per sample of fn over `blobs`, with decode._jpegcrop set to the case's module. The
+    microseconds per sample of fn over `blobs`, decoding with the case's module (decode.using_extension). The
     cases take turns within each round, so a change of the machine's load falls on all of them."""
     per: list[list[float]] = [[] for _ in cases]
-    ext = decode._jpegcrop
-    try:
-        for _ in range(rounds):
-            for k, (fn, module) in enumerate(cases):
-                decode._jpegcrop = module
+    for _ in range(rounds):
+        for k, (fn, module) in enumerate(cases):
+            with decode.using_extension(module):
                 t0 = time.thread_time()
                 for i, b in enumerate(blobs):
                     fn(i, b)
                 per[k].append(1e6 * (time.thread_time() - t0) / len(blobs))
-    finally:
-        decode._jpegcrop = ext
     return [statistics.median(p) for p in per]
 
 
@@ -82,7 +77,7 @@ def measure(args) -> list[tuple[str, float]]:
         img, where, params = decode.decode_crop(b, info, lambda s: tf.plan(s, rng), size, scratch=True)
         tf.sample_into(img, None, out, finish=True, plan=(where, params))
 
-    ext = decode._jpegcrop
+    ext = decode.extension()
     cases = [("simplejpeg full decode alone (the baseline)", lambda i, b: simplejpeg.decode_jpeg(b), ext),
              ("(a) full decode, then the plan's crop resized/flipped into the batch", full_then_crop, ext),
              ("(b) DCT scale from the crop (simplejpeg), then the same", crop_aware, None)]
