@@ -1,10 +1,11 @@
 """A store job that serves epochs until it is ended, for the fault tests (tests/test_faults.py):
-`mpiexec ... python fault_run.py CONTAINER MARKER [BATCH] [EPOCHS]`.
+`mpiexec ... python fault_run.py CONTAINER MARKER [BATCH] [EPOCHS] [SLOW]`.
 
 Rank 0 writes CONTAINER first (raw samples of 12 KB) where it does not exist. Every rank serves
 epochs of the store (gets between nodes), checking each batch's sizes, and
 after the first full epoch creates `MARKER.RANK`: the test then knows every rank is mid-epoch and
-applies its fault.
+applies its fault. With SLOW, rank 2 stops for SLOW seconds mid-way through epoch 1 without
+calling MPI (a long evaluation, a slow read): the others must wait for it, not end the job.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ def main(argv) -> None:
     path, marker = argv[0], argv[1]
     batch = int(argv[2]) if len(argv) > 2 else 64
     epochs = int(argv[3]) if len(argv) > 3 else 10_000
+    slow = float(argv[4]) if len(argv) > 4 else 0.0
     comm = MPI.COMM_WORLD
     if comm.Get_rank() == 0 and not os.path.exists(path):
         write(path)
     comm.Barrier()
     with DataStore(comm, path, batch_size=batch, seed=1) as store:
         for e in range(epochs):
-            for b in store.epoch(e):
+            for k, b in enumerate(store.epoch(e)):
+                if slow and e == 1 and k == 3 and comm.Get_rank() == 2:
+                    time.sleep(slow)
                 if sum(len(s) for s in b.samples) != len(b.samples) * int(np.prod(SHAPE)):
                     raise AssertionError(f"epoch {e}: a batch of wrong sizes")
                 time.sleep(0.002)  # a little compute

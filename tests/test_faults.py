@@ -107,6 +107,16 @@ def test_link_crawling_mid_epoch_ends_the_job_with_the_node_named(box):
     assert res.returncode != 0 and ended < ENDS_WITHIN and gone < ENDS_WITHIN + 2, (ended, gone)
 
 
+def test_a_slow_rank_is_waited_for_not_taken_for_a_dead_one(box):
+    """Rank 2 stops 4 bounds without calling MPI, with no progress thread: the others' gets from it
+    and their epoch's end wait for it (the watchdog's own progress answers their probes)."""
+    c, work, path = box
+    res = run_on(c, ["python", RUN, path, str(work / "slow"), "64", "3", str(4 * BOUND)], timeout=150,
+                 env={"DSTORE_WAIT_BOUND": str(BOUND), "DSTORE_PROGRESS_PERIOD": "0"})
+    assert res.returncode == 0 and not dstore_lines(res)
+    assert res.stdout.count("all 3 epochs done") == 4
+
+
 def test_node_killed_mid_epoch_ends_the_job_at_once(box):
     """MPI finds this one itself: MPICH's launcher ends the job when a node's processes vanish (well
     before the watchdog's bound); what it prints is its own (see docs/reliability.md)."""

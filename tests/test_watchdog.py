@@ -21,6 +21,9 @@ class Probe:
     def __init__(self, dead=(), delay=0.0):
         self.dead, self.delay, self.asked = set(dead), delay, []
 
+    def progress(self):
+        pass
+
     def silent(self, ranks, timeout):
         self.asked.append(list(ranks))
         time.sleep(self.delay)

@@ -34,7 +34,10 @@ from dstore.runtime import job, rc
 #     so they take milliseconds): the link delivers too little ("node X too slow"); the job is ended;
 #  3. every rank answers and the wait is for other ranks to arrive (an agreement, a collective,
 #     a training step): they are alive and busy, so the wait goes on and is looked at again `bound`
-#     seconds later. A slow rank is never mistaken for a dead one.
+#     seconds later. A slow rank is never mistaken for a dead one: over TCP a get is answered only
+#     when the target calls into MPI, so every watchdog thread also calls MPI's progress engine once
+#     per look (`probe.progress()`), and a rank that reads its block or computes for minutes without
+#     an MPI call (before its store's progress thread starts, or with none) still answers in time.
 # So a fault ends the job within 2 x bound + the watchdog's period + the report's delay (at most
 # job.error_delay's 7 s, for a rank other than 0) + ABORT_WAIT_S. Every rank of the cut-off node
 # meets the same bound from its side (its gets and agreements wait on the others), so its processes
@@ -88,7 +91,8 @@ class Watchdog:
     Args:
         rank: this rank in the communicator the probe spans.
         hosts: every rank's host name, indexed by rank.
-        probe: answers `silent(ranks, timeout) -> ranks that did not answer` (dstore.store.window.Probe).
+        probe: answers `silent(ranks, timeout) -> ranks that did not answer`, and `progress()` drives
+            this rank's MPI progress (dstore.store.window.Probe).
         bound: seconds (> 0).
         period: seconds between the thread's looks (default: bound / 4, at most PERIOD_MOST).
 
@@ -151,6 +155,7 @@ class Watchdog:
         looked: tuple | None = None  # the wait last probed, and when it is next due
         due = 0.0
         while not self._stop.wait(self.period):
+            self._probe.progress()  # this rank answers the others' probes even while it computes
             wait = self._wait
             if wait is None:
                 continue

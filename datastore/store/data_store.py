@@ -52,6 +52,7 @@ from dstore.order import shuffle as shuffle_mod
 from dstore.runtime import job, rc
 from dstore.runtime.collective import AGREED, agree, is_agreed, settle
 from dstore.runtime.progress import ProgressThread
+from dstore.runtime.watchdog import guarded
 from dstore.store import fieldstore, storeplan
 from dstore.store import populate as populate_mod
 from dstore.store import stream as stream_mod
@@ -410,7 +411,8 @@ class DataStore:
     def gather_stats(self) -> list:
         """Collective: every rank's `stats` as a dict (`EpochStats.as_dict`; {} before the first
         epoch), in rank order."""
-        return self.comm.allgather(self.stats.as_dict() if self.stats is not None else {})
+        with guarded("a gather of the store's stats"):  # NOTE [ Waits on another node ]
+            return self.comm.allgather(self.stats.as_dict() if self.stats is not None else {})
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:

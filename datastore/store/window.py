@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from dstore.errors import DStoreError
+from dstore.runtime.progress import PROBE_TAG
 
 
 def _bytes_of(mem) -> np.ndarray:
@@ -213,6 +214,11 @@ class Probe:
             time.sleep(pause)
         self._kept.extend(b for b, d in zip(bufs, done) if not d)
         return [r for r, d in zip(ranks, done) if not d]
+
+    def progress(self) -> None:
+        """One call into MPI's progress engine (not collective): this rank answers the others' probes
+        (and gets from its windows) while its own thread computes or reads without calling MPI."""
+        self.comm.Iprobe(MPI.ANY_SOURCE, PROBE_TAG)
 
     def free(self) -> None:
         """Ends the read epoch and frees the window (collective over `comm`). Safe to call twice."""
