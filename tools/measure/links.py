@@ -157,7 +157,7 @@ NOMINAL = {"none": None, "10gbit": 10e9 / 8, "1gbit": 1e9 / 8}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--links", nargs="+", default=["none", "10gbit", "1gbit"])
     ap.add_argument("--work", default="/var/tmp/dstore-links", help="a folder every node sees")
     ap.add_argument("--name", default="dlinks")
