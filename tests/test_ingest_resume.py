@@ -190,3 +190,23 @@ def test_two_ranks_killed_then_resumed_on_two_ranks(folder, tmp_path, name, shar
     assert any("resumed" in n for n in json.loads(second.stdout)["notes"])
     same_container(str(ref), str(out))
     assert not os.path.exists(journal_dir(out))
+
+
+def test_a_full_disk_keeps_the_durable_part_and_the_same_command_resumes_once_there_is_room(folder, tmp_path,
+                                                                                          small_chunks):
+    import subprocess as sp
+
+    from support.fixtures import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=400k") as disk:
+        res = cli(folder, disk / "out.h5", check=False)
+        assert res.returncode != 0 and "No space left on device" in res.stderr and "Traceback" not in res.stderr, \
+            res.stderr
+        done = journaled_positions(str(disk / "out.h5"), 1)
+        assert 0 < done < N, done
+        sp.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)  # room again
+        report = json.loads(cli(folder, disk / "out.h5", "--json").stdout)
+        assert any("resumed" in n for n in report["notes"]), report
+        ingest_here(folder, tmp_path / "ref.h5")
+        same_container(str(tmp_path / "ref.h5"), str(disk / "out.h5"))
+        assert sorted(os.listdir(disk)) == ["out.h5"]

@@ -22,12 +22,14 @@ the container; the journal goes after it.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -95,9 +97,11 @@ def input_files(src: Source, n: int) -> tuple[list[str], bool]:
     return [], False
 
 
-def stat_files(paths: list[str]) -> np.ndarray:
-    """int64[len(paths), 2]: each file's size and modification time in ns ((-1, -1): gone). Stats
-    run in a pool of threads: a parallel file system answers each in milliseconds."""
+def stat_files(paths: list[str], *, probe: int = 256, slow: float = 200e-6) -> np.ndarray:
+    """int64[len(paths), 2]: each file's size and modification time in ns ((-1, -1): gone). The
+    first `probe` are stat'ed in turn; where one took more than `slow` seconds on average (a parallel
+    file system answers in milliseconds) the rest run in a pool of 16 threads (measured: on a local
+    disk the pool cost 0.3-0.7 s for 3,000 files under load, the loop a few ms)."""
     def one(p):
         try:
             st = os.stat(p)
@@ -105,10 +109,15 @@ def stat_files(paths: list[str]) -> np.ndarray:
         except OSError:
             return -1, -1
 
-    if not paths:
-        return np.zeros((0, 2), np.int64)
-    with ThreadPoolExecutor(16) as pool:
-        return np.array(list(pool.map(one, paths, chunksize=256)), dtype=np.int64).reshape(-1, 2)
+    t0 = time.perf_counter()
+    out = [one(p) for p in paths[:probe]]
+    rest = paths[probe:]
+    if rest and (time.perf_counter() - t0) / max(1, len(out)) > slow:
+        with ThreadPoolExecutor(16) as pool:
+            out += pool.map(one, rest, chunksize=64)
+    else:
+        out += [one(p) for p in rest]
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
 
 
 def _atomic_write(path: str, data: bytes) -> None:
@@ -402,8 +411,8 @@ class Checkpointer:
         self._time = time.monotonic
         self.journal, self.state, self.writer, self.period = journal, state, writer, float(period)
         self.superseded = superseded
-        self._sizes: list[int] = []   # per position of this attempt: stored size, -1 skipped
-        self._kept_pos: list[int] = []
+        self._sizes = array.array("q")     # per position of this attempt: stored size, -1 skipped (8 bytes each)
+        self._kept_pos = array.array("q")  # the positions of the kept samples
         self._skipped: list = []
         self.logged = 0               # positions logged
         self._logged_kept = 0
@@ -418,12 +427,12 @@ class Checkpointer:
         return self.logged > 0
 
     def add(self, sizes, skipped) -> None:
+        """Counts a round written into the writer: its positions' sizes (-1: skipped) and the skipped
+        samples' (where, reason)."""
+        sizes = np.asarray(sizes, dtype=np.int64)
         base = len(self._sizes)
-        for j, s in enumerate(sizes):
-            s = int(s)
-            self._sizes.append(s)
-            if s >= 0:
-                self._kept_pos.append(base + j)
+        self._sizes.extend(sizes.tolist())
+        self._kept_pos.extend((np.flatnonzero(sizes >= 0) + base).tolist())
         self._skipped.extend(skipped)
 
     def maybe(self, force: bool = False) -> None:
@@ -440,7 +449,7 @@ class Checkpointer:
         positions = max(positions, self.logged)
         nskip = positions - kept
         crcs = self.writer.buffer.checksums
-        rec = {"positions": positions, "sizes": self._sizes[self.logged:positions],
+        rec = {"positions": positions, "sizes": self._sizes[self.logged:positions].tolist(),
                "crcs": [int(c) for c in crcs[self._logged_kept:kept]],
                "skipped": [list(x) for x in self._skipped[self._logged_skipped:nskip]], "locators": locators}
         try:
