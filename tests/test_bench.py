@@ -70,6 +70,17 @@ def test_ratios_against_goals():
     assert r["store_au"]["value"] == 0.96 and r["store_au"]["met"] is True
 
 
+def test_a_smoke_run_judges_no_goal():
+    res = _results()
+    res["meta"]["num_samples"] = 192  # --quick
+    r = {x["key"]: x for x in report.compute_ratios(res)}
+    assert r["store_vs_raw_rma"]["value"] == pytest.approx(0.8) and r["store_vs_raw_rma"]["met"] is None
+    assert r["store_gets_vs_raw_rma"]["met"] is None and r["store_au"]["met"] is None
+    assert not r["store_au"]["judged"] and r["store_au"]["value"] == 0.96
+    text = report.markdown(res)
+    assert "not judged" in text and "**no**" not in text
+
+
 def test_missing_measurement_gives_no_ratio():
     res = _results()
     res["measurements"] = [m for m in res["measurements"] if m["name"] != report.H5PY]
@@ -190,6 +201,7 @@ def test_quick_run_on_1_and_2_ranks(tmp_path):
     one, two = str(tmp_path / "n1"), str(tmp_path / "n2")
     res = run_mpi(1, ["dstore", "bench", *common, "--out", one], timeout=150)
     assert "store delivery / raw RMA" in res.stdout
+    assert "NOT met" not in res.stdout and "not judged" in res.stdout, res.stdout  # 192 samples judge no goal
     _check_outputs(one, ranks=1)
     run_mpi(2, ["dstore", "bench", *common, "--out", two, "--warm", "--growth", ""], timeout=150)
     _check_outputs(two, ranks=2, real=False)

@@ -209,6 +209,7 @@ def test_a_resumed_finished_run_tests_batchnorm_models_as_the_run_did(tmp_path):
     args = ["dstore", "train", path, "--run-dir", str(tmp_path / "run"), "--model", "resnet_small", "--epochs", "1",
             "--batch-size", "32", "--seed", "2", "--no-progress"]
     run_mpi(2, args, timeout=150)
-    run_mpi(2, args + ["--resume", "auto"], timeout=150)
+    res = run_mpi(2, args + ["--resume", "auto"], timeout=150)
     tests = [r["test_loss"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "test_loss" in r]
     assert len(tests) == 2 and tests[0] == tests[1], tests
+    assert "data I/O (store): no epoch trained in this run" in res.stdout, res.stdout  # was an empty line

@@ -29,6 +29,7 @@ def test_own_script_example_runs(full_run):
     assert int(m.group(2)) == 1797 - int(1797 * 0.8)
     assert float(m.group(1)) > 0.6, res.stdout  # chance is 0.1
     assert list(Path(tmp).glob("*/digits.h5"))
+    assert "Warning" not in res.stderr, res.stderr  # a user's first run shows no torch UserWarning
 
 
 @pytest.mark.mpi

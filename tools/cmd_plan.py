@@ -135,6 +135,7 @@ def run(args) -> int:
 
     import numpy as np
 
+    from dstore.errors import ConfigError
     from dstore.memory import capacity
 
     inputs = _inputs(args)
@@ -152,6 +153,12 @@ def run(args) -> int:
         n, mean = args.samples, sizes["mean_bytes"]
     out = []
     for nodes in args.nodes:
+        batch = args.batch_size or 64 * nodes * args.ranks_per_node
+        if batch > n:
+            given = ("--batch-size" if args.batch_size else
+                     f"the default global batch (64 per rank: --nodes {nodes} x --ranks-per-node {args.ranks_per_node})")
+            raise ConfigError(f"{given}={batch} is larger than the data ({n:,} samples): no epoch has one whole step; "
+                              f"give --batch-size {n:,} or less")
         cl = capacity.Cluster(nodes=nodes, ranks_per_node=args.ranks_per_node,
                               memory_per_node=sizes["memory_per_node"],
                               network=args.network * 1e9, consume=args.consume,

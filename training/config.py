@@ -11,6 +11,7 @@ module stays light (no torch, no MPI): `dstore --help` imports it.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 
 from dstore.errors import ConfigError
@@ -296,6 +297,9 @@ class TrainConfig:
         if not 0.0 < self.tournament_fraction < 1.0:
             raise ConfigError(f"--tournament-fraction {self.tournament_fraction} must be in (0, 1)")
         parse_signals(self.preempt_signal)
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:  # before the run dir is written
+            raise ConfigError("--tensorboard needs the tensorboard package: pip install tensorboard (or drop "
+                              "--tensorboard: metrics.csv and metrics.jsonl are written anyway)")
         self._check_values()
         ltfb.check_config(self)
 

@@ -98,7 +98,11 @@ _READ_FIGURES = (
 def summarize_io(all_stats: list[dict], loader: str) -> str:
     """One line of every rank's data I/O figures (dstore train's last line before it ends): min /
     median / max over the ranks of each figure, so 64 ranks still make one line (the per-rank
-    figures go to metrics.jsonl). One rank: describe_io's line."""
+    figures go to metrics.jsonl). One rank: describe_io's line. No figures (a run resumed at its
+    end trains no epoch): a line that says so, not an empty one."""
+    if not any(all_stats):
+        return (f"data I/O ({loader}): no epoch trained in this run (it resumed at the run's end); the "
+                "earlier epochs' figures are in metrics.jsonl (io_stats)")
     if len(all_stats) == 1:
         return f"data I/O ({loader}): {describe_io(all_stats[0])}"
     first = all_stats[0]

@@ -121,9 +121,14 @@ def split_ranges(num_samples: int, holdout: float) -> tuple[tuple[int, int], tup
 
 
 def _first_images(reader, start: int, count: int, channels: int | None) -> list[np.ndarray]:
+    """The first `count` images from `start`, decoded once their bytes match their checksums: a
+    damaged sample is the ChecksumError the store and `dstore verify` give, not "cannot decode"."""
     stop = min(reader.num_samples, start + count)
-    return [decode_sample(reader.sample(i)[0], reader.info, channels=channels, name=reader.name(i))
-            for i in range(start, stop)]
+    data = [reader.sample(i)[0] for i in range(start, stop)]
+    bad = [i for i, x in zip(range(start, stop), data) if checksum(x) != int(reader.checksums[i])]
+    if bad:
+        raise read_error(reader, 0, ChecksumError("checksums differ", bad), 0, 0)
+    return [decode_sample(x, reader.info, channels=channels, name=reader.name(i)) for i, x in zip(range(start, stop), data)]
 
 
 def _read_spec(parts, channels, mean, std) -> InputSpec:

@@ -277,12 +277,20 @@ def check_val(val_path: str, val_reader, data_path: str, reader, container: dict
                           f"held-out figures would be training figures; give a separate container, or no --val "
                           f"(then --holdout's tail is held out)")
     v, t = val_reader.info, reader.info
-    for what, a, b in (("classes", v.class_names, t.class_names), ("encoding", v.encoding, t.encoding),
-                       ("sample shape", v.raw_shape, t.raw_shape), ("sample dtype", v.raw_dtype, t.raw_dtype)):
+    if v.class_names != t.class_names:
+        show = lambda x: f"{list(x[:5])}{'...' if len(x) > 5 else ''}"  # noqa: E731
+        raise ConfigError(f"--val {val_path} has classes {show(v.class_names)} but {data_path} has "
+                          f"{show(t.class_names)}; both must have the same classes")
+    if v.encoding != "raw" and t.encoding != "raw":
+        return  # JPEG, PNG or both ('image'): each loader decodes its own container's samples
+    for what, a, b in (("encoding", v.encoding, t.encoding), ("sample shape", v.raw_shape, t.raw_shape),
+                       ("sample dtype", v.raw_dtype, t.raw_dtype)):
         if a != b:
-            show = (lambda x: f"{list(x[:5])}{'...' if len(x) > 5 else ''}") if what == "classes" else repr
-            raise ConfigError(f"--val {val_path} has {what} {show(a)} but {data_path} has {show(b)}; both must "
-                              f"have the same {what}")
+            raise ConfigError(f"--val {val_path} has {what} {a!r} but {data_path} has {b!r}; re-ingest the held-out "
+                              f"data like the training data (dstore ingest {val_path} OUT "
+                              + (f"--encoding {t.encoding}" if t.encoding != "raw" else
+                                 f"--encoding raw --resize {'x'.join(map(str, (t.raw_shape or [0, 0])[:2]))}")
+                              + "), then --val OUT")
 
 
 def _tournament_part(tournament, data: _Data, report) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import inspect
 import os
+import re
 from collections.abc import Callable
 
 from dstore.errors import ConfigError, SampleError
@@ -51,6 +52,8 @@ def source_type_of(spec: str) -> str:
         return "container"
     if lower.endswith((".tar", ".tar.gz", ".tgz")) and (os.path.isfile(spec) or any(c in spec for c in "*?[{")):
         return "tar"
+    if any(c in spec for c in "*?[{") and not os.path.exists(spec):
+        return _pattern_type(spec)
     if os.path.isdir(spec):
         if looks_like_cifar_dir(spec):
             return "cifar"
@@ -66,6 +69,23 @@ def source_type_of(spec: str) -> str:
         raise ConfigError(f"source {spec!r} is a file that is neither .npy/.npz nor a CIFAR python batch "
                           "(a pickle); an image folder source must be a directory")
     raise ConfigError(f"source {spec!r} does not exist and is not one of the names 'digits', 'synthetic'")
+
+
+def _pattern_type(spec: str) -> str:
+    """`tar` for a local glob or `{a..b}` pattern that does not end in `.tar` but matches only .tar
+    shards (`shards/*`); else ConfigError saying what it matches and how to name shards."""
+    braces = re.search(r"\{\d+\.\.\d+\}", spec) is not None  # names its files itself: they must be .tar
+    matches = sorted(glob.glob(re.sub(r"\{\d+\.\.\d+\}", "*", spec)))
+    if matches and all(m.lower().endswith(".tar") for m in matches) and not braces:
+        return "tar"
+    if braces:
+        raise ConfigError(f"source {spec!r} is a {{a..b}} pattern of names that do not end in .tar; a pattern "
+                          f"names WebDataset shards by their whole names ({spec}.tar?)")
+    where = os.path.dirname(spec) or "."
+    found = (f"matches {len(matches)} path(s), not all .tar shards (first that is not: "
+             f"{next(m for m in matches if not m.lower().endswith('.tar'))})" if matches else "matches no file")
+    raise ConfigError(f"source {spec!r} is a pattern and {found}; a pattern names WebDataset shards: end it in "
+                      f".tar ({os.path.join(where, '*.tar')}), or give a folder or file itself")
 
 
 def _remote_type(url: str) -> str:

@@ -377,12 +377,11 @@ _NO_NODES = "none (a rank's memory besides its data exceeds its budget)"
 
 
 def format_forecast(f: dict) -> str:
-    """The forecast as the lines `dstore plan` prints."""
-    def b(x):
-        for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-            if x >= k:
-                return f"{x / k:.1f} {unit}"
-        return f"{x:.0f} B"
+    """The forecast as the lines `dstore plan` prints: sizes and times in the units every command
+    prints (dstore.runtime.units: SI, three significant digits)."""
+    from dstore.runtime.units import fmt_seconds, fmt_size
+
+    b, t = fmt_size, fmt_seconds
 
     r, s, rec = f["per_rank"], f["step"], f["recommend"]
     lines = [
@@ -395,11 +394,11 @@ def format_forecast(f: dict) -> str:
         f"per node: index {b(f['per_node']['index_bytes'])}, metadata {b(f['per_node']['metadata_bytes'])}, memory "
         f"{b(f['per_node']['memory_bytes'])}" + ("" if f["per_node"]["fits"] else " (MORE than the node has: "
                                                  "lower memory_budget or decode workers)"),
-        f"resident fraction: {100 * f['resident_fraction']:.1f}%" + (" (one copy per node)" if f["replicate"] else ""),
-        f"population: {f['population_seconds']:.1f} s for {b(f['population_bytes'])}",
-        f"per step and rank: {s['samples_per_rank']} samples in {1e3 * s['seconds_at_consume']:.1f} ms; remote "
-        f"{b(s['remote_bytes'])} in {1e3 * s['remote_seconds']:.2f} ms, storage {b(s['storage_bytes'])} in "
-        f"{1e3 * s['storage_seconds']:.2f} ms, decode {1e3 * s['decode_seconds']:.1f} ms",
+        f"resident fraction: {100 * f['resident_fraction']:.3g}%" + (" (one copy per node)" if f["replicate"] else ""),
+        f"population: {t(f['population_seconds'])} for {b(f['population_bytes'])}",
+        f"per step and rank: {s['samples_per_rank']} samples in {t(s['seconds_at_consume'])}; remote "
+        f"{b(s['remote_bytes'])} in {t(s['remote_seconds'])}, storage {b(s['storage_bytes'])} in "
+        f"{t(s['storage_seconds'])}, decode {t(s['decode_seconds'])}",
         "input " + ("stays off" if f["input_off_critical_path"] else "is ON") + " the critical path",
         f"recommended: replicate={rec['replicate']}, tiered={rec['tiered']}, storage_lookahead="
         f"{rec['storage_lookahead']}, decode workers={rec['decode_workers']}; nodes for all resident: "

@@ -136,7 +136,7 @@ def main():
         counts = torch.tensor([correct, total])
         dist.all_reduce(counts, group=ctx.group)
     if comm.rank == 0:
-        weights = sum(float(p.double().sum()) for p in model.parameters())
+        weights = sum(float(p.detach().double().sum()) for p in model.parameters())
         print(f"test accuracy {counts[0] / counts[1]:.3f} on {int(counts[1])} samples; weight sum {weights:.9e}",
               flush=True)
 

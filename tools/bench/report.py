@@ -46,6 +46,9 @@ EXTRA_RATIOS = (
      (POP_PRELOAD, "cold"), (SEQ_READ_FRESH, "cold"), None),
 )
 AU_GOAL = 0.95
+JUDGED_FROM = 1000
+"""Samples a run needs before its ratios are judged against the goals: below (`--quick`'s 192, say)
+a pass is a few milliseconds of a few batches, and the figures are noise: "not judged"."""
 
 
 def find(measurements: list[dict], name: str, cache: str) -> dict | None:
@@ -59,24 +62,34 @@ def find(measurements: list[dict], name: str, cache: str) -> dict | None:
 def compute_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The goal ratios (total MB/s over total MB/s), and the store's AU, from a results dict.
 
-    A ratio whose measurements are missing is reported with value None and met None.
+    A ratio whose measurements are missing is reported with value None and met None; in a run of
+    fewer than JUDGED_FROM samples every goal has met None and judged False (a smoke run).
     """
     ms = results["measurements"]
+    judged = int(results.get("meta", {}).get("num_samples") or 0) >= JUDGED_FROM
     out = []
     for key, desc, (nn, nc), (dn, dc), goal in GOALS + EXTRA_RATIOS:
         num, den = find(ms, nn, nc), find(ms, dn, dc)
         value = None
         if num and den and den["total_mb_per_s"] > 0:
             value = num["total_mb_per_s"] / den["total_mb_per_s"]
-        out.append({"key": key, "description": desc, "value": value, "goal": goal,
-                    "met": None if value is None or goal is None else value >= goal})
+        out.append({"key": key, "description": desc, "value": value, "goal": goal, "judged": judged,
+                    "met": None if value is None or goal is None or not judged else value >= goal})
     au = None
     for row in results.get("training_view", {}).get("loaders", []):
         if row["name"].startswith("store"):
             au = row["au"]
     out.append({"key": "store_au", "description": "accelerator utilisation with the store (DLIO view)",
-                "value": au, "goal": AU_GOAL, "met": None if au is None else au >= AU_GOAL})
+                "value": au, "goal": AU_GOAL, "judged": judged, "met": None if au is None or not judged else au >= AU_GOAL})
     return out
+
+
+def verdict(ratio: dict, yes: str, no: str) -> str:
+    """A ratio against its goal in words: `yes`/`no`, "not judged" in a smoke run (JUDGED_FROM),
+    "n/a" where a measurement is missing."""
+    if ratio.get("judged") is False and ratio["goal"] is not None:
+        return "not judged (a smoke run: too few samples)"
+    return "n/a" if ratio["met"] is None else (yes if ratio["met"] else no)
 
 
 def write_outputs(results: dict[str, Any], out_dir: str, *, plots: bool = True) -> list[str]:
@@ -149,7 +162,7 @@ def markdown(results: dict[str, Any]) -> str:
                 decode_table(decode), ""]
     out += ["## Ratios against the goals", "", "| ratio | measured | goal | met |", "|---|---:|---:|---|"]
     for r in results.get("ratios") or compute_ratios(results):
-        met = "n/a" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        met = verdict(r, "yes", "**no**")
         goal = "-" if r["goal"] is None else f">= {r['goal']:g}"
         out.append(f"| {r['description']} | {_num(r['value'], '{:.2f}')} | {goal} | {met} |")
     tv = results.get("training_view")

@@ -420,7 +420,7 @@ class _BenchRun:
             if r["goal"] is None:
                 prog.note(f"{r['description']}: {val}")
                 continue
-            met = "n/a" if r["met"] is None else ("met" if r["met"] else "NOT met")
+            met = report.verdict(r, "met", "NOT met")
             prog.note(f"{r['description']}: {val} (goal >= {r['goal']:g}) {met}")
 
 
