@@ -153,12 +153,9 @@ def run(args) -> int:
         n, mean = args.samples, sizes["mean_bytes"]
     out = []
     for nodes in args.nodes:
-        batch = args.batch_size or 64 * nodes * args.ranks_per_node
-        if batch > n:
-            given = ("--batch-size" if args.batch_size else
-                     f"the default global batch (64 per rank: --nodes {nodes} x --ranks-per-node {args.ranks_per_node})")
-            raise ConfigError(f"{given}={batch} is larger than the data ({n:,} samples): no epoch has one whole step; "
-                              f"give --batch-size {n:,} or less")
+        if args.batch_size is not None and args.batch_size > n:  # (the default, 64 per rank, is a sketch's)
+            raise ConfigError(f"--batch-size={args.batch_size} is larger than the data ({n:,} samples): no epoch has "
+                              f"one whole step; give --batch-size {n:,} or less")
         cl = capacity.Cluster(nodes=nodes, ranks_per_node=args.ranks_per_node,
                               memory_per_node=sizes["memory_per_node"],
                               network=args.network * 1e9, consume=args.consume,
