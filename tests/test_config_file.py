@@ -44,7 +44,7 @@ def test_a_runs_config_json_and_the_printed_config_are_valid_input(tmp_path, cap
     ("epochs: three\n", "epochs='three': not a valid int"),
     ("shuffle: random\n", "shuffle='random' is not one of"),
     ("memory_budget: 8 parsecs\n", "memory_budget='8 parsecs'"),
-    ("drop_last: 1\n", "drop_last=1 must be true or false"),
+    ("drop_last: maybe\n", "drop_last='maybe' must be a boolean"),
     ("[1, 2]\n", "holds a list, not a mapping"),
     ("epochs: [3\n", "not valid YAML"),
 ])

@@ -30,7 +30,7 @@ def raw_container(tmp_path_factory):
 
 @pytest.mark.parametrize("name, value, message", [
     ("decode_threads", 0, "decode_threads=0 must be an integer >= 1"),
-    ("decode_threads", True, "decode_threads=True must be an integer >= 1"),
+    ("decode_threads", True, "decode_threads=True must be an integer"),
     ("ahead", 0, "ahead=0 must be an integer >= 1"),
     ("channels", 2, "channels=2 must be None, 1 or 3"),
     ("size", (0, 4), r"size=\(0, 4\) must be a positive int"),

@@ -48,7 +48,7 @@ def test_one_boolean_parser_blank_is_the_default(text, value, monkeypatch):
 
 
 @pytest.mark.parametrize("option,text,allowed", [
-    (rc.NODE_VIEWS, "maybe", "one of 1/true/yes/on/0/false/no/off"),
+    (rc.NODE_VIEWS, "maybe", "a boolean: True/False, or one of 1/true/yes/on/0/false/no/off"),
     (rc.RANKS_PER_NODE, "0", "an integer >= 1"),
     (rc.PROGRESS_PERIOD, "nan", "a finite number of seconds >= 0"),
     (rc.PROGRESS_PERIOD, "-1", "a finite number of seconds >= 0"),

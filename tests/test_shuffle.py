@@ -54,7 +54,7 @@ def test_partial_moves_about_the_fraction():
     assert 0.15 < moved < 0.25  # 0.25 * (1 - 1/4) expected
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])
+@pytest.mark.parametrize("bad", [-1, 1.5, "x", True, None, 2**63])
 def test_bad_seed_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="seed"):
         shuffle.global_order(10, bad, 0)

@@ -19,6 +19,7 @@ import json
 import os
 
 from dstore.errors import ConfigError
+from dstore.runtime import values
 
 RUN_RECORD_ONLY = ("run_dir", "resume", "runs_root", "overwrite")
 """Keys of a run's config.json that say where that run was, not how to train: not taken from it."""
@@ -68,9 +69,7 @@ def _value(action: argparse.Action, key: str, value, path: str):
     if value is None:
         return None
     if action.nargs == 0:  # an on-switch (store_true) or a --x/--no-x pair
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false")
-        return value
+        return values.boolean(f"--config {path}: {key}", value)  # one rule for every boolean
     if action.nargs == "*" and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return [action.type(v) if callable(action.type) else v for v in value]  # a mix's containers
     if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):

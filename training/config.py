@@ -15,10 +15,12 @@ import importlib.util
 import math
 
 from dstore.errors import ConfigError
+from dstore.loader.config import check_workers
 from dstore.memory.limits import parse_bytes
 from dstore.order.policy import NAMES as SHUFFLES
 from dstore.order.policy import policy
 from dstore.order.tiers import OVERFLOWS, POPULATIONS
+from dstore.runtime import values
 from dstore.runtime.preemption import parse_signals
 from dstore.training import ltfb
 from dstore.training.dist import DEVICES
@@ -249,7 +251,11 @@ class TrainConfig:
             self.data = None if not self.data else str(self.data[0]) if len(self.data) == 1 else tuple(self.data)
 
     def check(self) -> None:
-        """Raises ConfigError naming the first field with a value that is not allowed."""
+        """Raises ConfigError naming the first field with a value that is not allowed (every bool and
+        number first normalised by dstore.runtime.values' one rule)."""
+        for name, value in values.typed(self, [f.name for f in dataclasses.fields(self)
+                                               if f.name != "memory_budget"]).items():
+            setattr(self, name, value)
         if self.model != "auto":
             get_model(self.model)  # an import path is imported here: its errors before any data is read
         if self.epochs < 1:
@@ -272,8 +278,8 @@ class TrainConfig:
             raise ConfigError(f"--direct-cold (direct_cold=True) needs --loader direct, not --loader {self.loader}")
         if self.decode_threads < 1 or self.prefetch < 0:
             raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
-        if self.decode_workers is not None and self.decode_workers < 0:
-            raise ConfigError(f"--decode-workers {self.decode_workers} must be >= 0 (0: decode threads)")
+        if self.decode_workers is not None:
+            check_workers("decode_workers", self.decode_workers)
         if self.resize_on == "device" and self.decode_workers == 0:
             raise ConfigError("--resize-on device needs decode workers (--decode-workers N > 0): decode threads "
                               "resize each sample")
@@ -310,14 +316,13 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be a finite number")
         if not self.lr > 0:
             raise ConfigError(f"--lr {self.lr} must be > 0")
-        if not 0 <= self.seed < MAX_SEED:
-            raise ConfigError(f"--seed {self.seed} must be in [0, {MAX_SEED}) (numpy's seeds; trainer k uses seed + k)")
+        values.seed("seed", self.seed, MAX_SEED)
         if not 0.0 <= self.holdout < 1.0:
             raise ConfigError(f"--holdout {self.holdout} must be in [0, 1)")
         for name, lo in (("mean", 0.0), ("std", 0.0)):
-            values = getattr(self, name) or ()
-            if any(not (lo <= v <= 1.0 and (name == "mean" or v > 0)) for v in values):
-                raise ConfigError(f"--{name} {','.join(f'{v:g}' for v in values)}: every value must be in "
+            given = getattr(self, name) or ()
+            if any(not (lo <= v <= 1.0 and (name == "mean" or v > 0)) for v in given):
+                raise ConfigError(f"--{name} {','.join(f'{v:g}' for v in given)}: every value must be in "
                                   + ("[0, 1]" if name == "mean" else "(0, 1]") + " (pixels scaled to [0, 1])")
         for name in ("decode_threads", "read_threads", "prefetch"):
             if getattr(self, name) > MAX_THREADS:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from dstore.errors import ChecksumError, ConfigError, shown
+from dstore.order.mix import check_weights
 from dstore.formats import checksum
 from dstore.ingest import ingest
 from dstore.loader.decode import decode_sample
@@ -369,6 +370,7 @@ def parse_sources(data) -> list[tuple[str, float]] | None:
             raise ConfigError(f"data set {item!r}: several containers make a mix, each written CONTAINER:WEIGHT "
                               f"(e.g. a.h5:0.7 b.zarr:0.3)")
         out.append((path, w))
+    check_weights([w for _, w in out], len(out), [p for p, _ in out])
     return out
 
 

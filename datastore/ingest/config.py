@@ -20,6 +20,7 @@ from dstore.errors import ConfigError
 from dstore.formats import FORMATS
 from dstore.ingest import plan
 from dstore.ingest.process import ON_ERROR
+from dstore.runtime import values
 
 DUPLICATES = ("raise", "skip")
 """Values of `duplicates`: what an append does with a sample the container already holds."""
@@ -63,6 +64,7 @@ class IngestConfig:
     def checked(self) -> IngestConfig:
         """This config validated (ConfigError naming the argument and its value) and `resize`
         normalised to (H, W) or None."""
+        self = dataclasses.replace(self, **values.typed(self))  # every bool and number by one rule
         if self.fmt not in FORMATS:
             raise ConfigError(f"fmt={self.fmt!r} is not one of {sorted(FORMATS)}")
         if self.on_error not in ON_ERROR:
@@ -78,7 +80,12 @@ class IngestConfig:
         count = self.count
         if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
             raise ConfigError(f"count={count!r} must be a positive integer or None")
-        return dataclasses.replace(self, resize=plan.parse_resize(self.resize))
+        fields = self.fields
+        if not (fields is None or isinstance(fields, str) or (
+                isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields))):
+            raise ConfigError(f"fields={fields!r} must be None (every field), 'none', or field names (a list of str "
+                              f"or one comma-separated str)")
+        return dataclasses.replace(self, seed=values.seed("seed", self.seed), resize=plan.parse_resize(self.resize))
 
 
 def field_names() -> list[str]:

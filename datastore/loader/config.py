@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.runtime import values
 
 CHOICES = ("auto", "device", "worker")
 """The values of batch_ops and resize_on."""
@@ -63,12 +64,10 @@ class LoaderConfig:
     def checked(self) -> LoaderConfig:
         """This config validated (ConfigError naming the argument and its value) and normalised: plain
         ints, `size` an (H, W) pair or None, `device` a torch.device or None."""
-        decode_threads = self.decode_threads
-        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or decode_threads < 1:
-            raise ConfigError(f"decode_threads={decode_threads!r} must be an integer >= 1")
-        ahead = self.ahead
-        if isinstance(ahead, bool) or not isinstance(ahead, (int, np.integer)) or ahead < 1:
-            raise ConfigError(f"ahead={ahead!r} must be an integer >= 1")
+        self = dataclasses.replace(self, **values.typed(self))  # every bool and number by one rule
+        most = values.MAX_BUFFERS
+        decode_threads = values.integer("decode_threads", self.decode_threads, 1, most)
+        ahead = values.integer("ahead", self.ahead, 1, most)
         if self.channels not in (None, 1, 3):
             raise ConfigError(f"channels={self.channels!r} must be None, 1 or 3")
         device = device_of(self.device)
@@ -76,17 +75,32 @@ class LoaderConfig:
         for name in ("batch_ops", "resize_on"):
             if getattr(self, name) not in CHOICES:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be 'auto', 'device' or 'worker'")
-        workers = self.workers
-        if workers is not None and workers != 0 and (
-                isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0):
-            raise ConfigError(f"workers={workers!r} must be an integer >= 0 (0: decode in threads)")
-        return dataclasses.replace(self, ahead=int(ahead), size=size, device=device,
-                                   workers=None if workers is None else int(workers))
+        workers = None if self.workers is None else check_workers("workers", self.workers)
+        return dataclasses.replace(self, decode_threads=decode_threads, ahead=ahead, size=size, device=device,
+                                   workers=workers)
 
 
 def field_names() -> list[str]:
     """LoaderConfig's field names, in order (StoreLoader's keywords after store and transform)."""
     return [f.name for f in dataclasses.fields(LoaderConfig)]
+
+
+def check_workers(name: str, workers) -> int:
+    """`workers` decode processes (0: none) checked against what this machine allows: at most
+    4 per core this process may use, and no more than its available memory holds at WORKER_BYTES
+    each; ConfigError naming `name`, the cores and the memory otherwise (before any is started)."""
+    from dstore.loader.workers import WORKER_BYTES, available_cores  # here: it is only needed to check
+    from dstore.memory.limits import available_memory
+
+    workers = values.integer(name, workers, 0, why=" (0: decode in threads)")
+    cores = available_cores()
+    memory, where = available_memory()
+    most = max(1, min(4 * cores, memory // WORKER_BYTES))
+    if workers > most:
+        raise ConfigError(f"{name}={workers} decode worker processes are more than this machine allows: at most "
+                          f"{most} (4 per core of the {cores} this process may use, and {WORKER_BYTES >> 20} MiB "
+                          f"each within {where})")
+    return workers
 
 
 def device_of(device):

@@ -29,6 +29,7 @@ import numpy as np
 
 from dstore.errors import ConfigError
 from dstore.order.permute import Permutation
+from dstore.runtime import values
 
 # Stream tags keep the random streams of different uses apart for one (seed, epoch).
 _GLOBAL, _LOCAL, _PARTIAL = 0, 1, 2
@@ -36,9 +37,7 @@ _GLOBAL, _LOCAL, _PARTIAL = 0, 1, 2
 
 def check_seed(seed) -> int:
     """`seed` as an int, or ConfigError if it is not a non-negative integer."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed={seed!r} must be a non-negative integer")
-    return int(seed)
+    return values.seed("seed", seed)
 
 
 def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
@@ -97,10 +96,4 @@ def partial_order(bounds: np.ndarray, seed: int, epoch: int, fraction: float) ->
 
 def check_fraction(fraction) -> float:
     """`fraction` as a float in [0, 1], or ConfigError."""
-    try:
-        f = float(fraction)
-    except (TypeError, ValueError):
-        raise ConfigError(f"partial_fraction={fraction!r} must be a number in [0, 1]") from None
-    if not 0.0 <= f <= 1.0:
-        raise ConfigError(f"partial_fraction={fraction!r} must be in [0, 1]")
-    return f
+    return values.number("partial_fraction", fraction, 0.0, 1.0)

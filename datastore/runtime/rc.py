@@ -13,9 +13,8 @@ import os
 from typing import Any
 
 from dstore.errors import ConfigError
+from dstore.runtime import values
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,19 +44,9 @@ def parse(option: Option, text: str) -> Any:
     """`text` as `option`'s kind; ConfigError naming the variable if it is not one."""
     kind = option.kind
     if kind == "bool":
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        allowed = "one of " + "/".join(_TRUE + _FALSE)
+        return values.boolean(f"${option.name}", text)  # the one rule of every boolean option
     elif kind == "int":
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value >= 1:
-            return value
-        allowed = "an integer >= 1"
+        return values.integer(f"${option.name}", text, 1)
     elif kind == "bytes":
         from dstore.runtime.units import parse_size  # not dstore.memory, which imports this module
 

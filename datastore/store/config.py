@@ -15,12 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from dstore.errors import ConfigError
 from dstore.memory.limits import parse_bytes
 from dstore.order import policy, shuffle, tiers
-from dstore.runtime import rc
+from dstore.runtime import rc, values
 
 
 def arg(default: Any = dataclasses.MISSING, *, agree: bool, values: str, doc: str) -> Any:
@@ -111,6 +109,7 @@ class StoreConfig:
         """This config validated (ConfigError naming the argument and what is allowed) and
         normalised: plain ints/floats/bools, node_views and progress_period resolved from the
         environment, memory_budget in bytes."""
+        self = dataclasses.replace(self, **values.typed(self))  # every bool and number by one rule
         batch_size = _positive_int("batch_size", self.batch_size)
         if batch_size < nranks:
             raise ConfigError(f"batch_size={self.batch_size} is the global batch size and must be >= the "
@@ -118,16 +117,17 @@ class StoreConfig:
         policy.policy(self.shuffle)  # ConfigError naming the policies
         if self.population not in tiers.POPULATIONS:
             raise ConfigError(f"population={self.population!r} is not one of {tiers.POPULATIONS}")
+        most = values.MAX_BUFFERS
         return dataclasses.replace(
             self, batch_size=batch_size, seed=shuffle.check_seed(self.seed),
-            partial_fraction=shuffle.check_fraction(self.partial_fraction), replicate=bool(self.replicate),
-            prefetch=_positive_int("prefetch", self.prefetch, 0), drop_last=bool(self.drop_last),
+            partial_fraction=shuffle.check_fraction(self.partial_fraction),
+            prefetch=_positive_int("prefetch", self.prefetch, 0, most),
             memory_budget=None if self.memory_budget is None else parse_bytes(self.memory_budget),
-            node_views=rc.NODE_VIEWS.get() if self.node_views is None else bool(self.node_views),
+            node_views=rc.NODE_VIEWS.get() if self.node_views is None else self.node_views,
             overflow=tiers.check_overflow(self.overflow),
-            storage_lookahead=_positive_int("storage_lookahead", self.storage_lookahead, 0),
-            storage_threads=_positive_int("storage_threads", self.storage_threads),
-            population_threads=_positive_int("population_threads", self.population_threads),
+            storage_lookahead=_positive_int("storage_lookahead", self.storage_lookahead, 0, most),
+            storage_threads=_positive_int("storage_threads", self.storage_threads, 1, most),
+            population_threads=_positive_int("population_threads", self.population_threads, 1, most),
             progress_period=_progress_period(self.progress_period), fields=_field_names(self.fields))
 
     def agreed(self) -> tuple[tuple[str, Any], ...]:
@@ -150,10 +150,9 @@ def options_from(source: Any, **given: Any) -> dict[str, Any]:
     return {**opts, **given}
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
-    return int(value)
+def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    why = " (each one a buffer or a thread)" if maximum is not None else ""
+    return values.integer(name, value, minimum, maximum, why=why)
 
 
 def _field_names(value: Any) -> tuple[str, ...]:
