@@ -3,7 +3,12 @@ which every name from the data goes through on its way into their messages."""
 
 
 class DStoreError(Exception):
-    """Base of every error this project raises on purpose."""
+    """Base of every error this project raises on purpose. Its text is `shown`: a file name with a
+    newline or a terminal escape in it cannot forge a line in a library user's log either (the CLI
+    prints the same text)."""
+
+    def __str__(self) -> str:
+        return shown(super().__str__())
 
 
 class ConfigError(DStoreError, ValueError):

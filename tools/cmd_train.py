@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 
+from dstore.errors import ConfigError
 from dstore.runtime.preemption import PREEMPTED_EXIT, Preemption, parse_signals
 from dstore.tools import flags
 from dstore.training.config import RUN, TrainConfig
@@ -79,10 +80,15 @@ def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
     from dstore.runtime.collective import on_root
     from dstore.tools import config_file
     from dstore.training import console
-    from dstore.training.resume import NOT_COMPARED, run_config_path
+    from dstore.training.resume import NOT_COMPARED, missing_run_config, run_config_path
 
     given = getattr(args, "given_flags", None)  # set by dstore.tools.cli.main
     path = None if given is None else on_root(comm, run_config_path, cfg.resume, cfg.run_dir, cfg.runs_root)
+    if path is None and given is not None and "data" not in given:
+        missing = on_root(comm, missing_run_config, cfg.resume, cfg.run_dir, cfg.runs_root)
+        if missing is not None:
+            raise ConfigError(f"--resume {cfg.resume}: the run's {missing} is missing, so its flags (the data set "
+                              f"first) are not known: put it back, or give them again on the command line")
     if path is None:  # no run to take from, or args not parsed by dstore's main: every flag as given
         return cfg
     saved = on_root(comm, config_file.read_values, args.command_parser, path)

@@ -83,6 +83,17 @@ def run_config_path(resume: str, run_dir: str | None, runs_root: str) -> str | N
     return path if os.path.isfile(path) else None
 
 
+def missing_run_config(resume: str, run_dir: str | None, runs_root: str) -> str | None:
+    """The config.json that the run `--resume` continues should have and has not (its checkpoint is
+    there, its config.json is gone), or None: the flags not given cannot be taken from it, and
+    defaults in their place would be blamed on the checkpoint (another container) instead."""
+    checkpoint = resolve_resume(resume, run_dir, runs_root) if resume == "auto" else resume
+    if checkpoint is None or not os.path.exists(checkpoint) or run_config_path(resume, run_dir, runs_root):
+        return None
+    folder = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
+    return os.path.join(folder, "config.json")
+
+
 def load_for_resume(path: str, container: dict) -> dict:
     """The checkpoint at `path`, refused (ConfigError) unless it holds a whole training state taken
     on the container whose identity is `container` (dstore.training.checkpoint.container_identity)."""

@@ -39,9 +39,14 @@ missing); containers written before it lack it (no value missing)."""
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 
 
-def check_field_specs(fields) -> tuple[tuple[str, str], ...]:
+RESERVED = ("image", "label")
+"""Names a field cannot be stored under: a batch with fields is {"image", "label", field: ...}."""
+
+
+def check_field_specs(fields, *, new: bool = False) -> tuple[tuple[str, str], ...]:
     """A writer's `fields` argument ({name: kind}, or (name, kind) pairs; None: none) as checked
-    (name, kind) pairs; ConfigError naming the bad name or kind."""
+    (name, kind) pairs; ConfigError naming the bad name or kind. `new`: fields about to be written,
+    where a name of RESERVED is refused too (it could be stored, never served)."""
     if not fields:
         return ()
     pairs = list(fields.items()) if isinstance(fields, dict) else [tuple(p) for p in fields]
@@ -57,6 +62,10 @@ def check_field_specs(fields) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"field {name!r}: kind {kind!r} is not one of {FIELD_KINDS}")
         if name in seen:
             raise ConfigError(f"field {name!r} is declared twice")
+        if new and name in RESERVED:
+            raise ConfigError(f"field {name!r}: a batch with fields is {{'image', 'label', <field>: ...}}, so a field "
+                              f"named {name!r} could be stored but never served; leave it out (--fields / fields= "
+                              f"naming the others, or 'none')")
         seen.add(name)
     return tuple((str(n), str(k)) for n, k in pairs)
 

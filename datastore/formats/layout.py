@@ -404,7 +404,7 @@ class StreamingWriter(ContainerWriter):
     def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
                  extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES,
                  fields=None, tmp: str | None = None):
-        self._fields = FieldBuffer(check_field_specs(fields))
+        self._fields = FieldBuffer(check_field_specs(fields, new=True))
         class_names = check_writer_args(encoding=encoding, class_names=class_names,
                                         raw_dtype=raw_dtype, raw_shape=raw_shape)
         self._meta: dict[str, Any] = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,

@@ -24,6 +24,8 @@ import os
 import re
 from collections.abc import Callable
 
+import numpy as np
+
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.source import check_label_count
 
@@ -72,6 +74,30 @@ def _sample(k: int) -> str:
     return f"sample {k}"
 
 
+def _unwrapped(values: list, where: str, notes: list[str] | None, place: Callable[[int], str]) -> list:
+    """`values` with labels of a list column that are each one integer (`[2]`) taken as that integer
+    (said in `notes`); SampleError naming the first other list or struct (dict) value: its text would
+    be a class name (`[10]` sorted before `[2]`), never what the source meant."""
+    nested = [k for k, v in enumerate(values) if isinstance(v, (list, tuple, dict, np.ndarray))]
+    if not nested:
+        return values
+    for k in nested:
+        v = values[k]
+        items = list(v.values()) if isinstance(v, dict) else list(v)
+        one = items[0] if len(items) == 1 else None
+        if isinstance(v, dict) or isinstance(one, (bool, np.bool_)) or not isinstance(one, (int, np.integer)) or one < 0:
+            kind = "struct" if isinstance(v, dict) else "list"
+            raise SampleError(f"{where}: {place(k)}: label {label_text(v)!r} is a {kind}, not a class index or name: "
+                              "give a label column of integers or class names (a list of one integer is taken)")
+    if notes is not None:
+        notes.append(f"{where}: labels are lists of one integer ({place(nested[0])}: {label_text(values[nested[0]])!r}); "
+                     "each list's integer is taken as the class index")
+    out = list(values)
+    for k in nested:
+        out[k] = int(out[k][0])
+    return out
+
+
 def resolve_labels(values: list, where: str, class_names=None, *, notes: list[str] | None = None,
                    place: Callable[[int], str] = _sample) -> tuple[list[int], tuple[str, ...]]:
     """(label per value, class names) for the per-sample label `values` of source `where`.
@@ -87,6 +113,7 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
         SampleError: an empty value, a negative integer among integers, a value that is not one of
             `class_names`, or integer labels implying too many classes.
     """
+    values = _unwrapped(values, where, notes, place)
     for k, v in enumerate(values):
         if v is None or label_text(v) == "":
             raise SampleError(f"{where}: {place(k)} has an empty label (every sample needs a class index or "

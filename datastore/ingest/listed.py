@@ -15,8 +15,8 @@ The first row is a header (left out) if (checked in this order; the last two are
   (`photo,breed` over `a.jpg,beagle`): two `lstat`s, never a scan of every row. A first row naming
   a file that exists, or a missing one named like the next (`gone.jpg`), is data.
 
-Two rows naming the same file (after `os.path.normpath`: `./a.jpg`, `a.jpg` and `x/../a.jpg` are
-one) with different labels are refused naming both rows; with the same label the file is one
+Two rows naming the same file (after `os.path.realpath`: `./a.jpg`, `a.jpg`, `x/../a.jpg` and a
+symbolic link to `a.jpg` are one; in object storage after `normpath`) with different labels are refused naming both rows; with the same label the file is one
 sample (said at ingest). A listed file that is missing, not a regular file (a directory, FIFO,
 device, socket: refused by `os.stat` before it is opened) or not a valid image is a bad sample
 (`on_error`), named by its path.
@@ -109,7 +109,9 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None, 
         if len(row) < 2 or not row[0].strip():
             raise SampleError(f"{path}: row {n} is not path,label: {row!r}")
         name, label = row[0].strip(), row[1].strip()
-        key = os.path.normpath(os.path.join(root, name))
+        # a local file by where its links lead (a link and its target are one file), an object by its key
+        key = os.path.normpath(os.path.join(root, name)) if exists is not None else os.path.realpath(
+            os.path.join(root, name))
         if key in seen:
             m, first_name, first_label = seen[key]
             if label != first_label and (as_index(label) is None or as_index(label) != as_index(first_label)):

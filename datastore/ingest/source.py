@@ -119,9 +119,11 @@ def select_fields(src: Source, fields) -> tuple[tuple[str, str], ...]:
     []: none; else names (a comma-separated string or a sequence), each `name` or `name:kind` to
     store it as another kind (`txt:bytes` keeps text that is not UTF-8 as it is). ConfigError naming
     a field the source does not have, and the ones it has."""
+    from dstore.formats.fields import check_field_specs
+
     found = dict(src.field_specs)
     if fields is None or fields == "all":
-        return tuple(src.field_specs)
+        return check_field_specs(src.field_specs, new=True)
     if isinstance(fields, str):
         fields = [] if fields.strip() == "none" else [f for f in fields.split(",") if f.strip()]
     chosen = []
@@ -131,9 +133,7 @@ def select_fields(src: Source, fields) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"--fields: the source has no field {name!r} (fields found: "
                               f"{', '.join(found) or 'none'})")
         chosen.append((name, kind or found[name]))
-    from dstore.formats.fields import check_field_specs
-
-    return check_field_specs(chosen)
+    return check_field_specs(chosen, new=True)
 
 
 class ArraySamples(Source):

@@ -20,6 +20,7 @@ import torch
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
+from dstore.formats.fields import RESERVED
 from dstore.loader.decode import decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
 from dstore.loader.kernels import resize_chw
@@ -189,8 +190,8 @@ class StoreFields:
     readers are not shared. A DataStore holds the fields it is asked for and serves them with its
     samples instead (dstore.store.fieldstore)."""
 
-    RESERVED = ("image", "label")
-    """Keys of a loader's batch dict that a field may not take."""
+    RESERVED = RESERVED
+    """Keys of a loader's batch dict that a field may not take (dstore.formats.fields.RESERVED)."""
 
     def __init__(self, store, names):
         names = (names,) if isinstance(names, str) else tuple(names)

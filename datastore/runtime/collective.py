@@ -158,7 +158,9 @@ def run_agreed(comm, fn, *args, **kwargs):
 def on_root(comm, fn, *args, types=None, fallback: Fallback = ConfigError, **kwargs):
     """Runs fn(*args, **kwargs) on rank 0 of `comm` and returns its result on every rank (collective:
     one bcast). If it raises, every rank raises, so no rank is left waiting: rank 0 the original
-    exception, the others an error naming rank 0, marked agreed like `agree`'s.
+    exception, the others an error naming rank 0, marked agreed like `agree`'s. Anything it raises
+    counts, `BaseException` too (a KeyboardInterrupt in a user's iterable, `sys.exit` in it): rank 0
+    tells the others before it re-raises, else they would wait in the bcast for ever.
 
     Args:
         types: None (the trainer's rule): the others raise `fallback` quoting rank 0's error
@@ -171,7 +173,7 @@ def on_root(comm, fn, *args, types=None, fallback: Fallback = ConfigError, **kwa
     if comm.Get_rank() == 0:
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+        except BaseException as exc:  # noqa: BLE001 - re-raised on every rank below, KeyboardInterrupt too
             err = exc
     result, failed = comm.bcast((result, None if err is None else message(err)), root=0)
     if failed is None:

@@ -454,6 +454,11 @@ class DataStore:
         """Collective: ends an open epoch, agrees that no rank failed (else raises that rank's
         error on every rank, after freeing), frees the windows, closes a container it opened.
         Safe twice."""
+        self._close(release=True)
+
+    def _close(self, *, release: bool) -> None:
+        """close(); `release`: give the exception hook back (not while an agreed error is on its way
+        up through `__exit__`, nor after one was raised here: the hook prints it once and ends the job)."""
         self._closed = True
         if self._active is not None:
             self._active.close()
@@ -469,7 +474,8 @@ class DataStore:
                 self._index.free()  # collective over the node, like the windows
             self._close_container()
             self._owns_container = False
-        self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
+        if release and not self._failed:
+            self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
 
     def _free_windows(self) -> None:
         """Collective: frees the windows (the fields' too) and the node communicator (safe twice)."""
@@ -492,7 +498,7 @@ class DataStore:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None or (exc is not None and is_agreed(exc)):  # NOTE [ Store agreement protocol ], 6
-            self.close()  # every rank raised the same agreed error, so every rank is here
+            self._close(release=exc_type is None)  # every rank raised the same agreed error, so every rank is here
         else:
             # Another rank may never reach the collective free: release what is local only, so
             # the exception reaches the top (where `python -m mpi4py` or the CLI ends the job)
