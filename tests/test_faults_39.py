@@ -139,10 +139,14 @@ def test_dstore_ingest_with_a_seed_out_of_range_is_one_line(tmp_path, seed):
     assert not (tmp_path / "s.h5").exists()
 
 
-@pytest.mark.parametrize("weight", ["nan", "inf", "-1"])
-def test_dstore_train_with_a_weight_nan_or_inf_is_one_line(small, weight):
-    res = dstore("train", small / "a.h5:0.7", f"{small / 'b.h5'}:{weight}", "--val", small / "c.h5", "--epochs", 1)
-    one_line_error(res, "source 1", "b.h5", "weight")
+def test_dstore_train_with_a_weight_nan_or_inf_is_one_line(small):
+    from dstore.training.data import parse_sources
+
+    for weight in ("inf", "-inf", "-1", "nan"):
+        with pytest.raises(ConfigError, match=rf"^source 1 \(b.h5\): weight .* must be a finite number >= 0"):
+            parse_sources(("a.h5:0.7", f"b.h5:{weight}"))
+    res = dstore("train", small / "a.h5:0.7", f"{small / 'b.h5'}:nan", "--val", small / "c.h5", "--epochs", 1)
+    one_line_error(res, "source 1", "b.h5", "weight nan must be a finite number >= 0")
 
 
 def test_workers_and_prefetch_beyond_the_machine_are_refused_before_anything_starts(small):
@@ -191,3 +195,227 @@ def test_ingest_config_fields_not_names_is_one_line_naming_fields():
         with pytest.raises(ConfigError, match="^fields=.* must be None"):
             IngestConfig(fields=bad).checked()
     assert IngestConfig(fields=["txt"]).checked().fields == ["txt"]
+
+
+# --- item 3: labels ---------------------------------------------------------------------------------------
+
+def _parquet(path, labels):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from support.ingest import jpeg_bytes
+
+    pq.write_table(pa.table({"image": [jpeg_bytes(16, k) for k in range(len(labels))], "label": labels}), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("labels,kind", [([[2, 1], [10], [3]], "list"), ([{"a": 1}, {"a": 2}, {"a": 3}], "struct"),
+                                         ([["x"], ["y"], ["x"]], "list")])
+def test_a_list_or_struct_label_column_is_refused_in_one_line(tmp_path, labels, kind):
+    from dstore.errors import SampleError
+    from dstore.ingest import ingest
+
+    src = _parquet(tmp_path / "t.parquet", labels)
+    with pytest.raises(SampleError, match=rf"label .* is a {kind}, not a class index or name"):
+        ingest(src, str(tmp_path / "t.h5"), comm=MPI.COMM_SELF, progress=False)
+    assert not (tmp_path / "t.h5").exists()
+    res = dstore("ingest", src, tmp_path / "t.h5")
+    one_line_error(res, f"is a {kind}", "t.parquet")
+
+
+def test_a_label_column_of_one_integer_lists_is_taken_as_integers_and_said(tmp_path):
+    from dstore.formats import open_container
+    from dstore.ingest import ingest
+
+    src = _parquet(tmp_path / "t.parquet", [[2], [10], [3]])
+    report = ingest(src, str(tmp_path / "t.h5"), comm=MPI.COMM_SELF, progress=False, keep_order=True)
+    with open_container(str(tmp_path / "t.h5")) as c:
+        assert list(c.labels) == [2, 10, 3] and len(c.info.class_names) == 11  # [10] is class 10, not class 0
+    assert any("lists of one integer" in n for n in report.notes)
+
+
+def test_a_labels_csv_naming_a_file_and_a_link_to_it_is_refused_as_one_file(tmp_path):
+    from support.ingest import jpeg_bytes
+
+    root = tmp_path / "imgs"
+    root.mkdir()
+    (root / "a.jpg").write_bytes(jpeg_bytes(16, 1))
+    (root / "b.jpg").write_bytes(jpeg_bytes(16, 2))
+    os.symlink("a.jpg", root / "link.jpg")
+    (tmp_path / "two.csv").write_text("a.jpg,cat\nlink.jpg,dog\nb.jpg,dog\n")
+    res = dstore("ingest", root, tmp_path / "x.h5", "--labels", tmp_path / "two.csv")
+    one_line_error(res, "rows 1 and 2 list the same file ('a.jpg', 'link.jpg') with different labels")
+    (tmp_path / "same.csv").write_text("a.jpg,cat\nlink.jpg,cat\nb.jpg,dog\n")
+    res = dstore("ingest", root, tmp_path / "y.h5", "--labels", tmp_path / "same.csv")
+    assert res.returncode == 0 and "wrote 2 samples" in res.stdout, res.stderr
+    assert "row 2 ('link.jpg') repeats row 1 ('a.jpg')" in res.stdout + res.stderr
+
+
+# --- item 5: rank 0's source raising anything ends the job ------------------------------------------------
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "faults_39_run.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,rank0,code", [("interrupt", "KeyboardInterrupt", None), ("exit", None, 3),
+                                             ("error", "RuntimeError: the source broke", 1)])
+def test_ingest_items_ends_the_job_when_rank_0s_iterable_raises_anything(tmp_path, mode, rank0, code):
+    from support.mpirun import run_mpi
+
+    res = run_mpi(2, ["python", SCRIPT, "items", mode, str(tmp_path / "out.h5")], timeout=BOUND_S, check=False)
+    assert res.returncode != 0 and (code is None or res.returncode == code), res
+    assert "not reached" not in res.stdout
+    name = {"interrupt": "KeyboardInterrupt", "exit": "SystemExit: 3", "error": "RuntimeError: the source broke"}[mode]
+    assert f"IngestError: rank 0 failed: {name}" in res.stderr, res.stderr  # rank 1 told, not left waiting
+    if rank0 is not None:
+        assert rank0 in res.stderr
+    assert sorted(os.listdir(tmp_path)) == []  # no spool, no container left
+
+
+# --- item 6: own scripts ---------------------------------------------------------------------------------
+
+@pytest.mark.mpi
+def test_an_agreed_error_at_an_epochs_start_in_an_own_script_is_one_line_once(small):
+    from support.mpirun import run_mpi
+
+    res = run_mpi(2, ["python", SCRIPT, "epochs", str(small / "a.h5")], timeout=BOUND_S, check=False)
+    assert res.returncode != 0 and "not reached" not in res.stdout
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dstore: error")]
+    assert len(lines) == 1 and "ConfigError: ranks iterate different epochs" in lines[0], res.stderr
+
+
+def test_close_keeps_the_hook_while_an_agreed_error_goes_up_and_gives_it_back_on_a_clean_close(small):
+    from dstore.runtime import collective, job
+    from dstore.store.data_store import DataStore
+
+    holds = job._armed
+    with pytest.raises(ConfigError, match="agreed"):
+        with DataStore(MPI.COMM_SELF, str(small / "a.h5"), batch_size=4):
+            exc = ConfigError("agreed")
+            collective._mark_agreed(exc)  # as every rank raises it after an agreement
+            raise exc
+    assert job._armed == holds + 1 and sys.excepthook is job._hook  # kept: the error prints once, ends the job
+    job._armed -= 1  # give this test's hold back by hand (the process goes on to other tests)
+    if job._armed == 0:
+        sys.excepthook = job._previous or sys.__excepthook__
+        job._previous = None
+    with DataStore(MPI.COMM_SELF, str(small / "a.h5"), batch_size=4):
+        pass
+    assert job._armed == holds
+
+
+def test_a_library_error_escapes_control_characters_in_a_file_name(tmp_path):
+    from dstore.errors import SampleError
+    from dstore.ingest import ingest_items
+
+    with pytest.raises(SampleError) as err:
+        ingest_items([(b"not an image", 0, "x\x1b[2J\nOK.jpg")], str(tmp_path / "g.h5"), comm=MPI.COMM_SELF,
+                     progress=False)
+    text = str(err.value)
+    assert text.startswith("x\\x1b[2J\\nOK.jpg: not a valid image") and text.isprintable(), text
+
+
+@pytest.mark.parametrize("name", ["label", "image"])
+def test_a_field_named_like_a_batch_key_is_refused_at_ingest(tmp_path, name):
+    from support.ingest import jpeg_bytes
+
+    from dstore.ingest import ingest_items
+
+    items = [(jpeg_bytes(16, k), k % 2, f"s{k}.jpg", {name: "x", "txt": "y"}) for k in range(4)]
+    with pytest.raises(ConfigError, match=rf"^field '{name}': a batch with fields is .* could be stored but never "
+                                          rf"served; leave it out"):
+        ingest_items(items, str(tmp_path / "f.h5"), comm=MPI.COMM_SELF, progress=False)
+    assert not (tmp_path / "f.h5").exists()
+    report = ingest_items(items, str(tmp_path / "f.h5"), comm=MPI.COMM_SELF, progress=False, fields=["txt"])
+    assert report.samples == 4
+
+
+def test_resume_with_config_json_missing_says_so(tmp_path):
+    from dstore.training.resume import missing_run_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"")  # what a run leaves; its config.json is gone
+    assert missing_run_config("auto", str(run), str(tmp_path)) == str(run / "config.json")
+    (run / "config.json").write_text("{}")
+    assert missing_run_config("auto", str(run), str(tmp_path)) is None
+    os.remove(run / "config.json")
+    res = dstore("train", "--resume", "auto", "--run-dir", run)
+    one_line_error(res, "--resume auto", f"{run / 'config.json'} is missing", "give them again")
+
+
+# --- item 4: every wait on object storage bounded ----------------------------------------------------------
+
+STALL_ENV = {"DSTORE_OBJECT_TIMEOUT": "0.5", "DSTORE_OBJECT_TRIES": "2", "AWS_ACCESS_KEY_ID": "testing",
+             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+"""A short bound for the tests: 0.5 s per wait, 2 tries (the defaults are 10 s and 3)."""
+
+WAIT_LINE = "after no answer within 0.5 s, 2 tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)"
+
+
+@pytest.mark.parametrize("args", [("info", "s3://bk/c.h5"), ("verify", "s3://bk/c.h5"), ("info", "s3://bk/c.zarr"),
+                                  ("ingest", "s3://bk/imgs", "{tmp}/out.h5")],
+                         ids=["info", "verify", "info-zarr", "ingest"])
+def test_every_command_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_path, args, capsys, monkeypatch):
+    pytest.importorskip("s3fs")
+    from support.s3 import StallingProxy
+
+    import fsspec
+
+    from dstore.tools.cli import main
+
+    fsspec.get_filesystem_class("s3").clear_instance_cache()  # an instance made on another endpoint
+    with StallingProxy() as silent:  # accepts, never answers
+        for key, value in {**STALL_ENV, "AWS_ENDPOINT_URL": silent.url}.items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        code = main([a.format(tmp=tmp_path) for a in args])  # in this process: the bound is the wait, not imports
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert args[1] in err and "ReadTimeoutError" in err and WAIT_LINE in err, err
+
+
+def test_dstore_train_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_path):
+    pytest.importorskip("s3fs")
+    from support.s3 import StallingProxy
+
+    with StallingProxy() as silent:
+        res = dstore("train", "s3://bk/c.h5", "--epochs", 1, "--run-dir", tmp_path / "run",
+                     env={**STALL_ENV, "AWS_ENDPOINT_URL": silent.url})
+    one_line_error(res, "s3://bk/c.h5", "ReadTimeoutError", WAIT_LINE)
+
+
+@pytest.mark.mpi
+def test_a_two_rank_own_script_reading_a_tiered_container_from_s3_ends_when_the_endpoint_stalls(tmp_path):
+    from store_scenarios import scenarios
+    from support import s3 as s3_server
+    from support.mpirun import run_mpi
+
+    import fsspec
+
+    port = s3_server.free_port()
+    server = s3_server.moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        env = {**STALL_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        local = scenarios.make_container(str(tmp_path / "c.h5"), n=300, seed=1, large=8000, small=8000)
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=env["AWS_ENDPOINT_URL"], key="testing",
+                               secret="testing")
+        fs.mkdir("stall")
+        fs.put(local, "stall/c.h5")
+        marker = tmp_path / "stall-now"
+        with StallingProxyAt(env["AWS_ENDPOINT_URL"], str(marker)) as proxy:
+            res = run_mpi(2, ["python", SCRIPT, "stall", "s3://stall/c.h5", str(marker)], timeout=BOUND_S,
+                          check=False, env={**env, "AWS_ENDPOINT_URL": proxy.url})
+        assert proxy.stalled.is_set() and res.returncode != 0 and "not reached" not in res.stdout, res
+        lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dstore: error")]
+        assert len(lines) == 1 and "s3://stall/c.h5" in lines[0] and WAIT_LINE in lines[0], res.stderr
+    finally:
+        server.stop()
+
+
+def StallingProxyAt(upstream: str, marker: str):
+    from support.s3 import StallingProxy
+
+    return StallingProxy(upstream, marker)

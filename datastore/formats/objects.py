@@ -14,6 +14,11 @@ its own fsspec file, whose requests carry ``If-Match: <ETag>`` (s3fs), so an obj
 the job reads it fails the next request with ContainerChangedError naming the URL, never serves
 bytes of another version. A thread's file that opens another version is refused the same way.
 
+Every wait on the store is bounded (storage_options): a request that gets no connection, or no
+answer, within $DSTORE_OBJECT_TIMEOUT seconds is tried again, $DSTORE_OBJECT_TRIES times in all with
+a backoff, and then fails with one line naming the URL and that wait (`waited`); botocore's own
+retries are off, since s3fs's tries wrap them (5 x 5 tries of 15 s each was 414 s of silence).
+
 Credentials and the endpoint come from the environment as the AWS tools read them
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_DEFAULT_REGION,
 AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), or fsspec's configuration; each process (each rank) makes
@@ -29,6 +34,7 @@ import re
 import threading
 
 from dstore.errors import ConfigError, ContainerChangedError, ContainerNotFoundError, FormatError, shown
+from dstore.runtime import rc
 
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -44,8 +50,47 @@ def is_url(path) -> bool:
     return m is not None and m.group("protocol").lower() not in ("file", "local")
 
 
+def storage_options(protocol: str) -> dict:
+    """The options every fsspec file system of ours is made with (ours, an ingest's, Zarr's): for S3
+    the bounded wait of the module docstring; {} for other protocols (their own defaults)."""
+    if protocol.lower() not in ("s3", "s3a"):
+        return {}
+    timeout = rc.OBJECT_TIMEOUT.get()
+    return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout,
+                              "retries": {"max_attempts": 1, "mode": "standard"}}}
+
+
+def bounded_filesystem(protocol: str, **extra):
+    """fsspec's file system of `protocol` made with `storage_options` (and `extra`, as Zarr adds
+    `asynchronous=True`), its own tries set to $DSTORE_OBJECT_TRIES (s3fs takes them as an attribute,
+    not an argument). fsspec caches instances by their arguments, so Zarr's store, opened with the
+    same ones, gets this instance and its tries."""
+    import fsspec
+
+    fs = fsspec.filesystem(protocol, **storage_options(protocol), **extra)
+    if protocol.lower() in ("s3", "s3a"):
+        fs.retries = rc.OBJECT_TRIES.get()
+    return fs
+
+
+def waited(exc: BaseException) -> str:
+    """", after no answer within N s, K tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)" where
+    `exc` (or what it was raised from) is a timeout or a connection that could not be made, else ""."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        name = type(seen).__name__
+        if "Timeout" in name or "EndpointConnectionError" in name or isinstance(seen, (TimeoutError, ConnectionError)):
+            return (f", after no answer within {rc.OBJECT_TIMEOUT.get():g} s, {rc.OBJECT_TRIES.get()} tries "
+                    f"(${rc.OBJECT_TIMEOUT.name}, ${rc.OBJECT_TRIES.name})")
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
 def filesystem(url: str):
-    """The fsspec file system of `url`'s protocol, made once per process (fsspec's instance cache).
+    """The fsspec file system of `url`'s protocol with our `storage_options`, made once per process
+    (fsspec's instance cache).
 
     Raises:
         ConfigError: fsspec or the protocol's package (s3fs...) is not installed.
@@ -55,9 +100,7 @@ def filesystem(url: str):
         raise ConfigError(f"{shown(url)} is not a URL (protocol://...)")
     protocol = m.group("protocol").lower()
     try:
-        import fsspec
-
-        return fsspec.filesystem(protocol)
+        return bounded_filesystem(protocol)
     except ImportError as exc:
         hint = "fsspec and s3fs: pip install 'dstore-mpi[object]'" if protocol in ("s3", "s3a") else \
             "the fsspec implementation of this protocol"
@@ -76,7 +119,7 @@ def _reason(exc: BaseException) -> str:
     first = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
     if isinstance(exc, PermissionError):
         return f"permission denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket policy; {first})"
-    return first
+    return first + waited(exc)
 
 
 def stat(url: str) -> dict | None:

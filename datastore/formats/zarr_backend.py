@@ -33,7 +33,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
-from dstore.formats.objects import LocalFile, ObjectFile, is_url, join, list_below
+from dstore.formats.objects import LocalFile, ObjectFile, is_url, join, list_below, storage_options, bounded_filesystem
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
@@ -237,7 +237,13 @@ class ZarrReader(ContainerReader):
         else:
             files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
-            group = zarr.open_group(self.path, mode="r", zarr_format=3)
+            # from object storage with our bounded waits (dstore.formats.objects.storage_options)
+            options = {}
+            if remote:
+                protocol = self.path.split(":", 1)[0].lower()
+                bounded_filesystem(protocol, asynchronous=True)  # the instance Zarr's store gets, tries set
+                options = {"storage_options": storage_options(protocol)}
+            group = zarr.open_group(self.path, mode="r", zarr_format=3, **options)
             attrs = dict(group.attrs)
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise FormatError(f"{self.path}: not a readable Zarr v3 group: {type(exc).__name__}: {exc}") from exc

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from dstore.errors import ConfigError, SampleError, shown
+from dstore.formats.objects import bounded_filesystem, waited
 
 READ_BLOCK = 16 << 20
 """Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
@@ -51,7 +52,7 @@ def _reason(exc: BaseException, s3: bool = True) -> str:
     if isinstance(exc, PermissionError):
         check = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" if s3 else "the store's credentials"
         return f"permission denied (check {check} or the bucket policy; {_first_line(exc)})"
-    return _first_line(exc)
+    return _first_line(exc) + waited(exc)
 
 
 class Prefetched:
@@ -113,9 +114,7 @@ class Remote:
         """The fsspec file system (made on first use in this process)."""
         if self._fs is None:
             try:
-                import fsspec
-
-                self._fs = fsspec.filesystem(self.protocol)
+                self._fs = bounded_filesystem(self.protocol)
             except ImportError as exc:
                 hint = _PACKAGES.get(self.protocol, "the fsspec implementation of this protocol")
                 raise ConfigError(f"reading {self.protocol}:// sources needs {hint} ({exc})") from None

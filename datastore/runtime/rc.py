@@ -114,13 +114,20 @@ WAIT_BOUND = Option("DSTORE_WAIT_BOUND", "seconds", "60", (
     "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "
     "end the job with one line naming the node (dstore.runtime.watchdog: within 2 x this + 13 s at most; "
     "docs/reliability.md); 0: no watchdog"))
+OBJECT_TIMEOUT = Option("DSTORE_OBJECT_TIMEOUT", "seconds", "10", (
+    "object storage (`s3://`): seconds a request may wait to connect, and then for each answer, before it "
+    "counts as failed (dstore.formats.objects.storage_options); every wait on the store, in every command and "
+    "in a script's DataStore, is bounded by it and `DSTORE_OBJECT_TRIES`"))
+OBJECT_TRIES = Option("DSTORE_OBJECT_TRIES", "int", "3", (
+    "object storage: tries of a request that timed out or failed to connect (backoff 0.1 s x 1.7^k between them) "
+    "before the error names the URL and the wait"))
 MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
                                LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, INGEST_CHECKPOINT, INGEST_CHUNK_BYTES,
                                INGEST_KILL_AT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
-                               PARTIAL_DECODE, WAIT_BOUND, MPICH_NOLOCAL)}
+                               PARTIAL_DECODE, WAIT_BOUND, OBJECT_TIMEOUT, OBJECT_TRIES, MPICH_NOLOCAL)}
 """Every runtime option, by variable name."""
 
 

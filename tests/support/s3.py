@@ -63,3 +63,82 @@ def bucket(fs) -> str:
     name = f"bucket-{next(_buckets)}"
     fs.mkdir(name)
     return name
+
+
+class StallingProxy:
+    """A TCP proxy in front of the S3 server that can stall: it forwards every connection to
+    `upstream` until the file `marker` exists (or at once, with `upstream=None`: a server that accepts
+    and never answers), and from then on forwards nothing, holding every connection open, as an
+    endpoint that hangs does. `url` is its endpoint; `close()` ends it (also as a context manager)."""
+
+    def __init__(self, upstream: str | None = None, marker: str | None = None):
+        import threading
+
+        self._upstream = None if upstream is None else (upstream.split("//")[1].split(":")[0],
+                                                        int(upstream.rsplit(":", 1)[1]))
+        self._marker, self._held, self._closed = marker, [], False
+        self.stalled = threading.Event()
+        if upstream is None:
+            self.stalled.set()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _check(self) -> bool:
+        import os
+
+        if self._marker is not None and os.path.exists(self._marker):
+            self.stalled.set()
+        return self.stalled.is_set()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # the 0.1 s timeout, or closed
+                continue
+            self._held.append(conn)
+            if not self._check() and self._upstream is not None:
+                up = socket.create_connection(self._upstream)
+                self._held.append(up)
+                threading.Thread(target=self._pump, args=(conn, up), daemon=True).start()
+                threading.Thread(target=self._pump, args=(up, conn), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        import select
+
+        while not self._closed:
+            if self._check():
+                return  # stalled: the connection stays open, nothing more goes through
+            try:
+                ready, _, _ = select.select([src], [], [], 0.1)
+                if ready:
+                    data = src.recv(65536)
+                    if not data:
+                        dst.shutdown(socket.SHUT_WR)
+                        return
+                    if self._check():
+                        return
+                    dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed = True
+        for s in [self._sock, *self._held]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
