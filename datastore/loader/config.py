@@ -32,7 +32,7 @@ def arg(default: Any, *, values: str, doc: str) -> Any:
 class LoaderConfig:
     """StoreLoader's arguments (everything but the store and the transform)."""
 
-    decode_threads: int = arg(2, values="int >= 1 (2)", doc=(
+    decode_threads: int = arg(2, values="int in [1, 1024] (2)", doc=(
         "decode threads (`num_threads` is its deprecated old name); with `workers`, they only stack batches"))
     channels: int | None = arg(None, values="None, 1, 3", doc=(
         "channels encoded images are converted to; None: 3 (RGB, as torchvision's folder loader), or each "
@@ -41,7 +41,7 @@ class LoaderConfig:
     size: Any = arg(None, values="int or (H, W) (none)", doc=(
         "resize every decoded image to it (a JPEG decodes at the DCT scale still at least this large); "
         "without it all samples of a batch must share a shape"))
-    ahead: int = arg(2, values="int >= 1 (2)", doc=(
+    ahead: int = arg(2, values="int in [1, 1024] (2)", doc=(
         "batches decoding ahead of the one returned; 1 decodes straight from the store's views (no copy), "
         ">= 2 copies each fetched batch's bytes once"))
     pin_memory: bool = arg(False, values="bool", doc=(
@@ -49,7 +49,8 @@ class LoaderConfig:
     device: Any = arg(None, values='None, "cuda", "cuda:1", ...', doc=(
         "where batches are delivered, copied on a side CUDA stream that the caller's stream waits for"))
     workers: int | None = arg(None, values="int >= 0 (none)", doc=(
-        "decode in N worker processes (dstore.loader.workers) instead of threads; needs the batch's shape "
+        "decode in N worker processes (dstore.loader.workers) instead of threads (at most 4 per core this process "
+        "may use, and what its available memory holds at 128 MiB each: more is refused before any starts); needs the batch's shape "
         "(`size`, or a transform with size and channels) and a transform None or split (`SplitTransform`)"))
     batch_ops: str = arg("auto", values="`auto` (default), `device`, `worker`", doc=(
         "with workers, where the transform's batch part runs: on the batch's device, in the workers, or auto: "

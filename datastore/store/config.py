@@ -38,7 +38,7 @@ class StoreConfig:
 
     batch_size: int = arg(agree=True, values="int >= ranks", doc=(
         "the **global** batch size; rank r takes its contiguous slice of each global batch"))
-    seed: int = arg(0, agree=True, values="int >= 0 (0)", doc="seed of every shuffle (and of the resident set)")
+    seed: int = arg(0, agree=True, values="int in [0, 2**63) (0)", doc="seed of every shuffle (and of the resident set)")
     shuffle: str = arg("global", agree=True, values="`global` (default), `local`, `partial`", doc=(
         "one global permutation per epoch (independent of the rank count); each rank shuffles only what it "
         "owns (no traffic); `local` plus a fraction `partial_fraction` of samples exchanged"))
@@ -53,7 +53,7 @@ class StoreConfig:
     replicate: bool = arg(False, agree=True, values="bool", doc=(
         "one full copy per node in shared memory (no gets at all); `MemoryBudgetError` if a copy does not fit "
         "the node's pooled budget; always preloaded"))
-    prefetch: int = arg(2, agree=True, values="int >= 0 (2)", doc=(
+    prefetch: int = arg(2, agree=True, values="int in [0, 1024] (2)", doc=(
         "batches whose gets are in flight ahead of the one you work on (their receive buffers count in "
         "the budget)"))
     drop_last: bool = arg(False, agree=True, values="bool", doc=(
@@ -78,14 +78,14 @@ class StoreConfig:
         "with the resident fraction and the bytes per epoch read from storage. `error`: refuse with "
         "`MemoryBudgetError` (CLI `--overflow error`). Order, exactly-once and resumption are the same "
         "either way"))
-    storage_lookahead: int = arg(4, agree=True, values="int >= 0 (4)", doc=(
+    storage_lookahead: int = arg(4, agree=True, values="int in [0, 1024] (4)", doc=(
         "with overflow served: steps whose storage reads are in flight ahead (their buffers count in the "
         "budget, so in the resident set)"))
-    storage_threads: int = arg(4, agree=True, values="int >= 1 (4)", doc=(
+    storage_threads: int = arg(4, agree=True, values="int in [1, 1024] (4)", doc=(
         "with overflow served: the threads that read from storage: with the job's own reader where it allows "
         "concurrent reads (HDF5), else each with a reader of its own (a sharded container's readers hold its "
         "index, counted in the budget; Zarr readers hold none); from object storage, the requests in flight"))
-    population_threads: int = arg(4, agree=False, values="int >= 1 (4)", doc=(
+    population_threads: int = arg(4, agree=False, values="int in [1, 1024] (4)", doc=(
         "reads in flight while a preload fills the windows (4 MiB pieces, one container reader per thread); "
         "1: one stream of 32 MiB reads. Pays on shared file systems, where one stream of reads waits a round "
         "trip per request"))
