@@ -143,7 +143,7 @@ def test_dstore_train_with_a_weight_nan_or_inf_is_one_line(small):
     from dstore.training.data import parse_sources
 
     for weight in ("inf", "-inf", "-1", "nan"):
-        with pytest.raises(ConfigError, match=rf"^source 1 \(b.h5\): weight .* must be a finite number >= 0"):
+        with pytest.raises(ConfigError, match=r"^source 1 \(b.h5\): weight .* must be a finite number >= 0"):
             parse_sources(("a.h5:0.7", f"b.h5:{weight}"))
     res = dstore("train", small / "a.h5:0.7", f"{small / 'b.h5'}:nan", "--val", small / "c.h5", "--epochs", 1)
     one_line_error(res, "source 1", "b.h5", "weight nan must be a finite number >= 0")
@@ -358,9 +358,8 @@ WAIT_LINE = "after no answer within 0.5 s, 2 tries ($DSTORE_OBJECT_TIMEOUT, $DST
                          ids=["info", "verify", "info-zarr", "ingest"])
 def test_every_command_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_path, args, capsys, monkeypatch):
     pytest.importorskip("s3fs")
-    from support.s3 import StallingProxy
-
     import fsspec
+    from support.s3 import StallingProxy
 
     from dstore.tools.cli import main
 
@@ -388,11 +387,10 @@ def test_dstore_train_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_p
 
 @pytest.mark.mpi
 def test_a_two_rank_own_script_reading_a_tiered_container_from_s3_ends_when_the_endpoint_stalls(tmp_path):
+    import fsspec
     from store_scenarios import scenarios
     from support import s3 as s3_server
     from support.mpirun import run_mpi
-
-    import fsspec
 
     port = s3_server.free_port()
     server = s3_server.moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

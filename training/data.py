@@ -20,11 +20,11 @@ import time
 import numpy as np
 
 from dstore.errors import ChecksumError, ConfigError, shown
-from dstore.order.mix import check_weights
 from dstore.formats import checksum
 from dstore.ingest import ingest
 from dstore.loader.decode import decode_sample
 from dstore.order import plan, shuffle
+from dstore.order.mix import check_weights
 from dstore.runtime import rc
 from dstore.runtime.collective import on_root
 from dstore.runtime.integrity import read_error

@@ -33,7 +33,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
-from dstore.formats.objects import LocalFile, ObjectFile, is_url, join, list_below, storage_options, bounded_filesystem
+from dstore.formats.objects import LocalFile, ObjectFile, bounded_filesystem, is_url, join, list_below, storage_options
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""

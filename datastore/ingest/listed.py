@@ -16,10 +16,10 @@ The first row is a header (left out) if (checked in this order; the last two are
   a file that exists, or a missing one named like the next (`gone.jpg`), is data.
 
 Two rows naming the same file (after `os.path.realpath`: `./a.jpg`, `a.jpg`, `x/../a.jpg` and a
-symbolic link to `a.jpg` are one; in object storage after `normpath`) with different labels are refused naming both rows; with the same label the file is one
-sample (said at ingest). A listed file that is missing, not a regular file (a directory, FIFO,
-device, socket: refused by `os.stat` before it is opened) or not a valid image is a bad sample
-(`on_error`), named by its path.
+symbolic link to `a.jpg` are one; in object storage after `normpath`) with different labels are
+refused naming both rows; with the same label the file is one sample (said at ingest). A listed
+file that is missing, not a regular file (a directory, FIFO, device, socket: refused by `os.stat`
+before it is opened) or not a valid image is a bad sample (`on_error`), named by its path.
 """
 
 from __future__ import annotations

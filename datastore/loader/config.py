@@ -50,8 +50,8 @@ class LoaderConfig:
         "where batches are delivered, copied on a side CUDA stream that the caller's stream waits for"))
     workers: int | None = arg(None, values="int >= 0 (none)", doc=(
         "decode in N worker processes (dstore.loader.workers) instead of threads (at most 4 per core this process "
-        "may use, and what its available memory holds at 128 MiB each: more is refused before any starts); needs the batch's shape "
-        "(`size`, or a transform with size and channels) and a transform None or split (`SplitTransform`)"))
+        "may use, and what its available memory holds at 128 MiB each: more is refused before any starts); needs "
+        "the batch's shape (`size`, or a transform with size and channels) and a transform None or split (`SplitTransform`)"))
     batch_ops: str = arg("auto", values="`auto` (default), `device`, `worker`", doc=(
         "with workers, where the transform's batch part runs: on the batch's device, in the workers, or auto: "
         "device on a GPU, else worker"))

@@ -16,7 +16,6 @@ from dstore.errors import ConfigError
 from dstore.runtime import values
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One environment variable: its name, kind (`bool`, `int`, `bytes`, `seconds`, `path`), its
