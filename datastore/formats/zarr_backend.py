@@ -238,12 +238,12 @@ class ZarrReader(ContainerReader):
             files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
             # from object storage with our bounded waits (dstore.formats.objects.storage_options)
-            options = {}
+            options = None
             if remote:
                 protocol = self.path.split(":", 1)[0].lower()
                 bounded_filesystem(protocol, asynchronous=True)  # the instance Zarr's store gets, tries set
-                options = {"storage_options": storage_options(protocol)}
-            group = zarr.open_group(self.path, mode="r", zarr_format=3, **options)
+                options = storage_options(protocol)
+            group = zarr.open_group(self.path, mode="r", zarr_format=3, storage_options=options)
             attrs = dict(group.attrs)
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise FormatError(f"{self.path}: not a readable Zarr v3 group: {type(exc).__name__}: {exc}") from exc
