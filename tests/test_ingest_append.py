@@ -67,7 +67,12 @@ def test_append_a_new_class_extends_the_class_map_and_keeps_the_old_samples(sets
     with open_container(str(out)) as r:
         history = json.loads(r.info.extra["ingest_appends"])
         assert history == [{"source": str(sets / "new"), "seed": 4, "first_sample": 60, "samples": 20,
-                            "classes_added": ["class003"]}]
+                            "classes_added": ["class003"], "order_before": "seeded"}]
+        assert r.info.extra["ingest_order"] == "appended"
+        from dstore.training.holdout import check_held_out
+
+        with pytest.raises(ConfigError, match="written in appended order, and its tail held out"):
+            check_held_out(str(out), r.info.extra, r.labels, (60, 80))  # a tail of the new samples only
         for i in range(60, 80):  # the appended bytes are the files'
             c, f = r.name(i).split("/")
             assert r.sample(i)[0].tobytes() == (sets / "new" / c / f).read_bytes()

@@ -251,16 +251,22 @@ class CopyOld:
 
 
 def history(old: OldContainer, description: str, seed: int, added: int, classes_added) -> dict:
-    """The attributes an append writes: the old container's (its ingest seed and order, a re-encode)
-    and `ingest_appends`, a JSON list with one record per append."""
+    """The attributes an append writes: the old container's (its ingest seed, a re-encode), `ingest_order`
+    `appended` (the whole is no longer one seeded mix: `dstore train` then checks its held-out tail,
+    which is the new samples, and refuses one far from the whole's classes) and `ingest_appends`, a
+    JSON list with one record per append (the first also keeps the order before: `order_before`)."""
     extra = {k: v for k, v in old.extra.items() if k != "ingest_id"}
     try:
         past = json.loads(extra.get("ingest_appends", "[]"))
     except (TypeError, ValueError):
         past = []
-    past.append({"source": description, "seed": int(seed), "first_sample": int(old.num_samples),
-                 "samples": int(added), "classes_added": list(classes_added)})
+    record = {"source": description, "seed": int(seed), "first_sample": int(old.num_samples), "samples": int(added),
+              "classes_added": list(classes_added)}
+    if not past:
+        record["order_before"] = old.extra.get("ingest_order")
+    past.append(record)
     extra["ingest_appends"] = json.dumps(past)
+    extra["ingest_order"] = "appended"
     return extra
 
 
