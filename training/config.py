@@ -316,7 +316,8 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be a finite number")
         if not self.lr > 0:
             raise ConfigError(f"--lr {self.lr} must be > 0")
-        values.seed("seed", self.seed, MAX_SEED)
+        if not 0 <= self.seed < MAX_SEED:
+            raise ConfigError(f"--seed {self.seed} must be in [0, {MAX_SEED}) (numpy's seeds; trainer k uses seed + k)")
         if not 0.0 <= self.holdout < 1.0:
             raise ConfigError(f"--holdout {self.holdout} must be in [0, 1)")
         for name, lo in (("mean", 0.0), ("std", 0.0)):

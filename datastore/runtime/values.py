@@ -104,13 +104,24 @@ def seed(name: str, value: Any, limit: int = MAX_SEED) -> int:
         raise ConfigError(f"{name}={value!r} must be an integer seed in [0, 2**{limit.bit_length() - 1})") from None
 
 
-_KINDS = {"bool": boolean, "int": integer, "float": number}
+def _any_number(name: str, value: Any) -> float:
+    """`value` (or its text) as a float of any value, nan and inf included: the kind only, a config
+    checks its bounds and finiteness itself."""
+    if not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating, str)):
+        try:
+            return float(value)
+        except (ValueError, OverflowError):
+            pass
+    raise ConfigError(f"{name}={value!r} must be a number")
+
+
+_KINDS = {"bool": boolean, "int": integer, "float": _any_number}
 
 
 def typed(config: Any, names=None) -> dict[str, Any]:
     """Each field of the dataclass `config` whose annotation is `bool`, `int` or `float` (or one of
     them `| None`, where None stays None) checked as its kind by this module's rule: {name: value}
-    of the normalised values (bounds are the config's own to check). `names`: only these fields.
+    of the normalised values (bounds, finiteness too, are the config's own to check). `names`: only these fields.
     A config that calls this cannot leave a new boolean or number unchecked by omission."""
     out = {}
     for f in dataclasses.fields(config):
