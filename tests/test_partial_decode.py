@@ -20,7 +20,7 @@ from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
-pytestmark = pytest.mark.skipif(decode._jpegcrop is None, reason="the extension dstore.loader._jpegcrop is not built here")
+pytestmark = pytest.mark.skipif(decode.extension() is None, reason="the extension dstore.loader._jpegcrop is not built here")
 JPEG = types.SimpleNamespace(encoding="jpeg")
 
 
@@ -29,8 +29,9 @@ def region(data: bytes, box, denom: int = 1, gray: bool = False) -> np.ndarray:
     top, left, h, w = box
     c = 1 if gray else 3
     out = np.empty(h * (w + 64) * c, np.uint8)
-    assert decode._jpegcrop is not None
-    width, x0 = decode._jpegcrop.decode_region(data, out, top, left, h, w, denom, int(gray))
+    ext = decode.extension()
+    assert ext is not None
+    width, x0 = ext.decode_region(data, out, top, left, h, w, denom, int(gray))
     assert x0 <= left and x0 + width >= left + w
     return out[: h * width * c].reshape(h, width, c)[:, left - x0:left - x0 + w]
 
@@ -140,7 +141,7 @@ def _batches(st_, tf, epochs=(0, 1)):
 
 
 @pytest.mark.parametrize("size", [224, 96])
-def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(photos, monkeypatch, size):
+def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(photos, size):
     """`DSTORE_PARTIAL_DECODE=1` and `0` (the extension, or simplejpeg's whole decode at the same DCT
     scale): the same uint8 batches of the ImageNet recipe's training (2 epochs) and evaluation
     transforms on real 4:2:0 photos, at 224 (mostly full scale) and 96 (mostly 1/2 and 1/4)."""
@@ -149,8 +150,7 @@ def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(ph
                ImageTransform(size=(size, size), **common)):
         with DataStore(MPI.COMM_SELF, photos, batch_size=6, seed=3) as st_:
             on = _batches(st_, tf)
-            with monkeypatch.context() as m:
-                m.setattr(decode, "_jpegcrop", None)
+            with decode.using_extension(None):
                 off = _batches(st_, tf)
         assert len(on) == len(off) == 6 and on[0][0].shape == (6, 3, size, size)
         for (x, y), (u, v) in zip(on, off):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from dstore.errors import ConfigError
+from dstore.loader import antialias
 from dstore.loader.kernels import resize_chw
 from dstore.loader.resize import fit, resize, resize_batch, shift
 
@@ -69,6 +70,9 @@ def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 RECIPES = ("cifar", "imagenet")
 """`ImageTransform.recipe`: cifar (centred part resized, random crop with padding, flip) or imagenet
 (training: random resized crop + flip; evaluation: resize the shorter side to size*256/224, centre crop)."""
+RESIZES = ("fast", "torchvision")
+"""`ImageTransform.resize`: fast (dstore.loader.resize's fixed-point bilinear, the default) or
+torchvision (its antialiased bilinear and box placement, dstore.loader.antialias; ImageNet recipe)."""
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
 """torchvision's RandomResizedCrop defaults: the crop's area fraction and aspect ratio (w / h)."""
@@ -149,8 +153,14 @@ class ImageTransform:
             the crop with padding `pad`; "imagenet": (train) a random resized crop
             (`random_resized_box`, torchvision's algorithm, scale (0.08, 1), ratio (3/4, 4/3)), or
             (evaluation) the shorter side resized to size*256/224 and the centre `size` kept
-            (`centre_box`); `pad` must be 0. Either way one resize, dstore.loader.resize's fixed-point
-            bilinear (see docs/training.md for why not torchvision's antialiased one).
+            (`centre_box`); `pad` must be 0. Either way one resize.
+        resize: "fast": dstore.loader.resize's fixed-point bilinear (a box average first where an axis
+            shrinks 2x or more; JPEGs decoded at a reduced DCT scale where that still covers the
+            box); "torchvision" (ImageNet recipe): torchvision v2's pixels, its antialiased bilinear
+            (dstore.loader.antialias, torch's uint8 arithmetic) of full-scale decodes, the training
+            crop resized as `resized_crop` does and the evaluation image as `Resize(size*256/224)`
+            + `CenterCrop(size)` (the window of the whole image's resize, no box rounded); slower,
+            and not a batch op (no `resize_on="device"`). See docs/training.md for both figures.
 
     Every recipe first picks a box of the image and the sample's parameters (`plan`, from the image's
     size and the draws alone), then resizes the box: so a loader that knows the image's size before
@@ -175,6 +185,7 @@ class ImageTransform:
     normalize: bool = True
     jitter: float = 0.0
     recipe: str = "cifar"
+    resize: str = "fast"
 
     def __post_init__(self):
         if self.channels not in (1, 3):
@@ -189,6 +200,28 @@ class ImageTransform:
             raise ConfigError(f"recipe={self.recipe!r} must be one of {RECIPES}")
         if self.recipe == "imagenet" and self.pad:
             raise ConfigError(f"recipe='imagenet' crops by random resized crop: pad={self.pad} must be 0")
+        if self.resize not in RESIZES:
+            raise ConfigError(f"resize={self.resize!r} must be one of {RESIZES}")
+        if self.resize == "torchvision":
+            if self.recipe != "imagenet":
+                raise ConfigError(f"resize='torchvision' is torchvision's ImageNet transforms: it needs "
+                                  f"recipe='imagenet', not {self.recipe!r}")
+            if max(self.size) > int(min(self.size) * 256 / 224):
+                raise ConfigError(f"resize='torchvision' with size={tuple(self.size)}: torchvision's "
+                                  f"CenterCrop would pad the Resize({int(min(self.size) * 256 / 224)}) of a "
+                                  f"narrow image; give a size whose sides differ by at most 8/7")
+
+    @property
+    def deferrable(self) -> bool:
+        """Whether the resize can move to a batch op (`resize_batch`; a StoreLoader's resize_on):
+        the fast filter's, not torchvision's."""
+        return self.resize == "fast"
+
+    @property
+    def reduced_decode(self) -> bool:
+        """Whether a JPEG may decode at a reduced DCT scale (1/2-1/8) where that still covers the
+        box: the fast filter; torchvision resizes full-scale decodes."""
+        return self.resize == "fast"
 
     @property
     def crop_aware(self) -> bool:
@@ -208,9 +241,22 @@ class ImageTransform:
             if rng is None:
                 raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
             where = random_resized_box(shape, rng)
+        elif self.resize == "torchvision":  # the whole image: its resize's window is placed from its size
+            where = (0, 0, int(shape[0]), int(shape[1]))
         else:
             where = centre_box(shape, self.size)
         return where, self.draw(rng)
+
+    def _torchvision(self, img: np.ndarray, where) -> np.ndarray:
+        """resize='torchvision': the (H, W, C) uint8 pixels torchvision gives, before the flip:
+        training, `resized_crop` of the box `where`; evaluation, `Resize` + `CenterCrop` of the
+        image `where` covers (the whole image, `plan`)."""
+        top, left, bh, bw = (int(v) for v in where)
+        part = img[top:top + bh, left:left + bw]
+        if self.train:
+            return antialias.resize(part, self.size)
+        resized, offset = antialias.centre_window(part.shape[:2], self.size)
+        return antialias.resize(part, self.size, resized=resized, offset=offset)
 
     resizes: ClassVar[bool] = True
     """The transform makes the one resize to `size` (a StoreLoader then only decodes at a DCT scale
@@ -233,6 +279,10 @@ class ImageTransform:
         img = to_channels(img, self.channels)
         (top, left, bh, bw), params = plan if plan is not None else self.plan(img.shape[:2], rng)
         params = np.array(params, np.int32)  # a copy: the caller's plan stays as it was
+        if self.resize == "torchvision":
+            if defer_resize:
+                raise ConfigError("resize='torchvision' is not a batch op: it cannot be deferred (resize_on='device')")
+            return self._torchvision(img, (top, left, bh, bw)), params
         part = img[top:top + bh, left:left + bw]
         if defer_resize:
             img = fit(part, self.size)
@@ -273,7 +323,11 @@ class ImageTransform:
         img = to_channels(img, self.channels)
         where, params = plan if plan is not None else self.plan(img.shape[:2], rng)
         flip = finish and bool(params[0])
-        resize_chw(img, where, self.size, out, shift=(int(params[5]), int(params[6])), flip=flip)
+        if self.resize == "torchvision":
+            pixels = self._torchvision(img, where)
+            out[...] = (pixels[:, ::-1] if flip else pixels).transpose(2, 0, 1)
+        else:
+            resize_chw(img, where, self.size, out, shift=(int(params[5]), int(params[6])), flip=flip)
         if finish and (params[1] != 256 or params[2] != 256):
             out[...] = _jitter_np(out, int(params[1]), int(params[2]))
         return params

@@ -34,6 +34,8 @@ copies of the container beside it (training.peers.PeerSource; the peer's own shu
 AUGMENTS = ("auto", "on", "off", "imagenet")
 """Training augmentation: by input size (training.augment.default_augmentation), always, never, or the
 ImageNet recipe (random resized crop + flip; evaluation: resize to size*256/224, centre crop)."""
+RESIZES = ("fast", "torchvision")
+"""The ImageNet recipe's resize filter (dstore.training.augment.ImageTransform(resize=))."""
 RESIZE_ON = ("auto", "device", "worker")
 """Where decode workers leave the training images' resize and crop (dstore.loader.store_loader.StoreLoader(resize_on=))."""
 AMPS = ("off", "bf16", "fp16")
@@ -148,6 +150,12 @@ class TrainConfig:
                                  "imagenet: random resized crop (0.08-1, 3/4-4/3) + flip, evaluation resize "
                                  "size*256/224 and centre crop, JPEGs decoded only as far as the crop needs",
                          group=DATA, choices=AUGMENTS)
+    resize: str = _flag("fast", "with --augment imagenet: fast (a fixed-point bilinear, the same pixels on every "
+                                "device, JPEGs decoded at a reduced DCT scale where that covers the crop) or "
+                                "torchvision (torchvision v2's antialiased bilinear and box placement on full-scale "
+                                "decodes, as torchvision's RandomResizedCrop and Resize + CenterCrop give them: "
+                                "for weights validated on those; slower, resized in the workers)",
+                        group=DATA, choices=RESIZES)
     channels: int | None = _flag(None, "force grey (1) or RGB (3) (default: 1 if every probed training image is grey, else 3)",
                                  group=DATA, choices=CHANNELS)
     mean: tuple[float, ...] | None = _flag(None, "per-channel mean in [0,1] (default: measured)", group=DATA,
@@ -280,6 +288,14 @@ class TrainConfig:
             raise ConfigError(f"decode_threads={self.decode_threads} must be >= 1 and prefetch={self.prefetch} >= 0")
         if self.decode_workers is not None:
             check_workers("decode_workers", self.decode_workers)
+        if self.resize not in RESIZES:
+            raise ConfigError(f"resize={self.resize!r} is not one of {RESIZES}")
+        if self.resize == "torchvision" and self.augment != "imagenet":
+            raise ConfigError(f"--resize torchvision is torchvision's ImageNet transforms: it needs --augment "
+                              f"imagenet, not --augment {self.augment}")
+        if self.resize == "torchvision" and self.resize_on == "device":
+            raise ConfigError("--resize torchvision runs in the decode workers, not as a batch op: give --resize-on "
+                              "worker or auto")
         if self.resize_on == "device" and self.decode_workers == 0:
             raise ConfigError("--resize-on device needs decode workers (--decode-workers N > 0): decode threads "
                               "resize each sample")

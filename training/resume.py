@@ -40,7 +40,7 @@ SAME_CONFIG = ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainer
 
 # Config fields that fix the model and the pixels it is fed: the checkpoint's weights were learnt
 # on them (a convolutional net loads at another input size and trains on in silence).
-SAME_INPUT = ("model", "image_size", "augment", "channels", "mean", "std", "val")
+SAME_INPUT = ("model", "image_size", "augment", "resize", "channels", "mean", "std", "val")
 
 CHANGEABLE = ("epochs", "loader", "files_root", "read_threads", "direct_cold", "population", "prefetch",
               "decode_threads", "decode_workers", "resize_on", "memory_budget", "overflow", "storage_threads",

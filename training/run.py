@@ -373,7 +373,7 @@ def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size, workers: int
                           image_shape=(*data.spec.image_size, data.spec.channels),
                           mean_sample_bytes=mean_bytes,
                           decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1,
-                          workers=workers, deferred_resize=bool(workers) and (
+                          workers=workers, deferred_resize=bool(workers) and cfg.resize == "fast" and (
                               cfg.resize_on == "device" or (cfg.resize_on == "auto" and ctx.device.type == "cuda")))
 
 
@@ -420,8 +420,8 @@ def build_transforms(cfg: TrainConfig, spec, input_size):
     common: dict[str, Any] = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std,
                                   normalize=False)
     if cfg.augment == "imagenet":
-        return (ImageTransform(train=True, flip=True, recipe="imagenet", **common),
-                ImageTransform(recipe="imagenet", **common))
+        return (ImageTransform(train=True, flip=True, recipe="imagenet", resize=cfg.resize, **common),
+                ImageTransform(recipe="imagenet", resize=cfg.resize, **common))
     pad, flip = default_augmentation(input_size)
     if cfg.augment == "off":
         pad, flip = 0, False

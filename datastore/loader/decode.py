@@ -190,12 +190,13 @@ def scale_box(box: tuple[int, int, int, int], k: int, shape: tuple[int, int]) ->
     return y0, x0, max(1, y1 - y0), max(1, x1 - x0)
 
 
-def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None = None,
+def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int | None = None,
                 name: str = "<sample>", scratch: bool = False):
     """Decodes a sample whose crop is known before its pixels: `plan(shape)` is called with the
     image's full (H, W) (a JPEG's, from its header, before decoding) and returns (box, extra), box
     = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
-    1/k of `crop_divisor(box, size)` (the crop still at least `size`), not at the image's own
+    1/k of `crop_divisor(box, size)` (the crop still at least `size`; size None: at full scale,
+    `crop_size`), not at the image's own
     (`dct_scale`), and, where the extension dstore.loader._jpegcrop is built, only the region around the
     box: libjpeg-turbo skips the rows above it without the inverse DCT, decodes only the iMCU
     columns over it and stops below it (for torchvision's random resized crop of 500x375 photos
@@ -235,7 +236,7 @@ def decode_crop(data, info, plan, size: tuple[int, int], *, channels: int | None
         raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
     h, w = int(header[0]), int(header[1])
     where, extra = plan((h, w))
-    k = crop_divisor((int(where[2]), int(where[3])), (int(size[0]), int(size[1])))
+    k = 1 if size is None else crop_divisor((int(where[2]), int(where[3])), (int(size[0]), int(size[1])))
     if _jpegcrop is not None:
         region = _decode_region(buf, where, k, (h, w), channels, scratch)
         if region is not None:
@@ -266,6 +267,12 @@ def using_extension(module):
         yield
     finally:
         _jpegcrop = saved
+
+
+def crop_size(transform) -> tuple[int, int] | None:
+    """The `size` a loader gives decode_crop for a crop-aware transform: its `size`, or None (full-scale
+    decodes) where its `reduced_decode` is False (ImageTransform(resize="torchvision"))."""
+    return transform.size if getattr(transform, "reduced_decode", True) else None
 
 
 def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None, scratch: bool):

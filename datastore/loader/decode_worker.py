@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from dstore.loader import kernels
-from dstore.loader.decode import decode_crop, decode_sample, resize
+from dstore.loader.decode import crop_size, decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
 from dstore.loader.kernels import resize_chw
 from dstore.loader.workers import JOB_SIGNALS, NPARAMS, params_offset
@@ -103,7 +103,7 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         if tf is not None and getattr(tf, "crop_aware", False):  # the crop known before the decode
             rng = draws_for(tf, (setup["seed"], epoch, sid))
             arr, where, p = decode_crop(src[offsets[i]:offsets[i + 1]], info, lambda shape, rng=rng: tf.plan(shape, rng),
-                                        tf.size, channels=setup["channels"], name=name, scratch=True)
+                                        crop_size(tf), channels=setup["channels"], name=name, scratch=True)
             plan = {"plan": (where, p)}
         else:
             arr, plan = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"],

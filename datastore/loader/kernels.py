@@ -100,6 +100,12 @@ def _load() -> None:
             img = np.zeros((6, 5, c), np.uint8)
             _resize_chw(k, img, (0, 0, 6, 5), (4, 4), np.empty((c, 4, 4), np.uint8), (1, -1), True)
             _resize_chw(k, img, (0, 0, 6, 5), (2, 2), np.empty((c, 2, 2), np.uint8), (0, 0), False)  # box-averaged
+        for c in (3, 1):  # the antialiased resize's passes (dstore.loader.antialias)
+            img = np.zeros((6, 5 * c), np.uint8)
+            first, weights = np.zeros(4, np.uint64), np.ones((4, 2), np.int32)
+            weights.flags.writeable = False  # antialias.taps's are read-only (cached): another type to numba
+            k.aa_cols(img, c, first, weights, 1, np.empty((6, 4 * c), np.uint8))
+            k.aa_rows(img, first, weights, 1, np.empty(5 * c, np.int32), np.empty((4, 5 * c), np.uint8))
     except Exception:  # noqa: BLE001 - a kernel that cannot compile here: the numpy path serves
         return
     _kernels = k
@@ -242,7 +248,64 @@ def _build():
             rows_rgb(src, top, left, w, y0[y + dy:end + dy], y1[y + dy:end + dy], fy[y + dy:end + dy], 0, end - y, rows)
             cols_rgb(rows.view(np.uint64), x0, x1, fx, 0, end - y, xa, xb, 0, dx, flip, tmp, out[:, y:end])
 
-    return types.SimpleNamespace(box_rows=box_rows, rows_any=rows_any, cols_any=cols_any, resize_rgb=resize_rgb)
+    @numba.njit(nogil=True, cache=True)
+    def aa_cols(src, c, first, weights, precision, out):  # pragma: no cover - compiled
+        """out[y, j*c + ch] = dstore.loader.antialias's column pass of src (H, W*c uint8, an image's
+        rows flattened) with taps `first` (uint64 [n]) and int32 `weights` [n, K]."""
+        h = src.shape[0]
+        w = src.shape[1] // c
+        n, taps = weights.shape
+        half = np.int32(1 << (precision - 1)) if precision > 0 else np.int32(0)
+        for y in range(h):
+            row = src[y]
+            dst = out[y]
+            for j in range(n):
+                base = first[j]
+                for ch in range(c):
+                    acc = half
+                    for k in range(taps):
+                        x = min(base + np.uint64(k), np.uint64(w - 1))
+                        acc += weights[j, k] * np.int32(row[x * np.uint64(c) + np.uint64(ch)])
+                    acc >>= precision
+                    dst[j * c + ch] = 255 if acc > 255 else (0 if acc < 0 else acc)
+
+    @numba.njit(nogil=True, cache=True)
+    def aa_rows(src, first, weights, precision, acc, out):  # pragma: no cover - compiled
+        """out[i] = dstore.loader.antialias's row pass of src (H, W*C uint8) with taps `first`
+        (uint64 [n]) and int32 `weights` [n, K]; acc: int32 scratch of a row."""
+        h, wc = src.shape
+        n, taps = weights.shape
+        half = np.int32(1 << (precision - 1)) if precision > 0 else np.int32(0)
+        for i in range(n):
+            acc[:] = half
+            for k in range(taps):
+                wt = weights[i, k]
+                if wt == 0:
+                    continue
+                row = src[min(first[i] + np.uint64(k), np.uint64(h - 1))]
+                for q in range(wc):
+                    acc[q] += wt * np.int32(row[q])
+            dst = out[i]
+            for q in range(wc):
+                v = acc[q] >> precision
+                dst[q] = 255 if v > 255 else (0 if v < 0 else v)
+
+    return types.SimpleNamespace(box_rows=box_rows, rows_any=rows_any, cols_any=cols_any, resize_rgb=resize_rgb,
+                                 aa_cols=aa_cols, aa_rows=aa_rows)
+
+
+def compiled_for(pixels: int):
+    """The kernels for a sample whose output has `pixels` (H x W), or None where the numpy path
+    serves it (the module docstring's rule: outputs under NATIVE_MIN_PIXELS never load them; the
+    first DSTORE_NATIVE_AFTER such samples take numpy unless they are loaded already; then their
+    load starts in the background). Counts the sample."""
+    global _wanted, _load_after
+    if pixels < NATIVE_MIN_PIXELS:
+        return None
+    if _load_after is None:
+        _load_after = int(rc.NATIVE_AFTER.get())
+    _wanted += 1
+    return _kernels if _wanted <= _load_after else _compiled()
 
 
 def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], out: np.ndarray, *,
@@ -252,16 +315,10 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
     `dstore.loader.resize.shift` does by `shift` = (dy, dx), flipped left-right where `flip`; the kernel
     where it is loaded (and the output has NATIVE_MIN_PIXELS or more), else the numpy reference,
     with the same pixels."""
-    global _wanted, _load_after
     th, tw = int(size[0]), int(size[1])
     if img.dtype != np.uint8 or img.ndim != 3 or out.shape != (img.shape[2], th, tw):
         raise ValueError(f"resize_chw: image {img.shape} {img.dtype} into {out.shape}, size {(th, tw)}")
-    k = None
-    if th * tw >= NATIVE_MIN_PIXELS:
-        if _load_after is None:
-            _load_after = int(rc.NATIVE_AFTER.get())
-        _wanted += 1
-        k = _kernels if _wanted <= _load_after else _compiled()
+    k = compiled_for(th * tw)
     if k is None:
         from dstore.loader import resize as rs
 

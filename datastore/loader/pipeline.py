@@ -21,7 +21,7 @@ from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.formats.fields import RESERVED
-from dstore.loader.decode import decode_crop, decode_sample, resize
+from dstore.loader.decode import crop_size, decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
 from dstore.loader.kernels import resize_chw
 
@@ -55,8 +55,8 @@ def crop_then_transform(tf, data, info, key, channels, name: str):
     the sample's plan drawn from `key` and the image's size before the decode, the decode of what
     it needs (dstore.loader.decode.decode_crop), then the transform with that plan."""
     rng = draws_for(tf, key)
-    arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), tf.size, channels=channels,
-                                     name=name, scratch=True)
+    arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), crop_size(tf),
+                                     channels=channels, name=name, scratch=True)
     return tf(arr, plan=(where, params))
 
 

@@ -290,10 +290,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def _resize_on_device(self, on_gpu: bool) -> bool:
         """Whether the workers leave the transform's resize and crop to a batch op here (`resize_on`)."""
         tf = self.transform
-        can = tf is not None and hasattr(tf, "resize_batch") and hasattr(tf, "canvas")
+        can = (tf is not None and hasattr(tf, "resize_batch") and hasattr(tf, "canvas")
+               and getattr(tf, "deferrable", True))
         if self.resize_on == "device" and not can:
             raise ConfigError(f"resize_on='device' needs a transform that can defer its resize "
-                              f"(dstore.training.augment.ImageTransform), not {tf!r}")
+                              f"(dstore.training.augment.ImageTransform with resize='fast'), not {tf!r}")
         return can and (self.resize_on == "device" or (self.resize_on == "auto" and on_gpu))
 
     def _batch_ops_on_device(self, on_gpu: bool) -> bool:

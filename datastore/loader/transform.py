@@ -7,10 +7,12 @@ and looked up by name, each with its own default, so a plain callable keeps work
 - decode threads: `resizes`, `size` (the transform makes the one resize), `channels` (it converts
   grey and colour itself, dstore.loader.store_loader.decode_channels), `keyed` (it draws from a
   dstore.loader.draws.KeyedDraws), `crop_aware` with `plan` (decode only the crop it plans,
-  dstore.loader.decode.decode_crop);
+  dstore.loader.decode.decode_crop; `reduced_decode`, default True: at a reduced DCT scale where
+  that still covers `size`);
 - decode workers (`StoreLoader(workers=N)`, dstore.loader.decode_worker): `sample_part`,
   `batch_part`, `finish`, `size` and `channels` are required; `sample_into` is used where present;
-  `resize_batch` with `canvas` where the resize moves to the batch (`resize_on`); `normalize`
+  `resize_batch` with `canvas` where the resize moves to the batch (`resize_on`; not where
+  `deferrable` is False); `normalize`
   with `normalize_batch` after the batch part.
 
 `SplitTransform` is the whole of that, as dstore.training.augment.ImageTransform implements it: a

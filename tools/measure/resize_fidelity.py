@@ -1,0 +1,119 @@
+"""The ImageNet recipe's two resize filters against torchvision v2, on the JPEGs of a container: per
+filter (`fast`, `torchvision`) and transform (training: random resized crop + flip; evaluation:
+Resize(size*256/224) + CenterCrop(size)), the absolute difference in levels from torchvision's
+pixels (mean over the images of each image's mean, the largest image mean, the largest single
+value), and the CPU microseconds per sample of the whole per-sample path (plan, decode_crop,
+resize/flip into the batch; thread CPU time, tight loops, median of rounds, the four rows taking
+turns). torchvision's pixels are computed with torch (its tensor path, `interpolate(mode="bilinear",
+antialias=True)` on the uint8 image, the crop and resize placed as torchvision places them) and
+with Pillow (its PIL path, `resize(BILINEAR)`). Prints a Markdown table.
+
+    python -m dstore.tools.measure.resize_fidelity photos.h5 --size 224 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from dstore.loader import antialias, decode, kernels
+from dstore.loader.draws import KeyedDraws
+from dstore.tools.measure.crop_decode import _blobs
+from dstore.training.augment import ImageTransform
+
+
+def _torch(img: np.ndarray, size) -> np.ndarray:
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None]
+    y = torch.nn.functional.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
+    return y[0].permute(1, 2, 0).numpy()
+
+
+def _pil(img: np.ndarray, size) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((size[1], size[0]), Image.Resampling.BILINEAR))
+
+
+def reference(img: np.ndarray, train: bool, box, flip: bool, size: int, resize) -> np.ndarray:
+    """torchvision's pixels of the full decode `img`: resized_crop of `box` (+ flip), or Resize +
+    CenterCrop, each resize by `resize` (_torch or _pil)."""
+    if train:
+        t, left, h, w = box
+        out = resize(img[t:t + h, left:left + w], (size, size))
+        return out[:, ::-1] if flip else out
+    (rh, rw), (t, left) = antialias.centre_window(img.shape[:2], (size, size))
+    out = resize(img, (rh, rw)) if (rh, rw) != img.shape[:2] else img
+    return out[t:t + size, left:left + size]
+
+
+def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
+    blobs, info = _blobs(args.container, args.count)
+    common: dict[str, Any] = dict(size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, normalize=False,
+                  recipe="imagenet")
+    kernels.available()
+    out = np.empty((3, args.size, args.size), np.uint8)
+    cases = [(f, t, ImageTransform(train=t, flip=t, resize=f, **common)) for f in ("fast", "torchvision")
+             for t in (True, False)]
+    diffs = {(f, t): ([], [], 0, []) for f, t, _ in cases}
+    for i, b in enumerate(blobs):
+        full = decode.decode_image(b)
+        for f, t, tf in cases:
+            def plan(s, tf=tf, i=i):
+                return tf.plan(s, KeyedDraws(0, 0, i))
+            arr, where, params = decode.decode_crop(b, info, plan, decode.crop_size(tf))
+            got = tf.pixels(arr, plan=(where, params)).astype(int)
+            box, drawn = plan(full.shape[:2])
+            means, maxes, _, pil = diffs[(f, t)]
+            d = np.abs(got - reference(full, t, box, bool(drawn[0]), args.size, _torch))
+            means.append(d.mean())
+            maxes.append(int(d.max()))
+            pil.append(np.abs(got - reference(full, t, box, bool(drawn[0]), args.size, _pil)).mean())
+
+    def path(tf):
+        def fn(i, b):
+            rng = KeyedDraws(0, 0, i)
+            img, where, params = decode.decode_crop(b, info, lambda s: tf.plan(s, rng), decode.crop_size(tf),
+                                                    scratch=True)
+            tf.sample_into(img, None, out, finish=True, plan=(where, params))
+        return fn
+
+    per: list[list[float]] = [[] for _ in cases]
+    for _ in range(args.rounds):
+        for k, (_, _, tf) in enumerate(cases):
+            fn = path(tf)
+            t0 = time.thread_time()
+            for i, b in enumerate(blobs):
+                fn(i, b)
+            per[k].append(1e6 * (time.thread_time() - t0) / len(blobs))
+    rows = []
+    for k, (f, t, _) in enumerate(cases):
+        means, maxes, _, pil = diffs[(f, t)]
+        rows.append((f, "training" if t else "evaluation", float(np.mean(means)), float(np.max(means)), max(maxes),
+                     float(np.mean(pil)), statistics.median(per[k])))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.resize_fidelity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("container", help="a container of JPEG photos")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--count", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    rows = measure(args)
+    print("| resize | transform | vs torch: mean of image means | largest image mean | largest value | "
+          "vs Pillow: mean | CPU us/sample | samples/s per core |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for f, t, mean, worst, top, pil, us in rows:
+        print(f"| {f} | {t} | {mean:.2f} | {worst:.2f} | {top} | {pil:.2f} | {us:,.0f} | {1e6 / us:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
