@@ -123,7 +123,7 @@ def test_refusals_another_encoding_shards_of_one_file_and_nothing_new(sets, tmp_
 def test_a_reader_open_during_an_append_detects_the_change_and_a_resumed_training_state_is_refused(sets, tmp_path):
     from mpi4py import MPI
 
-    from dstore.store import DataStore
+    from dstore.store.data_store import DataStore
 
     for out, shards in ((tmp_path / "c.h5", 1), (tmp_path / "cdir", 2)):
         ingest_here(sets / "old", out, shards=shards)
