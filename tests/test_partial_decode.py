@@ -223,3 +223,12 @@ def test_the_loader_refuses_a_photo_damaged_below_its_crop_naming_it(damaged):
     with DataStore(MPI.COMM_SELF, damaged, batch_size=3, seed=1) as st_:
         with pytest.raises(SampleError, match=r"^cannot decode sample 4: ValueError: Premature end of JPEG file"):
             _batches(st_, tf, epochs=(0,))
+
+
+def test_an_older_build_of_the_extension_is_not_used_and_said():
+    """A build without the check to the end (an install that did not rebuild the extension): not
+    used (whole decodes, which check every file), with one RuntimeWarning naming it."""
+    old = types.SimpleNamespace(VERSION=2, __file__="/site/dstore/loader/_jpegcrop.so")
+    with pytest.warns(RuntimeWarning, match=r"_jpegcrop.so\) is an older build .*version 2 < 3.*decoded whole"):
+        assert decode.usable(old) is None
+    assert decode.usable(decode.extension()) is decode.extension() and decode.usable(None) is None

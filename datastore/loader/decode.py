@@ -33,11 +33,21 @@ EXTENSION_VERSION = 3
 """The build of dstore.loader._jpegcrop this module uses (its VERSION): 3, exact at the edges of
 subsampled chroma (2) and each file checked to its end (3). An older build (an install that did not
 rebuild it) is not used: whole decodes, said once per process."""
-if _jpegcrop is not None and getattr(_jpegcrop, "VERSION", 1) < EXTENSION_VERSION:
-    warnings.warn(f"dstore.loader._jpegcrop ({_jpegcrop.__file__}) is an older build than this dstore's "
-                  f"(version {getattr(_jpegcrop, 'VERSION', 1)} < {EXTENSION_VERSION}), so JPEGs are decoded whole; "
-                  f"reinstall dstore to rebuild it", RuntimeWarning, stacklevel=1)
-    _jpegcrop = None
+
+
+def usable(module):
+    """`module` (a build of dstore.loader._jpegcrop, or None) if it is at least EXTENSION_VERSION,
+    else None, with a RuntimeWarning naming its file (Python shows it once per process)."""
+    if module is None or getattr(module, "VERSION", 1) >= EXTENSION_VERSION:
+        return module
+    warnings.warn(f"dstore.loader._jpegcrop ({getattr(module, '__file__', module)}) is an older build than this "
+                  f"dstore's (version {getattr(module, 'VERSION', 1)} < {EXTENSION_VERSION}): it does not check a "
+                  f"file past the crop, so JPEGs are decoded whole; reinstall dstore to rebuild it",
+                  RuntimeWarning, stacklevel=2)
+    return None
+
+
+_jpegcrop = usable(_jpegcrop)
 
 
 def sniff(data) -> str:
