@@ -118,6 +118,39 @@ def scenario_store(comm, path):
     report(comm, "store", hosts=names, split=split)
 
 
+def scenario_paths(comm, path):
+    """dstore.runtime.collective.seen_everywhere: a file rank 0 makes in its node's /tmp or /dev/shm is
+    refused on every rank, naming the other node; one in the shared folder of `path` passes."""
+    from dstore.errors import ConfigError
+    from dstore.runtime.collective import seen_everywhere
+
+    names = hosts(comm)
+    made = comm.bcast([os.path.join(d, f"dstore-seen-{os.getpid()}") for d in ("/tmp", "/dev/shm", os.path.dirname(path))])
+    if comm.rank == 0:
+        for m in made:
+            with open(m, "w") as f:
+                f.write("x")
+    comm.Barrier()
+    try:
+        for m in made[:2]:
+            try:
+                seen_everywhere(comm, m, "the test file")
+            except ConfigError as exc:
+                others = sorted(set(names) - {names[0]})
+                if not all(h in str(exc) for h in others) or "not on storage every node sees" not in str(exc):
+                    raise AssertionError(f"{m}: the refusal does not name {others}: {exc}") from None
+            else:
+                if len(set(names)) > 1:
+                    raise AssertionError(f"{m} on {names[0]}'s own storage passed as seen by every node")
+        seen_everywhere(comm, made[2], "the test file")
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            for m in made:
+                os.remove(m)
+    report(comm, "paths", hosts=names)
+
+
 def scenario_tiered(comm, path):
     """Data larger than the budget, across nodes (scenarios.scenario_tiered on its tier container)."""
     scenarios.scenario_tiered(comm, path)
@@ -130,6 +163,85 @@ def scenario_stream(comm, path):
 
     stream_scenarios.scenario_stream_order(comm, path)
     report(comm, "stream", hosts=hosts(comm))
+
+
+def scenario_fields(comm, path):
+    """Extra fields served across nodes: every sample of an epoch once, with its own image and field
+    bytes (fields.h5 beside `path`, made by the caller: fields_container)."""
+    from store_scenarios.fields_scenario import served
+
+    fields = fields_container(path)
+    names = ["txt", "boxes"]
+    with DataStore(comm, fields, batch_size=4, seed=9, fields=names) as st:
+        rows = comm.gather(served(st.epoch(0), names), root=0)
+    if comm.rank == 0:
+        got = [r for part in rows for r in part]
+        reader = open_container(fields)
+        if sorted(i for i, _, _ in got) != list(range(reader.num_samples)):
+            raise AssertionError(f"fields epoch delivered {sorted(i for i, _, _ in got)}")
+        for i, image, f in got:
+            want = (bytes(reader.sample(i)[0]).hex(), reader.field_bytes("txt", i).hex(),
+                    reader.field_bytes("boxes", i).hex())
+            if (image, f["txt"], f["boxes"]) != want:
+                raise AssertionError(f"sample {i}: served image or fields differ from the container's")
+        reader.close()
+    report(comm, "fields", hosts=hosts(comm))
+
+
+def fields_container(path) -> str:
+    return os.path.join(os.path.dirname(path), "fields.h5")
+
+
+def mix_sources(path) -> list[str]:
+    return [os.path.join(os.path.dirname(path), "a.h5"), os.path.join(os.path.dirname(path), "b.zarr")]
+
+
+def scenario_mix(comm, path):
+    """A MixedStore across nodes (store_scenarios.mix_scenario: every byte checked on every rank); its
+    global sequence goes to mix.json beside `path` for the test to hold against one process's."""
+    from store_scenarios import mix_scenario
+
+    sources = mix_sources(path)
+    out = os.path.join(os.path.dirname(path), f"mix-{comm.size}.json")
+    mix_scenario.check_counts(mix_scenario.run(comm, sources, "full", out), sources)
+    report(comm, "mix", hosts=hosts(comm), out=out)
+
+
+def _state_file(path) -> str:
+    return os.path.join(os.path.dirname(path), "resume.pkl")
+
+
+def scenario_resume_save(comm, path):
+    """5 steps of epoch 1, then the store's state and what was delivered, to resume.pkl beside `path`."""
+    import pickle
+
+    names = hosts(comm)
+    with DataStore(comm, path, batch_size=BATCH, seed=11) as st:
+        first = run_epoch(st, 1, steps=5)
+        sd = st.state_dict()
+    rows = comm.gather(first, root=0)
+    if comm.rank == 0:
+        with open(_state_file(path), "wb") as f:
+            pickle.dump({"state": scenarios.checkpoint_bytes(sd), "rows": rows, "hosts": names}, f)
+    report(comm, "resume_save", hosts=names)
+
+
+def scenario_resume_load(comm, path):
+    """resume.pkl's state resumed on this job's nodes: with what the saving job delivered, every
+    sample of epoch 1 once, in the reference global order."""
+    import pickle
+
+    with open(_state_file(path), "rb") as f:
+        saved = pickle.load(f)
+    reader = open_container(path)
+    with DataStore(comm, path, batch_size=BATCH, seed=0) as st:
+        st.load_state_dict(scenarios.checkpoint_state(saved["state"]))
+        rest = run_epoch(st, 1)
+    if comm.rank == 0:  # the saving job's deliveries, its ranks in order: check_delivery rebuilds each step
+        rest = tuple(np.concatenate([*(r[k] for r in saved["rows"]), rest[k]]) for k in range(len(rest)))
+    check_delivery(comm, reader, rest, epoch=1, policy="global", seed=11, drop_last=False)
+    reader.close()
+    report(comm, "resume_load", hosts=hosts(comm), saved_on=sorted(set(saved["hosts"])))
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

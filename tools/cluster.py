@@ -236,6 +236,9 @@ def _hosts_file(c: Cluster) -> str:
     gloo and torch's rendezvous look them up)."""
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
     lines += [f"{c.address(i)} {c.hostname(i)}" for i in range(1, c.nodes + 1)]
+    # and at its IPv4-mapped IPv6 address: what a dual-stack server (torch's TCPStore) sees a client as and
+    # looks up (else a warning per rank, after a lookup in DNS that no node can reach)
+    lines += [f"::ffff:{c.address(i)} {c.hostname(i)}" for i in range(1, c.nodes + 1)]
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ from dstore.loader.decode import decode_sample
 from dstore.order import plan, shuffle
 from dstore.order.mix import check_weights
 from dstore.runtime import rc
-from dstore.runtime.collective import on_root
+from dstore.runtime.collective import on_root, seen_everywhere
 from dstore.runtime.integrity import read_error
 from dstore.store.data_store import Batch
 from dstore.training.augment import channel_stats, per_channel, to_channels
@@ -50,7 +50,9 @@ def ensure_builtin(comm, name: str = "digits", directory: str | None = None) -> 
     if name not in BUILTIN:
         raise ConfigError(f"built-in data set {name!r} is not one of {tuple(BUILTIN)}")
     directory = directory or cache_dir()
-    return on_root(comm, _ingest_once, name, os.path.join(directory, BUILTIN[name]))
+    path = on_root(comm, _ingest_once, name, os.path.join(directory, BUILTIN[name]))
+    seen_everywhere(comm, path, "the data set cache's container (--cache-dir, $DSTORE_CACHE)")
+    return path
 
 
 def _open_cache_lock(path: str) -> int:

@@ -27,7 +27,7 @@ from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.loader.store_loader import StoreLoader
 from dstore.loader.workers import default_workers
-from dstore.runtime.collective import on_root
+from dstore.runtime.collective import on_root, seen_everywhere
 from dstore.runtime.preemption import Preemption, parse_signals
 from dstore.store.config import options_from
 from dstore.store.data_store import DataStore
@@ -234,6 +234,10 @@ def _open_data(stack, cfg: TrainConfig, comm, data_path: str | tuple[str, ...],
     against the container before any store exists or anything is written), splits off the held-out
     range and measures the input; returns (_Data, the checkpoint or None)."""
     mix = parse_sources(cfg.data)
+    data = [p for p, _ in mix] if mix else [data_path] if isinstance(data_path, str) else list(data_path)
+    for path, what in [(p, "the data set") for p in data] + [(cfg.val, "--val"), (resume_path, "the checkpoint to resume")]:
+        if path and "://" not in str(path):  # every rank opens them (a URL: object storage, which all see)
+            seen_everywhere(comm, str(path), what)
     if mix:
         return _open_mix(stack, cfg, comm, mix, resume_path)
     assert isinstance(data_path, str)  # a tuple of positionals is a mix (parse_sources), opened above

@@ -31,7 +31,7 @@ import re
 import shutil
 
 from dstore.errors import ConfigError
-from dstore.runtime.collective import on_root
+from dstore.runtime.collective import on_root, seen_everywhere
 
 MARKER = ".dstore-run"
 """The file that marks a directory as a dstore run directory (and whose flock is the job's hold)."""
@@ -178,6 +178,7 @@ def claimed_run_dir(comm, run_dir: str, flag: str = "--run-dir", *, fresh: bool 
     claim = RunDirClaim(run_dir, flag, fresh=fresh, replace=replace)
     try:
         on_root(comm, claim.acquire)
+        seen_everywhere(comm, claim.path, flag)  # every rank may write there (batch logs) and reads checkpoints
         if claim.replaced and say is not None:
             say(f"{flag} {claim.path}: started again, the earlier run's {', '.join(claim.replaced)} removed")
         yield claim

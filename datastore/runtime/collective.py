@@ -267,3 +267,37 @@ def _min_op():
     from mpi4py import MPI
 
     return MPI.MIN
+
+
+def seen_everywhere(comm, path: str, what: str) -> None:
+    """Collective: raises ConfigError on every rank if some rank does not see `path` as rank 0 does
+    (there, of the same kind, a file of the same size). A job's shared paths (its data, run directory,
+    checkpoints, the data set cache) must be on storage every node sees; one made by rank 0 on its
+    node's own /tmp, /dev/shm or local disk is missing on the other nodes, where a rank would fail
+    alone with a bare "no such file". Nothing is checked where rank 0 does not see it either (the
+    caller's own error names it). One allgather of a few bytes."""
+    import os
+    import socket
+    import stat
+
+    def look():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return ("directory", 0) if stat.S_ISDIR(st.st_mode) else ("file", st.st_size)
+
+    seen = comm.allgather((socket.gethostname(), look()))
+    host0, want = seen[0]
+    if want is None:
+        return
+    missing = [(r, host) for r, (host, got) in enumerate(seen) if got != want]
+    if missing:
+        ranks = ", ".join(str(r) for r, _ in missing[:8]) + (", ..." if len(missing) > 8 else "")
+        hosts = sorted({h for _, h in missing})
+        err = ConfigError(f"{what} {path} is not on storage every node sees: rank(s) {ranks} on "
+                          f"{', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''} do not see it as rank 0 on "
+                          f"{host0} does; put it on a file system all nodes share (a node's /tmp, /dev/shm or "
+                          "local disk is its own)")
+        _mark_agreed(err)
+        raise err
