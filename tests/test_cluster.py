@@ -8,12 +8,16 @@ with the reason, where this machine cannot host one (not root, no `ip netns`).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 from cluster_run import mix_sources
-from support.cluster import run_on, started
+from support.cluster import ranks_on, run_on, start_on, started
 
+from dstore.runtime.preemption import PREEMPTED_EXIT
 from dstore.tools import cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
@@ -95,3 +99,81 @@ def test_refused_with_one_line_where_it_cannot_work(box, monkeypatch, capsys, tm
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "needs root" in lines[0], lines
     assert "nobody" not in cluster.clusters()
+
+
+TRAIN = ["--epochs", "1", "--batch-size", "64", "--seed", "3", "--log-batches", "--no-progress"]
+
+
+def _batches(run_dir) -> dict:
+    """{(epoch, step): [ids of every rank's part]} from every batches.rank*.jsonl of a run."""
+    steps: dict = {}
+    for log in sorted(Path(run_dir).glob("batches.rank*.jsonl")):
+        for line in log.read_text().splitlines():
+            b = json.loads(line)
+            steps.setdefault((b["epoch"], b["step"]), []).extend(b["ids"])
+    return steps
+
+
+def test_ingest_verify_and_train_across_nodes_preempted_on_one_node_resumed_on_3(box):
+    from support.ingest import check_container_against_folder, make_mixed_folder
+
+    from dstore.formats import open_container
+    from dstore.ingest.plan import sample_order
+
+    c, work, _ = box
+    images, out = work / "images", work / "ingested"
+    make_mixed_folder(str(images), jpegs=30, pngs=14)
+    res = run_on(c, ["dstore", "ingest", str(images), str(out), "--shards", "2", "--seed", "7", "--no-progress",
+                     "--json"], hosts="node1:1,node2:1")
+    assert json.loads(res.stdout)["ranks"] == 2
+    check_container_against_folder(str(out), str(images))
+    with open_container(str(out)) as r:
+        assert (r.source_index == sample_order(44, 7)).all()  # as on one host
+    res = run_on(c, ["dstore", "verify", str(out), "--json"], hosts="node2:1,node3:1")
+    assert json.loads(res.stdout)["ok"] is True
+
+    # dstore train on 2 nodes (1 + 2 ranks); SIGUSR1 to node2's ranks only, once rank 0 trained 3 steps:
+    # every rank stops after the same step with a checkpoint (exit 75); then 3 nodes of 1 rank resume.
+    run_dir, env = work / "run", {"DSTORE_CACHE": str(work / "cache")}
+    proc = start_on(c, ["dstore", "train", "--run-dir", str(run_dir)] + TRAIN, hosts="node1:1,node2:2", env=env)
+    log = run_dir / "batches.rank0.jsonl"
+    try:
+        deadline = time.monotonic() + 150
+        while not (log.exists() and log.read_text().count("\n") >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.05)
+        signalled = ranks_on(c, 2)
+        assert len(signalled) == 2, signalled
+        for pid in signalled:
+            os.kill(pid, signal.SIGUSR1)
+        out_text, err_text = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED_EXIT, (proc.returncode, out_text, err_text)
+    assert "checkpoint in" in out_text, out_text
+    stopped = _batches(run_dir)
+    assert 3 <= len(stopped) < 23 and all(len(ids) == 64 for ids in stopped.values())  # 23 steps per epoch
+    res = run_on(c, ["dstore", "train", "--run-dir", str(run_dir), "--resume", "auto"] + TRAIN,
+                 hosts="node1:1,node2:1,node3:1", env=env, timeout=150)
+    assert "resumed from" in res.stdout, res.stdout
+    steps = _batches(run_dir)
+    assert sorted(steps) == [(0, s) for s in range(23)]
+    ids = sorted(i for part in steps.values() for i in part)
+    assert ids == list(range(1438))  # every training sample once over the two jobs
+
+
+def test_ltfb_with_its_two_trainers_on_two_nodes(box):
+    c, work, _ = box
+    run_dir = work / "ltfb"
+    received = Path(f"/sys/class/net/{c.veth(3)}/statistics/tx_bytes")  # what the bridge sent node3
+    before = int(received.read_text())
+    run_on(c, ["dstore", "train", "--trainers", "2", "--epochs", "1", "--batch-size", "32", "--ltfb-round", "5",
+               "--seed", "4", "--no-progress", "--run-dir", str(run_dir)], hosts="node1:1,node3:1",
+           env={"DSTORE_CACHE": str(work / "cache")}, timeout=150)
+    log = [json.loads(x) for x in (run_dir / "tournament.jsonl").read_text().splitlines()]
+    assert log and {tuple(sorted(r["pair"])) for r in log} == {(0, 1)}, log  # trainer 0 on node1 met trainer 1 on node3
+    assert all(r["own_score"] is not None and r["partner_score"] is not None for r in log), log
+    models = sum((run_dir / f"trainer{k}" / "checkpoint.pt").stat().st_size for k in (0, 1))
+    # every round moved a model both ways over node3's link (and the gradients of its own trainer stay on it)
+    assert int(received.read_text()) - before > len({r["round"] for r in log}) * models // 4

@@ -75,6 +75,34 @@ def started(nodes: int, ranks_per_node: int = 2, link: str = "none", node_tmp: b
         shutil.rmtree(work, ignore_errors=True)
 
 
+def job_env(env: dict | None = None) -> dict:
+    """The environment of a test's job: this one, tests/ on $PYTHONPATH, one OpenMP thread, `env` on top."""
+    full = dict(os.environ)
+    full.setdefault("PYTHONUNBUFFERED", "1")
+    full.setdefault("OMP_NUM_THREADS", "1")
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    full.update(env or {})
+    return full
+
+
+def _argv(argv: list[str]) -> list[str]:
+    argv = list(argv)
+    if argv and argv[0] == "python":
+        argv[0] = sys.executable
+    elif argv and argv[0] == "dstore":
+        argv = [sys.executable, "-m", "dstore.tools"] + argv[1:]
+    return argv
+
+
+def start_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: int | None = None,
+             env: dict | None = None) -> subprocess.Popen:
+    """Starts `argv` as an mpiexec job over cluster `c` and returns at once (text pipes for stdout and
+    stderr; its own session: os.killpg(proc.pid, ...) ends it). For a test that acts while it runs."""
+    cmd = cluster.mpiexec_command(c, _argv(argv), hosts, n, mpiexec())
+    return subprocess.Popen(cmd, env=cluster.run_env(job_env(env)), cwd=TESTS.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def run_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: int | None = None,
            timeout: float = 120, check: bool = True, env: dict | None = None,
            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
@@ -83,18 +111,8 @@ def run_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: 
     Raises AssertionError, with the command and all ranks' output, on a timeout or (with `check`) a
     non-zero exit.
     """
-    argv = list(argv)
-    if argv and argv[0] == "python":
-        argv[0] = sys.executable
-    elif argv and argv[0] == "dstore":
-        argv = [sys.executable, "-m", "dstore.tools"] + argv[1:]
-    full_env = dict(os.environ)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    full_env.update(env or {})
-    res = cluster.run(c, argv, hosts, n, env=full_env, timeout=timeout, mpiexec=mpiexec(), cwd=cwd or TESTS.parent,
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = cluster.run(c, _argv(argv), hosts, n, env=job_env(env), timeout=timeout, mpiexec=mpiexec(),
+                      cwd=cwd or TESTS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     where = f"`{' '.join(res.args)}`"
     if res.returncode == -9:
         raise AssertionError(f"HANG: {where} did not finish within {timeout}s\n--- stdout ---\n{res.stdout}\n"
@@ -103,3 +121,15 @@ def run_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: 
         raise AssertionError(f"{where} exited {res.returncode}\n--- stdout ---\n{res.stdout}\n--- stderr ---\n"
                              f"{res.stderr}")
     return res
+
+
+def ranks_on(c: cluster.Cluster, node: int, word: str = "dstore.tools") -> list[int]:
+    """The pids of node `node`'s processes whose command line holds `word` (a job's ranks, not its proxy)."""
+    found = []
+    for pid in cluster.node_pids(c, node):
+        try:
+            if word in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
