@@ -143,12 +143,35 @@ def scenario_paths(comm, path):
                 if len(set(names)) > 1:
                     raise AssertionError(f"{m} on {names[0]}'s own storage passed as seen by every node")
         seen_everywhere(comm, made[2], "the test file")
+        _spool_on_one_node(comm, path, names)
     finally:
         comm.Barrier()
         if comm.rank == 0:
             for m in made:
                 os.remove(m)
     report(comm, "paths", hosts=names)
+
+
+def _spool_on_one_node(comm, path, names):
+    """ingest_items with its spool on rank 0's /tmp: refused on every rank before any is read, naming
+    the other nodes; nothing written."""
+    from support.ingest import png_bytes
+
+    from dstore.errors import ConfigError
+    from dstore.ingest import ingest_items
+
+    out = os.path.join(os.path.dirname(path), "spooled.h5")
+    items = iter([(png_bytes(4, k), k % 2, f"s{k}.png") for k in range(6)]) if comm.rank == 0 else None
+    try:
+        ingest_items(items, out, comm=comm, spool_dir="/tmp", progress=False)
+    except ConfigError as exc:
+        if "the spool (spool_dir)" not in str(exc) or not all(h in str(exc) for h in set(names) - {names[0]}):
+            raise AssertionError(f"the spool's refusal does not name the other nodes: {exc}") from None
+    else:
+        if len(set(names)) > 1:
+            raise AssertionError("a spool on one node's /tmp was read by every node")
+    if os.path.exists(out) and len(set(names)) > 1:
+        raise AssertionError(f"{out} was written")
 
 
 def scenario_tiered(comm, path):

@@ -225,6 +225,7 @@ def ingest_items(items, output: str, *, comm=None, class_names=None, validate: s
 
     src = collective.on_root(comm, make_spool, types={}, fallback=IngestError)
     try:
+        collective.seen_everywhere(comm, src.path, "the spool (spool_dir)")  # every rank reads it
         # resume=False: the spool is written anew each time, so a journal of an earlier run never matches.
         return ingest(src, output, comm=comm, on_error=on_error, **{"resume": False, **options})
     finally:
