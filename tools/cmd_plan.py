@@ -140,10 +140,11 @@ def run(args) -> int:
 
     inputs = _inputs(args)
     sizes = inputs["sizes"]
-    largest, reader_index = None, 0
+    from dstore.order import plan
+
+    largest, reader_index, offsets = None, 0, None
     if args.container:
         from dstore.formats import open_container
-        from dstore.order import plan
 
         with open_container(args.container) as c:
             n, mean = c.num_samples, c.total_bytes / max(1, c.num_samples)
@@ -163,7 +164,7 @@ def run(args) -> int:
                               threads=args.threads, workers=args.workers, decode_seconds=inputs["decode_seconds"],
                               local_bandwidth=inputs["local_bandwidth"], storage_lookahead=args.storage_lookahead,
                               memory_budget=sizes.get("memory_budget"), reader_index_bytes=reader_index)
-        if args.container:
+        if offsets is not None:  # a container given
             per_step = min(-(-cl.batch_size // cl.ranks) + 1, n)
             largest = plan.largest_sum(offsets, per_step)
         out.append(capacity.forecast(n, mean, cl, inputs["storage"], largest_step_bytes=largest))

@@ -237,6 +237,7 @@ def _rendezvous(comm, timeout):
     from torch._C._distributed_c10d import TCPStore
 
     rank, size = comm.Get_rank(), comm.Get_size()
+    err, store = None, None
     for _ in range(5):
         addr = (_rendezvous_host(), _free_port()) if rank == 0 else None
         host, port = comm.bcast(addr, root=0)
@@ -251,7 +252,7 @@ def _rendezvous(comm, timeout):
             break
     else:
         raise ConfigError(f"rank 0 could not start the rendezvous store after 5 tries: {err}")
-    if rank == 0:
+    if rank == 0 and store is not None:  # always on rank 0 here: err is None
         return store
     return TCPStore(host, port, size, False, timeout=timeout)
 

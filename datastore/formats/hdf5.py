@@ -489,7 +489,7 @@ class HDF5Writer(StreamingWriter):
         f.flush()
         os.fsync(f.id.get_vfd_handle())
 
-    def _chunk_locator(self, k: int) -> int:
+    def _chunk_locator(self, k: int) -> int | None:
         """The file offset of data chunk k (a whole chunk, stored unfiltered as it was written)."""
         assert self._data is not None  # a chunk was written (durable: k < chunks written)
         return int(self._data.id.get_chunk_info_by_coord((k * self._buf.chunk_bytes,)).byte_offset)

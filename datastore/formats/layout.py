@@ -462,7 +462,7 @@ class StreamingWriter(ContainerWriter):
     def _sync(self) -> None:
         """Pushes what was written to the temporary to storage (default: nothing to push)."""
 
-    def _chunk_locator(self, k: int):
+    def _chunk_locator(self, k: int) -> int | None:
         """Where data chunk k lies in the temporary (default: None: found by name)."""
         del k
         return None

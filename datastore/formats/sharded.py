@@ -92,6 +92,7 @@ def _shard_entries(shard_paths: list[str], base: str):
     """(the manifest's shard entries, the first shard's ContainerInfo): each shard opened and checked
     to be an HDF5 or Zarr container agreeing with the first; paths relative to `base` below it."""
     entries, first = [], None
+    first_path, first_info = "", None
     start = 0
     for p in shard_paths:
         fmt = detect_format(p)
@@ -113,10 +114,13 @@ def _shard_entries(shard_paths: list[str], base: str):
                                   f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
             if len(attrs["class_names"]) > len(first["class_names"]):  # an appended shard added classes
                 first = dict(first, class_names=attrs["class_names"])
-                first_info = dataclasses.replace(first_info, class_names=attrs["class_names"])
+                first_info = dataclasses.replace(info if first_info is None else first_info,
+                                                 class_names=attrs["class_names"])
         rel = os.path.relpath(os.path.abspath(p), base)
         entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
                         "num_samples": info.num_samples, "total_bytes": info.total_bytes, **identity})
+    if first_info is None:
+        raise ConfigError("a sharded container needs at least one shard (none given)")
     return entries, first_info
 
 

@@ -252,7 +252,7 @@ class Derived:
             raise AttributeError(name)
         return getattr(np.asarray(self), name)
 
-    __hash__: ClassVar[None] = None  # unhashable as an array (== is elementwise)
+    __hash__: ClassVar[None] = None  # pyright: ignore[reportIncompatibleMethodOverride] - unhashable as an array (== is elementwise)
 
 
 def _whole(op):

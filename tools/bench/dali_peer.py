@@ -54,7 +54,7 @@ class Feed:
 
 
 def build(args, samples: list):
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def, types  # pyright: ignore[reportMissingImports] - DALI's own interpreter
 
     feed = Feed(samples, args.batch_size, args.seed)
 
@@ -82,7 +82,7 @@ def build(args, samples: list):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--blob", required=True)
     ap.add_argument("--offsets", required=True)
     ap.add_argument("--recipe", choices=("plain", "imagenet"), default="plain")
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed epochs first")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    import nvidia.dali
+    import nvidia.dali  # pyright: ignore[reportMissingImports] - DALI's own interpreter
 
     data = np.load(args.blob)
     offsets = np.load(args.offsets)

@@ -103,6 +103,7 @@ def main(argv=None) -> int:
             if loader in skipped:
                 continue
             run_dir = os.path.join(args.out, f"{len(rows):02d}-{loader}")
+            stats = None  # the mount's, through pfs
             print(f"== {spec}, --loader {loader}", flush=True)
             if loader in PEER_LOADERS:  # a peer's failure is its row's result, not the comparison's end
                 row = _peer_row(args, spec, loader, run_dir, os.path.join(src_dir, name))

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, cast
 
 import torch
 from mpi4py import MPI
@@ -96,7 +97,7 @@ def imagenet_transform(size: int):
                           f"{', '.join(config.AUGMENTS)}); use --recipe plain")
     spec = SimpleNamespace(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     try:
-        train_tf, _ = run.build_transforms(SimpleNamespace(augment="imagenet"), spec, (size, size))
+        train_tf, _ = run.build_transforms(cast(Any, SimpleNamespace(augment="imagenet")), spec, (size, size))
     except (AttributeError, TypeError) as exc:
         raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run.build_transforms) changed; "
                           f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})") from None
@@ -230,11 +231,12 @@ def model_rate(args) -> float:
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=args.device)
     if args.channels_last:  # as dstore train --channels-last
-        m, x = m.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+        m, x = m.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue] - nn.Module.to takes memory_format (torch's stub omits it)
     amp = torch.autocast(args.device, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
                          enabled=args.amp != "off")
     y = torch.randint(0, 10, (args.batch_size,), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
     for i in range(13):
         if i == 3:
             sync()
@@ -297,6 +299,8 @@ def dali_rows(args) -> list[dict]:
     with open_container(args.container) as r, tempfile.TemporaryDirectory() as tmp:
         blob = dali.export([bytes(r.sample(i)[0]) for i in range(r.num_samples)], tmp)
         py = dali.find_python(args.dali_python)
+        if py is None:  # dali.missing said it exists
+            return [{"error": "DALI's interpreter is gone"}]
         rows = []
         for t in args.dali:
             cores = sorted(os.sched_getaffinity(0))[:t]

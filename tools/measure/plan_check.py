@@ -87,7 +87,7 @@ def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> Non
         images = []
         with StoreLoader(store, transform=tf, workers=workers or None, decode_threads=2, channels=3,
                          size=(224, 224)) as loader:
-            peak = 0
+            peak, pids = 0, []
             for k, (x, _) in enumerate(loader):
                 images.append(tuple(x.shape))
                 pids = [] if loader.workers is None else loader.workers.pids

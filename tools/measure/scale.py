@@ -146,6 +146,7 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
         t1 = time.perf_counter()
         store.schedule(0)  # what building this rank's part of an epoch's order costs
         row["schedule_seconds"] = time.perf_counter() - t1
+        seen = None  # the last epoch's deliveries per sample
         for e in range(epochs):
             last = e == epochs - 1
             seen = np.zeros(n, dtype=np.uint8) if last else None
@@ -171,6 +172,8 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
                 row["epoch_anon_bytes"] = peak  # what the epoch's plan adds, at its first batch
         if population == "stream":  # the windows are filled only now
             row["after_population_shmem_bytes"] = status()["RssShmem"] - s0["RssShmem"]
+        if seen is None:
+            raise ValueError(f"epochs={epochs}: no epoch ran")
         total = np.zeros_like(seen)
         comm.Allreduce(seen, total, op=MPI.SUM)
         row["exactly_once"] = bool(np.all(total == 1))

@@ -50,7 +50,7 @@ def _operations_class():
 
         mounted = False
 
-        def init_with_config(self, conn, config):
+        def init_with_config(self, conn, config):  # pyright: ignore[reportIncompatibleMethodOverride] - mfusepy's stub types them
             self.mounted = True
             if config is not None:
                 config.direct_io = 1  # no kernel page cache: every read of every epoch reaches the model
