@@ -143,14 +143,16 @@ def _batches(st_, **kw):
 
 
 def test_threads_and_workers_give_the_same_torchvision_pixels(photos):
-    """decode threads and 2 decode workers (resize_on auto: in the workers), 2 epochs, training and
-    evaluation; resize_on='device' is refused with the reason."""
+    """decode threads, 2 decode workers (resize_on auto: in the workers) and 1 with the flip as a
+    batch op, 2 epochs, training and evaluation; resize_on='device' is refused with the reason."""
     for train in (True, False):
         tf = ImageTransform(size=(96, 96), train=train, flip=train, resize="torchvision", **COMMON)
         with DataStore(MPI.COMM_SELF, photos, batch_size=4, seed=2) as st_:
             ref = _batches(st_, transform=tf, decode_threads=2)
             got = _batches(st_, transform=tf, workers=2)
             assert len(ref) == len(got) == 4 and all(torch.equal(a, b) for a, b in zip(ref, got))
+            got = _batches(st_, transform=tf, workers=1, batch_ops="device")  # the flip as a batch op
+            assert all(torch.equal(a, b) for a, b in zip(ref, got))
             with pytest.raises(ConfigError, match="with resize='fast'"):
                 _batches(st_, transform=tf, workers=1, resize_on="device")
 
