@@ -66,7 +66,7 @@ def test_a_missing_member_is_none_and_an_empty_one_is_empty(tmp_path, fmt):
         assert [c.field("txt", i) for i in range(4)] == [got[k]["txt"] for k in sorted(at, key=at.get)]
 
 
-def test_the_store_serves_none_for_a_missing_value_on_two_ranks_of_one(tmp_path):
+def test_the_store_serves_none_for_a_missing_value(tmp_path):
     """DataStore(fields=...) and StoreLoader(fields=...): None for missing, '' for empty, each batch."""
     from dstore.loader.store_loader import StoreLoader
     from dstore.store.data_store import DataStore
