@@ -99,15 +99,15 @@ def resize(img: np.ndarray, size: tuple[int, int], *, resized: tuple[int, int] |
     k = kernels.compiled_for(th * tw) if (h, w) != (rh, rw) else None
     if w != rw:  # columns first, over only the rows the row pass reads (torch and Pillow skip a pass that changes nothing)
         fx, wx, px = taps(w, rw)
-        rows = slice(None)
+        rows, vertical = slice(None), None
         if h != rh:
             fy, wy, _ = taps(h, rh)
             last = fy[oy:oy + th] + (wy[oy:oy + th] != 0).sum(axis=1)
             lo, hi = int(fy[oy:oy + th].min()), int(last.max())
-            rows = slice(lo, hi)
+            rows, vertical = slice(lo, hi), (fy[oy:oy + th] - lo, wy[oy:oy + th])
         out = _pass(img[rows], fx[ox:ox + tw], wx[ox:ox + tw], px, 1, k)
-        if h != rh:
-            return _pass(out, fy[oy:oy + th] - lo, wy[oy:oy + th], taps(h, rh)[2], 0, k)
+        if vertical is not None:  # h != rh: the row pass, over the rows cut out above
+            return _pass(out, vertical[0], vertical[1], taps(h, rh)[2], 0, k)
         return out[oy:oy + th] if (oy, th) != (0, h) else out
     if ox or tw != w:
         out = out[:, ox:ox + tw]
