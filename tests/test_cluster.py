@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -177,3 +178,28 @@ def test_ltfb_with_its_two_trainers_on_two_nodes(box):
     models = sum((run_dir / f"trainer{k}" / "checkpoint.pt").stat().st_size for k in (0, 1))
     # every round moved a model both ways over node3's link (and the gradients of its own trainer stay on it)
     assert int(received.read_text()) - before > len({r["round"] for r in log}) * models // 4
+
+
+def test_down_after_a_crash_removes_processes_namespaces_and_links_by_name(box):
+    """`up`'s state record lost (a crash), a job still running on the nodes: `down` finds everything by name."""
+    c0, work, _ = box
+    name = f"t{os.getpid()}z"
+    c = cluster.up(name, cluster.free_subnet(first=200), nodes=2, ranks_per_node=1)
+    try:
+        proc = start_on(c, ["python", "-c", "import time; time.sleep(600)"])
+        deadline = time.monotonic() + 60
+        while len(ranks_on(c, 1, "time.sleep") + ranks_on(c, 2, "time.sleep")) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.05)
+        (c.folder / "state.json").unlink()  # as if `up` had crashed before writing it
+        removed = cluster.down(name)
+        assert proc.wait(timeout=30) is not None
+    finally:
+        cluster.down(name)
+    assert any(r.startswith("namespace ") for r in removed) and any(r.startswith("link ") for r in removed), removed
+    # the first node's processes ended (its proxy among them), mpiexec ended the others itself
+    assert any("process(es) in" in r for r in removed) and proc.returncode != 0, removed
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout \
+        + subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name not in out and not c.folder.exists()
+    assert c0.name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout  # the other kept
