@@ -8,7 +8,8 @@ Builds `StoreLoader(store, size=(S, S), channels=3, workers=N)` on COMM_WORLD (n
 default, or the trainer's training transform), runs epoch 0 untimed (the workers' start, the pages'
 first touch), then times the epochs given: the rank process's own CPU (getrusage RUSAGE_SELF, user +
 system: its threads included, its decode workers not, as they are other processes never waited for)
-over the samples it delivered, and the workers' CPU (/proc/PID/stat) beside it. One JSON line per
+over the samples it delivered, per batch and per thread of the rank (its main thread, the copier that
+fills the workers' ring, MPI's and the rest), and the workers' CPU (/proc/PID/stat) beside it. One JSON line per
 epoch, then the total. The decode workers load their compiled kernels in the background; the
 figure is about the rank, whose own share does not depend on that. Under mpiexec every rank
 measures its own share and rank 0 prints a line per rank: a rank that finishes its epoch first waits
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import threading
 import time
 
 from mpi4py import MPI
@@ -47,6 +49,21 @@ def workers_cpu(pids) -> float:
     return total
 
 
+def threads_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads by their Python name (MainThread, dstore-copy_0, ...), from
+    /proc/self/task; threads Python did not start (MPI's, numba's) together as "other"."""
+    tick, names, out = os.sysconf("SC_CLK_TCK"), {t.native_id: t.name for t in threading.enumerate()}, {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        name = names.get(int(tid), "other")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def transform_for(name: str, size: int):
     """None, or the trainer's training transform at `size` (uint8 out, as `dstore train` on the CPU)."""
     if name == "none":
@@ -69,11 +86,14 @@ def measure(path: str, *, workers: int, threads: int | None, batch_size: int, si
             pass
         pids = list(ld.workers.pids) if ld.workers is not None else []
         for e in epochs:
-            n, t0, c0, w0 = 0, time.perf_counter(), rank_cpu(), workers_cpu(pids)
+            n, b, t0, c0, w0, th0 = 0, 0, time.perf_counter(), rank_cpu(), workers_cpu(pids), threads_cpu()
             for _ in ld.epoch(e):
                 n += int((~ld.last_pad).sum())
+                b += 1
             secs, cpu, wcpu = time.perf_counter() - t0, rank_cpu() - c0, workers_cpu(pids) - w0
-            rows.append({"epoch": e, "samples": n, "seconds": secs, "rank_cpu_us_per_sample": 1e6 * cpu / n,
+            per_thread = {k: round(1e3 * (v - th0.get(k, 0.0)) / max(b, 1), 3) for k, v in threads_cpu().items()}
+            rows.append({"epoch": e, "samples": n, "batches": b, "seconds": secs, "rank_cpu_us_per_sample": 1e6 * cpu / n,
+                         "rank_cpu_ms_per_batch": 1e3 * cpu / max(b, 1), "threads_cpu_ms_per_batch": per_thread,
                          "workers_cpu_us_per_sample": 1e6 * wcpu / n})
     n = sum(r["samples"] for r in rows)
     total = {"samples": n, "seconds": sum(r["seconds"] for r in rows),
