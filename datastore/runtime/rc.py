@@ -82,6 +82,10 @@ MOSAIC_VENV = Option("DSTORE_MOSAIC_VENV", "path", None, (
 DALI_PYTHON = Option("DSTORE_DALI_PYTHON", "path", None, (
     "the Python of the virtual environment with NVIDIA DALI that `dstore bench --peers` and "
     "`python -m dstore.tools.measure.loader --dali` compare against (default: the one tools/setup_dali.sh makes)"))
+PEERS_PYTHON = Option("DSTORE_PEERS_PYTHON", "path", None, (
+    "the Python of the virtual environment with the peers' writers (LitData, Mosaic Streaming, webdataset, "
+    "datasets) that `python -m dstore.tools.measure.ingest` compares against (default: the one "
+    "tools/setup_ingest_peers.sh makes)"))
 LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tests that need 12 GiB of memory")
 SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
     "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
@@ -124,6 +128,7 @@ MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
     "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
 
 OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
+                               PEERS_PYTHON,
                                LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, INGEST_CHECKPOINT, INGEST_CHUNK_BYTES,
                                INGEST_KILL_AT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
                                PARTIAL_DECODE, WAIT_BOUND, OBJECT_TIMEOUT, OBJECT_TRIES, MPICH_NOLOCAL)}
