@@ -1,8 +1,9 @@
 """Ingest throughput beside the peers' writers: the same ImageNet-like JPEGs (a class folder, and the
 same samples as WebDataset tar shards), read from local disk or through `dstore pfs`, written by
-`dstore ingest` (HDF5 on 1 and P ranks, sharded HDF5 and Zarr) and by LitData `optimize`, Mosaic
-Streaming `MDSWriter`, webdataset `ShardWriter` and Hugging Face `datasets` (`from_generator` +
-`save_to_disk`), each peer with as many worker processes as dstore has ranks.
+`dstore ingest` (HDF5 on 1 and P ranks; sharded HDF5, Zarr, and HDF5 in the source's order with
+--keep-order) and by LitData `optimize`, Mosaic Streaming `MDSWriter`, webdataset `ShardWriter` and
+Hugging Face `datasets` (`from_generator` + `save_to_disk`), each peer with as many worker processes
+as dstore has ranks.
 
     python -m dstore.tools.measure.ingest --count 20000 --pfs-count 2000 --parallel 1 2
     python -m dstore.tools.measure.ingest --count 200 --writers dstore --storage local   # a smoke run
@@ -46,11 +47,12 @@ from dstore.runtime import rc
 REPO = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).with_name("ingest_peer.py")
 DEFAULT_PEERS_VENV = REPO / ".cache" / "venv-peers"
-OWN_WRITERS = ("dstore-hdf5", "dstore-sharded", "dstore-zarr")
+OWN_WRITERS = ("dstore-hdf5", "dstore-sharded", "dstore-zarr", "dstore-keep-order")
 PEER_WRITERS = ("litdata", "mosaic", "webdataset", "hf")
 WRITERS = OWN_WRITERS + PEER_WRITERS
 LABELS = {"dstore-hdf5": "dstore ingest (HDF5)", "dstore-sharded": "dstore ingest (HDF5, one shard per rank)",
-          "dstore-zarr": "dstore ingest (Zarr)", "litdata": "LitData optimize", "mosaic": "Mosaic MDSWriter",
+          "dstore-zarr": "dstore ingest (Zarr)", "dstore-keep-order": "dstore ingest (HDF5, --keep-order)",
+          "litdata": "LitData optimize", "mosaic": "Mosaic MDSWriter",
           "webdataset": "webdataset ShardWriter", "hf": "HF datasets from_generator + save_to_disk"}
 SAMPLE_PERIOD = 0.05
 
@@ -280,6 +282,8 @@ def dstore_command(writer: str, kind: str, src: str, out: str, parallel: int) ->
         cmd += ["--format", "zarr"]
     if writer == "dstore-sharded":
         cmd += ["--shards", str(parallel)]
+    if writer == "dstore-keep-order":  # the source's order: files read as they lie, not in the seeded order
+        cmd += ["--keep-order"]
     cmd += ["--no-progress", "--json"]
     return (["mpiexec", "-n", str(parallel)] if parallel > 1 else []) + cmd
 
@@ -318,7 +322,10 @@ def run_one(writer: str, kind: str, src: str, local_src: str, work: str, paralle
     else:
         if peers_py is None:
             raise ConfigError(f"{writer}: no peers venv (--peers-python)")
-        cmd, env = [peers_py, str(PEER_SCRIPT), writer, "--job", job, "--out", out, "--workers", str(parallel)], _clean_env()
+        cmd = [peers_py, str(PEER_SCRIPT), writer, "--job", job, "--out", out, "--workers", str(parallel)]
+        # LitData's scratch folders (default /tmp/chunks, /tmp/data) inside the run's, removed with it
+        env = dict(_clean_env(), DATA_OPTIMIZER_CACHE_FOLDER=os.path.join(work, "lit-chunks"),
+                   DATA_OPTIMIZER_DATA_CACHE_FOLDER=os.path.join(work, "lit-data"))
     evict([local_src])
     load = os.getloadavg()[0]
     res = measure_command(cmd, env=env, timeout=timeout)
@@ -369,8 +376,9 @@ def measure(args) -> dict:
     from dstore.tools.pfs import parse_spec, pfs_mount
 
     root = os.path.abspath(args.out_dir)
-    data, work = os.path.join(root, "data"), os.path.join(root, "work")
+    data, work = os.path.abspath(args.data_dir or os.path.join(root, "data")), os.path.join(root, "work")
     os.makedirs(data, exist_ok=True)
+    os.makedirs(root, exist_ok=True)
     sets = input_sets(args, data)
     peers_py = peers_python(args.peers_python)
     wanted_peers = [w for w in args.writers if w in PEER_WRITERS]
@@ -472,8 +480,9 @@ def _f(v, fmt: str) -> str:
 def markdown(res: dict) -> str:
     a = res["args"]
     rows = [derive(r) for r in res["rows"]]
-    lines = [f"Ingest throughput: {a['count']:,} files local, {a['pfs_count']:,} through `{a['pfs']}`; "
-             f"{res['cores']} core(s); before: `{res['uptime_before']}`; after: `{res['uptime_after']}`.",
+    where = {"local": f"{a['count']:,} files on local disk", "pfs": f"{a['pfs_count']:,} through `{a['pfs']}`"}
+    lines = [f"Ingest throughput: {'; '.join(where[s] for s in a['storage'])}; {res['cores']} core(s); "
+             f"before: `{res['uptime_before']}`; after: `{res['uptime_after']}`.",
              f"Page cache: {res['drop_caches']}.", ""]
     for key, info in res["inputs"].items():
         lines.append(f"- input {key}: {info['samples']:,} samples, {info['jpeg_bytes'] / 1e6:,.0f} MB of JPEG, "
@@ -556,7 +565,8 @@ def _main(argv=None) -> int:
     p.add_argument("--peers-python", default=None, help="the peers' venv python (default $DSTORE_PEERS_PYTHON or "
                    ".cache/venv-peers/bin/python; tools/setup_ingest_peers.sh)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is killed")
-    p.add_argument("--out-dir", default="bench-out/ingest", help="inputs (data/), scratch and the outputs")
+    p.add_argument("--out-dir", default="bench-out/ingest", help="the outputs and the runs' scratch (work/)")
+    p.add_argument("--data-dir", default=None, help="where the inputs are made once and reused (default OUT_DIR/data)")
     args = p.parse_args(argv)
     writers = []
     for w in args.writers:
