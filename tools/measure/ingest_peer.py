@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -41,7 +42,7 @@ def samples(kind: str, items: list):
                 yield os.path.splitext(os.path.basename(path))[0], fh.read(), int(label)
         return
     for shard in items:
-        key, image, label = None, None, None
+        key, image, label = "", None, None
         with tarfile.open(shard, "r|") as tar:
             for m in tar:
                 if not m.isfile():
@@ -88,8 +89,8 @@ def import_streaming():
             mod.__path__ = [os.path.join(root, sub)]
             sys.modules[name] = mod
         pkg = sys.modules["streaming"]
-        pkg.__version__ = importlib.import_module("streaming._version").__version__
-        pkg.MDSWriter = importlib.import_module("streaming.base.format.mds.writer").MDSWriter
+        setattr(pkg, "__version__", importlib.import_module("streaming._version").__version__)  # noqa: B010
+        setattr(pkg, "MDSWriter", importlib.import_module("streaming.base.format.mds.writer").MDSWriter)  # noqa: B010
         return pkg, " (writer modules imported alone: torchvision does not load beside this CPU torch)"
 
 
@@ -106,7 +107,7 @@ def _lit_shard(shard):
         yield {"image": image, "label": label}
 
 
-def write_litdata(job: dict, out: str, workers: int) -> str:
+def write_litdata(job: dict, out: str, workers: int) -> tuple[str, int]:
     litdata = importlib.import_module("litdata")
     fn = _lit_file if job["kind"] == "folder" else _lit_shard
     litdata.optimize(fn=fn, inputs=job["items"], output_dir=out, chunk_bytes="64MB", num_workers=workers,
@@ -130,7 +131,7 @@ def _mds_part(arg) -> int:
     return n
 
 
-def write_mosaic(job: dict, out: str, workers: int) -> str:
+def write_mosaic(job: dict, out: str, workers: int) -> tuple[str, int]:
     streaming, how = import_streaming()
     if workers == 1:
         _mds_part((job["kind"], job["items"], out))
@@ -158,7 +159,7 @@ def _wds_part(arg) -> int:
     return n
 
 
-def write_webdataset(job: dict, out: str, workers: int) -> str:
+def write_webdataset(job: dict, out: str, workers: int) -> tuple[str, int]:
     wds = importlib.import_module("webdataset")
     os.makedirs(out, exist_ok=True)
     args = [(job["kind"], p, os.path.join(out, f"part{k}-%06d.tar")) for k, p in enumerate(parts(job["items"], workers))]
@@ -177,7 +178,7 @@ def _hf_gen(items, kind):
         yield {"image": {"bytes": image, "path": key + ".jpg"}, "label": label}
 
 
-def write_hf(job: dict, out: str, workers: int) -> str:
+def write_hf(job: dict, out: str, workers: int) -> tuple[str, int]:
     datasets = importlib.import_module("datasets")
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=job["classes"])})
     cache = out + ".hf-cache"  # the generator's Arrow cache: written too, then removed by the caller
