@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dstore.codec.decode import decode_sample
 from dstore.errors import ConfigError, DStoreError, SampleError, shown
 from dstore.formats import detect_format, open_container
 from dstore.formats.base import crc32
-from dstore.loader.decode import decode_sample
 from dstore.order.plan import block_bounds
 from dstore.runtime.collective import topology
 from dstore.runtime.heartbeat import Heartbeat

@@ -8,8 +8,8 @@ import pytest
 from mpi4py import MPI
 from store_scenarios import scenarios
 
+from dstore.codec.kernels import RESERVE_BYTES
 from dstore.errors import MemoryBudgetError
-from dstore.loader.kernels import RESERVE_BYTES
 from dstore.loader.workers import KEEP_HANDED, WORKER_BYTES
 from dstore.store.data_store import DataStore
 from dstore.training.budget import _divide, loader_reserve, share_budget

@@ -16,8 +16,8 @@ from mpi4py import MPI
 from PIL import Image
 from support.formats import write_samples
 
+from dstore.codec.decode import decode_image
 from dstore.errors import ConfigError, SampleError
-from dstore.loader.decode import decode_image
 from dstore.loader.store_loader import StoreLoader
 from dstore.runtime.job import describe
 from dstore.store.data_store import DataStore
@@ -189,8 +189,8 @@ def test_storeloader_refuses_bad_sizes_naming_size(size):
 
 
 def test_one_mean_or_std_value_is_broadcast_once_and_a_wrong_count_is_refused(grey_and_colour):
+    from dstore.codec.decode import decode_sample
     from dstore.formats import open_container
-    from dstore.loader.decode import decode_sample
     from dstore.training.data import _read_spec
 
     with open_container(grey_and_colour) as r:

@@ -80,7 +80,7 @@ def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
         as_float = ImageTransform(**{**TRANSFORM.__dict__, "normalize": True})
         ref_float = _run(st, 1, transform=as_float, decode_threads=2)
         assert _same(ref_float, _run(st, 1, transform=as_float, workers=1, batch_ops="device"))
-        # images shrunk 2.5x: blocks averaged first (dstore.loader.resize.fit), in the workers either way
+        # images shrunk 2.5x: blocks averaged first (dstore.codec.resize.fit), in the workers either way
         small = ImageTransform(**{**TRANSFORM.__dict__, "size": (16, 16), "pad": 2})
         ref_small = _run(st, 0, transform=small, decode_threads=2)
         assert ref_small[0][0].shape[1:] == (3, 16, 16)
@@ -254,10 +254,10 @@ def test_a_batch_let_go_of_is_written_again_and_a_held_one_never(jpegs):
 
 
 def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs):
-    """At 72 x 72 (over dstore.loader.kernels.NATIVE_MIN_PIXELS) the per-sample pass is the compiled one once
+    """At 72 x 72 (over dstore.codec.kernels.NATIVE_MIN_PIXELS) the per-sample pass is the compiled one once
     it is loaded, in the rank's threads and in the workers: the batches of an epoch served after
     the load equal those of the numpy path (DSTORE_NATIVE=0 for the threads and in the workers)."""
-    from dstore.loader import kernels
+    from dstore.codec import kernels
 
     big = ImageTransform(**{**TRANSFORM.__dict__, "size": (72, 72), "pad": 9})
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:

@@ -1,6 +1,6 @@
 """The ImageNet recipe (ImageTransform(recipe="imagenet")): torchvision's random resized crop
 sampling, the evaluation box of Resize(size*256/224) + CenterCrop(size), the crop-aware decode
-(dstore.loader.decode.decode_crop) and the same pixels from decode threads, 1 and 2 workers, the batch
+(dstore.codec.decode.decode_crop) and the same pixels from decode threads, 1 and 2 workers, the batch
 ops on the device and the compiled kernels."""
 
 import types
@@ -11,11 +11,11 @@ import simplejpeg
 import torch
 from mpi4py import MPI
 
+from dstore.codec import decode, kernels
+from dstore.codec.decode import crop_divisor, decode_crop, decode_image, scale_box
 from dstore.errors import ConfigError, SampleError
 from dstore.formats import create_writer
 from dstore.ingest.synthetic import synthetic_image
-from dstore.loader import decode, kernels
-from dstore.loader.decode import crop_divisor, decode_crop, decode_image, scale_box
 from dstore.loader.draws import KeyedDraws
 from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
@@ -106,9 +106,9 @@ def test_crop_aware_decode_decodes_less_and_stays_close_to_the_full_decode():
     assert seen >= {1, 2, 4}
 
 
-@pytest.mark.skipif(decode._jpegcrop is None, reason="the extension dstore.loader._jpegcrop is not built here")
+@pytest.mark.skipif(decode._jpegcrop is None, reason="the extension dstore.codec._jpegcrop is not built here")
 def test_the_partial_decode_gives_the_whole_decodes_pixels(monkeypatch):
-    """libjpeg's partial decode (dstore.loader._jpegcrop) against simplejpeg's whole decode at the same
+    """libjpeg's partial decode (dstore.codec._jpegcrop) against simplejpeg's whole decode at the same
     scale, cropped: the same pixels, at 224 (scale 1) and 32 (1/2-1/8), RGB and grey."""
     for size, channels in (((224, 224), 3), ((32, 32), 3), ((32, 32), 1)):
         tf = ImageTransform(size=size, train=True, flip=True, **{**COMMON, "channels": channels,
@@ -222,7 +222,7 @@ def test_dstore_partial_decode_0_turns_the_partial_decode_off():
     import subprocess
     import sys
 
-    code = "from dstore.loader import decode; print(decode._jpegcrop is None)"
+    code = "from dstore.codec import decode; print(decode._jpegcrop is None)"
     env = {**__import__("os").environ, "DSTORE_PARTIAL_DECODE": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

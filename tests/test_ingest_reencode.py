@@ -13,11 +13,11 @@ from mpi4py import MPI
 from support.ingest import digit_png, listing, make_mixed_folder
 from support.mpirun import run_mpi
 
+from dstore.codec.decode import decode_image, sniff
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.ingest import ingest
 from dstore.ingest.reencode import shrink, target_size
-from dstore.loader.decode import decode_image, sniff
 
 S = 56
 

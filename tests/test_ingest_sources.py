@@ -138,7 +138,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
     assert report.encoding == "raw"
     from PIL import Image
 
-    from dstore.loader.decode import decode_image
+    from dstore.codec.decode import decode_image
     with open_container(str(tmp_path / "r.h5")) as c:
         assert c.info.raw_shape == (16, 12, 3) and c.info.raw_dtype == "uint8"
         for j in (0, c.num_samples - 1):
@@ -254,7 +254,7 @@ def test_synthetic_is_seeded_imagenet_sized_and_learnable(tmp_path):
     assert blobs[0] != other.load(0)
     mean = np.mean([len(x) for x in blobs])
     assert 0.8 * 110_000 < mean < 1.2 * 110_000, mean
-    from dstore.loader.decode import decode_image
+    from dstore.codec.decode import decode_image
 
     sides = [decode_image(x).shape[:2] for x in blobs[:10]]
     assert all(333 <= h <= 500 and 333 <= w <= 500 for h, w in sides) and len(set(sides)) > 5

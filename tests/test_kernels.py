@@ -1,5 +1,5 @@
-"""dstore.loader.kernels: the compiled resize, crop, flip and CHW copy give the numpy reference's pixels
-(dstore.loader.resize) exactly, on RGB, grey and 4-channel images, with box-averaging, shifts past the
+"""dstore.codec.kernels: the compiled resize, crop, flip and CHW copy give the numpy reference's pixels
+(dstore.codec.resize) exactly, on RGB, grey and 4-channel images, with box-averaging, shifts past the
 edge and flips; the trainer's `sample_into` gives `sample_part` + `finish`'s pixels; without numba
 (or DSTORE_NATIVE=0) the same pixels come from numpy. Also the JPEG decode's DCT scale choice."""
 
@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore.loader import kernels
-from dstore.loader import resize as rs
-from dstore.loader.decode import DCT_DIVISORS, dct_scale, decode_image
+from dstore.codec import kernels
+from dstore.codec import resize as rs
+from dstore.codec.decode import DCT_DIVISORS, dct_scale, decode_image
 from dstore.training.augment import ImageTransform, default_augmentation
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed here")

@@ -187,8 +187,8 @@ def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
     import torch
     from mpi4py import MPI
 
+    from dstore.codec.decode import decode_sample
     from dstore.formats import open_container
-    from dstore.loader.decode import decode_sample
     from dstore.loader.store_loader import StoreLoader
     from dstore.store.mixed import MixedStore
 

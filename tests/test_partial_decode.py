@@ -1,4 +1,4 @@
-"""The crop-aware partial decode (dstore.loader._jpegcrop, through dstore.loader.decode.decode_crop)
+"""The crop-aware partial decode (dstore.codec._jpegcrop, through dstore.codec.decode.decode_crop)
 against the whole decode on real photos: the same pixels at every scale, chroma subsampling,
 progressive and restart-marker file, and the same batches through the loader with it on and off."""
 
@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 from support.photos import COLOUR, JPEG_SETTINGS, jpeg, photo
 
+from dstore.codec import decode
 from dstore.errors import SampleError
 from dstore.formats import create_writer
-from dstore.loader import decode
 from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
-pytestmark = pytest.mark.skipif(decode.extension() is None, reason="the extension dstore.loader._jpegcrop is not built here")
+pytestmark = pytest.mark.skipif(decode.extension() is None, reason="the extension dstore.codec._jpegcrop is not built here")
 JPEG = types.SimpleNamespace(encoding="jpeg")
 
 

@@ -1,4 +1,4 @@
-"""dstore.loader.resize: the fixed-point bilinear per sample (numpy) and per batch (torch) give the same
+"""dstore.codec.resize: the fixed-point bilinear per sample (numpy) and per batch (torch) give the same
 uint8 pixels, on the CPU and on a GPU where there is one; its taps are the half-pixel bilinear's."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstore.loader.resize import box_factors, box_reduce, fit, resize, resize_batch, shift, taps
+from dstore.codec.resize import box_factors, box_reduce, fit, resize, resize_batch, shift, taps
 
 
 def _batch(images, size, offsets, device="cpu"):

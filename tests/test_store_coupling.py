@@ -89,14 +89,12 @@ def test_no_shuffle_policy_name_is_compared_outside_its_table(tmp_path):
         "cfg.shuffle != 'global'", "policy(name) in ('local', 'partial')"]
 
 
-LAYERS = ["errors", "runtime", "formats", "order", "memory", "ingest", "store", "loader", "verify", "__init__"]
+LAYERS = ["errors", "runtime", "formats", "order", "memory", "codec", "ingest", "store", "loader", "verify", "__init__"]
 """datastore/'s folders (and top-level modules) from the bottom up (docs/design.md, "Layers"): a module
 imports only from its own layer or those below it."""
 UPWARD_KNOWN = {
     ("runtime", "formats"): "runtime.integrity checks samples with the container's checksum (formats.crc, "
                             "through formats.base), which every layer uses",
-    ("ingest", "loader"): "ingest re-encodes with the image codec (loader.decode): issue 37 item 3, the "
-                          "codec's move below ingest, is not done yet",
     ("memory", "store"): "memory.budget types its argument as store.storeplan.StorePlan (TYPE_CHECKING)",
 }
 """The upward imports there are, each with why; the test fails on any other (and on one of these gone,

@@ -11,9 +11,9 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from dstore.codec.decode import decode_sample, resize
 from dstore.errors import ConfigError
 from dstore.formats import create_writer, open_container
-from dstore.loader.decode import decode_sample, resize
 from dstore.loader.store_loader import StoreLoader, seeded
 from dstore.store.data_store import DataStore
 

@@ -12,9 +12,10 @@ import torch
 from mpi4py import MPI
 from support.photos import COLOUR, jpeg, photo
 
+from dstore.codec import decode
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
-from dstore.loader import antialias, decode
+from dstore.loader import antialias
 from dstore.loader.draws import KeyedDraws
 from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
@@ -158,7 +159,7 @@ def test_threads_and_workers_give_the_same_torchvision_pixels(photos):
 
 
 def test_the_compiled_passes_give_the_numpy_pixels():
-    from dstore.loader import kernels
+    from dstore.codec import kernels
 
     if not kernels.available():
         pytest.skip("numba is not available here")

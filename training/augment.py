@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from dstore.codec.kernels import resize_chw
+from dstore.codec.resize import fit, resize, resize_batch, shift
 from dstore.errors import ConfigError
 from dstore.loader import antialias
-from dstore.loader.kernels import resize_chw
-from dstore.loader.resize import fit, resize, resize_batch, shift
 
 if TYPE_CHECKING:
     from dstore.loader.transform import SplitTransform
@@ -60,7 +60,7 @@ def box(shape: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, i
 
 def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Resizes the shorter side to fit `size` (keeping the aspect ratio), then centre-crops to it:
-    one resize (dstore.loader.resize, fixed-point bilinear) of the centred part `box` picks."""
+    one resize (dstore.codec.resize, fixed-point bilinear) of the centred part `box` picks."""
     if img.shape[:2] == tuple(size):
         return img
     top, left, bh, bw = box(img.shape[:2], size)
@@ -71,7 +71,7 @@ RECIPES = ("cifar", "imagenet")
 """`ImageTransform.recipe`: cifar (centred part resized, random crop with padding, flip) or imagenet
 (training: random resized crop + flip; evaluation: resize the shorter side to size*256/224, centre crop)."""
 RESIZES = ("fast", "torchvision")
-"""`ImageTransform.resize`: fast (dstore.loader.resize's fixed-point bilinear, the default) or
+"""`ImageTransform.resize`: fast (dstore.codec.resize's fixed-point bilinear, the default) or
 torchvision (its antialiased bilinear and box placement, dstore.loader.antialias; ImageNet recipe)."""
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
@@ -154,7 +154,7 @@ class ImageTransform:
             (`random_resized_box`, torchvision's algorithm, scale (0.08, 1), ratio (3/4, 4/3)), or
             (evaluation) the shorter side resized to size*256/224 and the centre `size` kept
             (`centre_box`); `pad` must be 0. Either way one resize.
-        resize: "fast": dstore.loader.resize's fixed-point bilinear (a box average first where an axis
+        resize: "fast": dstore.codec.resize's fixed-point bilinear (a box average first where an axis
             shrinks 2x or more; JPEGs decoded at a reduced DCT scale where that still covers the
             box); "torchvision" (ImageNet recipe): torchvision v2's pixels, its antialiased bilinear
             (dstore.loader.antialias, torch's uint8 arithmetic) of full-scale decodes, the training
@@ -165,7 +165,7 @@ class ImageTransform:
     Every recipe first picks a box of the image and the sample's parameters (`plan`, from the image's
     size and the draws alone), then resizes the box: so a loader that knows the image's size before
     decoding it (a JPEG's header) can decode only what the box needs (`crop_aware`,
-    dstore.loader.decode.decode_crop) and give the plan with the smaller image: the same draws, whichever
+    dstore.codec.decode.decode_crop) and give the plan with the smaller image: the same draws, whichever
     thread or worker decodes it.
 
     The work is in two parts: `sample_part` (resize, crop: needs the sample; run where it is
@@ -225,7 +225,7 @@ class ImageTransform:
 
     @property
     def crop_aware(self) -> bool:
-        """Whether a loader should decode through `plan` (dstore.loader.decode.decode_crop): the ImageNet
+        """Whether a loader should decode through `plan` (dstore.codec.decode.decode_crop): the ImageNet
         recipe, whose box is a small part of the image (the CIFAR recipe's is the whole shorter side:
         the loader's own DCT scale serves it)."""
         return self.recipe == "imagenet"
@@ -271,11 +271,11 @@ class ImageTransform:
 
         With defer_resize=True the resize and the crop are left to `resize_batch` (a batch op, on the
         GPU where there is one): the image returned is the centred part `resize_to` would scale,
-        box-reduced as it would be (`dstore.loader.resize.fit`), and the parameters also hold its height
+        box-reduced as it would be (`dstore.codec.resize.fit`), and the parameters also hold its height
         and width and the crop's offsets. The pixels `resize_batch` then gives are these exactly.
 
         plan: (box, params) as `plan` gives them, the box in `img`'s pixels (a decode that kept
-        less than the image, dstore.loader.decode.decode_crop): used instead of drawing from `rng`."""
+        less than the image, dstore.codec.decode.decode_crop): used instead of drawing from `rng`."""
         img = to_channels(img, self.channels)
         (top, left, bh, bw), params = plan if plan is not None else self.plan(img.shape[:2], rng)
         params = np.array(params, np.int32)  # a copy: the caller's plan stays as it was
@@ -317,7 +317,7 @@ class ImageTransform:
     def sample_into(self, img: np.ndarray, rng, out: np.ndarray, *, finish: bool, plan=None) -> np.ndarray:
         """`sample_part(img, rng)` written into `out` (uint8 [C, H, W], e.g. a batch buffer's
         sample), and with finish=True `finish` too: the pixels of those and a CHW copy, made in one
-        pass by the compiled kernel where there is one (dstore.loader.kernels.resize_chw: resize, crop and
+        pass by the compiled kernel where there is one (dstore.codec.kernels.resize_chw: resize, crop and
         flip; the jitter after it, in numpy). Returns the parameters (the batch part's, where
         finish=False). plan: as `sample_part`'s."""
         img = to_channels(img, self.channels)
@@ -335,7 +335,7 @@ class ImageTransform:
     def resize_batch(self, images, params):
         """The images `sample_part(defer_resize=True)` gave, each in the top left corner of a uint8 batch
         [b, C, Hc, Wc] (on any device), resized and cropped as `sample_part` does: [b, C, H, W]
-        uint8, the same pixels on every device (dstore.loader.resize.resize_batch)."""
+        uint8, the same pixels on every device (dstore.codec.resize.resize_batch)."""
         return resize_batch(images, params[:, 3:5], self.size, params[:, 5:7])
 
     def canvas(self) -> tuple[int, int]:

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
+from dstore.codec.decode import decode_sample
 from dstore.errors import ChecksumError, ConfigError, shown
 from dstore.formats import checksum
 from dstore.ingest import ingest
-from dstore.loader.decode import decode_sample
 from dstore.order import plan, shuffle
 from dstore.order.mix import check_weights
 from dstore.runtime import rc
@@ -139,7 +139,7 @@ def _read_spec(parts, channels, mean, std) -> InputSpec:
     first image; the channels (unless given) and stats (unless given) over every part's images.
 
     The channels the model takes are decided here, once per run: `channels` (--channels) where
-    given, else 1 when every probed image is grey (one channel as decoded, dstore.loader.decode), else 3.
+    given, else 1 when every probed image is grey (one channel as decoded, dstore.codec.decode), else 3.
     The loaders then convert every sample to them (ImageTransform: grey repeated, colour to
     luminance), so a set probed grey whose later samples are colour trains grey: --channels 3."""
     reader = parts[0][0]

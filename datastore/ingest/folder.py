@@ -43,10 +43,10 @@ import os
 import posixpath
 import stat
 
+from dstore.codec.decode import sniff
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.remote import Prefetched, Remote, is_url
 from dstore.ingest.source import Source
-from dstore.loader.decode import sniff
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 """Extensions taken as images: torchvision's IMG_EXTENSIONS (0.24), so that the samples are its."""

@@ -24,12 +24,12 @@ import tempfile
 
 import numpy as np
 
+from dstore.codec.decode import sniff
 from dstore.errors import ConfigError, SampleError
 from dstore.ingest.folder import VALIDATE, validate_image
 from dstore.ingest.labels import class_names_option, resolve_labels
 from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source
-from dstore.loader.decode import sniff
 from dstore.runtime import collective
 
 

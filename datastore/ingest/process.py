@@ -7,11 +7,11 @@ import dataclasses
 
 import numpy as np
 
+from dstore.codec.decode import decode_image, sniff
 from dstore.errors import ConfigError, SampleError
 from dstore.formats.base import checksum
 from dstore.ingest.reencode import DEFAULT_QUALITY, check_reencode, shrink
 from dstore.ingest.source import Source
-from dstore.loader.decode import decode_image, sniff
 
 ON_ERROR = ("raise", "skip")
 STORED_ENCODINGS = ("jpeg", "png", "image", "raw")

@@ -8,7 +8,7 @@ cheaper and the container smaller (measured in docs/benchmarks.md, "Cheaper samp
 What is done to a larger image, and recorded in the container's attributes (`ingest_max_side`,
 `ingest_quality`, `ingest_resample`, `ingest_subsampling`):
 - decoded (JPEG: simplejpeg, at 1/2, 1/4 or 1/8 where that is still at least the target size,
-  else in full, `dstore.loader.decode.dct_scale`; other
+  else in full, `dstore.codec.decode.dct_scale`; other
   formats: Pillow), grey kept grey, anything else (palette, alpha) made RGB;
 - resized with Pillow's antialiased bicubic filter so that the longer side is exactly `max_side`
   and the shorter side keeps the aspect ratio (rounded, at least 1);
@@ -23,8 +23,8 @@ import io
 
 import numpy as np
 
+from dstore.codec.decode import GREY_MODES, decode_image, sniff
 from dstore.errors import ConfigError, SampleError
-from dstore.loader.decode import GREY_MODES, decode_image, sniff
 
 DEFAULT_QUALITY = 90
 """JPEG quality of re-encoded samples (FFCV's default too)."""

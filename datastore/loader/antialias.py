@@ -23,7 +23,7 @@ import functools
 
 import numpy as np
 
-from dstore.loader import kernels
+from dstore.codec import kernels
 
 
 @functools.lru_cache(maxsize=1024)
@@ -56,7 +56,7 @@ def taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 def _pass(src: np.ndarray, first: np.ndarray, weights: np.ndarray, precision: int, axis: int, k) -> np.ndarray:
     """One axis (0: rows, 1: columns) of an (H, W, C) uint8 image resampled with these taps: by the
-    compiled kernels `k` (dstore.loader.kernels) where given, else in numpy, the same pixels."""
+    compiled kernels `k` (dstore.codec.kernels) where given, else in numpy, the same pixels."""
     if k is not None:
         h, w, c = src.shape
         flat = np.ascontiguousarray(src).reshape(h, w * c)

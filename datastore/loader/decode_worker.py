@@ -21,10 +21,10 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from dstore.loader import kernels
-from dstore.loader.decode import crop_size, decode_crop, decode_sample, resize
+from dstore.codec import kernels
+from dstore.codec.decode import crop_size, decode_crop, decode_sample, resize
+from dstore.codec.kernels import resize_chw
 from dstore.loader.draws import draws_for
-from dstore.loader.kernels import resize_chw
 from dstore.loader.workers import JOB_SIGNALS, NPARAMS, params_offset
 
 _PR_SET_PDEATHSIG = 1

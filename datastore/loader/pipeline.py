@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from dstore.codec.decode import crop_size, decode_crop, decode_sample, resize
+from dstore.codec.kernels import resize_chw
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
 from dstore.formats.fields import RESERVED
-from dstore.loader.decode import crop_size, decode_crop, decode_sample, resize
 from dstore.loader.draws import draws_for
-from dstore.loader.kernels import resize_chw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LoaderPlan:
 def crop_then_transform(tf, data, info, key, channels, name: str):
     """What a decode thread gives for a `crop_aware` transform (ImageTransform's ImageNet recipe):
     the sample's plan drawn from `key` and the image's size before the decode, the decode of what
-    it needs (dstore.loader.decode.decode_crop), then the transform with that plan."""
+    it needs (dstore.codec.decode.decode_crop), then the transform with that plan."""
     rng = draws_for(tf, key)
     arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), crop_size(tf),
                                      channels=channels, name=name, scratch=True)

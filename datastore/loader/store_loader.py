@@ -133,7 +133,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             with a `channels` attribute, which converts them itself (`decode_channels`). A grey-only
             set stays grey with `channels=1`. Raw samples keep their stored shape.
         size: (H, W) or an int: resize every decoded image to it (JPEG decodes at 1/2, 1/4 or 1/8
-            where that is still at least this large, dstore.loader.decode.dct_scale). Without it, all
+            where that is still at least this large, dstore.codec.decode.dct_scale). Without it, all
             samples of a batch must share a shape.
         ahead: batches decoding ahead of the one returned (>= 1). 1 decodes straight from the
             store's views (no copy) but lets one slow batch show as waiting; >= 2 copies each
@@ -156,7 +156,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             on the batch's device (the CPU without one), the workers then only decode and cut out
             the part to resize, into a batch buffer of `transform.canvas()` (4x the pixels);
             "worker" in the workers; "auto" (the default): device on a GPU, else worker. The
-            pixels are the same either way (dstore.loader.resize).
+            pixels are the same either way (dstore.codec.resize).
         fields: None, or names of the container's extra fields (docs/format.md, "Fields"): each
             batch is then a dict {"image": images, "label": labels, name: [value per sample]}
             (str for text, the parsed document for JSON, bytes). A DataStore must hold them

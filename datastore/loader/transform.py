@@ -7,7 +7,7 @@ and looked up by name, each with its own default, so a plain callable keeps work
 - decode threads: `resizes`, `size` (the transform makes the one resize), `channels` (it converts
   grey and colour itself, dstore.loader.store_loader.decode_channels), `keyed` (it draws from a
   dstore.loader.draws.KeyedDraws), `crop_aware` with `plan` (decode only the crop it plans,
-  dstore.loader.decode.decode_crop; `reduced_decode`, default True: at a reduced DCT scale where
+  dstore.codec.decode.decode_crop; `reduced_decode`, default True: at a reduced DCT scale where
   that still covers `size`);
 - decode workers (`StoreLoader(workers=N)`, dstore.loader.decode_worker): `sample_part`,
   `batch_part`, `finish`, `size` and `channels` are required; `sample_into` is used where present;
@@ -55,7 +55,7 @@ class SplitTransform(Protocol):
 
     @property
     def crop_aware(self) -> bool:
-        """True: the loader decodes through `plan`, only the box it returns (dstore.loader.decode.decode_crop)."""
+        """True: the loader decodes through `plan`, only the box it returns (dstore.codec.decode.decode_crop)."""
         ...
 
     @property

@@ -53,7 +53,7 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    segment paths and sizes, capacity, offsets[n + 1], ids[n], epoch, lo, hi): samples lo..hi-1.
    A worker answers every request, in order: ("ok", ticket, seconds, native) once its pixels are
    written, or ("error", ticket, message naming the sample, native); native: its compiled kernels
-   (dstore.loader.kernels) are loaded, which happens in the background after its start (`native`).
+   (dstore.codec.kernels) are loaded, which happens in the background after its start (`native`).
    `collect` reads one answer from each worker of the oldest batch, all of them even when one is
    an error (requests and answers stay paired),
    then raises the error as a SampleError. A dead worker is EOF on its answers pipe: a DStoreError
@@ -296,7 +296,7 @@ class DecodeWorkers:
 
     @property
     def native(self) -> bool:
-        """Whether every worker had its compiled kernels (dstore.loader.kernels) loaded at its last answer:
+        """Whether every worker had its compiled kernels (dstore.codec.kernels) loaded at its last answer:
         they load in the background after the start, the numpy path serving until then."""
         return all(self._native)
 

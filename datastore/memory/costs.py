@@ -2,7 +2,7 @@
 counts in a budget, kept with memory's arithmetic (the loader imports them from here, never the reverse)."""
 
 NATIVE_MIN_PIXELS = 64 * 64
-"""Outputs of fewer pixels (H x W) take the numpy path (dstore.loader.kernels), and do not count
+"""Outputs of fewer pixels (H x W) take the numpy path (dstore.codec.kernels), and do not count
 towards DSTORE_NATIVE_AFTER: the compiled kernels are never loaded for them."""
 
 RESERVE_BYTES = 144 << 20

@@ -105,13 +105,13 @@ ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
     "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
 NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
     "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
-    "(dstore.loader.kernels, numba; the same pixels)"))
+    "(dstore.codec.kernels, numba; the same pixels)"))
 NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
     "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
-    "(dstore.loader.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
+    "(dstore.codec.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
 PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
     "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
-    "libjpeg-turbo's partial decode (dstore.loader._jpegcrop; the same pixels, each file checked to its end)"))
+    "libjpeg-turbo's partial decode (dstore.codec._jpegcrop; the same pixels, each file checked to its end)"))
 WAIT_BOUND = Option("DSTORE_WAIT_BOUND", "seconds", "60", (
     "seconds a rank of a store on several hosts waits on another node (its gets, an agreement) before it "
     "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dstore.codec.decode import decode_image, resize
 from dstore.errors import ConfigError
-from dstore.loader.decode import decode_image, resize
 from dstore.tools.bench.common import Measurement, evict_on_nodes, measure, rank_split
 from dstore.tools.bench.layouts import chunk_bytes
 

@@ -1,6 +1,6 @@
 """What checking every byte read from storage costs: per sample, the CRC32 check the store makes
 (dstore.runtime.integrity.SampleChecks, one CRC32 per sample) against decoding the same sample
-(dstore.loader.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
+(dstore.codec.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
 prints a table and writes JSON (docs/reliability.md, "What the checks cost").
 
     python -m dstore.tools.measure.checksum syn.h5 --samples 800 --repeat 5
@@ -22,8 +22,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from dstore.codec.decode import decode_sample
 from dstore.formats import open_container
-from dstore.loader.decode import decode_sample
 from dstore.runtime import integrity
 from dstore.store.data_store import DataStore
 

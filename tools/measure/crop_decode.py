@@ -2,7 +2,7 @@
 CPU time, tight loops, median of rounds) of simplejpeg's full decode alone, and of the ImageNet
 recipe's per-sample path (the sample's plan, the decode, the resize/crop/flip into a batch buffer)
 with (a) a full decode then the crop, (b) the DCT scale chosen from the crop (1/2, 1/4, 1/8 where
-the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop).
+the crop still covers the output), (c) (b) with libjpeg-turbo's partial decode (dstore.codec._jpegcrop).
 Also the mean crop area and how often each DCT scale is taken. Prints a Markdown table.
 `--extension PATH` adds a row of (c) with another build of the extension (an older one, say).
 The rows take turns within each round (a change of load falls on all of them).
@@ -22,7 +22,7 @@ import numpy as np
 import simplejpeg
 from mpi4py import MPI
 
-from dstore.loader import decode, kernels
+from dstore.codec import decode, kernels
 from dstore.loader.draws import KeyedDraws
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
@@ -82,7 +82,7 @@ def measure(args) -> list[tuple[str, float]]:
              ("(a) full decode, then the plan's crop resized/flipped into the batch", full_then_crop, ext),
              ("(b) DCT scale from the crop (simplejpeg), then the same", crop_aware, None)]
     if ext is not None:
-        cases.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.loader._jpegcrop)", crop_aware, ext))
+        cases.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.codec._jpegcrop)", crop_aware, ext))
     cases += [(f"(c) with the extension at {path}", crop_aware, _load(path)) for path in args.extension]
     us = _us([(fn, module) for _, fn, module in cases], blobs, args.rounds)
     rows = [(name, t) for (name, _, _), t in zip(cases, us)]
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--extension", action="append", default=[], metavar="PATH",
-                   help="also (c) with the build of dstore.loader._jpegcrop at PATH (repeatable)")
+                   help="also (c) with the build of dstore.codec._jpegcrop at PATH (repeatable)")
     args = p.parse_args(argv)
     rows = measure(args)
     base = rows[0][1]

@@ -13,7 +13,7 @@
 # Everything it prints is also under $OUT (default ./gpu-check): *.md tables, *.json, train logs.
 set -u
 OUT=${OUT:-gpu-check}
-# the compiled per-sample kernels (dstore.loader.kernels) load after 200 large samples per process, not
+# the compiled per-sample kernels (dstore.codec.kernels) load after 200 large samples per process, not
 # 2,000: the loader's rows wait for them (measure.loader's warm-up) and the runs are short
 export DSTORE_NATIVE_AFTER=${DSTORE_NATIVE_AFTER:-200}
 mkdir -p "$OUT"

@@ -40,7 +40,7 @@ def store_modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
 def graph_of(root: pathlib.Path, package: str = "dstore") -> dict[str, set[str]]:
     """Module -> the store's modules it imports, for the store's modules under `root`."""
     modules = store_modules(root)
-    # compiled extensions are modules too (`from dstore.loader import _jpegcrop` is not the package's
+    # compiled extensions are modules too (`from dstore.codec import _jpegcrop` is not the package's
     # __init__); their stubs name them, and as leaves outside the graph they close no cycle
     known = set(modules) | {".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.pyi")}
     return {name: {m for m in imports_of(path, package, known) if m != name} for name, path in modules.items()}

@@ -30,7 +30,7 @@ compiled kernels are loaded, `drain`). The
 augmentation is the trainer's (`dstore train`'s training transform: resize, crop with padding,
 flip; uint8 out, normalised on the device), or none with --transform none (--recipe plain); with
 --transform imagenet (--recipe imagenet) the trainer's `--augment imagenet` (JPEGs decoded only as
-far as the crop needs, dstore.loader.decode.decode_crop).
+far as the crop needs, dstore.codec.decode.decode_crop).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from typing import Any, cast
 import torch
 from mpi4py import MPI
 
+from dstore.codec import kernels
+from dstore.codec.decode import dct_scale
 from dstore.errors import ConfigError
-from dstore.loader import kernels
-from dstore.loader.decode import dct_scale
 from dstore.loader.store_loader import StoreLoader
 from dstore.loader.workers import available_cores
 from dstore.store.data_store import DataStore
@@ -165,7 +165,7 @@ def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, floa
 
 
 def _native(loader) -> bool:
-    """Whether the loader's per-sample kernels are loaded where it uses them (dstore.loader.kernels): the
+    """Whether the loader's per-sample kernels are loaded where it uses them (dstore.codec.kernels): the
     workers' (their last answers), else this process's (waited for)."""
     if loader.workers is not None:
         return loader.workers.native or not kernels.available()
@@ -217,7 +217,7 @@ def _blobs(path: str, args, count: int) -> list[bytes]:
 def decoder_rate(path: str, args, threads: int, count: int, scaled: bool) -> float:
     """Samples/s of simplejpeg alone in `threads` threads over the first `count` samples
     (decoder_alone.rate: no output kept, the best of two passes): its full decode, or (`scaled`) at
-    the DCT scale the loader decodes at (dstore.loader.decode.dct_scale: 1/2, 1/4 or 1/8 where that still
+    the DCT scale the loader decodes at (dstore.codec.decode.dct_scale: 1/2, 1/4 or 1/8 where that still
     covers args.size, else full). An earlier version kept every decoded image, so each decode wrote
     fresh pages, which cost it about a fifth of its rate and flattered the loader against it."""
     blobs = _blobs(path, args, count)

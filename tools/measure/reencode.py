@@ -52,7 +52,7 @@ def _samples(path: str) -> tuple[list[bytes], int]:
 
 def _decode_us(samples: list[bytes], repeat: int, min_size=None) -> float:
     """Best per-sample microseconds of `repeat` single-threaded passes."""
-    from dstore.loader.decode import decode_image
+    from dstore.codec.decode import decode_image
 
     best = float("inf")
     for _ in range(repeat):
@@ -67,7 +67,7 @@ def _fed(data: bytes, size: int = 224) -> np.ndarray:
     """What a model at `size` x `size` is fed: the decoded image resized (bilinear) to it."""
     from PIL import Image
 
-    from dstore.loader.decode import decode_image
+    from dstore.codec.decode import decode_image
 
     return np.asarray(Image.fromarray(decode_image(data, channels=3)).resize((size, size), Image.Resampling.BILINEAR),
                       dtype=np.float64)

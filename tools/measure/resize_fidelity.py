@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from dstore.loader import antialias, decode, kernels
+from dstore.codec import decode, kernels
+from dstore.loader import antialias
 from dstore.loader.draws import KeyedDraws
 from dstore.tools.measure.crop_decode import _blobs
 from dstore.training.augment import ImageTransform

@@ -6,12 +6,12 @@ moves them alike); the median round of each is printed as a Markdown table (and 
 
 Steps: simplejpeg's full decode and its DCT-scaled decode (the loader's before: the smallest M/8
 scale at least --size); Pillow's bilinear resize of the DCT-scaled image to --size (the loader's resize
-before dstore.loader.resize, with its array conversions); `dstore.loader.resize` of the centred part (the numpy
+before dstore.codec.resize, with its array conversions); `dstore.codec.resize` of the centred part (the numpy
 reference); the transform's `sample_part` (that resize plus the crop with padding); the part a
 worker does when the resize runs on the device (`sample_part(defer_resize=True)`: the centred part,
 block-averaged past 2x); the seeded generator; the CHW copy into a batch buffer. Then the path as
 it is now: simplejpeg at the loader's scale (1/2, 1/4, 1/8 or full), the draws from numpy's
-Generator against KeyedDraws, the compiled resize-crop-flip-copy (dstore.loader.kernels) and a worker's
+Generator against KeyedDraws, the compiled resize-crop-flip-copy (dstore.codec.kernels) and a worker's
 whole path (decode, draws, `sample_into`). A step in a tight loop over the same inputs runs with
 warm caches; between two decodes it costs more, which the "whole path" row includes.
 """
@@ -27,9 +27,9 @@ import time
 import numpy as np
 import simplejpeg
 
+from dstore.codec import kernels
+from dstore.codec.decode import dct_scale, decode_image
 from dstore.formats import open_container
-from dstore.loader import kernels
-from dstore.loader.decode import dct_scale, decode_image
 from dstore.loader.draws import KeyedDraws
 from dstore.training.augment import ImageTransform, box, default_augmentation
 
@@ -48,7 +48,7 @@ def steps(size: int):
     pad, flip = default_augmentation(s)
     tf = ImageTransform(size=s, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
                         normalize=False)
-    from dstore.loader.resize import resize
+    from dstore.codec.resize import resize
 
     def centred(a):
         top, left, bh, bw = box(a.shape[:2], s)
@@ -65,19 +65,19 @@ def steps(size: int):
          lambda b: simplejpeg.decode_jpeg(b, min_height=size, min_width=size), "bytes"),
         ("Pillow bilinear resize, with its conversions (before)",
          lambda a: np.array(Image.fromarray(a).resize((size, size), Image.Resampling.BILINEAR)), "scaled"),
-        ("dstore.loader.resize of the centred part (now)", centred, "scaled"),
+        ("dstore.codec.resize of the centred part (now)", centred, "scaled"),
         ("sample_part: that resize and the crop with padding", lambda a: tf.sample_part(a, np.random.default_rng(1)),
          "scaled"),
         ("sample_part(defer_resize=True): the worker's part with the resize on the device",
          lambda a: tf.sample_part(a, np.random.default_rng(1), defer_resize=True), "scaled"),
         ("the seeded generator", lambda a: np.random.default_rng([0, 1, 2]), "scaled"),
         ("CHW copy into the batch buffer", copy, "pixels"),
-        ("simplejpeg at the loader's scale now (1/2, 1/4, 1/8 or full: dstore.loader.decode.dct_scale)",
+        ("simplejpeg at the loader's scale now (1/2, 1/4, 1/8 or full: dstore.codec.decode.dct_scale)",
          lambda b: simplejpeg.decode_jpeg(b, "RGB", False, False, *dct_scale(b, s)), "bytes"),
         ("numpy Generator and the trainer's draws (before)", lambda a: tf.draw(np.random.default_rng([0, 1, 2])),
          "loader"),
         ("KeyedDraws and the trainer's draws (now)", lambda a: tf.draw(KeyedDraws(0, 1, 2)), "loader"),
-        ("dstore.loader.kernels: resize, crop, flip and CHW copy in one pass (now)",
+        ("dstore.codec.kernels: resize, crop, flip and CHW copy in one pass (now)",
          lambda a: kernels.resize_chw(a, box(a.shape[:2], s), s, chw, shift=(2, -3), flip=True), "loader"),
         ("a worker's whole path now: decode, draws, sample_into the batch",
          lambda b: tf.sample_into(decode_image(b, min_size=s), KeyedDraws(0, 1, 2), chw, finish=True), "bytes"),
@@ -92,7 +92,7 @@ def measure(args) -> dict:
     pixels = [todo[4][1](a)[0] for a in scaled]
     inputs = {"bytes": blobs, "scaled": scaled, "pixels": pixels, "loader": loader}
     if not kernels.available():
-        print("dstore.loader.kernels: numba is not installed or DSTORE_NATIVE=0: its rows time the numpy path")
+        print("dstore.codec.kernels: numba is not installed or DSTORE_NATIVE=0: its rows time the numpy path")
     times = {name: [] for name, _, _ in todo}
     for _ in range(args.rounds):
         for name, fn, which in todo:

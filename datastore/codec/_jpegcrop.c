@@ -1,4 +1,4 @@
-/* dstore.loader._jpegcrop: decode only a region of a JPEG with the system's libjpeg(-turbo), GIL released.
+/* dstore.codec._jpegcrop: decode only a region of a JPEG with the system's libjpeg(-turbo), GIL released.
  *
  * libjpeg-turbo's own partial decode (libjpeg API, since 1.5): jpeg_crop_scanline narrows each
  * output row to the iMCU columns that cover the region, jpeg_skip_scanlines passes the rows above
@@ -157,7 +157,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", "libjpeg partial decode", -1, methods};
 
-/* VERSION: what dstore.loader.decode checks before it uses a build (an older one, left by an install
+/* VERSION: what dstore.codec.decode checks before it uses a build (an older one, left by an install
  * that did not rebuild the extension, is not used): 2 = exact at the edges of subsampled chroma,
  * 3 = the file checked to its end. */
 PyMODINIT_FUNC PyInit__jpegcrop(void) {

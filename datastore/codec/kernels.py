@@ -1,7 +1,7 @@
 """Compiled per-sample kernels (numba): the decode workers' and decode threads' resize, crop, flip
 and CHW copy in one pass over the pixels, with the GIL released.
 
-`dstore.loader.resize` defines the arithmetic and keeps its numpy form as the reference; the kernel here
+`dstore.codec.resize` defines the arithmetic and keeps its numpy form as the reference; the kernel here
 does the same integer operations in the same order, so its pixels are the numpy ones exactly (and
 so the batch resize's on any device: tests/test_kernels.py compares all three). Why a compiled
 kernel: a worker's time per 224px sample was the decode (about 1,070 us here) plus 320 us of numpy
@@ -125,7 +125,7 @@ def _build():
     @numba.njit(nogil=True, cache=True)
     def box_rows(src, c, top, left, ky, kx, m, acc, red):  # pragma: no cover - compiled
         """red[y, x*c + ch] = the rounded mean of the ky x kx block at (top + y*ky, left + x*kx),
-        channel ch, of src (H, W*c, an image's rows flattened): dstore.loader.resize.box_reduce. The
+        channel ch, of src (H, W*c, an image's rows flattened): dstore.codec.resize.box_reduce. The
         division by n = ky*kx is a multiply by m = ceil(2^40 / n) and a shift, exact for sums below
         2^24 (a sum times m's error, under n, stays below 2^40); acc: uint32 scratch of a source row."""
         h, wc = red.shape
@@ -152,7 +152,7 @@ def _build():
     @numba.njit(nogil=True, cache=True)
     def rows_any(src, top, left, w, y0, y1, fy, ylo, yhi, rows):  # pragma: no cover - compiled
         """rows[y, x*C + ch] = the two-tap blend of src rows top + y0[y] and top + y1[y] at column
-        left + x, channel ch (uint16), for y in [ylo, yhi): dstore.loader.resize.resize's row pass.
+        left + x, channel ch (uint16), for y in [ylo, yhi): dstore.codec.resize.resize's row pass.
         src: (H, W*C) uint8, an image's rows flattened (C = rows.shape[1] // w)."""
         wc = rows.shape[1]
         c = wc // w
@@ -311,8 +311,8 @@ def compiled_for(pixels: int):
 def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], out: np.ndarray, *,
                shift: tuple[int, int] = (0, 0), flip: bool = False) -> None:
     """out (uint8 [C, th, tw], any strides) = the part `box` = (top, left, height, width) of the
-    (H, W, C) uint8 `img`, resized to `size` as `dstore.loader.resize.resize` does, shifted as
-    `dstore.loader.resize.shift` does by `shift` = (dy, dx), flipped left-right where `flip`; the kernel
+    (H, W, C) uint8 `img`, resized to `size` as `dstore.codec.resize.resize` does, shifted as
+    `dstore.codec.resize.shift` does by `shift` = (dy, dx), flipped left-right where `flip`; the kernel
     where it is loaded (and the output has NATIVE_MIN_PIXELS or more), else the numpy reference,
     with the same pixels."""
     th, tw = int(size[0]), int(size[1])
@@ -320,7 +320,7 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
         raise ValueError(f"resize_chw: image {img.shape} {img.dtype} into {out.shape}, size {(th, tw)}")
     k = compiled_for(th * tw)
     if k is None:
-        from dstore.loader import resize as rs
+        from dstore.codec import resize as rs
 
         top, left, bh, bw = (int(v) for v in box)
         part = rs.shift(rs.resize(img[top:top + bh, left:left + bw], (th, tw)), int(shift[0]), int(shift[1]))
@@ -331,7 +331,7 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
 
 def _resize_chw(k, img, box, size, out, shift, flip) -> None:
     """`resize_chw` by the kernels `k`."""
-    from dstore.loader import resize as rs
+    from dstore.codec import resize as rs
 
     top, left, bh, bw = (int(v) for v in box)
     th, tw = size
@@ -368,8 +368,8 @@ def _resize_chw(k, img, box, size, out, shift, flip) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _utaps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`dstore.loader.resize.taps` with unsigned taps (no wrap-around check in the kernels); read-only, cached."""
-    from dstore.loader import resize as rs
+    """`dstore.codec.resize.taps` with unsigned taps (no wrap-around check in the kernels); read-only, cached."""
+    from dstore.codec import resize as rs
 
     i0, i1, f = rs.taps(n_in, n_out)
     out = i0.astype(np.uint64), i1.astype(np.uint64), f

@@ -1,4 +1,4 @@
-"""Types of the optional C extension datastore/loader/_jpegcrop.c (a compiled module has none of its own)."""
+"""Types of the optional C extension datastore/codec/_jpegcrop.c (a compiled module has none of its own)."""
 
 from typing import Any
 

@@ -11,8 +11,8 @@ import warnings
 
 import numpy as np
 
+from dstore.codec import resize as _resize
 from dstore.errors import SampleError, shown
-from dstore.loader import resize as _resize
 from dstore.runtime import rc
 
 _JPEG_MAGIC = b"\xff\xd8"
@@ -23,24 +23,24 @@ try:  # simplejpeg is a declared dependency; the fallback keeps a broken wheel f
 except ImportError:  # pragma: no cover
     _simplejpeg = None
 
-try:  # the partial decode (datastore/loader/_jpegcrop.c), an optional extension: see decode_crop
-    from dstore.loader import _jpegcrop
+try:  # the partial decode (datastore/codec/_jpegcrop.c), an optional extension: see decode_crop
+    from dstore.codec import _jpegcrop
 except ImportError:  # not built here (no compiler or libjpeg headers at install): whole decodes
     _jpegcrop = None
 if not rc.PARTIAL_DECODE.get():  # DSTORE_PARTIAL_DECODE=0: whole decodes, read once per process
     _jpegcrop = None
 EXTENSION_VERSION = 3
-"""The build of dstore.loader._jpegcrop this module uses (its VERSION): 3, exact at the edges of
+"""The build of dstore.codec._jpegcrop this module uses (its VERSION): 3, exact at the edges of
 subsampled chroma (2) and each file checked to its end (3). An older build (an install that did not
 rebuild it) is not used: whole decodes, said once per process."""
 
 
 def usable(module):
-    """`module` (a build of dstore.loader._jpegcrop, or None) if it is at least EXTENSION_VERSION,
+    """`module` (a build of dstore.codec._jpegcrop, or None) if it is at least EXTENSION_VERSION,
     else None, with a RuntimeWarning naming its file (Python shows it once per process)."""
     if module is None or getattr(module, "VERSION", 1) >= EXTENSION_VERSION:
         return module
-    warnings.warn(f"dstore.loader._jpegcrop ({getattr(module, '__file__', module)}) is an older build than this "
+    warnings.warn(f"dstore.codec._jpegcrop ({getattr(module, '__file__', module)}) is an older build than this "
                   f"dstore's (version {getattr(module, 'VERSION', 1)} < {EXTENSION_VERSION}): it does not check a "
                   f"file past the crop, so JPEGs are decoded whole; reinstall dstore to rebuild it",
                   RuntimeWarning, stacklevel=2)
@@ -207,7 +207,7 @@ def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int
     = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
     1/k of `crop_divisor(box, size)` (the crop still at least `size`; size None: at full scale,
     `crop_size`), not at the image's own
-    (`dct_scale`), and, where the extension dstore.loader._jpegcrop is built, only the region around the
+    (`dct_scale`), and, where the extension dstore.codec._jpegcrop is built, only the region around the
     box: libjpeg-turbo skips the rows above it without the inverse DCT, decodes only the iMCU
     columns over it and stops below it (for torchvision's random resized crop of 500x375 photos
     at 224: a third less CPU than the whole decode, docs/benchmarks.md). Other encodings decode whole.
@@ -228,7 +228,7 @@ def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int
     8x8 block's frequencies, a box filter, before the resize's bilinear (tests/test_imagenet_recipe.py
     bounds the difference). The same bytes and plan give the same pixels in any thread or process.
 
-    scratch: with the extension, decode into this thread's scratch buffer (dstore.loader.resize.scratch),
+    scratch: with the extension, decode into this thread's scratch buffer (dstore.codec.resize.scratch),
     valid until the thread's next decode_crop: for a caller that uses the image at once (the
     loaders), saving the page faults of a fresh buffer per sample.
 
@@ -263,13 +263,13 @@ def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int
 
 
 def extension():
-    """The build of the partial decode (dstore.loader._jpegcrop) `decode_crop` uses; None: whole decodes."""
+    """The build of the partial decode (dstore.codec._jpegcrop) `decode_crop` uses; None: whole decodes."""
     return _jpegcrop
 
 
 @contextlib.contextmanager
 def using_extension(module):
-    """`decode_crop` decodes with `module` (a build of dstore.loader._jpegcrop, or None: whole decodes)
+    """`decode_crop` decodes with `module` (a build of dstore.codec._jpegcrop, or None: whole decodes)
     inside the block, in every thread: for measurements that compare builds (tools/measure/crop_decode.py)."""
     global _jpegcrop
     saved, _jpegcrop = _jpegcrop, module
@@ -286,7 +286,7 @@ def crop_size(transform) -> tuple[int, int] | None:
 
 
 def _decode_region(buf, where, k: int, shape: tuple[int, int], channels: int | None, scratch: bool):
-    """(image, box) of the partial decode (dstore.loader._jpegcrop) of box `where` at 1/k of a JPEG of
+    """(image, box) of the partial decode (dstore.codec._jpegcrop) of box `where` at 1/k of a JPEG of
     `shape`, or None where libjpeg refuses it (a colour space it cannot convert, or corrupt data
     anywhere in the file): the caller then decodes whole, which raises the error (simplejpeg's
     message) a broken file deserves, the same as where the extension is not built."""
@@ -323,7 +323,7 @@ def decode_sample(data, info, *, channels: int | None = None, min_size=None, nam
 
 
 def resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """An HWC uint8 array resized to `size` = (H, W) (fixed-point bilinear, dstore.loader.resize: the same
+    """An HWC uint8 array resized to `size` = (H, W) (fixed-point bilinear, dstore.codec.resize: the same
     pixels as a batch resize on any device); returned as is if already that size, else a new,
     writable array."""
     return _resize.resize(arr, size)

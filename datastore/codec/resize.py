@@ -2,11 +2,11 @@
 (torch, on any device).
 
 The loader's one resize. JPEGs arrive reduced in the DCT domain where 1/2, 1/4 or 1/8 still
-covers the target (`dstore.loader.decode.dct_scale`), so what is left is a scale between 1 and 2; a
+covers the target (`dstore.codec.decode.dct_scale`), so what is left is a scale between 1 and 2; a
 two-tap bilinear is right for that (it aliases only past 2x, where `box_reduce` first averages
 whole blocks, as the DCT scaling does for JPEGs). Pillow's antialiased bilinear took 0.6-0.8 ms
 per 224px sample here; this one about half of that in numpy, about an eighth compiled
-(`dstore.loader.kernels`, the same pixels: this module is its reference), and as a batch op it runs on
+(`dstore.codec.kernels`, the same pixels: this module is its reference), and as a batch op it runs on
 the GPU (`resize_batch`), where the decode workers then only decode and crop.
 
 The arithmetic (half-pixel centres, as OpenCV's INTER_LINEAR and torch's align_corners=False):
@@ -122,7 +122,7 @@ def scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     """This thread's scratch array `name` of `shape`, a view of a buffer that only grows: fresh
     arrays of a few hundred KB per call are mapped anew by malloc and page-faulted in, which
     measured about as much as the arithmetic (a 224px resize 1.4 ms against 0.5 ms with malloc
-    told not to map them). Also the compiled kernels' (dstore.loader.kernels)."""
+    told not to map them). Also the compiled kernels' (dstore.codec.kernels)."""
     need = math.prod(shape)
     have = getattr(_local, name, None)
     if have is None or have.dtype != dtype or have.size < need:
