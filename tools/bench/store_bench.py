@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dstore.loader import kernels
+from dstore.codec import kernels
 from dstore.loader.store_loader import StoreLoader
 from dstore.memory.costs import NATIVE_MIN_PIXELS
 from dstore.runtime import rc
@@ -99,7 +99,7 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
     `sample_range`. Returns the measurement and the slowest rank's mean seconds per step (what the
     training view's compute time is set from).
 
-    The compiled kernels (dstore.loader.kernels) are loaded first where this pass and the training
+    The compiled kernels (dstore.codec.kernels) are loaded first where this pass and the training
     view's store pass after it, in the same process and over the same samples, reach
     DSTORE_NATIVE_AFTER (2,000) samples together: else their one-time load (about 1 s of CPU per
     process, more on a loaded machine) starts near this pass's end and falls on the view's store
