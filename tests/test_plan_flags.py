@@ -64,7 +64,7 @@ NOT_A_NUMBER = [("--samples", "1.5"), ("--nodes", "x"), ("--workers", "two"), ("
 def _plan_parser():
     parser = build_parser()
     args = parser.parse_args(["plan", *BASE])
-    return parser, args._parser
+    return parser, args.command_parser
 
 
 def _bench_files(tmp_path) -> dict:

@@ -214,7 +214,8 @@ def test_an_error_in_a_transform_propagates(raw_container, ahead):
 
 
 def test_ahead_argument_and_resize_is_writable(png_container):
-    for bad in (0, -1, True, 1.5, "2"):
+    # text of an integer is that integer (dstore.runtime.values); text that is none is refused
+    for bad in (0, -1, True, 1.5, "x", "1.5"):
         with pytest.raises(ConfigError, match="ahead"):
             StoreLoader(object(), ahead=bad)
     out = resize(np.zeros((5, 6, 3), np.uint8), (3, 4))

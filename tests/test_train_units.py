@@ -179,7 +179,7 @@ def test_every_train_flag_is_a_config_field():
     args = build_parser().parse_args(["train", "x.h5", "--image-size", "16x24", "--mean", "0.5,0.4,0.3",
                                       "--resume", "auto", "--no-progress"])
     # --json: how the summary is printed; --config/--print-config: where the flags come from; not the run
-    dests = set(vars(args)) - {"command", "_run", "json", "config", "print_config", "_parser"}
+    dests = set(vars(args)) - {"command", "command_run", "json", "config", "print_config", "command_parser"}
     assert dests <= set(TrainConfig.__dataclass_fields__), dests - set(TrainConfig.__dataclass_fields__)
     assert args.image_size == (16, 24) and args.mean == (0.5, 0.4, 0.3) and args.progress is False
     cfg = TrainConfig(**{k: getattr(args, k) for k in dests})

@@ -97,7 +97,7 @@ def imagenet_transform(size: int):
                           f"{', '.join(config.AUGMENTS)}); use --recipe plain")
     spec = SimpleNamespace(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     try:
-        train_tf, _ = run.build_transforms(cast(Any, SimpleNamespace(augment="imagenet")), spec, (size, size))
+        train_tf, _ = run.build_transforms(cast(Any, SimpleNamespace(augment="imagenet", resize="fast")), spec, (size, size))
     except (AttributeError, TypeError) as exc:
         raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run.build_transforms) changed; "
                           f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})") from None
