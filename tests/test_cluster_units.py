@@ -3,6 +3,7 @@ need neither root nor a cluster; tests/test_cluster.py runs jobs on a real one."
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -63,7 +64,11 @@ def test_a_run_crosses_the_links_and_sees_real_nodes():
 def test_launch_script_and_hosts_file():
     script = cluster._launch_script(C)
     assert 'ip netns exec "demo-$host" unshare --uts --mount --propagation private' in script
-    assert "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs /tmp" in script
+    assert ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind /tmp /run/dstore-cluster/demo/host-tmp "
+            "&& mount -t tmpfs -o mode=1777 tmpfs /tmp") in script
+    # a clone under /tmp (as CI may make) stays seen by every node of a node_tmp cluster
+    kept = cluster._launch_script(dataclasses.replace(C, shared_in_tmp=("ci1",)))
+    assert "mkdir -p /tmp/ci1 && mount --bind /run/dstore-cluster/demo/host-tmp/ci1 /tmp/ci1" in kept
     assert "/tmp" not in cluster._launch_script(cluster.Cluster("demo", "10.99.7.0/24", 2)).split("/dev/shm", 1)[1] \
         .split("&& exec")[0]
     res = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)

@@ -106,6 +106,9 @@ class Cluster:
     ranks_per_node: int = 1
     link: str = "none"
     node_tmp: bool = False
+    shared_in_tmp: tuple[str, ...] = ()
+    """With `node_tmp`: the folders directly under /tmp that every node still sees (where the software
+    and the working folder that started the cluster live, as a cluster installs them on shared storage)."""
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -212,6 +215,19 @@ def free_subnet(first: int = 10, last: int = 250, base: str = "10.99") -> str:
     raise ClusterError(f"no free /24 in {base}.{first}.0 - {base}.{last}.0")
 
 
+def software_in_tmp() -> tuple[str, ...]:
+    """The folders directly under /tmp holding this Python's prefix, the installed dstore or the working
+    folder: a node with a /tmp of its own must still see them (a clone under /tmp, as CI may make)."""
+    import dstore
+
+    names = set()
+    for p in (sys.prefix, sys.executable, os.getcwd(), dstore.__file__):
+        parts = Path(os.path.abspath(p)).parts
+        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+            names.add(parts[2])
+    return tuple(sorted(names))
+
+
 _LAUNCH = """#!/bin/sh
 # Written by `dstore cluster up` for cluster {name}. MPICH's hydra starts a node's proxy as
 # `THIS [-x] HOST COMMAND...`, as it would call ssh: run COMMAND in HOST's network namespace with
@@ -226,7 +242,12 @@ exec ip netns exec "{name}-$host" unshare --uts --mount --propagation private sh
 
 
 def _launch_script(c: Cluster) -> str:
-    tmp_mount = " && mount -t tmpfs -o mode=1777 tmpfs /tmp" if c.node_tmp else ""
+    tmp_mount = ""
+    if c.node_tmp:  # the host's /tmp kept aside first, to bind back what every node must see (shared_in_tmp)
+        host_tmp = c.folder / "host-tmp"
+        tmp_mount = f" && mount --bind /tmp {host_tmp} && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+        for d in c.shared_in_tmp:
+            tmp_mount += f" && mkdir -p /tmp/{d} && mount --bind {host_tmp}/{d} /tmp/{d}"
     return _LAUNCH.format(name=c.name, tmp_doc=" and /tmp" if c.node_tmp else "", tmp_mount=tmp_mount,
                           hosts=c.folder / "hosts")
 
@@ -275,7 +296,8 @@ def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, nodes: int = 2, r
     reason = unavailable()
     if reason:
         raise ClusterUnavailable(reason)
-    c = Cluster(check_name(name), check_subnet(subnet), nodes, ranks_per_node, link, node_tmp)
+    c = Cluster(check_name(name), check_subnet(subnet), nodes, ranks_per_node, link, node_tmp,
+                software_in_tmp() if node_tmp else ())
     if not 1 <= nodes <= MAX_NODES:
         raise ConfigError(f"--nodes {nodes}: give 1 to {MAX_NODES}")
     if ranks_per_node < 1:
@@ -303,6 +325,7 @@ def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, nodes: int = 2, r
 
 def _make(c: Cluster) -> None:
     (c.folder / "hosts").write_text(_hosts_file(c))
+    (c.folder / "host-tmp").mkdir(exist_ok=True)
     c.launcher.write_text(_launch_script(c))
     c.launcher.chmod(0o755)
     _ip("link", "add", c.bridge, "type", "bridge")
