@@ -35,7 +35,11 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from dstore.store.data_store import DataStore
     from dstore.store.mixed import MixedStore
 
-_LAZY = {"DataStore": "dstore.store.data_store", "MixedStore": "dstore.store.mixed", "StoreLoader": "dstore.loader.store_loader"}
+_LAZY = {
+    "DataStore": "dstore.store.data_store",
+    "MixedStore": "dstore.store.mixed",
+    "StoreLoader": "dstore.loader.store_loader",
+}
 
 __all__ = [
     "ChecksumError",

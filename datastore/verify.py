@@ -59,11 +59,16 @@ class VerifyReport:
 
     def summary(self) -> str:
         """A few lines for people: what was checked, how fast, and every bad sample."""
-        checks = "checksums, labels" + (", decoding" if self.decoded else "") + (
-            f", fields {', '.join(self.fields)}" if self.fields else "")
+        checks = (
+            "checksums, labels"
+            + (", decoding" if self.decoded else "")
+            + (f", fields {', '.join(self.fields)}" if self.fields else "")
+        )
         rate = self.total_bytes / max(self.seconds, 1e-9)
-        lines = [f"{self.path}: {self.num_samples} samples, {fmt_size(self.total_bytes)}; checked {checks} "
-                 f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({fmt_rate(rate)})"]
+        lines = [
+            f"{self.path}: {self.num_samples} samples, {fmt_size(self.total_bytes)}; checked {checks} "
+            f"on {self.nranks} rank(s) in {self.seconds:.2f} s ({fmt_rate(rate)})"
+        ]
         if self.ok:
             lines.append("OK: every sample passed")
         else:
@@ -141,8 +146,9 @@ def _check_large(reader, i: int, read_size: int, decode: bool) -> list[str]:
     return [] if err is None else [err]
 
 
-def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None,
-                 beat=None) -> list[BadSample]:
+def _check_block(
+    reader, start: int, stop: int, *, decode: bool, read_size: int, pool=None, beat=None
+) -> list[BadSample]:
     """Every check on samples [start, stop) of an open reader; decoding runs on `pool` (the
     decoders release the GIL) when one is given; `beat` (a dstore.runtime.heartbeat.Heartbeat) counts them."""
     info, offsets = reader.info, reader.offsets
@@ -171,8 +177,7 @@ def _check_block(reader, start: int, stop: int, *, decode: bool, read_size: int,
                 got = crc32(view[lo:hi]) & 0xFFFFFFFF
                 want = int(reader.checksums[i])
                 if got != want:
-                    reasons.setdefault(i, []).insert(0, f"checksum mismatch: stored {want:#010x}, "
-                                                        f"computed {got:#010x}")
+                    reasons.setdefault(i, []).insert(0, f"checksum mismatch: stored {want:#010x}, computed {got:#010x}")
                 elif decode:  # bytes that fail their checksum are not worth decoding
                     to_decode.append((i, buf[lo:hi]))
             if to_decode:
@@ -211,8 +216,9 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         _ = reader.source_index  # read and checked on demand only (a store never reads it): here it is checked
         bounds = block_bounds(reader.offsets, size)
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-        with Heartbeat(f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples",
-                       enabled=rank == 0) as beat:
+        with Heartbeat(
+            f"verify{' --decode' if decode else ''} (rank 0's part)", hi - lo, unit="samples", enabled=rank == 0
+        ) as beat:
             bad += _check_block(reader, lo, hi, decode=decode, read_size=read_size, pool=pool, beat=beat)
         if rank == 0:  # fields are small (captions, records): one rank reads them all
             bad += _check_fields(reader)
@@ -222,15 +228,25 @@ def verify_container(path, *, comm=None, decode: bool = False, read_size: int = 
         seconds = comm.allreduce(time.perf_counter() - t0, op=_max_op())
     else:
         seconds = time.perf_counter() - t0
-    return VerifyReport(path=os.fspath(path), num_samples=n, total_bytes=total, decoded=decode,
-                        nranks=size, seconds=seconds, bad=tuple(sorted(bad, key=lambda b: b.index)),
-                        fields=fields)
+    return VerifyReport(
+        path=os.fspath(path),
+        num_samples=n,
+        total_bytes=total,
+        decoded=decode,
+        nranks=size,
+        seconds=seconds,
+        bad=tuple(sorted(bad, key=lambda b: b.index)),
+        fields=fields,
+    )
 
 
 def _check_fields(reader) -> list[BadSample]:
     """A BadSample per sample and field whose value does not match its checksum."""
-    return [BadSample(i, reader.name(i), f"field {name!r} does not match its checksum")
-            for name in reader.field_names for i in reader.field_bad_samples(name)]
+    return [
+        BadSample(i, reader.name(i), f"field {name!r} does not match its checksum")
+        for name in reader.field_names
+        for i in reader.field_bad_samples(name)
+    ]
 
 
 def _decode_threads(comm) -> int:
@@ -251,8 +267,13 @@ def _max_op():
 def _distribution(sizes: np.ndarray) -> dict[str, float]:
     if sizes.size == 0:
         return {"min": 0, "mean": 0.0, "median": 0.0, "p95": 0.0, "max": 0}
-    return {"min": int(sizes.min()), "mean": float(sizes.mean()), "median": float(np.median(sizes)),
-            "p95": float(np.percentile(sizes, 95)), "max": int(sizes.max())}
+    return {
+        "min": int(sizes.min()),
+        "mean": float(sizes.mean()),
+        "median": float(np.median(sizes)),
+        "p95": float(np.percentile(sizes, 95)),
+        "max": int(sizes.max()),
+    }
 
 
 def container_info(path) -> dict:
@@ -283,8 +304,9 @@ def container_info(path) -> dict:
             "fields": [{"name": n, "kind": k} for n, k in info.fields],
         }
         if fmt == "sharded":
-            result["shards"] = [{"path": s.path, "num_samples": s.num_samples, "total_bytes": s.total_bytes}
-                                for s in reader.shards]
+            result["shards"] = [
+                {"path": s.path, "num_samples": s.num_samples, "total_bytes": s.total_bytes} for s in reader.shards
+            ]
     return result
 
 

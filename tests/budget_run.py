@@ -18,8 +18,10 @@ comm = MPI.COMM_WORLD
 
 
 def stores():
-    return (DataStore(comm, path, batch_size=16, seed=1, sample_range=(0, 480)),
-            DataStore(comm, path, batch_size=16, seed=2, sample_range=(480, 600)))
+    return (
+        DataStore(comm, path, batch_size=16, seed=1, sample_range=(0, 480)),
+        DataStore(comm, path, batch_size=16, seed=2, sample_range=(480, 600)),
+    )
 
 
 train, held = stores()
@@ -44,5 +46,4 @@ except MemoryBudgetError as exc:
 small_train.close()
 small_held.close()
 with open(os.path.join(results, f"rank{comm.Get_rank()}.json"), "w") as fh:
-    json.dump({"budget": avail, "budgets": budgets, "used": used, "served": served,
-               "refused": refused}, fh)
+    json.dump({"budget": avail, "budgets": budgets, "used": used, "served": served, "refused": refused}, fh)

@@ -50,8 +50,10 @@ def scenario_nodes(comm, path):
         node.Free()
         want = [r for r, h in enumerate(names) if h == names[comm.rank]]
         if members != want:
-            raise AssertionError(f"rank {comm.rank} on {names[comm.rank]}: node_comm(emulate={emulate}) "
-                                 f"groups ranks {members}, the host holds {want}")
+            raise AssertionError(
+                f"rank {comm.rank} on {names[comm.rank]}: node_comm(emulate={emulate}) "
+                f"groups ranks {members}, the host holds {want}"
+            )
     segments = comm.allgather(sorted(f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm")))
     for r, segs in enumerate(segments):
         if names[r] != names[comm.rank] and set(segs) & set(segments[comm.rank]):
@@ -92,15 +94,25 @@ def scenario_store(comm, path):
             want = _expected(st, reader, got[0], names)
             have = (s.samples_node, s.bytes_node, s.samples_remote, s.bytes_remote)
             if have != want:
-                raise AssertionError(f"rank {comm.rank} on {names[comm.rank]}: (node samples, node bytes, remote "
-                                     f"samples, remote bytes) {have}, expected {want} from the owners' hosts")
+                raise AssertionError(
+                    f"rank {comm.rank} on {names[comm.rank]}: (node samples, node bytes, remote "
+                    f"samples, remote bytes) {have}, expected {want} from the owners' hosts"
+                )
             check_delivery(comm, reader, got, epoch=1, policy=policy, seed=4, drop_last=False)
-            rows = comm.allgather((names[comm.rank], index.bytes_read, index.node_size, index.nbytes, grown,
-                                   have))
+            rows = comm.allgather((names[comm.rank], index.bytes_read, index.node_size, index.nbytes, grown, have))
         per_node = {}
         for host, read, size, nbytes, shm, _ in rows:
-            d = per_node.setdefault(host, {"ranks": 0, "readers": 0, "index_bytes_read": 0, "node_size": size,
-                                           "index_bytes": nbytes, "shm_growth": shm})
+            d = per_node.setdefault(
+                host,
+                {
+                    "ranks": 0,
+                    "readers": 0,
+                    "index_bytes_read": 0,
+                    "node_size": size,
+                    "index_bytes": nbytes,
+                    "shm_growth": shm,
+                },
+            )
             d["ranks"] += 1
             d["readers"] += read > 0
             d["index_bytes_read"] += read
@@ -108,10 +120,11 @@ def scenario_store(comm, path):
             # (a node of one rank needs no shared memory: MPICH keeps its window in private memory)
             in_shm = d["ranks"] == 1 or d["shm_growth"] >= d["index_bytes"]
             if d["readers"] != 1 or d["node_size"] != d["ranks"] or not in_shm:
-                raise AssertionError(f"{host}: expected one index reader among its {d['ranks']} ranks, shared by "
-                                     f"all, in its /dev/shm: {d}")
-        split.append({"policy": policy, "per_rank_node_remote_bytes": [r[5][1::2] for r in rows],
-                      "per_node": per_node})
+                raise AssertionError(
+                    f"{host}: expected one index reader among its {d['ranks']} ranks, shared by "
+                    f"all, in its /dev/shm: {d}"
+                )
+        split.append({"policy": policy, "per_rank_node_remote_bytes": [r[5][1::2] for r in rows], "per_node": per_node})
         if len(per_node) > 1 and not all(r[5][3] for r in rows):
             raise AssertionError(f"a rank fetched nothing from another node: {[r[5] for r in rows]}")
     reader.close()
@@ -125,7 +138,9 @@ def scenario_paths(comm, path):
     from dstore.runtime.collective import seen_everywhere
 
     names = hosts(comm)
-    made = comm.bcast([os.path.join(d, f"dstore-seen-{os.getpid()}") for d in ("/tmp", "/dev/shm", os.path.dirname(path))])
+    made = comm.bcast(
+        [os.path.join(d, f"dstore-seen-{os.getpid()}") for d in ("/tmp", "/dev/shm", os.path.dirname(path))]
+    )
     if comm.rank == 0:
         for m in made:
             with open(m, "w") as f:
@@ -203,8 +218,10 @@ def scenario_stream(comm, path):
     slow_stream()
     reader = open_container(path)
     kw = dict(batch_size=BATCH, seed=5)
-    with DataStore(comm, reader, **kw) as pre, DataStore(comm, path, population="stream", population_threads=2,
-                                                         **kw) as stream:
+    with (
+        DataStore(comm, reader, **kw) as pre,
+        DataStore(comm, path, population="stream", population_threads=2, **kw) as stream,
+    ):
         for epoch in (0, 1):
             a, b = run_epoch(stream, epoch), run_epoch(pre, epoch)
             if not all(np.array_equal(x, y) for x, y in zip(a, b)):
@@ -232,8 +249,10 @@ def scenario_fields(comm, path):
         if sorted(i for i, _, _ in got) != list(range(reader.num_samples)):
             raise AssertionError(f"fields epoch delivered {sorted(i for i, _, _ in got)}")
         for i, image, f in got:
-            want = (bytes(reader.sample(i)[0]).hex(), *(None if reader.field_missing(n, i, i + 1)[0]
-                                                         else reader.field_bytes(n, i).hex() for n in names))
+            want = (
+                bytes(reader.sample(i)[0]).hex(),
+                *(None if reader.field_missing(n, i, i + 1)[0] else reader.field_bytes(n, i).hex() for n in names),
+            )
             if (image, f["txt"], f["boxes"]) != want:
                 raise AssertionError(f"sample {i}: served image or fields differ from the container's")
         reader.close()
@@ -296,7 +315,7 @@ def scenario_resume_load(comm, path):
     report(comm, "resume_load", hosts=hosts(comm), saved_on=sorted(set(saved["hosts"])))
 
 
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":
     scenarios.main(sys.argv[1:], SCENARIOS)

@@ -53,12 +53,14 @@ def main(results_dir, work):
         "result": outcome(collective.on_root, comm, lambda a, b=0: [a, b, comm.Get_rank()], 5, b=7),
         "trainer": outcome(collective.on_root, comm, fail, FormatError("bad chunk")),
         "ours": outcome(collective.on_root, comm, fail, FormatError("bad chunk"), types={}),
-        "typed": outcome(collective.on_root, comm, fail, PeerError("peer"), types={"PeerError": PeerError},
-                         fallback=IngestError),
+        "typed": outcome(
+            collective.on_root, comm, fail, PeerError("peer"), types={"PeerError": PeerError}, fallback=IngestError
+        ),
         "foreign": outcome(collective.on_root, comm, fail, KeyError("k"), types={}, fallback=IngestError),
         "open_source": outcome(open_source_collective, comm, os.path.join(work, "no-such-folder")),
-        "output_exists": outcome(ingest, "synthetic", os.path.join(work, "taken.h5"), comm=comm, count=4,
-                                 progress=False),
+        "output_exists": outcome(
+            ingest, "synthetic", os.path.join(work, "taken.h5"), comm=comm, count=4, progress=False
+        ),
     }
     half.Free()
     with open(os.path.join(results_dir, f"rank{comm.Get_rank()}.json"), "w") as f:

@@ -26,8 +26,7 @@ N, SHAPE = 2000, (64, 64, 3)
 def write(path: str) -> None:
     rng = np.random.default_rng(0)
     tmp = path + ".part"
-    with create_writer(tmp, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=SHAPE) as w:
+    with create_writer(tmp, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=SHAPE) as w:
         for i in range(N):
             w.append(rng.integers(0, 256, SHAPE, dtype=np.uint8), i % 2, f"s{i}", i)
     os.replace(tmp, path)

@@ -1,11 +1,11 @@
 """Own scripts run under mpiexec by test_faults_39, as a user writes them (nothing caught):
 
-    faults_39_run.py items MODE OUTPUT   ingest_items, rank 0's iterable raising MODE after two items
-                                         (interrupt: KeyboardInterrupt, exit: sys.exit(3), error: RuntimeError)
-    faults_39_run.py epochs CONTAINER    every rank iterates another epoch inside `with DataStore(...)`:
-                                         an error all ranks agree on, raised at the epoch's start
-    faults_39_run.py stall URL MARKER    a tiered store over the container at URL (object storage); after
-                                         the first batch rank 0 makes MARKER, which stalls the endpoint
+faults_39_run.py items MODE OUTPUT   ingest_items, rank 0's iterable raising MODE after two items
+                                     (interrupt: KeyboardInterrupt, exit: sys.exit(3), error: RuntimeError)
+faults_39_run.py epochs CONTAINER    every rank iterates another epoch inside `with DataStore(...)`:
+                                     an error all ranks agree on, raised at the epoch's start
+faults_39_run.py stall URL MARKER    a tiered store over the container at URL (object storage); after
+                                     the first batch rank 0 makes MARKER, which stalls the endpoint
 """
 
 import io

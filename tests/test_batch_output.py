@@ -26,8 +26,14 @@ def _raw_log(argv, env) -> str:
     """`mpiexec -n 2 ARGV > log 2>&1`, as bytes decoded without newline translation (text mode turns
     every \r into \n, so a check for \r on text-mode output could not fail)."""
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", *argv[1:]]
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    res = subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=180,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
     log = res.stdout.decode("utf-8", "replace")
     assert res.returncode == 0, log
     return log
@@ -38,10 +44,12 @@ def test_redirected_logs_of_every_command_have_no_frames_and_one_copy_of_a_warni
     env = {"DSTORE_CACHE": str(cache), "DSTORE_HEARTBEAT": "0.001"}
     out = str(tmp_path / "d.h5")
     logs = {}
-    for name, argv in (("ingest", ["ingest", "digits", out]),
-                       ("verify", ["verify", out, "--decode"]),
-                       ("info", ["info", out]),
-                       ("train", ["train", out, "--epochs", "1", "--threads", "1", "--run-dir", str(tmp_path / "r")])):
+    for name, argv in (
+        ("ingest", ["ingest", "digits", out]),
+        ("verify", ["verify", out, "--decode"]),
+        ("info", ["info", out]),
+        ("train", ["train", out, "--epochs", "1", "--threads", "1", "--run-dir", str(tmp_path / "r")]),
+    ):
         logs[name] = _raw_log(["dstore", *argv], env)
     for name, log in logs.items():
         assert "\r" not in log, (name, repr(log[:300]))
@@ -74,8 +82,15 @@ def test_one_formatter_prints_si_with_three_digits():
 
 
 def test_the_io_summary_is_one_line_of_min_median_max():
-    st = {"epoch": 2, "samples": 700, "samples_local": 1, "bytes_remote": 1000, "gets": 2, "fetch_seconds": 0.001,
-          "wait_seconds": 0.01}
+    st = {
+        "epoch": 2,
+        "samples": 700,
+        "samples_local": 1,
+        "bytes_remote": 1000,
+        "gets": 2,
+        "fetch_seconds": 0.001,
+        "wait_seconds": 0.01,
+    }
     ranks = [{**st, "samples": n, "bytes_remote": 1000 * n} for n in (700, 719, 738, 710)]
     line = summarize_io(ranks, "store")
     assert "\n" not in line and line.startswith("data I/O over 4 ranks (store, epoch 2)")
@@ -106,8 +121,10 @@ def test_a_heartbeat_writes_plain_lines_while_a_step_runs(monkeypatch):
     assert period_from_env() == 30
 
 
-INGEST_LINE = (r"^ingest: (\d+) of 60 samples \(\d+%\), [\d.]+ [kMG]?B, \d+ samples/s \([\d.]+ [kMG]?B/s\) "
-               r"after [\d.]+ s(, about [\d.]+ [um]?s left)?$")
+INGEST_LINE = (
+    r"^ingest: (\d+) of 60 samples \(\d+%\), [\d.]+ [kMG]?B, \d+ samples/s \([\d.]+ [kMG]?B/s\) "
+    r"after [\d.]+ s(, about [\d.]+ [um]?s left)?$"
+)
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
@@ -139,15 +156,21 @@ def test_a_heartbeat_with_rates_says_bytes_rate_and_time_left():
         beat.add(250, 25_000_000)
         beat._t0 -= 10.0  # as if started 10 s ago
         line = beat.line()
-    assert re.match(r"^ingest: 250 of 1000 samples \(25%\), 25.0 MB, 2[45] samples/s \(2.[45]\d? MB/s\) after "
-                    r"10.0 s, about 3\d.\d s left$", line), line
+    assert re.match(
+        r"^ingest: 250 of 1000 samples \(25%\), 25.0 MB, 2[45] samples/s \(2.[45]\d? MB/s\) after "
+        r"10.0 s, about 3\d.\d s left$",
+        line,
+    ), line
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["train", "--epoch", "3"], "--epoch: did you mean --epochs?"),  # a prefix was taken for --epochs
-    (["train", "--batchsize", "8"], "--batchsize: did you mean --batch-size?"),
-    (["ingest", "a", "b", "--no-progres"], "--no-progres: did you mean --no-progress?"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["train", "--epoch", "3"], "--epoch: did you mean --epochs?"),  # a prefix was taken for --epochs
+        (["train", "--batchsize", "8"], "--batchsize: did you mean --batch-size?"),
+        (["ingest", "a", "b", "--no-progres"], "--no-progres: did you mean --no-progress?"),
+    ],
+)
 def test_no_abbreviations_and_a_suggestion_for_a_typo(capsys, argv, says):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -159,8 +182,11 @@ def test_an_ingest_log_has_no_bar_unless_asked(tmp_path):
     out = tmp_path / "x.h5"
     np.save(tmp_path / "x.npy", np.zeros((20, 4, 4), dtype=np.uint8))
     for flag, frames in (([], False), (["--progress"], True)):
-        res = subprocess.run([sys.executable, "-m", "dstore.tools", "ingest", str(tmp_path / "x.npy"), str(out),
-                              "--overwrite", *flag], capture_output=True, timeout=120)  # bytes: \r kept
+        res = subprocess.run(
+            [sys.executable, "-m", "dstore.tools", "ingest", str(tmp_path / "x.npy"), str(out), "--overwrite", *flag],
+            capture_output=True,
+            timeout=120,
+        )  # bytes: \r kept
         assert res.returncode == 0, res.stderr
         assert (b"\r" in res.stderr) == frames, res.stderr
 
@@ -172,8 +198,9 @@ def test_an_ingest_heartbeat_of_several_shard_groups_says_whose_share_it_is(caps
 
     from dstore.ingest.meter import Meter
 
-    with Meter(np.array([0, 30, 60, 90]), [1], shards=3, groups=3, bar=False, period=0.01, enabled=True,
-               rank=1) as meter:
+    with Meter(
+        np.array([0, 30, 60, 90]), [1], shards=3, groups=3, bar=False, period=0.01, enabled=True, rank=1
+    ) as meter:
         meter.update(10, 1000)
         time.sleep(0.1)
     line = capsys.readouterr().err.splitlines()[-1]

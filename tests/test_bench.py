@@ -33,15 +33,37 @@ def _results(ranks=2, store_mb=8000.0):
         _m("store + StoreLoader decode", "decode", "memory", 1, ranks),
     ]
     return {
-        "meta": {"ranks": ranks, "num_samples": 1000, "total_bytes": 110_000_000, "mean_sample_bytes": 110_000,
-                 "batch_size": 64, "seed": 0, "machine": "test", "command": "dstore bench", "cores": 2,
-                 "load_average": [0.1, 0.2]},
+        "meta": {
+            "ranks": ranks,
+            "num_samples": 1000,
+            "total_bytes": 110_000_000,
+            "mean_sample_bytes": 110_000,
+            "batch_size": 64,
+            "seed": 0,
+            "machine": "test",
+            "command": "dstore bench",
+            "cores": 2,
+            "load_average": [0.1, 0.2],
+        },
         "measurements": ms,
-        "training_view": {"compute_seconds": 0.05, "store_step_seconds": 0.04, "factor": 1.25,
-                          "loaders": [{"name": "store (StoreLoader)", "steps": 10, "wall": 0.52, "wait": 0.01,
-                                       "au": 0.96, "rank_au": [0.96, 0.97]}]},
-        "growth": [{"num_samples": n, "total_bytes": n * 110_000, "store": ms[5], "raw_rma": ms[0]}
-                   for n in (100, 1000)],
+        "training_view": {
+            "compute_seconds": 0.05,
+            "store_step_seconds": 0.04,
+            "factor": 1.25,
+            "loaders": [
+                {
+                    "name": "store (StoreLoader)",
+                    "steps": 10,
+                    "wall": 0.52,
+                    "wait": 0.01,
+                    "au": 0.96,
+                    "rank_au": [0.96, 0.97],
+                }
+            ],
+        },
+        "growth": [
+            {"num_samples": n, "total_bytes": n * 110_000, "store": ms[5], "raw_rma": ms[0]} for n in (100, 1000)
+        ],
         "notes": ["a note"],
     }
 
@@ -154,28 +176,63 @@ def _check_outputs(out, *, ranks, real=True):
     assert set(res) >= {"meta", "measurements", "training_view", "growth", "ratios", "notes"}
     assert res["meta"]["ranks"] == ranks
     for m in res["measurements"]:
-        assert set(m) >= {"name", "group", "cache", "ranks", "samples", "bytes", "seconds", "total_mb_per_s",
-                          "total_samples_per_s", "rank_mb_per_s", "us_per_sample"}
+        assert set(m) >= {
+            "name",
+            "group",
+            "cache",
+            "ranks",
+            "samples",
+            "bytes",
+            "seconds",
+            "total_mb_per_s",
+            "total_samples_per_s",
+            "rank_mb_per_s",
+            "us_per_sample",
+        }
         assert len(m["seconds"]) == m["ranks"] and all(s >= 0 for s in m["seconds"])
     keys = {r["key"] for r in res["ratios"]}
-    assert keys == {"store_vs_raw_rma", "store_gets_vs_raw_rma", "store_vs_h5py_warm", "store_vs_folder_cold",
-                    "population_vs_seq_cold", "store_vs_h5py_cold", "store_vs_h5py_container_warm",
-                    "store_gets_vs_h5py_warm", "population_vs_seq_fresh_cold", "store_au"}
+    assert keys == {
+        "store_vs_raw_rma",
+        "store_gets_vs_raw_rma",
+        "store_vs_h5py_warm",
+        "store_vs_folder_cold",
+        "population_vs_seq_cold",
+        "store_vs_h5py_cold",
+        "store_vs_h5py_container_warm",
+        "store_gets_vs_h5py_warm",
+        "population_vs_seq_fresh_cold",
+        "store_au",
+    }
     if real:
         names = {(m["name"], m["cache"]) for m in res["measurements"]}
-        for want in [("memcpy", "memory"), (report.RAW_RMA, "memory"), (report.SEQ_READ, "cold"),
-                     (report.SEQ_READ, "warm"), (report.FOLDER, "cold"), (report.H5PY, "warm"),
-                     (report.H5PY, "cold"), (report.H5PY_CONTAINER, "warm"), (report.ZARR, "cold"),
-                     (report.ZARR_CONTAINER, "warm"), (report.POP_PRELOAD, "cold"),
-                     ("store population (dynamic)", "warm"), (report.STORE_MAIN, "memory"),
-                     ("store local, prefetch off", "memory"), ("store partial, prefetch on", "memory"),
-                     (report.STORE_GETS, "memory"),
-                     ("store + StoreLoader decode", "memory")]:
+        for want in [
+            ("memcpy", "memory"),
+            (report.RAW_RMA, "memory"),
+            (report.SEQ_READ, "cold"),
+            (report.SEQ_READ, "warm"),
+            (report.FOLDER, "cold"),
+            (report.H5PY, "warm"),
+            (report.H5PY, "cold"),
+            (report.H5PY_CONTAINER, "warm"),
+            (report.ZARR, "cold"),
+            (report.ZARR_CONTAINER, "warm"),
+            (report.POP_PRELOAD, "cold"),
+            ("store population (dynamic)", "warm"),
+            (report.STORE_MAIN, "memory"),
+            ("store local, prefetch off", "memory"),
+            ("store partial, prefetch on", "memory"),
+            (report.STORE_GETS, "memory"),
+            ("store + StoreLoader decode", "memory"),
+        ]:
             assert want in names, want
         assert all(r["value"] is not None for r in res["ratios"]), res["ratios"]
         assert [g["num_samples"] for g in res["growth"]] == [64, 192]
         assert {row["name"] for row in res["training_view"]["loaders"]} == {
-            "store (StoreLoader)", "DataLoader over files", runner.TV_H5PY, runner.TV_ZARR}
+            "store (StoreLoader)",
+            "DataLoader over files",
+            runner.TV_H5PY,
+            runner.TV_ZARR,
+        }
         for m in res["measurements"]:  # the fair per-sample rows read the copies, the others the containers
             if m["name"] in (report.H5PY, report.ZARR):
                 assert m["extra"]["path"].endswith((layouts.CONTIGUOUS_SUFFIX, layouts.PER_SAMPLE_ZARR_SUFFIX))
@@ -224,13 +281,20 @@ def test_generated_data_options_and_their_errors():
     cfg = config("--count", "100", "--mean-kb", "30", "--sides", "100,200", "--cold-repeat", "2")
     assert (cfg.count, cfg.mean_bytes, cfg.sides, cfg.cold_repeat) == (100, 30_000, (100, 200), 2)
     default = config()
-    assert (default.mean_bytes, default.sides, default.cold_repeat, default.train_samples) == \
-        (110_000, (333, 500), 3, None)
+    assert (default.mean_bytes, default.sides, default.cold_repeat, default.train_samples) == (
+        110_000,
+        (333, 500),
+        3,
+        None,
+    )
     # The default data set keeps the name it had before these options, other sizes get their own.
     assert data_tag(4096, 0) == data_tag(4096, 0, 110_000, (333, 500)) == "4096-s0"
     assert data_tag(4096, 0, 30_000, (100, 200)) == "4096-s0-m30000-100x200"
-    for argv, flag in ((["--sides", "5,3"], "--sides=5,3"), (["--mean-kb", "0"], "--mean-kb=0"),
-                       (["--mean-kb", "1000"], "--mean-kb=1000 with --sides=333,500"),
-                       (["--cold-repeat", "0"], "--cold-repeat=0")):
+    for argv, flag in (
+        (["--sides", "5,3"], "--sides=5,3"),
+        (["--mean-kb", "0"], "--mean-kb=0"),
+        (["--mean-kb", "1000"], "--mean-kb=1000 with --sides=333,500"),
+        (["--cold-repeat", "0"], "--cold-repeat=0"),
+    ):
         with pytest.raises(ConfigError, match=flag):
             config(*argv)

@@ -55,16 +55,26 @@ def test_the_imagenet_recipe_needs_the_trainers_transform():
         tf = loader.imagenet_transform(224)
         assert tuple(tf.size) == (224, 224)
         return
-    res = subprocess.run([sys.executable, "-m", "dstore.tools.measure.loader", "unused.h5", "--recipe", "imagenet"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools.measure.loader", "unused.h5", "--recipe", "imagenet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
-    assert res.stderr.strip().startswith("measure.loader: error: ConfigError: --recipe imagenet: dstore's loader "
-                                         "needs the trainer's `--augment imagenet` transform"), res.stderr
+    assert res.stderr.strip().startswith(
+        "measure.loader: error: ConfigError: --recipe imagenet: dstore's loader "
+        "needs the trainer's `--augment imagenet` transform"
+    ), res.stderr
 
 
 def test_dali_rows_need_a_recipe():
-    res = subprocess.run([sys.executable, "-m", "dstore.tools.measure.loader", "unused.h5", "--dali", "1"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools.measure.loader", "unused.h5", "--dali", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "--dali needs --recipe plain or --recipe imagenet" in res.stderr, res.stderr
 
 

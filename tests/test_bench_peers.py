@@ -16,12 +16,12 @@ from dstore.tools.bench.shuffle_quality import global_batches, ideal_distinct, q
 
 def test_shuffle_quality_tells_a_class_sorted_stream_from_a_shuffled_one():
     labels = np.repeat(np.arange(10), 200)  # 2,000 samples, class-sorted
-    batches = [labels[s:s + 64] for s in range(0, labels.size, 64)]
+    batches = [labels[s : s + 64] for s in range(0, labels.size, 64)]
     q = quality(batches, 10)
     assert q["distinct"] < 2.1 and q["majority"] > 0.9 and q["correlation"] > 0.6
     rng = np.random.default_rng(0)
     mixed = rng.permutation(labels)
-    q = quality([mixed[s:s + 64] for s in range(0, labels.size, 64)], 10)
+    q = quality([mixed[s : s + 64] for s in range(0, labels.size, 64)], 10)
     assert abs(q["distinct"] - ideal_distinct(10, 64)) < 0.1 and q["majority"] == 0.0
     assert abs(q["correlation"]) < 0.2
 
@@ -67,15 +67,41 @@ def test_tar_shards_hold_the_samples_in_the_archive_order(tmp_path):
 @pytest.mark.mpi
 def test_a_tiny_peers_run_delivers_every_sample_of_every_epoch(tmp_path):
     out, data = tmp_path / "out", tmp_path / "data"
-    res = run_mpi(2, ["dstore", "bench", "--peers", "local", "--count", "48", "--batch-size", "16",
-                      "--consume", "20000", "--sides", "32,48", "--mean-kb", "2", "--workers", "0",
-                      "--no-dali", "--out", str(out), "--data-dir", str(data)], timeout=240)
+    res = run_mpi(
+        2,
+        [
+            "dstore",
+            "bench",
+            "--peers",
+            "local",
+            "--count",
+            "48",
+            "--batch-size",
+            "16",
+            "--consume",
+            "20000",
+            "--sides",
+            "32,48",
+            "--mean-kb",
+            "2",
+            "--workers",
+            "0",
+            "--no-dali",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(data),
+        ],
+        timeout=240,
+    )
     got = json.loads((out / "peers.json").read_text())
     rows = {r["name"]: r for r in got["rungs"][0]["loaders"]}
     want = {"store (preload)", "store (stream)"}
     if peers.missing("webdataset") is None:
-        want |= {"WebDataset, 0 workers, DataPipeline, 1 MiB buffer",
-                 "WebDataset, 0 workers, WebDataset class as shipped: 8 KiB reads"}
+        want |= {
+            "WebDataset, 0 workers, DataPipeline, 1 MiB buffer",
+            "WebDataset, 0 workers, WebDataset class as shipped: 8 KiB reads",
+        }
     else:
         assert "webdataset is not installed" in res.stdout
     assert want <= set(rows), sorted(rows)

@@ -21,8 +21,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dstore(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    return subprocess.run(
+        [sys.executable, "-m", "dstore.tools", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
 
 
 def test_a_resize_past_the_nodes_memory_is_refused_before_anything_is_read(tmp_path):
@@ -44,8 +50,13 @@ def test_ingest_need_counts_a_writers_rounds_and_the_other_ranks():
     assert need < 4 * 11 * 9 * 2**20
 
 
-@pytest.mark.parametrize("cfg, flag", [(TrainConfig(memory_budget=10**15), "--memory-budget"),
-                                       (TrainConfig(batch_size=4096, image_size=(4096, 4096)), "--image-size")])
+@pytest.mark.parametrize(
+    "cfg, flag",
+    [
+        (TrainConfig(memory_budget=10**15), "--memory-budget"),
+        (TrainConfig(batch_size=4096, image_size=(4096, 4096)), "--image-size"),
+    ],
+)
 def test_train_sizes_past_the_nodes_memory_are_refused(cfg, flag):
     reserve = 4096 * 4096 * 4096 * 3 if flag == "--image-size" else 0
     exc = memory_bound_error(cfg, reserve=reserve, ranks_on_node=2, available=(64 * 10**9, "MemAvailable 64 GB"))
@@ -64,18 +75,33 @@ def test_an_image_size_past_memory_is_refused_before_the_model_is_built(tmp_path
     with create_writer(path, encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(4, 4, 1)) as w:
         for i in range(16):
             w.append(np.full(16, i, np.uint8).tobytes(), i % 2, f"s{i}", i)
-    cfg = TrainConfig(data=path, epochs=1, batch_size=64, image_size=(1_000_000, 1_000_000), progress=False,
-                      run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        data=path,
+        epochs=1,
+        batch_size=64,
+        image_size=(1_000_000, 1_000_000),
+        progress=False,
+        run_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(MemoryBudgetError, match="--image-size 1000000x1000000"):
         train(cfg, MPI.COMM_SELF, say=lambda line: None)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(lr=float("nan")), "--lr nan"), (dict(lr=float("inf")), "--lr inf"), (dict(seed=-1), "--seed -1"),
-    (dict(seed=2**40), "--seed 1099511627776"), (dict(mean=(5.0,)), "--mean 5: every value must be in [0, 1]"),
-    (dict(std=(0.0, 0.5, 0.5)), "--std 0,0.5,0.5"), (dict(holdout=1.5), "--holdout 1.5"),
-    (dict(decode_threads=100_000), "--decode-threads 100000"), (dict(prefetch=10**6), "--prefetch 1000000"),
-    (dict(momentum=float("nan")), "--momentum nan")])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(lr=float("nan")), "--lr nan"),
+        (dict(lr=float("inf")), "--lr inf"),
+        (dict(seed=-1), "--seed -1"),
+        (dict(seed=2**40), "--seed 1099511627776"),
+        (dict(mean=(5.0,)), "--mean 5: every value must be in [0, 1]"),
+        (dict(std=(0.0, 0.5, 0.5)), "--std 0,0.5,0.5"),
+        (dict(holdout=1.5), "--holdout 1.5"),
+        (dict(decode_threads=100_000), "--decode-threads 100000"),
+        (dict(prefetch=10**6), "--prefetch 1000000"),
+        (dict(momentum=float("nan")), "--momentum nan"),
+    ],
+)
 def test_numbers_out_of_range_are_refused_naming_the_flag(kw, words):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kw).check()

@@ -11,15 +11,18 @@ OFFSETS = np.concatenate([[0], np.cumsum(2 ** np.arange(8))]).astype(np.int64)
 TOP = {k: int(sum(2 ** np.arange(8)[::-1][:k])) for k in range(9)}
 
 
-@pytest.mark.parametrize("batch, nranks, block, steps, samples", [
-    (8, 4, None, 1, 3),   # 2 samples per rank per step, plus one
-    (9, 4, None, 1, 4),   # ceil(9 / 4) = 3, plus one
-    (4, 4, None, 1, 2),   # 1, plus one
-    (4, 4, 10, 4, 4),     # the local policy's block of 10 over 4 steps: ceil(10 / 4) = 3, plus one
-    (4, 4, 8, 4, 3),      # 8 over 4 steps: 2, plus one
-    (64, 1, None, 1, 8),  # never more than the data set
-    (7, 1, None, 1, 8),   # 7 plus one: all 8
-])
+@pytest.mark.parametrize(
+    "batch, nranks, block, steps, samples",
+    [
+        (8, 4, None, 1, 3),  # 2 samples per rank per step, plus one
+        (9, 4, None, 1, 4),  # ceil(9 / 4) = 3, plus one
+        (4, 4, None, 1, 2),  # 1, plus one
+        (4, 4, 10, 4, 4),  # the local policy's block of 10 over 4 steps: ceil(10 / 4) = 3, plus one
+        (4, 4, 8, 4, 3),  # 8 over 4 steps: 2, plus one
+        (64, 1, None, 1, 8),  # never more than the data set
+        (7, 1, None, 1, 8),  # 7 plus one: all 8
+    ],
+)
 def test_a_receive_buffer_holds_a_ranks_largest_step_plus_one_sample(batch, nranks, block, steps, samples):
     got = budget.step_bound(OFFSETS, 8, batch, nranks, largest_block=block, steps_per_epoch=steps)
     assert got == TOP[samples]
@@ -71,8 +74,18 @@ def _plan(rank=0, **options):
 
     cfg = StoreConfig.from_options({"batch_size": 8, **options}).checked(4)
     n = OFFSETS.size - 1
-    return storeplan.build(rank, 4, cfg, 0, n, OFFSETS, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint32),
-                           0, reader_index=budget.index_bytes(n, False))
+    return storeplan.build(
+        rank,
+        4,
+        cfg,
+        0,
+        n,
+        OFFSETS,
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.uint32),
+        0,
+        reader_index=budget.index_bytes(n, False),
+    )
 
 
 def test_a_plans_needs_are_its_block_and_its_receive_buffers_by_hand():

@@ -3,7 +3,6 @@
 covers at least the buffers a store cannot do without, and stores that do not all fit keep part of
 their samples resident, within the budget, while still delivering every sample."""
 
-
 import pytest
 from mpi4py import MPI
 from store_scenarios import scenarios
@@ -17,8 +16,9 @@ from dstore.training.budget import _divide, loader_reserve, share_budget
 
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
-    return scenarios.make_container(str(tmp_path_factory.mktemp("budget") / "c.h5"), n=600, seed=3, large=6000,
-                                    small=6000)
+    return scenarios.make_container(
+        str(tmp_path_factory.mktemp("budget") / "c.h5"), n=600, seed=3, large=6000, small=6000
+    )
 
 
 def _stores(path):
@@ -47,17 +47,37 @@ def test_the_parts_fill_the_budget_and_cover_every_floor():
 
 
 def test_loader_reserve_counts_batches_and_decode_threads():
-    got = loader_reserve(local_batch=32, input_shape=(224, 224, 3), image_shape=(375, 500, 3),
-                         mean_sample_bytes=110_000, decode_threads=4, loaders=2)
+    got = loader_reserve(
+        local_batch=32,
+        input_shape=(224, 224, 3),
+        image_shape=(375, 500, 3),
+        mean_sample_bytes=110_000,
+        decode_threads=4,
+        loaders=2,
+    )
     per = 3 * 32 * (110_000 + 2 * 224 * 224 * 3) + 4 * 2 * 375 * 500 * 3
     assert got == 2 * per + RESERVE_BYTES  # 224 x 224: the compiled kernels load, once per rank
     # decode workers: the training loader's threads replaced by processes and the batches they keep mapped
-    with_workers = loader_reserve(local_batch=32, input_shape=(224, 224, 3), image_shape=(375, 500, 3),
-                                  mean_sample_bytes=110_000, decode_threads=4, loaders=2, workers=3)
-    assert with_workers == 2 * per - 4 * 2 * 375 * 500 * 3 + 3 * (WORKER_BYTES + 2 * 375 * 500 * 3) + \
-        KEEP_HANDED * 32 * 224 * 224 * 3 + RESERVE_BYTES
-    small = loader_reserve(local_batch=32, input_shape=(32, 32, 3), image_shape=(32, 32, 3), mean_sample_bytes=3_000,
-                           decode_threads=4)  # under NATIVE_MIN_PIXELS: no kernels
+    with_workers = loader_reserve(
+        local_batch=32,
+        input_shape=(224, 224, 3),
+        image_shape=(375, 500, 3),
+        mean_sample_bytes=110_000,
+        decode_threads=4,
+        loaders=2,
+        workers=3,
+    )
+    assert (
+        with_workers
+        == 2 * per
+        - 4 * 2 * 375 * 500 * 3
+        + 3 * (WORKER_BYTES + 2 * 375 * 500 * 3)
+        + KEEP_HANDED * 32 * 224 * 224 * 3
+        + RESERVE_BYTES
+    )
+    small = loader_reserve(
+        local_batch=32, input_shape=(32, 32, 3), image_shape=(32, 32, 3), mean_sample_bytes=3_000, decode_threads=4
+    )  # under NATIVE_MIN_PIXELS: no kernels
     assert small == 3 * 32 * (3_000 + 2 * 32 * 32 * 3) + 4 * 2 * 32 * 32 * 3
 
 
@@ -101,8 +121,9 @@ def test_the_budget_is_shared_on_every_rank_and_a_refusal_ends_all(container, tm
 
     from support.mpirun import run_mpi
 
-    run_mpi(n, ["python", os.path.join(os.path.dirname(__file__), "budget_run.py"), container, str(tmp_path)],
-            timeout=120)
+    run_mpi(
+        n, ["python", os.path.join(os.path.dirname(__file__), "budget_run.py"), container, str(tmp_path)], timeout=120
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
     served = [sorted(sum((r["served"][k] for r in ranks), [])) for k in (0, 1)]
     assert served == [list(range(480)), list(range(480, 600))]  # every sample once, over all ranks

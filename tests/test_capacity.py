@@ -58,16 +58,35 @@ def test_replication_is_chosen_where_it_pays():
 
 def test_bad_clusters_are_refused_naming_the_parameter():
     with pytest.raises(ConfigError, match="batch_size=4"):
-        capacity.forecast(100, 10, capacity.Cluster(nodes=2, ranks_per_node=4, memory_per_node=1e9, batch_size=4),
-                          PFS8)
+        capacity.forecast(100, 10, capacity.Cluster(nodes=2, ranks_per_node=4, memory_per_node=1e9, batch_size=4), PFS8)
     with pytest.raises(ConfigError, match="mean_bytes"):
         capacity.forecast(100, 0, capacity.Cluster(nodes=1, ranks_per_node=1, memory_per_node=1e9), PFS8)
 
 
 def test_the_command_prints_json_forecasts():
-    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", "--samples", "1281167", "--mean-bytes",
-                          "110KB", "--nodes", "1", "16", "--memory-per-node", "64G", "--storage",
-                          "pfs:latency=2ms,iops=2000", "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "plan",
+            "--samples",
+            "1281167",
+            "--mean-bytes",
+            "110KB",
+            "--nodes",
+            "1",
+            "16",
+            "--memory-per-node",
+            "64G",
+            "--storage",
+            "pfs:latency=2ms,iops=2000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert [r["nodes"] for r in rows] == [1, 16]
@@ -76,8 +95,25 @@ def test_the_command_prints_json_forecasts():
 
 def test_the_command_reads_a_containers_sizes(tmp_path):
     path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(50, seed=1))
-    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", path, "--nodes", "2", "--ranks-per-node",
-                          "2", "--memory-per-node", "1G", "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "plan",
+            path,
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--memory-per-node",
+            "1G",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     f = json.loads(out.stdout)
     assert f["samples"] == 50 and f["ranks"] == 4 and 0 < f["per_rank"]["receive_buffer_bytes"]
@@ -96,7 +132,10 @@ def test_the_model_of_a_tiered_preload_is_its_reads():
         pb, reads = capacity.tiered_preload(ids.size * size, size, res.mean(), piece)
         assert pb == pytest.approx(nbytes, rel=0.02) and reads == pytest.approx(len(groups), rel=0.05)
     assert (capacity.GAP_BYTES, capacity.PRELOAD_SCRATCH, capacity.READER_INDEX_BYTES) == (
-        preload.GAP_BYTES, preload.PRELOAD_SCRATCH, budget.READER_INDEX_BYTES)
+        preload.GAP_BYTES,
+        preload.PRELOAD_SCRATCH,
+        budget.READER_INDEX_BYTES,
+    )
 
 
 def test_the_budget_holds_the_stores_buffers_not_the_interpreter():
@@ -104,14 +143,23 @@ def test_the_budget_holds_the_stores_buffers_not_the_interpreter():
     # the interpreter and the metadata are not in the store's budget, the loaders' reserve is in
     # the trainer's.
     # (32 x 32 inputs: a 224 x 224 one would add the compiled kernels' 144 MiB, more than this budget)
-    cl = capacity.Cluster(nodes=2, ranks_per_node=1, memory_per_node=1e9, memory_budget=9e6, batch_size=2,
-                          trainer=False, input_shape=(32, 32, 3), image_shape=(32, 32, 3))
+    cl = capacity.Cluster(
+        nodes=2,
+        ranks_per_node=1,
+        memory_per_node=1e9,
+        memory_budget=9e6,
+        batch_size=2,
+        trainer=False,
+        input_shape=(32, 32, 3),
+        image_shape=(32, 32, 3),
+    )
     f = capacity.forecast(200, 1e5, cl, PFS8, largest_step_bytes=2e5, replicate=False)
     bufs = 3 * 2e5 + 5 * 2e5  # prefetch + 1 receive buffers, storage_lookahead + 1 storage buffers
     assert f["resident_fraction"] == pytest.approx((9e6 - bufs) / 1e7)
     assert f["per_rank"]["store_bytes"] == pytest.approx(9e6)
-    trained = capacity.forecast(200, 1e5, dataclasses.replace(cl, trainer=True, workers=0), PFS8,
-                                largest_step_bytes=2e5, replicate=False)
+    trained = capacity.forecast(
+        200, 1e5, dataclasses.replace(cl, trainer=True, workers=0), PFS8, largest_step_bytes=2e5, replicate=False
+    )
     reserve = trained["per_rank"]["decode_bytes"]
     assert reserve > 0 and trained["resident_fraction"] == pytest.approx((9e6 - reserve - bufs) / 1e7)
 
@@ -122,8 +170,11 @@ def test_the_forecast_resident_fraction_is_the_tiered_stores(tmp_path, ranks):
     # The measurement program's run of a real tiered store (a budget of 70% of a rank's share) beside
     # `dstore plan`'s forecast for the same inputs: the same resident fraction, to one sample.
     path = raw_container(tmp_path / "c.h5", n=400, shape=(32, 32, 3))
-    out = run_mpi(ranks, ["python", "-m", "dstore.tools.measure.plan_check", "--worker", path, "--batch", "8",
-                          "--tiered", "0.7"], timeout=120)
+    out = run_mpi(
+        ranks,
+        ["python", "-m", "dstore.tools.measure.plan_check", "--worker", path, "--batch", "8", "--tiered", "0.7"],
+        timeout=120,
+    )
     row = json.loads(out.stdout.strip().splitlines()[-1])[0]
     f = plan_check.predict(path, ranks, 8, row["budget_bytes"], "local", math.inf)
     assert 0.2 < row["resident_fraction"] < 0.8
@@ -149,9 +200,28 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
 def test_the_command_takes_the_stores_budget_and_lookahead():
     # 2 GB on one rank with a 1 GB budget: the trainer's loaders' reserve first, then
     # storage_lookahead + 1 storage buffers of twice a mean step (no container) and the data.
-    out = subprocess.run([sys.executable, "-m", "dstore.tools", "plan", "--samples", "20000", "--mean-bytes", "100KB",
-                          "--ranks-per-node", "1", "--memory-budget", "1GB", "--storage-lookahead", "2", "--json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "plan",
+            "--samples",
+            "20000",
+            "--mean-bytes",
+            "100KB",
+            "--ranks-per-node",
+            "1",
+            "--memory-budget",
+            "1GB",
+            "--storage-lookahead",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     f = json.loads(out.stdout)
     tier = 3 * 2 * 64 * 100e3

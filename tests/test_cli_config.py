@@ -51,8 +51,12 @@ def test_a_choice_set_is_one_constant_for_the_flag_and_the_check():
     assert choices["optimizer"] is optim.OPTIMIZERS and choices["schedule"] is optim.SCHEDULES
     assert choices["ltfb_metric"] is ltfb.METRICS and choices["ltfb_strategy"] is ltfb.STRATEGIES
     assert choices["loader"] is config.LOADERS and choices["augment"] is config.AUGMENTS
-    for name, allowed in (("loader", config.LOADERS), ("augment", config.AUGMENTS), ("ltfb_metric", ltfb.METRICS),
-                          ("ltfb_strategy", ltfb.STRATEGIES)):
+    for name, allowed in (
+        ("loader", config.LOADERS),
+        ("augment", config.AUGMENTS),
+        ("ltfb_metric", ltfb.METRICS),
+        ("ltfb_strategy", ltfb.STRATEGIES),
+    ):
         for value in allowed:
             TrainConfig(**{name: value}).check()
         with pytest.raises(ConfigError, match=name.replace("_", ".")):
@@ -100,9 +104,11 @@ def test_a_field_the_parser_cannot_read_is_refused_by_name():
 def test_the_parsers_messages_name_the_value(capsys):
     parse = _train_parser().parse_args
     assert parse(["--memory-budget", "512MiB", "--image-size", "16x24", "--mean", "0.5,0.4"]).memory_budget == 512 << 20
-    for argv, message in ((["--mean", "1,x"], "'1,x' is not a comma-separated list of numbers"),
-                          (["--image-size", "3x4x5"], "'3x4x5' is not N or HxW"),
-                          (["--memory-budget", "8X"], "--memory-budget='8X' is not a size")):
+    for argv, message in (
+        (["--mean", "1,x"], "'1,x' is not a comma-separated list of numbers"),
+        (["--image-size", "3x4x5"], "'3x4x5' is not N or HxW"),
+        (["--memory-budget", "8X"], "--memory-budget='8X' is not a size"),
+    ):
         with pytest.raises(SystemExit):
             parse(argv)
         assert f"error: argument {argv[0]}: {message}" in capsys.readouterr().err

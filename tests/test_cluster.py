@@ -51,8 +51,9 @@ def _lines(out: str, name: str) -> list[dict]:
 
 def test_store_on_2x2_nodes_exactly_once_node_views_one_index_per_node_tiered_and_fields(box):
     c, _, path = box
-    res = run_on(c, ["python", "-m", "mpi4py", SCEN, path, "nodes", "store", "tiered", "fields"],
-                 hosts="node1:2,node2:2")
+    res = run_on(
+        c, ["python", "-m", "mpi4py", SCEN, path, "nodes", "store", "tiered", "fields"], hosts="node1:2,node2:2"
+    )
     assert _lines(res.stdout, "nodes")[0]["hosts"] == ["node1", "node1", "node2", "node2"]
     store = _lines(res.stdout, "store")[0]
     for split in store["split"]:
@@ -65,8 +66,9 @@ def test_store_on_uneven_nodes_3_plus_1_stream_population_a_mix_and_no_path_of_o
     from store_scenarios import mix_scenario
 
     c, work, path = box
-    res = run_on(c, ["python", "-m", "mpi4py", SCEN, path, "nodes", "store", "stream", "mix", "paths"],
-                 hosts="node1:3,node2:1")
+    res = run_on(
+        c, ["python", "-m", "mpi4py", SCEN, path, "nodes", "store", "stream", "mix", "paths"], hosts="node1:3,node2:1"
+    )
     assert _lines(res.stdout, "nodes")[0]["hosts"] == ["node1"] * 3 + ["node2"]
     per_node = _lines(res.stdout, "store")[0]["split"][0]["per_node"]
     assert (per_node["node1"]["node_size"], per_node["node2"]["node_size"]) == (3, 1)
@@ -124,8 +126,11 @@ def test_ingest_verify_and_train_across_nodes_preempted_on_one_node_resumed_on_3
     c, work, _ = box
     images, out = work / "images", work / "ingested"
     make_mixed_folder(str(images), jpegs=30, pngs=14)
-    res = run_on(c, ["dstore", "ingest", str(images), str(out), "--shards", "2", "--seed", "7", "--no-progress",
-                     "--json"], hosts="node1:1,node2:1")
+    res = run_on(
+        c,
+        ["dstore", "ingest", str(images), str(out), "--shards", "2", "--seed", "7", "--no-progress", "--json"],
+        hosts="node1:1,node2:1",
+    )
     assert json.loads(res.stdout)["ranks"] == 2
     check_container_against_folder(str(out), str(images))
     with open_container(str(out)) as r:
@@ -155,8 +160,13 @@ def test_ingest_verify_and_train_across_nodes_preempted_on_one_node_resumed_on_3
     assert "checkpoint in" in out_text, out_text
     stopped = _batches(run_dir)
     assert 3 <= len(stopped) < 23 and all(len(ids) == 64 for ids in stopped.values())  # 23 steps per epoch
-    res = run_on(c, ["dstore", "train", "--run-dir", str(run_dir), "--resume", "auto"] + TRAIN,
-                 hosts="node1:1,node2:1,node3:1", env=env, timeout=150)
+    res = run_on(
+        c,
+        ["dstore", "train", "--run-dir", str(run_dir), "--resume", "auto"] + TRAIN,
+        hosts="node1:1,node2:1,node3:1",
+        env=env,
+        timeout=150,
+    )
     assert "resumed from" in res.stdout, res.stdout
     steps = _batches(run_dir)
     assert sorted(steps) == [(0, s) for s in range(23)]
@@ -169,9 +179,29 @@ def test_ltfb_with_its_two_trainers_on_two_nodes(box):
     run_dir = work / "ltfb"
     received = Path(f"/sys/class/net/{c.veth(3)}/statistics/tx_bytes")  # what the bridge sent node3
     before = int(received.read_text())
-    run_on(c, ["dstore", "train", "--trainers", "2", "--epochs", "1", "--batch-size", "32", "--ltfb-round", "5",
-               "--seed", "4", "--no-progress", "--run-dir", str(run_dir)], hosts="node1:1,node3:1",
-           env={"DSTORE_CACHE": str(work / "cache")}, timeout=150)
+    run_on(
+        c,
+        [
+            "dstore",
+            "train",
+            "--trainers",
+            "2",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--ltfb-round",
+            "5",
+            "--seed",
+            "4",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+        ],
+        hosts="node1:1,node3:1",
+        env={"DSTORE_CACHE": str(work / "cache")},
+        timeout=150,
+    )
     log = [json.loads(x) for x in (run_dir / "tournament.jsonl").read_text().splitlines()]
     assert log and {tuple(sorted(r["pair"])) for r in log} == {(0, 1)}, log  # trainer 0 on node1 met trainer 1 on node3
     assert all(r["own_score"] is not None and r["partner_score"] is not None for r in log), log
@@ -199,7 +229,9 @@ def test_down_after_a_crash_removes_processes_namespaces_and_links_by_name(box):
     assert any(r.startswith("namespace ") for r in removed) and any(r.startswith("link ") for r in removed), removed
     # the first node's processes ended (its proxy among them), mpiexec ended the others itself
     assert any("process(es) in" in r for r in removed) and proc.returncode != 0, removed
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout \
+    out = (
+        subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
         + subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    )
     assert name not in out and not c.folder.exists()
     assert c0.name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout  # the other kept

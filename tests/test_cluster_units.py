@@ -25,8 +25,16 @@ def test_longest_name_and_largest_node_fit_a_link_name():
     assert len(c.veth(cluster.MAX_NODES) + "p") <= 15 and len(c.bridge) <= 15
 
 
-@pytest.mark.parametrize("subnet, ok", [("10.99.7.0/24", True), ("10.99.7.5/24", True), ("10.99.0.0/16", False),
-                                        ("8.8.8.0/24", False), ("nonsense", False)])
+@pytest.mark.parametrize(
+    "subnet, ok",
+    [
+        ("10.99.7.0/24", True),
+        ("10.99.7.5/24", True),
+        ("10.99.0.0/16", False),
+        ("8.8.8.0/24", False),
+        ("nonsense", False),
+    ],
+)
 def test_subnets(subnet, ok):
     if ok:
         assert cluster.check_subnet(subnet) == "10.99.7.0/24"
@@ -48,8 +56,21 @@ def test_layouts_uneven_checked_and_the_launch_line():
         with pytest.raises(ConfigError, match=word):
             cluster.hosts_for(C, bad)
     argv = cluster.mpiexec_command(C, ["dstore", "train"], "node1:3,node2:1", None, "/x/mpiexec")
-    assert argv == ["/x/mpiexec", "-launcher", "ssh", "-launcher-exec", str(C.launcher), "-hosts", "node1:3,node2:1",
-                    "-localhost", "10.99.7.254", "-n", "4", "dstore", "train"]
+    assert argv == [
+        "/x/mpiexec",
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        str(C.launcher),
+        "-hosts",
+        "node1:3,node2:1",
+        "-localhost",
+        "10.99.7.254",
+        "-n",
+        "4",
+        "dstore",
+        "train",
+    ]
     assert cluster.mpiexec_command(C, ["x"], None, 5, "m")[-3:] == ["-n", "5", "x"]
     with pytest.raises(ConfigError, match="after `--`"):
         cluster.mpiexec_command(C, [], None, None, "m")
@@ -64,13 +85,19 @@ def test_a_run_crosses_the_links_and_sees_real_nodes():
 def test_launch_script_and_hosts_file():
     script = cluster._launch_script(C)
     assert 'ip netns exec "demo-$host" unshare --uts --mount --propagation private' in script
-    assert ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind /tmp /run/dstore-cluster/demo/host-tmp "
-            "&& mount -t tmpfs -o mode=1777 tmpfs /tmp") in script
+    assert (
+        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind /tmp /run/dstore-cluster/demo/host-tmp "
+        "&& mount -t tmpfs -o mode=1777 tmpfs /tmp"
+    ) in script
     # a clone under /tmp (as CI may make) stays seen by every node of a node_tmp cluster
     kept = cluster._launch_script(dataclasses.replace(C, shared_in_tmp=("ci1",)))
     assert "mkdir -p /tmp/ci1 && mount --bind /run/dstore-cluster/demo/host-tmp/ci1 /tmp/ci1" in kept
-    assert "/tmp" not in cluster._launch_script(cluster.Cluster("demo", "10.99.7.0/24", 2)).split("/dev/shm", 1)[1] \
+    assert (
+        "/tmp"
+        not in cluster._launch_script(cluster.Cluster("demo", "10.99.7.0/24", 2))
+        .split("/dev/shm", 1)[1]
         .split("&& exec")[0]
+    )
     res = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
     assert res.returncode == 0, res.stderr  # valid shell
     hosts = cluster._hosts_file(C).splitlines()

@@ -59,8 +59,14 @@ def test_on_root_alone_returns_its_result_or_raises_its_own_error():
 def expected_topology(rank: int, size: int, k: int) -> dict:
     """On one machine, runs of k consecutive ranks stand for nodes (k = size: one node)."""
     node = rank // k
-    return {"rank": rank, "size": size, "node": node, "nodes": -(-size // k), "local_rank": rank % k,
-            "local_size": min(k, size - node * k)}
+    return {
+        "rank": rank,
+        "size": size,
+        "node": node,
+        "nodes": -(-size // k),
+        "local_rank": rank % k,
+        "local_size": min(k, size - node * k),
+    }
 
 
 def check_consistent(tops: list[dict]) -> None:
@@ -90,8 +96,12 @@ def test_topology_and_on_root_on_four_ranks(per_node, tmp_path):
     work.mkdir()
     (work / "taken.h5").write_bytes(b"not ours to replace")
     env = {} if per_node is None else {"DSTORE_RANKS_PER_NODE": str(per_node)}
-    run_mpi(n, ["python", os.path.join(os.path.dirname(__file__), "collective_run.py"), str(results), str(work)],
-            timeout=90, env=env)
+    run_mpi(
+        n,
+        ["python", os.path.join(os.path.dirname(__file__), "collective_run.py"), str(results), str(work)],
+        timeout=90,
+        env=env,
+    )
     ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in range(n)]
     k = per_node or n
     for key, per in (("real", n), ("emulated", k)):
@@ -135,8 +145,12 @@ def test_a_rank_waiting_for_a_late_rank_sleeps(tmp_path):
     work.mkdir()
     # MPICH's plain busy-poll (conftest turns on its heavy yield, which would make even an unsettled
     # wait cheap, so this check could not fail).
-    run_mpi(2, ["python", os.path.join(os.path.dirname(__file__), "settle_run.py"), str(results), str(work)],
-            timeout=90, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"})
+    run_mpi(
+        2,
+        ["python", os.path.join(os.path.dirname(__file__), "settle_run.py"), str(results), str(work)],
+        timeout=90,
+        env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"},
+    )
     waiting = json.loads((results / "rank1.json").read_text())
     for step in ("agree", "epoch_start"):
         assert waiting[step]["wall"] > 1.5, (step, waiting)  # it did wait for rank 0

@@ -41,21 +41,29 @@ def png16(arr: np.ndarray, color_type: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def solid_jpeg(mode: str, value, side: int = 16) -> bytes:
     return encoded(Image.new(mode, (side, side), value), "JPEG", quality=95)
 
 
-@pytest.mark.parametrize("blob", [
-    pytest.param(lambda: encoded(Image.fromarray(WIDE), "PNG"), id="png-I;16"),
-    pytest.param(lambda: encoded(Image.fromarray(WIDE), "TIFF"), id="tiff-I;16"),
-    pytest.param(lambda: encoded(Image.frombytes("I;16B", (8, 1), WIDE.astype(">u2").tobytes()), "TIFF"),
-                 id="tiff-I;16B"),
-    pytest.param(lambda: encoded(Image.fromarray(WIDE.astype(np.int32)), "TIFF"), id="tiff-I"),
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        pytest.param(lambda: encoded(Image.fromarray(WIDE), "PNG"), id="png-I;16"),
+        pytest.param(lambda: encoded(Image.fromarray(WIDE), "TIFF"), id="tiff-I;16"),
+        pytest.param(
+            lambda: encoded(Image.frombytes("I;16B", (8, 1), WIDE.astype(">u2").tobytes()), "TIFF"), id="tiff-I;16B"
+        ),
+        pytest.param(lambda: encoded(Image.fromarray(WIDE.astype(np.int32)), "TIFF"), id="tiff-I"),
+    ],
+)
 def test_16_bit_grey_keeps_its_high_byte(blob):
     data = blob()
     grey = decode_image(data)
@@ -82,8 +90,10 @@ def test_images_without_an_8_bit_scale_are_refused_by_name():
 
 
 def test_verify_decode_reports_what_it_cannot_decode_faithfully(tmp_path):
-    samples = [(encoded(Image.fromarray(WIDE), "PNG"), 0, "wide.png", 0),
-               (encoded(Image.fromarray(WIDE.astype(np.float32)), "TIFF"), 0, "float.tif", 1)]
+    samples = [
+        (encoded(Image.fromarray(WIDE), "PNG"), 0, "wide.png", 0),
+        (encoded(Image.fromarray(WIDE.astype(np.float32)), "TIFF"), 0, "float.tif", 1),
+    ]
     path = write_samples(tmp_path / "modes.h5", "hdf5", samples, encoding="image", class_names=("x",))
     report = verify_container(path, decode=True)
     assert [(b.index, b.name) for b in report.bad] == [(1, "float.tif")]
@@ -136,16 +146,19 @@ def grey_and_colour(tmp_path_factory) -> str:
         else:
             im = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
         samples.append((encoded(im, "PNG" if i % 2 else "JPEG"), i % 2, f"s{i}", i))
-    return write_samples(tmp_path_factory.mktemp("gc") / "gc.h5", "hdf5", samples, encoding="image",
-                         class_names=("a", "b"))
+    return write_samples(
+        tmp_path_factory.mktemp("gc") / "gc.h5", "hdf5", samples, encoding="image", class_names=("a", "b")
+    )
 
 
 def test_a_grey_and_colour_set_loads_as_rgb(grey_and_colour):
     with DataStore(MPI.COMM_SELF, grey_and_colour, batch_size=5, seed=1) as st, StoreLoader(st, size=8) as ld:
         batches = [x for x, _ in ld.epoch(0)]
     assert [tuple(x.shape) for x in batches] == [(5, 3, 8, 8)] * 2
-    with DataStore(MPI.COMM_SELF, grey_and_colour, batch_size=5, seed=1) as st, \
-            StoreLoader(st, size=8, channels=1) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, grey_and_colour, batch_size=5, seed=1) as st,
+        StoreLoader(st, size=8, channels=1) as ld,
+    ):
         assert all(x.shape[1] == 1 for x, _ in ld.epoch(0))
 
 
@@ -163,8 +176,10 @@ def test_a_mix_of_a_grey_and_a_colour_set_loads_as_rgb(tmp_path, grey_and_colour
 
     grey = [(encoded(Image.new("L", (9, 9), 40 + i), "PNG"), 0, f"g{i}", i) for i in range(6)]
     grey_path = write_samples(tmp_path / "grey.h5", "hdf5", grey, encoding="image", class_names=("a", "b"))
-    with MixedStore(MPI.COMM_SELF, [(grey_path, 0.5), (grey_and_colour, 0.5)], batch_size=4, seed=2) as st, \
-            StoreLoader(st, size=(6, 7)) as ld:
+    with (
+        MixedStore(MPI.COMM_SELF, [(grey_path, 0.5), (grey_and_colour, 0.5)], batch_size=4, seed=2) as st,
+        StoreLoader(st, size=(6, 7)) as ld,
+    ):
         shapes = {tuple(x.shape[1:]) for x, _ in ld.epoch(0)}
     assert shapes == {(3, 6, 7)}
 

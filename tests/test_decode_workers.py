@@ -60,8 +60,9 @@ def _run(st, epochs, **kw):
 
 
 def _same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) and np.array_equal(i, k)
-                                    for (x, y, i), (u, v, k) in zip(a, b))
+    return len(a) == len(b) and all(
+        torch.equal(x, u) and torch.equal(y, v) and np.array_equal(i, k) for (x, y, i), (u, v, k) in zip(a, b)
+    )
 
 
 def test_workers_deliver_the_threads_batches_bit_for_bit(jpegs):
@@ -115,8 +116,14 @@ def test_the_batch_part_flips_and_jitters_as_specified():
 def test_the_batch_part_gives_the_same_pixels_on_a_gpu(jpegs):
     rng = np.random.default_rng(8)
     images = torch.from_numpy(rng.integers(0, 256, (16, 3, 32, 32), dtype=np.uint8))
-    params = torch.from_numpy(np.stack([TRANSFORM.sample_part(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
-                                                              np.random.default_rng(i))[1] for i in range(16)]))
+    params = torch.from_numpy(
+        np.stack(
+            [
+                TRANSFORM.sample_part(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), np.random.default_rng(i))[1]
+                for i in range(16)
+            ]
+        )
+    )
     assert torch.equal(TRANSFORM.batch_part(images, params), TRANSFORM.batch_part(images.cuda(), params).cpu())
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
         ref = _run(st, 1, transform=TRANSFORM, decode_threads=2)
@@ -127,8 +134,10 @@ def test_the_batch_part_gives_the_same_pixels_on_a_gpu(jpegs):
 
 
 def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
-    with DataStore(MPI.COMM_SELF, bad_container, batch_size=4, seed=0) as st, \
-            StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, bad_container, batch_size=4, seed=0) as st,
+        StoreLoader(st, transform=TRANSFORM, workers=2) as ld,
+    ):
         with pytest.raises(SampleError, match=f"cannot decode sample {BAD}:"):
             for _ in ld.epoch(0):
                 pass
@@ -139,18 +148,26 @@ def test_a_worker_error_names_the_sample_and_the_loader_goes_on(bad_container):
         it.close()
 
 
-@pytest.mark.parametrize("reaped, sig", [(False, signal.SIGKILL), (True, signal.SIGKILL), (False, signal.SIGSEGV)],
-                         ids=["dying", "dead-before-the-next-request", "SIGSEGV"])
+@pytest.mark.parametrize(
+    "reaped, sig",
+    [(False, signal.SIGKILL), (True, signal.SIGKILL), (False, signal.SIGSEGV)],
+    ids=["dying", "dead-before-the-next-request", "SIGSEGV"],
+)
 def test_a_dead_worker_ends_the_epoch_with_an_error_naming_the_signal(jpegs, reaped, sig):
-    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=0) as st, \
-            StoreLoader(st, transform=TRANSFORM, workers=2) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=0) as st,
+        StoreLoader(st, transform=TRANSFORM, workers=2) as ld,
+    ):
         it = ld.epoch(0)
         next(it)
         os.kill(ld.workers.pids[1], sig)
         if reaped:  # its pipe is closed when the next request is sent (a BrokenPipeError, unnamed, before)
             ld.workers.procs[1].wait(10)
-        with pytest.raises(DStoreError, match=rf"decode worker 1 \(pid \d+\) ended unexpectedly, killed by "
-                                              rf"{sig.name}") as err:
+        with pytest.raises(
+            DStoreError,
+            match=rf"decode worker 1 \(pid \d+\) ended unexpectedly, killed by "
+            rf"{sig.name}",
+        ) as err:
             for _ in it:
                 pass
     assert ("out-of-memory" in str(err.value)) == (sig == signal.SIGKILL), err.value
@@ -160,8 +177,13 @@ def test_a_dead_worker_ends_the_epoch_with_an_error_naming_the_signal(jpegs, rea
 def test_the_ranks_sigterm_never_reaches_its_workers(jpegs):
     """MPICH's proxy forwards mpiexec's SIGTERM to the rank's process group (and Slurm to every process of
     the step): the workers ignore it, and the rank, which checkpoints on it, gets its batches to the end."""
-    res = subprocess.run([sys.executable, os.path.join(HERE, "workers_run.py"), "term", jpegs], capture_output=True,
-                         text=True, timeout=120, start_new_session=True)
+    res = subprocess.run(
+        [sys.executable, os.path.join(HERE, "workers_run.py"), "term", jpegs],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert res.returncode == 0 and "served 4 after TERM" in res.stdout, (res.stdout, res.stderr)
 
 
@@ -192,8 +214,9 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_kill_9_of_the_rank_leaves_no_worker(jpegs):
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "workers_run.py"), "hold", jpegs],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "workers_run.py"), "hold", jpegs], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline().split()
         assert line[:1] == ["pids"], line
@@ -230,8 +253,10 @@ def test_a_batch_let_go_of_is_written_again_and_a_held_one_never(jpegs):
     still held is never written; spares past KEEP_HANDED are closed and the workers unmap them."""
     from dstore.loader import workers as wk
 
-    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=3) as st, \
-            StoreLoader(st, size=(32, 32), channels=3, workers=1) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, jpegs, batch_size=4, seed=3) as st,
+        StoreLoader(st, size=(32, 32), channels=3, workers=1) as ld,
+    ):
         for _ in ld.epoch(0):  # the ring and its spares made
             pass
         made = wk.Segment._made

@@ -10,8 +10,30 @@ FOLDERS = {"datastore": "dstore", "training": "dstore.training", "tools": "dstor
 # Names that are not the project's (a library's), checked by hand; every other dotted name is the project's.
 FOREIGN = {"MPI.Win", "Win.Free", "torch.load", "torch.save"}
 PLACEHOLDER = "x"  # `dstore.x` in "`datastore/x.py` is `dstore.x`"
-FILE_SUFFIXES = (".py", ".md", ".json", ".c", ".so", ".pyi", ".toml", ".sh", ".h5", ".zarr", ".yaml", ".txt",
-                 ".jsonl", ".csv", ".png", ".npy", ".npz", ".tar", ".jpg", ".JPEG", ".pt", ".gz")
+FILE_SUFFIXES = (
+    ".py",
+    ".md",
+    ".json",
+    ".c",
+    ".so",
+    ".pyi",
+    ".toml",
+    ".sh",
+    ".h5",
+    ".zarr",
+    ".yaml",
+    ".txt",
+    ".jsonl",
+    ".csv",
+    ".png",
+    ".npy",
+    ".npz",
+    ".tar",
+    ".jpg",
+    ".JPEG",
+    ".pt",
+    ".gz",
+)
 
 
 class _Module:
@@ -46,8 +68,9 @@ class _Module:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             self.names.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, (ast.If, ast.Try)):
-            for sub in node.body + getattr(node, "orelse", []) + [n for h in getattr(node, "handlers", [])
-                                                                  for n in h.body]:
+            for sub in (
+                node.body + getattr(node, "orelse", []) + [n for h in getattr(node, "handlers", []) for n in h.body]
+            ):
                 self._top(sub)
 
 
@@ -96,8 +119,12 @@ def test_every_dotted_name_in_design_md_exists():
     names = set()
     for span in re.findall(r"`([^`\n]+)`", text):
         span = re.sub(r"\(.*\)$", "", span.strip())
-        if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", span) and not span.endswith(FILE_SUFFIXES) \
-                and span not in FOREIGN and PLACEHOLDER not in span.split("."):
+        if (
+            re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", span)
+            and not span.endswith(FILE_SUFFIXES)
+            and span not in FOREIGN
+            and PLACEHOLDER not in span.split(".")
+        ):
             names.add(span)
     assert len(names) > 50, f"too few names found to check ({len(names)}): the pattern no longer matches"
     import dstore  # light: no torch, no MPI

@@ -29,7 +29,7 @@ def _commands(block: str) -> list[list[str]]:
             continue
         line = line.split("||")[0].split(" #")[0]
         words = shlex.split(line.replace("$RUN_DIR", "RUNDIR").replace("$HOME", "HOME"))
-        found.append(words[words.index("dstore") + 1:])
+        found.append(words[words.index("dstore") + 1 :])
     return found
 
 
@@ -46,8 +46,9 @@ def documented_resumes() -> list[tuple[str, list[str], list[str]]]:
             for k, argv in enumerate(commands):
                 if "--resume" not in argv:
                     continue
-                first = [c for c in commands[:k] if "--resume" not in c
-                         and _flag(c, "--run-dir") == _flag(argv, "--run-dir")]
+                first = [
+                    c for c in commands[:k] if "--resume" not in c and _flag(c, "--run-dir") == _flag(argv, "--run-dir")
+                ]
                 pairs.append((f"{doc}: {' '.join(argv)}", first[-1] if first else argv, argv))
     return pairs
 
@@ -68,8 +69,9 @@ def _local(argv: list[str], tmp_path) -> list[str]:
         if word.endswith(".h5"):
             path = tmp_path / word.lstrip("/").replace("/", "_")
             if not path.exists():
-                raw_container(path, n=48 if "val" not in word else 24, shape=(6, 6, 1), classes=3,
-                              seed=1 if "val" in word else 0)
+                raw_container(
+                    path, n=48 if "val" not in word else 24, shape=(6, 6, 1), classes=3, seed=1 if "val" in word else 0
+                )
             word = str(path)
         out.append(word)
     if "cuda" in out and not torch.cuda.is_available():
@@ -79,8 +81,9 @@ def _local(argv: list[str], tmp_path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("where, first, resume", PAIRS, ids=[w.split(":")[0] + f"-{k}" for k, (w, _, _) in
-                                                            enumerate(PAIRS)])
+@pytest.mark.parametrize(
+    "where, first, resume", PAIRS, ids=[w.split(":")[0] + f"-{k}" for k, (w, _, _) in enumerate(PAIRS)]
+)
 def test_a_documented_resume_line_runs_as_written(where, first, resume, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative run dirs (runs/r1) land here
     monkeypatch.setenv("HOME", str(tmp_path))

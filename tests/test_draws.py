@@ -41,8 +41,9 @@ def test_draws_are_in_range_and_even():
 
 
 def test_the_transform_draws_from_either():
-    tf = ImageTransform(size=(8, 8), channels=3, mean=(0.5,) * 3, std=(0.5,) * 3, train=True, pad=2, flip=True,
-                        jitter=0.3)
+    tf = ImageTransform(
+        size=(8, 8), channels=3, mean=(0.5,) * 3, std=(0.5,) * 3, train=True, pad=2, flip=True, jitter=0.3
+    )
     for sid in range(50):
         p = tf.draw(KeyedDraws(1, 0, sid))
         q = tf.draw(np.random.default_rng([1, 0, sid]))

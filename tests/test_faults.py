@@ -41,9 +41,14 @@ def fault_job(box, fault, *, name: str):
     c, work, path = box
     marker = work / name
     out: dict = {}
-    job = threading.Thread(target=lambda: out.setdefault("res", run_on(
-        c, ["python", RUN, path, str(marker)], check=False, timeout=150,
-        env={"DSTORE_WAIT_BOUND": str(BOUND)})))
+    job = threading.Thread(
+        target=lambda: out.setdefault(
+            "res",
+            run_on(
+                c, ["python", RUN, path, str(marker)], check=False, timeout=150, env={"DSTORE_WAIT_BOUND": str(BOUND)}
+            ),
+        )
+    )
     job.start()
     deadline = time.monotonic() + 120
     while len(list(work.glob(f"{name}.*"))) < 4:
@@ -60,8 +65,10 @@ def fault_job(box, fault, *, name: str):
     left = {i: cluster.node_pids(c, i) for i in (1, 2)}
     assert not any(left.values()), f"processes left on the nodes: {left}"
     gone = time.monotonic() - t0
-    print(f"{name}: the job ended {ended:.1f} s after the fault (exit {out['res'].returncode}), its last process "
-          f"{gone:.1f} s after; its lines: {dstore_lines(out['res'])}")
+    print(
+        f"{name}: the job ended {ended:.1f} s after the fault (exit {out['res'].returncode}), its last process "
+        f"{gone:.1f} s after; its lines: {dstore_lines(out['res'])}"
+    )
     return out["res"], ended, gone
 
 
@@ -76,8 +83,11 @@ def one_watchdog_line(res, lost: int = 2) -> str:
     assert len(lines) == 1, (res.stdout, res.stderr)
     line = lines[0]
     here, ranks, far_ranks = (1, "[01]", "2-3") if lost == 2 else (2, "[23]", "0-1")
-    assert re.match(rf"dstore: error on rank {ranks}/4 \(host node{here}\): no answer from node node{lost} \(ranks "
-                    rf"{far_ranks}\) for [0-9.]+ s: a batch's gets waiting", line), line
+    assert re.match(
+        rf"dstore: error on rank {ranks}/4 \(host node{here}\): no answer from node node{lost} \(ranks "
+        rf"{far_ranks}\) for [0-9.]+ s: a batch's gets waiting",
+        line,
+    ), line
     return line
 
 
@@ -111,8 +121,12 @@ def test_a_slow_rank_is_waited_for_not_taken_for_a_dead_one(box):
     """Rank 2 stops 4 bounds without calling MPI, with no progress thread: the others' gets from it
     and their epoch's end wait for it (the watchdog's own progress answers their probes)."""
     c, work, path = box
-    res = run_on(c, ["python", RUN, path, str(work / "slow"), "64", "3", str(4 * BOUND)], timeout=150,
-                 env={"DSTORE_WAIT_BOUND": str(BOUND), "DSTORE_PROGRESS_PERIOD": "0"})
+    res = run_on(
+        c,
+        ["python", RUN, path, str(work / "slow"), "64", "3", str(4 * BOUND)],
+        timeout=150,
+        env={"DSTORE_WAIT_BOUND": str(BOUND), "DSTORE_PROGRESS_PERIOD": "0"},
+    )
     assert res.returncode == 0 and not dstore_lines(res)
     assert res.stdout.count("all 3 epochs done") == 4
 

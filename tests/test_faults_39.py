@@ -25,11 +25,19 @@ BOUND_S = 60
 def dstore(*args, cwd=None, env=None, timeout=BOUND_S) -> subprocess.CompletedProcess:
     """`dstore ARGS` as a separate process (one rank); a hang fails the test with its output."""
     try:
-        return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
-                              cwd=cwd or REPO, timeout=timeout, env={**os.environ, **(env or {})})
+        return subprocess.run(
+            [sys.executable, "-m", "dstore.tools", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"HANG: dstore {' '.join(map(str, args))} did not finish in {timeout}s\n"
-                             f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}") from None
+        raise AssertionError(
+            f"HANG: dstore {' '.join(map(str, args))} did not finish in {timeout}s\n"
+            f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}"
+        ) from None
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +73,16 @@ def test_a_false_text_is_false_in_every_config_object(text):
     assert (train.drop_last, train.nesterov, train.deterministic, train.progress) == (False,) * 4
 
 
-@pytest.mark.parametrize("make", [
-    lambda v: __import__("dstore.store.config", fromlist=["x"]).StoreConfig(batch_size=4, drop_last=v).checked(1),
-    lambda v: __import__("dstore.ingest.config", fromlist=["x"]).IngestConfig(overwrite=v).checked(),
-    lambda v: __import__("dstore.loader.config", fromlist=["x"]).LoaderConfig(pin_memory=v).checked(),
-    lambda v: __import__("dstore.training.config", fromlist=["x"]).TrainConfig(nesterov=v).check(),
-], ids=["StoreConfig", "IngestConfig", "LoaderConfig", "TrainConfig"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: __import__("dstore.store.config", fromlist=["x"]).StoreConfig(batch_size=4, drop_last=v).checked(1),
+        lambda v: __import__("dstore.ingest.config", fromlist=["x"]).IngestConfig(overwrite=v).checked(),
+        lambda v: __import__("dstore.loader.config", fromlist=["x"]).LoaderConfig(pin_memory=v).checked(),
+        lambda v: __import__("dstore.training.config", fromlist=["x"]).TrainConfig(nesterov=v).check(),
+    ],
+    ids=["StoreConfig", "IngestConfig", "LoaderConfig", "TrainConfig"],
+)
 @pytest.mark.parametrize("bad", ["maybe", 2, 0.0, [], "nein"])
 def test_a_value_that_is_no_boolean_is_one_line_naming_the_option(make, bad):
     with pytest.raises(ConfigError, match=r"^(drop_last|overwrite|pin_memory|nesterov)=.* must be a boolean"):
@@ -87,8 +99,9 @@ def test_overwrite_false_as_text_keeps_an_existing_container(small, tmp_path):
     ingest("synthetic", str(out), comm=MPI.COMM_SELF, count=8, progress=False)
     before = out.read_bytes()
     with pytest.raises(ContainerExistsError):
-        ingest("synthetic", str(out), comm=MPI.COMM_SELF, config=IngestConfig(count=4, overwrite="false",
-                                                                             progress="no"))
+        ingest(
+            "synthetic", str(out), comm=MPI.COMM_SELF, config=IngestConfig(count=4, overwrite="false", progress="no")
+        )
     assert out.read_bytes() == before
 
 
@@ -119,17 +132,24 @@ def test_a_boolean_in_a_config_file_and_an_environment_variable_follow_the_same_
         read_values(train, str(cfg))
 
 
-@pytest.mark.parametrize("seed,what", [(-1, "-1"), (2**64, "18446744073709551616"), ("x", "'x'"), (1.5, "1.5"),
-                                       (True, "True")])
+@pytest.mark.parametrize(
+    "seed,what", [(-1, "-1"), (2**64, "18446744073709551616"), ("x", "'x'"), (1.5, "1.5"), (True, "True")]
+)
 def test_a_bad_seed_is_one_line_naming_seed_in_every_config(seed, what):
     from dstore.ingest.config import IngestConfig
     from dstore.store.config import StoreConfig
     from dstore.training.config import TrainConfig
 
-    for check in (lambda: StoreConfig(batch_size=4, seed=seed).checked(1), lambda: IngestConfig(seed=seed).checked(),
-                  lambda: TrainConfig(seed=seed).check()):
-        with pytest.raises(ConfigError, match=rf"^(seed={what.replace('.', '[.]')} must be an integer|--seed {what} "
-                                              rf"must be in \[0, 2147483648\))"):
+    for check in (
+        lambda: StoreConfig(batch_size=4, seed=seed).checked(1),
+        lambda: IngestConfig(seed=seed).checked(),
+        lambda: TrainConfig(seed=seed).check(),
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^(seed={what.replace('.', '[.]')} must be an integer|--seed {what} "
+            rf"must be in \[0, 2147483648\))",
+        ):
             check()
 
 
@@ -156,8 +176,11 @@ def test_workers_and_prefetch_beyond_the_machine_are_refused_before_anything_sta
     from dstore.store.data_store import DataStore
     from dstore.training.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"^workers=10000 decode worker processes are more than this machine "
-                                          r"allows: at most \d+ \(4 per core of the \d+"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^workers=10000 decode worker processes are more than this machine "
+        r"allows: at most \d+ \(4 per core of the \d+",
+    ):
         LoaderConfig(workers=10**4).checked()
     with pytest.raises(ConfigError, match=r"^decode_workers=10000 decode worker processes"):
         TrainConfig(decode_workers=10**4).check()
@@ -200,6 +223,7 @@ def test_ingest_config_fields_not_names_is_one_line_naming_fields():
 
 # --- item 3: labels ---------------------------------------------------------------------------------------
 
+
 def _parquet(path, labels):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
@@ -209,8 +233,10 @@ def _parquet(path, labels):
     return str(path)
 
 
-@pytest.mark.parametrize("labels,kind", [([[2, 1], [10], [3]], "list"), ([{"a": 1}, {"a": 2}, {"a": 3}], "struct"),
-                                         ([["x"], ["y"], ["x"]], "list")])
+@pytest.mark.parametrize(
+    "labels,kind",
+    [([[2, 1], [10], [3]], "list"), ([{"a": 1}, {"a": 2}, {"a": 3}], "struct"), ([["x"], ["y"], ["x"]], "list")],
+)
 def test_a_list_or_struct_label_column_is_refused_in_one_line(tmp_path, labels, kind):
     from dstore.errors import SampleError
     from dstore.ingest import ingest
@@ -257,8 +283,10 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "faults_39_run.py")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode,rank0,code", [("interrupt", "KeyboardInterrupt", None), ("exit", None, 3),
-                                             ("error", "RuntimeError: the source broke", 1)])
+@pytest.mark.parametrize(
+    "mode,rank0,code",
+    [("interrupt", "KeyboardInterrupt", None), ("exit", None, 3), ("error", "RuntimeError: the source broke", 1)],
+)
 def test_ingest_items_ends_the_job_when_rank_0s_iterable_raises_anything(tmp_path, mode, rank0, code):
     from support.mpirun import run_mpi
 
@@ -273,6 +301,7 @@ def test_ingest_items_ends_the_job_when_rank_0s_iterable_raises_anything(tmp_pat
 
 
 # --- item 6: own scripts ---------------------------------------------------------------------------------
+
 
 @pytest.mark.mpi
 def test_an_agreed_error_at_an_epochs_start_in_an_own_script_is_one_line_once(small):
@@ -310,8 +339,9 @@ def test_a_library_error_escapes_control_characters_in_a_file_name(tmp_path):
     from dstore.ingest import ingest_items
 
     with pytest.raises(SampleError) as err:
-        ingest_items([(b"not an image", 0, "x\x1b[2J\nOK.jpg")], str(tmp_path / "g.h5"), comm=MPI.COMM_SELF,
-                     progress=False)
+        ingest_items(
+            [(b"not an image", 0, "x\x1b[2J\nOK.jpg")], str(tmp_path / "g.h5"), comm=MPI.COMM_SELF, progress=False
+        )
     text = str(err.value)
     assert text.startswith("x\\x1b[2J\\nOK.jpg: not a valid image") and text.isprintable(), text
 
@@ -323,8 +353,11 @@ def test_a_field_named_like_a_batch_key_is_refused_at_ingest(tmp_path, name):
     from dstore.ingest import ingest_items
 
     items = [(jpeg_bytes(16, k), k % 2, f"s{k}.jpg", {name: "x", "txt": "y"}) for k in range(4)]
-    with pytest.raises(ConfigError, match=rf"^field '{name}': a batch with fields is .* could be stored but never "
-                                          rf"served; leave it out"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^field '{name}': a batch with fields is .* could be stored but never "
+        rf"served; leave it out",
+    ):
         ingest_items(items, str(tmp_path / "f.h5"), comm=MPI.COMM_SELF, progress=False)
     assert not (tmp_path / "f.h5").exists()
     report = ingest_items(items, str(tmp_path / "f.h5"), comm=MPI.COMM_SELF, progress=False, fields=["txt"])
@@ -347,16 +380,28 @@ def test_resume_with_config_json_missing_says_so(tmp_path):
 
 # --- item 4: every wait on object storage bounded ----------------------------------------------------------
 
-STALL_ENV = {"DSTORE_OBJECT_TIMEOUT": "0.5", "DSTORE_OBJECT_TRIES": "2", "AWS_ACCESS_KEY_ID": "testing",
-             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+STALL_ENV = {
+    "DSTORE_OBJECT_TIMEOUT": "0.5",
+    "DSTORE_OBJECT_TRIES": "2",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 """A short bound for the tests: 0.5 s per wait, 2 tries (the defaults are 10 s and 3)."""
 
 WAIT_LINE = "after no answer within 0.5 s, 2 tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)"
 
 
-@pytest.mark.parametrize("args", [("info", "s3://bk/c.h5"), ("verify", "s3://bk/c.h5"), ("info", "s3://bk/c.zarr"),
-                                  ("ingest", "s3://bk/imgs", "{tmp}/out.h5")],
-                         ids=["info", "verify", "info-zarr", "ingest"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("info", "s3://bk/c.h5"),
+        ("verify", "s3://bk/c.h5"),
+        ("info", "s3://bk/c.zarr"),
+        ("ingest", "s3://bk/imgs", "{tmp}/out.h5"),
+    ],
+    ids=["info", "verify", "info-zarr", "ingest"],
+)
 def test_every_command_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_path, args, capsys, monkeypatch):
     pytest.importorskip("s3fs")
     import fsspec
@@ -381,8 +426,15 @@ def test_dstore_train_on_an_endpoint_that_never_answers_ends_with_one_line(tmp_p
     from support.s3 import StallingProxy
 
     with StallingProxy() as silent:
-        res = dstore("train", "s3://bk/c.h5", "--epochs", 1, "--run-dir", tmp_path / "run",
-                     env={**STALL_ENV, "AWS_ENDPOINT_URL": silent.url})
+        res = dstore(
+            "train",
+            "s3://bk/c.h5",
+            "--epochs",
+            1,
+            "--run-dir",
+            tmp_path / "run",
+            env={**STALL_ENV, "AWS_ENDPOINT_URL": silent.url},
+        )
     one_line_error(res, "s3://bk/c.h5", "ReadTimeoutError", WAIT_LINE)
 
 
@@ -399,14 +451,20 @@ def test_a_two_rank_own_script_reading_a_tiered_container_from_s3_ends_when_the_
     try:
         env = {**STALL_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
         local = scenarios.make_container(str(tmp_path / "c.h5"), n=300, seed=1, large=8000, small=8000)
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=env["AWS_ENDPOINT_URL"], key="testing",
-                               secret="testing")
+        fs = fsspec.filesystem(
+            "s3", skip_instance_cache=True, endpoint_url=env["AWS_ENDPOINT_URL"], key="testing", secret="testing"
+        )
         fs.mkdir("stall")
         fs.put(local, "stall/c.h5")
         marker = tmp_path / "stall-now"
         with StallingProxyAt(env["AWS_ENDPOINT_URL"], str(marker)) as proxy:
-            res = run_mpi(2, ["python", SCRIPT, "stall", "s3://stall/c.h5", str(marker)], timeout=BOUND_S,
-                          check=False, env={**env, "AWS_ENDPOINT_URL": proxy.url})
+            res = run_mpi(
+                2,
+                ["python", SCRIPT, "stall", "s3://stall/c.h5", str(marker)],
+                timeout=BOUND_S,
+                check=False,
+                env={**env, "AWS_ENDPOINT_URL": proxy.url},
+            )
         assert proxy.stalled.is_set() and res.returncode != 0 and "not reached" not in res.stdout, res
         lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dstore: error")]
         assert len(lines) == 1 and "s3://stall/c.h5" in lines[0] and WAIT_LINE in lines[0], res.stderr

@@ -42,8 +42,12 @@ def test_train_on_a_tampered_container_says_checksum_as_verify_does(tmp_path, ca
     flip_byte(path, 2, within=200)  # in its Huffman tables: decoding it fails (was the first error, not checksum)
     code = main(["train", path, "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--no-progress"])
     err = capsys.readouterr().err
-    assert code != 0 and "ChecksumError" in err and "sample(s) read from storage do not match their checksums: 2 " \
-        in err and "cannot decode" not in err, err
+    assert (
+        code != 0
+        and "ChecksumError" in err
+        and "sample(s) read from storage do not match their checksums: 2 " in err
+        and "cannot decode" not in err
+    ), err
     assert not (tmp_path / "run").exists()
 
 
@@ -54,8 +58,11 @@ def test_val_in_another_image_encoding_is_taken_and_raw_against_images_says_the_
         from dstore.training.checkpoint import container_identity
 
         check_val(png, v, jpeg, t, container_identity(t))  # JPEG training, PNG held out: each decodes its own
-        with pytest.raises(ConfigError, match=r"--val .*r\.h5 has encoding 'raw' but .*j\.h5 has 'jpeg'; re-ingest "
-                                              r"the held-out data .*--encoding jpeg\), then --val OUT"):
+        with pytest.raises(
+            ConfigError,
+            match=r"--val .*r\.h5 has encoding 'raw' but .*j\.h5 has 'jpeg'; re-ingest "
+            r"the held-out data .*--encoding jpeg\), then --val OUT",
+        ):
             check_val(raw, r, jpeg, t, container_identity(t))
 
 
@@ -72,8 +79,11 @@ def test_a_local_glob_not_ending_in_tar_is_taken_or_named(tmp_path):
                 tf.addfile(info, io.BytesIO(data))
     assert source_type_of(str(shards / "*")) == "tar"  # every match a shard
     (shards / "README").write_text("not a shard")
-    with pytest.raises(ConfigError, match=r"is a pattern and matches 3 path\(s\), not all \.tar shards \(first that "
-                                          r"is not: .*README\); .* end it in \.tar \(.*shards/\*\.tar\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"is a pattern and matches 3 path\(s\), not all \.tar shards \(first that "
+        r"is not: .*README\); .* end it in \.tar \(.*shards/\*\.tar\)",
+    ):
         source_type_of(str(shards / "*"))
     with pytest.raises(ConfigError, match="matches no file"):
         source_type_of(str(tmp_path / "nothing" / "*"))

@@ -25,13 +25,21 @@ SPECS = {"txt": "text", "boxes": "json", "mask": "bytes"}
 
 
 def write(path, fmt, n=5, fields=SPECS):
-    values = [{f: v for f, v in {"txt": f"caption {k} é", "boxes": {"b": [[k, 1, 2, 3]]},
-                                 "mask": bytes([k, 0, 255])}.items() if f in fields} for k in range(n)]
-    with create_writer(path, fmt, encoding="raw", raw_dtype="uint8", raw_shape=[2], class_names=["a"],
-                       fields=fields) as w:
+    values = [
+        {
+            f: v
+            for f, v in {"txt": f"caption {k} é", "boxes": {"b": [[k, 1, 2, 3]]}, "mask": bytes([k, 0, 255])}.items()
+            if f in fields
+        }
+        for k in range(n)
+    ]
+    with create_writer(
+        path, fmt, encoding="raw", raw_dtype="uint8", raw_shape=[2], class_names=["a"], fields=fields
+    ) as w:
         w.append(b"\x00\x01", 0, "s0", fields=values[0])
-        w.extend(bytes(range(2, 2 * n)), [2] * (n - 1), [0] * (n - 1), [f"s{k}" for k in range(1, n)],
-                 fields=values[1:])
+        w.extend(
+            bytes(range(2, 2 * n)), [2] * (n - 1), [0] * (n - 1), [f"s{k}" for k in range(1, n)], fields=values[1:]
+        )
     return values
 
 
@@ -49,7 +57,7 @@ def test_fields_round_trip_and_plain_readers(tmp_path, fmt):
     g = h5py.File(path, "r") if fmt == "hdf5" else zarr.open_group(path, mode="r")
     assert [str(x) for x in g.attrs["fields"]] == ["txt:text", "boxes:json", "mask:bytes"]
     off = g["fields/txt/offsets"][:]
-    raw = g["fields/txt/data"][off[3]:off[4]].tobytes()
+    raw = g["fields/txt/data"][off[3] : off[4]].tobytes()
     assert raw.decode() == values[3]["txt"] and zlib.crc32(raw) == int(g["fields/txt/checksums"][3])
     if fmt == "hdf5":
         g.close()
@@ -70,8 +78,14 @@ def test_container_without_fields_reads_as_before(tmp_path):
 def test_writer_refuses_bad_values(tmp_path):
     with pytest.raises(ConfigError, match="kind 'jpeg'"):
         create_writer(str(tmp_path / "a.h5"), encoding="jpeg", class_names=[], fields={"x": "jpeg"})
-    with create_writer(str(tmp_path / "b.h5"), encoding="raw", raw_dtype="uint8", raw_shape=[1], class_names=["a"],
-                       fields={"txt": "text", "j": "json"}) as w:
+    with create_writer(
+        str(tmp_path / "b.h5"),
+        encoding="raw",
+        raw_dtype="uint8",
+        raw_shape=[1],
+        class_names=["a"],
+        fields={"txt": "text", "j": "json"},
+    ) as w:
         with pytest.raises(ConfigError, match="s0: field 'txt' is not valid text"):
             w.append(b"\x00", 0, "s0", fields={"txt": b"\xff\xfe"})
         with pytest.raises(ConfigError, match="s0: field 'j' is not valid json"):
@@ -176,8 +190,9 @@ def test_cli_fields_option_info_and_verify(tmp_path, capsys):
 
     with wds.TarWriter(str(src / "s-0.tar")) as sink:
         for k in range(4):
-            sink.write({"__key__": f"k{k}", "png": png_bytes(4, k), "cls": b"0", "txt": f"t{k}".encode(),
-                        "json": b"{}"})
+            sink.write(
+                {"__key__": f"k{k}", "png": png_bytes(4, k), "cls": b"0", "txt": f"t{k}".encode(), "json": b"{}"}
+            )
     out = str(tmp_path / "o.zarr")
     assert main(["ingest", str(src), out, "--fields", "txt", "--shards", "2", "--no-progress"]) == 0
     said = capsys.readouterr().out
@@ -205,8 +220,15 @@ def test_store_loader_yields_fields_with_each_batch(tmp_path, workers):
     from dstore.store.data_store import DataStore
 
     path = str(tmp_path / "raw.h5")
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[2, 2, 1], class_names=["a", "b"],
-                       fields={"txt": "text", "j": "json"}) as w:
+    with create_writer(
+        path,
+        "hdf5",
+        encoding="raw",
+        raw_dtype="uint8",
+        raw_shape=[2, 2, 1],
+        class_names=["a", "b"],
+        fields={"txt": "text", "j": "json"},
+    ) as w:
         for k in range(13):
             w.append(bytes([k] * 4), k % 2, f"s{k}", fields={"txt": f"cap {k}", "j": [k]})
     with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=2) as st:
@@ -284,5 +306,8 @@ def test_zarr_field_offsets_of_a_wrong_length_are_refused_before_read(tmp_path):
     g = zarr.open_group(path, mode="r+")
     del g["fields/txt/offsets"]
     g.create_array("fields/txt/offsets", shape=(1 << 40,), dtype=np.int64, chunks=(1 << 16,))
-    with open_container(path) as c, pytest.raises(FormatError, match=r"field 'txt': offsets has shape \(1099511627776,\)"):
+    with (
+        open_container(path) as c,
+        pytest.raises(FormatError, match=r"field 'txt': offsets has shape \(1099511627776,\)"),
+    ):
         c.field("txt", 0)

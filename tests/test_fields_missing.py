@@ -21,8 +21,12 @@ from dstore.formats import create_writer, open_container
 from dstore.ingest import ingest
 
 # key -> members besides the PNG and the class: txt b"" is an empty caption, no txt a missing one
-SAMPLES = {"s0": {"txt": b"", "json": b'{"a": 0}'}, "s1": {"json": b"[]"}, "s2": {"txt": b"two"},
-           "s3": {"txt": b"three", "json": b"null"}}
+SAMPLES = {
+    "s0": {"txt": b"", "json": b'{"a": 0}'},
+    "s1": {"json": b"[]"},
+    "s2": {"txt": b"two"},
+    "s3": {"txt": b"three", "json": b"null"},
+}
 
 
 def _shard(path, samples) -> str:
@@ -48,8 +52,12 @@ def test_a_missing_member_is_none_and_an_empty_one_is_empty(tmp_path, fmt):
         at = _by_key(c)
         got = {k: c.fields_of([at[k]])[0] for k in SAMPLES}
         missing = {k: bool(c.field_missing("txt", at[k], at[k] + 1)[0]) for k in SAMPLES}
-    assert got == {"s0": {"json": {"a": 0}, "txt": ""}, "s1": {"json": [], "txt": None},
-                   "s2": {"json": None, "txt": "two"}, "s3": {"json": None, "txt": "three"}}
+    assert got == {
+        "s0": {"json": {"a": 0}, "txt": ""},
+        "s1": {"json": [], "txt": None},
+        "s2": {"json": None, "txt": "two"},
+        "s3": {"json": None, "txt": "three"},
+    }
     assert missing == {"s0": False, "s1": True, "s2": False, "s3": False}
     # the JSON document `null` (s3) is a value; no member (s2) is not: only `missing` tells them apart
     g = h5py.File(out, "r") if fmt == "hdf5" else zarr.open_group(out, mode="r")
@@ -72,12 +80,15 @@ def test_the_store_serves_none_for_a_missing_value(tmp_path):
     from dstore.store.data_store import DataStore
 
     path = str(tmp_path / "raw.h5")
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[1, 1, 1], class_names=["a"],
-                       fields={"txt": "text"}) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[1, 1, 1], class_names=["a"], fields={"txt": "text"}
+    ) as w:
         for k in range(9):
             w.append(bytes([k]), 0, f"s{k}", fields={"txt": [None, "", f"c{k}"][k % 3]})
-    with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=1, fields=["txt"]) as st, \
-            StoreLoader(st, fields=["txt"], size=(1, 1), channels=1) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, path, batch_size=4, seed=1, fields=["txt"]) as st,
+        StoreLoader(st, fields=["txt"], size=(1, 1), channels=1) as ld,
+    ):
         seen = {}
         for batch in ld:
             seen.update(zip(ld.last_ids.tolist(), batch["txt"]))
@@ -86,8 +97,9 @@ def test_the_store_serves_none_for_a_missing_value(tmp_path):
 
 def test_a_container_written_before_the_missing_array_reads_as_before(tmp_path):
     path = str(tmp_path / "old.h5")
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[1], class_names=["a"],
-                       fields={"txt": "text"}) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[1], class_names=["a"], fields={"txt": "text"}
+    ) as w:
         w.append(b"\x00", 0, "s0", fields={"txt": ""})
         w.append(b"\x01", 0, "s1", fields={"txt": "x"})
     with h5py.File(path, "r+") as f:
@@ -102,8 +114,14 @@ def test_parquet_null_is_none_and_an_empty_string_is_empty(tmp_path):
     import pyarrow.parquet as pq
 
     caps = ["", None, "three", None]
-    table = pa.table({"image": [png_bytes(4, k) for k in range(4)], "label": [0, 1, 0, 1], "caption": caps,
-                      "meta": [{"k": 1}, None, {"k": 3}, {"k": 4}]})
+    table = pa.table(
+        {
+            "image": [png_bytes(4, k) for k in range(4)],
+            "label": [0, 1, 0, 1],
+            "caption": caps,
+            "meta": [{"k": 1}, None, {"k": 3}, {"k": 4}],
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet")
     out = str(tmp_path / "t.h5")
     ingest(str(tmp_path / "t.parquet"), out, comm=MPI.COMM_SELF, progress=False, keep_order=True)
@@ -113,8 +131,13 @@ def test_parquet_null_is_none_and_an_empty_string_is_empty(tmp_path):
         assert c.field_missing("meta", 0, 4).tolist() == [False, True, False, False]
 
 
-BAD = {"s0": {"txt": b"fine"}, "s1": {"txt": b"caf\xe9 latin-1"}, "s2": {"txt": b"ok", "json": b""},
-       "s3": {"txt": b"ok", "json": b"{broken"}, "s4": {"txt": b"last", "json": b"{}"}}
+BAD = {
+    "s0": {"txt": b"fine"},
+    "s1": {"txt": b"caf\xe9 latin-1"},
+    "s2": {"txt": b"ok", "json": b""},
+    "s3": {"txt": b"ok", "json": b"{broken"},
+    "s4": {"txt": b"last", "json": b"{}"},
+}
 
 
 def test_a_field_that_cannot_be_stored_follows_on_error(tmp_path):

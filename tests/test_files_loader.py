@@ -83,8 +83,12 @@ def test_every_files_bytes_are_checked_not_only_the_first(folder_and_container, 
     with open(os.path.join(copy, victim), "r+b") as fh:
         fh.seek(100)
         fh.write(b"\x00\x01\x02")
-    with _source(path, root=copy) as src, pytest.raises(
-            ChecksumError, match=f"{re.escape(os.path.join(copy, victim))} does not hold the bytes of sample 17"):
+    with (
+        _source(path, root=copy) as src,
+        pytest.raises(
+            ChecksumError, match=f"{re.escape(os.path.join(copy, victim))} does not hold the bytes of sample 17"
+        ),
+    ):
         for _ in src.epoch(0):
             pass
 
@@ -102,8 +106,12 @@ def test_names_that_lead_outside_the_files_root_are_refused(tmp_path, bad):
     with create_writer(path, "hdf5", encoding="jpeg", class_names=["a", "b"], source=str(root)) as w:
         w.append(data, 0, "in.jpg", 0)
         w.append(data, 1, bad, 1)
-    with _source(path) as src, pytest.raises(ConfigError, match=f"sample 1 of .* is named '{re.escape(bad)}', "
-                                                                 "which leads outside the files root"):
+    with (
+        _source(path) as src,
+        pytest.raises(
+            ConfigError, match=f"sample 1 of .* is named '{re.escape(bad)}', which leads outside the files root"
+        ),
+    ):
         for _ in src.epoch(0):
             pass
 
@@ -139,8 +147,19 @@ def test_config_checks_name_the_flags():
 @pytest.mark.mpi
 def test_training_on_the_files_equals_training_on_the_store(folder_and_container, tmp_path):
     _, path = folder_and_container
-    common = ["--epochs", "1", "--batch-size", "8", "--seed", "1", "--deterministic", "--log-batches",
-              "--no-progress", "--image-size", "32"]
+    common = [
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--deterministic",
+        "--log-batches",
+        "--no-progress",
+        "--image-size",
+        "32",
+    ]
     runs = {}
     for loader in ("store", "files"):
         run_dir = tmp_path / loader

@@ -143,12 +143,30 @@ def test_the_first_batch_tool_reports_every_loader(tmp_path):
 
     from dstore.training.peers import missing
 
-    res = run_mpi(2, ["python", "-m", "dstore.tools.bench.first_batch", "--data-dir", str(tmp_path), "--count", "48",
-                      "--rung", "local", "--repeats", "2", "--batch-size", "16"], timeout=120)
+    res = run_mpi(
+        2,
+        [
+            "python",
+            "-m",
+            "dstore.tools.bench.first_batch",
+            "--data-dir",
+            str(tmp_path),
+            "--count",
+            "48",
+            "--rung",
+            "local",
+            "--repeats",
+            "2",
+            "--batch-size",
+            "16",
+        ],
+        timeout=120,
+    )
     rows = {line.split(" | ")[0].strip("| "): line for line in res.stdout.splitlines() if line.startswith("| ")}
     for name in ("store (stream)", "store (preload)"):
         # the median, then both passes, of the first batch and of epoch 0
-        assert name in rows and re.search(r"\| [\d.]+ \([\d.]+, [\d.]+\) \| [\d.]+ \([\d.]+, [\d.]+\) \|", rows[name]), \
-            res.stdout
+        assert name in rows and re.search(
+            r"\| [\d.]+ \([\d.]+, [\d.]+\) \| [\d.]+ \([\d.]+, [\d.]+\) \|", rows[name]
+        ), res.stdout
     wds = [n for n in rows if n.startswith("WebDataset")]
     assert (len(wds) == 1) if missing("webdataset") is None else "Skipped WebDataset" in res.stdout, res.stdout

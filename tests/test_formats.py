@@ -177,8 +177,14 @@ class TestWriter:
             for b, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
                 part = samples[lo:hi]
                 data = np.frombuffer(b"".join(x[0] for x in part), np.uint8)
-                w.extend(data, [len(x[0]) for x in part], [x[1] for x in part], [x[2] for x in part],
-                         [x[3] for x in part], checksums=[checksum(x[0]) for x in part] if b % 2 else None)
+                w.extend(
+                    data,
+                    [len(x[0]) for x in part],
+                    [x[1] for x in part],
+                    [x[2] for x in part],
+                    [x[3] for x in part],
+                    checksums=[checksum(x[0]) for x in part] if b % 2 else None,
+                )
             assert w.num_samples == 80
         with open_container(one) as a, open_container(str(path)) as b:
             for key in ("offsets", "labels", "checksums", "source_index"):
@@ -189,8 +195,12 @@ class TestWriter:
     def test_caller_checksums_are_checked_for_type_and_range(self, tmp_path, fmt):
         with create_writer(tmp_path / f"c{SUFFIX[fmt]}", fmt, encoding="png", class_names=["x"]) as w:
             assert w.append(b"abc", 0, "a", checksum=checksum(b"abc")) == 0
-            for bad, match in ((-1, "checksum=-1 is not a CRC32"), (1 << 32, "is not a CRC32"),
-                               ("12", "must be an int"), (1.0, "must be an int")):
+            for bad, match in (
+                (-1, "checksum=-1 is not a CRC32"),
+                (1 << 32, "is not a CRC32"),
+                ("12", "must be an int"),
+                (1.0, "must be an int"),
+            ):
                 with pytest.raises(ConfigError, match=match):
                     w.append(b"abc", 0, "b", checksum=bad)
             with pytest.raises(ConfigError, match="checksums: -3 is not a CRC32"):
@@ -220,8 +230,16 @@ class TestWriter:
     def test_raw_encoding_and_extra_attrs(self, tmp_path, fmt):
         arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
         path = tmp_path / f"raw.{fmt}"
-        with create_writer(path, fmt, encoding="raw", raw_dtype="float32", raw_shape=(2, 3, 4), class_names=["x"],
-                           source="/data/src", extra_attrs={"seed": 5, "order": "shuffled"}) as w:
+        with create_writer(
+            path,
+            fmt,
+            encoding="raw",
+            raw_dtype="float32",
+            raw_shape=(2, 3, 4),
+            class_names=["x"],
+            source="/data/src",
+            extra_attrs={"seed": 5, "order": "shuffled"},
+        ) as w:
             assert w.append(arr, 0, "a.npy", 0) == 0
             assert w.append(memoryview(arr.tobytes()), 0, "b.npy", 1) == 1
         with open_container(path) as r:
@@ -288,12 +306,15 @@ def _open_as_hdf5(path):
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("damage,match", [
-    ("missing", r"missing array\(s\) \['labels'\]"),
-    ("offsets-not-monotonic", "offsets are not monotonic"),
-    ("offsets-end", r"offsets\[-1\]=.* but data has"),
-    ("labels-length", r"labels has shape \(39,\), expected \(40,\)"),
-])
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        ("missing", r"missing array\(s\) \['labels'\]"),
+        ("offsets-not-monotonic", "offsets are not monotonic"),
+        ("offsets-end", r"offsets\[-1\]=.* but data has"),
+        ("labels-length", r"labels has shape \(39,\), expected \(40,\)"),
+    ],
+)
 def test_inconsistent_index_is_a_format_error(tmp_path, fmt, damage, match):
     path = write_samples(tmp_path / f"d.{fmt}", fmt, SAMPLES)
     with open_container(path) as r:
@@ -438,9 +459,12 @@ class TestManifest:
 
 
 samples_strategy = st.lists(
-    st.tuples(st.binary(max_size=300), st.integers(0, 2),
-              st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
-              st.integers(-1, 2**40)),
+    st.tuples(
+        st.binary(max_size=300),
+        st.integers(0, 2),
+        st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+        st.integers(-1, 2**40),
+    ),
     max_size=25,
 )
 

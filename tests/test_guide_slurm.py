@@ -46,7 +46,7 @@ def test_the_batch_scripts_dstore_flags_are_accepted():
     script = _script().replace("\\\n", " ")
     (line,) = [ln for ln in script.splitlines() if ln.startswith("srun ")]
     words = shlex.split(line.split("||")[0])
-    argv = words[words.index("dstore") + 1:]
+    argv = words[words.index("dstore") + 1 :]
     argv = [w.replace("$RUN_DIR", "/tmp/run").replace("$HOME", "/home/me") for w in argv]
     args = build_parser().parse_args(argv)  # an unknown flag or a bad value exits (SystemExit: a failure)
     assert args.command == "train" and args.resume == "auto" and args.preempt_signal == "USR1,TERM"

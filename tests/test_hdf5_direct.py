@@ -38,7 +38,7 @@ def _copy_with_data(src: str, dst: str, data: np.ndarray, skip_chunks=(), **crea
         chunk = dset.chunks[0] if dset.chunks else max(data.size, 1)
         for lo in range(0, data.size, chunk):
             if lo // chunk not in skip_chunks:
-                dset[lo:lo + chunk] = data[lo:lo + chunk]
+                dset[lo : lo + chunk] = data[lo : lo + chunk]
         for key, value in fin.attrs.items():
             fout.attrs[key] = value
     return dst
@@ -94,8 +94,9 @@ def test_pieces_into_fresh_memory(chunked):
 
 
 def test_gzip_file_in_our_layout_falls_back_to_h5py(tmp_path, chunked):
-    path = _copy_with_data(chunked, str(tmp_path / "gz.h5"), np.frombuffer(WHOLE, dtype=np.uint8),
-                           chunks=(1000,), compression="gzip")
+    path = _copy_with_data(
+        chunked, str(tmp_path / "gz.h5"), np.frombuffer(WHOLE, dtype=np.uint8), chunks=(1000,), compression="gzip"
+    )
     with HDF5Reader(path) as r:
         assert r._direct is None
         assert r.read_range(0, len(r)).tobytes() == WHOLE
@@ -109,8 +110,9 @@ def test_an_unwritten_chunk_is_an_error_never_the_fill_value(tmp_path, chunked):
     # HDF5 reads a chunk never written as fill values (zeros): samples that are not the ingested
     # ones. dstore writes every chunk, so a missing one is refused at open, naming the chunk.
     data = np.frombuffer(WHOLE, dtype=np.uint8)
-    path = _copy_with_data(chunked, str(tmp_path / "hole.h5"), data, skip_chunks={2, 3, 7},
-                           chunks=(1000,), maxshape=(None,))
+    path = _copy_with_data(
+        chunked, str(tmp_path / "hole.h5"), data, skip_chunks={2, 3, 7}, chunks=(1000,), maxshape=(None,)
+    )
     assert _h5py_bytes(path)[2000:4000] == bytes(2000)  # what a reader trusting HDF5 would serve
     with pytest.raises(FormatError, match=r"hole\.h5: data chunk 2 \(bytes \[2000, 3000\).*never written \(3 "):
         HDF5Reader(path)

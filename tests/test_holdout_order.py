@@ -22,8 +22,13 @@ SELF = MPI.COMM_SELF
 def class_ordered(path, classes=6, per_class=30, side=8, damaged=None):
     """A raw container written by hand in class order (class 0's samples, then class 1's...)."""
     gen = np.random.default_rng(1)
-    with create_writer(str(path), encoding="raw", class_names=[f"c{k}" for k in range(classes)], raw_dtype="uint8",
-                       raw_shape=(side, side, 1)) as w:
+    with create_writer(
+        str(path),
+        encoding="raw",
+        class_names=[f"c{k}" for k in range(classes)],
+        raw_dtype="uint8",
+        raw_shape=(side, side, 1),
+    ) as w:
         for i in range(classes * per_class):
             label = i // per_class
             img = np.full((side, side, 1), 40 * label, np.uint8) + gen.integers(0, 20, (side, side, 1), dtype=np.uint8)
@@ -50,7 +55,11 @@ def test_check_held_out_refuses_a_class_ordered_tail_and_warns_on_an_unseeded_on
     _, held = split_ranges(labels.size, 0.2)
     with pytest.raises(ConfigError, match=r"holds 2 of the 10 classes") as err:
         check_held_out("x.h5", {}, labels, held)
-    assert "--stratify" in str(err.value) and "--val" in str(err.value) and "not written by dstore ingest" in str(err.value)
+    assert (
+        "--stratify" in str(err.value)
+        and "--val" in str(err.value)
+        and "not written by dstore ingest" in str(err.value)
+    )
     with pytest.raises(ConfigError, match="written in source order"):
         check_held_out("x.h5", {"ingest_order": "source"}, labels, held)
     assert check_held_out("x.h5", {"ingest_order": "seeded"}, labels, held) is None  # the tail is the ingest's draw
@@ -71,7 +80,7 @@ def test_container_reingests_stratified_byte_for_byte(tmp_path):
         for j in range(b.num_samples):
             assert (bytes(b.sample(j)[0]), b.sample(j)[1]) == originals[b.name(j)]
         _, held = split_ranges(b.num_samples, 0.2)
-        assert np.all(np.abs(np.bincount(b.labels[held[0]:], minlength=6) - 6) <= 1)  # 36 held: 6 of each class
+        assert np.all(np.abs(np.bincount(b.labels[held[0] :], minlength=6) - 6) <= 1)  # 36 held: 6 of each class
         assert check_held_out("strat.zarr", b.info.extra, b.labels, held) is None
     with pytest.raises(ConfigError, match="exclude each other"):
         ingest(src, str(tmp_path / "x.h5"), comm=SELF, progress=False, stratify=True, keep_order=True)
@@ -90,8 +99,9 @@ def test_train_catches_a_class_ordered_container_and_trains_after_a_reingest(tmp
     assert res.returncode != 0 and "holds 1 of the 4 classes" in res.stderr and "--stratify" in res.stderr, res.stderr
     assert not (tmp_path / "r1" / "metrics.jsonl").exists()
     run_mpi(2, ["dstore", "ingest", src, str(tmp_path / "s.h5"), "--stratify", "--no-progress"], timeout=120)
-    res = run_mpi(2, ["dstore", "train", str(tmp_path / "s.h5"), "--run-dir", str(tmp_path / "r2"), *common],
-                  timeout=120)
+    res = run_mpi(
+        2, ["dstore", "train", str(tmp_path / "s.h5"), "--run-dir", str(tmp_path / "r2"), *common], timeout=120
+    )
     assert "WARNING" not in res.stderr
     records = [json.loads(line) for line in (tmp_path / "r2" / "metrics.jsonl").read_text().splitlines()]
     assert any("val_accuracy" in r for r in records), records

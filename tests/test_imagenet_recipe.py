@@ -111,13 +111,18 @@ def test_the_partial_decode_gives_the_whole_decodes_pixels(monkeypatch):
     """libjpeg's partial decode (dstore.codec._jpegcrop) against simplejpeg's whole decode at the same
     scale, cropped: the same pixels, at 224 (scale 1) and 32 (1/2-1/8), RGB and grey."""
     for size, channels in (((224, 224), 3), ((32, 32), 3), ((32, 32), 1)):
-        tf = ImageTransform(size=size, train=True, flip=True, **{**COMMON, "channels": channels,
-                                                                  "mean": (0.5,) * channels, "std": (0.2,) * channels})
+        tf = ImageTransform(
+            size=size,
+            train=True,
+            flip=True,
+            **{**COMMON, "channels": channels, "mean": (0.5,) * channels, "std": (0.2,) * channels},
+        )
         for i in range(8):
             data = _jpeg(i)
 
             def plan(s, i=i, tf=tf):
                 return tf.plan(s, KeyedDraws(2, 0, i))
+
             part, where, params = decode_crop(data, JPEG, plan, size, channels=channels)
             with monkeypatch.context() as m:
                 m.setattr(decode, "_jpegcrop", None)
@@ -125,7 +130,7 @@ def test_the_partial_decode_gives_the_whole_decodes_pixels(monkeypatch):
             assert np.array_equal(params, params_w) and part.shape[0] == where[2] < whole.shape[0]
             t, left, h, w = where
             tw, lw = where_w[:2]
-            assert np.array_equal(part[t:t + h, left:left + w], whole[tw:tw + h, lw:lw + w])
+            assert np.array_equal(part[t : t + h, left : left + w], whole[tw : tw + h, lw : lw + w])
     with pytest.raises(ValueError, match="outside"):
         decode._jpegcrop.decode_region(_jpeg(0), np.empty(10**6, np.uint8), 0, 0, 9999, 10, 1, 0)
 
@@ -195,9 +200,31 @@ def test_dstore_train_with_the_imagenet_recipe_is_the_same_run_in_threads_and_wo
     runs = []
     for workers in ("0", "2"):
         run_dir = tmp_path / f"w{workers}"
-        res = run_mpi(1, ["dstore", "train", photos, "--augment", "imagenet", "--model", "small_cnn", "--image-size",
-                          "32", "--epochs", "1", "--batch-size", "8", "--deterministic", "--no-progress",
-                          "--decode-workers", workers, "--run-dir", str(run_dir)], timeout=120)
+        res = run_mpi(
+            1,
+            [
+                "dstore",
+                "train",
+                photos,
+                "--augment",
+                "imagenet",
+                "--model",
+                "small_cnn",
+                "--image-size",
+                "32",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--deterministic",
+                "--no-progress",
+                "--decode-workers",
+                workers,
+                "--run-dir",
+                str(run_dir),
+            ],
+            timeout=120,
+        )
         assert "model small_cnn at 32x32 (--model small_cnn;" in res.stdout and "--augment imagenet" in res.stdout
         rows = read_jsonl(run_dir / "metrics.jsonl")
         runs.append([(r["train_loss"], r["train_accuracy"], r["val_loss"]) for r in rows if "epoch" in r])

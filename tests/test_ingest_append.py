@@ -36,8 +36,13 @@ def sets(tmp_path_factory):
 
 def _samples(path):
     with open_container(str(path)) as r:
-        return ([r.name(i) for i in range(r.num_samples)], np.asarray(r.labels), np.asarray(r.checksums),
-                list(r.info.class_names), r.read_range(0, r.num_samples))
+        return (
+            [r.name(i) for i in range(r.num_samples)],
+            np.asarray(r.labels),
+            np.asarray(r.checksums),
+            list(r.info.class_names),
+            r.read_range(0, r.num_samples),
+        )
 
 
 def _verified(path):
@@ -59,15 +64,22 @@ def test_append_a_new_class_extends_the_class_map_and_keeps_the_old_samples(sets
     names, labels, crcs, classes, data = _samples(out)
     assert classes == classes0 + ["class003"]  # extended, never renumbered
     assert names[:60] == names0 and np.array_equal(labels[:60], labels0) and np.array_equal(crcs[:60], crcs0)
-    assert np.array_equal(data[:data0.size], data0)
+    assert np.array_equal(data[: data0.size], data0)
     new = dict(zip(names[60:], labels[60:]))
-    assert sorted(new) == sorted(f"{c}/new-{f}" for c in ("class002", "class003")
-                                 for f in os.listdir(sets / "gen" / c))
+    assert sorted(new) == sorted(f"{c}/new-{f}" for c in ("class002", "class003") for f in os.listdir(sets / "gen" / c))
     assert all(v == (2 if k.startswith("class002") else 3) for k, v in new.items())
     with open_container(str(out)) as r:
         history = json.loads(r.info.extra["ingest_appends"])
-        assert history == [{"source": str(sets / "new"), "seed": 4, "first_sample": 60, "samples": 20,
-                            "classes_added": ["class003"], "order_before": "seeded"}]
+        assert history == [
+            {
+                "source": str(sets / "new"),
+                "seed": 4,
+                "first_sample": 60,
+                "samples": 20,
+                "classes_added": ["class003"],
+                "order_before": "seeded",
+            }
+        ]
         assert r.info.extra["ingest_order"] == "appended"
         from dstore.training.holdout import check_held_out
 
@@ -78,8 +90,12 @@ def test_append_a_new_class_extends_the_class_map_and_keeps_the_old_samples(sets
             assert r.sample(i)[0].tobytes() == (sets / "new" / c / f).read_bytes()
     _verified(out)
     if shards > 1:
-        assert sorted(os.listdir(out)) == ["manifest.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5",
-                                           "shard-append1-00000-of-00001.h5"]
+        assert sorted(os.listdir(out)) == [
+            "manifest.json",
+            "shard-00000-of-00002.h5",
+            "shard-00001-of-00002.h5",
+            "shard-append1-00000-of-00001.h5",
+        ]
 
 
 def test_duplicates_by_name_and_by_bytes_are_refused_or_skipped(sets, tmp_path):
@@ -88,8 +104,11 @@ def test_duplicates_by_name_and_by_bytes_are_refused_or_skipped(sets, tmp_path):
     same_bytes = tmp_path / "same_bytes"
     shutil.copytree(sets / "new", same_bytes)
     shutil.copy(sets / "old" / "class000" / "0000000.jpg", same_bytes / "class002" / "renamed.jpg")
-    with pytest.raises(SampleError, match=r"renamed\.jpg: a duplicate: the same bytes as stored sample \d+ "
-                                          r"\(class000/0000000\.jpg\)"):
+    with pytest.raises(
+        SampleError,
+        match=r"renamed\.jpg: a duplicate: the same bytes as stored sample \d+ "
+        r"\(class000/0000000\.jpg\)",
+    ):
         ingest_here(same_bytes, None, append_to=str(out))
     both = tmp_path / "both"
     shutil.copytree(same_bytes, both)
@@ -137,8 +156,10 @@ def test_a_reader_open_during_an_append_detects_the_change_and_a_resumed_trainin
             reader.check_unchanged()
         assert np.array_equal(reader.read_range(0, reader.num_samples), first)  # the old bytes, never a mix
         reader.close()
-        with DataStore(MPI.COMM_SELF, str(out), batch_size=8, seed=1) as st, \
-                pytest.raises(ConfigError, match="num_samples"):
+        with (
+            DataStore(MPI.COMM_SELF, str(out), batch_size=8, seed=1) as st,
+            pytest.raises(ConfigError, match="num_samples"),
+        ):
             st.load_state_dict(state)  # a run started on the smaller set does not continue on the larger
 
 
@@ -160,8 +181,9 @@ def test_a_store_epoch_over_an_appended_container_serves_every_sample_once(sets,
 def test_append_on_two_ranks_with_a_new_shard(sets, tmp_path):
     out = tmp_path / "cdir"
     ingest_here(sets / "old", out, shards=2)
-    res = run_mpi(2, ["dstore", "ingest", str(sets / "new"), "--append-to", str(out), "--shards", "2", "--no-progress",
-                      "--json"])
+    res = run_mpi(
+        2, ["dstore", "ingest", str(sets / "new"), "--append-to", str(out), "--shards", "2", "--no-progress", "--json"]
+    )
     assert json.loads(res.stdout)["samples"] == 20
     names, labels, _, classes, _ = _samples(out)
     assert len(names) == 80 and classes[-1] == "class003" and set(labels[60:].tolist()) == {2, 3}
@@ -169,8 +191,13 @@ def test_append_on_two_ranks_with_a_new_shard(sets, tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "dstore.tools", "ingest", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "ingest", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 def test_dry_run_lists_counts_and_sizes_and_writes_nothing(sets, tmp_path):
@@ -193,8 +220,11 @@ def test_dry_run_lists_counts_and_sizes_and_writes_nothing(sets, tmp_path):
 
 @pytest.mark.mpi
 def test_progress_lines_name_each_writing_rank_with_rate_and_time_left(tmp_path):
-    res = run_mpi(2, ["dstore", "ingest", "synthetic", str(tmp_path / "out"), "--shards", "2", "--count", "400",
-                      "--no-progress"], env={"DSTORE_HEARTBEAT": "0.02", "DSTORE_INGEST_CHUNK_BYTES": "64KiB"})
+    res = run_mpi(
+        2,
+        ["dstore", "ingest", "synthetic", str(tmp_path / "out"), "--shards", "2", "--count", "400", "--no-progress"],
+        env={"DSTORE_HEARTBEAT": "0.02", "DSTORE_INGEST_CHUNK_BYTES": "64KiB"},
+    )
     for rank in (0, 1):
         lines = [x for x in res.stderr.splitlines() if x.startswith(f"ingest [rank {rank}: 1 of 2 shards]: ")]
         assert lines, res.stderr

@@ -13,13 +13,16 @@ from dstore.ingest import ingest
 from dstore.ingest.config import IngestConfig
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("fmt", "tiff", "fmt='tiff' is not one of"),
-    ("on_error", "ignore", "on_error='ignore' is not one of"),
-    ("shards", 0, r"shards=0 \(--shards\) must be an integer in \[1, 99999\]"),
-    ("count", 0, "count=0 must be a positive integer or None"),
-    ("resize", "0x4", "'0x4'"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("fmt", "tiff", "fmt='tiff' is not one of"),
+        ("on_error", "ignore", "on_error='ignore' is not one of"),
+        ("shards", 0, r"shards=0 \(--shards\) must be an integer in \[1, 99999\]"),
+        ("count", 0, "count=0 must be a positive integer or None"),
+        ("resize", "0x4", "'0x4'"),
+    ],
+)
 def test_a_bad_argument_is_one_line_naming_it(name, value, message):
     with pytest.raises(ConfigError, match=message) as err:
         IngestConfig(**{name: value}).checked()
@@ -33,8 +36,9 @@ def test_checked_normalises_and_every_field_is_documented():
 
 def test_keywords_and_a_config_write_the_same_container(tmp_path):
     a = ingest("digits", str(tmp_path / "a.h5"), comm=MPI.COMM_SELF, count=12, seed=3, progress=False)
-    b = ingest("digits", str(tmp_path / "b.h5"), comm=MPI.COMM_SELF,
-               config=IngestConfig(count=12, seed=3, progress=False))
+    b = ingest(
+        "digits", str(tmp_path / "b.h5"), comm=MPI.COMM_SELF, config=IngestConfig(count=12, seed=3, progress=False)
+    )
     assert a.samples == b.samples == 12
     ra, rb = open_container(str(tmp_path / "a.h5")), open_container(str(tmp_path / "b.h5"))
     assert np.array_equal(ra.labels, rb.labels)

@@ -55,7 +55,8 @@ def test_shards_written_in_parallel_with_a_manifest(mixed, tmp_path, nprocs, sha
     out = tmp_path / "sharded"
     ingest_cli(nprocs, mixed, out, "--shards", shards, "--format", fmt)
     assert sorted(os.listdir(out)) == ["manifest.json"] + [
-        f"shard-{s:05d}-of-{shards:05d}.{'h5' if fmt == 'hdf5' else 'zarr'}" for s in range(shards)]
+        f"shard-{s:05d}-of-{shards:05d}.{'h5' if fmt == 'hdf5' else 'zarr'}" for s in range(shards)
+    ]
     check_container_against_folder(str(out), mixed)
     with open_container(str(out)) as c:
         assert np.array_equal(c.source_index, sample_order(44, 0))
@@ -81,7 +82,10 @@ def test_a_bad_file_on_any_rank_ends_the_job_with_its_path_and_leaves_nothing(mi
     seed = next(s for s in range(100) if (int(np.flatnonzero(sample_order(n, s) == i)[0]) // chunk) % 4 != 0)
     result = ingest_cli(4, root, tmp_path / "out.h5", "--seed", seed, check=False)
     assert result.returncode != 0 and path in result.stderr and word in result.stderr, (
-        result.returncode, result.stdout, result.stderr)
+        result.returncode,
+        result.stdout,
+        result.stderr,
+    )
     assert leftovers(str(tmp_path)) == []
     result = ingest_cli(2, root, tmp_path / "sh", "--shards", 2, check=False)
     assert result.returncode != 0 and path in result.stderr, (result.returncode, result.stdout, result.stderr)
@@ -94,8 +98,18 @@ def test_skip_lists_every_bad_file_across_ranks(mixed, tmp_path):
 
     root = tmp_path / "images"
     shutil.copytree(mixed, root)
-    bad = dict(add_bad(str(root), k) for k in ("undecodable", "truncated_jpeg", "truncated_png", "empty_file",
-                                                "not_an_image", "broken_link", "empty_class"))
+    bad = dict(
+        add_bad(str(root), k)
+        for k in (
+            "undecodable",
+            "truncated_jpeg",
+            "truncated_png",
+            "empty_file",
+            "not_an_image",
+            "broken_link",
+            "empty_class",
+        )
+    )
     result = ingest_cli(2, root, tmp_path / "out.h5", "--on-error", "skip")
     report = json.loads(result.stdout)
     skipped = dict(report["skipped"])
@@ -103,8 +117,9 @@ def test_skip_lists_every_bad_file_across_ranks(mixed, tmp_path):
     assert all(word in skipped[p] for p, word in bad.items())
     assert report["samples"] == 44
     check_container_against_folder(str(tmp_path / "out.h5"), str(root), exclude=bad, check_index=False)
-    text = run_mpi(1, ["dstore", "ingest", str(root), str(tmp_path / "t.h5"), "--on-error", "skip",
-                       "--no-progress"]).stdout
+    text = run_mpi(
+        1, ["dstore", "ingest", str(root), str(tmp_path / "t.h5"), "--on-error", "skip", "--no-progress"]
+    ).stdout
     assert "skipped 7:" in text and all(p in text for p in bad)
 
 
@@ -118,12 +133,29 @@ def test_cifar_and_synthetic_two_ranks(tmp_path):
         labels = sum((b[b"labels"] for b in batches), [])
         assert c.labels.tolist() == [labels[i] for i in c.source_index]
         data = np.concatenate([b[b"data"] for b in batches])
-        assert all(np.array_equal(c.sample(j)[0], data[int(c.source_index[j])].reshape(3, 32, 32)
-                                  .transpose(1, 2, 0).reshape(-1)) for j in range(90))
+        assert all(
+            np.array_equal(
+                c.sample(j)[0], data[int(c.source_index[j])].reshape(3, 32, 32).transpose(1, 2, 0).reshape(-1)
+            )
+            for j in range(90)
+        )
     verify(tmp_path / "c.zarr")
 
-    ingest_cli(2, "synthetic", tmp_path / "s.h5", "--count", 16, "--seed", 3, "--mean-bytes", 3000,
-               "--min-side", 48, "-O", "max_side=64")
+    ingest_cli(
+        2,
+        "synthetic",
+        tmp_path / "s.h5",
+        "--count",
+        16,
+        "--seed",
+        3,
+        "--mean-bytes",
+        3000,
+        "--min-side",
+        48,
+        "-O",
+        "max_side=64",
+    )
     from dstore.ingest.synthetic import SyntheticSource
 
     src = SyntheticSource(16, seed=3, mean_bytes=3000, min_side=48, max_side=64)
@@ -140,15 +172,24 @@ def test_library_raises_the_same_error_on_every_rank_instead_of_hanging(mixed, t
     root = tmp_path / "images"
     shutil.copytree(mixed, root)
     path, _ = add_bad(str(root), "undecodable")
-    scenarios = [{"source": str(root), "output": str(tmp_path / "sh"), "shards": 3},  # a group per rank
-                 {"source": str(root), "output": str(tmp_path / "one.zarr"), "fmt": "zarr"},
-                 {"source": str(root), "output": str(tmp_path / "ok.h5"), "on_error": "skip"}]
+    scenarios = [
+        {"source": str(root), "output": str(tmp_path / "sh"), "shards": 3},  # a group per rank
+        {"source": str(root), "output": str(tmp_path / "one.zarr"), "fmt": "zarr"},
+        {"source": str(root), "output": str(tmp_path / "ok.h5"), "on_error": "skip"},
+    ]
     results = tmp_path / "results"
     results.mkdir()
-    run_mpi(3, ["python", os.path.join(os.path.dirname(__file__), "ingest_library_run.py"), str(results),
-                *map(json.dumps, scenarios)], timeout=120)
-    per_rank = [[json.loads(line) for line in (results / f"rank{r}.jsonl").read_text().splitlines()]
-                for r in range(3)]
+    run_mpi(
+        3,
+        [
+            "python",
+            os.path.join(os.path.dirname(__file__), "ingest_library_run.py"),
+            str(results),
+            *map(json.dumps, scenarios),
+        ],
+        timeout=120,
+    )
+    per_rank = [[json.loads(line) for line in (results / f"rank{r}.jsonl").read_text().splitlines()] for r in range(3)]
     for lines in per_rank:
         assert len(lines) == 3, lines
         for failed in lines[:2]:

@@ -24,7 +24,6 @@ from dstore.ingest.registry import source_type_of
 SELF = MPI.COMM_SELF
 
 
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A flat folder of 18 JPEGs and 6 grey PNGs, and (file name, class name) for each."""
@@ -98,12 +97,14 @@ def make_shards(files, directory, per_shard=10, extra=()):
     for s in range(0, len(rows), per_shard):
         shard = os.path.join(directory, f"shard-{s // per_shard:06d}.tar")
         with tarfile.open(shard, "w") as tf:
-            for k, (name, cls) in enumerate(rows[s:s + per_shard]):
+            for k, (name, cls) in enumerate(rows[s : s + per_shard]):
                 key = f"sample{s + k:05d}"
                 ext = name.rsplit(".", 1)[1]
-                members = [(f"{key}.{ext}", (flat / name).read_bytes()),
-                           (f"{key}.cls", str(classes.index(cls)).encode()),
-                           (f"{key}.json", json.dumps({"file": name}).encode())]
+                members = [
+                    (f"{key}.{ext}", (flat / name).read_bytes()),
+                    (f"{key}.cls", str(classes.index(cls)).encode()),
+                    (f"{key}.json", json.dumps({"file": name}).encode()),
+                ]
                 for member, data in members:
                     info = tarfile.TarInfo(member)
                     info.size = len(data)
@@ -122,8 +123,13 @@ def test_webdataset_shards_read_in_place(files, tmp_path):
     assert source_type_of(str(shards)) == "tar"
     with pytest.raises(SampleError, match=r"orphan: sample has no image member \(jpg;png\)"):
         ingest_here(shards, tmp_path / "t.h5", image_key="jpg;png")
-    report = ingest_here(str(shards / "shard-{000000..000002}.tar"), tmp_path / "t.h5", image_key="jpg;png",
-                 on_error="skip", classes=classes)
+    report = ingest_here(
+        str(shards / "shard-{000000..000002}.tar"),
+        tmp_path / "t.h5",
+        image_key="jpg;png",
+        on_error="skip",
+        classes=classes,
+    )
     assert len(report.skipped) == 1 and "orphan" in report.skipped[0][0]
     check_round_trip(tmp_path / "t.h5", expect, classes)
     with tarfile.open(tmp_path / "z.tar.gz", "w:gz") as tf:
@@ -158,7 +164,10 @@ def test_parquet_and_datasets_directory(files, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     plain = pa.table({"img": pa.array([(flat / n).read_bytes() for n, _ in rows]), "y": labels})
-    with pa.OSFile(str(disk / "data-00000-of-00001.arrow"), "wb") as sink, pyarrow.ipc.new_stream(sink, plain.schema) as w:
+    with (
+        pa.OSFile(str(disk / "data-00000-of-00001.arrow"), "wb") as sink,
+        pyarrow.ipc.new_stream(sink, plain.schema) as w,
+    ):
         w.write_table(plain)
     (disk / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
     (disk / "dataset_info.json").write_text(json.dumps({"features": {"y": features["label"]}}))
@@ -185,8 +194,12 @@ def test_ingest_items_from_any_iterable(files, tmp_path):
     assert report.samples == 24
     check_round_trip(tmp_path / "i.h5", {n: ((flat / n).read_bytes(), c) for n, c in rows}, ("cat", "dog", "emu"))
     assert not [p for p in os.listdir(tmp_path) if "spool" in p]  # the spool is gone
-    bad = [((flat / rows[0][0]).read_bytes(), 0, "ok"), ("text, not bytes", 1, "wrong-type"), (b"junk", 1, "junk"),
-           "not a triple"]
+    bad = [
+        ((flat / rows[0][0]).read_bytes(), 0, "ok"),
+        ("text, not bytes", 1, "wrong-type"),
+        (b"junk", 1, "junk"),
+        "not a triple",
+    ]
     with pytest.raises(SampleError, match="wrong-type: its data is str"):
         ingest_items(iter(bad), str(tmp_path / "b.h5"), comm=SELF, progress=False)
     report = ingest_items(iter(bad), str(tmp_path / "b.h5"), comm=SELF, progress=False, on_error="skip")
@@ -215,16 +228,50 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
     expect, classes = make_shards(files, str(tmp_path / "shards"))
     (tmp_path / "items.py").write_text(ITEMS_RUN)
     (tmp_path / "classes.txt").write_text("\n".join(classes) + "\n")
-    run_mpi(2, ["dstore", "ingest", str(tmp_path / "shards"), str(tmp_path / "t2"), "--shards", "2", "--seed", "5",
-                "--tar-image-key", "jpg;png", "--classes", str(tmp_path / "classes.txt"), "--no-progress"], timeout=120)
-    run_mpi(2, ["dstore", "ingest", str(flat), str(tmp_path / "l2.h5"), "--labels", str(tmp_path / "labels.csv"),
-                "--seed", "5", "--no-progress"], timeout=120)
-    run_mpi(2, ["python", str(tmp_path / "items.py"), str(flat), str(tmp_path / "i2"), str(tmp_path / "labels.csv")],
-            timeout=120)
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "ingest",
+            str(tmp_path / "shards"),
+            str(tmp_path / "t2"),
+            "--shards",
+            "2",
+            "--seed",
+            "5",
+            "--tar-image-key",
+            "jpg;png",
+            "--classes",
+            str(tmp_path / "classes.txt"),
+            "--no-progress",
+        ],
+        timeout=120,
+    )
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "ingest",
+            str(flat),
+            str(tmp_path / "l2.h5"),
+            "--labels",
+            str(tmp_path / "labels.csv"),
+            "--seed",
+            "5",
+            "--no-progress",
+        ],
+        timeout=120,
+    )
+    run_mpi(
+        2,
+        ["python", str(tmp_path / "items.py"), str(flat), str(tmp_path / "i2"), str(tmp_path / "labels.csv")],
+        timeout=120,
+    )
     ingest_here(tmp_path / "shards", tmp_path / "t1.h5", seed=5, image_key="jpg;png", classes=classes)
     ingest_here(flat, tmp_path / "l1.h5", seed=5, labels=str(tmp_path / "labels.csv"))
-    ingest_items((((flat / n).read_bytes(), c, n) for n, c in rows), str(tmp_path / "i1.h5"), comm=SELF,
-                 progress=False, seed=5)
+    ingest_items(
+        (((flat / n).read_bytes(), c, n) for n, c in rows), str(tmp_path / "i1.h5"), comm=SELF, progress=False, seed=5
+    )
     pairs = [("t2", "t1.h5"), ("l2.h5", "l1.h5"), ("i2", "i1.h5")]
     try:
         import pyarrow as pa
@@ -234,8 +281,19 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
     if pa is not None:
         table = pa.table({"image": [(flat / n).read_bytes() for n, _ in rows], "label": [c for _, c in rows]})
         pq.write_table(table, tmp_path / "rows.parquet", row_group_size=5)
-        run_mpi(2, ["dstore", "ingest", str(tmp_path / "rows.parquet"), str(tmp_path / "p2.h5"), "--seed", "5",
-                    "--no-progress"], timeout=120)
+        run_mpi(
+            2,
+            [
+                "dstore",
+                "ingest",
+                str(tmp_path / "rows.parquet"),
+                str(tmp_path / "p2.h5"),
+                "--seed",
+                "5",
+                "--no-progress",
+            ],
+            timeout=120,
+        )
         ingest_here(tmp_path / "rows.parquet", tmp_path / "p1.h5", seed=5)
         pairs.append(("p2.h5", "p1.h5"))
     for two, one in pairs:
@@ -245,7 +303,25 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
             assert np.array_equal(a.checksums, b.checksums) and np.array_equal(a.labels, b.labels)
     check_round_trip(tmp_path / "t2", expect, classes)
     run_dir = tmp_path / "run"
-    run_mpi(2, ["dstore", "train", str(tmp_path / "t2"), "--epochs", "1", "--batch-size", "8", "--image-size", "16",
-                "--model", "small_cnn", "--no-progress", "--run-dir", str(run_dir)], timeout=120)
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "train",
+            str(tmp_path / "t2"),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--image-size",
+            "16",
+            "--model",
+            "small_cnn",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+        ],
+        timeout=120,
+    )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("epoch") == 0 and np.isfinite(r["train_loss"]) for r in records), records

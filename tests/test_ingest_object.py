@@ -38,12 +38,14 @@ def shard_bytes(first: int, n: int, extra: bool = False) -> bytes:
     return out.getvalue()
 
 
-
 def contents(path):
     """[(name, bytes, label)] of a container in its order, its class names and encoding."""
     with open_container(str(path)) as c:
-        return ([(c.name(j), bytes(c.sample(j)[0]), int(c.sample(j)[1])) for j in range(c.num_samples)],
-                tuple(c.info.class_names), c.info.encoding)
+        return (
+            [(c.name(j), bytes(c.sample(j)[0]), int(c.sample(j)[1])) for j in range(c.num_samples)],
+            tuple(c.info.class_names),
+            c.info.encoding,
+        )
 
 
 def put_tree(fs, prefix: str, local, files: dict[str, bytes]) -> None:
@@ -60,8 +62,10 @@ def test_tar_shards_from_s3_match_a_local_ingest(s3, tmp_path, form):
     files = {f"shards/train-{k:03d}.tar": shard_bytes(10 * k, 4 + k, extra=(k == 1)) for k in range(3)}
     put_tree(s3, f"{b}/data", tmp_path / "data", files)
     spec = {"prefix": "shards", "glob": "shards/train-*.tar", "braces": "shards/train-{000..002}.tar"}[form]
-    local, remote = ingest_here(tmp_path / "data" / spec, tmp_path / "local.h5"), \
-        ingest_here(f"s3://{b}/data/{spec}", tmp_path / "remote.h5")
+    local, remote = (
+        ingest_here(tmp_path / "data" / spec, tmp_path / "local.h5"),
+        ingest_here(f"s3://{b}/data/{spec}", tmp_path / "remote.h5"),
+    )
     assert source_type_of(f"s3://{b}/data/{spec}") == "tar"
     got, expected = contents(tmp_path / "remote.h5"), contents(tmp_path / "local.h5")
     assert got == expected and len(got[0]) == 4 + 5 + 6
@@ -92,7 +96,7 @@ def test_missing_bucket_prefix_and_shard_name_the_url(s3, tmp_path):
         f"s3://{b}/wds/a-001.tar": rf"^s3://{b}/wds/a-001.tar: does not exist",
         "s3://no-such-bucket/wds/a.tar": r"^s3://no-such-bucket/wds/a.tar: does not exist",
         f"s3://{b}/wds/a-{{000..001}}.tar": rf"^s3://{b}/wds/a-{{000..001}}.tar: 1 of its 2 shards do not exist "
-                                            rf"\(first: s3://{b}/wds/a-001.tar\)",
+        rf"\(first: s3://{b}/wds/a-001.tar\)",
     }
     for url, pattern in cases.items():
         with pytest.raises(SampleError, match=pattern) as info:
@@ -132,8 +136,13 @@ def _tables():
 
     def table(first: int, n: int):
         images = pa.array([{"bytes": png_bytes(4, k), "path": None} for k in range(first, first + n)], type=image)
-        return pa.table({"image": images, "label": pa.array([k % 3 for k in range(first, first + n)]),
-                         "text": pa.array([f"row {k}" for k in range(first, first + n)])})
+        return pa.table(
+            {
+                "image": images,
+                "label": pa.array([k % 3 for k in range(first, first + n)]),
+                "text": pa.array([f"row {k}" for k in range(first, first + n)]),
+            }
+        )
 
     def parquet(t, row_group_size=2) -> bytes:
         out = io.BytesIO()
@@ -152,12 +161,16 @@ def _tables():
 def test_hub_parquet_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     table, parquet, _ = _tables()
     b = bucket(s3)
-    info = json.dumps({"features": {"image": {"_type": "Image"},
-                                    "label": {"names": ["cat", "dog", "emu"], "_type": "ClassLabel"}}}).encode()
-    files = {"data/train-00000-of-00002.parquet": parquet(table(0, 5)),
-             "data/train-00001-of-00002.parquet": parquet(table(5, 3)),
-             "data/test-00000-of-00001.parquet": parquet(table(100, 2)),
-             "dataset_info.json": info, ".cache/x.parquet": parquet(table(200, 1))}
+    info = json.dumps(
+        {"features": {"image": {"_type": "Image"}, "label": {"names": ["cat", "dog", "emu"], "_type": "ClassLabel"}}}
+    ).encode()
+    files = {
+        "data/train-00000-of-00002.parquet": parquet(table(0, 5)),
+        "data/train-00001-of-00002.parquet": parquet(table(5, 3)),
+        "data/test-00000-of-00001.parquet": parquet(table(100, 2)),
+        "dataset_info.json": info,
+        ".cache/x.parquet": parquet(table(200, 1)),
+    }
     put_tree(s3, f"{b}/hub", tmp_path / "hub", files)
     url = f"s3://{b}/hub"
     assert source_type_of(url) == "parquet"
@@ -181,8 +194,9 @@ def test_saved_dataset_dict_from_s3_matches_a_local_ingest(s3, tmp_path):
     files = {"dataset_dict.json": json.dumps({"splits": ["train", "test"]}).encode()}
     for split, first, n in (("train", 0, 4), ("test", 50, 3)):
         files[f"{split}/data-00000-of-00001.arrow"] = arrow(table(first, n))
-        files[f"{split}/state.json"] = json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
-                                                   "_split": split}).encode()
+        files[f"{split}/state.json"] = json.dumps(
+            {"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": split}
+        ).encode()
     put_tree(s3, f"{b}/saved", tmp_path / "saved", files)
     ingest_here(f"s3://{b}/saved", tmp_path / "r.h5", split="test")
     ingest_here(tmp_path / "saved", tmp_path / "l.h5", split="test")
@@ -194,8 +208,12 @@ def test_saved_dataset_dict_from_s3_matches_a_local_ingest(s3, tmp_path):
 
 def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     b = bucket(s3)
-    files = {f"{cls}/{sub}{k}.png": png_bytes(4, 10 * c + k)
-             for c, cls in enumerate(["dog", "cat", "emu"]) for sub in ("", "a/", "a-b/", "a/x/") for k in (2, 0, 1)}
+    files = {
+        f"{cls}/{sub}{k}.png": png_bytes(4, 10 * c + k)
+        for c, cls in enumerate(["dog", "cat", "emu"])
+        for sub in ("", "a/", "a-b/", "a/x/")
+        for k in (2, 0, 1)
+    }
     files.update({"cat/notes.txt": b"not an image", "README.md": b"top", "cat/a/x.gif": b"GIF89a"})
     put_tree(s3, f"{b}/imgs", tmp_path / "imgs", files)
     url = f"s3://{b}/imgs"
@@ -205,8 +223,9 @@ def test_image_folder_prefix_from_s3_matches_a_local_ingest(s3, tmp_path):
     got = contents(tmp_path / "r.h5")
     assert got == contents(tmp_path / "l.h5") and len(got[0]) == 36 and got[1] == ("cat", "dog", "emu")
     assert [n[0] for n in got[0][:12:3]] == ["cat/0.png", "cat/a/0.png", "cat/a-b/0.png", "cat/a/x/0.png"]
-    assert sorted(i.replace(url, "") for i in remote.ignored) == \
-        sorted(i.replace(str(tmp_path / "imgs"), "") for i in local.ignored)
+    assert sorted(i.replace(url, "") for i in remote.ignored) == sorted(
+        i.replace(str(tmp_path / "imgs"), "") for i in local.ignored
+    )
     s3.pipe(f"{b}/imgs/fox/only.txt", b"x")
     with pytest.raises(SampleError, match=rf"^{url}/fox: empty class folder"):
         ingest_here(url, tmp_path / "e.h5")
@@ -222,16 +241,27 @@ def test_two_ranks_ingest_s3_shards_as_one_rank_ingests_the_local_ones(s3, tmp_p
     b = bucket(s3)
     files = {f"train-{k:03d}.tar": shard_bytes(10 * k, 5) for k in range(3)}
     put_tree(s3, f"{b}/wds", tmp_path / "wds", files)
-    run_mpi(2, ["dstore", "ingest", f"s3://{b}/wds", str(tmp_path / "r"), "--shards", "2", "--no-progress"],
-            timeout=120)
+    run_mpi(
+        2, ["dstore", "ingest", f"s3://{b}/wds", str(tmp_path / "r"), "--shards", "2", "--no-progress"], timeout=120
+    )
     ingest_here(tmp_path / "wds", tmp_path / "l", shards=2)
     assert contents(tmp_path / "r") == contents(tmp_path / "l") and len(contents(tmp_path / "r")[0]) == 15
-    bad = run_mpi(2, ["dstore", "ingest", "s3://no-such-bucket/wds", str(tmp_path / "x.h5"), "--no-progress"],
-                  timeout=120, check=False)
+    bad = run_mpi(
+        2,
+        ["dstore", "ingest", "s3://no-such-bucket/wds", str(tmp_path / "x.h5"), "--no-progress"],
+        timeout=120,
+        check=False,
+    )
     assert bad.returncode != 0 and not (tmp_path / "x.h5").exists()
     errors = [line for line in bad.stderr.splitlines() if line.startswith("dstore: error")]
-    assert errors and all(re.match(r"dstore: error( on rank 0/2)?: SampleError: s3://no-such-bucket/wds: cannot list: "
-                                   r"does not exist", line) for line in errors), bad.stderr
+    assert errors and all(
+        re.match(
+            r"dstore: error( on rank 0/2)?: SampleError: s3://no-such-bucket/wds: cannot list: "
+            r"does not exist",
+            line,
+        )
+        for line in errors
+    ), bad.stderr
 
 
 def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
@@ -241,8 +271,9 @@ def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
     b = bucket(s3)
     s3.pipe(f"{b}/wds/a.tar", shard_bytes(0, 2))
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
-    with pytest.raises(SampleError, match=rf"^s3://{b}/wds: cannot list: permission denied \(check AWS_ACCESS_KEY_ID") \
-            as info:
+    with pytest.raises(
+        SampleError, match=rf"^s3://{b}/wds: cannot list: permission denied \(check AWS_ACCESS_KEY_ID"
+    ) as info:
         ingest_here(f"s3://{b}/wds", tmp_path / "x.h5", source_type="tar")
     assert "\n" not in str(info.value)
 
@@ -250,11 +281,14 @@ def test_permission_denied_names_the_url(s3, tmp_path, monkeypatch):
 def test_flat_prefix_with_a_labels_csv_matches_a_local_ingest(s3, tmp_path):
     b = bucket(s3)
     files = {f"val/{k:03d}.png": png_bytes(4, k) for k in range(6)}
-    rows = "file,label\n" + "".join(f"{'./' if k == 2 else ''}{k:03d}.png,{['cat', 'dog'][k % 2]}\n"
-                                     for k in (5, 2, 0, 3))
+    rows = "file,label\n" + "".join(
+        f"{'./' if k == 2 else ''}{k:03d}.png,{['cat', 'dog'][k % 2]}\n" for k in (5, 2, 0, 3)
+    )
     files["val.csv"] = rows.encode()
     put_tree(s3, f"{b}/in", tmp_path / "in", files)
-    local = ingest_here(tmp_path / "in" / "val", tmp_path / "l.h5", labels=str(tmp_path / "in" / "val.csv"), keep_order=True)
+    local = ingest_here(
+        tmp_path / "in" / "val", tmp_path / "l.h5", labels=str(tmp_path / "in" / "val.csv"), keep_order=True
+    )
     for labels in (str(tmp_path / "in" / "val.csv"), f"s3://{b}/in/val.csv"):
         remote = ingest_here(f"s3://{b}/in/val", tmp_path / "r.h5", labels=labels, keep_order=True, overwrite=True)
         got = contents(tmp_path / "r.h5")

@@ -75,8 +75,10 @@ def test_chunk_size_bounds():
     assert plan.chunk_size(10 << 20) == 16
 
 
-@pytest.mark.parametrize("value, want", [("224x160", (224, 160)), ("64", (64, 64)), (32, (32, 32)),
-                                         ((5, 7), (5, 7)), (None, None), ("8X9", (8, 9))])
+@pytest.mark.parametrize(
+    "value, want",
+    [("224x160", (224, 160)), ("64", (64, 64)), (32, (32, 32)), ((5, 7), (5, 7)), (None, None), ("8X9", (8, 9))],
+)
 def test_parse_resize(value, want):
     assert plan.parse_resize(value) == want
 

@@ -98,8 +98,9 @@ def test_shrink_keeps_small_images_and_shapes_large_ones():
 
 
 def test_ingest_max_side_single_process(mixed, tmp_path):
-    report = ingest(mixed, str(tmp_path / "a.h5"), comm=MPI.COMM_SELF, progress=False, reencode_max_side=S,
-                    reencode_quality=80)
+    report = ingest(
+        mixed, str(tmp_path / "a.h5"), comm=MPI.COMM_SELF, progress=False, reencode_max_side=S, reencode_quality=80
+    )
     assert report.encoding == "image"  # PNGs kept where small, JPEGs where shrunk
     shrunk = check_reencoded(str(tmp_path / "a.h5"), mixed, 80)
     assert 0 < shrunk < 24  # some over S, some not: both paths taken
@@ -110,15 +111,23 @@ def test_jpeg_source_stays_jpeg_and_the_refusals(mixed, tmp_path):
     jpegs = os.path.join(mixed, "class001")
     os.makedirs(tmp_path / "j", exist_ok=True)
     os.symlink(jpegs, tmp_path / "j" / "class001")
-    report = ingest(str(tmp_path / "j"), str(tmp_path / "j.zarr"), fmt="zarr", comm=MPI.COMM_SELF, progress=False,
-                    reencode_max_side=S)
+    report = ingest(
+        str(tmp_path / "j"),
+        str(tmp_path / "j.zarr"),
+        fmt="zarr",
+        comm=MPI.COMM_SELF,
+        progress=False,
+        reencode_max_side=S,
+    )
     assert report.encoding == "jpeg"
     with open_container(str(tmp_path / "j.zarr")) as c:
         assert c.info.extra["ingest_quality"] == 90
-    for kwargs, word in [({"reencode_max_side": 4}, "max_side=4"),
-                         ({"reencode_quality": 80}, "needs max_side"),
-                         ({"reencode_max_side": S, "reencode_quality": 101}, "quality=101"),
-                         ({"reencode_max_side": S, "resize": "8x8"}, "raw/resize")]:
+    for kwargs, word in [
+        ({"reencode_max_side": 4}, "max_side=4"),
+        ({"reencode_quality": 80}, "needs max_side"),
+        ({"reencode_max_side": S, "reencode_quality": 101}, "quality=101"),
+        ({"reencode_max_side": S, "resize": "8x8"}, "raw/resize"),
+    ]:
         with pytest.raises(ConfigError, match=word):
             ingest(mixed, str(tmp_path / "x.h5"), comm=MPI.COMM_SELF, progress=False, **kwargs)
     with pytest.raises(ConfigError, match="digits source"):
@@ -128,12 +137,37 @@ def test_jpeg_source_stays_jpeg_and_the_refusals(mixed, tmp_path):
 
 @pytest.mark.mpi
 def test_max_side_under_mpiexec_gives_the_single_process_container(mixed, tmp_path):
-    ingest(mixed, str(tmp_path / "one.h5"), comm=MPI.COMM_SELF, progress=False, seed=4, reencode_max_side=S,
-           reencode_quality=85)
-    run_mpi(2, ["dstore", "ingest", mixed, str(tmp_path / "two"), "--shards", "2", "--seed", "4", "--max-side",
-                str(S), "--quality", "85", "--no-progress"], timeout=120)
+    ingest(
+        mixed,
+        str(tmp_path / "one.h5"),
+        comm=MPI.COMM_SELF,
+        progress=False,
+        seed=4,
+        reencode_max_side=S,
+        reencode_quality=85,
+    )
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "ingest",
+            mixed,
+            str(tmp_path / "two"),
+            "--shards",
+            "2",
+            "--seed",
+            "4",
+            "--max-side",
+            str(S),
+            "--quality",
+            "85",
+            "--no-progress",
+        ],
+        timeout=120,
+    )
     assert check_reencoded(str(tmp_path / "two"), mixed, 85) > 0
     with open_container(str(tmp_path / "one.h5")) as a, open_container(str(tmp_path / "two")) as b:
         assert a.num_samples == b.num_samples
-        assert all(bytes(a.sample(j)[0]) == bytes(b.sample(j)[0]) and a.name(j) == b.name(j)
-                   for j in range(a.num_samples))
+        assert all(
+            bytes(a.sample(j)[0]) == bytes(b.sample(j)[0]) and a.name(j) == b.name(j) for j in range(a.num_samples)
+        )

@@ -24,8 +24,13 @@ from dstore.ingest import ingest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # datasets reads local files only here; never the network
 
 # Few examples, no deadline, the same examples on every run: quick and steady in CI.
-CI = settings(max_examples=6, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+CI = settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @functools.cache
@@ -61,8 +66,12 @@ def test_webdataset_shards_as_webdataset_reads_them(samples, per_shard):
             with tarfile.open(shards[-1], "w") as tf:
                 for k in range(first, min(first + per_shard, len(samples))):
                     label, has_json, mac = samples[k]
-                    members = [(f"s{k:04d}.png", image(k))] + [(f"._s{k:04d}.png", b"\0\5\26\7")] * mac + \
-                        [(f"s{k:04d}.cls", str(label).encode())] + [(f"s{k:04d}.json", b"{}")] * has_json
+                    members = (
+                        [(f"s{k:04d}.png", image(k))]
+                        + [(f"._s{k:04d}.png", b"\0\5\26\7")] * mac
+                        + [(f"s{k:04d}.cls", str(label).encode())]
+                        + [(f"s{k:04d}.json", b"{}")] * has_json
+                    )
                     for name, data in members:
                         info = tarfile.TarInfo(name)
                         info.size = len(data)
@@ -73,8 +82,9 @@ def test_webdataset_shards_as_webdataset_reads_them(samples, per_shard):
         assert [n.rsplit("/", 1)[1].split(".")[0] for n in names] == [s["__key__"] for s in reference]
         assert rows == [(s["png"], int(s["cls"])) for s in reference]
         with open_container(os.path.join(tmp, "c.h5")) as c:  # a .json member is kept as field `json`
-            assert [c.field_bytes("json", j) if "json" in c.field_names else b"" for j in range(c.num_samples)] \
-                == [s.get("json", b"") for s in reference]
+            assert [c.field_bytes("json", j) if "json" in c.field_names else b"" for j in range(c.num_samples)] == [
+                s.get("json", b"") for s in reference
+            ]
         assert classes == tuple(str(k) for k in range(max(label for label, _, _ in samples) + 1))
         assert len(report.ignored) == sum(mac for _, _, mac in samples)  # webdataset skips them too
         assert any("fields stored: json (json)" in n for n in report.notes) == any(j for _, j, _ in samples)
@@ -86,10 +96,12 @@ LAYOUTS = ("sharded", "split dirs", "split file names", "save_to_disk")
 
 
 @CI
-@given(layout=st.sampled_from(LAYOUTS), splits=st.dictionaries(st.sampled_from(("train", "validation", "test")),
-                                                               split_files, min_size=1, max_size=3),
-       names=st.sampled_from((("cat", "dog", "emu"), ("1", "2", "3"), ("zebra", "ant"))),
-       keyword=st.integers(0, 3))
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    splits=st.dictionaries(st.sampled_from(("train", "validation", "test")), split_files, min_size=1, max_size=3),
+    names=st.sampled_from((("cat", "dog", "emu"), ("1", "2", "3"), ("zebra", "ant"))),
+    keyword=st.integers(0, 3),
+)
 @example(layout="split dirs", splits={"test": [1], "train": [2, 1]}, names=("1", "2", "3"), keyword=1)
 @example(layout="sharded", splits={"validation": [1], "train": [1, 2]}, names=("cat", "dog"), keyword=0)
 def test_datasets_directories_as_datasets_reads_them(layout, splits, names, keyword):
@@ -103,9 +115,15 @@ def test_datasets_directories_as_datasets_reads_them(layout, splits, names, keyw
         for split, sizes in splits.items():
             parts[split] = []
             for rows in sizes:
-                parts[split].append(datasets.Dataset.from_dict(
-                    {"image": [{"bytes": image(k + r), "path": None} for r in range(rows)],
-                     "label": [(k + r) % len(names) for r in range(rows)]}, features=features))
+                parts[split].append(
+                    datasets.Dataset.from_dict(
+                        {
+                            "image": [{"bytes": image(k + r), "path": None} for r in range(rows)],
+                            "label": [(k + r) % len(names) for r in range(rows)],
+                        },
+                        features=features,
+                    )
+                )
                 k += rows
         if layout == "save_to_disk":
             whole = datasets.DatasetDict({s: datasets.concatenate_datasets(p) for s, p in parts.items()})
@@ -116,9 +134,11 @@ def test_datasets_directories_as_datasets_reads_them(layout, splits, names, keyw
                 word = datasets.data_files.SPLIT_KEYWORDS[split]
                 word = word[keyword % len(word)]
                 for f, part in enumerate(files):
-                    name = {"sharded": f"data/{split}-{f:05d}-of-{len(files):05d}.parquet",
-                            "split dirs": f"{word}/part-{f}.parquet",
-                            "split file names": f"{word}-{f}.parquet"}[layout]
+                    name = {
+                        "sharded": f"data/{split}-{f:05d}-of-{len(files):05d}.parquet",
+                        "split dirs": f"{word}/part-{f}.parquet",
+                        "split file names": f"{word}-{f}.parquet",
+                    }[layout]
                     os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
                     part.to_parquet(os.path.join(root, name))
             reference = datasets.load_dataset(root, cache_dir=os.path.join(tmp, "cache"))
@@ -135,14 +155,28 @@ def test_datasets_directories_as_datasets_reads_them(layout, splits, names, keyw
 
 
 DIRS = ("data", "train", "test", "val", "x-train", "my_dev", "training", ".hidden", "__cache__", "sub")
-FILES = ("train-00000-of-00002.parquet", "test-00000-of-00001.parquet", "a.parquet", "train_1.parquet",
-         "foo-test.parquet", "eval.parquet", "README.md", "dataset_info.json", "validation-2.arrow", ".x.parquet",
-         "train-training-3.parquet", "valid.parquet")
+FILES = (
+    "train-00000-of-00002.parquet",
+    "test-00000-of-00001.parquet",
+    "a.parquet",
+    "train_1.parquet",
+    "foo-test.parquet",
+    "eval.parquet",
+    "README.md",
+    "dataset_info.json",
+    "validation-2.arrow",
+    ".x.parquet",
+    "train-training-3.parquet",
+    "valid.parquet",
+)
 
 
 @settings(CI, max_examples=20)  # no files written but empty ones: cheap
-@given(tree=st.lists(st.tuples(st.lists(st.sampled_from(DIRS), max_size=2), st.sampled_from(FILES)),
-                     min_size=1, max_size=8))
+@given(
+    tree=st.lists(
+        st.tuples(st.lists(st.sampled_from(DIRS), max_size=2), st.sampled_from(FILES)), min_size=1, max_size=8
+    )
+)
 def test_split_files_as_datasets_finds_them(tree):
     """The splits and each split's files, in order (duplicates too), of a random directory tree:
     dstore.ingest.splits.hub_splits against datasets' own get_data_patterns and DataFilesDict."""
@@ -157,6 +191,7 @@ def test_split_files_as_datasets_finds_them(tree):
             found = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(root), base_path=root)
         except FileNotFoundError:  # no data file at all (only hidden or metadata files)
             found = {}
-        reference = {str(s): [os.path.relpath(p, root).replace(os.sep, "/") for p in files]
-                     for s, files in found.items()}
+        reference = {
+            str(s): [os.path.relpath(p, root).replace(os.sep, "/") for p in files] for s, files in found.items()
+        }
         assert hub_splits(root) == reference

@@ -57,8 +57,13 @@ def same_container(a: str, b: str, *, same_id: bool = True) -> None:
 
 def cli(*args, env=None, check=True):
     cmd = [sys.executable, "-m", "dstore.tools", "ingest", *map(str, args), "--no-progress"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "PYTHONPATH": str(REPO), **SMALL, **(env or {})})
+    res = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO), **SMALL, **(env or {})},
+    )
     if check:
         assert res.returncode == 0, res.stderr
     return res
@@ -70,8 +75,13 @@ def journaled_positions(output: str, shards: int) -> int:
     return journal.positions_done(shards)
 
 
-CASES = [("out.h5", 1, "SIGKILL"), ("out.h5", 1, "SIGTERM"), ("outdir", 3, "SIGKILL"), ("outdir", 3, "SIGTERM"),
-         ("out.zarr", 1, "SIGKILL")]
+CASES = [
+    ("out.h5", 1, "SIGKILL"),
+    ("out.h5", 1, "SIGTERM"),
+    ("outdir", 3, "SIGKILL"),
+    ("outdir", 3, "SIGTERM"),
+    ("out.zarr", 1, "SIGKILL"),
+]
 
 
 @pytest.mark.parametrize(("name", "shards", "sig"), CASES, ids=[f"{n}-{s}-{g}" for n, s, g in CASES])
@@ -79,16 +89,21 @@ def test_killed_half_way_then_resumed_equals_an_uninterrupted_ingest(folder, tmp
     ref = tmp_path / ("ref" + os.path.splitext(name)[1])
     ingest_here(folder, ref, shards=shards, fmt="zarr" if name.endswith(".zarr") else "hdf5")
     out = tmp_path / name
-    first = cli(folder, out, "--shards", shards, env={"DSTORE_INGEST_KILL_AT": f"{sig}:{N // 2 // shards}"},
-                check=False)
+    first = cli(
+        folder, out, "--shards", shards, env={"DSTORE_INGEST_KILL_AT": f"{sig}:{N // 2 // shards}"}, check=False
+    )
     assert first.returncode == (137 if sig == "SIGKILL" else 143) or first.returncode < 0, first.stderr
     done = journaled_positions(str(out), shards)
     assert 0 < done < N, done
     with pytest.raises((ContainerNotFoundError, IncompleteContainerError), match="interrupted"):  # never a container
         open_container(str(out))
     command = "verify" if sig == "SIGKILL" else "info"
-    refused = subprocess.run([sys.executable, "-m", "dstore.tools", command, str(out)], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    refused = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", command, str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert refused.returncode != 0 and "its ingest was interrupted" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
     second = cli(folder, out, "--shards", shards, "--json")
@@ -194,16 +209,18 @@ def test_two_ranks_killed_then_resumed_on_two_ranks(folder, tmp_path, name, shar
     assert not os.path.exists(journal_dir(out))
 
 
-def test_a_full_disk_keeps_the_durable_part_and_the_same_command_resumes_once_there_is_room(folder, tmp_path,
-                                                                                          small_chunks):
+def test_a_full_disk_keeps_the_durable_part_and_the_same_command_resumes_once_there_is_room(
+    folder, tmp_path, small_chunks
+):
     import subprocess as sp
 
     from support.fixtures import tmpfs
 
     with tmpfs(tmp_path / "disk", "size=400k") as disk:
         res = cli(folder, disk / "out.h5", check=False)
-        assert res.returncode != 0 and "No space left on device" in res.stderr and "Traceback" not in res.stderr, \
+        assert res.returncode != 0 and "No space left on device" in res.stderr and "Traceback" not in res.stderr, (
             res.stderr
+        )
         done = journaled_positions(str(disk / "out.h5"), 1)
         assert 0 < done < N, done
         sp.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)  # room again

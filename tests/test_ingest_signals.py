@@ -28,9 +28,15 @@ def _signal_mid_ingest(tmp_path, sig, *args, mpi=0):
     cmd = [sys.executable, "-m", "dstore.tools", "ingest", "synthetic", *args, "--count", "3000", "--no-progress"]
     if mpi:
         cmd = [mpiexec(), "-n", str(mpi), *cmd]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO),
-                                                         "DSTORE_INGEST_CHECKPOINT": "1000"})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "DSTORE_INGEST_CHECKPOINT": "1000"},
+    )
     try:
         deadline = time.monotonic() + 120
         while not any(".a0." in f for f in _leftovers(tmp_path)):
@@ -71,8 +77,11 @@ def test_a_killed_writers_temporaries_go_with_the_next_writer_and_overwrite(tmp_
 
     out = tmp_path / "outdir"
     ingest("synthetic", str(out), comm=MPI.COMM_SELF, count=12, shards=2, progress=False)
-    for name in (".shard-00000-of-00002.h5.tmp-999999-0123abcd", ".shard-00000-of-00002.h5.lock",
-                 ".shard-00001-of-00003.h5.tmp-999999-89abcdef"):  # also of a run with another shard count
+    for name in (
+        ".shard-00000-of-00002.h5.tmp-999999-0123abcd",
+        ".shard-00000-of-00002.h5.lock",
+        ".shard-00001-of-00003.h5.tmp-999999-89abcdef",
+    ):  # also of a run with another shard count
         (out / name).write_bytes(b"z")
     ingest("synthetic", str(out), comm=MPI.COMM_SELF, count=12, shards=2, progress=False, overwrite=True)
     assert [f for f in _leftovers(out) if f.startswith(".")] == []
@@ -88,9 +97,11 @@ def test_an_aborted_job_removes_its_mpich_shm_file(tmp_path):
         "from mpi4py import MPI\nfrom dstore.runtime import job\nimport time\n"
         "maps = sorted({l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if 'mpich_shm_' in l})\n"
         "print('MAPPED', *maps, flush=True)\nMPI.COMM_WORLD.Barrier()\n"
-        "if MPI.COMM_WORLD.Get_rank() == 1:\n    job.report_and_abort(3, 'boom')\ntime.sleep(60)\n")
-    res = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+        "if MPI.COMM_WORLD.Get_rank() == 1:\n    job.report_and_abort(3, 'boom')\ntime.sleep(60)\n"
+    )
+    res = subprocess.run(
+        [mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert res.returncode == 3, res
     mapped = {p for line in res.stdout.splitlines() if line.startswith("MAPPED") for p in line.split()[1:]}
     if not mapped:
@@ -108,8 +119,7 @@ def _png_folder(root, mode):
     return root
 
 
-@pytest.mark.parametrize("fmt, out, shards", [("hdf5", "out.h5", 1), ("zarr", "out.zarr", 1),
-                                              ("hdf5", "outdir", 2)])
+@pytest.mark.parametrize("fmt, out, shards", [("hdf5", "out.h5", 1), ("zarr", "out.zarr", 1), ("hdf5", "outdir", 2)])
 def test_a_private_source_gives_a_private_container(tmp_path, fmt, out, shards):
     from mpi4py import MPI
 

@@ -139,6 +139,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
     from PIL import Image
 
     from dstore.codec.decode import decode_image
+
     with open_container(str(tmp_path / "r.h5")) as c:
         assert c.info.raw_shape == (16, 12, 3) and c.info.raw_dtype == "uint8"
         for j in (0, c.num_samples - 1):
@@ -150,6 +151,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
 
 
 # --- CIFAR -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_cifar_batches_ingest_as_hwc_uint8(tmp_path, protocol):
@@ -182,8 +184,13 @@ def test_cifar_python2_pickle_and_cifar100(tmp_path):
     from support.ingest import cifar_batch
 
     write_pickle(str(c100 / "train"), cifar_batch(10, num_classes=100, cifar100=True))
-    write_pickle(str(c100 / "meta"), {b"fine_label_names": [f"f{i}".encode() for i in range(100)],
-                                      b"coarse_label_names": [f"c{i}".encode() for i in range(20)]})
+    write_pickle(
+        str(c100 / "meta"),
+        {
+            b"fine_label_names": [f"f{i}".encode() for i in range(100)],
+            b"coarse_label_names": [f"c{i}".encode() for i in range(20)],
+        },
+    )
     fine, coarse = CifarSource(str(c100)), CifarSource(str(c100), labels="coarse")
     assert len(fine.class_names) == 100 and len(coarse.class_names) == 20
     assert [coarse.label(i) for i in range(10)] == [fine.label(i) // 5 for i in range(10)]
@@ -204,6 +211,7 @@ def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path):
 
 
 # --- arrays, digits, synthetic ---------------------------------------------------------------
+
 
 def test_npz_and_npy_with_sidecar_labels(tmp_path):
     rng = np.random.default_rng(0)
@@ -293,8 +301,9 @@ def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path
             return "seven" if i == 5 else super().label(i)  # the writer's int() fails on it
 
     src = BadLabel()
-    writer = create_writer(str(tmp_path / "w.h5"), encoding="raw", class_names=src.class_names,
-                           raw_dtype="uint8", raw_shape=(8, 8, 1))
+    writer = create_writer(
+        str(tmp_path / "w.h5"), encoding="raw", class_names=src.class_names, raw_dtype="uint8", raw_shape=(8, 8, 1)
+    )
     out = BackgroundWriter(writer, src, np.arange(10))
     out.submit(0, np.full(10, 64), [src.load(i).reshape(-1) for i in range(10)])
     error = out.finish()
@@ -310,6 +319,7 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
     from PIL import Image
 
     from dstore.ingest.digits import digits_arrays
+
     images, _ = digits_arrays()
     with open_container(str(tmp_path / "d16.h5")) as c:
         assert c.info.raw_shape == (16, 16, 1)

@@ -22,7 +22,6 @@ import pyarrow.parquet as pq  # noqa: E402
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
-
 def rows_table(first: int, n: int, names=("cat", "dog", "emu"), extra: bool = False):
     """n rows of tiny PNGs (seeds first..first+n-1) with ClassLabel labels seed % 3."""
     images = pa.array([{"bytes": png_bytes(4, k), "path": None} for k in range(first, first + n)], type=IMAGE)
@@ -75,11 +74,14 @@ def test_split_option_on_the_command_line(tmp_path, capsys):
 def write_saved_split(directory, table) -> None:
     """One split of a DatasetDict.save_to_disk directory, as datasets writes it (Arrow stream)."""
     directory.mkdir(parents=True)
-    with pa.OSFile(str(directory / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pyarrow.ipc.new_stream(sink, table.schema) as w:
+    with (
+        pa.OSFile(str(directory / "data-00000-of-00001.arrow"), "wb") as sink,
+        pyarrow.ipc.new_stream(sink, table.schema) as w,
+    ):
         w.write_table(table)
-    (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
-                                                      "_split": directory.name}))
+    (directory / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": directory.name})
+    )
     features = {"image": {"_type": "Image"}, "label": {"names": ["cat", "dog", "emu"], "_type": "ClassLabel"}}
     (directory / "dataset_info.json").write_text(json.dumps({"features": features}))
 
@@ -120,8 +122,10 @@ def test_table_columns_are_stored_as_fields_or_named(tmp_path):
     table = table.append_column("when", pa.array([datetime.datetime(2020, 1, 1)] * 5))
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
     report = ingest_here(tmp_path / "t.parquet", tmp_path / "t.h5", seed=1)
-    assert ("columns: image (image), label (label); fields to store: text, boxes; not stored (no text, bytes or "
-            "JSON form): when (timestamp[us])") in report.notes
+    assert (
+        "columns: image (image), label (label); fields to store: text, boxes; not stored (no text, bytes or "
+        "JSON form): when (timestamp[us])"
+    ) in report.notes
     assert "fields stored: text (text), boxes (json)" in report.notes
     with open_container(str(tmp_path / "t.h5")) as c:
         rows = [int(c.name(j).rsplit("#", 1)[1]) for j in range(c.num_samples)]
@@ -140,8 +144,16 @@ def write_tar(path, members) -> None:
 
 
 def test_webdataset_duplicate_member_is_refused(tmp_path):
-    write_tar(tmp_path / "d.tar", [("a.png", png_bytes(4, 0)), ("a.cls", b"0"), ("b.png", png_bytes(4, 1)),
-                                   ("b.cls", b"1"), ("b.png", png_bytes(4, 2))])
+    write_tar(
+        tmp_path / "d.tar",
+        [
+            ("a.png", png_bytes(4, 0)),
+            ("a.cls", b"0"),
+            ("b.png", png_bytes(4, 1)),
+            ("b.cls", b"1"),
+            ("b.png", png_bytes(4, 2)),
+        ],
+    )
     with pytest.raises(SampleError, match=r"d.tar: sample 'b' has two members 'b.png' and 'b.png'"):
         ingest_here(tmp_path / "d.tar", tmp_path / "d.h5")
     report = ingest_here(tmp_path / "d.tar", tmp_path / "d.h5", on_error="skip")
@@ -149,24 +161,41 @@ def test_webdataset_duplicate_member_is_refused(tmp_path):
 
 
 def test_webdataset_macos_members_skipped_and_fields_named(tmp_path):
-    write_tar(tmp_path / "m.tar", [("a.png", png_bytes(4, 0)), ("._a.png", b"\0\5\26\7"), ("a.cls", b"2"),
-                                   ("a.json", b"{}"), ("a.txt", b"hi"), ("README", b"x"),
-                                   ("b.png", png_bytes(4, 1)), ("b.cls", b"1"), ("b.json", b"{}")])
+    write_tar(
+        tmp_path / "m.tar",
+        [
+            ("a.png", png_bytes(4, 0)),
+            ("._a.png", b"\0\5\26\7"),
+            ("a.cls", b"2"),
+            ("a.json", b"{}"),
+            ("a.txt", b"hi"),
+            ("README", b"x"),
+            ("b.png", png_bytes(4, 1)),
+            ("b.cls", b"1"),
+            ("b.json", b"{}"),
+        ],
+    )
     report = ingest_here(tmp_path / "m.tar", tmp_path / "m.h5", keep_order=True)
     assert stored(tmp_path / "m.h5") == [(png_bytes(4, 0), 2), (png_bytes(4, 1), 1)]
     assert [p.rsplit(":", 1)[1] for p in report.ignored] == ["._a.png", "README"]
-    assert ("members: png (image), cls (label); other members, fields to store: json (2 of 2 samples), "
-            "txt (1 of 2 samples)") in report.notes
+    assert (
+        "members: png (image), cls (label); other members, fields to store: json (2 of 2 samples), txt (1 of 2 samples)"
+    ) in report.notes
     with open_container(str(tmp_path / "m.h5")) as c:
         assert c.field_names == ("json", "txt") and c.field_bytes("txt", 1) == b""
 
 
 def test_truncated_tar_names_the_member_and_offset(tmp_path):
-    write_tar(tmp_path / "full.tar", [m for k in range(3) for m in ((f"s{k}.png", png_bytes(16, k)), (f"s{k}.cls", b"0"))])
+    write_tar(
+        tmp_path / "full.tar", [m for k in range(3) for m in ((f"s{k}.png", png_bytes(16, k)), (f"s{k}.cls", b"0"))]
+    )
     data = (tmp_path / "full.tar").read_bytes()
-    (tmp_path / "cut.tar").write_bytes(data[:len(data) // 3])
-    with pytest.raises(SampleError, match=r"cut.tar: truncated: member 's\d.png' needs bytes up to \d+ but the file "
-                                          r"ends at byte \d+") as err:
+    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 3])
+    with pytest.raises(
+        SampleError,
+        match=r"cut.tar: truncated: member 's\d.png' needs bytes up to \d+ but the file "
+        r"ends at byte \d+",
+    ) as err:
         ingest_here(tmp_path / "cut.tar", tmp_path / "c.h5")
     assert "decompress" not in str(err.value)
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 64)
@@ -190,8 +219,9 @@ def test_split_file_names_in_datasets_order_read_once(tmp_path):
 
 def test_image_stored_as_a_path_only_is_named(tmp_path):
     table = rows_table(0, 2)
-    images = pa.array([{"bytes": png_bytes(4, 0), "path": None}, {"bytes": None, "path": "/elsewhere/b.png"}],
-                      type=IMAGE)
+    images = pa.array(
+        [{"bytes": png_bytes(4, 0), "path": None}, {"bytes": None, "path": "/elsewhere/b.png"}], type=IMAGE
+    )
     pq.write_table(table.set_column(0, "image", images), tmp_path / "p.parquet")
     with pytest.raises(SampleError, match=r"p.parquet#1: no image bytes, only the path '/elsewhere/b.png'"):
         ingest_here(tmp_path / "p.parquet", tmp_path / "p.h5")
@@ -202,7 +232,9 @@ def test_a_tar_cut_anywhere_is_refused(tmp_path):
     a shard is refused naming it; tarfile and webdataset end a shard cut in a header in silence."""
     from dstore.ingest.tar import TarSource
 
-    write_tar(tmp_path / "full.tar", [m for k in range(3) for m in ((f"s{k}.png", png_bytes(4, k)), (f"s{k}.cls", b"0"))])
+    write_tar(
+        tmp_path / "full.tar", [m for k in range(3) for m in ((f"s{k}.png", png_bytes(4, k)), (f"s{k}.cls", b"0"))]
+    )
     data = (tmp_path / "full.tar").read_bytes()
     assert len(TarSource(str(tmp_path / "full.tar"))) == 3
     end = data.rindex(b"0") + 512  # after the last member's data block: the end-of-archive blocks
@@ -211,8 +243,11 @@ def test_a_tar_cut_anywhere_is_refused(tmp_path):
         with pytest.raises(SampleError, match=r"cut.tar: (not a tar file|truncated|damaged)"):
             TarSource(str(tmp_path / "cut.tar"))
     (tmp_path / "bad.tar").write_bytes(data[:2048] + b"x" * 512 + data[2560:])  # s1.png header
-    with pytest.raises(SampleError, match=r"bad.tar: damaged after member 's0.cls': no valid tar header at byte "
-                                          r"offset 2048"):
+    with pytest.raises(
+        SampleError,
+        match=r"bad.tar: damaged after member 's0.cls': no valid tar header at byte "
+        r"offset 2048",
+    ):
         TarSource(str(tmp_path / "bad.tar"))
 
 
@@ -221,8 +256,10 @@ def test_webdataset_directory_splits_are_not_mixed(tmp_path):
     datasets reads it: one is picked, never both mixed."""
     wds = tmp_path / "wds"
     wds.mkdir()
-    write_tar(wds / "train-000.tar", [("a.png", png_bytes(4, 0)), ("a.cls", b"0"), ("b.png", png_bytes(4, 1)),
-                                      ("b.cls", b"1")])
+    write_tar(
+        wds / "train-000.tar",
+        [("a.png", png_bytes(4, 0)), ("a.cls", b"0"), ("b.png", png_bytes(4, 1)), ("b.cls", b"1")],
+    )
     write_tar(wds / "validation-000.tar", [("c.png", png_bytes(4, 2)), ("c.cls", b"1")])
     with pytest.raises(SampleError, match=r"wds: holds the splits train, validation; .*--split NAME"):
         ingest_here(wds, tmp_path / "x.h5")

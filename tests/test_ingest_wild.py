@@ -23,9 +23,25 @@ from dstore.ingest.listed import ListedSource, read_labels_csv
 
 # --- labels: what an integer is, and saying when they are not all integers -----------------------
 
-@pytest.mark.parametrize("text, index", [("3", 3), (" 03 ", 3), ("0", 0), (7, 7), ("+3", None), ("5.0", None),
-                                         ("-1", None), ("", None), ("²", None), ("٣", None), (True, None),
-                                         ("3e0", None), (-2, None)])
+
+@pytest.mark.parametrize(
+    "text, index",
+    [
+        ("3", 3),
+        (" 03 ", 3),
+        ("0", 0),
+        (7, 7),
+        ("+3", None),
+        ("5.0", None),
+        ("-1", None),
+        ("", None),
+        ("²", None),
+        ("٣", None),
+        (True, None),
+        ("3e0", None),
+        (-2, None),
+    ],
+)
 def test_an_integer_label_is_ascii_digits_only(text, index):
     assert as_index(text) == index
 
@@ -49,8 +65,14 @@ def test_one_non_integer_among_integers_is_said_in_one_line(odd):
     assert resolve_labels(["cat", "dog", "nan"], "t.parquet", notes=notes)[1] == ("cat", "dog", "nan") and not notes
 
 
-@pytest.mark.parametrize("bad, says", [("-1", "row 4: label '-1' is negative; class indices start at 0"),
-                                       ("", "row 4 has an empty label"), ("  ", "row 4 has an empty label")])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("-1", "row 4: label '-1' is negative; class indices start at 0"),
+        ("", "row 4 has an empty label"),
+        ("  ", "row 4 has an empty label"),
+    ],
+)
 def test_a_negative_or_empty_label_is_refused_naming_the_row(bad, says):
     with pytest.raises(SampleError, match=f"l.csv: {says}"):
         resolve_labels(["0", "1", bad, "2"], "l.csv", place=lambda k: f"row {k + 2}")
@@ -66,6 +88,7 @@ def test_an_empty_label_among_names_is_refused_and_a_unicode_digit_never_crashes
 
 
 # --- labels CSVs as people write them -----------------------------------------------------------
+
 
 @pytest.fixture()
 def flat(tmp_path):
@@ -92,11 +115,14 @@ def test_a_byte_order_mark_does_not_hide_the_header(flat, tmp_path):
         assert c.info.class_names == ("cat", "dog")  # the header is no class
 
 
-@pytest.mark.parametrize("header, values, says", [
-    (("photo", "breed"), ["beagle", "pug"], "'photo' names nothing in .* while row 2's 'a0.jpg' does"),
-    (("photo", "class_idx"), ["0", "1"], "its label 'class_idx' is not an integer while every other row's is"),
-    (("ID", "label"), ["0", "1"], None),
-])
+@pytest.mark.parametrize(
+    "header, values, says",
+    [
+        (("photo", "breed"), ["beagle", "pug"], "'photo' names nothing in .* while row 2's 'a0.jpg' does"),
+        (("photo", "class_idx"), ["0", "1"], "its label 'class_idx' is not an integer while every other row's is"),
+        (("ID", "label"), ["0", "1"], None),
+    ],
+)
 def test_a_header_is_found_by_its_content_and_said(flat, tmp_path, header, values, says):
     rows = [header] + [(f"a{k}.jpg", values[k % 2]) for k in range(6)]
     src = ListedSource(flat, labels=write_rows(tmp_path / "h.csv", rows))
@@ -131,16 +157,22 @@ def test_a_missing_first_file_named_like_the_others_is_data_not_a_header(flat, t
 
 
 def test_one_file_under_two_spellings(flat, tmp_path):
-    same = write_rows(tmp_path / "same.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "00"),
-                                              ("sub/../a1.jpg", "1")])
+    same = write_rows(
+        tmp_path / "same.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "00"), ("sub/../a1.jpg", "1")]
+    )
     notes: list[str] = []
     assert [r[1] for r in read_labels_csv(same, str(flat), notes)] == ["a0.jpg", "a1.jpg"]
-    assert len(notes) == 1 and "2 row(s) list a file again" in notes[0] and "row 3 ('./a0.jpg') repeats row 1" in notes[0]
+    assert (
+        len(notes) == 1 and "2 row(s) list a file again" in notes[0] and "row 3 ('./a0.jpg') repeats row 1" in notes[0]
+    )
     report = ingest_here(flat, tmp_path / "s.h5", labels=same, keep_order=True)
     assert report.samples == 2
     clash = write_rows(tmp_path / "clash.csv", [("a0.jpg", "0"), ("a1.jpg", "1"), ("./a0.jpg", "1")])
-    with pytest.raises(SampleError, match=r"clash.csv: rows 1 and 3 list the same file \('a0.jpg', './a0.jpg'\) "
-                                          r"with different labels \('0', '1'\)"):
+    with pytest.raises(
+        SampleError,
+        match=r"clash.csv: rows 1 and 3 list the same file \('a0.jpg', './a0.jpg'\) "
+        r"with different labels \('0', '1'\)",
+    ):
         ingest_here(flat, tmp_path / "c.h5", labels=clash)
 
 
@@ -155,8 +187,9 @@ def test_a_fifo_a_device_or_a_directory_listed_is_refused_by_name(flat, tmp_path
     rows = [(f"a{k}.jpg", str(k % 2)) for k in range(6)] + [(name, "0") for name in kinds]
     report = ingest_here(flat, tmp_path / "k.h5", labels=write_rows(tmp_path / "k.csv", rows), on_error="skip")
     assert report.samples == 6
-    assert sorted(reason for _, reason in report.skipped) == sorted(f"not a regular file ({k}); list image files only"
-                                                                     for k in kinds.values())
+    assert sorted(reason for _, reason in report.skipped) == sorted(
+        f"not a regular file ({k}); list image files only" for k in kinds.values()
+    )
 
 
 # --- image folders: torchvision's ImageFolder is the reference --------------------------------------
@@ -208,10 +241,21 @@ def _from_folder_py(path):
     with open(path) as f:
         tree = ast.parse(f.read())
     keep = {"has_file_allowed_extension", "find_classes", "make_dataset", "IMG_EXTENSIONS"}
-    body: list[ast.stmt] = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in keep)
-                            or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in keep for t in n.targets))]
-    namespace = {"os": os, "Path": Path, "Callable": Callable, "Optional": Optional, "Union": Union, "cast": cast,
-                 "Any": object}
+    body: list[ast.stmt] = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name in keep)
+        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in keep for t in n.targets))
+    ]
+    namespace = {
+        "os": os,
+        "Path": Path,
+        "Callable": Callable,
+        "Optional": Optional,
+        "Union": Union,
+        "cast": cast,
+        "Any": object,
+    }
     # The functions' own source, run as written: the test follows torchvision's code, not our reading of it.
     exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), namespace)
     return namespace["find_classes"], namespace["make_dataset"], namespace["IMG_EXTENSIONS"]
@@ -250,9 +294,12 @@ def test_the_default_extensions_are_torchvisions():
 
 _DIR = st.text(alphabet="ab-_ B", min_size=1, max_size=3)
 _NAME = st.builds(lambda hidden, d: "." + d if hidden else d, st.booleans(), _DIR)
-_FILE = st.builds(lambda hidden, stem, ext: ("." if hidden else "") + stem + ext, st.booleans(),
-                  st.text(alphabet="ab-_ Bx", max_size=2),
-                  st.sampled_from([".jpg", ".JPG", ".jpeg", ".png", ".PnG", ".webp", ".tiff", ".gif", ".txt", ".jpg.txt"]))
+_FILE = st.builds(
+    lambda hidden, stem, ext: ("." if hidden else "") + stem + ext,
+    st.booleans(),
+    st.text(alphabet="ab-_ Bx", max_size=2),
+    st.sampled_from([".jpg", ".JPG", ".jpeg", ".png", ".PnG", ".webp", ".tiff", ".gif", ".txt", ".jpg.txt"]),
+)
 _TREE = st.lists(st.tuples(_NAME, st.lists(_NAME, max_size=2), _FILE), max_size=14)
 
 
@@ -300,9 +347,20 @@ def test_the_listing_is_torchvisions_on_random_trees(entries, top_files):
 
 def test_source_index_is_torchvisions_dataset_index(tmp_path):
     root = tmp_path / "tree"
-    files = ["cat/0.JPG", "cat/x/1.jpg", "cat/x-y/2.png", "cat/x y/3.jpeg", "cat/x/z/4.jpg", "cat/b.gif",
-             "cat/.hidden.png", "dog/.ipynb_checkpoints/5.jpg", "dog/6.jpg", ".cache/7.png", "Zebra/8.jpg",
-             "notes.txt"]
+    files = [
+        "cat/0.JPG",
+        "cat/x/1.jpg",
+        "cat/x-y/2.png",
+        "cat/x y/3.jpeg",
+        "cat/x/z/4.jpg",
+        "cat/b.gif",
+        "cat/.hidden.png",
+        "dog/.ipynb_checkpoints/5.jpg",
+        "dog/6.jpg",
+        ".cache/7.png",
+        "Zebra/8.jpg",
+        "notes.txt",
+    ]
     for k, rel in enumerate(files):
         os.makedirs(root / os.path.dirname(rel), exist_ok=True)
         data = png_bytes(seed=k) if rel.lower().endswith(".png") else jpeg_bytes(seed=k)
@@ -349,17 +407,29 @@ def test_an_entry_torchvision_would_list_but_ingest_skips_is_said(tmp_path):
     os.symlink(root / "b", root / "a" / "again")  # torchvision would list b/1.jpg twice
     src = FolderSource(str(root), on_error="skip")
     assert [src.name(i) for i in range(len(src))] == ["a/0.jpg", "b/1.jpg"]
-    assert any("would list were skipped while listing (first " + str(root / "a" / "again") in n
-               and "not its torchvision index" in n for n in src.notes), src.notes
+    assert any(
+        "would list were skipped while listing (first " + str(root / "a" / "again") in n
+        and "not its torchvision index" in n
+        for n in src.notes
+    ), src.notes
 
 
-@pytest.mark.skipif(not os.environ.get("TORCHVISION_FOLDER_PY"),
-                    reason="TORCHVISION_FOLDER_PY (torchvision's folder.py) not given")
+@pytest.mark.skipif(
+    not os.environ.get("TORCHVISION_FOLDER_PY"), reason="TORCHVISION_FOLDER_PY (torchvision's folder.py) not given"
+)
 def test_the_transcription_is_torchvisions_code(tmp_path):
     find_classes, make_dataset, exts = _from_folder_py(os.environ["TORCHVISION_FOLDER_PY"])
     assert exts == TV_IMG_EXTENSIONS
-    build_tree(str(tmp_path), [(".a", [], "x.jpg"), ("a", ["b-c"], "y.PNG"), ("a", ["b", "c"], ".z.jpeg"),
-                               ("a", [], "w.gif"), ("B", [], "v.webp")])
+    build_tree(
+        str(tmp_path),
+        [
+            (".a", [], "x.jpg"),
+            ("a", ["b-c"], "y.PNG"),
+            ("a", ["b", "c"], ".z.jpeg"),
+            ("a", [], "w.gif"),
+            ("B", [], "v.webp"),
+        ],
+    )
     classes, idx = find_classes(str(tmp_path))
     assert (classes, idx) == tv_find_classes(str(tmp_path))
     assert make_dataset(str(tmp_path), idx, extensions=exts) == tv_make_dataset(str(tmp_path), idx, extensions=exts)

@@ -66,6 +66,7 @@ def _big_sample(path: str, mask=None) -> int:
 
 # --- every read path checks what it read ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path_kind", ["preload", "preload-1-thread", "dynamic", "tiered-preload", "tiered-read"])
 def test_every_read_from_storage_is_checked_against_the_checksums(tmp_path, path_kind):
     # A sample's bytes change in the file after the store opened it, its size and time kept: the
@@ -112,7 +113,7 @@ def test_a_reader_names_what_changed_in_its_files(tmp_path):
 
 # --- a container changed under a running job, on every rank -----------------------------------------
 
-_CHANGED = r'''
+_CHANGED = r"""
 import os, sys
 from mpi4py import MPI
 from dstore.store.data_store import DataStore
@@ -139,7 +140,7 @@ except Exception as exc:
     print(f'\nrank {comm.rank} raised {type(exc).__name__}: {exc}', flush=True)
     raise
 print('finished', flush=True)
-'''
+"""
 
 
 @pytest.mark.mpi
@@ -165,6 +166,7 @@ def test_a_container_rewritten_between_epochs_ends_the_job_on_every_rank(tmp_pat
 
 # --- a missing Zarr chunk ---------------------------------------------------------------------------
 
+
 def test_a_missing_zarr_chunk_is_an_error_naming_it_never_zeros(tmp_path):
     samples = random_samples(200, seed=4, max_bytes=30000)
     path = write_samples(tmp_path / "z.zarr", "zarr", samples, chunk_bytes=1 << 18)
@@ -172,7 +174,9 @@ def test_a_missing_zarr_chunk_is_an_error_naming_it_never_zeros(tmp_path):
     with open_container(path) as r:  # opened before the chunk went: reads must fail, small and large
         os.rename(chunk, chunk + ".gone")
         lo = int(np.searchsorted(r.offsets, 2 * (1 << 18) + 10, side="right")) - 1
-        with pytest.raises(FormatError, match=r"data/c/2: data chunk 2 \(bytes \[524288, 786432\) of data\) is missing"):
+        with pytest.raises(
+            FormatError, match=r"data/c/2: data chunk 2 \(bytes \[524288, 786432\) of data\) is missing"
+        ):
             r.sample(lo)
         with pytest.raises(FormatError, match="data chunk 2 .* is missing"):
             r.read_range(0, len(r))  # 3 MB: through zarr, which would fill the chunk with zeros
@@ -199,6 +203,7 @@ def test_a_chunk_removed_under_a_running_store_is_named(tmp_path):
 
 # --- a foreign shard --------------------------------------------------------------------------------
 
+
 def test_a_shard_of_another_ingest_is_refused_naming_it(tmp_path):
     samples = random_samples(90, seed=6)
     (tmp_path / "a").mkdir()
@@ -211,8 +216,11 @@ def test_a_shard_of_another_ingest_is_refused_naming_it(tmp_path):
     with open_container(other) as r:
         foreign = r.shards[1].path
     shutil.copyfile(foreign, shard)
-    with pytest.raises(FormatError, match=r"shard 1 \(.*\) is not the shard this manifest was written over: "
-                                          r"checksums_crc32"):
+    with pytest.raises(
+        FormatError,
+        match=r"shard 1 \(.*\) is not the shard this manifest was written over: "
+        r"checksums_crc32",
+    ):
         open_container(mine)
     from dstore.verify import verify_container
 
@@ -223,13 +231,15 @@ def test_a_shard_of_another_ingest_is_refused_naming_it(tmp_path):
 
 # --- the issue's scenario through `dstore train` ------------------------------------------------------
 
+
 def _raw_container(path: str, seed: int) -> str:
     """1,500 random 16x16 raw images in 10 classes (every container of this kind has the same layout)."""
     from dstore.formats import create_writer
 
     rng = np.random.default_rng(seed)
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=(16, 16),
-                       class_names=[f"c{k}" for k in range(10)]) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=(16, 16), class_names=[f"c{k}" for k in range(10)]
+    ) as w:
         for i in range(1500):
             w.append(rng.integers(0, 256, 256, dtype=np.uint8).tobytes(), int(rng.integers(0, 10)), f"s{i:04d}", i)
     return path
@@ -253,11 +263,35 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
     assert os.path.getsize(path) == os.path.getsize(alt)
     # 250K: about a quarter resident (the storage threads' readers hold no index since issue 20).
     # Decode threads, not worker processes: the loaders' reserve stays small beside the budget.
-    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "dstore.tools", "train", path, "--memory-budget", "250K",
-           "--decode-workers", "0", "--epochs", "6", "--batch-size", "64", "--no-progress",
-           "--run-dir", str(tmp_path / "run")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+    cmd = [
+        mpiexec(),
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "dstore.tools",
+        "train",
+        path,
+        "--memory-budget",
+        "250K",
+        "--decode-workers",
+        "0",
+        "--epochs",
+        "6",
+        "--batch-size",
+        "64",
+        "--no-progress",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+    )
     lines, errs, seen = [], [], threading.Event()
 
     def follow(stream, into):
@@ -266,7 +300,9 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
             if line.startswith("epoch 0:"):
                 seen.set()
 
-    readers = [threading.Thread(target=follow, args=a, daemon=True) for a in ((proc.stdout, lines), (proc.stderr, errs))]
+    readers = [
+        threading.Thread(target=follow, args=a, daemon=True) for a in ((proc.stdout, lines), (proc.stderr, errs))
+    ]
     for t in readers:
         t.start()
     try:
@@ -293,12 +329,15 @@ def test_dstore_train_over_a_container_rewritten_mid_run_fails_naming_it(tmp_pat
     assert proc.returncode != 0 and "test accuracy" not in out, out
     errors = [x for x in err.splitlines() if x.startswith("dstore: error")]
     assert errors and all(f"{path}:" in x for x in errors), out
-    why = ("the container changed while this job was reading it",) if rewrite == "cp" else \
-        ("the container changed while this job was reading it", "do not match their checksums")
+    why = (
+        ("the container changed while this job was reading it",)
+        if rewrite == "cp"
+        else ("the container changed while this job was reading it", "do not match their checksums")
+    )
     assert all(any(w in x for w in why) for x in errors), out
 
 
-_FAIL_FAST = r'''
+_FAIL_FAST = r"""
 import sys
 from mpi4py import MPI
 from dstore.store.data_store import DataStore
@@ -322,7 +361,7 @@ with DataStore(comm, path, batch_size=12, memory_budget=budget) as st:
     for b in st.epoch(1):
         other.allreduce(1)
 print('finished', flush=True)
-'''
+"""
 
 
 @pytest.mark.mpi
@@ -334,14 +373,14 @@ def test_a_mismatch_mid_epoch_ends_a_job_whose_ranks_wait_elsewhere(tmp_path):
     path = scenarios.make_container(str(tmp_path / "t.h5"), n=1201, seed=1, large=8000, small=8000)
     script = tmp_path / "fast.py"
     script.write_text(_FAIL_FAST)
-    res = run_mpi(2, ["python", "-m", "mpi4py", str(script), path, "fast"],
-                  timeout=90, check=False)
+    res = run_mpi(2, ["python", "-m", "mpi4py", str(script), path, "fast"], timeout=90, check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "finished" not in out, out
     assert "ChecksumError" in out and f"{path}: 1 sample(s) read from storage do not match" in out, out
 
 
 # --- verify prints names escaped ------------------------------------------------------------------------
+
 
 def test_verify_and_info_print_names_escaped(tmp_path):
     # A sample named so that printed raw it would end its line and print a forged "OK" line (and
@@ -354,14 +393,16 @@ def test_verify_and_info_print_names_escaped(tmp_path):
     samples = [(bytes(range(100)), 0, forged, 0), (bytes(range(50)), 1, "b.jpg", 1)]
     path = write_samples(tmp_path / "n.h5", "hdf5", samples, class_names=("x", "y\r\nsamples 0"))
     flip_byte(path, 0)
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", path], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "verify", path], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     assert not any(x.startswith("OK") for x in lines) and "\x1b" not in res.stdout, res.stdout
     assert any(x.startswith("  sample 0 (a.jpg\\nOK: every sample passed\\x1b[2K): ") for x in lines), res.stdout
-    info = subprocess.run([sys.executable, "-m", "dstore.tools", "info", path], capture_output=True, text=True,
-                          timeout=60)
+    info = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "info", path], capture_output=True, text=True, timeout=60
+    )
     assert "y\\r\\nsamples 0" in info.stdout and "\r" not in info.stdout, info.stdout
 
 
@@ -383,8 +424,12 @@ def test_a_shard_of_an_ingest_of_the_same_source_with_another_seed_fails_verify(
         assert len(ids) == 1 and None not in ids  # one ingest: one id, in every shard
         shard = r.shards[1].path
     shutil.copyfile(os.path.join(tmp_path, "s1", os.path.basename(shard)), shard)
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", str(tmp_path / "s0")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "verify", str(tmp_path / "s0")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode != 0 and "OK" not in res.stdout, res.stdout + res.stderr
     assert f"shard 1 ({shard}) is not the shard this manifest was written over: ingest_id" in res.stderr, res.stderr
 
@@ -414,11 +459,25 @@ def test_a_version_1_manifest_is_still_read_without_the_shard_check(tmp_path):
 def test_dstore_train_on_a_zarr_container_with_a_missing_chunk_is_one_line(tmp_path):
     import subprocess
 
-    path = write_samples(tmp_path / "z.zarr", "zarr", random_samples(200, seed=4, max_bytes=30000),
-                         chunk_bytes=1 << 18)
+    path = write_samples(tmp_path / "z.zarr", "zarr", random_samples(200, seed=4, max_bytes=30000), chunk_bytes=1 << 18)
     os.remove(os.path.join(path, "data", "c", "3"))
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", path, "--epochs", "1", "--no-progress",
-                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "train",
+            path,
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     errors = [x for x in res.stderr.splitlines() if x.startswith("dstore: error")]
     assert res.returncode != 0 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"{path}/data/c/3: data chunk 3 (bytes [786432, 1048576) of data) is missing" in errors[0], res.stderr
@@ -434,4 +493,4 @@ def test_the_crc32_in_use_is_zlibs():
     for n in (0, 1, 5000, 5121, 110_000):
         data = rng.integers(0, 256, n, dtype=np.uint8)
         assert crc32(memoryview(data)) == zlib.crc32(data.tobytes())
-        assert crc32(data[n // 2:], crc32(data[:n // 2])) == zlib.crc32(data.tobytes())
+        assert crc32(data[n // 2 :], crc32(data[: n // 2])) == zlib.crc32(data.tobytes())

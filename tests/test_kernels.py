@@ -28,7 +28,7 @@ def _kernel(img, box, size, out, shift=(0, 0), flip=False):
 
 def _reference(img, box, size, shift, flip):
     top, left, bh, bw = box
-    part = rs.shift(rs.resize(img[top:top + bh, left:left + bw], size), *shift)
+    part = rs.shift(rs.resize(img[top : top + bh, left : left + bw], size), *shift)
     return np.ascontiguousarray((part[:, ::-1] if flip else part).transpose(2, 0, 1))
 
 
@@ -57,7 +57,12 @@ def test_large_box_factors_divide_exactly():
     """Blocks of up to 64 x 64 averaged (the multiply-and-shift division against numpy's //), on a
     non-contiguous view and into a strided output (a batch's sample of a bigger buffer)."""
     rng = np.random.default_rng(3)
-    for shape, size in [((640, 700, 3), (10, 11)), ((256, 256, 1), (4, 4)), ((255, 511, 3), (1, 1)), ((99, 301, 3), (33, 3))]:
+    for shape, size in [
+        ((640, 700, 3), (10, 11)),
+        ((256, 256, 1), (4, 4)),
+        ((255, 511, 3), (1, 1)),
+        ((99, 301, 3), (33, 3)),
+    ]:
         img = rng.integers(0, 256, shape, dtype=np.uint8)
         img[: shape[0] // 2] = 255  # block sums at the top of their range
         box = (0, 0, *shape[:2])
@@ -75,8 +80,10 @@ def test_the_kernel_equals_the_batch_resize():
     """The kernel against `resize_batch` (the device's op, here on the CPU) on the same images."""
     rng = np.random.default_rng(5)
     size = (24, 20)
-    images = [rng.integers(0, 256, (int(rng.integers(20, 80)), int(rng.integers(20, 80)), 3), dtype=np.uint8)
-              for _ in range(6)]
+    images = [
+        rng.integers(0, 256, (int(rng.integers(20, 80)), int(rng.integers(20, 80)), 3), dtype=np.uint8)
+        for _ in range(6)
+    ]
     offsets = rng.integers(-3, 4, (6, 2))
     fitted = [rs.fit(img, size) for img in images]
     canvas = torch.zeros((6, 3, 2 * size[0], 2 * size[1]), dtype=torch.uint8)
@@ -93,8 +100,17 @@ def test_the_kernel_equals_the_batch_resize():
 def test_sample_into_gives_sample_part_and_finish(jitter, s):
     """Under NATIVE_MIN_PIXELS by numpy, at 80 x 72 by the kernels."""
     pad, flip = default_augmentation(s)
-    tf = ImageTransform(size=s, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
-                        normalize=False, jitter=jitter)
+    tf = ImageTransform(
+        size=s,
+        channels=3,
+        mean=(0.5,) * 3,
+        std=(0.25,) * 3,
+        train=True,
+        pad=pad,
+        flip=flip,
+        normalize=False,
+        jitter=jitter,
+    )
     rng = np.random.default_rng(11)
     for k in range(40):
         img = rng.integers(0, 256, (int(rng.integers(10, 200)), int(rng.integers(10, 200)), 3), dtype=np.uint8)

@@ -21,25 +21,29 @@ from dstore.training.augment import ImageTransform
 def raw_container(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("lc") / "raw.h5")
     rng = np.random.default_rng(1)
-    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(6, 5, 3)) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(6, 5, 3)
+    ) as w:
         for i in range(10):
             w.append(rng.integers(0, 256, 90, dtype=np.uint8).tobytes(), i % 2, f"r{i}", i)
     return path
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("decode_threads", 0, "decode_threads=0 must be an integer >= 1"),
-    ("decode_threads", True, "decode_threads=True must be an integer"),
-    ("ahead", 0, "ahead=0 must be an integer >= 1"),
-    ("channels", 2, "channels=2 must be None, 1 or 3"),
-    ("size", (0, 4), r"size=\(0, 4\) must be a positive int"),
-    ("size", "big", "size='big' must be an int or"),
-    ("device", "gpu7", "device='gpu7' is not a torch device"),
-    ("workers", -1, r"workers=-1 must be an integer >= 0 \(0: decode in threads\)"),
-    ("batch_ops", "gpu", "batch_ops='gpu' must be 'auto', 'device' or 'worker'"),
-    ("resize_on", "host", "resize_on='host' must be 'auto', 'device' or 'worker'"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("decode_threads", 0, "decode_threads=0 must be an integer >= 1"),
+        ("decode_threads", True, "decode_threads=True must be an integer"),
+        ("ahead", 0, "ahead=0 must be an integer >= 1"),
+        ("channels", 2, "channels=2 must be None, 1 or 3"),
+        ("size", (0, 4), r"size=\(0, 4\) must be a positive int"),
+        ("size", "big", "size='big' must be an int or"),
+        ("device", "gpu7", "device='gpu7' is not a torch device"),
+        ("workers", -1, r"workers=-1 must be an integer >= 0 \(0: decode in threads\)"),
+        ("batch_ops", "gpu", "batch_ops='gpu' must be 'auto', 'device' or 'worker'"),
+        ("resize_on", "host", "resize_on='host' must be 'auto', 'device' or 'worker'"),
+    ],
+)
 def test_a_bad_argument_is_one_line_naming_it(name, value, message):
     with pytest.raises(ConfigError, match=f"^{message}") as err:
         LoaderConfig(**{name: value}).checked()

@@ -54,7 +54,7 @@ def test_trainer_parts_are_equal_disjoint_and_in_range(n, k, fraction, start):
     assert len(parts) == k and 0 <= dropped < k
     sizes = {(t[1] - t[0], q[1] - q[0]) for t, q in parts}
     assert len(sizes) == 1  # every trainer: the same training and tournament sizes (same steps per epoch)
-    (train_n, tour_n), = sizes
+    ((train_n, tour_n),) = sizes
     assert train_n >= 1 and tour_n >= 1 and (train_n + tour_n) * k + dropped == n
     covered = [i for t, q in parts for i in list(range(*t)) + list(range(*q))]
     assert covered == list(range(start, start + n - dropped))  # contiguous, disjoint, in order
@@ -106,9 +106,11 @@ def test_decision_rule():
 
 
 def test_state_crc_sees_every_value_and_survives_a_round_trip():
-    state = {"model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.zeros(2)},
-             "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
-             "scheduler": None}
+    state = {
+        "model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.zeros(2)},
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "scheduler": None,
+    }
     crc = state_crc(state)
     assert state_crc(from_bytes(to_bytes(state))) == crc
     assert state_crc({"scheduler": None, "optimizer": state["optimizer"], "model": state["model"]}) == crc
@@ -125,15 +127,19 @@ def test_config_checks_name_the_flag():
     from dstore.tools.cli import build_parser
     from dstore.training.run import TrainConfig
 
-    args = build_parser().parse_args(["train", "--trainers", "2", "--ltfb-round", "5", "--ltfb-metric", "loss",
-                                      "--tournament-fraction", "0.2"])
+    args = build_parser().parse_args(
+        ["train", "--trainers", "2", "--ltfb-round", "5", "--ltfb-metric", "loss", "--tournament-fraction", "0.2"]
+    )
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
     cfg.check()
     assert (cfg.trainers, cfg.ltfb_round, cfg.ltfb_metric, cfg.tournament_fraction) == (2, 5, "loss", 0.2)
-    for bad, flag in (({"trainers": 0}, "--trainers 0"), ({"ltfb_round": -1}, "--ltfb-round -1"),
-                      ({"ltfb_metric": "f1"}, "--ltfb-metric 'f1'"),
-                      ({"tournament_fraction": 0.0}, "--tournament-fraction 0.0"),
-                      ({"tournament_fraction": 1.0}, "--tournament-fraction 1.0")):
+    for bad, flag in (
+        ({"trainers": 0}, "--trainers 0"),
+        ({"ltfb_round": -1}, "--ltfb-round -1"),
+        ({"ltfb_metric": "f1"}, "--ltfb-metric 'f1'"),
+        ({"tournament_fraction": 0.0}, "--tournament-fraction 0.0"),
+        ({"tournament_fraction": 1.0}, "--tournament-fraction 1.0"),
+    ):
         with pytest.raises(ConfigError, match=flag):
             TrainConfig(**bad).check()
     TrainConfig(trainers=2, resume="auto").check()
@@ -177,17 +183,22 @@ def test_ranking_puts_nan_last_and_breaks_ties_by_trainer():
 
 
 @settings(max_examples=300, deadline=None)
-@given(scores=st.lists(st.one_of(st.floats(0, 1), st.just(math.nan), st.sampled_from([0.25, 0.5])), min_size=1,
-                       max_size=12),
-       metric=st.sampled_from(["accuracy", "loss"]), fraction=st.floats(0.01, 0.99), seed=st.integers(0, 2**31),
-       round_index=st.integers(0, 10**5))
+@given(
+    scores=st.lists(
+        st.one_of(st.floats(0, 1), st.just(math.nan), st.sampled_from([0.25, 0.5])), min_size=1, max_size=12
+    ),
+    metric=st.sampled_from(["accuracy", "loss"]),
+    fraction=st.floats(0.01, 0.99),
+    seed=st.integers(0, 2**31),
+    round_index=st.integers(0, 10**5),
+)
 def test_truncation_plan_moves_top_models_to_the_bottom(scores, metric, fraction, seed, round_index):
     plan = truncation_plan(scores, metric, fraction, seed, round_index)
     assert plan == truncation_plan(list(scores), metric, fraction, seed, round_index)  # same on every rank
     k = len(scores)
     order = rank_trainers(scores, metric)
     q = truncation_count(k, fraction) if k > 1 else 0
-    top, bottom = set(order[:q]), set(order[k - q:])
+    top, bottom = set(order[:q]), set(order[k - q :])
     assert set(plan) <= bottom and set(plan.values()) <= top and not top & bottom
     assert len(set(plan.values())) == len(plan)  # each top model copied at most once
     for b, d in plan.items():
@@ -258,8 +269,14 @@ def test_explore_names_and_values_are_checked():
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**31), trainer=st.integers(0, 64), round_index=st.integers(0, 10**4),
-       lr=st.floats(1e-5, 1.0), wd=st.floats(1e-6, 0.1), momentum=st.floats(0.0, 0.99))
+@given(
+    seed=st.integers(0, 2**31),
+    trainer=st.integers(0, 64),
+    round_index=st.integers(0, 10**4),
+    lr=st.floats(1e-5, 1.0),
+    wd=st.floats(1e-6, 0.1),
+    momentum=st.floats(0.0, 0.99),
+)
 def test_exploration_is_seeded_and_bounded(seed, trainer, round_index, lr, wd, momentum):
     given_values = {"lr": lr, "weight_decay": wd, "momentum": momentum}
     names = hparams.EXPLORABLE
@@ -288,15 +305,26 @@ def test_experiment_variants_and_summary():
 
     from dstore.tools.measure.ltfb_experiment import VARIANTS, markdown, summarize, variant_args
 
-    opts = argparse.Namespace(trainers=4, round=5, truncation_fraction=0.25, explore="lr", epochs=6, batch_size=32,
-                              lr=0.003, metric="loss", seeds=[0, 1])
+    opts = argparse.Namespace(
+        trainers=4,
+        round=5,
+        truncation_fraction=0.25,
+        explore="lr",
+        epochs=6,
+        batch_size=32,
+        lr=0.003,
+        metric="loss",
+        seeds=[0, 1],
+    )
     args = {v: variant_args(v, opts) for v in VARIANTS}
     assert args["dp"] == ["--trainers", "1"] and "--ltfb-round" not in args["dp"]
     assert args["independent"][-1] == str(10**9)  # the trainers never meet
     assert "--ltfb-strategy" not in args["pairwise"] and args["explore"][-2:] == ["--explore", "lr"]
     assert args["explore"][:-2] == args["truncation"]  # exploration is the only difference
-    runs = [{"variant": "independent", "seed": s, "best": b, "mean": m, "wall_s": w, "models_taken": None}
-            for s, b, m, w in ((0, 0.6, 0.4, 10.0), (1, 0.8, 0.6, 12.0))]
+    runs = [
+        {"variant": "independent", "seed": s, "best": b, "mean": m, "wall_s": w, "models_taken": None}
+        for s, b, m, w in ((0, 0.6, 0.4, 10.0), (1, 0.8, 0.6, 12.0))
+    ]
     runs.append({"variant": "pairwise", "seed": 0, "best": 0.7, "mean": 0.7, "wall_s": 11.0, "models_taken": 3})
     rows = summarize(runs)
     assert [r["variant"] for r in rows] == ["independent", "pairwise"]
@@ -304,6 +332,7 @@ def test_experiment_variants_and_summary():
     assert rows[0]["mean"] == pytest.approx(0.5) and rows[1]["best_sd"] == 0.0 and rows[1]["models_taken"] == 3
     table = markdown(rows, opts)
     assert "| (b) K independent trainers, 1/K each | 0.7000 ± 0.1414 | 0.5000 ± 0.1414 | – | 11.0 ± 1.4 |" in table
+
 
 # --- one side of a match, in-process ----------------------------------------------------------
 
@@ -325,14 +354,18 @@ def self_trainer(tmp_path):
 
     path = str(tmp_path / "easy.h5")
     gen = np.random.default_rng(0)
-    with create_writer(path, encoding="raw", class_names=["dark", "bright"], raw_dtype="uint8",
-                       raw_shape=(4, 4, 1)) as w:
+    with create_writer(
+        path, encoding="raw", class_names=["dark", "bright"], raw_dtype="uint8", raw_shape=(4, 4, 1)
+    ) as w:
         for i in range(48):
             lo = 150 if i % 2 else 0
             w.append(gen.integers(lo, lo + 100, (4, 4, 1), dtype=np.uint8), i % 2, f"s{i}", i)
     tf = ImageTransform((4, 4), 1, (0.5,), (0.25,))
-    with init_distributed(MPI.COMM_SELF) as ctx, DataStore(MPI.COMM_SELF, path, batch_size=16, seed=0) as store, \
-            StoreLoader(store, transform=tf, decode_threads=1, size=(4, 4)) as loader:
+    with (
+        init_distributed(MPI.COMM_SELF) as ctx,
+        DataStore(MPI.COMM_SELF, path, batch_size=16, seed=0) as store,
+        StoreLoader(store, transform=tf, decode_threads=1, size=(4, 4)) as loader,
+    ):
         torch.manual_seed(0)
         model = build_model("small_cnn", 1, 2, (4, 4))
         opt = make_optimizer("adam", model.parameters(), lr=0.01)
@@ -427,7 +460,6 @@ def test_exchange_in_blocks_on_comm_self(self_trainer):
     assert empty.size == 0
 
 
-
 def _available_bytes() -> int:
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -437,10 +469,12 @@ def _available_bytes() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not rc.LARGE_TESTS.get() or _available_bytes() < 12 * 2**30,
-                    reason="set DSTORE_LARGE_TESTS=1, with 12 GiB of memory available: two copies of a 2 GiB "
-                           "payload took 127-142 s on the shared 2-core machine; the 512- and 1000-byte block tests "
-                           "run the same loop over many blocks")
+@pytest.mark.skipif(
+    not rc.LARGE_TESTS.get() or _available_bytes() < 12 * 2**30,
+    reason="set DSTORE_LARGE_TESTS=1, with 12 GiB of memory available: two copies of a 2 GiB "
+    "payload took 127-142 s on the shared 2-core machine; the 512- and 1000-byte block tests "
+    "run the same loop over many blocks",
+)
 def test_a_payload_over_2_gib_crosses_in_blocks_on_comm_self():
     # More bytes than one MPI count can name: 3 messages of <= 1 GiB each way, CRC32 checked on arrival.
     # The pattern's period (1 MiB + 1) does not divide the block, so a block lost or misplaced changes the CRC.
@@ -453,6 +487,7 @@ def test_a_payload_over_2_gib_crosses_in_blocks_on_comm_self():
     assert got.size == n and np.array_equal(got[-4096:], data[-4096:]) and np.array_equal(got[:4096], data[:4096])
     del got
 
+
 # --- real tournaments under mpiexec ------------------------------------------------------------
 
 pytest_mpi = pytest.mark.mpi
@@ -461,8 +496,22 @@ SEED = 1
 # train on; global batch 32 -> 21 steps per epoch, 42 in 2 epochs; a round every 7 steps -> 6
 # rounds, the last at the very last step (so each trainer's final checkpoint is the model it kept).
 # Exploring the learning rate: a trainer that takes its partner's model perturbs the rate that came with it.
-RUN = ["--epochs", "2", "--batch-size", "32", "--ltfb-round", "7", "--ltfb-metric", "loss", "--seed", str(SEED),
-       "--explore", "lr", "--deterministic", "--no-progress"]
+RUN = [
+    "--epochs",
+    "2",
+    "--batch-size",
+    "32",
+    "--ltfb-round",
+    "7",
+    "--ltfb-metric",
+    "loss",
+    "--seed",
+    str(SEED),
+    "--explore",
+    "lr",
+    "--deterministic",
+    "--no-progress",
+]
 STEPS, ROUND = 42, 7
 
 
@@ -470,8 +519,12 @@ STEPS, ROUND = 42, 7
 def two_by_two(tmp_path_factory, cache):
     """2 trainers x 2 ranks: local rank i of one trainer exchanges with local rank i of the other."""
     run_dir = tmp_path_factory.mktemp("ltfb")
-    res = run_mpi(4, ["dstore", "train", "--trainers", "2", "--run-dir", str(run_dir)] + RUN, timeout=150,
-                  env={"DSTORE_CACHE": str(cache)})
+    res = run_mpi(
+        4,
+        ["dstore", "train", "--trainers", "2", "--run-dir", str(run_dir)] + RUN,
+        timeout=150,
+        env={"DSTORE_CACHE": str(cache)},
+    )
     return run_dir, res
 
 
@@ -506,8 +559,11 @@ def test_two_trainers_of_two_ranks_play_a_logged_tournament(two_by_two):
     assert sorted(rounds) == list(range(STEPS // ROUND))
     for i, records in rounds.items():
         assert {r["global_step"] for r in records} == {(i + 1) * ROUND}
-        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in records
-                   for key in ("own_score", "partner_score", "seconds"))
+        assert all(
+            isinstance(r[key], float) and math.isfinite(r[key])
+            for r in records
+            for key in ("own_score", "partner_score", "seconds")
+        )
         _check_round(records, 2, SEED, "loss")
         _check_explore(records, SEED, ("lr",))
     first = {r["trainer"]: r["crc_own"] for r in rounds[0]}
@@ -518,8 +574,9 @@ def test_two_trainers_of_two_ranks_play_a_logged_tournament(two_by_two):
     assert [c["config"]["seed"] for c in configs] == [SEED, SEED + 1]
     assert [c["ltfb"]["train_range"] for c in configs] == [[0, 647], [719, 1366]]
     assert [c["ltfb"]["tournament_range"] for c in configs] == [[647, 719], [1366, 1438]]
-    assert all(c["ranks"] == 2 and c["steps_per_epoch"] == STEPS // 2 and c["ltfb"]["round_steps"] == ROUND
-               for c in configs)
+    assert all(
+        c["ranks"] == 2 and c["steps_per_epoch"] == STEPS // 2 and c["ltfb"]["round_steps"] == ROUND for c in configs
+    )
     last = {r["trainer"]: r for r in rounds[STEPS // ROUND - 1]}
     for k in (0, 1):
         metrics = read_jsonl(run_dir / f"trainer{k}" / "metrics.jsonl")
@@ -545,39 +602,76 @@ def test_an_interrupted_tournament_resumes_exactly(two_by_two, tmp_path, cache):
     assert [r["round"] for r in read_jsonl(tmp_path / "tournament.jsonl")] == [0, 0]
     res = run_mpi(4, base + ["--resume", "auto"], timeout=150, env=env)
     assert "resumed from" in res.stdout and "at epoch 0, step 10" in res.stdout, res.stdout
-    keys = ("round", "global_step", "trainer", "partner", "own_score", "partner_score", "kept", "crc_own",
-            "crc_partner", "crc_kept", "crc_held", "hparams")
+    keys = (
+        "round",
+        "global_step",
+        "trainer",
+        "partner",
+        "own_score",
+        "partner_score",
+        "kept",
+        "crc_own",
+        "crc_partner",
+        "crc_kept",
+        "crc_held",
+        "hparams",
+    )
     want = [{k: r[k] for k in keys} for r in read_jsonl(ref_dir / "tournament.jsonl")]
     got = [{k: r[k] for k in keys} for r in read_jsonl(tmp_path / "tournament.jsonl")]
     assert got == want
     for k in (0, 1):
         a = torch.load(ref_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
         b = torch.load(tmp_path / f"trainer{k}" / "checkpoint.pt", weights_only=True)
-        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == \
-            state_crc({key: b[key] for key in ("model", "optimizer", "scheduler")})
+        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == state_crc(
+            {key: b[key] for key in ("model", "optimizer", "scheduler")}
+        )
 
 
 @pytest_mpi
 def test_three_trainers_one_sits_out_each_round(tmp_path, cache):
-    run_mpi(3, ["dstore", "train", "--trainers", "3", "--epochs", "1", "--batch-size", "32", "--ltfb-round", "5",
-                "--seed", "4", "--no-progress", "--run-dir", str(tmp_path)], timeout=120,
-            env={"DSTORE_CACHE": str(cache)})
+    run_mpi(
+        3,
+        [
+            "dstore",
+            "train",
+            "--trainers",
+            "3",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--ltfb-round",
+            "5",
+            "--seed",
+            "4",
+            "--no-progress",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        timeout=120,
+        env={"DSTORE_CACHE": str(cache)},
+    )
     log = read_jsonl(tmp_path / "tournament.jsonl")
     # 1438 samples / 3 = 479 each (2 dropped), 48 of them the tournament set: 431 -> 14 steps, rounds at 5, 10.
     assert [r["round"] for r in log] == [0, 0, 0, 1, 1, 1]
     for i in (0, 1):
-        records = log[3 * i:3 * i + 3]
+        records = log[3 * i : 3 * i + 3]
         assert sum(r["partner"] is None for r in records) == 1
         _check_round(records, 3, 4, "accuracy")
 
 
 @pytest_mpi
 def test_trainers_that_do_not_divide_the_ranks_end_the_job(tmp_path):
-    res = run_mpi(2, ["dstore", "train", "--trainers", "3", "--run-dir", str(tmp_path / "run"), "--no-progress"],
-                  timeout=60, check=False)
+    res = run_mpi(
+        2,
+        ["dstore", "train", "--trainers", "3", "--run-dir", str(tmp_path / "run"), "--no-progress"],
+        timeout=60,
+        check=False,
+    )
     assert res.returncode != 0
-    assert "error on rank" in res.stderr and "--trainers 3 does not divide the job's 2 MPI rank(s)" in res.stderr, \
+    assert "error on rank" in res.stderr and "--trainers 3 does not divide the job's 2 MPI rank(s)" in res.stderr, (
         res.stderr
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -600,17 +694,38 @@ def test_states_cross_in_many_small_blocks_between_ranks():
 
 # 4 trainers x 1 rank: 1438 / 4 = 359 each, 36 of them the tournament set, 323 to train on; global
 # batch 16 -> 21 steps in one epoch; a round every 3 steps -> 7 rounds, the last at the last step.
-TRUNC = ["--epochs", "1", "--batch-size", "16", "--ltfb-round", "3", "--ltfb-strategy", "truncation",
-         "--truncation-fraction", "0.5", "--explore", "lr,momentum", "--lr", "0.01", "--seed", "3",
-         "--deterministic", "--no-progress"]
+TRUNC = [
+    "--epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--ltfb-round",
+    "3",
+    "--ltfb-strategy",
+    "truncation",
+    "--truncation-fraction",
+    "0.5",
+    "--explore",
+    "lr,momentum",
+    "--lr",
+    "0.01",
+    "--seed",
+    "3",
+    "--deterministic",
+    "--no-progress",
+]
 TRUNC_STEPS, TRUNC_ROUND, EXPLORE = 21, 3, ("lr", "momentum")
 
 
 @pytest.fixture(scope="module")
 def four_truncating(tmp_path_factory, cache):
     run_dir = tmp_path_factory.mktemp("ltfb_trunc")
-    res = run_mpi(4, ["dstore", "train", "--trainers", "4", "--run-dir", str(run_dir)] + TRUNC, timeout=150,
-                  env={"DSTORE_CACHE": str(cache)})
+    res = run_mpi(
+        4,
+        ["dstore", "train", "--trainers", "4", "--run-dir", str(run_dir)] + TRUNC,
+        timeout=150,
+        env={"DSTORE_CACHE": str(cache)},
+    )
     return run_dir, res
 
 
@@ -681,6 +796,6 @@ def test_truncation_with_exploration_resumes_exactly(four_truncating, tmp_path, 
     for k in range(4):
         a = torch.load(ref_dir / f"trainer{k}" / "checkpoint.pt", weights_only=True)
         b = torch.load(tmp_path / f"trainer{k}" / "checkpoint.pt", weights_only=True)
-        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == \
-            state_crc({key: b[key] for key in ("model", "optimizer", "scheduler")})
-
+        assert state_crc({key: a[key] for key in ("model", "optimizer", "scheduler")}) == state_crc(
+            {key: b[key] for key in ("model", "optimizer", "scheduler")}
+        )

@@ -27,7 +27,7 @@ def _reference_counts(e: int, w) -> list[int]:
     share = [Fraction(e * x, sum(w)) for x in w]
     counts = [math.floor(s) for s in share]
     rest = sorted(range(len(w)), key=lambda k: (-(share[k] - counts[k]), k))
-    for k in rest[:e - sum(counts)]:
+    for k in rest[: e - sum(counts)]:
         counts[k] += 1
     return counts
 
@@ -97,8 +97,16 @@ def test_orders_differ_by_epoch_and_seed():
     assert not np.array_equal(a[1], mix.mix_plan([30, 20], [1, 1], 1, 0)[1])
 
 
-@pytest.mark.parametrize("weights,msg", [([1, -1], "source 1"), ([0, 0], "all be 0"), ([1, float("nan")], "source 1"),
-                                         (["x", 1], "source 0: weight 'x' must be a number"), ([1], "1 weights for 2")])
+@pytest.mark.parametrize(
+    "weights,msg",
+    [
+        ([1, -1], "source 1"),
+        ([0, 0], "all be 0"),
+        ([1, float("nan")], "source 1"),
+        (["x", 1], "source 0: weight 'x' must be a number"),
+        ([1], "1 weights for 2"),
+    ],
+)
 def test_bad_weights_are_named(weights, msg):
     with pytest.raises(ConfigError, match=msg):
         mix.mix_plan([3, 4], weights, 0, 0)
@@ -193,8 +201,10 @@ def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
     from dstore.store.mixed import MixedStore
 
     readers = [open_container(p) for p in sources]
-    with MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], 0.3)], batch_size=16, seed=1) as store, \
-            StoreLoader(store, decode_threads=2) as loader:
+    with (
+        MixedStore(MPI.COMM_SELF, [(sources[0], 0.7), (sources[1], 0.3)], batch_size=16, seed=1) as store,
+        StoreLoader(store, decode_threads=2) as loader,
+    ):
         seen = set()
         sched, srcs, ids = store.schedule(0)  # the mix's entries of this rank, step by step
         for s, (images, labels) in enumerate(loader.epoch(0)):
@@ -205,7 +215,9 @@ def test_a_loader_decodes_each_entry_by_its_sources_encoding(sources):
                 want = decode_sample(r.sample(sid)[0], r.info)
                 assert np.array_equal(img.permute(1, 2, 0).numpy(), want)
                 seen.add(src)
-            assert labels.tolist() == [int(readers[k].labels[i]) for k, i in zip(srcs[sched.step(s)], ids[sched.step(s)])]
+            assert labels.tolist() == [
+                int(readers[k].labels[i]) for k, i in zip(srcs[sched.step(s)], ids[sched.step(s)])
+            ]
         assert seen == {0, 1}
     for r in readers:
         r.close()
@@ -225,12 +237,16 @@ def test_refusals_name_the_argument(sources):
         MixedStore(MPI.COMM_SELF, mixed, batch_size=4, sample_range=(0, 5))
     with pytest.raises(ConfigError, match="source 1"):
         MixedStore(MPI.COMM_SELF, [(sources[0], 1), (sources[1], -1)], batch_size=4)
-    with MixedStore(MPI.COMM_SELF, mixed, batch_size=4) as a, \
-            MixedStore(MPI.COMM_SELF, [(sources[0], 0.5), (sources[1], 0.5)], batch_size=4) as b:
+    with (
+        MixedStore(MPI.COMM_SELF, mixed, batch_size=4) as a,
+        MixedStore(MPI.COMM_SELF, [(sources[0], 0.5), (sources[1], 0.5)], batch_size=4) as b,
+    ):
         with pytest.raises(ConfigError, match="weights"):
             b.load_state_dict(a.state_dict())
-        with DataStore(MPI.COMM_SELF, sources[0], batch_size=4) as one, \
-                pytest.raises(ConfigError, match="not a MixedStore state"):
+        with (
+            DataStore(MPI.COMM_SELF, sources[0], batch_size=4) as one,
+            pytest.raises(ConfigError, match="not a MixedStore state"),
+        ):
             b.load_state_dict(one.state_dict())
 
 
@@ -241,8 +257,10 @@ def test_a_mixed_stores_schedule_is_its_part_of_the_whole_plan(tmp_path):
     from dstore.order import plan
     from dstore.store.mixed import MixedStore
 
-    paths = [write_samples(tmp_path / f"s{k}.h5", "hdf5", [(bytes([k, i % 256]), i % 3, f"s{i}", i) for i in range(n)])
-             for k, n in enumerate((37, 11))]
+    paths = [
+        write_samples(tmp_path / f"s{k}.h5", "hdf5", [(bytes([k, i % 256]), i % 3, f"s{i}", i) for i in range(n)])
+        for k, n in enumerate((37, 11))
+    ]
     with MixedStore(MPI.COMM_SELF, [(paths[0], 0.7), (paths[1], 0.3)], batch_size=8, seed=5, epoch_size=60) as store:
         for nranks in (1, 3, 4, 5):  # 5: the short last step pads
             for r in range(nranks):
@@ -270,8 +288,10 @@ def raw_sources(tmp_path_factory):
     from support.formats import raw_container
 
     tmp = tmp_path_factory.mktemp("mixraw")
-    return [raw_container(tmp / "a.h5", n=40, shape=(8, 8, 3), seed=1),
-            raw_container(tmp / "c.h5", n=400, shape=(8, 8, 3), seed=2)]
+    return [
+        raw_container(tmp / "a.h5", n=40, shape=(8, 8, 3), seed=1),
+        raw_container(tmp / "c.h5", n=400, shape=(8, 8, 3), seed=2),
+    ]
 
 
 @settings(max_examples=100)
@@ -281,9 +301,10 @@ def test_step_sums_count_an_empty_step_as_zero(counts, data):
     from dstore.store.storage import step_sums
 
     ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    values = np.asarray(data.draw(st.lists(st.integers(0, 10**6), min_size=int(ptr[-1]), max_size=int(ptr[-1]))),
-                        dtype=np.int64)
-    want = [int(values[ptr[s]:ptr[s + 1]].sum()) for s in range(len(counts))]
+    values = np.asarray(
+        data.draw(st.lists(st.integers(0, 10**6), min_size=int(ptr[-1]), max_size=int(ptr[-1]))), dtype=np.int64
+    )
+    want = [int(values[ptr[s] : ptr[s + 1]].sum()) for s in range(len(counts))]
     assert step_sums(values, ptr).tolist() == want
 
 
@@ -317,8 +338,12 @@ def test_a_source_over_the_budget_is_served_from_storage_on_2_ranks(raw_sources,
     from support.mpirun import run_mpi
 
     out = tmp_path / "tiered.json"
-    run_mpi(2, ["python", "-m", "mpi4py", str(SCEN), *raw_sources, "full", str(out)], timeout=120,
-            env={"DSTORE_MEMORY_BUDGET": "20kB", "MIX_WEIGHTS": ",".join(map(str, TIER_WEIGHTS))})
+    run_mpi(
+        2,
+        ["python", "-m", "mpi4py", str(SCEN), *raw_sources, "full", str(out)],
+        timeout=120,
+        env={"DSTORE_MEMORY_BUDGET": "20kB", "MIX_WEIGHTS": ",".join(map(str, TIER_WEIGHTS))},
+    )
     got = _load(out)
     _entries_are_the_plan(got, raw_sources)
     assert all(rank["sources"][1]["samples_storage"] > 0 for rank in got["stats"])
@@ -333,13 +358,17 @@ def test_a_streamed_mix_serves_the_preloaded_mixs_bytes(sources, enter):
     from dstore.store.mixed import MixedStore
 
     def epochs(population):
-        store = MixedStore(MPI.COMM_SELF, [(sources[0], 0.6), (sources[1], 0.4)], batch_size=8, seed=2,
-                           population=population)
+        store = MixedStore(
+            MPI.COMM_SELF, [(sources[0], 0.6), (sources[1], 0.4)], batch_size=8, seed=2, population=population
+        )
         if enter:
             store.__enter__()
         try:
-            return [(b.sources.tolist(), b.ids.tolist(), [bytes(x) for x in b.samples])
-                    for e in (0, 1) for b in store.epoch(e)]
+            return [
+                (b.sources.tolist(), b.ids.tolist(), [bytes(x) for x in b.samples])
+                for e in (0, 1)
+                for b in store.epoch(e)
+            ]
         finally:
             store.close()
 

@@ -60,7 +60,7 @@ def _crop_by_padding(img, pad, rng):  # the definition: pad with zeros, crop the
     h, w = img.shape[:2]
     padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
     top, left = rng.integers(0, 2 * pad + 1, size=2)
-    return padded[top:top + h, left:left + w]
+    return padded[top : top + h, left : left + w]
 
 
 @pytest.mark.parametrize("shape,pad", [((24, 20, 3), 3), ((5, 7, 1), 9), ((1, 1, 3), 1), ((32, 32, 3), 4)])

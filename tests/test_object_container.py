@@ -27,9 +27,12 @@ def local(tmp_path_factory):
     """{format: the local container}: HDF5 (unfiltered, byte-addressable) and Zarr (small chunks, so
     a run of samples spans chunk objects)."""
     d = tmp_path_factory.mktemp("objects")
-    return {"hdf5": scenarios.make_container(str(d / "c.h5"), n=N, seed=1, large=8000, small=8000),
-            "zarr": scenarios.make_container(str(d / "c.zarr"), n=N, seed=1, large=8000, small=8000, fmt="zarr",
-                                             chunk_bytes=200_000)}
+    return {
+        "hdf5": scenarios.make_container(str(d / "c.h5"), n=N, seed=1, large=8000, small=8000),
+        "zarr": scenarios.make_container(
+            str(d / "c.zarr"), n=N, seed=1, large=8000, small=8000, fmt="zarr", chunk_bytes=200_000
+        ),
+    }
 
 
 def upload(fs, path: str, fmt: str) -> str:
@@ -55,8 +58,9 @@ def test_a_tiered_epoch_from_s3_delivers_the_local_containers_bytes_once(s3, loc
     from mpi4py import MPI
 
     url = upload(s3, local[fmt], fmt)
-    stats = scenario_object_tiered(MPI.COMM_SELF, url, local[fmt], populations=("preload",) if fmt == "zarr"
-                                   else ("preload", "stream"))
+    stats = scenario_object_tiered(
+        MPI.COMM_SELF, url, local[fmt], populations=("preload",) if fmt == "zarr" else ("preload", "stream")
+    )
     assert stats["samples_storage"] > 0 and stats["bytes_storage"] > 0  # the tier did read from the object
 
 
@@ -68,16 +72,18 @@ def test_an_ingest_from_s3_then_a_tiered_epoch_from_s3(s3, tmp_path):
     from support.ingest import ingest_here, png_bytes
 
     b = bucket(s3)
-    files = {f"{c}/{k:03d}.png": png_bytes(48 + (k % 5) * 8, 10 * k + len(c))
-             for c in ("cat", "dog") for k in range(60)}
+    files = {
+        f"{c}/{k:03d}.png": png_bytes(48 + (k % 5) * 8, 10 * k + len(c)) for c in ("cat", "dog") for k in range(60)
+    }
     s3.pipe({f"{b}/imgs/{rel}": data for rel, data in files.items()})
     ingest_here(f"s3://{b}/imgs", tmp_path / "c.h5")
     with open_container(str(tmp_path / "c.h5")) as c:
         assert c.num_samples == 120
         assert all(bytes(c.sample(i)[0]) == files[c.name(i).split("imgs/")[-1]] for i in range(c.num_samples))
     s3.put(str(tmp_path / "c.h5"), f"{b}/sets/c.h5")
-    stats = scenario_object_tiered(MPI.COMM_SELF, f"s3://{b}/sets/c.h5", str(tmp_path / "c.h5"),
-                                   populations=("preload",), storage_lookahead=1)
+    stats = scenario_object_tiered(
+        MPI.COMM_SELF, f"s3://{b}/sets/c.h5", str(tmp_path / "c.h5"), populations=("preload",), storage_lookahead=1
+    )
     assert stats["samples_storage"] > 0
 
 
@@ -87,8 +93,18 @@ def test_two_ranks_each_read_their_tier_from_s3(s3, local):
     from support.mpirun import run_mpi
 
     url = upload(s3, local["hdf5"], "hdf5")
-    out = run_mpi(2, ["python", "-m", "mpi4py", str(scenarios.__file__).replace("scenarios.py", "object_scenarios.py"),
-                      url, local["hdf5"]], timeout=240)
+    out = run_mpi(
+        2,
+        [
+            "python",
+            "-m",
+            "mpi4py",
+            str(scenarios.__file__).replace("scenarios.py", "object_scenarios.py"),
+            url,
+            local["hdf5"],
+        ],
+        timeout=240,
+    )
     assert "OK object_tiered on 2 ranks" in out.stdout
 
 
@@ -113,8 +129,11 @@ def test_a_flipped_byte_in_the_object_is_a_checksum_error_naming_the_sample(s3, 
     b = bucket(s3)
     s3.pipe(f"{b}/bad.h5", _flipped(local["hdf5"], k))
     url = f"s3://{b}/bad.h5"
-    with pytest.raises(ChecksumError, match=rf"^{url}: 1 sample\(s\) read from storage do not match their "
-                                            rf"checksums: {k} \({name}\)"):
+    with pytest.raises(
+        ChecksumError,
+        match=rf"^{url}: 1 sample\(s\) read from storage do not match their "
+        rf"checksums: {k} \({name}\)",
+    ):
         with scenarios._tiered(MPI.COMM_SELF, url, batch_size=scenarios.BATCH, seed=3) as st:
             for _ in st.epoch(0):
                 pass
@@ -127,22 +146,31 @@ def test_an_object_replaced_mid_job_is_refused(s3, local, tmp_path, fmt):
     from mpi4py import MPI
 
     url = upload(s3, local[fmt], fmt)
-    other = scenarios.make_container(str(tmp_path / ("o.h5" if fmt == "hdf5" else "o.zarr")), n=N, seed=2,
-                                     large=8000, small=8000, fmt=fmt, **({"chunk_bytes": 200_000} if fmt == "zarr"
-                                                                          else {}))
+    other = scenarios.make_container(
+        str(tmp_path / ("o.h5" if fmt == "hdf5" else "o.zarr")),
+        n=N,
+        seed=2,
+        large=8000,
+        small=8000,
+        fmt=fmt,
+        **({"chunk_bytes": 200_000} if fmt == "zarr" else {}),
+    )
     with open_container(local[fmt]) as ref:
         st = scenarios._tiered(MPI.COMM_SELF, url, batch_size=scenarios.BATCH, seed=3, storage_lookahead=1)
         try:
             it = iter(st.epoch(0))
             next(it)
-            key = url[len("s3://"):]
+            key = url[len("s3://") :]
             if fmt == "hdf5":
                 s3.pipe(key, open(other, "rb").read())
             else:
                 s3.rm(key, recursive=True)
                 s3.put(other, key, recursive=True)
-            with pytest.raises(ContainerChangedError, match=rf"^{url}.*: the container changed while this job was "
-                                                            "reading it") as info:
+            with pytest.raises(
+                ContainerChangedError,
+                match=rf"^{url}.*: the container changed while this job was "
+                "reading it",
+            ) as info:
                 for b in it:
                     for i, x in zip(b.ids.tolist(), b.samples):
                         assert bytes(memoryview(x).cast("B")) == bytes(ref.sample(i)[0])  # never the other's bytes
@@ -161,9 +189,12 @@ def test_an_object_rewritten_with_the_same_bytes_plus_one_is_refused_at_the_next
     try:
         it = iter(st.epoch(0))
         next(it)
-        s3.pipe(url[len("s3://"):], open(local["hdf5"], "rb").read() + b"\0")
-        with pytest.raises(ContainerChangedError, match=rf"^{url}: the container changed while this job was "
-                                                        r"reading it \(another version: its ETag no longer matches\)"):
+        s3.pipe(url[len("s3://") :], open(local["hdf5"], "rb").read() + b"\0")
+        with pytest.raises(
+            ContainerChangedError,
+            match=rf"^{url}: the container changed while this job was "
+            r"reading it \(another version: its ETag no longer matches\)",
+        ):
             for _ in range(3):  # step 2's reads were in flight before the rewrite; step 3's are not
                 next(it)
     finally:
@@ -180,9 +211,11 @@ def test_a_missing_key_is_one_line_naming_the_url(s3, local, capsys):
         assert "\n" not in str(info.value)
     code, _, err = dstore_here(capsys, "info", f"s3://{b}/nope.h5")
     errors = [line for line in err.splitlines() if line.startswith("dstore: error")]
-    assert code != 0 and errors == [f"dstore: error: ContainerNotFoundError: s3://{b}/nope.h5: no such "
-                                              "container (no object at this URL, and no manifest.json or zarr.json "
-                                              "below it; check the bucket and the key)"], err
+    assert code != 0 and errors == [
+        f"dstore: error: ContainerNotFoundError: s3://{b}/nope.h5: no such "
+        "container (no object at this URL, and no manifest.json or zarr.json "
+        "below it; check the bucket and the key)"
+    ], err
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
@@ -235,8 +268,20 @@ def test_dstore_train_reads_an_s3_container(s3, tmp_path, capsys):
     b = bucket(s3)
     s3.put(str(tmp_path / "digits.h5"), f"{b}/digits.h5")
     url = f"s3://{b}/digits.h5"
-    code, out, err = dstore_here(capsys, "train", url, "--epochs", "1", "--batch-size", "16", "--no-progress",
-                                 "--run-dir", tmp_path / "run", "--model", "small_cnn")
+    code, out, err = dstore_here(
+        capsys,
+        "train",
+        url,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        "--run-dir",
+        tmp_path / "run",
+        "--model",
+        "small_cnn",
+    )
     assert code == 0, out + err
     assert f"samples of {url} with 1 rank(s)" in out and "test accuracy" in out
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -247,7 +292,10 @@ def test_a_missing_zarr_chunk_object_is_named_never_zeros(s3, local):
     from dstore.errors import FormatError
 
     url = upload(s3, local["zarr"], "zarr")
-    s3.rm(f"{url[len('s3://'):]}/data/c/1")
-    with pytest.raises(FormatError, match=rf"^{url}/data/c/1: data chunk 1 \(bytes \[200000, 400000\) of data\) is "
-                                          "missing; dstore stores every chunk, so a missing one is damage, never zeros"):
+    s3.rm(f"{url[len('s3://') :]}/data/c/1")
+    with pytest.raises(
+        FormatError,
+        match=rf"^{url}/data/c/1: data chunk 1 \(bytes \[200000, 400000\) of data\) is "
+        "missing; dstore stores every chunk, so a missing one is damage, never zeros",
+    ):
         open_container(url)

@@ -14,10 +14,16 @@ from support.mpirun import run_mpi
 from dstore import DataStore
 from dstore.runtime import job
 
-LAUNCH_VARS = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-               "RANK", "SLURM_PROCID", "TORCHELASTIC_RUN_ID")
-
-
+LAUNCH_VARS = (
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_STEP_NUM_TASKS",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "RANK",
+    "SLURM_PROCID",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 # Rank 1 raises in the middle of an epoch; rank 0 goes on to the next collective (the next epoch's
@@ -95,10 +101,13 @@ print("trained alone", flush=True)
 """
 
 
-@pytest.mark.parametrize("env", [
-    {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"},  # torchrun
-    {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"},  # srun without PMI
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"},  # torchrun
+        {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"},  # srun without PMI
+    ],
+)
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_script_started_by_torchrun_is_refused_in_one_line(tmp_path, env, rank):
     script = tmp_path / "own.py"

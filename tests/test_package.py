@@ -30,8 +30,12 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     for folder in FOLDERS:
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(src)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     (whl,) = out.glob("*.whl")
     assert whl.name.startswith("dstore_mpi-"), whl.name
     with zipfile.ZipFile(whl) as zf:
@@ -49,8 +53,11 @@ def test_wheel_installs_only_dstore(wheel):
 def test_wheel_holds_every_module(wheel):
     # The package list in pyproject.toml is explicit: a new sub-package must be added there.
     names = set(wheel.namelist())
-    missing = [str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)
-               if f"{FOLDERS[p.relative_to(REPO).parts[0]]}/{'/'.join(p.relative_to(REPO).parts[1:])}" not in names]
+    missing = [
+        str(p.relative_to(REPO))
+        for p in _source_files(*FOLDERS)
+        if f"{FOLDERS[p.relative_to(REPO).parts[0]]}/{'/'.join(p.relative_to(REPO).parts[1:])}" not in names
+    ]
     assert not missing, f"in the repository but not in the wheel (add them to [tool.setuptools] packages): {missing}"
 
 
@@ -59,15 +66,18 @@ def test_import_root_is_light_and_installed(tmp_path):
     # started by mpiexec would: the root imports neither torch nor mpi4py (whose import initialises
     # MPI), nor do the command line (`dstore --help` stays fast) and the FUSE server of `dstore pfs`
     # (started from MPI ranks, it must not be taken for one); the public API is there on first use.
-    code = ("import sys, dstore, dstore.tools.cli, dstore.tools.pfs.fs\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\n"
-            "assert not heavy, heavy\n"
-            "from dstore import DataStore, StoreLoader\n"
-            "import dstore.training.run, dstore.tools.cli\n"
-            "print(DataStore.__module__, StoreLoader.__module__, dstore.tools.cli.__name__)\n")
+    code = (
+        "import sys, dstore, dstore.tools.cli, dstore.tools.pfs.fs\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\n"
+        "assert not heavy, heavy\n"
+        "from dstore import DataStore, StoreLoader\n"
+        "import dstore.training.run, dstore.tools.cli\n"
+        "print(DataStore.__module__, StoreLoader.__module__, dstore.tools.cli.__name__)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["dstore.store.data_store", "dstore.loader.store_loader", "dstore.tools.cli"]
 
@@ -84,8 +94,11 @@ def test_no_import_of_the_old_roots():
                 mods = [node.module or ""]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 # code in strings, run by subprocesses
-                mods = [line.split()[1] for line in node.value.splitlines()
-                        if line.strip().startswith(("from ", "import ")) and len(line.split()) > 1]
+                mods = [
+                    line.split()[1]
+                    for line in node.value.splitlines()
+                    if line.strip().startswith(("from ", "import ")) and len(line.split()) > 1
+                ]
             elif isinstance(node, ast.List):
                 # [sys.executable, "-m", MODULE, ...]
                 items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
@@ -111,9 +124,13 @@ def test_module_imports_form_no_cycle():
     for name, path in modules.items():
         deps = set()
         tree = ast.parse(path.read_text(), str(path))
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-                       for stmt in block.body for n in ast.walk(stmt)}
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -135,7 +152,7 @@ def test_module_imports_form_no_cycle():
         state[n] = 1
         for d in sorted(edges[n]):
             if state.get(d) == 1:
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d, stack + [d])
         state[n] = 2
@@ -176,8 +193,10 @@ def test_the_editable_install_maps_the_folders():
     if REPO not in origin.resolve().parents:
         pytest.skip("dstore is installed from elsewhere (not an editable install of this checkout)")
     if origin.resolve() != origin:
-        pytest.skip("dstore is installed as a tree of links (editable_mode=strict): a new module needs "
-                    "pip install -e again; the README's install is pip install -e .")
+        pytest.skip(
+            "dstore is installed as a tree of links (editable_mode=strict): a new module needs "
+            "pip install -e again; the README's install is pip install -e ."
+        )
     for name, folder in (("dstore", "datastore"), ("dstore.training", "training"), ("dstore.tools", "tools")):
         found = importlib.util.find_spec(name)
         assert found is not None and found.submodule_search_locations is not None, name
@@ -191,7 +210,7 @@ def test_the_design_module_map_lists_every_module():
 
     text = (REPO / "docs" / "design.md").read_text()
     start = text.index("\n## Module map")
-    section = text[start:text.index("\n## ", start + 1)]
+    section = text[start : text.index("\n## ", start + 1)]
     rows = re.findall(r"^\| `([\w/]+\.py)` \|", section, re.MULTILINE)
     listed = set(rows)
     files = {str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)}
@@ -206,8 +225,11 @@ def test_the_type_check_tree_holds_every_module_under_its_import_name():
     # adding or removing a top-level entry of datastore/, `python typecheck/make_links.py` rewrites it.
     tree = REPO / "typecheck"
     remedy = "(run python typecheck/make_links.py and commit typecheck/dstore)"
-    wrong = [str(p.relative_to(REPO)) for p in _source_files(*FOLDERS)
-             if (tree / FOLDERS[p.relative_to(REPO).parts[0]] / Path(*p.relative_to(REPO).parts[1:])).resolve() != p]
+    wrong = [
+        str(p.relative_to(REPO))
+        for p in _source_files(*FOLDERS)
+        if (tree / FOLDERS[p.relative_to(REPO).parts[0]] / Path(*p.relative_to(REPO).parts[1:])).resolve() != p
+    ]
     assert not wrong, f"modules the type check does not reach by their import name {remedy}: {wrong}"
     broken = [str(p.relative_to(REPO)) for p in (tree / "dstore").iterdir() if not p.exists()]
     assert not broken, f"links to files that are gone {remedy}: {broken}"
@@ -217,22 +239,25 @@ def test_the_type_check_tree_holds_every_module_under_its_import_name():
 def test_the_import_paths_the_docs_showed_still_work(tmp_path):
     # Issue 30 moved the flat modules into subpackages; a user's script written against the old
     # paths the docs showed keeps working, gets the very same objects, and `import dstore` stays light.
-    code = ("import sys, dstore\n"
-            "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py')]\n"
-            "from dstore.store import DataStore, Batch\n"  # rename_modules: keep
-            "from dstore.torch import StoreLoader, decode_channels\n"  # rename_modules: keep
-            "from dstore.preemption import PREEMPTED_EXIT, Preemption\n"  # rename_modules: keep
-            "from dstore.pagecache import evict\n"  # rename_modules: keep
-            "import dstore.torch, dstore.loader.store_loader as new\n"  # rename_modules: keep
-            "assert dstore.torch is new and StoreLoader is new.StoreLoader is dstore.StoreLoader\n"  # rename_modules: keep
-            "import dstore.store.data_store, dstore.store.epoch\n"
-            "assert DataStore is dstore.store.data_store.DataStore and Batch is dstore.store.epoch.Batch\n"
-            "for old, new in dstore.MOVED.items():\n"
-            "    assert sys.modules[old] is sys.modules[new], old\n"
-            "print('ok')\n")
+    code = (
+        "import sys, dstore\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py')]\n"
+        "from dstore.store import DataStore, Batch\n"  # rename_modules: keep
+        "from dstore.torch import StoreLoader, decode_channels\n"  # rename_modules: keep
+        "from dstore.preemption import PREEMPTED_EXIT, Preemption\n"  # rename_modules: keep
+        "from dstore.pagecache import evict\n"  # rename_modules: keep
+        "import dstore.torch, dstore.loader.store_loader as new\n"  # rename_modules: keep
+        "assert dstore.torch is new and StoreLoader is new.StoreLoader is dstore.StoreLoader\n"  # rename_modules: keep
+        "import dstore.store.data_store, dstore.store.epoch\n"
+        "assert DataStore is dstore.store.data_store.DataStore and Batch is dstore.store.epoch.Batch\n"
+        "for old, new in dstore.MOVED.items():\n"
+        "    assert sys.modules[old] is sys.modules[new], old\n"
+        "print('ok')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and res.stdout.split() == ["ok"], res.stderr
     for never_released in ("dstore.plan", "dstore.mixed", "dstore.draws", "dstore.collective"):  # rename_modules: keep
         with pytest.raises(ImportError):  # a path no release's docs showed is not kept
@@ -253,6 +278,9 @@ def test_sources_use_the_moved_modules_new_names():
     rename = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rename)
     lead_owned = {"docs/reliability.md"}  # assembled by the lead, who runs the script after merging
-    stale = [rel for rel in rename.tracked_files() if rel not in lead_owned
-             and rename.rewrite((REPO / rel).read_text()) != (REPO / rel).read_text()]
+    stale = [
+        rel
+        for rel in rename.tracked_files()
+        if rel not in lead_owned and rename.rewrite((REPO / rel).read_text()) != (REPO / rel).read_text()
+    ]
     assert not stale, f"old module paths (run python typecheck/rename_modules.py): {stale}"

@@ -37,8 +37,10 @@ def test_sharded_manifest_file_includes_shards_elsewhere(tmp_path):
     samples = random_samples(6)
     (tmp_path / "a").mkdir()
     (tmp_path / "m").mkdir()
-    shards = [write_samples(tmp_path / "a" / "s0.h5", "hdf5", samples[:3]),
-              write_samples(tmp_path / "a" / "s1.zarr", "zarr", samples[3:])]
+    shards = [
+        write_samples(tmp_path / "a" / "s0.h5", "hdf5", samples[:3]),
+        write_samples(tmp_path / "a" / "s1.zarr", "zarr", samples[3:]),
+    ]
     mfile = write_manifest(tmp_path / "m" / "c.json", shards)
     files = pagecache.container_files(mfile)
     assert files[0] == os.fspath(mfile)

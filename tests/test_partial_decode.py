@@ -20,7 +20,9 @@ from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
-pytestmark = pytest.mark.skipif(decode.extension() is None, reason="the extension dstore.codec._jpegcrop is not built here")
+pytestmark = pytest.mark.skipif(
+    decode.extension() is None, reason="the extension dstore.codec._jpegcrop is not built here"
+)
 JPEG = types.SimpleNamespace(encoding="jpeg")
 
 
@@ -33,7 +35,7 @@ def region(data: bytes, box, denom: int = 1, gray: bool = False) -> np.ndarray:
     assert ext is not None
     width, x0 = ext.decode_region(data, out, top, left, h, w, denom, int(gray))
     assert x0 <= left and x0 + width >= left + w
-    return out[: h * width * c].reshape(h, width, c)[:, left - x0:left - x0 + w]
+    return out[: h * width * c].reshape(h, width, c)[:, left - x0 : left - x0 + w]
 
 
 def whole(data: bytes, denom: int = 1, gray: bool = False) -> np.ndarray:
@@ -42,8 +44,9 @@ def whole(data: bytes, denom: int = 1, gray: bool = False) -> np.ndarray:
     h, w = (int(v) for v in simplejpeg.decode_jpeg_header(data)[:2])
     sh, sw = -(-h // denom), -(-w // denom)
     arr = region(data, (0, 0, sh, sw), denom, gray)
-    ref = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", min_height=sh if denom > 1 else 0,
-                                 min_width=sw if denom > 1 else 0)
+    ref = simplejpeg.decode_jpeg(
+        data, colorspace="GRAY" if gray else "RGB", min_height=sh if denom > 1 else 0, min_width=sw if denom > 1 else 0
+    )
     assert np.array_equal(arr, ref.reshape(arr.shape))
     return arr
 
@@ -53,8 +56,10 @@ def _files():
     4:1:1 (Pillow writes neither); a 512x512 one at 4:2:0; a grey JPEG."""
     img = photo("coffee.png", (375, 500))
     out = [(f"coffee.png {kind}", jpeg(img, **opts)) for kind, opts in JPEG_SETTINGS.items()]
-    out += [(f"coffee.png {s}", simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=90, colorsubsampling=s))
-            for s in ("440", "411")]
+    out += [
+        (f"coffee.png {s}", simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=90, colorsubsampling=s))
+        for s in ("440", "411")
+    ]
     out.append(("astronaut.png 4:2:0", jpeg(photo("astronaut.png"), **JPEG_SETTINGS["4:2:0"])))
     out.append(("chelsea.png grey", jpeg(photo("chelsea.png")[:, :, 1])))
     return out
@@ -63,8 +68,16 @@ def _files():
 def _boxes(shape, rng, n: int):
     """n random boxes of an image of `shape`, and boxes at its edges and at iMCU boundaries."""
     h, w = shape
-    boxes = [(0, 0, h, w), (0, 0, 1, 1), (h - 1, w - 1, 1, 1), (5, 15, h - 9, 2), (7, 16, 20, 16), (9, 17, 20, 31),
-             (0, w - 33, h, 33), (h // 2, 1, 3, w - 2)]
+    boxes = [
+        (0, 0, h, w),
+        (0, 0, 1, 1),
+        (h - 1, w - 1, 1, 1),
+        (5, 15, h - 9, 2),
+        (7, 16, 20, 16),
+        (9, 17, 20, 31),
+        (0, w - 33, h, 33),
+        (h // 2, 1, 3, w - 2),
+    ]
     for _ in range(n):
         bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
         boxes.append((int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)), bh, bw))
@@ -87,7 +100,7 @@ def test_every_box_of_every_kind_of_file_is_the_whole_decodes():
                 for box in _boxes(ref.shape[:2], rng, 12 if denom == 1 else 3):
                     t, left, h, w = box
                     got = region(data, box, denom, gray)
-                    diff = int((got != ref[t:t + h, left:left + w]).any(axis=2).sum())
+                    diff = int((got != ref[t : t + h, left : left + w]).any(axis=2).sum())
                     assert diff == 0, f"{kind} at 1/{denom}{' grey' if gray else ''}, box {box}: {diff} pixels differ"
                     checked += 1
     assert checked > 450
@@ -104,7 +117,7 @@ def test_any_box_is_the_whole_decodes(kind, denom, data):
     left = data.draw(st.integers(0, w - 1))
     bh = data.draw(st.integers(1, h - top))
     bw = data.draw(st.integers(1, w - left))
-    assert np.array_equal(region(blob, (top, left, bh, bw), denom), ref[top:top + bh, left:left + bw])
+    assert np.array_equal(region(blob, (top, left, bh, bw), denom), ref[top : top + bh, left : left + bw])
 
 
 _cache: dict = {}
@@ -146,8 +159,10 @@ def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(ph
     scale): the same uint8 batches of the ImageNet recipe's training (2 epochs) and evaluation
     transforms on real 4:2:0 photos, at 224 (mostly full scale) and 96 (mostly 1/2 and 1/4)."""
     common = dict(channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
-    for tf in (ImageTransform(size=(size, size), train=True, flip=True, **common),
-               ImageTransform(size=(size, size), **common)):
+    for tf in (
+        ImageTransform(size=(size, size), train=True, flip=True, **common),
+        ImageTransform(size=(size, size), **common),
+    ):
         with DataStore(MPI.COMM_SELF, photos, batch_size=6, seed=3) as st_:
             on = _batches(st_, tf)
             with decode.using_extension(None):
@@ -155,7 +170,9 @@ def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(ph
         assert len(on) == len(off) == 6 and on[0][0].shape == (6, 3, size, size)
         for (x, y), (u, v) in zip(on, off):
             assert torch.equal(y, v)
-            assert int((x != u).sum()) == 0, f"{int((x != u).sum())} values differ, up to {int((x.int() - u.int()).abs().max())}"
+            assert int((x != u).sum()) == 0, (
+                f"{int((x != u).sum())} values differ, up to {int((x.int() - u.int()).abs().max())}"
+            )
 
 
 def _damaged(data: bytes, kind: str, at: float) -> bytes:
@@ -166,9 +183,9 @@ def _damaged(data: bytes, kind: str, at: float) -> bytes:
         return data[:p]
     bad = bytearray(data)
     if kind == "noise":
-        bad[p:p + 48] = np.random.default_rng(p).integers(0, 256, 48, dtype=np.uint8).tobytes()
+        bad[p : p + 48] = np.random.default_rng(p).integers(0, 256, 48, dtype=np.uint8).tobytes()
     else:
-        bad[p:p + 400] = bytes(400)
+        bad[p : p + 400] = bytes(400)
     return bytes(bad)
 
 
@@ -218,8 +235,7 @@ def test_the_loader_refuses_a_photo_damaged_below_its_crop_naming_it(damaged):
     """Through StoreLoader (decode threads, the ImageNet recipe's evaluation transform, whose centre
     crop stops above the damage): the epoch ends in a SampleError naming the damaged sample, as
     with the whole decode."""
-    tf = ImageTransform(size=(64, 64), channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False,
-                        recipe="imagenet")
+    tf = ImageTransform(size=(64, 64), channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
     with DataStore(MPI.COMM_SELF, damaged, batch_size=3, seed=1) as st_:
         with pytest.raises(SampleError, match=r"^cannot decode sample 4: ValueError: Premature end of JPEG file"):
             _batches(st_, tf, epochs=(0,))

@@ -56,10 +56,15 @@ def test_keys_give_unrelated_orders_and_positions_are_uniform():
 
 
 @settings(max_examples=60)
-@given(n=st.integers(1, 400), bs=st.integers(1, 50), nranks=st.integers(1, 5), drop=st.booleans(),
-       seed=st.integers(0, 99), epoch=st.integers(0, 3))
-def test_a_ranks_schedule_from_the_permutation_equals_the_one_from_the_whole_order(n, bs, nranks, drop, seed,
-                                                                                 epoch):
+@given(
+    n=st.integers(1, 400),
+    bs=st.integers(1, 50),
+    nranks=st.integers(1, 5),
+    drop=st.booleans(),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 3),
+)
+def test_a_ranks_schedule_from_the_permutation_equals_the_one_from_the_whole_order(n, bs, nranks, drop, seed, epoch):
     assume(bs >= nranks and not (drop and n < bs))
     perm = shuffle.global_permutation(n, seed, epoch)
     order = shuffle.global_order(n, seed, epoch)
@@ -70,8 +75,9 @@ def test_a_ranks_schedule_from_the_permutation_equals_the_one_from_the_whole_ord
 
 
 @settings(max_examples=80)
-@given(n=st.integers(1, 300), bs=st.integers(1, 40), nranks=st.integers(1, 6), drop=st.booleans(),
-       seed=st.integers(0, 99))
+@given(
+    n=st.integers(1, 300), bs=st.integers(1, 40), nranks=st.integers(1, 6), drop=st.booleans(), seed=st.integers(0, 99)
+)
 def test_a_schedule_computed_on_lookup_serves_each_step_as_the_built_one(n, bs, nranks, drop, seed):
     assume(not (drop and n < bs))
     perm = shuffle.global_permutation(n, seed, 2)
@@ -103,14 +109,18 @@ def test_a_schedule_computed_on_lookup_answers_any_lookup_across_its_blocks(monk
 
 
 @settings(max_examples=60)
-@given(sz=st.lists(st.integers(0, 40), min_size=1, max_size=150), nranks=st.integers(1, 6),
-       seed=st.integers(0, 99), epoch=st.integers(0, 4))
+@given(
+    sz=st.lists(st.integers(0, 40), min_size=1, max_size=150),
+    nranks=st.integers(1, 6),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 4),
+)
 def test_local_block_is_its_slice_of_the_local_order(sz, nranks, seed, epoch):
     offsets = np.concatenate([[0], np.cumsum(sz)]).astype(np.int64)
     bounds = plan.block_bounds(offsets, nranks)
     whole = shuffle.local_order(bounds, seed, epoch)
     for r in range(nranks):
-        assert np.array_equal(shuffle.local_block(bounds, r, seed, epoch), whole[bounds[r]:bounds[r + 1]])
+        assert np.array_equal(shuffle.local_block(bounds, r, seed, epoch), whole[bounds[r] : bounds[r + 1]])
 
 
 def _reference_bounds(offsets, nranks):
@@ -134,8 +144,12 @@ def test_bounds_bisection_equals_the_searchsorted_reference(sz, nranks):
 
 
 @settings(max_examples=60)
-@given(sz=st.lists(st.integers(0, 1000), min_size=1, max_size=200), nranks=st.integers(1, 5),
-       k=st.integers(1, 30), chunk=st.integers(1, 64))
+@given(
+    sz=st.lists(st.integers(0, 1000), min_size=1, max_size=200),
+    nranks=st.integers(1, 5),
+    k=st.integers(1, 30),
+    chunk=st.integers(1, 64),
+)
 def test_derived_lookups_equal_the_arrays_they_replace(sz, nranks, k, chunk):
     offsets = np.concatenate([[0], np.cumsum(sz)]).astype(np.int64)
     sizes = np.diff(offsets)

@@ -71,9 +71,28 @@ def test_rung_labels_and_translate(tmp_path):
 @pytest.mark.skipif(fuse_available() is not None, reason=f"needs FUSE: {fuse_available()}")
 def test_tiny_sweep_on_two_ranks_through_real_mounts(tmp_path):
     out = tmp_path / "out"
-    run_mpi(2, ["dstore", "bench", "--storage-sweep", "local", "pfs:latency=1ms,iops=3000", "--count", "48",
-                "--train-samples", "32", "--batch-size", "16", "--workers", "1", "--no-mosaic", "--out", str(out)],
-            timeout=240)
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "bench",
+            "--storage-sweep",
+            "local",
+            "pfs:latency=1ms,iops=3000",
+            "--count",
+            "48",
+            "--train-samples",
+            "32",
+            "--batch-size",
+            "16",
+            "--workers",
+            "1",
+            "--no-mosaic",
+            "--out",
+            str(out),
+        ],
+        timeout=240,
+    )
     res = json.loads((out / "storage-sweep.json").read_text())
     rungs = res["storage_sweep"]["rungs"]
     assert [r["spec"] for r in rungs] == ["local", "pfs:latency=1ms,iops=3000"]

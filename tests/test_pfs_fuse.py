@@ -23,8 +23,15 @@ from dstore.tools.pfs.mount import check_mountpoint, force_unmount, is_mounted, 
 REASON = fuse_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"FUSE tests need FUSE: {REASON}")
 
-SIZES = {"empty": 0, "one": 1, "page-1": 4095, "page": 4096, "sample.jpg": 110_000, "big.bin": 2_500_000,
-         "sub/deeper/x.bin": 300_001}
+SIZES = {
+    "empty": 0,
+    "one": 1,
+    "page-1": 4095,
+    "page": 4096,
+    "sample.jpg": 110_000,
+    "big.bin": 2_500_000,
+    "sub/deeper/x.bin": 300_001,
+}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -41,6 +48,7 @@ def source(tmp_path_factory):
 
 def _pread_all(path, n, size, nthreads, seed=0):
     """`nthreads` threads, each `n` preads of `size` bytes at seeded offsets of one file."""
+
     def work(k):
         rng = random.Random(seed + k)
         fd = os.open(path, os.O_RDONLY)
@@ -79,7 +87,7 @@ def test_bytes_through_the_mount_equal_the_source(source):
                     n = rng.choice(names)
                     off = rng.randrange(0, SIZES[n] + 10)
                     ln = rng.choice([1, 4096, 110_000, 1_200_000])
-                    want = (source / n).read_bytes()[off:off + ln]
+                    want = (source / n).read_bytes()[off : off + ln]
                     if os.pread(fds[n], ln, off) != want:
                         errors.append((n, off, ln))
             finally:
@@ -99,15 +107,18 @@ def test_bytes_through_the_mount_equal_the_source(source):
     assert pfs_mountpoints(source) == []
 
 
-@pytest.mark.parametrize("spec, n, size, nthreads, lower", [
-    # N reads at iops=200 (plus a few opens/stats, which also take tokens) take >= 0.9 N / 200 s
-    ("pfs:latency=0,iops=200,bandwidth=unlimited", 40, 4096, 4, 0.9 * 160 / 200),
-    # one reader, 20 ms per read: >= 0.9 x 25 x 20 ms; four readers overlap their latencies
-    ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 1, 0.9 * 25 * 0.02),
-    ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 4, 0.9 * 25 * 0.02),
-    # 4 x 20 reads of 110 KB = 8.8 MB at 40 MB/s (minus one 10 ms burst)
-    ("pfs:latency=0,iops=unlimited,bandwidth=40MB/s", 20, 110_000, 4, 0.9 * (80 * 110_000 - 400_000) / 40e6),
-])
+@pytest.mark.parametrize(
+    "spec, n, size, nthreads, lower",
+    [
+        # N reads at iops=200 (plus a few opens/stats, which also take tokens) take >= 0.9 N / 200 s
+        ("pfs:latency=0,iops=200,bandwidth=unlimited", 40, 4096, 4, 0.9 * 160 / 200),
+        # one reader, 20 ms per read: >= 0.9 x 25 x 20 ms; four readers overlap their latencies
+        ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 1, 0.9 * 25 * 0.02),
+        ("pfs:latency=20ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 25, 4096, 4, 0.9 * 25 * 0.02),
+        # 4 x 20 reads of 110 KB = 8.8 MB at 40 MB/s (minus one 10 ms burst)
+        ("pfs:latency=0,iops=unlimited,bandwidth=40MB/s", 20, 110_000, 4, 0.9 * (80 * 110_000 - 400_000) / 40e6),
+    ],
+)
 def test_model_caps_hold_lower_bounds(source, spec, n, size, nthreads, lower):
     with pfs_mount(source, model=parse_spec(spec)) as mnt:
         elapsed = _pread_all(mnt.path("big.bin"), n, size, nthreads)
@@ -127,9 +138,24 @@ def test_dstore_pfs_unmounts_on_sigterm_and_reports(source, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
     stats = tmp_path / "stats.json"
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "1ms",
-                             "--stats-json", str(stats)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "pfs",
+            str(source),
+            str(mp),
+            "--latency",
+            "1ms",
+            "--stats-json",
+            str(stats),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_mounted(str(mp), proc)
         assert (mp / "sample.jpg").read_bytes() == (source / "sample.jpg").read_bytes()
@@ -150,8 +176,13 @@ def test_dstore_pfs_unmounts_on_sigterm_and_reports(source, tmp_path):
 def test_bad_source_leaves_no_mount(tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
-    r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", str(tmp_path / "nope"), str(mp)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "pfs", str(tmp_path / "nope"), str(mp)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "SOURCE" in r.stderr and "nope" in r.stderr, r.stderr
     assert not is_mounted(str(mp))
     with pytest.raises(ConfigError, match="SOURCE"):
@@ -171,8 +202,12 @@ def test_error_in_the_body_still_unmounts(source):
 def test_stale_mount_is_detected_and_named(source, tmp_path):
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_mounted(str(mp), proc)
         proc.kill()  # a killed run: the kernel mount stays, its process is gone
@@ -180,11 +215,21 @@ def test_stale_mount_is_detected_and_named(source, tmp_path):
         assert str(mp) in stale_mounts()
         with pytest.raises(StaleMountError, match=f"fusermount3? -u {mp}"):
             check_mountpoint(str(mp))
-        r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode != 0 and "stale" in r.stderr and f"-u {mp}" in r.stderr, r.stderr
-        r = subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", "--find-stale"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "dstore.tools", "pfs", "--find-stale"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1 and str(mp) in r.stdout, r.stdout
     finally:
         if proc.poll() is None:
@@ -201,8 +246,12 @@ def test_finding_stale_mounts_never_blocks_on_an_unresponsive_mount(source, tmp_
     # alive (not stale), and the call returns.
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dstore.tools.pfs.fs", str(source), str(mp), "--latency", "0"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     found = []
     try:
         _wait_mounted(str(mp), proc)
@@ -225,9 +274,11 @@ def test_finding_stale_mounts_never_blocks_on_an_unresponsive_mount(source, tmp_
 def test_mount_does_not_outlive_a_killed_owner(source):
     """The process that opened pfs_mount is SIGKILLed (as an aborted MPI rank is): the file system
     notices, unmounts and exits instead of serving forever."""
-    code = ("import sys, time; from dstore.tools.pfs import pfs_mount, PfsModel\n"
-            f"m = pfs_mount({str(source)!r}, model=PfsModel()).__enter__()\n"
-            "print(m.mountpoint, m._proc.pid, flush=True); time.sleep(600)\n")
+    code = (
+        "import sys, time; from dstore.tools.pfs import pfs_mount, PfsModel\n"
+        f"m = pfs_mount({str(source)!r}, model=PfsModel()).__enter__()\n"
+        "print(m.mountpoint, m._proc.pid, flush=True); time.sleep(600)\n"
+    )
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         mp, fs_pid = owner.stdout.readline().split()
@@ -255,9 +306,25 @@ def test_stats_json_relative_to_the_callers_directory(source, tmp_path):
     """issue 19: `--stats-json rel.json` lands in the caller's directory, not the file system's."""
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "0",
-                             "--stats-json", "rel.json"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "pfs",
+            str(source),
+            str(mp),
+            "--latency",
+            "0",
+            "--stats-json",
+            "rel.json",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         _wait_mounted(str(mp), proc)
         proc.send_signal(signal.SIGTERM)
@@ -281,9 +348,13 @@ def test_sigterm_ends_a_mount_with_a_read_in_its_longest_wait(source, tmp_path):
     """issue 19: every wait is bounded (MAX_DELAY_S), so SIGTERM ends a mount whose reader is waiting."""
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "2s",
-                             "--open-latency", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dstore.tools", "pfs", str(source), str(mp), "--latency", "2s", "--open-latency", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     reader = None
     try:
         _wait_mounted(str(mp), proc)

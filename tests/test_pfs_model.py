@@ -22,14 +22,16 @@ from dstore.tools.pfs.model import (
 )
 
 
-@pytest.mark.parametrize("text, seconds", [("2ms", 2e-3), ("500us", 5e-4), ("0.5s", 0.5), ("0", 0.0),
-                                           ("1.5 ms", 1.5e-3), ("250ns", 2.5e-7)])
+@pytest.mark.parametrize(
+    "text, seconds", [("2ms", 2e-3), ("500us", 5e-4), ("0.5s", 0.5), ("0", 0.0), ("1.5 ms", 1.5e-3), ("250ns", 2.5e-7)]
+)
 def test_parse_time(text, seconds):
     assert parse_time(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text, bps", [("500MB/s", 5e8), ("1GB/s", 1e9), ("2GiB/s", 2 * 2**30), ("10kb/s", 1e4),
-                                       ("unlimited", math.inf)])
+@pytest.mark.parametrize(
+    "text, bps", [("500MB/s", 5e8), ("1GB/s", 1e9), ("2GiB/s", 2 * 2**30), ("10kb/s", 1e4), ("unlimited", math.inf)]
+)
 def test_parse_bandwidth(text, bps):
     assert parse_bandwidth(text) == pytest.approx(bps)
 
@@ -39,11 +41,17 @@ def test_parse_rate(text, ops):
     assert parse_rate(text) == ops
 
 
-@pytest.mark.parametrize("fn, text, needle", [
-    (parse_time, "2", "has no unit"), (parse_time, "2 lightyears", "expected a duration"),
-    (parse_bandwidth, "500MB", "expected bytes per second"), (parse_bandwidth, "0MB/s", "must be > 0"),
-    (parse_rate, "fast", "expected operations per second"), (parse_rate, "0/s", "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "fn, text, needle",
+    [
+        (parse_time, "2", "has no unit"),
+        (parse_time, "2 lightyears", "expected a duration"),
+        (parse_bandwidth, "500MB", "expected bytes per second"),
+        (parse_bandwidth, "0MB/s", "must be > 0"),
+        (parse_rate, "fast", "expected operations per second"),
+        (parse_rate, "0/s", "must be > 0"),
+    ],
+)
 def test_bad_units_name_the_parameter(fn, text, needle):
     with pytest.raises(ConfigError, match=needle) as e:
         fn(text, "--knob")
@@ -64,19 +72,33 @@ def test_spec_subset_and_defaults():
     assert parse_spec("pfs:" + m.describe()) == m
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("pfs:latncy=2ms", "'latncy=2ms' is not KEY=VALUE"), ("pfs:latency=2", "latency='2' has no unit"),
-    ("pfs:bandwidth=1GB", "bandwidth='1GB'"), ("nfs:latency=2ms", "expected pfs:"),
-    ("pfs:jitter=2", "jitter=2.0 must be in"), ("pfs:iops", "'iops' is not KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("pfs:latncy=2ms", "'latncy=2ms' is not KEY=VALUE"),
+        ("pfs:latency=2", "latency='2' has no unit"),
+        ("pfs:bandwidth=1GB", "bandwidth='1GB'"),
+        ("nfs:latency=2ms", "expected pfs:"),
+        ("pfs:jitter=2", "jitter=2.0 must be in"),
+        ("pfs:iops", "'iops' is not KEY=VALUE"),
+    ],
+)
 def test_spec_errors_name_the_key(spec, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_spec(spec)
 
 
-@pytest.mark.parametrize("kw, name", [({"latency": -1}, "latency"), ({"iops": 0}, "iops"),
-                                      ({"bandwidth": -5}, "bandwidth"), ({"jitter": 1.5}, "jitter"),
-                                      ({"max_read": 100}, "max_read"), ({"open_latency": math.inf}, "open_latency")])
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        ({"latency": -1}, "latency"),
+        ({"iops": 0}, "iops"),
+        ({"bandwidth": -5}, "bandwidth"),
+        ({"jitter": 1.5}, "jitter"),
+        ({"max_read": 100}, "max_read"),
+        ({"open_latency": math.inf}, "open_latency"),
+    ],
+)
 def test_model_validation_names_the_parameter(kw, name):
     with pytest.raises(ConfigError, match=f"^{name}="):
         PfsModel(**kw)

@@ -22,8 +22,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _pfs(*args, cwd=ROOT):
     """`dstore pfs ARGS` where fusermount3 cannot be found (a mount cannot happen)."""
     env = {**os.environ, "PATH": os.path.dirname(sys.executable), "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "dstore.tools", "pfs", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "pfs", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture()
@@ -34,8 +40,9 @@ def src(tmp_path):
     return s
 
 
-@pytest.mark.parametrize("where, why", [("same", "is SOURCE itself"), ("inside", "is inside SOURCE"),
-                                        ("above", "holds SOURCE")])
+@pytest.mark.parametrize(
+    "where, why", [("same", "is SOURCE itself"), ("inside", "is inside SOURCE"), ("above", "holds SOURCE")]
+)
 def test_a_mountpoint_at_inside_or_above_its_source_is_refused(src, tmp_path, where, why):
     mp = {"same": src, "inside": src / "sub", "above": tmp_path}[where]
     with pytest.raises(PfsMountError, match=why):

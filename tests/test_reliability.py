@@ -30,11 +30,19 @@ def run_ingest(source, output, **kw):
 def dstore(*args, cwd=None, timeout=60, user=None) -> subprocess.CompletedProcess:
     """`dstore ARGS` as a separate process (one rank); a hang fails the test with its output."""
     try:
-        return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
-                              cwd=cwd or REPO, timeout=timeout, user=user)
+        return subprocess.run(
+            [sys.executable, "-m", "dstore.tools", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            timeout=timeout,
+            user=user,
+        )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"HANG: dstore {' '.join(map(str, args))} did not finish in {timeout}s\n"
-                             f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}") from None
+        raise AssertionError(
+            f"HANG: dstore {' '.join(map(str, args))} did not finish in {timeout}s\n"
+            f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}"
+        ) from None
 
 
 def tree(root) -> dict[str, bytes]:
@@ -58,6 +66,7 @@ def one_clear_error(res: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 # --- defect 2: --overwrite replaces only our own containers ----------------------------------------
+
 
 @pytest.fixture()
 def images(tmp_path):
@@ -144,6 +153,7 @@ def test_overwrite_of_a_sharded_container(images, tmp_path):
 
 # --- defect 7: a FIFO where a container or shard should be never hangs ------------------------------
 
+
 @pytest.mark.parametrize("name,command", [("c.h5", "info"), ("c", "verify")])
 def test_a_fifo_as_container_is_refused(tmp_path, name, command):
     fifo = tmp_path / name
@@ -156,13 +166,27 @@ def test_a_fifo_as_a_shard_or_manifest_is_refused(tmp_path):
 
     shard = write_samples(tmp_path / "s0.h5", "hdf5", random_samples(5))
     with open_container(shard) as r:
-        attrs = {"version": 1, "encoding": "jpeg", "class_names": ["a", "b", "c"], "num_samples": 10,
-                 "total_bytes": 2 * r.total_bytes, "source": ""}
+        attrs = {
+            "version": 1,
+            "encoding": "jpeg",
+            "class_names": ["a", "b", "c"],
+            "num_samples": 10,
+            "total_bytes": 2 * r.total_bytes,
+            "source": "",
+        }
         entry = {"num_samples": 5, "total_bytes": r.total_bytes}
     os.mkfifo(tmp_path / "s1.h5")
-    (tmp_path / "m.json").write_text(json.dumps({
-        "format": "dstore-sharded", "version": 1, "attrs": attrs, "complete": True,
-        "shards": [dict(entry, path="s0.h5"), dict(entry, path="s1.h5")]}))
+    (tmp_path / "m.json").write_text(
+        json.dumps(
+            {
+                "format": "dstore-sharded",
+                "version": 1,
+                "attrs": attrs,
+                "complete": True,
+                "shards": [dict(entry, path="s0.h5"), dict(entry, path="s1.h5")],
+            }
+        )
+    )
     for command in ("info", "verify"):
         one_clear_error(dstore(command, tmp_path / "m.json", timeout=30), "s1.h5", "not a regular file")
     os.mkfifo(tmp_path / "fifo.json")
@@ -179,6 +203,7 @@ def test_a_fifo_as_a_zarr_chunk_is_refused(tmp_path):
 
 # --- defect 5: symlink loops are reported, links to ancestors do not duplicate images --------------
 
+
 def test_a_file_symlink_loop_is_a_bad_sample_not_a_crash(images, tmp_path):
     loop = images / "class001" / "loop.jpg"
     os.symlink("loop.jpg", loop)
@@ -194,8 +219,12 @@ def test_a_file_symlink_loop_is_a_bad_sample_not_a_crash(images, tmp_path):
 @pytest.mark.parametrize("target", ["root", "root_parent", "other_class", "own_class"])
 def test_a_symlink_to_an_ancestor_or_another_class_duplicates_nothing(images, tmp_path, target):
     link = images / "class000" / "sub"
-    dest = {"root": images, "root_parent": images.parent, "other_class": images / "class002",
-            "own_class": images / "class000"}[target]
+    dest = {
+        "root": images,
+        "root_parent": images.parent,
+        "other_class": images / "class002",
+        "own_class": images / "class000",
+    }[target]
     os.symlink(dest, link)
     report = run_ingest(images, tmp_path / "out.h5", on_error="skip", keep_order=True)
     assert report.samples == 6, report.summary()
@@ -219,6 +248,7 @@ def test_a_symlink_to_a_directory_outside_the_root_is_followed(images, tmp_path)
 
 # --- defect 6: declared sizes are checked against the file before anything is allocated ------------
 
+
 def hostile_hdf5(path, *, data_bytes: int, num_samples: int = 1) -> str:
     """A small HDF5 file whose attributes and dataset shapes declare `data_bytes` of data and
     `num_samples` samples, none of it stored (reads would give fill values)."""
@@ -228,13 +258,20 @@ def hostile_hdf5(path, *, data_bytes: int, num_samples: int = 1) -> str:
         f.create_dataset("data", shape=(data_bytes,), dtype=np.uint8, chunks=(1 << 20,))
         for key, dtype in (("labels", np.int64), ("checksums", np.uint32), ("source_index", np.int64)):
             f.create_dataset(key, shape=(num_samples,), dtype=dtype, chunks=(min(num_samples, 1 << 16),))
-        offsets = f.create_dataset("offsets", shape=(num_samples + 1,), dtype=np.int64,
-                                   chunks=(min(num_samples + 1, 1 << 16),))
+        offsets = f.create_dataset(
+            "offsets", shape=(num_samples + 1,), dtype=np.int64, chunks=(min(num_samples + 1, 1 << 16),)
+        )
         offsets[-1] = data_bytes
-        f.create_dataset("names", shape=(num_samples,), dtype=h5py.string_dtype(),
-                         chunks=(min(num_samples, 1 << 16),))
-        f.attrs.update(version=1, encoding="jpeg", class_names=["a"], num_samples=num_samples,
-                       total_bytes=data_bytes, source="", complete=True)
+        f.create_dataset("names", shape=(num_samples,), dtype=h5py.string_dtype(), chunks=(min(num_samples, 1 << 16),))
+        f.attrs.update(
+            version=1,
+            encoding="jpeg",
+            class_names=["a"],
+            num_samples=num_samples,
+            total_bytes=data_bytes,
+            source="",
+            complete=True,
+        )
     return os.fspath(path)
 
 
@@ -280,8 +317,13 @@ def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     allocation fails (or times out) instead of taking the machine."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
     try:
-        return subprocess.run(["bash", "-c", f'ulimit -v 3000000; exec "{sys.executable}" -c "$0"', code],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+        return subprocess.run(
+            ["bash", "-c", f'ulimit -v 3000000; exec "{sys.executable}" -c "$0"', code],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"HANG or runaway allocation: {code}") from None
 
@@ -292,17 +334,19 @@ REFUSE_CODE = "from dstore.ingest import open_source\nfrom dstore.errors import 
 def test_a_huge_label_in_npz_and_cifar_is_refused(tmp_path):
     from support.ingest import cifar_batch, write_pickle
 
-    np.savez(tmp_path / "a.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 2 ** 40]))
+    np.savez(tmp_path / "a.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 2**40]))
     batch = cifar_batch(3)
-    batch[b"labels"] = [0, 1, 2 ** 40]
+    batch[b"labels"] = [0, 1, 2**40]
     write_pickle(str(tmp_path / "data_batch_1"), batch)
     for spec in (tmp_path / "a.npz", tmp_path / "data_batch_1"):
-        res = _limited(REFUSE_CODE + f"try:\n    open_source({str(spec)!r})\n"
-                       "except SampleError as e:\n    print('REFUSED', e)\n")
-        assert "REFUSED" in res.stdout and str(2 ** 40) in res.stdout, res.stdout + res.stderr
+        res = _limited(
+            REFUSE_CODE + f"try:\n    open_source({str(spec)!r})\nexcept SampleError as e:\n    print('REFUSED', e)\n"
+        )
+        assert "REFUSED" in res.stdout and str(2**40) in res.stdout, res.stdout + res.stderr
 
 
 # --- defect 4: any number of class names, in both backends -------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
 def test_twenty_two_thousand_classes(tmp_path, fmt):
@@ -327,8 +371,7 @@ def test_old_hdf5_with_class_names_in_an_attribute_is_still_read(tmp_path):
 
 # --- defect 8: user errors are one clear line, never a traceback --------------------------------
 
-NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
-          "--inh-caps=-dac_override,-dac_read_search"]
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
 """Runs a command as this root user without the capabilities that bypass file permissions."""
 
 
@@ -337,8 +380,13 @@ def dstore_without_dac(*args, cwd=None) -> subprocess.CompletedProcess:
 
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to drop the permission-bypassing capabilities")
-    return subprocess.run(NO_DAC + [sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, timeout=60)
+    return subprocess.run(
+        NO_DAC + [sys.executable, "-m", "dstore.tools", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=60,
+    )
 
 
 @pytest.fixture()
@@ -351,20 +399,23 @@ def read_only_dir(tmp_path):
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
 def test_read_only_output_is_one_line(images, read_only_dir, fmt):
     out = read_only_dir / "out"
-    one_clear_error(dstore("ingest", images, out, "--format", fmt, "--no-progress"), str(read_only_dir),
-                    "Read-only file system")
+    one_clear_error(
+        dstore("ingest", images, out, "--format", fmt, "--no-progress"), str(read_only_dir), "Read-only file system"
+    )
 
 
 def test_unwritable_output_and_unreadable_source_are_one_line(images, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     os.chmod(locked, 0o555)
-    one_clear_error(dstore_without_dac("ingest", images, locked / "out.h5", "--no-progress"), str(locked),
-                    "Permission denied")
+    one_clear_error(
+        dstore_without_dac("ingest", images, locked / "out.h5", "--no-progress"), str(locked), "Permission denied"
+    )
     os.chmod(images, 0)
     try:
-        one_clear_error(dstore_without_dac("ingest", images, tmp_path / "out.h5", "--no-progress"), str(images),
-                        "Permission denied")
+        one_clear_error(
+            dstore_without_dac("ingest", images, tmp_path / "out.h5", "--no-progress"), str(images), "Permission denied"
+        )
     finally:
         os.chmod(images, 0o755)
 
@@ -386,12 +437,24 @@ def _set_attr(path, key, value):
         f.attrs[key] = value
 
 
-@pytest.mark.parametrize("key,value", [("version", "one"), ("version", 1.5), ("num_samples", "many"),
-                                       ("num_samples", -3), ("total_bytes", "x"), ("raw_dtype", "no-such-type"),
-                                       ("raw_dtype", "object"), ("raw_shape", "abc"), ("raw_shape", [-4, 2])])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("version", "one"),
+        ("version", 1.5),
+        ("num_samples", "many"),
+        ("num_samples", -3),
+        ("total_bytes", "x"),
+        ("raw_dtype", "no-such-type"),
+        ("raw_dtype", "object"),
+        ("raw_shape", "abc"),
+        ("raw_shape", [-4, 2]),
+    ],
+)
 def test_bad_attributes_are_named(tmp_path, key, value):
-    path = write_samples(tmp_path / "c.h5", "hdf5", [(bytes(12), 0, "a", 0)], encoding="raw", raw_dtype="uint8",
-                         raw_shape=(3, 4))
+    path = write_samples(
+        tmp_path / "c.h5", "hdf5", [(bytes(12), 0, "a", 0)], encoding="raw", raw_dtype="uint8", raw_shape=(3, 4)
+    )
     _set_attr(path, key, value)
     with pytest.raises(FormatError, match=key):
         open_container(path)
@@ -404,13 +467,27 @@ def test_a_manifest_naming_itself_or_its_directory(tmp_path):
 
     shard = write_samples(tmp_path / "s.h5", "hdf5", random_samples(3))
     with open_container(shard) as r:
-        attrs = {"version": 1, "encoding": "jpeg", "class_names": ["a", "b", "c"], "num_samples": 3,
-                 "total_bytes": r.total_bytes, "source": ""}
+        attrs = {
+            "version": 1,
+            "encoding": "jpeg",
+            "class_names": ["a", "b", "c"],
+            "num_samples": 3,
+            "total_bytes": r.total_bytes,
+            "source": "",
+        }
     for mpath, shard_path in ((tmp_path / "m.json", "m.json"), (tmp_path / "d" / "manifest.json", ".")):
         mpath.parent.mkdir(exist_ok=True)
-        mpath.write_text(json.dumps({"format": "dstore-sharded", "version": 1, "attrs": attrs, "complete": True,
-                                     "shards": [{"path": shard_path, "num_samples": 3,
-                                                 "total_bytes": attrs["total_bytes"]}]}))
+        mpath.write_text(
+            json.dumps(
+                {
+                    "format": "dstore-sharded",
+                    "version": 1,
+                    "attrs": attrs,
+                    "complete": True,
+                    "shards": [{"path": shard_path, "num_samples": 3, "total_bytes": attrs["total_bytes"]}],
+                }
+            )
+        )
         with pytest.raises(FormatError, match="itself a manifest"):
             open_container(mpath)
         one_clear_error(dstore("verify", mpath), "itself a manifest")
@@ -430,10 +507,12 @@ def test_labels_outside_the_class_names_are_refused_where_data_is_loaded(tmp_pat
 
 # --- defect 9: verify narrows an unreadable read to the samples really bad ---------------------------
 
+
 def _overlapping(offsets, lo, hi) -> list[int]:
     """Samples with at least one byte in [lo, hi) (an empty sample holds none, so it is never bad)."""
-    return [i for i in range(len(offsets) - 1)
-            if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
+    return [
+        i for i in range(len(offsets) - 1) if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]
+    ]
 
 
 def test_verify_narrows_a_truncated_zarr_chunk(tmp_path):
@@ -477,6 +556,7 @@ def test_verify_narrows_a_corrupt_gzip_chunk(tmp_path):
 
 # --- defect 8 (checkpoints): an unusable checkpoint is a named error that never suggests unpickling code
 
+
 class _Payload:
     def __reduce__(self):
         return (os.system, ("echo pwned",))
@@ -508,8 +588,11 @@ def test_a_fifo_as_an_array_source_is_refused(tmp_path):
     os.mkfifo(tmp_path / "x.npz")
     os.mkfifo(tmp_path / "y.npy")
     for name in ("x.npz", "y.npy"):
-        res = _limited(REFUSE_CODE + f"try:\n    open_source({str(tmp_path / name)!r})\n"
-                       "except SampleError as e:\n    print('REFUSED', e)\n", timeout=20)
+        res = _limited(
+            REFUSE_CODE + f"try:\n    open_source({str(tmp_path / name)!r})\n"
+            "except SampleError as e:\n    print('REFUSED', e)\n",
+            timeout=20,
+        )
         assert "REFUSED" in res.stdout and "not a regular file" in res.stdout, res.stdout + res.stderr
 
 
@@ -530,13 +613,21 @@ def test_disk_full_is_one_line_and_leaves_nothing(tiny_fs, fmt):
 
 # --- faults the issue found already handled, kept by a test ------------------------------------------
 
+
 def test_a_manifest_pointing_at_a_system_file_is_refused(tmp_path):
     import json
 
-    (tmp_path / "m.json").write_text(json.dumps({
-        "format": "dstore-sharded", "version": 1, "complete": True,
-        "attrs": {"version": 1, "encoding": "jpeg", "class_names": [], "num_samples": 1, "total_bytes": 1},
-        "shards": [{"path": "/etc/passwd", "num_samples": 1, "total_bytes": 1}]}))
+    (tmp_path / "m.json").write_text(
+        json.dumps(
+            {
+                "format": "dstore-sharded",
+                "version": 1,
+                "complete": True,
+                "attrs": {"version": 1, "encoding": "jpeg", "class_names": [], "num_samples": 1, "total_bytes": 1},
+                "shards": [{"path": "/etc/passwd", "num_samples": 1, "total_bytes": 1}],
+            }
+        )
+    )
     one_clear_error(dstore("info", tmp_path / "m.json"), "/etc/passwd", "not an HDF5 file")
 
 

@@ -24,8 +24,15 @@ pytestmark = pytest.mark.mpi
 def _launch(argv: list[str], env: dict | None = None) -> subprocess.Popen:
     """`mpiexec -n 2 python <argv>` in its own session, output captured."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen([mpiexec(), "-n", "2", sys.executable, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO, start_new_session=True)
+    return subprocess.Popen(
+        [mpiexec(), "-n", "2", sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=REPO,
+        start_new_session=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
@@ -35,8 +42,9 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"HANG: {proc.args} still running after {timeout}s\n--- stdout ---\n{out}\n"
-                             f"--- stderr ---\n{err}") from None
+        raise AssertionError(
+            f"HANG: {proc.args} still running after {timeout}s\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
+        ) from None
     return proc.returncode, out, err
 
 
@@ -69,8 +77,9 @@ def _rank_pid(root: int, rank: int) -> int | None:
 
 def _raw_container(path, n=400, seed=0):
     rng = np.random.default_rng(seed)
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=["a", "b", "c", "d"], raw_dtype="uint8",
-                       raw_shape=(8, 8, 1)) as w:
+    with create_writer(
+        str(path), "hdf5", encoding="raw", class_names=["a", "b", "c", "d"], raw_dtype="uint8", raw_shape=(8, 8, 1)
+    ) as w:
         for i in range(n):
             w.append(rng.integers(0, 256, 64, dtype=np.uint8).tobytes(), i % 4, f"s{i}", i)
     return str(path)
@@ -83,8 +92,18 @@ def test_kill_9_of_a_rank_during_training_ends_the_job_and_resume_finishes(tmp_p
 
     data = _raw_container(tmp_path / "c.h5")  # 320 training samples, global batch 32: 10 steps an epoch
     run = tmp_path / "run"
-    common = ["--batch-size", "32", "--checkpoint-every", "2", "--seed", "1", "--log-batches", "--no-progress",
-              "--run-dir", str(run)]
+    common = [
+        "--batch-size",
+        "32",
+        "--checkpoint-every",
+        "2",
+        "--seed",
+        "1",
+        "--log-batches",
+        "--no-progress",
+        "--run-dir",
+        str(run),
+    ]
     proc = _launch(["-m", "dstore.tools", "train", data, "--epochs", "40"] + common)
     checkpoint = run / "checkpoint.pt"
     deadline = time.monotonic() + 120
@@ -106,7 +125,7 @@ def test_kill_9_of_a_rank_during_training_ends_the_job_and_resume_finishes(tmp_p
     assert "resumed from" in res.stdout and f"(global step {step})" in res.stdout, res.stdout
     assert int(torch.load(checkpoint, weights_only=True)["global_step"]) == 20
     for r in (0, 1):  # the resumed run trains every step from the checkpoint to the end, each once
-        batches = read_jsonl(run / f"batches.rank{r}.jsonl")[logged[r]:]
+        batches = read_jsonl(run / f"batches.rank{r}.jsonl")[logged[r] :]
         assert [(b["epoch"], b["step"]) for b in batches] == [divmod(s, 10) for s in range(step, 20)], r
 
 

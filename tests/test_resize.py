@@ -25,8 +25,10 @@ def _batch(images, size, offsets, device="cpu"):
 @given(st.integers(1, 5), st.sampled_from([1, 3]), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31 - 1))
 def test_the_batch_resize_equals_the_per_sample_one(b, c, th, tw, seed):
     rng = np.random.default_rng(seed)
-    images = [rng.integers(0, 256, (int(rng.integers(1, 140)), int(rng.integers(1, 140)), c), dtype=np.uint8)
-              for _ in range(b)]
+    images = [
+        rng.integers(0, 256, (int(rng.integers(1, 140)), int(rng.integers(1, 140)), c), dtype=np.uint8)
+        for _ in range(b)
+    ]
     offsets = rng.integers(-4, 5, (b, 2)).tolist()
     got = _batch(images, (th, tw), offsets)
     for k, img in enumerate(images):
@@ -61,13 +63,15 @@ def test_shift_is_a_crop_of_the_zero_padded_image():
     padded = np.pad(img, ((2, 2), (2, 2), (0, 0)))
     for dy in range(-2, 3):
         for dx in range(-2, 3):
-            assert np.array_equal(shift(img, dy, dx), padded[2 + dy:5 + dy, 2 + dx:6 + dx])
+            assert np.array_equal(shift(img, dy, dx), padded[2 + dy : 5 + dy, 2 + dx : 6 + dx])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
 def test_the_batch_resize_is_the_same_on_a_gpu():
     rng = np.random.default_rng(3)
-    images = [rng.integers(0, 256, (int(rng.integers(200, 500)), int(rng.integers(200, 500)), 3), dtype=np.uint8)
-              for _ in range(16)]
+    images = [
+        rng.integers(0, 256, (int(rng.integers(200, 500)), int(rng.integers(200, 500)), 3), dtype=np.uint8)
+        for _ in range(16)
+    ]
     offsets = rng.integers(-28, 29, (16, 2)).tolist()
     assert torch.equal(_batch(images, (224, 224), offsets), _batch(images, (224, 224), offsets, "cuda"))

@@ -45,16 +45,22 @@ def test_a_run_writes_csv_and_tensorboard_and_plot_draws_it(tmp_path):
     run_dir = tmp_path / "run"
     argv = ["train", str(path), "--epochs", "2", "--batch-size", "8", "--run-dir", str(run_dir)]
     argv += ["--tensorboard"] if HAS_TB else []
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", *argv], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader(open(run_dir / "metrics.csv", newline="")))
     assert [r["epoch"] for r in rows] == ["0", "1"] and float(rows[0]["train_samples_per_s"]) > 0
     if HAS_TB:
         events = [f for f in os.listdir(run_dir / "tensorboard") if f.startswith("events.out.tfevents")]
         assert events and (run_dir / "tensorboard" / events[0]).stat().st_size > 0
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "plot", str(run_dir)], capture_output=True,
-                         text=True, timeout=120, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "plot", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     png = run_dir / "curves.png"
     assert res.stdout.strip() == str(png)
@@ -72,8 +78,13 @@ def test_plot_skips_a_cut_last_line_and_creates_the_out_folder(tmp_path):
     rec = '{"epoch": %d, "global_step": %d, "train_loss": 1.0, "train_accuracy": 0.5}\n'
     (tmp_path / "metrics.jsonl").write_text(rec % (0, 4) + rec % (1, 8) + '{"epoch": 2, "global_st')  # killed mid-write
     out = tmp_path / "figures" / "new" / "c.png"
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "plot", str(tmp_path), "--out", str(out)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "plot", str(tmp_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(out) and out.read_bytes()[:4] == b"\x89PNG"
     assert "skipped its last line, cut short" in res.stderr and f"created the folder {out.parent}" in res.stderr

@@ -37,9 +37,16 @@ def run(tmp_path):
 
     def go(**kw):
         lines = []
-        kw = {"epochs": 1, "batch_size": 16, "runs_root": str(tmp_path / "runs"), "progress": False,
-              "holdout": 0.25, **kw}
+        kw = {
+            "epochs": 1,
+            "batch_size": 16,
+            "runs_root": str(tmp_path / "runs"),
+            "progress": False,
+            "holdout": 0.25,
+            **kw,
+        }
         return train(TrainConfig(data=data, **kw), MPI.COMM_SELF, say=lines.append), lines
+
     return go
 
 
@@ -51,8 +58,10 @@ def _snapshot(folder):
 def test_a_second_job_in_a_held_run_dir_is_refused_and_the_hold_dies_with_the_job(run, tmp_path):
     held = tmp_path / "held"
     # the other job, as dstore train holds a run dir: an exclusive flock on its marker
-    code = ("import fcntl, os, sys, time; os.makedirs(sys.argv[1]); f = open(os.path.join(sys.argv[1], sys.argv[2]), "
-            "'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+    code = (
+        "import fcntl, os, sys, time; os.makedirs(sys.argv[1]); f = open(os.path.join(sys.argv[1], sys.argv[2]), "
+        "'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"
+    )
     other = subprocess.Popen([sys.executable, "-c", code, str(held), MARKER], stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout.readline().strip() == "held"
@@ -132,13 +141,16 @@ def test_more_epochs_on_resume_rederive_the_schedule_and_say_so(run, tmp_path):
     assert resumed["changes"] == {"epochs": [1, 3], "resume": [None, "auto"]} and resumed["epoch"] == 1
 
 
-@pytest.mark.parametrize("flag, field, value", [("--lr", "lr", 0.3), ("--schedule", "schedule", "step"),
-                                                ("--optimizer", "optimizer", "sgd")])
+@pytest.mark.parametrize(
+    "flag, field, value", [("--lr", "lr", 0.3), ("--schedule", "schedule", "step"), ("--optimizer", "optimizer", "sgd")]
+)
 def test_a_changed_learning_rate_or_schedule_on_resume_is_refused(run, tmp_path, flag, field, value):
     rd = tmp_path / "r"
     run(run_dir=str(rd), stop_after_steps=1)
     before = _snapshot(rd)
-    with pytest.raises(ConfigError, match=f"made with {flag} .* \\(this run: {value}; it fixes the learning rate\\)") as err:
+    with pytest.raises(
+        ConfigError, match=f"made with {flag} .* \\(this run: {value}; it fixes the learning rate\\)"
+    ) as err:
         run(run_dir=str(rd), resume="auto", **{field: value})
     assert "\n" not in str(err.value)
     assert _snapshot(rd) == before
@@ -170,13 +182,22 @@ def test_val_that_is_the_training_set_or_of_another_kind_is_refused(run, tmp_pat
     elif kind == "a copy":
         other.write_bytes((tmp_path / "d.h5").read_bytes())
     else:
-        with create_writer(str(other), "hdf5", encoding="raw" if kind == "another shape" else "png",
-                           class_names=["a", "b"], raw_dtype="uint8" if kind == "another shape" else None,
-                           raw_shape=(8, 8, 1) if kind == "another shape" else None) as w:
+        with create_writer(
+            str(other),
+            "hdf5",
+            encoding="raw" if kind == "another shape" else "png",
+            class_names=["a", "b"],
+            raw_dtype="uint8" if kind == "another shape" else None,
+            raw_shape=(8, 8, 1) if kind == "another shape" else None,
+        ) as w:
             for i in range(8):
                 w.append(_png() if kind == "another encoding" else bytes(64), i % 2, f"v{i}", i)
-    words = {"itself": "holds the same samples", "a copy": "holds the same samples",
-             "another shape": "has sample shape (8, 8, 1) but", "another encoding": "has encoding 'png' but"}[kind]
+    words = {
+        "itself": "holds the same samples",
+        "a copy": "holds the same samples",
+        "another shape": "has sample shape (8, 8, 1) but",
+        "another encoding": "has encoding 'png' but",
+    }[kind]
     with pytest.raises(ConfigError, match=re.escape(words)):
         run(val=str(other))
 
@@ -252,11 +273,23 @@ def _edit(ck, kind):
     return ck
 
 
-EDITS = {"epoch-text": "epoch", "global-step-negative": "global_step", "model-list": "model",
-         "model-missing-tensor": "model", "model-wrong-shape": "model", "optimizer-empty": "optimizer",
-         "scheduler-text": "scheduler", "scheduler-foreign": "scheduler", "store-empty": "store",
-         "store-step-past-the-epoch": "store", "rng-empty": "rng", "rng-missing-state": "rng",
-         "config-text": "config", "meta-container-text": "meta.container", "step-disagrees-with-store": "epoch"}
+EDITS = {
+    "epoch-text": "epoch",
+    "global-step-negative": "global_step",
+    "model-list": "model",
+    "model-missing-tensor": "model",
+    "model-wrong-shape": "model",
+    "optimizer-empty": "optimizer",
+    "scheduler-text": "scheduler",
+    "scheduler-foreign": "scheduler",
+    "store-empty": "store",
+    "store-step-past-the-epoch": "store",
+    "rng-empty": "rng",
+    "rng-missing-state": "rng",
+    "config-text": "config",
+    "meta-container-text": "meta.container",
+    "step-disagrees-with-store": "epoch",
+}
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +301,11 @@ def saved(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ck")
     data = _container(root / "d.h5")
-    train(TrainConfig(data=data, epochs=1, batch_size=16, run_dir=str(root / "r"), stop_after_steps=1, progress=False),
-          MPI.COMM_SELF, say=lambda line: None)
+    train(
+        TrainConfig(data=data, epochs=1, batch_size=16, run_dir=str(root / "r"), stop_after_steps=1, progress=False),
+        MPI.COMM_SELF,
+        say=lambda line: None,
+    )
     return root, data
 
 
@@ -284,8 +320,13 @@ def test_a_hand_edited_checkpoint_is_one_line_naming_the_key(saved, tmp_path, ki
     path = tmp_path / "edited.pt"
     torch.save(_edit(torch.load(root / "r" / "checkpoint.pt", weights_only=True), kind), path)
     with pytest.raises(ConfigError) as err:
-        train(TrainConfig(data=data, epochs=1, batch_size=16, run_dir=str(tmp_path / "r"), resume=str(path),
-                          progress=False), MPI.COMM_SELF, say=lambda line: None)
+        train(
+            TrainConfig(
+                data=data, epochs=1, batch_size=16, run_dir=str(tmp_path / "r"), resume=str(path), progress=False
+            ),
+            MPI.COMM_SELF,
+            say=lambda line: None,
+        )
     text = str(err.value)
     assert str(path) in text and f"'{EDITS[kind]}'" in text and "\n" not in text, text
 
@@ -299,8 +340,9 @@ def test_two_ranks_refuse_a_held_run_dir_together(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    res = run_mpi(2, ["dstore", "train", data, "--run-dir", str(mine), "--epochs", "1", "--no-progress"],
-                  timeout=120, check=False)
+    res = run_mpi(
+        2, ["dstore", "train", data, "--run-dir", str(mine), "--epochs", "1", "--no-progress"], timeout=120, check=False
+    )
     assert res.returncode != 0, res.stdout
     assert "not made by dstore train" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert sorted(os.listdir(mine)) == ["notes.txt"]

@@ -63,7 +63,7 @@ def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backe
 def test_label_types_are_the_smallest_that_hold_the_labels():
     assert index.label_dtype(0, 255) == np.uint8 and index.label_dtype(0, 256) == np.int16
     assert index.label_dtype(-1, 5) == np.int16 and index.label_dtype(0, 40000) == np.int32
-    assert index.label_dtype(-2**31, 2**31 - 1) == np.int32 and index.label_dtype(0, 2**31) == np.int64
+    assert index.label_dtype(-(2**31), 2**31 - 1) == np.int32 and index.label_dtype(0, 2**31) == np.int64
     assert index.index_bytes(10, np.uint8) == 88 + 40 + 10 and index.index_bytes(3, np.int64) == 32 + 16 + 24
 
 

@@ -26,8 +26,12 @@ SCENARIO = Path(__file__).resolve().parent / "store_scenarios" / "fields_scenari
 
 def detection_items(n: int) -> list:
     """Image + boxes (JSON) + a caption per item, some without fields (stored missing: served as None)."""
-    return [(png_bytes(4, k), k % 3, f"img{k}.png", {"boxes": [[k, 0, 4, 4], [1, 1, k % 5, 2]], "txt": f"obj {k}"})
-            if k % 7 else (png_bytes(4, k), k % 3, f"img{k}.png") for k in range(n)]
+    return [
+        (png_bytes(4, k), k % 3, f"img{k}.png", {"boxes": [[k, 0, 4, 4], [1, 1, k % 5, 2]], "txt": f"obj {k}"})
+        if k % 7
+        else (png_bytes(4, k), k % 3, f"img{k}.png")
+        for k in range(n)
+    ]
 
 
 @pytest.mark.mpi
@@ -43,12 +47,18 @@ def test_clip_style_webdataset_served_on_two_ranks_is_webdatasets_reading(tmp_pa
     shards = clip_shards(wds, src, 9, long_captions=True)
     out = str(tmp_path / "clip.h5")
     ingest(str(src), out, comm=MPI.COMM_SELF, progress=False, seed=3)
-    reference = {s["__key__"]: [s["png"].hex(), s["txt"].hex(), s["json"].hex() if "json" in s else None]
-                 for s in wds.WebDataset(shards, shardshuffle=False, empty_check=False)}
+    reference = {
+        s["__key__"]: [s["png"].hex(), s["txt"].hex(), s["json"].hex() if "json" in s else None]
+        for s in wds.WebDataset(shards, shardshuffle=False, empty_check=False)
+    }
     ref = tmp_path / "ref.json"
     ref.write_text(json.dumps(reference))
-    res = run_mpi(2, ["python", "-m", "mpi4py", str(SCENARIO), "clip", out, str(ref), "stream"],
-                  timeout=150, env={"DSTORE_NODE_VIEWS": "0"})
+    res = run_mpi(
+        2,
+        ["python", "-m", "mpi4py", str(SCENARIO), "clip", out, str(ref), "stream"],
+        timeout=150,
+        env={"DSTORE_NODE_VIEWS": "0"},
+    )
     assert "clip ok: 18 samples on 2 ranks" in res.stdout, res.stdout + res.stderr
 
 
@@ -92,8 +102,13 @@ def test_resume_mid_epoch_from_two_ranks_on_one_gives_the_same_fields(tmp_path):
     first = [i for i, _, _ in doc["served"]]
     assert len(first) == 8 and doc["state"]["nranks"] == 2
     with open_container(out) as c:
-        want = {i: (bytes(c.sample(i)[0]), *(None if c.field_missing(n, i, i + 1)[0] else c.field_bytes(n, i)
-                                             for n in ("txt", "boxes"))) for i in range(c.num_samples)}
+        want = {
+            i: (
+                bytes(c.sample(i)[0]),
+                *(None if c.field_missing(n, i, i + 1)[0] else c.field_bytes(n, i) for n in ("txt", "boxes")),
+            )
+            for i in range(c.num_samples)
+        }
     for i, image, fields in doc["served"]:  # the two ranks' part: each sample's own fields (None: missing)
         got = [None if fields[n] is None else bytes.fromhex(fields[n]) for n in ("txt", "boxes")]
         assert (bytes.fromhex(image), *got) == want[i]
@@ -112,8 +127,9 @@ def test_resume_mid_epoch_from_two_ranks_on_one_gives_the_same_fields(tmp_path):
 def _damaged(tmp_path) -> str:
     """A container whose sample 3's `txt` value has one byte flipped on disk."""
     path = str(tmp_path / "bad.h5")
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[64], class_names=["a"],
-                       fields={"txt": "text"}) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[64], class_names=["a"], fields={"txt": "text"}
+    ) as w:
         for k in range(12):
             w.append(bytes([k]) * 64, 0, f"s{k}", fields={"txt": f"caption {k}"})
     with h5py.File(path, "r+") as f:
@@ -122,8 +138,9 @@ def _damaged(tmp_path) -> str:
     return path
 
 
-@pytest.mark.parametrize("options", [{"population": "stream"}, {"memory_budget": 600, "storage_lookahead": 0}],
-                         ids=["stream", "tiered"])
+@pytest.mark.parametrize(
+    "options", [{"population": "stream"}, {"memory_budget": 600, "storage_lookahead": 0}], ids=["stream", "tiered"]
+)
 def test_a_damaged_field_byte_is_an_error_naming_sample_and_field(tmp_path, options):
     """A flipped byte of a caption on disk: the store refuses to serve it (ChecksumError naming the
     container, the sample and the field), while streaming or tiered alike; without fields asked
@@ -149,8 +166,9 @@ def test_a_damaged_field_byte_while_streaming_on_two_ranks_stops_both(tmp_path):
     path = _damaged(tmp_path)
     res = run_mpi(2, ["python", "-m", "mpi4py", str(SCENARIO), "damaged", path, "stream"], timeout=120)
     for r in range(2):
-        assert f"rank {r} raised ChecksumError: {path}: sample 3 (s3): field 'txt' does not match" in res.stdout, \
+        assert f"rank {r} raised ChecksumError: {path}: sample 3 (s3): field 'txt' does not match" in res.stdout, (
             res.stdout + res.stderr
+        )
     assert "served" not in res.stdout
 
 
@@ -160,8 +178,15 @@ def test_budget_counts_the_served_fields():
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "c.h5")
-        with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=[8], class_names=["a"],
-                           fields={"txt": "text", "j": "json"}) as w:
+        with create_writer(
+            path,
+            "hdf5",
+            encoding="raw",
+            raw_dtype="uint8",
+            raw_shape=[8],
+            class_names=["a"],
+            fields={"txt": "text", "j": "json"},
+        ) as w:
             for k in range(10):
                 w.append(bytes(8), 0, f"s{k}", fields={"txt": "t" * (k + 1), "j": [k]})
         plain = DataStore(MPI.COMM_SELF, path, batch_size=4)

@@ -28,15 +28,14 @@ def test_orders_change_with_epoch_and_seed():
 
 
 @settings(max_examples=60)
-@given(sz=sizes, nranks=st.integers(1, 6), seed=st.integers(0, 1000), epoch=st.integers(0, 5),
-       frac=st.floats(0, 1))
+@given(sz=sizes, nranks=st.integers(1, 6), seed=st.integers(0, 1000), epoch=st.integers(0, 5), frac=st.floats(0, 1))
 def test_local_and_partial_are_permutations_and_local_stays_home(sz, nranks, seed, epoch, frac):
     offsets = np.concatenate([[0], np.cumsum(sz)])
     bounds = block_bounds(offsets, nranks)
     loc = POLICIES["local"].order(len(sz), bounds, seed, epoch, 0.25)
     assert np.array_equal(np.sort(loc), np.arange(len(sz)))
     for r in range(nranks):  # every rank's part holds only its own samples
-        part = loc[bounds[r]:bounds[r + 1]]
+        part = loc[bounds[r] : bounds[r + 1]]
         assert np.all((part >= bounds[r]) & (part < bounds[r + 1]))
     par = POLICIES["partial"].order(len(sz), bounds, seed, epoch, frac)
     assert np.array_equal(np.sort(par), np.arange(len(sz)))

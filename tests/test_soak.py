@@ -13,8 +13,11 @@ from support.mpirun import run_mpi
 @pytest.mark.mpi
 def test_four_ranks_many_epochs_and_stores_leak_nothing(tmp_path):
     path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(800, max_bytes=2000))
-    res = run_mpi(4, ["python", "-m", "dstore.tools.measure.soak", path, "--epochs", "120", "--stores", "10",
-                      "--batch-size", "32"], timeout=240)
+    res = run_mpi(
+        4,
+        ["python", "-m", "dstore.tools.measure.soak", path, "--epochs", "120", "--stores", "10", "--batch-size", "32"],
+        timeout=240,
+    )
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report["each_sample_once_every_epoch"], report
     for rank in report["per_rank"]:

@@ -28,14 +28,19 @@ def test_scenario_in_process_on_comm_self(container, name):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,views,per_node", [(1, "1", ""), (2, "1", ""), (2, "0", ""), (3, "0", ""),
-                                                    (4, "1", "2"), (4, "0", "")])
+@pytest.mark.parametrize(
+    "nprocs,views,per_node", [(1, "1", ""), (2, "1", ""), (2, "0", ""), (3, "0", ""), (4, "1", "2"), (4, "0", "")]
+)
 def test_scenarios_under_mpiexec(container, nprocs, views, per_node):
     # views "0": DSTORE_NODE_VIEWS=0, every sample of another rank comes with an RMA get (what
     # other nodes' samples always do); "1": this node's ranks' samples are served in place.
     # per_node "2": runs of 2 ranks stand for nodes, so one batch mixes in-place and fetched samples.
-    res = run_mpi(nprocs, ["python", "-m", "mpi4py", str(SCEN_DIR / "scenarios.py"), container], timeout=150,
-                  env={"DSTORE_NODE_VIEWS": views, "DSTORE_RANKS_PER_NODE": per_node})
+    res = run_mpi(
+        nprocs,
+        ["python", "-m", "mpi4py", str(SCEN_DIR / "scenarios.py"), container],
+        timeout=150,
+        env={"DSTORE_NODE_VIEWS": views, "DSTORE_RANKS_PER_NODE": per_node},
+    )
     for name in scenarios.SCENARIOS:
         assert f"OK {name} on {nprocs} ranks" in res.stdout, res.stdout + res.stderr
 
@@ -84,8 +89,9 @@ def test_a_parallel_population_names_the_sample_of_a_truncated_chunk(tmp_path, m
 
     monkeypatch.setattr(preload, "PARALLEL_PIECE", 20_000)
     monkeypatch.setattr(preload, "PRELOAD_SCRATCH", 20_000)
-    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr",
-                                    chunk_bytes=1 << 16)
+    path = scenarios.make_container(
+        str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr", chunk_bytes=1 << 16
+    )
     kw = dict(batch_size=12, seed=3, population_threads=3)
     probe = DataStore(MPI.COMM_SELF, path, **kw)
     off = probe.offsets
@@ -120,10 +126,15 @@ def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
     swapped[[0, 1]] = swapped[[1, 0]]
     damaged = [
         (swapped, crcs[[1, 0] + list(range(2, crcs.size))], pads, labels[[1, 0] + list(range(2, labels.size))], steps),
-        (ids[1:], crcs[1:], pads[1:], labels[1:], steps[1:]),                       # a sample lost
-        (ids.copy(), crcs ^ (np.arange(crcs.size) == 7), pads, labels, steps),      # one byte wrong
-        (np.r_[ids, ids[:1]], np.r_[crcs, crcs[:1]], np.r_[pads, False], np.r_[labels, labels[:1]],
-         np.r_[steps, steps[-1:]]),                                                 # a repeat
+        (ids[1:], crcs[1:], pads[1:], labels[1:], steps[1:]),  # a sample lost
+        (ids.copy(), crcs ^ (np.arange(crcs.size) == 7), pads, labels, steps),  # one byte wrong
+        (
+            np.r_[ids, ids[:1]],
+            np.r_[crcs, crcs[:1]],
+            np.r_[pads, False],
+            np.r_[labels, labels[:1]],
+            np.r_[steps, steps[-1:]],
+        ),  # a repeat
     ]
     for bad in damaged:
         with pytest.raises(AssertionError):
@@ -172,9 +183,16 @@ def _gzip_hdf5_with_a_corrupt_chunk(tmp_path) -> str:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("fault,population,replicate", [("zarr", "preload", "0"), ("zarr", "dynamic", "0"),
-                                                        ("zarr", "preload", "1"), ("gzip", "preload", "0"),
-                                                        ("zarr", "stream", "0")])
+@pytest.mark.parametrize(
+    "fault,population,replicate",
+    [
+        ("zarr", "preload", "0"),
+        ("zarr", "dynamic", "0"),
+        ("zarr", "preload", "1"),
+        ("gzip", "preload", "0"),
+        ("zarr", "stream", "0"),
+    ],
+)
 def test_a_truncated_chunk_in_one_ranks_block_ends_the_job_on_every_rank(tmp_path, fault, population, replicate):
     # Issue 11 defect 1: one rank's read fails (a truncated Zarr data chunk, or a corrupt gzip chunk
     # of an HDF5 file, holding only samples of rank 0's block); that rank used to call the
@@ -240,8 +258,9 @@ def test_a_storage_read_failing_mid_epoch_on_one_rank_ends_the_job_on_every_rank
     # broken after population, so exactly one rank's storage read fails mid-epoch: it stops and
     # waits in the epoch-end agreement, where the others meet it; every rank raises the error
     # naming that sample, even in a plain script (no `-m mpi4py`).
-    path = scenarios.make_container(str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr",
-                                    chunk_bytes=1 << 16)
+    path = scenarios.make_container(
+        str(tmp_path / "c.zarr"), n=1201, seed=1, large=8000, small=8000, fmt="zarr", chunk_bytes=1 << 16
+    )
     script = tmp_path / "read.py"
     script.write_text(_FAILING_STORAGE)
     res = run_mpi(3, ["python", str(script), path], timeout=90, check=False)
@@ -306,7 +325,8 @@ def test_ranks_that_disagree_fail_together_or_are_served_alike(container, tmp_pa
 
     for r in (0, 1):
         assert "ConfigError" in said("batch_size below the ranks on one rank", r) and "batch_size" in said(
-            "batch_size below the ranks on one rank", r), out
+            "batch_size below the ranks on one rank", r
+        ), out
         assert "sample_range" in said("sample_range bad on one rank", r), out
         assert "differ between ranks" in said("prefetch differs", r) and "prefetch" in said("prefetch differs", r), out
         assert said("node_views differ", r) == "served 158", out  # 157 samples and one pad

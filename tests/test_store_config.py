@@ -59,8 +59,20 @@ def test_every_argument_says_whether_ranks_must_agree_and_the_plan_changing_ones
     assert all(isinstance(m.get("agree"), bool) and m.get("doc") and m.get("values") for m in fields.values())
     agreed = {n for n, m in fields.items() if m["agree"]}
     # what the plan or the resident set is computed from (dstore.order.plan, dstore.order.tiers via the budget's buffers)
-    assert {"batch_size", "seed", "shuffle", "partial_fraction", "population", "replicate", "prefetch",
-            "drop_last", "sample_range", "overflow", "storage_lookahead", "storage_threads"} <= agreed
+    assert {
+        "batch_size",
+        "seed",
+        "shuffle",
+        "partial_fraction",
+        "population",
+        "replicate",
+        "prefetch",
+        "drop_last",
+        "sample_range",
+        "overflow",
+        "storage_lookahead",
+        "storage_threads",
+    } <= agreed
     # how a rank reads, or its own budget (gathered, not compared): may differ
     assert not agreed & {"memory_budget", "node_views", "population_threads", "progress_period"}
     from dstore.store.config import arg
@@ -112,8 +124,9 @@ def test_train_flags_for_the_storage_tier_reach_the_store():
     from dstore.training.resume import CHANGEABLE
 
     sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
-    cfg = from_args(TrainConfig, sub.choices["train"].parse_args(["--storage-threads", "16",
-                                                                  "--storage-lookahead", "8"]))
+    cfg = from_args(
+        TrainConfig, sub.choices["train"].parse_args(["--storage-threads", "16", "--storage-lookahead", "8"])
+    )
     opts = options_from(cfg, seed=1)
     assert opts["storage_threads"] == 16 and opts["storage_lookahead"] == 8
     assert {"storage_threads", "storage_lookahead"} <= set(CHANGEABLE)  # how a run reads, not what it learns

@@ -46,9 +46,11 @@ def test_no_module_reaches_into_another_objects_private_members(tmp_path):
     (tmp_path / "loader").mkdir()
     (tmp_path / "store" / "data_store.py").write_text(
         "class DataStore:\n    def _advance(self, n):\n        self._pos = n\n\n"
-        "def other(store):\n    store._advance(1)\n")  # the owner's own, on another instance
-    (tmp_path / "loader" / "epoch.py").write_text("def run(ld, st):\n    ld._pos = st._advance(1)\n"
-                                                  "    return self_._pos, os._exit\n")
+        "def other(store):\n    store._advance(1)\n"
+    )  # the owner's own, on another instance
+    (tmp_path / "loader" / "epoch.py").write_text(
+        "def run(ld, st):\n    ld._pos = st._advance(1)\n    return self_._pos, os._exit\n"
+    )
     found = imports.private_accesses(tmp_path)
     assert sorted(line.split(": ", 1)[1] for line in found) == ["ld._pos", "self_._pos", "st._advance"], found
     assert [line.split(": ", 1)[1] for line in imports.library_privates(tmp_path)] == ["os._exit"]
@@ -70,8 +72,12 @@ def _policy_name_comparisons(root: pathlib.Path) -> list[str]:
             if not isinstance(node, ast.Compare):
                 continue
             operands = [node.left, *node.comparators]
-            names = {c.value for o in operands for c in ast.walk(o)
-                     if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in NAMES}
+            names = {
+                c.value
+                for o in operands
+                for c in ast.walk(o)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in NAMES
+            }
             others = " ".join(ast.unparse(o) for o in operands).lower()
             if names - {"local"} or (names and ("shuffle" in others or "policy" in others)):
                 found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
@@ -83,10 +89,14 @@ def test_no_shuffle_policy_name_is_compared_outside_its_table(tmp_path):
     # branch a new policy would fall into silently (docs/design.md, "The epoch order").
     repo = ROOT.parent
     assert [f for folder in ("datastore", "training", "tools") for f in _policy_name_comparisons(repo / folder)] == []
-    (tmp_path / "a.py").write_text('if cfg.shuffle != "global":\n    pass\nif spec == "local":\n    pass\n'
-                                   'ok = policy(name) in ("local", "partial")\n')
+    (tmp_path / "a.py").write_text(
+        'if cfg.shuffle != "global":\n    pass\nif spec == "local":\n    pass\n'
+        'ok = policy(name) in ("local", "partial")\n'
+    )
     assert [line.split(": ", 1)[1] for line in _policy_name_comparisons(tmp_path)] == [
-        "cfg.shuffle != 'global'", "policy(name) in ('local', 'partial')"]
+        "cfg.shuffle != 'global'",
+        "policy(name) in ('local', 'partial')",
+    ]
 
 
 LAYERS = ["errors", "runtime", "formats", "order", "memory", "codec", "ingest", "store", "loader", "verify", "__init__"]
@@ -94,7 +104,7 @@ LAYERS = ["errors", "runtime", "formats", "order", "memory", "codec", "ingest", 
 imports only from its own layer or those below it."""
 UPWARD_KNOWN = {
     ("runtime", "formats"): "runtime.integrity checks samples with the container's checksum (formats.crc, "
-                            "through formats.base), which every layer uses",
+    "through formats.base), which every layer uses",
     ("memory", "store"): "memory.budget types its argument as store.storeplan.StorePlan (TYPE_CHECKING)",
 }
 """The upward imports there are, each with why; the test fails on any other (and on one of these gone,
@@ -125,7 +135,9 @@ def test_layers_import_only_downward():
     assert not unplaced, f"a folder with no layer: {sorted(unplaced)}"
     upward = {(a, b) for a, b in edges if LAYERS.index(a) < LAYERS.index(b)}
     new, gone = upward - set(UPWARD_KNOWN), set(UPWARD_KNOWN) - upward
-    assert not new and not gone, f"upward imports: {sorted(new)}; known ones gone (drop them from UPWARD_KNOWN): {sorted(gone)}"
+    assert not new and not gone, (
+        f"upward imports: {sorted(new)}; known ones gone (drop them from UPWARD_KNOWN): {sorted(gone)}"
+    )
 
 
 def test_no_import_cycle_among_all_of_datastores_modules():

@@ -20,15 +20,20 @@ from dstore.order import shuffle
 
 N, BATCH, SEED = 61, 8, 4
 STEPS = -(-N // BATCH)  # the last batch is short (drop_last=False)
-SETTINGS = st.fixed_dictionaries({"prefetch": st.sampled_from([0, 1, 3]),
-                                  "population": st.sampled_from(["preload", "dynamic"]),
-                                  "tiered": st.booleans()})
+SETTINGS = st.fixed_dictionaries(
+    {
+        "prefetch": st.sampled_from([0, 1, 3]),
+        "population": st.sampled_from(["preload", "dynamic"]),
+        "tiered": st.booleans(),
+    }
+)
 
 
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
-    return scenarios.make_container(str(tmp_path_factory.mktemp("stateful") / "c.h5"), n=N, seed=3, large=3000,
-                                    small=3000)
+    return scenarios.make_container(
+        str(tmp_path_factory.mktemp("stateful") / "c.h5"), n=N, seed=3, large=3000, small=3000
+    )
 
 
 def _open(path, prefetch, population, tiered):
@@ -64,7 +69,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _expect(self, batch) -> None:
         e, s = self.pos
-        want = shuffle.global_order(N, SEED, e)[s * BATCH:(s + 1) * BATCH]
+        want = shuffle.global_order(N, SEED, e)[s * BATCH : (s + 1) * BATCH]
         crcs = [zlib.crc32(x) for x in batch.samples]
         if (batch.epoch, batch.step) != (e, s) or not np.array_equal(batch.ids, want):
             self.bad = f"at {self.pos}: got epoch {batch.epoch} step {batch.step} ids {batch.ids}, want {want}"

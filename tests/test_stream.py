@@ -28,7 +28,7 @@ def test_the_piece_plan_reads_every_piece_once_earliest_first_and_says_what_each
     orders, need = stream.plan_pieces(offsets, bounds, piece, use)
     for r in range(nranks):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
-        rel = offsets[lo:hi + 1] - offsets[lo]
+        rel = offsets[lo : hi + 1] - offsets[lo]
         cuts = preload.sample_cuts(offsets, lo, hi, piece)  # the preload's pieces: whole samples
         count = cuts.size - 1
         assert sorted(orders[r].tolist()) == list(range(count))  # every piece once
@@ -62,7 +62,7 @@ def _plan_pieces_before(offsets, bounds, piece, use):
     orders = []
     for r in range(bounds.size - 1):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
-        rel = offsets[lo:hi + 1] - offsets[lo]
+        rel = offsets[lo : hi + 1] - offsets[lo]
         cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
         count = cuts.size - 1
         full = np.nonzero(np.diff(rel) > 0)[0]
@@ -115,8 +115,12 @@ def container(tmp_path_factory):
 @pytest.mark.parametrize("nprocs,views", [(2, "1"), (3, "0")])
 def test_epoch_0_served_while_streaming_is_the_preloads_under_mpiexec(container, nprocs, views):
     # views "0": every sample of another rank comes with an RMA get, as from another node.
-    res = run_mpi(nprocs, ["python", "-m", "mpi4py", str(SCEN_DIR / "stream_scenarios.py"), container],
-                  timeout=150, env={"DSTORE_NODE_VIEWS": views})
+    res = run_mpi(
+        nprocs,
+        ["python", "-m", "mpi4py", str(SCEN_DIR / "stream_scenarios.py"), container],
+        timeout=150,
+        env={"DSTORE_NODE_VIEWS": views},
+    )
     for name in ("stream_order", "stream_abandoned"):
         assert f"OK {name} on {nprocs} ranks" in res.stdout, res.stdout + res.stderr
 
@@ -144,7 +148,6 @@ def test_a_sample_read_while_streaming_is_checked_against_its_checksum(tmp_path)
     # delivers it reads it itself (the stream is slowed, so it is not in its owner's window yet);
     # the checksum catches it and every rank raises, naming the sample.
     import h5py
-
 
     path = scenarios.make_container(str(tmp_path / "c.h5"), n=157)
     sizes = np.diff(scenarios.open_container(path).offsets)

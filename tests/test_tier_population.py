@@ -20,8 +20,9 @@ GAP = 3000  # bytes: below the larger samples of the container (up to 8,000), so
 @pytest.fixture(scope="module")
 def container(tmp_path_factory):
     # 1201 samples of 0..8,000 bytes (some empty), HDF5 unfiltered: byte-addressable
-    return scenarios.make_container(str(tmp_path_factory.mktemp("tierpop") / "c.h5"), n=1201, seed=1, large=8000,
-                                    small=8000)
+    return scenarios.make_container(
+        str(tmp_path_factory.mktemp("tierpop") / "c.h5"), n=1201, seed=1, large=8000, small=8000
+    )
 
 
 def _skippable_gaps(resident, sizes, gap):
@@ -66,7 +67,7 @@ def test_the_tiered_preload_reads_the_resident_bytes_and_small_gaps_only(contain
         window, disp = st.windows.arena.local, st.layout.disp
         for i in np.nonzero(res)[0].tolist():
             a = int(disp[i])
-            assert np.array_equal(window[a:a + int(sizes[i])], ref.sample(i)[0]), i
+            assert np.array_equal(window[a : a + int(sizes[i])], ref.sample(i)[0]), i
         # delivered data: the same as a fully resident store's
         from dstore.store.data_store import DataStore
 
@@ -124,8 +125,9 @@ def test_preload_reads_cover_the_ids_once_within_piece_and_gap(sizes, data):
         assert off[ids[k2]] - off[ids[m - 1] + 1] > gap or off[ids[k2] + 1] - off[ids[k]] > piece
 
 
-@pytest.mark.parametrize("backend,expect", [("hdf5", True), ("zarr", False), ("sharded-hdf5", True),
-                                            ("sharded-zarr", False)])
+@pytest.mark.parametrize(
+    "backend,expect", [("hdf5", True), ("zarr", False), ("sharded-hdf5", True), ("sharded-zarr", False)]
+)
 def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch, backend, expect):
     # Unfiltered HDF5 (and shards of it) is read at file offsets: the preload reads the runs. Zarr
     # decodes whole chunks per read: the preload reads pieces of the block. Both fill the window alike.
@@ -143,4 +145,4 @@ def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch,
         assert (got == resident_bytes) if expect else (got > 2 * resident_bytes)
         window, disp = st.windows.arena.local, st.layout.disp
         for i in np.nonzero(res)[0].tolist():
-            assert np.array_equal(window[int(disp[i]):int(disp[i]) + int(sizes[i])], ref.sample(i)[0]), i
+            assert np.array_equal(window[int(disp[i]) : int(disp[i]) + int(sizes[i])], ref.sample(i)[0]), i

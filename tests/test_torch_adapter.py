@@ -22,8 +22,9 @@ from dstore.store.data_store import DataStore
 def raw_container(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ad") / "raw.h5")
     rng = np.random.default_rng(1)
-    with create_writer(path, "hdf5", encoding="raw", class_names=["a", "b", "c"], raw_dtype="uint8",
-                       raw_shape=(6, 5, 3)) as w:
+    with create_writer(
+        path, "hdf5", encoding="raw", class_names=["a", "b", "c"], raw_dtype="uint8", raw_shape=(6, 5, 3)
+    ) as w:
         for i in range(37):
             w.append(rng.integers(0, 256, 90, dtype=np.uint8).tobytes(), i % 3, f"r{i}", i)
     return path
@@ -94,8 +95,14 @@ def test_mixed_shapes_need_size(png_container):
 def test_resize_and_bad_arguments():
     a = np.zeros((4, 6, 3), np.uint8)
     assert resize(a, (4, 6)) is a and resize(a, (2, 3)).shape == (2, 3, 3)
-    for kw in (dict(decode_threads=0), dict(num_threads=1, decode_threads=1), dict(device="nowhere"),
-               dict(channels=2), dict(size=(0, 3)), dict(transform=5)):
+    for kw in (
+        dict(decode_threads=0),
+        dict(num_threads=1, decode_threads=1),
+        dict(device="nowhere"),
+        dict(channels=2),
+        dict(size=(0, 3)),
+        dict(transform=5),
+    ):
         with pytest.raises(ConfigError):
             StoreLoader(object(), **kw)
 
@@ -138,8 +145,10 @@ def test_ahead_views_survive_the_store_moving_on(raw_container):
         slow.wait(0.002)
         return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
-    with DataStore(MPI.COMM_SELF, reader, batch_size=5, seed=2, prefetch=0) as st, \
-            StoreLoader(st, transform=late, decode_threads=1, ahead=4) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, reader, batch_size=5, seed=2, prefetch=0) as st,
+        StoreLoader(st, transform=late, decode_threads=1, ahead=4) as ld,
+    ):
         for images, _ in ld.epoch(0):
             for img, i in zip(images, ld.last_ids):
                 want = decode_sample(reader.sample(int(i))[0], reader.info)
@@ -222,8 +231,10 @@ def test_ahead_argument_and_resize_is_writable(png_container):
     assert out.flags.writeable and out.shape == (3, 4, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch.from_numpy warns on read-only arrays
-        with DataStore(MPI.COMM_SELF, png_container, batch_size=4) as st, \
-                StoreLoader(st, size=(7, 7), transform=lambda a, rng: torch.from_numpy(a).permute(2, 0, 1)) as ld:
+        with (
+            DataStore(MPI.COMM_SELF, png_container, batch_size=4) as st,
+            StoreLoader(st, size=(7, 7), transform=lambda a, rng: torch.from_numpy(a).permute(2, 0, 1)) as ld,
+        ):
             assert sum(x.shape[0] for x, _ in ld.epoch(0)) == 11
 
 

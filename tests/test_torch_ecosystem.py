@@ -35,8 +35,9 @@ def test_a_dataloader_that_would_batch_the_batches_is_refused(container):
 
 
 def test_statefuldataloader_resumes_exactly(container):
-    sdl = pytest.importorskip("torchdata.stateful_dataloader",
-                              reason="torchdata is not installed (pip install --no-deps torchdata)")
+    sdl = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed (pip install --no-deps torchdata)"
+    )
     with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
         full = _sums(StoreLoader(store))
     with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store:
@@ -52,7 +53,6 @@ def test_statefuldataloader_resumes_exactly(container):
     assert first + rest == full and len(full) == 10
     with DataStore(MPI.COMM_SELF, container, batch_size=4, seed=1) as store, pytest.raises(ConfigError):
         next(iter(sdl.StatefulDataLoader(StoreLoader(store))))  # batch_size=1 there too
-
 
 
 def _epochs_after_resume(sdl, container, batches: int, finish: bool) -> list[int]:
@@ -76,8 +76,9 @@ def test_a_state_taken_after_an_epochs_last_batch_resumes_as_torchdata_resumes_a
     """torchdata's own map-style resume, the reference: after the last batch of an epoch whose `for`
     has not ended, the resumed loader yields no batch (that epoch's end), then the next epoch; after
     the `for` ended, the next epoch. Before, the store's loader ran a whole extra epoch there."""
-    sdl = pytest.importorskip("torchdata.stateful_dataloader",
-                              reason="torchdata is not installed (pip install --no-deps torchdata)")
+    sdl = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is not installed (pip install --no-deps torchdata)"
+    )
     reference = []
     for finish in (False, True):
         dl = sdl.StatefulDataLoader(list(range(40)), batch_size=4)
@@ -107,13 +108,17 @@ def test_a_state_taken_after_an_epochs_last_batch_resumes_as_torchdata_resumes_a
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("package, script, says", [
-    ("accelerate", "accelerate_script.py", "accelerate ok DistributedType.MULTI_CPU"),
-    ("lightning", "fabric_script.py", "fabric ok MPIEnvironment"),
-])
+@pytest.mark.parametrize(
+    "package, script, says",
+    [
+        ("accelerate", "accelerate_script.py", "accelerate ok DistributedType.MULTI_CPU"),
+        ("lightning", "fabric_script.py", "fabric ok MPIEnvironment"),
+    ],
+)
 def test_accelerate_and_fabric_train_under_mpiexec_on_the_store(container, tmp_path, package, script, says):
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (not a dependency of dstore)")
-    res = run_mpi(2, ["python", str(REPO / "tests" / "ecosystem" / script), container, str(tmp_path / "ck")],
-                  timeout=180)
+    res = run_mpi(
+        2, ["python", str(REPO / "tests" / "ecosystem" / script), container, str(tmp_path / "ck")], timeout=180
+    )
     assert says in res.stdout, res.stdout + res.stderr  # and the two ranks' weights are equal (asserted inside)

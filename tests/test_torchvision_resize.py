@@ -50,13 +50,13 @@ def torchvision_eval(img: np.ndarray, size: int = 224) -> np.ndarray:
     rh, rw = (int(short * h / w), short) if w <= h else (short, int(short * w / h))
     out = interpolate(img, (rh, rw)) if (rh, rw) != (h, w) else img
     top, left = int(round((rh - size) / 2.0)), int(round((rw - size) / 2.0))
-    return out[top:top + size, left:left + size]
+    return out[top : top + size, left : left + size]
 
 
 def torchvision_train(img: np.ndarray, box, flip: bool, size: int = 224) -> np.ndarray:
     """torchvision v2's `resized_crop(img, *box, size)` (a crop, then the resize), then the flip."""
     top, left, h, w = box
-    out = interpolate(img[top:top + h, left:left + w], (size, size))
+    out = interpolate(img[top : top + h, left : left + w], (size, size))
     return out[:, ::-1] if flip else out
 
 
@@ -69,7 +69,7 @@ def test_the_filter_is_torchs_antialiased_bilinear():
         for size in ((224, 224), (64, 64), (300, 180)):
             h, w = int(rng.integers(20, img.shape[0])), int(rng.integers(20, img.shape[1]))
             top, left = int(rng.integers(0, img.shape[0] - h + 1)), int(rng.integers(0, img.shape[1] - w + 1))
-            part = img[top:top + h, left:left + w]
+            part = img[top : top + h, left : left + w]
             got = antialias.resize(part, size)
             if NATIVE_UINT8:
                 assert np.array_equal(got, interpolate(part, size)), (name, (h, w), size)
@@ -78,8 +78,9 @@ def test_the_filter_is_torchs_antialiased_bilinear():
     # a window of the resize is that window of the whole resize
     img = photo("coffee.png")
     whole = antialias.resize(img, (273, 410))
-    assert np.array_equal(antialias.resize(img, (100, 120), resized=(273, 410), offset=(37, 201)),
-                          whole[37:137, 201:321])
+    assert np.array_equal(
+        antialias.resize(img, (100, 120), resized=(273, 410), offset=(37, 201)), whole[37:137, 201:321]
+    )
     with pytest.raises(ValueError, match="outside the resized image"):
         antialias.resize(img, (100, 120), resized=(273, 410), offset=(200, 0))
 
@@ -104,8 +105,10 @@ def test_the_evaluation_and_training_pixels_are_torchvisions(shape):
         arr, where, params = decode.decode_crop(data, JPEG, fast.plan, decode.crop_size(fast))
         fast_means.append(np.abs(fast.pixels(arr, plan=(where, params)).astype(int) - want).mean())
         for j in range(3):
+
             def plan(s, k=10 * i + j):
                 return tr.plan(s, KeyedDraws(4, 0, k))
+
             arr, where, params = decode.decode_crop(data, JPEG, plan, decode.crop_size(tr))
             box, drawn = plan(full.shape[:2])
             want = torchvision_train(full, box, bool(drawn[0]))
@@ -168,5 +171,7 @@ def test_the_compiled_passes_give_the_numpy_pixels():
         part = np.ascontiguousarray(img[7:290, 3:400, :c])
         for axis, n_out in ((1, 224), (1, 500), (0, 96), (0, 301)):
             first, weights, precision = antialias.taps(part.shape[axis], n_out)
-            assert np.array_equal(antialias._pass(part, first, weights, precision, axis, kernels._kernels),
-                                  antialias._pass(part, first, weights, precision, axis, None))
+            assert np.array_equal(
+                antialias._pass(part, first, weights, precision, axis, kernels._kernels),
+                antialias._pass(part, first, weights, precision, axis, None),
+            )

@@ -51,9 +51,31 @@ def test_train_with_amp_and_channels_last(tmp_path):
 
     path = raw_container(tmp_path / "tiny.h5", n=20, shape=(12, 12, 3))
     run_dir = tmp_path / "run"
-    run_mpi(1, ["dstore", "train", path, "--model", "resnet20", "--image-size", "16", "--amp", amp,
-                "--channels-last", "--epochs", "1", "--batch-size", "8", "--holdout", "0.2", "--no-progress",
-                "--run-dir", str(run_dir)], timeout=120)
+    run_mpi(
+        1,
+        [
+            "dstore",
+            "train",
+            path,
+            "--model",
+            "resnet20",
+            "--image-size",
+            "16",
+            "--amp",
+            amp,
+            "--channels-last",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--holdout",
+            "0.2",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+        ],
+        timeout=120,
+    )
     config = json.loads((run_dir / "config.json").read_text())
     assert config["model"] == "resnet20" and config["config"]["amp"] == amp and config["config"]["channels_last"]
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

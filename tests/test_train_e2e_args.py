@@ -22,8 +22,18 @@ def _extra_passed(argv):
 
 
 def test_options_after_the_separator_reach_dstore_train(tmp_path):
-    argv = [str(tmp_path / "x.h5"), "--rungs", "local", "--out", str(tmp_path), "--",
-            "--device", "cuda", "--batch-size", "256"]
+    argv = [
+        str(tmp_path / "x.h5"),
+        "--rungs",
+        "local",
+        "--out",
+        str(tmp_path),
+        "--",
+        "--device",
+        "cuda",
+        "--batch-size",
+        "256",
+    ]
     assert _extra_passed(argv) == ["--device", "cuda", "--batch-size", "256"]
 
 
@@ -53,8 +63,13 @@ def test_peer_loaders_run_over_copies_written_beside_the_container(tmp_path):
         seen.append(loader)
         if loader == "webdataset":
             raise SystemExit(0)
-        return {"loader": loader, "steady_samples_per_s": 1.0, "epoch_samples_per_s": [1.0],
-                "data_wait_frac": [0.0], "population_seconds": 0.0}
+        return {
+            "loader": loader,
+            "steady_samples_per_s": 1.0,
+            "epoch_samples_per_s": [1.0],
+            "data_wait_frac": [0.0],
+            "population_seconds": 0.0,
+        }
 
     with mock.patch.object(train_e2e, "run_one", side_effect=fake_run_one), pytest.raises(SystemExit):
         train_e2e.main([path, "--rungs", "local", "--out", str(tmp_path / "out"), "--loaders", "store", "webdataset"])

@@ -53,8 +53,9 @@ def test_own_script_example_takes_any_container(tmp_path):
     import sys
 
     path = raw_container(tmp_path / "rgb.h5", n=80, shape=(40, 40, 3), classes=3)
-    res = subprocess.run([sys.executable, str(SCRIPT), str(path), "--epochs", "1"], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), "--epochs", "1"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert res.returncode == 0, res.stderr
     m = re.search(RESULT, res.stdout)
     assert m and int(m.group(2)) == 80 - int(80 * 0.8), res.stdout + res.stderr

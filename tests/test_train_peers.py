@@ -32,8 +32,10 @@ def test_a_peer_feeds_the_training_range_checked(tmp_path, loader):
         pytest.skip(why)
     path = _container(tmp_path)
     peer_data.write_copies(path, copies_dir(path), seed=4, litdata_ok=loader == "litdata")
-    with open_container(path) as r, PeerSource(MPI.COMM_SELF, r, loader=loader, batch_size=8, seed=4,
-                                               sample_range=(0, 72)) as src:
+    with (
+        open_container(path) as r,
+        PeerSource(MPI.COMM_SELF, r, loader=loader, batch_size=8, seed=4, sample_range=(0, 72)) as src,
+    ):
         assert src.steps_per_epoch == 9
         seen = []
         for e in range(3):

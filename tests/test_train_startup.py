@@ -26,8 +26,14 @@ def signals_itself(in_channels, num_classes, image_size):
 
 
 def dstore(*argv, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, argv)], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "dstore.tools", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,19 @@ def container(tmp_path_factory):
 def test_a_signal_during_start_up_exits_75_saying_no_step_yet(container, tmp_path):
     (tmp_path / "sig_models.py").write_text(SIGNALLING_FACTORY)
     run_dir = tmp_path / "run"
-    res = dstore("train", container, "--model", "sig_models:signals_itself", "--epochs", "1", "--batch-size", "8",
-                 "--run-dir", run_dir, env={"PYTHONPATH": str(tmp_path)})
+    res = dstore(
+        "train",
+        container,
+        "--model",
+        "sig_models:signals_itself",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--run-dir",
+        run_dir,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert res.returncode == PREEMPTED_EXIT, (res.returncode, res.stdout, res.stderr)
     assert "stopped by SIGTERM during start-up, no step yet: no checkpoint written" in res.stdout, res.stdout
     assert not (run_dir / "checkpoint.pt").exists()
@@ -55,9 +72,16 @@ def run(container, tmp_path):
 
     def go(**kw):
         lines = []
-        kw = {"epochs": 1, "batch_size": 8, "runs_root": str(tmp_path / "runs"), "progress": False, "holdout": 0.25,
-              **kw}
+        kw = {
+            "epochs": 1,
+            "batch_size": 8,
+            "runs_root": str(tmp_path / "runs"),
+            "progress": False,
+            "holdout": 0.25,
+            **kw,
+        }
         return train(TrainConfig(data=container, **kw), MPI.COMM_SELF, say=lines.append), lines
+
     return go
 
 
@@ -76,15 +100,20 @@ def test_a_new_run_in_a_finished_runs_dir_is_refused_and_overwrite_starts_clean(
     rd = tmp_path / "r"
     run(run_dir=str(rd))
     before = _snapshot(rd)
-    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoint.pt, config.json, metrics.csv, "
-                                          r"metrics.jsonl\).*--resume auto to continue it, --overwrite to start "
-                                          r"again") as err:
+    with pytest.raises(
+        ConfigError,
+        match=r"already holds a run \(checkpoint.pt, config.json, metrics.csv, "
+        r"metrics.jsonl\).*--resume auto to continue it, --overwrite to start "
+        r"again",
+    ) as err:
         run(run_dir=str(rd))
     assert str(rd) in str(err.value) and "\n" not in str(err.value)
     assert _snapshot(rd) == before  # nothing overwritten, nothing appended
     _, lines = run(run_dir=str(rd), overwrite=True, seed=5)
-    assert any(f"{rd}: started again, the earlier run's checkpoint.pt, config.json, metrics.csv, metrics.jsonl "
-               "removed" in line for line in lines), lines
+    assert any(
+        f"{rd}: started again, the earlier run's checkpoint.pt, config.json, metrics.csv, metrics.jsonl removed" in line
+        for line in lines
+    ), lines
     assert _epochs(rd) == [0]  # one run's records, not two
     assert json.loads((rd / "config.json").read_text())["config"]["seed"] == 5
     with pytest.raises(ConfigError, match="--overwrite starts the run again, --resume auto continues it"):
@@ -117,9 +146,12 @@ def test_resume_refuses_every_changed_input_flag_at_once_and_says_each_allowed_c
     with pytest.raises(ConfigError) as err:
         run(run_dir=str(rd), epochs=2, resume="auto", image_size=(8, 8), augment="on", channels=3, lr=0.1)
     msg = str(err.value)
-    for part in ("--image-size (not given) (this run: 8x8; it fixes the model and its input)",
-                 "--augment auto (this run: on;", "--channels (not given) (this run: 3;",
-                 "--lr 0.003 (this run: 0.1; it fixes the learning rate)"):
+    for part in (
+        "--image-size (not given) (this run: 8x8; it fixes the model and its input)",
+        "--augment auto (this run: on;",
+        "--channels (not given) (this run: 3;",
+        "--lr 0.003 (this run: 0.1; it fixes the learning rate)",
+    ):
         assert part in msg, msg
     assert "\n" not in msg and _snapshot(rd) == before
     result, lines = run(run_dir=str(rd), epochs=3, resume="auto", decode_threads=1, checkpoint_every=2)
@@ -139,14 +171,34 @@ def test_resume_takes_the_runs_own_config_as_its_defaults(run, tmp_path, capsys,
     assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--print-config"]) == 0
     out = capsys.readouterr()
     cfg = json.loads(out.out)["config"]
-    assert (cfg["data"], cfg["epochs"], cfg["batch_size"], cfg["lr"], cfg["optimizer"], cfg["holdout"]) == \
-        (container, 2, 16, 0.01, "sgd", 0.5)
+    assert (cfg["data"], cfg["epochs"], cfg["batch_size"], cfg["lr"], cfg["optimizer"], cfg["holdout"]) == (
+        container,
+        2,
+        16,
+        0.01,
+        "sgd",
+        0.5,
+    )
     assert cfg["stop_after_steps"] == 0 and cfg["run_dir"] == str(rd)  # of this invocation only
     assert f"the flags not given are the run's own, from {rd}/config.json" in out.err
     assert main(["train", "--resume", "auto", "--run-dir", str(rd), "--epochs", "4", "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["epochs"] == 4  # a flag given wins
-    code = main(["train", "--resume", "auto", "--run-dir", str(rd), "--batch-size", "8", "--lr", "0.5",
-                 "--optimizer", "adam", "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--resume",
+            "auto",
+            "--run-dir",
+            str(rd),
+            "--batch-size",
+            "8",
+            "--lr",
+            "0.5",
+            "--optimizer",
+            "adam",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0
     (line,) = [ln for ln in err.splitlines() if "ConfigError" in ln]
@@ -211,8 +263,30 @@ def test_an_ltfb_job_resumes_from_its_own_config_json_alone(container, tmp_path)
     from support.mpirun import run_mpi
 
     job = tmp_path / "job"
-    run_mpi(2, ["dstore", "train", container, "--trainers", "2", "--epochs", "2", "--batch-size", "4", "--lr", "0.01",
-                "--holdout", "0.25", "--no-progress", "--stop-after-steps", "2", "--run-dir", str(job)], timeout=150)
+    run_mpi(
+        2,
+        [
+            "dstore",
+            "train",
+            container,
+            "--trainers",
+            "2",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--lr",
+            "0.01",
+            "--holdout",
+            "0.25",
+            "--no-progress",
+            "--stop-after-steps",
+            "2",
+            "--run-dir",
+            str(job),
+        ],
+        timeout=150,
+    )
     assert json.loads((job / "config.json").read_text())["config"]["trainers"] == 2  # the job's own
     res = run_mpi(2, ["dstore", "train", "--resume", "auto", "--run-dir", str(job), "--no-progress"], timeout=150)
     assert f"the flags not given are the run's own, from {job}/config.json" in res.stdout, res.stdout

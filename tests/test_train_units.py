@@ -92,8 +92,11 @@ def test_channel_and_size_helpers():
 def test_models_build_and_run(name):
     # resnet50 is built for 224x224; a small input keeps its forward pass quick (its stem and stages
     # reduce 32x: a 32x32 input ends in one 1x1 cell).
-    size = (32, 32) if name in ("resnet50", "resnet18") else get_model(name).input_size(
-        (8, 8) if name == "small_cnn" else (64, 64))
+    size = (
+        (32, 32)
+        if name in ("resnet50", "resnet18")
+        else get_model(name).input_size((8, 8) if name == "small_cnn" else (64, 64))
+    )
     model = build_model(name, 3, 7, size)
     assert model(torch.zeros(2, 3, *size)).shape == (2, 7)
     assert default_model((8, 8))[0] == "small_cnn" and default_model((64, 48))[0] == "resnet_small"
@@ -119,8 +122,13 @@ def test_checkpoint_round_trip_weights_only(tmp_path):
     model(torch.zeros(1, 1, 8, 8)).sum().backward()
     opt.step()
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": [rng_state()],
-             "store": {"seed": np.int64(1), "position": np.arange(3)}, "epoch": 2}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": [rng_state()],
+        "store": {"seed": np.int64(1), "position": np.arange(3)},
+        "epoch": 2,
+    }
     expect = (torch.rand(2), np.random.rand(2), random.random())
     path = save_checkpoint(tmp_path / "ck" / "checkpoint.pt", state)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["checkpoint.pt"]  # no temporary left
@@ -176,8 +184,9 @@ def test_every_train_flag_is_a_config_field():
     from dstore.tools.cli import build_parser
     from dstore.training.run import TrainConfig
 
-    args = build_parser().parse_args(["train", "x.h5", "--image-size", "16x24", "--mean", "0.5,0.4,0.3",
-                                      "--resume", "auto", "--no-progress"])
+    args = build_parser().parse_args(
+        ["train", "x.h5", "--image-size", "16x24", "--mean", "0.5,0.4,0.3", "--resume", "auto", "--no-progress"]
+    )
     # --json: how the summary is printed; --config/--print-config: where the flags come from; not the run
     dests = set(vars(args)) - {"command", "command_run", "json", "config", "print_config", "command_parser"}
     assert dests <= set(TrainConfig.__dataclass_fields__), dests - set(TrainConfig.__dataclass_fields__)
@@ -223,7 +232,9 @@ def test_cuda_device_choice_without_a_gpu(monkeypatch):
         raise RuntimeError("stop")
 
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    with pytest.raises(ConfigError, match=r"rank 0 would drive GPU 5 \(its node-local rank in the whole job\) .* only 2 GPU"):
+    with pytest.raises(
+        ConfigError, match=r"rank 0 would drive GPU 5 \(its node-local rank in the whole job\) .* only 2 GPU"
+    ):
         init_distributed(MPI.COMM_SELF, "cuda", gpu_index=5)
     with pytest.raises(RuntimeError, match="stop"):
         init_distributed(MPI.COMM_SELF, "cuda", gpu_index=1)

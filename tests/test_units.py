@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dstore.runtime.units import fmt_rate, fmt_seconds, fmt_size, parse_duration, parse_size
 
 # values next to every boundary where rounding to three digits changes the unit or the decimals
-_EDGES = [m * 10.0 ** e for e in range(-12, 19) for m in (0.99949, 0.9995, 0.99951, 0.9996, 0.99999, 1.0)]
+_EDGES = [m * 10.0**e for e in range(-12, 19) for m in (0.99949, 0.9995, 0.99951, 0.9996, 0.99999, 1.0)]
 
 
 def test_figures_that_round_up_take_the_next_unit_or_decimal():
@@ -31,8 +31,9 @@ def _three_significant(mantissa: str) -> bool:
 
 
 @settings(max_examples=400)
-@given(st.one_of(st.floats(0, 9.99e17), st.integers(0, 999 * 10**15),
-                 st.sampled_from([x for x in _EDGES if x < 9.99e17])))
+@given(
+    st.one_of(st.floats(0, 9.99e17), st.integers(0, 999 * 10**15), st.sampled_from([x for x in _EDGES if x < 9.99e17]))
+)
 def test_a_size_is_three_digits_in_the_largest_unit_below_it_and_reads_back(n):
     text = fmt_size(n)
     mantissa, unit = text.split(" ")

@@ -16,8 +16,15 @@ from dstore.training.dist import launcher_mismatch
 
 def _env(**extra):
     env = dict(os.environ)
-    for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                "RANK", "SLURM_PROCID"):
+    for var in (
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_STEP_NUM_TASKS",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "RANK",
+        "SLURM_PROCID",
+    ):
         env.pop(var, None)
     env.update(extra)
     return env
@@ -31,8 +38,7 @@ def _container(path, n=40, seed=0):
 @pytest.mark.mpi
 def test_default_run_leaves_a_plain_small_log(tmp_path, cache):
     """`mpiexec -n 2 dstore train > log 2>&1`: stdout and stderr both pipes, no flags."""
-    res = run_mpi(2, ["dstore", "train"], timeout=180, cwd=tmp_path, env={"DSTORE_CACHE": str(cache)},
-                  keep_cr=True)
+    res = run_mpi(2, ["dstore", "train"], timeout=180, cwd=tmp_path, env={"DSTORE_CACHE": str(cache)}, keep_cr=True)
     log = res.stdout + res.stderr
     assert "\r" not in log, repr(log[:500])
     assert "test accuracy:" in log, log
@@ -84,8 +90,13 @@ def test_info_under_mpiexec_prints_once_per_job(tmp_path):
 def test_closed_stdout_ends_quietly(tmp_path):
     """`dstore info --json X | head -1`: the reader is gone before dstore writes."""
     path = _container(tmp_path / "c.h5")
-    proc = subprocess.Popen([sys.executable, "-m", "dstore.tools", "info", "--json", path], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_env(), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dstore.tools", "info", "--json", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        cwd=REPO,
+    )
     proc.stdout.close()  # as `head` does after its line
     err = proc.stderr.read().decode()
     code = proc.wait(timeout=60)
@@ -109,8 +120,14 @@ def test_launcher_mismatch_names_the_launcher():
 def test_torchrun_is_refused_once(tmp_path, rank, prints):
     """What each of torchrun's processes sees: WORLD_SIZE=2 and an MPI world of one."""
     env = _env(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, DSTORE_CACHE=str(tmp_path))
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", "--run-dir", str(tmp_path / "run")],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "train", "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stdout + res.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "digits.h5").exists()
     if prints:
@@ -231,8 +248,11 @@ def test_every_command_summary_has_json():
     _, commands = _subparsers()
     # bench writes results.json, pfs --stats-json and plot a PNG: their summaries are files already;
     # cluster's summary is `dstore cluster status --json` (its other actions change the machine).
-    without = [name for name, sp in commands.items() if "--json" not in sp._option_string_actions
-               and name not in ("bench", "pfs", "plot", "cluster")]
+    without = [
+        name
+        for name, sp in commands.items()
+        if "--json" not in sp._option_string_actions and name not in ("bench", "pfs", "plot", "cluster")
+    ]
     assert not without, without
 
 
@@ -240,13 +260,37 @@ def test_train_and_verify_json(tmp_path):
     import json
 
     path = _container(tmp_path / "c.h5", n=60)
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "verify", "--json", path], capture_output=True, text=True,
-                         env=_env(), cwd=tmp_path, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "dstore.tools", "verify", "--json", path],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     rep = json.loads(res.stdout)
     assert rep["ok"] is True and rep["num_samples"] == 60, res.stdout
-    res = subprocess.run([sys.executable, "-m", "dstore.tools", "train", path, "--epochs", "1", "--json", "--batch-size",
-                          "16", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=_env(),
-                         cwd=tmp_path, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "train",
+            path,
+            "--epochs",
+            "1",
+            "--json",
+            "--batch-size",
+            "16",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)  # stdout is the JSON object alone; the progress lines went to stderr
     assert summary["run_dir"] == str(tmp_path / "run") and len(summary["epochs"]) == 1

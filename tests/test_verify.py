@@ -24,8 +24,14 @@ BAD_NAME = SAMPLES[BAD][2]
 
 
 def dstore(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "dstore.tools", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, check=check, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dstore.tools", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=check,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -55,8 +61,14 @@ def test_a_wrong_caller_checksum_is_stored_as_given_and_found_by_verify(tmp_path
         for j, (data, label, name, src) in enumerate(samples[:6]):
             w.append(data, label, name, src, checksum=crcs[j])
         rest = samples[6:]
-        w.extend(b"".join(d for d, *_ in rest), [len(d) for d, *_ in rest], [x[1] for x in rest],
-                 [x[2] for x in rest], [x[3] for x in rest], checksums=crcs[6:])
+        w.extend(
+            b"".join(d for d, *_ in rest),
+            [len(d) for d, *_ in rest],
+            [x[1] for x in rest],
+            [x[2] for x in rest],
+            [x[3] for x in rest],
+            checksums=crcs[6:],
+        )
     with open_container(str(path)) as r:
         assert r.checksums.tolist() == crcs
     report = verify_container(str(path))
@@ -93,8 +105,15 @@ def test_verify_under_mpiexec_finds_the_same_sample(tmp_path):
 def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
     path = write_samples(tmp_path / "c.zarr", "zarr", SAMPLES, chunk_bytes=512)
     flip_byte(path, BAD)
-    raw = write_samples(tmp_path / "raw.h5", "hdf5", [(bytes(4), 0, f"r{i}", i) for i in range(9)] + [(b"x", 0, "short", 9)],
-                        encoding="raw", raw_dtype="uint8", raw_shape=(2, 2), class_names=("z",))
+    raw = write_samples(
+        tmp_path / "raw.h5",
+        "hdf5",
+        [(bytes(4), 0, f"r{i}", i) for i in range(9)] + [(b"x", 0, "short", 9)],
+        encoding="raw",
+        raw_dtype="uint8",
+        raw_shape=(2, 2),
+        class_names=("z",),
+    )
     script = tmp_path / "check.py"
     script.write_text(
         "import sys\n"
@@ -111,13 +130,20 @@ def test_verify_collective_report_is_the_same_on_every_rank(tmp_path):
         "sys.stdout.write(f'rank {comm.rank} ok\\n')\n"
     )
     res = run_mpi(3, ["python", str(script)], timeout=120)
-    assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == \
-        ["rank 0 ok", "rank 1 ok", "rank 2 ok"], res.stdout
+    assert sorted(line for line in res.stdout.splitlines() if line.endswith(" ok")) == [
+        "rank 0 ok",
+        "rank 1 ok",
+        "rank 2 ok",
+    ], res.stdout
 
 
 def test_label_out_of_range_and_decode_failures(tmp_path):
-    samples = [(image_bytes("png", 0), 0, "a.png", 0), (image_bytes("jpeg", 1), 1, "b.jpg", 1),
-               (b"not an image", 1, "c.png", 2), (image_bytes("png", 3), 5, "d.png", 3)]
+    samples = [
+        (image_bytes("png", 0), 0, "a.png", 0),
+        (image_bytes("jpeg", 1), 1, "b.jpg", 1),
+        (b"not an image", 1, "c.png", 2),
+        (image_bytes("png", 3), 5, "d.png", 3),
+    ]
     path = write_samples(tmp_path / "img.zarr", "zarr", samples, encoding="image", class_names=("x", "y"))
     report = verify_container(path)
     assert [(b.index, b.name) for b in report.bad] == [(3, "d.png")]
@@ -131,8 +157,15 @@ def test_label_out_of_range_and_decode_failures(tmp_path):
 
 def test_raw_decode_checks_sizes(tmp_path):
     good = np.zeros((2, 2), np.uint16).tobytes()
-    path = write_samples(tmp_path / "raw.h5", "hdf5", [(good, 0, "g", 0), (good[:-2], 0, "short", 1)],
-                         encoding="raw", raw_dtype="uint16", raw_shape=(2, 2), class_names=("z",))
+    path = write_samples(
+        tmp_path / "raw.h5",
+        "hdf5",
+        [(good, 0, "g", 0), (good[:-2], 0, "short", 1)],
+        encoding="raw",
+        raw_dtype="uint16",
+        raw_shape=(2, 2),
+        class_names=("z",),
+    )
     report = verify_container(path, decode=True)
     assert report.bad == (BadSample(1, "short", report.bad[0].reason),)
     assert "6 bytes, expected 8" in report.bad[0].reason

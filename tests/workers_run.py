@@ -26,14 +26,25 @@ from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform
 
-TRANSFORM = ImageTransform(size=(32, 32), channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, train=True, pad=4,
-                           flip=True, jitter=0.3, normalize=False)
+TRANSFORM = ImageTransform(
+    size=(32, 32),
+    channels=3,
+    mean=(0.5,) * 3,
+    std=(0.25,) * 3,
+    train=True,
+    pad=4,
+    flip=True,
+    jitter=0.3,
+    normalize=False,
+)
 
 
 def ranks(path: str, out: str) -> None:
     comm = MPI.COMM_WORLD
-    with DataStore(comm, path, batch_size=8, seed=3) as st, \
-            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+    with (
+        DataStore(comm, path, batch_size=8, seed=3) as st,
+        StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld,
+    ):
         ids, images = [], []
         for step, (x, _) in enumerate(ld.epoch(1)):
             if step == 0:  # the launcher's variables are not the workers' (NOTE [decode workers] 1)
@@ -53,8 +64,10 @@ def ranks(path: str, out: str) -> None:
 
 
 def hold(path: str) -> None:
-    with DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st, \
-            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st,
+        StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld,
+    ):
         next(iter(ld.epoch(0)))
         print("pids", os.getpid(), *ld.workers.pids, flush=True)
         time.sleep(120)
@@ -65,8 +78,11 @@ def term(path: str) -> None:
     proxy forwards mpiexec's (and Slurm signals every process of the step): its workers must keep serving."""
     from dstore.runtime.preemption import Preemption
 
-    with Preemption(("TERM",)) as watch, DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st, \
-            StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld:
+    with (
+        Preemption(("TERM",)) as watch,
+        DataStore(MPI.COMM_SELF, path, batch_size=8, seed=3) as st,
+        StoreLoader(st, transform=TRANSFORM, size=(32, 32), channels=3, workers=2) as ld,
+    ):
         it = iter(ld.epoch(0))
         next(it)
         os.killpg(0, signal.SIGTERM)
@@ -77,5 +93,8 @@ def term(path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"ranks": lambda: ranks(sys.argv[2], sys.argv[3]), "hold": lambda: hold(sys.argv[2]),
-     "term": lambda: term(sys.argv[2])}[sys.argv[1]]()
+    {
+        "ranks": lambda: ranks(sys.argv[2], sys.argv[3]),
+        "hold": lambda: hold(sys.argv[2]),
+        "term": lambda: term(sys.argv[2]),
+    }[sys.argv[1]]()

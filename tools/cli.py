@@ -39,8 +39,13 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if ("default" in text or default is None or default is False or default is argparse.SUPPRESS
-                or not action.option_strings):
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -109,8 +114,7 @@ def build_parser() -> _Parser:
             if exc.name != modname:
                 raise
             continue  # a subcommand not built yet
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
-                           formatter_class=_HelpFormatter)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, formatter_class=_HelpFormatter)
         mod.add_arguments(p)
         _every_default_shown(p)
         p.set_defaults(command_run=mod.run, command_parser=p)

@@ -79,8 +79,10 @@ def unavailable() -> str | None:
     if sys.platform != "linux":
         return f"dstore cluster needs Linux network namespaces (this is {sys.platform})"
     if os.geteuid() != 0:
-        return ("dstore cluster needs root (it adds network namespaces, links and mounts): run it as root, "
-                "or in a container with CAP_SYS_ADMIN and CAP_NET_ADMIN")
+        return (
+            "dstore cluster needs root (it adds network namespaces, links and mounts): run it as root, "
+            "or in a container with CAP_SYS_ADMIN and CAP_NET_ADMIN"
+        )
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("mount", "util-linux")):
         if shutil.which(tool) is None:
             return f"dstore cluster needs `{tool}` ({package}), which is not on PATH"
@@ -153,8 +155,10 @@ class Cluster:
 def check_name(name: str) -> str:
     """`name` if it can prefix a cluster's namespaces and links, else ConfigError."""
     if not re.fullmatch(rf"[a-z][a-z0-9]{{0,{MAX_NAME - 1}}}", name or ""):
-        raise ConfigError(f"--name {name!r}: a cluster's name is 1 to {MAX_NAME} lower-case letters and digits, "
-                          "starting with a letter (it prefixes the names of its namespaces and links)")
+        raise ConfigError(
+            f"--name {name!r}: a cluster's name is 1 to {MAX_NAME} lower-case letters and digits, "
+            "starting with a letter (it prefixes the names of its namespaces and links)"
+        )
     return name
 
 
@@ -165,8 +169,9 @@ def check_subnet(subnet: str) -> str:
     except ValueError as exc:
         raise ConfigError(f"--subnet {subnet!r}: not an IPv4 network ({exc})") from None
     if net.prefixlen != 24 or not net.is_private:
-        raise ConfigError(f"--subnet {subnet!r}: give a private /24, such as {DEFAULT_SUBNET} (nodes get .1 "
-                          "upwards, the bridge .254)")
+        raise ConfigError(
+            f"--subnet {subnet!r}: give a private /24, such as {DEFAULT_SUBNET} (nodes get .1 upwards, the bridge .254)"
+        )
     return str(net)
 
 
@@ -248,8 +253,9 @@ def _launch_script(c: Cluster) -> str:
         tmp_mount = f" && mount --bind /tmp {host_tmp} && mount -t tmpfs -o mode=1777 tmpfs /tmp"
         for d in c.shared_in_tmp:
             tmp_mount += f" && mkdir -p /tmp/{d} && mount --bind {host_tmp}/{d} /tmp/{d}"
-    return _LAUNCH.format(name=c.name, tmp_doc=" and /tmp" if c.node_tmp else "", tmp_mount=tmp_mount,
-                          hosts=c.folder / "hosts")
+    return _LAUNCH.format(
+        name=c.name, tmp_doc=" and /tmp" if c.node_tmp else "", tmp_mount=tmp_mount, hosts=c.folder / "hosts"
+    )
 
 
 def _hosts_file(c: Cluster) -> str:
@@ -276,16 +282,25 @@ def load(name: str = DEFAULT_NAME) -> Cluster:
     try:
         fields = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ClusterError(f"no emulated cluster named {name!r} is up (no {path}): start one with "
-                           f"`dstore cluster up --name {name} --nodes N`") from None
+        raise ClusterError(
+            f"no emulated cluster named {name!r} is up (no {path}): start one with "
+            f"`dstore cluster up --name {name} --nodes N`"
+        ) from None
     except (OSError, ValueError) as exc:
-        raise ClusterError(f"{path}: unreadable state record ({exc}); `dstore cluster down --name {name}` "
-                           "removes what is left") from None
+        raise ClusterError(
+            f"{path}: unreadable state record ({exc}); `dstore cluster down --name {name}` removes what is left"
+        ) from None
     return Cluster(**fields)
 
 
-def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, nodes: int = 2, ranks_per_node: int = 1,
-       link: str = "none", node_tmp: bool = False) -> Cluster:
+def up(
+    name: str = DEFAULT_NAME,
+    subnet: str = DEFAULT_SUBNET,
+    nodes: int = 2,
+    ranks_per_node: int = 1,
+    link: str = "none",
+    node_tmp: bool = False,
+) -> Cluster:
     """Brings up an emulated cluster of `nodes` nodes (see NOTE [ Emulated nodes ]); returns it.
 
     Raises:
@@ -296,8 +311,15 @@ def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, nodes: int = 2, r
     reason = unavailable()
     if reason:
         raise ClusterUnavailable(reason)
-    c = Cluster(check_name(name), check_subnet(subnet), nodes, ranks_per_node, link, node_tmp,
-                software_in_tmp() if node_tmp else ())
+    c = Cluster(
+        check_name(name),
+        check_subnet(subnet),
+        nodes,
+        ranks_per_node,
+        link,
+        node_tmp,
+        software_in_tmp() if node_tmp else (),
+    )
     if not 1 <= nodes <= MAX_NODES:
         raise ConfigError(f"--nodes {nodes}: give 1 to {MAX_NODES}")
     if ranks_per_node < 1:
@@ -308,12 +330,16 @@ def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, nodes: int = 2, r
         raise ClusterUnavailable(f"--link {link} needs `tc` (iproute2), which is not on PATH")
     with _Lock():
         if (c.folder / "state.json").exists() or any(_leftovers(c.name)):
-            raise ConfigError(f"--name {name}: a cluster of that name is up (or was left by a crash): "
-                              f"`dstore cluster down --name {name}` first, or pick another name")
+            raise ConfigError(
+                f"--name {name}: a cluster of that name is up (or was left by a crash): "
+                f"`dstore cluster down --name {name}` first, or pick another name"
+            )
         taken = [u for u in _subnets_in_use() if u.overlaps(c.network)]
         if taken:
-            raise ConfigError(f"--subnet {c.subnet}: already used on this machine ({taken[0]}): pick another, "
-                              f"e.g. --subnet {free_subnet()}")
+            raise ConfigError(
+                f"--subnet {c.subnet}: already used on this machine ({taken[0]}): pick another, "
+                f"e.g. --subnet {free_subnet()}"
+            )
         _save(c)  # first: a crash from here on leaves a record for `down`
         try:
             _make(c)
@@ -356,8 +382,24 @@ def shape(c: Cluster, node: int, link: str) -> None:
         _cmd(prefix + ["tc", "qdisc", "del", "dev", dev, "root"], check=False)  # none yet: fine
         if spec:
             rate, burst = spec
-            _cmd(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
-                           "latency", TBF_LATENCY])
+            _cmd(
+                prefix
+                + [
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    TBF_LATENCY,
+                ]
+            )
 
 
 def set_link(c: Cluster, node: int, state: str) -> None:
@@ -394,16 +436,19 @@ def hosts_for(c: Cluster, hosts: str | None) -> str:
     for part in hosts.split(","):
         host, _, count = part.strip().partition(":")
         if host not in names:
-            raise ConfigError(f"--hosts {hosts!r}: {host!r} is not a node of cluster {c.name} "
-                              f"({c.hostname(1)} to {c.hostname(c.nodes)})")
+            raise ConfigError(
+                f"--hosts {hosts!r}: {host!r} is not a node of cluster {c.name} "
+                f"({c.hostname(1)} to {c.hostname(c.nodes)})"
+            )
         if count and not (count.isdigit() and int(count) >= 1):
             raise ConfigError(f"--hosts {hosts!r}: {part.strip()!r} needs a rank count >= 1 after the colon")
         out.append(f"{host}:{count or 1}")
     return ",".join(out)
 
 
-def mpiexec_command(c: Cluster, command: list[str], hosts: str | None = None, n: int | None = None,
-                    mpiexec: str | None = None) -> list[str]:
+def mpiexec_command(
+    c: Cluster, command: list[str], hosts: str | None = None, n: int | None = None, mpiexec: str | None = None
+) -> list[str]:
     """The `mpiexec` command line that runs `command` over cluster `c` (n ranks: the hosts' total by default)."""
     if not command:
         raise ConfigError("dstore cluster run: give the command after `--`, e.g. `dstore cluster run -- dstore train`")
@@ -412,8 +457,20 @@ def mpiexec_command(c: Cluster, command: list[str], hosts: str | None = None, n:
     if n is not None and n < 1:
         raise ConfigError(f"-n {n}: give 1 or more ranks")
     exe = mpiexec or _mpiexec()
-    return [exe, "-launcher", "ssh", "-launcher-exec", str(c.launcher), "-hosts", layout,
-            "-localhost", c.host_address, "-n", str(n or total), *command]
+    return [
+        exe,
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        str(c.launcher),
+        "-hosts",
+        layout,
+        "-localhost",
+        c.host_address,
+        "-n",
+        str(n or total),
+        *command,
+    ]
 
 
 def _mpiexec() -> str:
@@ -434,9 +491,16 @@ def run_env(base: dict | None = None) -> dict:
     return env
 
 
-def run(c: Cluster, command: list[str], hosts: str | None = None, n: int | None = None,
-        env: dict | None = None, timeout: float | None = None, mpiexec: str | None = None,
-        **popen) -> subprocess.CompletedProcess:
+def run(
+    c: Cluster,
+    command: list[str],
+    hosts: str | None = None,
+    n: int | None = None,
+    env: dict | None = None,
+    timeout: float | None = None,
+    mpiexec: str | None = None,
+    **popen,
+) -> subprocess.CompletedProcess:
     """Runs `command` as an mpiexec job over cluster `c` (see `mpiexec_command`) and waits for it.
 
     SIGINT and SIGTERM sent to this process are passed on to mpiexec (which passes them to every
@@ -485,11 +549,24 @@ def status(name: str = DEFAULT_NAME) -> dict:
         state = "missing" if not link else ("up" if re.search(r"[<,]UP[,>]", link) else "down")
         qdisc = _cmd(["tc", "qdisc", "show", "dev", c.veth(i)], check=False).stdout if shutil.which("tc") else ""
         rate = re.search(r"rate (\S+)", qdisc)
-        nodes.append({"node": c.hostname(i), "namespace": c.namespace(i), "address": c.address(i),
-                      "link": state, "rate": rate.group(1) if rate else "unshaped", "pids": node_pids(c, i)})
+        nodes.append(
+            {
+                "node": c.hostname(i),
+                "namespace": c.namespace(i),
+                "address": c.address(i),
+                "link": state,
+                "rate": rate.group(1) if rate else "unshaped",
+                "pids": node_pids(c, i),
+            }
+        )
     runs = sorted(int(p.name) for p in (c.folder / "runs").glob("*")) if (c.folder / "runs").exists() else []
-    return {**dataclasses.asdict(c), "bridge": c.bridge, "host_address": c.host_address, "node_list": nodes,
-            "runs": [r for r in runs if _alive(r)]}
+    return {
+        **dataclasses.asdict(c),
+        "bridge": c.bridge,
+        "host_address": c.host_address,
+        "node_list": nodes,
+        "runs": [r for r in runs if _alive(r)],
+    }
 
 
 def _alive(pid: int) -> bool:

@@ -12,8 +12,10 @@ from dstore.errors import ConfigError
 from dstore.tools.pfs.model import parse_spec
 from dstore.tools.pfs.mount import fuse_available
 
-HELP = ("benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
-        "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots")
+HELP = (
+    "benchmark the store against memcpy/raw RMA/sequential-read limits and against DataLoader-over-files, "
+    "h5py, zarr and Mosaic Streaming; writes JSON, Markdown and PNG plots"
+)
 
 QUICK = {"count": 192, "growth": "64,192", "batch_size": 32, "train_samples": 96, "cold_repeat": 1}
 """What --quick sets (a smoke test that finishes in seconds; the figures mean little)."""
@@ -30,18 +32,32 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true",
-                   help=f"smoke-test size ({QUICK['count']} samples, growth {QUICK['growth']}); for CI")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke-test size ({QUICK['count']} samples, growth {QUICK['growth']}); for CI",
+    )
     p.add_argument("--count", type=int, default=None, help="samples to generate (default 4096; --quick 192)")
-    p.add_argument("--mean-kb", type=float, default=110.0,
-                   help="mean size of the generated JPEGs in KB (10^3 bytes; default 110, ImageNet-like)")
-    p.add_argument("--sides", type=_ints, default=(333, 500), metavar="MIN,MAX",
-                   help="generated image sides: height and width each uniform in [MIN, MAX] (default 333,500)")
+    p.add_argument(
+        "--mean-kb",
+        type=float,
+        default=110.0,
+        help="mean size of the generated JPEGs in KB (10^3 bytes; default 110, ImageNet-like)",
+    )
+    p.add_argument(
+        "--sides",
+        type=_ints,
+        default=(333, 500),
+        metavar="MIN,MAX",
+        help="generated image sides: height and width each uniform in [MIN, MAX] (default 333,500)",
+    )
     p.add_argument("--out", default="bench-out", help="directory for results.json, results.md and the plots")
-    p.add_argument("--data-dir", default=None,
-                   help="where generated data (image folder, HDF5, Zarr, MDS) is kept and reused (default OUT/data)")
-    p.add_argument("--container", default=None,
-                   help="benchmark this existing container instead of generating data")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where generated data (image folder, HDF5, Zarr, MDS) is kept and reused (default OUT/data)",
+    )
+    p.add_argument("--container", default=None, help="benchmark this existing container instead of generating data")
     cache = p.add_argument_group("page cache (default: both)")
     cache.add_argument("--cold", action="store_true", help="only cold runs (files' pages evicted first)")
     cache.add_argument("--warm", action="store_true", help="only warm runs")
@@ -49,51 +65,108 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (baselines)")
     p.add_argument("--decode-threads", type=int, default=2, help="StoreLoader decode threads per rank")
-    p.add_argument("--decode-size", type=int, default=224,
-                   help="edge every decoded image is resized to (StoreLoader `size`; the baselines do the same)")
-    p.add_argument("--growth", type=_ints, default=None,
-                   help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip")
-    p.add_argument("--compute-factor", type=float, default=1.25,
-                   help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)")
-    p.add_argument("--train-samples", type=int, default=None,
-                   help="samples of the decode pass and the training view, each loader decoding them all "
-                        "(default: all, 4,096 at the default size; --quick 96; 0: all)")
-    p.add_argument("--cold-repeat", type=int, default=None,
-                   help="cold sequential reads and cold preload populations, taken alternately, this many times "
-                        "each; the median pass of each is kept (default 3; --quick 1)")
+    p.add_argument(
+        "--decode-size",
+        type=int,
+        default=224,
+        help="edge every decoded image is resized to (StoreLoader `size`; the baselines do the same)",
+    )
+    p.add_argument(
+        "--growth",
+        type=_ints,
+        default=None,
+        help="data-set sizes of the cost-per-sample sweep (default 2048,8192,32768); '' to skip",
+    )
+    p.add_argument(
+        "--compute-factor",
+        type=float,
+        default=1.25,
+        help="training view: compute sleep per step = this x the store's fetch+decode time per step (>= 1)",
+    )
+    p.add_argument(
+        "--train-samples",
+        type=int,
+        default=None,
+        help="samples of the decode pass and the training view, each loader decoding them all "
+        "(default: all, 4,096 at the default size; --quick 96; 0: all)",
+    )
+    p.add_argument(
+        "--cold-repeat",
+        type=int,
+        default=None,
+        help="cold sequential reads and cold preload populations, taken alternately, this many times "
+        "each; the median pass of each is kept (default 3; --quick 1)",
+    )
     p.add_argument("--zarr-limit", type=int, default=None, help="read at most this many samples per rank with zarr")
     p.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming baseline")
-    p.add_argument("--mosaic-venv", default=None,
-                   help="the Mosaic venv (default $DSTORE_MOSAIC_VENV or .cache/venv-mosaic; see tools/setup_mosaic.sh)")
+    p.add_argument(
+        "--mosaic-venv",
+        default=None,
+        help="the Mosaic venv (default $DSTORE_MOSAIC_VENV or .cache/venv-mosaic; see tools/setup_mosaic.sh)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
-    p.add_argument("--scaling", type=_ints, default=None,
-                   help="run under mpiexec -n K for each K listed (e.g. 1,2,4) into OUT/nK, then --collect them into OUT")
-    p.add_argument("--storage", default=None, metavar="pfs:KEY=VALUE,...",
-                   help="every reader reads through a temporary `dstore pfs` mount of the data with this model, "
-                        "e.g. pfs:latency=2ms,iops=2000,bandwidth=1GB/s (any subset; keys latency, open_latency, "
-                        "iops, bandwidth, jitter; see docs/storage.md)")
-    p.add_argument("--storage-sweep", nargs="*", default=None, metavar="SPEC",
-                   help="instead of the whole bench, the training view on each storage model listed ('local' "
-                        "or pfs:...; none listed: local, the file system alone, and 0.5/2/8 ms at 2000 ops/s); "
-                        "writes OUT/storage-sweep.{json,md,png}")
-    p.add_argument("--peers", nargs="*", default=None, metavar="SPEC",
-                   help="instead of the whole bench, the store beside WebDataset and LitData (installed by "
-                        "bash tools/setup_peers.sh; skipped with the reason otherwise) on each storage model listed "
-                        "('local' or pfs:...; none listed: local and pfs:latency=2ms,iops=300): first batch, epoch 0, "
-                        "steady epoch, storage bytes and operations, AU at each --consume rate, shuffle quality; "
-                        "writes OUT/peers.{json,md}")
-    p.add_argument("--no-dali", action="store_true",
-                   help="--peers: skip the decode comparison with NVIDIA DALI's CPU pipeline (its own venv: "
-                        "bash tools/setup_dali.sh; skipped with the reason where it is missing)")
-    p.add_argument("--dali-python", default=None,
-                   help="--peers: DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali/bin/python)")
-    p.add_argument("--consume", type=_ints, default=(1500, 3000, 6000), metavar="RATE,...",
-                   help="--peers: consumption rates in samples/s per rank, DLIO style (a sleep of batch/rate per "
-                        "batch stands for the step, decode skipped: the loaders hand over the stored bytes); "
-                        "AU = compute / wall per loader at each (default 1500,3000,6000)")
-    p.add_argument("--collect", nargs="+", default=None, metavar="RESULTS",
-                   help="merge results.json files (or their directories) of runs on different rank counts into "
-                        "OUT/scaling.{json,md,png}, and measure nothing")
+    p.add_argument(
+        "--scaling",
+        type=_ints,
+        default=None,
+        help="run under mpiexec -n K for each K listed (e.g. 1,2,4) into OUT/nK, then --collect them into OUT",
+    )
+    p.add_argument(
+        "--storage",
+        default=None,
+        metavar="pfs:KEY=VALUE,...",
+        help="every reader reads through a temporary `dstore pfs` mount of the data with this model, "
+        "e.g. pfs:latency=2ms,iops=2000,bandwidth=1GB/s (any subset; keys latency, open_latency, "
+        "iops, bandwidth, jitter; see docs/storage.md)",
+    )
+    p.add_argument(
+        "--storage-sweep",
+        nargs="*",
+        default=None,
+        metavar="SPEC",
+        help="instead of the whole bench, the training view on each storage model listed ('local' "
+        "or pfs:...; none listed: local, the file system alone, and 0.5/2/8 ms at 2000 ops/s); "
+        "writes OUT/storage-sweep.{json,md,png}",
+    )
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        default=None,
+        metavar="SPEC",
+        help="instead of the whole bench, the store beside WebDataset and LitData (installed by "
+        "bash tools/setup_peers.sh; skipped with the reason otherwise) on each storage model listed "
+        "('local' or pfs:...; none listed: local and pfs:latency=2ms,iops=300): first batch, epoch 0, "
+        "steady epoch, storage bytes and operations, AU at each --consume rate, shuffle quality; "
+        "writes OUT/peers.{json,md}",
+    )
+    p.add_argument(
+        "--no-dali",
+        action="store_true",
+        help="--peers: skip the decode comparison with NVIDIA DALI's CPU pipeline (its own venv: "
+        "bash tools/setup_dali.sh; skipped with the reason where it is missing)",
+    )
+    p.add_argument(
+        "--dali-python",
+        default=None,
+        help="--peers: DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali/bin/python)",
+    )
+    p.add_argument(
+        "--consume",
+        type=_ints,
+        default=(1500, 3000, 6000),
+        metavar="RATE,...",
+        help="--peers: consumption rates in samples/s per rank, DLIO style (a sleep of batch/rate per "
+        "batch stands for the step, decode skipped: the loaders hand over the stored bytes); "
+        "AU = compute / wall per loader at each (default 1500,3000,6000)",
+    )
+    p.add_argument(
+        "--collect",
+        nargs="+",
+        default=None,
+        metavar="RESULTS",
+        help="merge results.json files (or their directories) of runs on different rank counts into "
+        "OUT/scaling.{json,md,png}, and measure nothing",
+    )
 
 
 def _config(args):
@@ -113,23 +186,44 @@ def _config(args):
     if batch < 1:
         raise ConfigError(f"--batch-size={batch} must be >= 1")
     if args.compute_factor < 1.0:
-        raise ConfigError(f"--compute-factor={args.compute_factor} must be >= 1 (DLIO: compute at least the loader's time)")
+        raise ConfigError(
+            f"--compute-factor={args.compute_factor} must be >= 1 (DLIO: compute at least the loader's time)"
+        )
     if args.container and not os.path.exists(args.container):
         raise ConfigError(f"--container={args.container}: no such file or directory")
     storage, sweep = _storage_options(args)
     caches = ("cold", "warm")
     if args.cold != args.warm:
         caches = ("cold",) if args.cold else ("warm",)
-    return BenchConfig(out=args.out, count=count, mean_bytes=int(round(args.mean_kb * 1000)),
-                       sides=(int(args.sides[0]), int(args.sides[1])), data_dir=args.data_dir, container=args.container,
-                       batch_size=batch, seed=args.seed, caches=caches, num_workers=args.workers,
-                       decode_threads=args.decode_threads, decode_size=args.decode_size, growth=growth,
-                       compute_factor=args.compute_factor, train_samples=train or None, cold_repeat=cold_repeat,
-                       zarr_limit=args.zarr_limit, mosaic=not args.no_mosaic,
-                       mosaic_venv=args.mosaic_venv, plots=not args.no_plots, storage=storage,
-                       storage_sweep=sweep, peers=None if args.peers is None else tuple(args.peers),
-                       consume=tuple(args.consume), dali=not args.no_dali, dali_python=args.dali_python,
-                       command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"))
+    return BenchConfig(
+        out=args.out,
+        count=count,
+        mean_bytes=int(round(args.mean_kb * 1000)),
+        sides=(int(args.sides[0]), int(args.sides[1])),
+        data_dir=args.data_dir,
+        container=args.container,
+        batch_size=batch,
+        seed=args.seed,
+        caches=caches,
+        num_workers=args.workers,
+        decode_threads=args.decode_threads,
+        decode_size=args.decode_size,
+        growth=growth,
+        compute_factor=args.compute_factor,
+        train_samples=train or None,
+        cold_repeat=cold_repeat,
+        zarr_limit=args.zarr_limit,
+        mosaic=not args.no_mosaic,
+        mosaic_venv=args.mosaic_venv,
+        plots=not args.no_plots,
+        storage=storage,
+        storage_sweep=sweep,
+        peers=None if args.peers is None else tuple(args.peers),
+        consume=tuple(args.consume),
+        dali=not args.no_dali,
+        dali_python=args.dali_python,
+        command="dstore bench " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "bench"),
+    )
 
 
 def _or_default(args, name: str, full: int) -> int:
@@ -164,7 +258,9 @@ def _check_image_options(args) -> None:
         try:  # before anything is generated: can JPEGs of these sides average this size?
             noise_amplitude(args.mean_kb * 1000, args.sides[0], args.sides[1])
         except ConfigError as exc:
-            raise ConfigError(f"--mean-kb={args.mean_kb:g} with --sides={args.sides[0]},{args.sides[1]}: {exc}") from None
+            raise ConfigError(
+                f"--mean-kb={args.mean_kb:g} with --sides={args.sides[0]},{args.sides[1]}: {exc}"
+            ) from None
 
 
 def _storage_options(args):
@@ -220,8 +316,20 @@ def _scaling(args, argv: list[str]) -> int:
     outs = []
     for k in args.scaling:
         out = os.path.join(args.out, f"n{k}")
-        cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "dstore.tools", "bench", *rest, "--out", out,
-               "--data-dir", data_dir]
+        cmd = [
+            mpiexec,
+            "-n",
+            str(k),
+            sys.executable,
+            "-m",
+            "dstore.tools",
+            "bench",
+            *rest,
+            "--out",
+            out,
+            "--data-dir",
+            data_dir,
+        ]
         print(f"== {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
         code = subprocess.call(cmd)
         if code != 0:

@@ -6,7 +6,9 @@ HELP = "Summarise a container: samples, bytes, encoding, classes with counts, sa
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)")
+    parser.add_argument(
+        "container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 

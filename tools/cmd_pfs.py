@@ -6,19 +6,25 @@ from dstore.errors import ConfigError
 from dstore.tools.pfs.fs import add_model_arguments, check_source, model_from_args, serve, stats_path, summary
 from dstore.tools.pfs.mount import PfsMountError, check_mountpoint, fuse_available, stale_mounts, unmount_command
 
-HELP = ("serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-system model (latency per read "
-        "and per open, iops and bandwidth shared by every reader, no page cache) until Ctrl-C/SIGTERM; "
-        "see docs/storage.md")
+HELP = (
+    "serve directory SOURCE read-only at MOUNTPOINT through a parallel-file-system model (latency per read "
+    "and per open, iops and bandwidth shared by every reader, no page cache) until Ctrl-C/SIGTERM; "
+    "see docs/storage.md"
+)
 
 
 def add_arguments(p) -> None:
     p.add_argument("source", metavar="SOURCE", nargs="?", help="the directory to serve")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?",
-                   help="an existing, empty directory outside SOURCE to mount it at")
+    p.add_argument(
+        "mountpoint", metavar="MOUNTPOINT", nargs="?", help="an existing, empty directory outside SOURCE to mount it at"
+    )
     add_model_arguments(p)
     p.add_argument("--stats-json", default=None, help="also write what was served to this JSON file on exit")
-    p.add_argument("--find-stale", action="store_true",
-                   help="only list dstore pfs mounts left by killed runs, with the command that removes each")
+    p.add_argument(
+        "--find-stale",
+        action="store_true",
+        help="only list dstore pfs mounts left by killed runs, with the command that removes each",
+    )
 
 
 def run(args) -> int:

@@ -10,31 +10,45 @@ LOCAL_BANDWIDTH = "480MB/s"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("container", nargs="?", help="a container (its N, mean and largest samples); or give "
-                        "--samples and --mean-bytes")
+    parser.add_argument(
+        "container", nargs="?", help="a container (its N, mean and largest samples); or give --samples and --mean-bytes"
+    )
     parser.add_argument("--samples", type=int, help="number of samples (without a container)")
     parser.add_argument("--mean-bytes", help="mean sample size, e.g. 110KB (without a container)")
     parser.add_argument("--nodes", type=int, nargs="+", default=[1], help="nodes (several: one forecast each)")
     parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
     parser.add_argument("--memory-per-node", default="256G", help="memory per node, e.g. 256G")
-    parser.add_argument("--memory-budget", help="each rank's store budget, as the store's memory_budget / "
-                        "$DSTORE_MEMORY_BUDGET (default: the store's, 70%% of the node's memory left once its ranks "
-                        "started, over its ranks)")
+    parser.add_argument(
+        "--memory-budget",
+        help="each rank's store budget, as the store's memory_budget / "
+        "$DSTORE_MEMORY_BUDGET (default: the store's, 70%% of the node's memory left once its ranks "
+        "started, over its ranks)",
+    )
     parser.add_argument("--storage-lookahead", type=int, default=4, help="the tiered store's storage_lookahead")
     parser.add_argument("--network", type=float, default=12.5, help="network GB/s per node")
-    parser.add_argument("--storage", default="local", metavar="local|pfs:KEY=VALUE,...",
-                        help="the job's share of the storage, as `dstore pfs` spells it, e.g. "
-                             "pfs:latency=2ms,iops=2000,bandwidth=1GB/s")
-    parser.add_argument("--local-bandwidth", default=None,
-                        help="bytes/s per node of the disk under the storage (the population's floor); default "
-                             f"{LOCAL_BANDWIDTH} (this machine's, measured) with --storage local, else none")
+    parser.add_argument(
+        "--storage",
+        default="local",
+        metavar="local|pfs:KEY=VALUE,...",
+        help="the job's share of the storage, as `dstore pfs` spells it, e.g. "
+        "pfs:latency=2ms,iops=2000,bandwidth=1GB/s",
+    )
+    parser.add_argument(
+        "--local-bandwidth",
+        default=None,
+        help="bytes/s per node of the disk under the storage (the population's floor); default "
+        f"{LOCAL_BANDWIDTH} (this machine's, measured) with --storage local, else none",
+    )
     parser.add_argument("--consume", type=float, default=1000.0, help="samples/s each rank's training step takes")
     parser.add_argument("--batch-size", type=int, default=None, help="global batch size (default: 64 per rank)")
     parser.add_argument("--threads", type=int, default=4, help="population reads in flight per rank")
     parser.add_argument("--workers", type=int, help="decode workers per rank (default: as many as --consume needs)")
     parser.add_argument("--decode-ms", type=float, default=4.0, help="CPU ms to decode and augment one sample")
-    parser.add_argument("--bench", help="a `dstore bench` results.json: the disk bandwidth and decode cost "
-                                        "it measured replace --local-bandwidth and --decode-ms")
+    parser.add_argument(
+        "--bench",
+        help="a `dstore bench` results.json: the disk bandwidth and decode cost "
+        "it measured replace --local-bandwidth and --decode-ms",
+    )
     parser.add_argument("--json", action="store_true", help="print the forecasts as JSON")
 
 
@@ -102,15 +116,20 @@ def _inputs(args) -> dict:
         capacity.check_number("--nodes", nodes, low=1, integer=True)
         ranks = nodes * args.ranks_per_node
         if args.batch_size is not None and args.batch_size < ranks:
-            raise ConfigError(f"--batch-size={args.batch_size} is the global batch size and must be >= the number "
-                              f"of ranks ({ranks} for --nodes {nodes} x --ranks-per-node {args.ranks_per_node})")
+            raise ConfigError(
+                f"--batch-size={args.batch_size} is the global batch size and must be >= the number "
+                f"of ranks ({ranks} for --nodes {nodes} x --ranks-per-node {args.ranks_per_node})"
+            )
     if args.container and (args.samples is not None or args.mean_bytes is not None):
         raise ConfigError("give a container or --samples and --mean-bytes, not both (the container has its own)")
     if not args.container and (args.samples is None or args.mean_bytes is None):
         raise ConfigError("give a container, or both --samples and --mean-bytes")
     sizes = {}
-    for flag, dest in (("--mean-bytes", "mean_bytes"), ("--memory-per-node", "memory_per_node"),
-                       ("--memory-budget", "memory_budget")):
+    for flag, dest in (
+        ("--mean-bytes", "mean_bytes"),
+        ("--memory-per-node", "memory_per_node"),
+        ("--memory-budget", "memory_budget"),
+    ):
         text = getattr(args, dest)
         if text is not None:
             sizes[dest] = parse_bytes(text, flag)
@@ -126,8 +145,12 @@ def _inputs(args) -> dict:
         disk, dec = _from_bench(args.bench)
         local_bw = disk if disk is not None else local_bw
         decode_s = dec if dec is not None else decode_s
-    return {"sizes": sizes, "local_bandwidth": local_bw, "decode_seconds": decode_s,
-            "storage": capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth)}
+    return {
+        "sizes": sizes,
+        "local_bandwidth": local_bw,
+        "decode_seconds": decode_s,
+        "storage": capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth),
+    }
 
 
 def run(args) -> int:
@@ -155,15 +178,25 @@ def run(args) -> int:
     out = []
     for nodes in args.nodes:
         if args.batch_size is not None and args.batch_size > n:  # (the default, 64 per rank, is a sketch's)
-            raise ConfigError(f"--batch-size={args.batch_size} is larger than the data ({n:,} samples): no epoch has "
-                              f"one whole step; give --batch-size {n:,} or less")
-        cl = capacity.Cluster(nodes=nodes, ranks_per_node=args.ranks_per_node,
-                              memory_per_node=sizes["memory_per_node"],
-                              network=args.network * 1e9, consume=args.consume,
-                              batch_size=args.batch_size or 64 * nodes * args.ranks_per_node,
-                              threads=args.threads, workers=args.workers, decode_seconds=inputs["decode_seconds"],
-                              local_bandwidth=inputs["local_bandwidth"], storage_lookahead=args.storage_lookahead,
-                              memory_budget=sizes.get("memory_budget"), reader_index_bytes=reader_index)
+            raise ConfigError(
+                f"--batch-size={args.batch_size} is larger than the data ({n:,} samples): no epoch has "
+                f"one whole step; give --batch-size {n:,} or less"
+            )
+        cl = capacity.Cluster(
+            nodes=nodes,
+            ranks_per_node=args.ranks_per_node,
+            memory_per_node=sizes["memory_per_node"],
+            network=args.network * 1e9,
+            consume=args.consume,
+            batch_size=args.batch_size or 64 * nodes * args.ranks_per_node,
+            threads=args.threads,
+            workers=args.workers,
+            decode_seconds=inputs["decode_seconds"],
+            local_bandwidth=inputs["local_bandwidth"],
+            storage_lookahead=args.storage_lookahead,
+            memory_budget=sizes.get("memory_budget"),
+            reader_index_bytes=reader_index,
+        )
         if offsets is not None:  # a container given
             per_step = min(-(-cl.batch_size // cl.ranks) + 1, n)
             largest = plan.largest_sum(offsets, per_step)

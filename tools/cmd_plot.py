@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-HELP = ("Draw a training run's curves (loss, accuracy, samples/s, data wait per epoch) into a PNG "
-        "(needs matplotlib: the bench extra).")
+HELP = (
+    "Draw a training run's curves (loss, accuracy, samples/s, data wait per epoch) into a PNG "
+    "(needs matplotlib: the bench extra)."
+)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a dstore train run directory (an LTFB job's too)")
-    parser.add_argument("--out", default=None, metavar="PNG",
-                        help="where the PNG goes (a missing folder is created; default: RUN_DIR/curves.png)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="PNG",
+        help="where the PNG goes (a missing folder is created; default: RUN_DIR/curves.png)",
+    )
 
 
 def run(args) -> int:

@@ -12,23 +12,34 @@ from dstore.tools import flags
 from dstore.training.config import RUN, TrainConfig
 from dstore.training.metrics import _plain
 
-HELP = ("Train a model data-parallel (torch DDP bootstrapped from MPI) on batches served by the "
-        "distributed store; with no container, ingests and trains on the built-in `digits` set.")
+HELP = (
+    "Train a model data-parallel (torch DDP bootstrapped from MPI) on batches served by the "
+    "distributed store; with no container, ingests and trains on the built-in `digits` set."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """A flag per field of TrainConfig (its default, choices and help are the field's), and --json."""
     groups = flags.add_fields(p, TrainConfig)
-    groups[RUN].add_argument("--config", metavar="FILE",
-                             help="read flags from a YAML or JSON file (keys: flag names, e.g. batch_size: 256; a "
-                                  "run's config.json works as it is); flags on the command line override it "
-                                  "(default: none)")
-    groups[RUN].add_argument("--print-config", action="store_true",
-                             help="print the resolved configuration (file, then command line) as JSON, valid "
-                                  "input for --config, and exit without training")
-    groups[RUN].add_argument("--json", action="store_true",
-                             help="rank 0's progress lines go to stderr and the run's summary (run dir, per-epoch "
-                                  "metrics, test metrics) is printed on stdout as one JSON object")
+    groups[RUN].add_argument(
+        "--config",
+        metavar="FILE",
+        help="read flags from a YAML or JSON file (keys: flag names, e.g. batch_size: 256; a "
+        "run's config.json works as it is); flags on the command line override it "
+        "(default: none)",
+    )
+    groups[RUN].add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (file, then command line) as JSON, valid "
+        "input for --config, and exit without training",
+    )
+    groups[RUN].add_argument(
+        "--json",
+        action="store_true",
+        help="rank 0's progress lines go to stderr and the run's summary (run dir, per-epoch "
+        "metrics, test metrics) is printed on stdout as one JSON object",
+    )
 
 
 def run(args) -> int:
@@ -62,8 +73,9 @@ def _run(args, cfg: TrainConfig, watch: Preemption) -> int:
     if args.json:
         import json
 
-        summary = {k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "preempted", "ltfb")
-                   if k in result}
+        summary = {
+            k: result.get(k) for k in ("run_dir", "test", "epochs", "stopped_early", "preempted", "ltfb") if k in result
+        }
         print(json.dumps(_plain(summary)), flush=True)
     elif result["test"] is None and not result["stopped_early"]:
         print("no held-out set (--holdout 0 and no --val): no test accuracy", flush=True)
@@ -87,13 +99,18 @@ def resume_defaults(args, cfg: TrainConfig, comm, say=None) -> TrainConfig:
     if path is None and given is not None and "data" not in given:
         missing = on_root(comm, missing_run_config, cfg.resume, cfg.run_dir, cfg.runs_root)
         if missing is not None:
-            raise ConfigError(f"--resume {cfg.resume}: the run's {missing} is missing, so its flags (the data set "
-                              f"first) are not known: put it back, or give them again on the command line")
+            raise ConfigError(
+                f"--resume {cfg.resume}: the run's {missing} is missing, so its flags (the data set "
+                f"first) are not known: put it back, or give them again on the command line"
+            )
     if path is None:  # no run to take from, or args not parsed by dstore's main: every flag as given
         return cfg
     saved = on_root(comm, config_file.read_values, args.command_parser, path)
-    taken = {k: v for k, v in saved.items()
-             if k not in given and (k == "data" or k not in NOT_COMPARED) and k in TrainConfig.__dataclass_fields__}
+    taken = {
+        k: v
+        for k, v in saved.items()
+        if k not in given and (k == "data" or k not in NOT_COMPARED) and k in TrainConfig.__dataclass_fields__
+    }
     if comm.Get_rank() == 0 and taken:
         (say or console.say)(f"--resume: the flags not given are the run's own, from {path}")
     return dataclasses.replace(cfg, **taken)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-HELP = ("Check a container: recompute every sample's checksum, check labels against the class names, "
-        "optionally decode every sample. Runs in parallel under mpiexec. Exits 1 naming every bad sample.")
+HELP = (
+    "Check a container: recompute every sample's checksum, check labels against the class names, "
+    "optionally decode every sample. Runs in parallel under mpiexec. Exits 1 naming every bad sample."
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)")
+    parser.add_argument(
+        "container", help="an .h5 file, a .zarr directory, or a sharded manifest (.json or its directory)"
+    )
     parser.add_argument("--decode", action="store_true", help="also decode every sample (slow)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
 

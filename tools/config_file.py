@@ -59,8 +59,11 @@ def read(path: str) -> dict:
 
 def _actions_by_dest(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The parser's value-taking options by dest (positionals too), but --config itself and --help."""
-    return {a.dest: a for a in parser._actions
-            if a.dest not in ("help", "config", "print_config") and a.default is not argparse.SUPPRESS}
+    return {
+        a.dest: a
+        for a in parser._actions
+        if a.dest not in ("help", "config", "print_config") and a.default is not argparse.SUPPRESS
+    }
 
 
 def _value(action: argparse.Action, key: str, value, path: str):

@@ -37,8 +37,9 @@ class DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string in self.deprecated:
-            warnings.warn(f"{option_string} is deprecated: use {self.deprecated[option_string]}",
-                          FutureWarning, stacklevel=2)
+            warnings.warn(
+                f"{option_string} is deprecated: use {self.deprecated[option_string]}", FutureWarning, stacklevel=2
+            )
         setattr(namespace, self.dest, values)
 
 
@@ -95,8 +96,10 @@ def argument(field: dataclasses.Field) -> tuple[tuple[str, ...], dict]:
             if read is not None:
                 kw["type"] = read
         else:
-            raise TypeError(f"field {field.name!r}: how to read a {field.type} from the command line? "
-                            "give it a `parse` in its metadata")
+            raise TypeError(
+                f"field {field.name!r}: how to read a {field.type} from the command line? "
+                "give it a `parse` in its metadata"
+            )
         for key in ("choices", "metavar"):
             if key in meta:
                 kw[key] = meta[key]

@@ -64,7 +64,7 @@ def resize_to(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     if img.shape[:2] == tuple(size):
         return img
     top, left, bh, bw = box(img.shape[:2], size)
-    return resize(img[top:top + bh, left:left + bw], size)
+    return resize(img[top : top + bh, left : left + bw], size)
 
 
 RECIPES = ("cifar", "imagenet")
@@ -107,7 +107,9 @@ def random_resized_box(shape: tuple[int, int], rng, scale=RRC_SCALE, ratio=RRC_R
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def centre_box(shape: tuple[int, int], size: tuple[int, int], resize_ratio: float = 256 / 224) -> tuple[int, int, int, int]:
+def centre_box(
+    shape: tuple[int, int], size: tuple[int, int], resize_ratio: float = 256 / 224
+) -> tuple[int, int, int, int]:
     """(top, left, height, width), in the image's own pixels, of what torchvision's evaluation
     transform `Resize(round(size * resize_ratio))` + `CenterCrop(size)` keeps of an image of `shape`:
     the shorter side resized to S = int(min(size) * resize_ratio) (torchvision's Resize(int): the
@@ -204,12 +206,16 @@ class ImageTransform:
             raise ConfigError(f"resize={self.resize!r} must be one of {RESIZES}")
         if self.resize == "torchvision":
             if self.recipe != "imagenet":
-                raise ConfigError(f"resize='torchvision' is torchvision's ImageNet transforms: it needs "
-                                  f"recipe='imagenet', not {self.recipe!r}")
+                raise ConfigError(
+                    f"resize='torchvision' is torchvision's ImageNet transforms: it needs "
+                    f"recipe='imagenet', not {self.recipe!r}"
+                )
             if max(self.size) > int(min(self.size) * 256 / 224):
-                raise ConfigError(f"resize='torchvision' with size={tuple(self.size)}: torchvision's "
-                                  f"CenterCrop would pad the Resize({int(min(self.size) * 256 / 224)}) of a "
-                                  f"narrow image; give a size whose sides differ by at most 8/7")
+                raise ConfigError(
+                    f"resize='torchvision' with size={tuple(self.size)}: torchvision's "
+                    f"CenterCrop would pad the Resize({int(min(self.size) * 256 / 224)}) of a "
+                    f"narrow image; give a size whose sides differ by at most 8/7"
+                )
 
     @property
     def deferrable(self) -> bool:
@@ -239,7 +245,9 @@ class ImageTransform:
             return box(shape, self.size), self.draw(rng)
         if self.train:
             if rng is None:
-                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
+                raise ConfigError(
+                    "a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)"
+                )
             where = random_resized_box(shape, rng)
         elif self.resize == "torchvision":  # the whole image: its resize's window is placed from its size
             where = (0, 0, int(shape[0]), int(shape[1]))
@@ -252,7 +260,7 @@ class ImageTransform:
         training, `resized_crop` of the box `where`; evaluation, `Resize` + `CenterCrop` of the
         image `where` covers (the whole image, `plan`)."""
         top, left, bh, bw = (int(v) for v in where)
-        part = img[top:top + bh, left:left + bw]
+        part = img[top : top + bh, left : left + bw]
         if self.train:
             return antialias.resize(part, self.size)
         resized, offset = antialias.centre_window(part.shape[:2], self.size)
@@ -262,8 +270,9 @@ class ImageTransform:
     """The transform makes the one resize to `size` (a StoreLoader then only decodes at a DCT scale
     at least that large, and does not resize first)."""
 
-    def sample_part(self, img: np.ndarray, rng=None, *, defer_resize: bool = False,
-                    plan=None) -> tuple[np.ndarray, np.ndarray]:
+    def sample_part(
+        self, img: np.ndarray, rng=None, *, defer_resize: bool = False, plan=None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The part that needs the sample alone (CPU, no torch): the (H, W, C) uint8 image resized
         (`resize_to`) and randomly cropped, and the int32 parameters of the rest, drawn here from
         the same `rng` in a fixed order (crop, flip, jitter) and applied to a whole batch by
@@ -283,7 +292,7 @@ class ImageTransform:
             if defer_resize:
                 raise ConfigError("resize='torchvision' is not a batch op: it cannot be deferred (resize_on='device')")
             return self._torchvision(img, (top, left, bh, bw)), params
-        part = img[top:top + bh, left:left + bw]
+        part = img[top : top + bh, left : left + bw]
         if defer_resize:
             img = fit(part, self.size)
             params[3:5] = img.shape[:2]
@@ -301,7 +310,9 @@ class ImageTransform:
         params = IDENTITY.copy()
         if self.train:
             if rng is None:
-                raise ConfigError("a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)")
+                raise ConfigError(
+                    "a training transform needs an rng (numpy Generator or dstore.loader.draws.KeyedDraws)"
+                )
             if self.pad > 0:
                 top, left = rng.integers(0, 2 * self.pad + 1, size=2)
                 params[5] = int(top) - self.pad
@@ -394,7 +405,8 @@ class ImageTransform:
         if images.is_floating_point():
             return images
         return (images.float() * (1.0 / 255.0) - _per_channel(tuple(self.mean), images.device)) / _per_channel(
-            tuple(self.std), images.device)
+            tuple(self.std), images.device
+        )
 
 
 PARAMS = ("flip", "brightness", "contrast", "box_height", "box_width", "crop_dy", "crop_dx")
@@ -446,8 +458,10 @@ def per_channel(values, channels: int, flag: str) -> tuple[float, ...]:
     if len(out) == 1:
         return out * channels
     if len(out) != channels:
-        raise ConfigError(f"{flag} {','.join(f'{v:g}' for v in out)}: {len(out)} values for {channels}-channel "
-                          f"input; give one (for every channel) or {channels}")
+        raise ConfigError(
+            f"{flag} {','.join(f'{v:g}' for v in out)}: {len(out)} values for {channels}-channel "
+            f"input; give one (for every channel) or {channels}"
+        )
     return out
 
 
@@ -471,5 +485,6 @@ def channel_stats(images: list[np.ndarray]) -> tuple[tuple[float, ...], tuple[fl
 
 
 if TYPE_CHECKING:  # pyright checks that ImageTransform is all a StoreLoader can use of a transform
+
     def _splits(tf: ImageTransform) -> SplitTransform:
         return tf

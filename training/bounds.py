@@ -14,7 +14,9 @@ from dstore.memory.limits import available_memory, fmt_bytes
 from dstore.runtime.collective import agree, topology
 
 
-def memory_bound_error(cfg, *, reserve: int, ranks_on_node: int, available: tuple[int, str]) -> MemoryBudgetError | None:
+def memory_bound_error(
+    cfg, *, reserve: int, ranks_on_node: int, available: tuple[int, str]
+) -> MemoryBudgetError | None:
     """The error for this rank (not raised), or None: `cfg.memory_budget` per rank, or the loaders'
     `reserve` (dstore.training.budget.loader_reserve), times the node's ranks past what the node has
     `available` ((bytes, what they are))."""
@@ -23,19 +25,22 @@ def memory_bound_error(cfg, *, reserve: int, ranks_on_node: int, available: tupl
     if cfg.memory_budget is not None and cfg.memory_budget > share:
         return MemoryBudgetError(
             f"--memory-budget {fmt_bytes(cfg.memory_budget)} per rank x {ranks_on_node} rank(s) on the node is more "
-            f"than the node's available memory ({where}); give at most {fmt_bytes(share)}")
+            f"than the node's available memory ({where}); give at most {fmt_bytes(share)}"
+        )
     if reserve > share:
         size = "x".join(map(str, cfg.image_size)) if cfg.image_size else "the model's"
         return MemoryBudgetError(
             f"the loaders' decoded batches would take {fmt_bytes(reserve)} per rank (--batch-size {cfg.batch_size}, "
             f"--image-size {size}, --decode-threads {cfg.decode_threads}), x {ranks_on_node} rank(s) on the node more "
-            f"than its available memory ({where}); lower --batch-size or --image-size")
+            f"than its available memory ({where}); lower --batch-size or --image-size"
+        )
     return None
 
 
 def check_memory_bounds(comm, cfg, reserve: int) -> None:
     """Collective over `comm`: every rank raises MemoryBudgetError if some rank's memory_bound_error
     is not None."""
-    exc = memory_bound_error(cfg, reserve=reserve, ranks_on_node=topology(comm, emulate=True).local_size,
-                             available=available_memory())
+    exc = memory_bound_error(
+        cfg, reserve=reserve, ranks_on_node=topology(comm, emulate=True).local_size, available=available_memory()
+    )
     agree(comm, exc)

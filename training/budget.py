@@ -26,8 +26,11 @@ def share_budget(comm, stores, *, budget: int | None, reserve: int = 0) -> list[
     stores = [s for s in stores if isinstance(s, DataStore)]
     if not stores:
         return None
-    total, source = ((int(budget), "--memory-budget") if budget is not None
-                     else default_budget(topology(comm, emulate=True).local_size))
+    total, source = (
+        (int(budget), "--memory-budget")
+        if budget is not None
+        else default_budget(topology(comm, emulate=True).local_size)
+    )
     needs = [s.memory_needs() for s in stores]
     avail = total - int(reserve)
     exc = None
@@ -37,12 +40,16 @@ def share_budget(comm, stores, *, budget: int | None, reserve: int = 0) -> list[
             f"rank {comm.Get_rank()}: the memory budget {fmt_bytes(total)} ({source}) less "
             f"{fmt_bytes(reserve)} for the loaders' batches leaves {fmt_bytes(avail)}, but the trainer's "
             f"{len(stores)} store(s) need {fmt_bytes(floor)} of buffers even with nothing resident; raise "
-            f"--memory-budget or lower --batch-size/--prefetch")
+            f"--memory-budget or lower --batch-size/--prefetch"
+        )
     agree(comm, exc)
     budgets = _divide(avail, needs)
     for store, b in zip(stores, budgets):
-        store.limit_memory(b, f"its part, {fmt_bytes(b)}, of the trainer's {fmt_bytes(total)} ({source}) shared by "
-                              f"{len(stores)} store(s) and {fmt_bytes(reserve)} for the loaders' batches")
+        store.limit_memory(
+            b,
+            f"its part, {fmt_bytes(b)}, of the trainer's {fmt_bytes(total)} ({source}) shared by "
+            f"{len(stores)} store(s) and {fmt_bytes(reserve)} for the loaders' batches",
+        )
     return budgets
 
 

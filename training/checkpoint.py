@@ -66,9 +66,12 @@ def rng_state() -> dict:
     return {
         "cuda": cuda,
         "torch": torch.get_rng_state(),
-        "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]),
-                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
         "python": random.getstate(),
     }
 
@@ -82,9 +85,14 @@ def set_rng_state(state: dict) -> None:
     if cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda)
     npst = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937",
-                         "state": {"key": npst["key"].numpy().astype(np.uint32), "pos": npst["pos"]},
-                         "has_gauss": npst["has_gauss"], "gauss": npst["gauss"]})
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": npst["key"].numpy().astype(np.uint32), "pos": npst["pos"]},
+            "has_gauss": npst["has_gauss"],
+            "gauss": npst["gauss"],
+        }
+    )
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
 
@@ -106,9 +114,10 @@ def save_checkpoint(path: str | os.PathLike, payload: dict) -> str:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:  # torch reports a failed write (a full disk) as RuntimeError
-        raise OutputError(f"checkpoint {path}: cannot write it: {_write_failure(exc, path)}; "
-                          + ("the checkpoint there before is kept" if os.path.exists(path) else "no checkpoint written")
-                          ) from None
+        raise OutputError(
+            f"checkpoint {path}: cannot write it: {_write_failure(exc, path)}; "
+            + ("the checkpoint there before is kept" if os.path.exists(path) else "no checkpoint written")
+        ) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -196,12 +205,16 @@ def resolve_job_resume(resume: str | None, run_dir: str | None, runs_root: str, 
     elif os.path.isfile(resume) and os.path.basename(os.path.dirname(os.path.abspath(resume))).startswith("trainer"):
         job = os.path.dirname(os.path.dirname(os.path.abspath(resume)))
     else:
-        raise ConfigError(f"--resume {resume!r}: with --trainers {trainers}, give the job's run directory "
-                          f"(holding trainer0/ ... trainer{trainers - 1}/) or one of its trainers' {CHECKPOINT_NAME}")
+        raise ConfigError(
+            f"--resume {resume!r}: with --trainers {trainers}, give the job's run directory "
+            f"(holding trainer0/ ... trainer{trainers - 1}/) or one of its trainers' {CHECKPOINT_NAME}"
+        )
     missing = [k for k in range(trainers) if not os.path.isfile(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))]
     if missing:
-        raise ConfigError(f"--resume: {job} has no {CHECKPOINT_NAME} for trainer(s) {missing}; a tournament of "
-                          f"{trainers} trainers resumes only with every trainer's checkpoint")
+        raise ConfigError(
+            f"--resume: {job} has no {CHECKPOINT_NAME} for trainer(s) {missing}; a tournament of "
+            f"{trainers} trainers resumes only with every trainer's checkpoint"
+        )
     return job
 
 
@@ -237,24 +250,33 @@ def container_identity(reader) -> dict:
     path = os.fspath(reader.path)
     from dstore.formats.objects import is_url
 
-    return {"path": path if is_url(path) else os.path.abspath(path), "num_samples": int(reader.num_samples),
-            "total_bytes": int(reader.total_bytes), "checksums_sha256": hashlib.sha256(crcs.tobytes()).hexdigest()}
+    return {
+        "path": path if is_url(path) else os.path.abspath(path),
+        "num_samples": int(reader.num_samples),
+        "total_bytes": int(reader.total_bytes),
+        "checksums_sha256": hashlib.sha256(crcs.tobytes()).hexdigest(),
+    }
 
 
 def _check_same_mix(saved: dict, current: dict, checkpoint_path: str) -> None:
     """check_same_container where either side is a mix ({"mix": [identity + "weight", ...]}): the
     same containers (by contents) with the same weights, in the same order."""
+
     def key(c):
-        return [(m.get("num_samples"), m.get("total_bytes"), m.get("checksums_sha256"), m.get("weight"))
-                for m in c.get("mix", [c])]
+        return [
+            (m.get("num_samples"), m.get("total_bytes"), m.get("checksums_sha256"), m.get("weight"))
+            for m in c.get("mix", [c])
+        ]
 
     def describe(c):
         return " ".join(f"{m.get('path')}" + (f":{m['weight']:g}" if "weight" in m else "") for m in c.get("mix", [c]))
 
     if key(saved) != key(current):
-        raise ConfigError(f"cannot resume: checkpoint {checkpoint_path} was made on {describe(saved)}, but this run "
-                          f"trains on {describe(current)} (other containers or weights). Resume with the data it "
-                          f"was made on, or start a new run (another --run-dir, no --resume)")
+        raise ConfigError(
+            f"cannot resume: checkpoint {checkpoint_path} was made on {describe(saved)}, but this run "
+            f"trains on {describe(current)} (other containers or weights). Resume with the data it "
+            f"was made on, or start a new run (another --run-dir, no --resume)"
+        )
 
 
 def check_same_container(saved: dict | None, current: dict, checkpoint_path: str) -> None:
@@ -273,9 +295,13 @@ def check_same_container(saved: dict | None, current: dict, checkpoint_path: str
         return
 
     def describe(c):
-        return (f"{c.get('path')} ({c.get('num_samples')} samples, {c.get('total_bytes')} bytes, checksums "
-                f"sha256 {str(c.get('checksums_sha256'))[:12]}...)")
+        return (
+            f"{c.get('path')} ({c.get('num_samples')} samples, {c.get('total_bytes')} bytes, checksums "
+            f"sha256 {str(c.get('checksums_sha256'))[:12]}...)"
+        )
 
-    raise ConfigError(f"cannot resume: checkpoint {checkpoint_path} was made on container {describe(saved)}, but "
-                      f"this run trains on {describe(current)}; they differ in {', '.join(differ)}. Resume with "
-                      f"the container it was made on, or start a new run (another --run-dir, no --resume)")
+    raise ConfigError(
+        f"cannot resume: checkpoint {checkpoint_path} was made on container {describe(saved)}, but "
+        f"this run trains on {describe(current)}; they differ in {', '.join(differ)}. Resume with "
+        f"the container it was made on, or start a new run (another --run-dir, no --resume)"
+    )

@@ -50,30 +50,42 @@ def describe_io(stats: dict) -> str:
     if "samples_local" in stats:
         return _describe_store(stats)
     if "sources" in stats:  # a mix (MixedStore): each source's store, its own figures
-        return "; ".join(f"source {k}: {describe_io(st) if st else 'no epoch yet'}"
-                         for k, st in enumerate(stats["sources"]))
+        return "; ".join(
+            f"source {k}: {describe_io(st) if st else 'no epoch yet'}" for k, st in enumerate(stats["sources"])
+        )
     if "samples_read" in stats:
-        how = (f"from their own files, {stats['read_threads']} at once" if "read_threads" in stats
-               else "one by one from the file")
-        return (f"whole run: {stats['samples_read']} samples read {how}, "
-                f"{human_bytes(stats['bytes_read'])} in {stats['read_s']:.2f} s")
+        how = (
+            f"from their own files, {stats['read_threads']} at once"
+            if "read_threads" in stats
+            else "one by one from the file"
+        )
+        return (
+            f"whole run: {stats['samples_read']} samples read {how}, "
+            f"{human_bytes(stats['bytes_read'])} in {stats['read_s']:.2f} s"
+        )
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(stats.items()))
 
 
 def _describe_store(st: dict) -> str:
     """describe_io's line for a DataStore's epoch figures (EpochStats.as_dict())."""
     moved = st["bytes_local"] + st.get("bytes_node", 0) + st["bytes_remote"]
-    line = (f"epoch {st['epoch']}: {st['samples']} samples ({st['samples_local']} local, "
-            f"{st.get('samples_node', 0)} from node peers' memory, {st['samples_remote']} remote, "
-            f"{st['pads']} pad), {human_bytes(moved)}, {human_bytes(st['bytes_remote'])} of it in "
-            f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
-            f"{st['wait_seconds'] * 1e3:.1f} ms")
+    line = (
+        f"epoch {st['epoch']}: {st['samples']} samples ({st['samples_local']} local, "
+        f"{st.get('samples_node', 0)} from node peers' memory, {st['samples_remote']} remote, "
+        f"{st['pads']} pad), {human_bytes(moved)}, {human_bytes(st['bytes_remote'])} of it in "
+        f"{st['gets']} gets; fetch {st['fetch_seconds'] * 1e3:.1f} ms, consumer wait "
+        f"{st['wait_seconds'] * 1e3:.1f} ms"
+    )
     if st.get("samples_storage"):  # data larger than the memory budget: the rest from storage
-        line += (f"; from storage {st['samples_storage']} samples, {human_bytes(st['bytes_storage'])} in "
-                 f"{st['storage_reads']} reads (wait {st['storage_wait_seconds'] * 1e3:.1f} ms)")
+        line += (
+            f"; from storage {st['samples_storage']} samples, {human_bytes(st['bytes_storage'])} in "
+            f"{st['storage_reads']} reads (wait {st['storage_wait_seconds'] * 1e3:.1f} ms)"
+        )
     if st.get("population_seconds"):
-        line += (f"; population {human_bytes(st['population_bytes'])} in "
-                 f"{st['population_seconds'] * 1e3:.1f} ms ({fmt_rate(st['population_MBps'] * 1e6)})")
+        line += (
+            f"; population {human_bytes(st['population_bytes'])} in "
+            f"{st['population_seconds'] * 1e3:.1f} ms ({fmt_rate(st['population_MBps'] * 1e6)})"
+        )
     return line
 
 
@@ -101,25 +113,31 @@ def summarize_io(all_stats: list[dict], loader: str) -> str:
     figures go to metrics.jsonl). One rank: describe_io's line. No figures (a run resumed at its
     end trains no epoch): a line that says so, not an empty one."""
     if not any(all_stats):
-        return (f"data I/O ({loader}): no epoch trained in this run (it resumed at the run's end); the "
-                "earlier epochs' figures are in metrics.jsonl (io_stats)")
+        return (
+            f"data I/O ({loader}): no epoch trained in this run (it resumed at the run's end); the "
+            "earlier epochs' figures are in metrics.jsonl (io_stats)"
+        )
     if len(all_stats) == 1:
         return f"data I/O ({loader}): {describe_io(all_stats[0])}"
     first = all_stats[0]
     if "sources" in first:  # a mix (MixedStore): one group of figures per source
-        body = "; ".join(f"source {k}: {_over_ranks([st['sources'][k] for st in all_stats]) or 'no epoch yet'}"
-                         for k in range(len(first["sources"])))
+        body = "; ".join(
+            f"source {k}: {_over_ranks([st['sources'][k] for st in all_stats]) or 'no epoch yet'}"
+            for k in range(len(first["sources"]))
+        )
     else:
         body = _over_ranks(all_stats)
     where = f", epoch {first['epoch']}" if "epoch" in first else ""
-    return (f"data I/O over {len(all_stats)} ranks ({loader}{where}), min / median / max per rank: {body} "
-            f"(each rank's figures: metrics.jsonl, io_stats)")
+    return (
+        f"data I/O over {len(all_stats)} ranks ({loader}{where}), min / median / max per rank: {body} "
+        f"(each rank's figures: metrics.jsonl, io_stats)"
+    )
 
 
 def _over_ranks(all_stats: list[dict]) -> str:
-    """"label min / median / max, ..." over the ranks' figures of one store (or reader)."""
+    """ "label min / median / max, ..." over the ranks' figures of one store (or reader)."""
     first = all_stats[0]
-    figures = (_STORE_FIGURES if "samples_local" in first else _READ_FIGURES if "samples_read" in first else ())
+    figures = _STORE_FIGURES if "samples_local" in first else _READ_FIGURES if "samples_read" in first else ()
     parts = []
     for label, get, show in figures:
         try:

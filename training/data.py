@@ -64,8 +64,10 @@ def _open_cache_lock(path: str) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         why = "is a symbolic link (remove it)" if exc.errno == errno.ELOOP else exc.strerror
-        raise ConfigError(f"the data set cache {os.path.dirname(path)} (--cache-dir, $DSTORE_CACHE) cannot be used: "
-                          f"{exc.filename or path}: {why}") from None
+        raise ConfigError(
+            f"the data set cache {os.path.dirname(path)} (--cache-dir, $DSTORE_CACHE) cannot be used: "
+            f"{exc.filename or path}: {why}"
+        ) from None
 
 
 def _ingest_once(name: str, path: str) -> str:
@@ -131,7 +133,9 @@ def _first_images(reader, start: int, count: int, channels: int | None) -> list[
     bad = [i for i, x in zip(range(start, stop), data) if checksum(x) != int(reader.checksums[i])]
     if bad:
         raise read_error(reader, 0, ChecksumError("checksums differ", bad), 0, 0)
-    return [decode_sample(x, reader.info, channels=channels, name=reader.name(i)) for i, x in zip(range(start, stop), data)]
+    return [
+        decode_sample(x, reader.info, channels=channels, name=reader.name(i)) for i, x in zip(range(start, stop), data)
+    ]
 
 
 def _read_spec(parts, channels, mean, std) -> InputSpec:
@@ -157,8 +161,16 @@ def _read_spec(parts, channels, mean, std) -> InputSpec:
     return InputSpec((int(h), int(w)), int(want_c), int(reader.info.num_classes), mean, std)
 
 
-def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | None = None,
-                mean=None, std=None, stats_samples: int = 256) -> InputSpec:
+def probe_input(
+    comm,
+    reader,
+    train_range: tuple[int, int],
+    *,
+    channels: int | None = None,
+    mean=None,
+    std=None,
+    stats_samples: int = 256,
+) -> InputSpec:
     """The InputSpec for a container (collective: rank 0 reads and decodes, then broadcasts).
 
     Image size and channels come from `raw_shape` for raw containers, else from decoding the first
@@ -168,8 +180,9 @@ def probe_input(comm, reader, train_range: tuple[int, int], *, channels: int | N
     return _checked(on_root(comm, _read_spec, [(reader, train_range[0], stats_samples)], channels, mean, std))
 
 
-def probe_mix_input(comm, readers, weights, *, channels: int | None = None, mean=None, std=None,
-                    stats_samples: int = 256) -> InputSpec:
+def probe_mix_input(
+    comm, readers, weights, *, channels: int | None = None, mean=None, std=None, stats_samples: int = 256
+) -> InputSpec:
     """probe_input for a mix: the image size from the first source (the loader resizes every
     source's samples to it), the stats (unless given) over the first samples of EVERY source, as
     many of each as its share of the mix's weight (at least one): a mix is normalised as it is
@@ -202,8 +215,17 @@ class DirectSource:
         prefetch: batches read ahead.
     """
 
-    def __init__(self, comm, reader, *, batch_size: int, seed: int = 0, drop_last: bool = False,
-                 sample_range: tuple[int, int] | None = None, prefetch: int = 2):
+    def __init__(
+        self,
+        comm,
+        reader,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        drop_last: bool = False,
+        sample_range: tuple[int, int] | None = None,
+        prefetch: int = 2,
+    ):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.reader = reader
         self.info = reader.info
@@ -242,8 +264,14 @@ class DirectSource:
         self.stats["read_s"] += time.perf_counter() - t0
         self.stats["samples_read"] += len(ids)
         self.stats["bytes_read"] += int(sum(x.size for x in samples))
-        return Batch(samples=samples, labels=self.reader.labels[ids].astype(np.int64), ids=ids, epoch=epoch,
-                     step=s, pad=schedule.pad[sl])
+        return Batch(
+            samples=samples,
+            labels=self.reader.labels[ids].astype(np.int64),
+            ids=ids,
+            epoch=epoch,
+            step=s,
+            pad=schedule.pad[sl],
+        )
 
     def epoch(self, epoch: int):
         """Yields this rank's batches of `epoch` (from the saved step if resuming into it)."""
@@ -313,8 +341,10 @@ class FilesSource(DirectSource):
         super().__init__(comm, reader, **kwargs)
         self.root = os.fspath(root or reader.info.source or "")
         if not self.root or not os.path.isdir(self.root):
-            raise ConfigError(f"--loader files reads the image files {reader.path} was ingested from, but its "
-                              f"source folder {self.root!r} is not a directory here; pass --files-root FOLDER")
+            raise ConfigError(
+                f"--loader files reads the image files {reader.path} was ingested from, but its "
+                f"source folder {self.root!r} is not a directory here; pass --files-root FOLDER"
+            )
         if int(read_threads) < 1:
             raise ConfigError(f"read_threads={read_threads} must be >= 1")
         self.read_threads = int(read_threads)
@@ -326,8 +356,10 @@ class FilesSource(DirectSource):
     def _path(self, i: int) -> str:
         name = self.reader.name(int(i))
         if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
-            raise ConfigError(f"--loader files: sample {int(i)} of {self.reader.path} is named {shown(name)!r}, "
-                              f"which leads outside the files root {self.root} (absolute or '..'): refused")
+            raise ConfigError(
+                f"--loader files: sample {int(i)} of {self.reader.path} is named {shown(name)!r}, "
+                f"which leads outside the files root {self.root} (absolute or '..'): refused"
+            )
         return os.path.join(self.root, name)
 
     def _read_file(self, i: int) -> np.ndarray:
@@ -338,9 +370,12 @@ class FilesSource(DirectSource):
         except OSError as exc:
             raise ConfigError(f"--loader files: cannot read sample {int(i)}'s file {path}: {exc}") from exc
         if checksum(data) != int(self.reader.checksums[i]):  # here, in the reading thread
-            raise ChecksumError(f"--loader files: {path} does not hold the bytes of sample {int(i)} of "
-                                f"{self.reader.path} (its CRC32 differs from the container's: changed since the "
-                                "ingest, or re-encoded/resized at ingest?)", [int(i)])
+            raise ChecksumError(
+                f"--loader files: {path} does not hold the bytes of sample {int(i)} of "
+                f"{self.reader.path} (its CRC32 differs from the container's: changed since the "
+                "ingest, or re-encoded/resized at ingest?)",
+                [int(i)],
+            )
         return data
 
     def _read_samples(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -369,8 +404,10 @@ def parse_sources(data) -> list[tuple[str, float]] | None:
         except ValueError:
             w = None
         if w is None:
-            raise ConfigError(f"data set {item!r}: several containers make a mix, each written CONTAINER:WEIGHT "
-                              f"(e.g. a.h5:0.7 b.zarr:0.3)")
+            raise ConfigError(
+                f"data set {item!r}: several containers make a mix, each written CONTAINER:WEIGHT "
+                f"(e.g. a.h5:0.7 b.zarr:0.3)"
+            )
         out.append((path, w))
     check_weights([w for _, w in out], len(out), [p for p, _ in out])
     return out
@@ -380,14 +417,19 @@ def check_mix_flags(cfg) -> None:
     """Refuses (ConfigError, one line naming the flags) what a mix does not support: LTFB, the
     direct/files loaders, and a held-out set taken from the mix (it must come from --val)."""
     if cfg.trainers > 1:
-        raise ConfigError(f"--trainers {cfg.trainers}: LTFB trains on one container; a mix (CONTAINER:WEIGHT ...) "
-                          f"runs with --trainers 1")
+        raise ConfigError(
+            f"--trainers {cfg.trainers}: LTFB trains on one container; a mix (CONTAINER:WEIGHT ...) "
+            f"runs with --trainers 1"
+        )
     if cfg.loader != "store":
-        raise ConfigError(f"--loader {cfg.loader} reads one container; a mix (CONTAINER:WEIGHT ...) needs "
-                          f"--loader store")
+        raise ConfigError(
+            f"--loader {cfg.loader} reads one container; a mix (CONTAINER:WEIGHT ...) needs --loader store"
+        )
     if not cfg.val:
-        raise ConfigError("a mix (CONTAINER:WEIGHT ...) holds nothing out (--holdout splits one container): "
-                          "give the held-out set as --val CONTAINER")
+        raise ConfigError(
+            "a mix (CONTAINER:WEIGHT ...) holds nothing out (--holdout splits one container): "
+            "give the held-out set as --val CONTAINER"
+        )
 
 
 def check_mix_readers(mix: list[tuple[str, float]], readers, val_path: str | None, val_reader) -> None:
@@ -402,12 +444,17 @@ def check_mix_readers(mix: list[tuple[str, float]], readers, val_path: str | Non
         val_sha = container_identity(val_reader)["checksums_sha256"]
         for (path, _), r in zip(mix, readers):
             if container_identity(r)["checksums_sha256"] == val_sha:
-                raise ConfigError(f"--val {val_path} holds the same samples as the mix's source {path}: held-out "
-                                  f"figures would be training figures; give a separate container")
+                raise ConfigError(
+                    f"--val {val_path} holds the same samples as the mix's source {path}: held-out "
+                    f"figures would be training figures; give a separate container"
+                )
+
     def show(names):
         return f"{names[:5]}{'...' if len(names) > 5 else ''}"
 
     for path, r in others:
         if list(r.info.class_names) != classes:
-            raise ConfigError(f"{path} has classes {show(list(r.info.class_names))} but {first} has {show(classes)}; "
-                              f"the mix's sources (and --val) must have the same class list")
+            raise ConfigError(
+                f"{path} has classes {show(list(r.info.class_names))} but {first} has {show(classes)}; "
+                f"the mix's sources (and --val) must have the same class list"
+            )

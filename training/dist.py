@@ -153,7 +153,9 @@ class DistContext:
         return False
 
 
-def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu_index: int | None = None) -> DistContext:
+def init_distributed(
+    comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu_index: int | None = None
+) -> DistContext:
     """Forms a torch.distributed process group over `comm` (collective over `comm`).
 
     Args:
@@ -184,19 +186,40 @@ def init_distributed(comm, device: str = "cpu", *, timeout_s: float = 300.0, gpu
         # One torch group per process: reuse it if it is this communicator's shape, else refuse
         # rather than silently training with the wrong peers.
         if dist.get_rank() == rank and dist.get_world_size() == size:
-            return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, dist.get_backend(),
-                               group=dist.group.WORLD, _job=held)
+            return DistContext(
+                comm,
+                rank,
+                size,
+                here.local_rank,
+                here.local_size,
+                torch_device,
+                dist.get_backend(),
+                group=dist.group.WORLD,
+                _job=held,
+            )
         raise ConfigError(
             f"this process already belongs to a torch process group of size {dist.get_world_size()} "
-            f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}")
+            f"(rank {dist.get_rank()}); cannot form another over a communicator of size {size}"
+        )
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _rendezvous(comm, timeout)
     if backend == "gloo":
         _gloo_interface()
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     job.reassert()  # torch installs its own excepthook over ours: see job.reassert
-    return DistContext(comm, rank, size, here.local_rank, here.local_size, torch_device, backend,
-                       group=dist.group.WORLD, _owns_group=True, _store=store, _job=held)
+    return DistContext(
+        comm,
+        rank,
+        size,
+        here.local_rank,
+        here.local_size,
+        torch_device,
+        backend,
+        group=dist.group.WORLD,
+        _owns_group=True,
+        _store=store,
+        _job=held,
+    )
 
 
 def _collect_groups_before_finalize() -> None:
@@ -224,7 +247,8 @@ def _device_of(device: str, local_rank: int, gpu_index: int | None):
         whose = "its node-local rank" if gpu_index is None else "its node-local rank in the whole job"
         raise ConfigError(  # the job's rank: in a trainer of LTFB, the communicator's rank would be the trainer's
             f"rank {MPI.COMM_WORLD.Get_rank()} would drive GPU {gpu} ({whose}) but this node has only "
-            f"{ngpu} GPU(s); start at most {ngpu} ranks per node")
+            f"{ngpu} GPU(s); start at most {ngpu} ranks per node"
+        )
     torch.cuda.set_device(gpu)
     return torch.device("cuda", gpu), "nccl"
 
@@ -266,5 +290,11 @@ def torch_env(comm) -> dict[str, str]:
     here = topology(comm)
     addr = (_rendezvous_host(), _free_port()) if comm.Get_rank() == 0 else None
     host, port = comm.bcast(addr, root=0)
-    return {"RANK": str(comm.Get_rank()), "WORLD_SIZE": str(comm.Get_size()), "LOCAL_RANK": str(here.local_rank),
-            "LOCAL_WORLD_SIZE": str(here.local_size), "MASTER_ADDR": host, "MASTER_PORT": str(port)}
+    return {
+        "RANK": str(comm.Get_rank()),
+        "WORLD_SIZE": str(comm.Get_size()),
+        "LOCAL_RANK": str(here.local_rank),
+        "LOCAL_WORLD_SIZE": str(here.local_size),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+    }

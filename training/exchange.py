@@ -65,8 +65,10 @@ def _header(data: np.ndarray) -> np.ndarray:
 def _check(data: np.ndarray, header: np.ndarray, source: int) -> np.ndarray:
     crc = zlib.crc32(data.data)
     if data.size != int(header[0]) or crc != int(header[1]):
-        raise ExchangeError(f"the state received from rank {source} is damaged: {data.size} bytes with CRC32 "
-                            f"{crc:#010x}, announced {int(header[0])} bytes with CRC32 {int(header[1]):#010x}")
+        raise ExchangeError(
+            f"the state received from rank {source} is damaged: {data.size} bytes with CRC32 "
+            f"{crc:#010x}, announced {int(header[0])} bytes with CRC32 {int(header[1]):#010x}"
+        )
     return data
 
 

@@ -95,9 +95,11 @@ class Fit:
         """Trains to cfg.epochs (or cfg.stop_after_steps); returns what dstore.training.run.train does."""
         self.start()
         start_epoch, first_step = self.resume()
-        self.report(f"training {self.meta['model']} on {self.meta['train_samples']} samples of {self.meta['data']} "
-                    f"with {self.ctx.size} rank(s), global batch {self.cfg.batch_size}, "
-                    f"{self.meta['steps_per_epoch']} steps/epoch; run dir {self.run_dir}")
+        self.report(
+            f"training {self.meta['model']} on {self.meta['train_samples']} samples of {self.meta['data']} "
+            f"with {self.ctx.size} rank(s), global batch {self.cfg.batch_size}, "
+            f"{self.meta['steps_per_epoch']} steps/epoch; run dir {self.run_dir}"
+        )
         if self.preempted_at_start():
             return self.finish()
         for epoch in range(start_epoch, self.cfg.epochs):
@@ -110,15 +112,19 @@ class Fit:
         """Checks a checkpoint to resume against this run (before anything is written: a refused
         resume leaves the run dir as it was), writes config.json and opens the logs."""
         cfg, ctx = self.cfg, self.ctx
-        self.applied = ([] if self.resumed is None
-                        else check_compatible(self.resumed, cfg, self.meta, self.resume_path or "the checkpoint"))
+        self.applied = (
+            []
+            if self.resumed is None
+            else check_compatible(self.resumed, cfg, self.meta, self.resume_path or "the checkpoint")
+        )
         if ctx.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
             self.write_config()
         self.log = JsonLog(os.path.join(self.run_dir, "metrics.jsonl") if ctx.is_main else None)
         self.curves = CurveLogs(self.run_dir if ctx.is_main else None, tensorboard=cfg.tensorboard)
-        self.batch_log = JsonLog(os.path.join(self.run_dir, f"batches.rank{ctx.rank}.jsonl")
-                                 if cfg.log_batches else None)
+        self.batch_log = JsonLog(
+            os.path.join(self.run_dir, f"batches.rank{ctx.rank}.jsonl") if cfg.log_batches else None
+        )
 
     def write_config(self) -> None:
         """config.json: the flags and metadata of what runs now (a resumed run with a changed flag,
@@ -131,19 +137,27 @@ class Fit:
         if self.resumed is not None:
             changes = config_changes(self.resumed.get("config", {}), self.cfg)
             with JsonLog(os.path.join(self.run_dir, "resumes.jsonl")) as log:
-                log.write({"checkpoint": self.resume_path, "epoch": int(self.resumed["epoch"]),
-                           "global_step": int(self.resumed["global_step"]),
-                           "changes": {k: list(v) for k, v in changes.items()}})
+                log.write(
+                    {
+                        "checkpoint": self.resume_path,
+                        "epoch": int(self.resumed["epoch"]),
+                        "global_step": int(self.resumed["global_step"]),
+                        "changes": {k: list(v) for k, v in changes.items()},
+                    }
+                )
 
     def resume(self) -> tuple[int, int]:
         """Restores the checkpoint's state, if any; returns (epoch, step in it) to continue at."""
         if self.resumed is None:
             return 0, 0
-        epoch, step, self.global_step = restore(self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size,
-                                                    self.resume_path or "")
-        self.report(f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step}): "
-                    f"model, optimizer, learning-rate schedule (lr now "
-                    f"{self.trainer.optimizer.param_groups[0]['lr']:.4g}), data position and RNG states restored")
+        epoch, step, self.global_step = restore(
+            self.resumed, self.trainer, self.loader, self.ctx.rank, self.ctx.size, self.resume_path or ""
+        )
+        self.report(
+            f"resumed from {self.resume_path} at epoch {epoch}, step {step} (global step {self.global_step}): "
+            f"model, optimizer, learning-rate schedule (lr now "
+            f"{self.trainer.optimizer.param_groups[0]['lr']:.4g}), data position and RNG states restored"
+        )
         for line in self.applied:
             self.report(line)
         return epoch, step
@@ -159,10 +173,12 @@ class Fit:
             return False
         self.stopped = True
         self.preempted = "SIG" + watch.received if watch.received else "a signal to another rank"
-        kept = (f"the checkpoint it resumed from ({self.resume_path}) is kept" if self.resumed is not None
-                else "no checkpoint written")
-        self.report(f"stopped by {self.preempted} during start-up, no step yet: {kept}; --resume auto starts it "
-                    f"again")
+        kept = (
+            f"the checkpoint it resumed from ({self.resume_path}) is kept"
+            if self.resumed is not None
+            else "no checkpoint written"
+        )
+        self.report(f"stopped by {self.preempted} during start-up, no step yet: {kept}; --resume auto starts it again")
         return True
 
     # ------------------------------------------------------------ per epoch and step
@@ -197,14 +213,16 @@ class Fit:
         if self.stopped:
             self.checkpoint(epoch, step + 1 if step is not None else 0)
             why = f" by {self.preempted}" if self.preempted else ""
-            self.report(f"stopped{why} after {self.steps_this_run} step(s) at epoch {epoch}; checkpoint in "
-                        f"{self.run_dir}")
+            self.report(
+                f"stopped{why} after {self.steps_this_run} step(s) at epoch {epoch}; checkpoint in {self.run_dir}"
+            )
             return False
         self.end_epoch(epoch, meter)
         return True
 
-    def train_step(self, epoch: int, step: int, images, labels, meter: EpochMeter, timer: StepTimer,
-                   wait: float) -> tuple[float, int]:
+    def train_step(
+        self, epoch: int, step: int, images, labels, meter: EpochMeter, timer: StepTimer, wait: float
+    ) -> tuple[float, int]:
         """One optimizer step on the loader's last batch (its padding repeats weighted 0); returns
         (loss sum, samples counted) of this rank's part."""
         ids, pad = self.loader.last_ids, self.loader.last_pad
@@ -241,21 +259,27 @@ class Fit:
             self.beat.phase(f"epoch {epoch}: held-out evaluation")
         train_m = meter.reduce(self.ctx.comm)
         if train_m["samples"] and not np.isfinite(train_m["loss"]):  # reduced: every rank stops alike
-            raise DivergedError(f"training diverged: the loss of epoch {epoch} is {train_m['loss']} (global step "
-                                f"{self.global_step}); the last checkpoint before it is kept in {self.run_dir}; "
-                                f"lower --lr (now {self.cfg.lr:g}) or add --warmup-epochs")
+            raise DivergedError(
+                f"training diverged: the loss of epoch {epoch} is {train_m['loss']} (global step "
+                f"{self.global_step}); the last checkpoint before it is kept in {self.run_dir}; "
+                f"lower --lr (now {self.cfg.lr:g}) or add --warmup-epochs"
+            )
         val_m = self.trainer.evaluate(self.eval_loader, 0) if self.eval_loader is not None else None
-        record = {"epoch": epoch, "global_step": self.global_step,
-                  "lr": self.trainer.optimizer.param_groups[0]["lr"],
-                  **{f"train_{k}": v for k, v in train_m.items()},
-                  **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")}
-                     if val_m else {})}
+        record = {
+            "epoch": epoch,
+            "global_step": self.global_step,
+            "lr": self.trainer.optimizer.param_groups[0]["lr"],
+            **{f"train_{k}": v for k, v in train_m.items()},
+            **({f"val_{k}": v for k, v in val_m.items() if k in ("loss", "accuracy", "samples")} if val_m else {}),
+        }
         self.log.write(record)
         self.curves.write(record)
         self.history.append(record)
-        self.report(f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
-                    + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
-                    + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}")
+        self.report(
+            f"epoch {epoch}: loss {train_m['loss']:.4f} acc {train_m['accuracy']:.4f}"
+            + (f" | held-out loss {val_m['loss']:.4f} acc {val_m['accuracy']:.4f}" if val_m else "")
+            + f" | {train_m['samples_per_s']:.0f} samples/s, data wait {train_m['data_wait_frac']:.1%}"
+        )
         self.checkpoint(epoch + 1, 0)
 
     def checkpoint(self, epoch: int, step_in_epoch: int) -> None:
@@ -265,12 +289,21 @@ class Fit:
             epoch, step_in_epoch = epoch + 1, 0
         position = self.loader.state_dict()  # the loader's position after what it yielded (not its read-ahead)
         if (position["epoch"], position["step"]) != (epoch, step_in_epoch):
-            raise RuntimeError(f"the loader is at epoch {position['epoch']} step {position['step']}, the loop at "
-                               f"epoch {epoch} step {step_in_epoch}")
+            raise RuntimeError(
+                f"the loader is at epoch {position['epoch']} step {position['step']}, the loop at "
+                f"epoch {epoch} step {step_in_epoch}"
+            )
         comm = self.ctx.comm
-        state = {**self.trainer.state_dict(), "store": position,
-                 "rng": comm.gather(rng_state(), root=0), "epoch": epoch, "step_in_epoch": step_in_epoch,
-                 "global_step": self.global_step, "config": plain_config(self.cfg), "meta": self.meta}
+        state = {
+            **self.trainer.state_dict(),
+            "store": position,
+            "rng": comm.gather(rng_state(), root=0),
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "global_step": self.global_step,
+            "config": plain_config(self.cfg),
+            "meta": self.meta,
+        }
         failed = None
         if self.ctx.is_main:
             try:
@@ -289,14 +322,21 @@ class Fit:
         if not self.stopped and self.eval_loader is not None:
             test = self.trainer.evaluate(self.eval_loader, 0)
             self.log.write({"final": True, **{f"test_{k}": v for k, v in test.items()}})
-            self.report(f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), "
-                        f"loss {test['loss']:.4f}")
+            self.report(
+                f"test accuracy: {test['accuracy']:.4f} ({test['samples']} held-out samples), loss {test['loss']:.4f}"
+            )
         stats = self.io_stats()
         self.log.close()
         self.curves.close()
         self.batch_log.close()
-        return {"test": test, "epochs": self.history, "run_dir": self.run_dir, "stopped_early": self.stopped,
-                "preempted": self.preempted, "store_stats": stats}
+        return {
+            "test": test,
+            "epochs": self.history,
+            "run_dir": self.run_dir,
+            "stopped_early": self.stopped,
+            "preempted": self.preempted,
+            "store_stats": stats,
+        }
 
     def io_stats(self) -> dict:
         """Collective: this rank's data-I/O figures (the store's last epoch, or the direct reader's

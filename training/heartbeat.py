@@ -42,8 +42,13 @@ class Heartbeat:
         clock: the time source (tests give their own).
     """
 
-    def __init__(self, say: Callable[[str], None], every: float, enabled: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        every: float,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._say = say
         self.every = float(every)
         self.enabled = enabled and self.every > 0

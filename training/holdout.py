@@ -32,7 +32,7 @@ def label_distance(labels, held_range: tuple[int, int]) -> tuple[float, int, int
     labels = np.asarray(labels, dtype=np.int64)
     k = int(labels.max()) + 1 if labels.size else 1
     whole = np.bincount(labels, minlength=k) / max(1, labels.size)
-    tail_labels = labels[held_range[0]:held_range[1]]
+    tail_labels = labels[held_range[0] : held_range[1]]
     tail = np.bincount(tail_labels, minlength=k) / max(1, tail_labels.size)
     return float(0.5 * np.abs(tail - whole).sum()), int((tail > 0).sum()), int((whole > 0).sum())
 
@@ -62,13 +62,19 @@ def check_held_out(path: str, info_extra: dict, labels, held_range: tuple[int, i
     said = f"written in {order} order" if order else "not written by dstore ingest (no ingest_order attribute)"
     held = held_range[1] - held_range[0]
     distance, tail_classes, classes = label_distance(labels, held_range)
-    remedies = (f"re-ingest it in a seeded stratified order (dstore ingest {path} NEW.h5 --stratify), give a "
-                "separate held-out container (--val), or hold nothing out (--holdout 0)")
+    remedies = (
+        f"re-ingest it in a seeded stratified order (dstore ingest {path} NEW.h5 --stratify), give a "
+        "separate held-out container (--val), or hold nothing out (--holdout 0)"
+    )
     if distance > tolerance(classes, held):
-        raise ConfigError(f"{path} is {said}, and its tail held out for evaluation (samples {held_range[0]}.."
-                          f"{held_range[1] - 1}) is not a random choice: it holds {tail_classes} of the {classes} "
-                          f"classes, its label shares {distance:.0%} away from the whole's; its accuracy would mean "
-                          f"nothing. {remedies[0].upper()}{remedies[1:]}")
-    return (f"WARNING: {path} is {said}: its held-out tail ({held} samples) is not a seeded random choice, "
-            f"though its labels look representative ({tail_classes} of {classes} classes, shares {distance:.0%} "
-            f"from the whole's); to be sure, {remedies}")
+        raise ConfigError(
+            f"{path} is {said}, and its tail held out for evaluation (samples {held_range[0]}.."
+            f"{held_range[1] - 1}) is not a random choice: it holds {tail_classes} of the {classes} "
+            f"classes, its label shares {distance:.0%} away from the whole's; its accuracy would mean "
+            f"nothing. {remedies[0].upper()}{remedies[1:]}"
+        )
+    return (
+        f"WARNING: {path} is {said}: its held-out tail ({held} samples) is not a seeded random choice, "
+        f"though its labels look representative ({tail_classes} of {classes} classes, shares {distance:.0%} "
+        f"from the whole's); to be sure, {remedies}"
+    )

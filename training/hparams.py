@@ -35,8 +35,10 @@ def parse(text: str | list | tuple | None) -> tuple[str, ...]:
     names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text))
     bad = [n for n in names if n not in EXPLORABLE]
     if bad or len(set(names)) != len(names) or not names:
-        raise ConfigError(f"--explore {','.join(names)!r}: give distinct names from {EXPLORABLE}, comma-separated"
-                          + (f" ({bad} not among them)" if bad else ""))
+        raise ConfigError(
+            f"--explore {','.join(names)!r}: give distinct names from {EXPLORABLE}, comma-separated"
+            + (f" ({bad} not among them)" if bad else "")
+        )
     return names
 
 

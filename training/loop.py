@@ -55,8 +55,9 @@ class Trainer:
         channels_last: the model's weights and every input batch in channels-last memory format.
     """
 
-    def __init__(self, ctx, model, optimizer, scheduler=None, prepare=None, *, amp: str = "off",
-                 channels_last: bool = False):
+    def __init__(
+        self, ctx, model, optimizer, scheduler=None, prepare=None, *, amp: str = "off", channels_last: bool = False
+    ):
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -175,8 +176,11 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Model, optimizer, scheduler and (fp16) gradient scaler state (tensors and plain containers)."""
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict()}
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+        }
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state

@@ -33,12 +33,15 @@ _TAG = 7301  # the model exchange's message tag (nothing else in a run sends poi
 
 # --- pure arithmetic --------------------------------------------------------------------------
 
+
 def ranks_per_trainer(world_size: int, trainers: int) -> int:
     """M = N / K, the ranks of each trainer; raises ConfigError unless K divides N."""
     if trainers < 1 or world_size % trainers != 0:
         divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
-        raise ConfigError(f"--trainers {trainers} does not divide the job's {world_size} MPI rank(s): every trainer "
-                          f"needs the same number of ranks; with {world_size} ranks use one of {divisors}")
+        raise ConfigError(
+            f"--trainers {trainers} does not divide the job's {world_size} MPI rank(s): every trainer "
+            f"needs the same number of ranks; with {world_size} ranks use one of {divisors}"
+        )
     return world_size // trainers
 
 
@@ -60,8 +63,10 @@ def trainer_parts(train_range: tuple[int, int], trainers: int, fraction: float):
     part = n // trainers
     tour = max(1, int(round(part * fraction)))
     if part - tour < 1:
-        raise ConfigError(f"--trainers {trainers}: each trainer's part of the {n} training samples has {part} "
-                          f"sample(s), none left to train on after the tournament set of {tour}")
+        raise ConfigError(
+            f"--trainers {trainers}: each trainer's part of the {n} training samples has {part} "
+            f"sample(s), none left to train on after the tournament set of {tour}"
+        )
     parts = []
     for k in range(trainers):
         lo = start + k * part
@@ -111,8 +116,7 @@ def rank_trainers(scores: list[float], metric: str) -> list[int]:
     return sorted(range(len(scores)), key=key)
 
 
-def truncation_plan(scores: list[float], metric: str, fraction: float, seed: int,
-                    round_index: int) -> dict[int, int]:
+def truncation_plan(scores: list[float], metric: str, fraction: float, seed: int, round_index: int) -> dict[int, int]:
     """Truncation selection: {bottom trainer: the top trainer whose model it takes}.
 
     All trainers' scores (each its own model on its own tournament set) are ranked; the bottom
@@ -125,7 +129,7 @@ def truncation_plan(scores: list[float], metric: str, fraction: float, seed: int
     q = truncation_count(len(scores), fraction) if len(scores) > 1 else 0
     if q == 0:
         return {}
-    top, bottom = order[:q], order[len(order) - q:]
+    top, bottom = order[:q], order[len(order) - q :]
     donors = np.random.default_rng((seed, round_index, 0x7C)).permutation(top)
     return {int(b): int(d) for b, d in zip(bottom, donors) if partner_wins(scores[b], scores[int(d)], metric)}
 
@@ -200,6 +204,7 @@ def check_config(cfg) -> None:
 
 # --- one match, on the ranks of one trainer ---------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Match:
     """One trainer's side of a match: both models' scores on its tournament set, and the verdict."""
@@ -237,6 +242,7 @@ def duel(trainer, loader, partner_state: dict, own_state: dict, metric: str) -> 
 
 # --- one rank's part in the tournament --------------------------------------------------------
 
+
 class Tournament:
     """Who this rank is among K trainers x M ranks, when rounds happen, the exchange, the log.
 
@@ -262,9 +268,22 @@ class Tournament:
         block: bytes per message of the exchange (0: dstore.training.exchange.BLOCK).
     """
 
-    def __init__(self, world, trainers: int, *, seed: int, metric: str, every: int, fraction: float,
-                 log_path: str | None, say=None, strategy: str = "pairwise", truncation: float = 0.25,
-                 explore: tuple[str, ...] = (), block: int = 0):
+    def __init__(
+        self,
+        world,
+        trainers: int,
+        *,
+        seed: int,
+        metric: str,
+        every: int,
+        fraction: float,
+        log_path: str | None,
+        say=None,
+        strategy: str = "pairwise",
+        truncation: float = 0.25,
+        explore: tuple[str, ...] = (),
+        block: int = 0,
+    ):
         if metric not in METRICS:
             raise ConfigError(f"--ltfb-metric {metric!r} is not one of {METRICS}")
         if strategy not in STRATEGIES:
@@ -315,10 +334,21 @@ class Tournament:
         """
         t0 = time.perf_counter()
         own_state = trainer.state_dict()
-        record = {"round": self.rounds, "global_step": int(global_step), "trainer": self.trainer,
-                  "strategy": self.strategy, "partner": None, "pair": None, "metric": self.metric,
-                  "crc_own": state_crc(own_state), "own_score": None, "partner_score": None, "winner": None,
-                  "kept": self.trainer, "crc_partner": None}
+        record = {
+            "round": self.rounds,
+            "global_step": int(global_step),
+            "trainer": self.trainer,
+            "strategy": self.strategy,
+            "partner": None,
+            "pair": None,
+            "metric": self.metric,
+            "crc_own": state_crc(own_state),
+            "own_score": None,
+            "partner_score": None,
+            "winner": None,
+            "kept": self.trainer,
+            "crc_partner": None,
+        }
         if self.strategy == "pairwise":
             self._pairwise(trainer, loader, own_state, record)
         else:
@@ -327,13 +357,15 @@ class Tournament:
         if self.explore:
             record["hparams_own"] = hparams.get(own_state)
             if record["kept"] != self.trainer:  # took another's model: explore around its values
-                values = hparams.perturb(hparams.get(trainer.state_dict()), self.explore, self.seed, self.rounds,
-                                         self.trainer)
+                values = hparams.perturb(
+                    hparams.get(trainer.state_dict()), self.explore, self.seed, self.rounds, self.trainer
+                )
                 trainer.load_state_dict(hparams.put(trainer.state_dict(), values))
             record["hparams"] = hparams.get(trainer.state_dict())
         held = state_crc(trainer.state_dict())
-        record.update(crc_held=held, ranks_agree=len(set(trainer.ctx.comm.allgather(held))) == 1,
-                      seconds=time.perf_counter() - t0)
+        record.update(
+            crc_held=held, ranks_agree=len(set(trainer.ctx.comm.allgather(held))) == 1, seconds=time.perf_counter() - t0
+        )
         records = self.world.gather(record if self.local_rank == 0 else None, root=0)
         self.rounds += 1
         if records is None:
@@ -360,9 +392,13 @@ class Tournament:
         own_copy = exchange.unpack(blob)  # shares nothing with the live tensors the partner's state overwrites
         del blob  # at most four copies of a state at once: live, own bytes, the partner's bytes and state
         match = duel(trainer, loader, theirs, own_copy, self.metric)
-        record.update(crc_partner=state_crc(theirs), own_score=match.own_score, partner_score=match.partner_score,
-                      winner="partner" if match.partner_won else "own",
-                      kept=partner if match.partner_won else self.trainer)
+        record.update(
+            crc_partner=state_crc(theirs),
+            own_score=match.own_score,
+            partner_score=match.partner_score,
+            winner="partner" if match.partner_won else "own",
+            kept=partner if match.partner_won else self.trainer,
+        )
 
     def _truncation(self, trainer, loader, own_state: dict, record: dict) -> None:
         """Truncation selection: every trainer scores its own model on its own set, the scores are
@@ -372,17 +408,21 @@ class Tournament:
         gathered = self.world.allgather(own)
         scores = [float(gathered[k * self.ranks]) for k in range(self.trainers)]  # each trainer's rank 0
         plan = truncation_plan(scores, self.metric, self.truncation, self.seed, self.rounds)
-        record.update(own_score=scores[self.trainer], winner="own",
-                      position=rank_trainers(scores, self.metric).index(self.trainer),
-                      sent_to=sorted(b for b, d in plan.items() if d == self.trainer))
+        record.update(
+            own_score=scores[self.trainer],
+            winner="own",
+            position=rank_trainers(scores, self.metric).index(self.trainer),
+            sent_to=sorted(b for b, d in plan.items() if d == self.trainer),
+        )
         for b in record["sent_to"]:
             exchange.send(self.world, exchange.pack(own_state), self._peer(b), _TAG, block=self.block)
         donor = plan.get(self.trainer)
         if donor is not None:
             theirs = exchange.unpack(exchange.recv(self.world, self._peer(donor), _TAG, block=self.block))
             trainer.load_state_dict(theirs)
-            record.update(partner=donor, partner_score=scores[donor], crc_partner=state_crc(theirs),
-                          winner="partner", kept=donor)
+            record.update(
+                partner=donor, partner_score=scores[donor], crc_partner=state_crc(theirs), winner="partner", kept=donor
+            )
 
     def close(self) -> None:
         """Closes the log. Safe to call twice."""
@@ -395,11 +435,16 @@ def describe_round(records: list[dict], explore: tuple[str, ...] = ()) -> str:
     parts = []
     for r in records:
         if r["partner"] is None:
-            part = (f"trainer {r['trainer']} sat out" if r["own_score"] is None else
-                    f"trainer {r['trainer']} kept its model ({r['metric']} {_num(r['own_score'])})")
+            part = (
+                f"trainer {r['trainer']} sat out"
+                if r["own_score"] is None
+                else f"trainer {r['trainer']} kept its model ({r['metric']} {_num(r['own_score'])})"
+            )
         else:
-            part = (f"trainer {r['trainer']} kept {r['kept']}'s model ({r['metric']} "
-                    f"{_num(r['own_score'])} own vs {_num(r['partner_score'])} from {r['partner']})")
+            part = (
+                f"trainer {r['trainer']} kept {r['kept']}'s model ({r['metric']} "
+                f"{_num(r['own_score'])} own vs {_num(r['partner_score'])} from {r['partner']})"
+            )
         if explore and r.get("hparams"):
             part += f" [{hparams.describe(r['hparams'], explore)}]"
         parts.append(part)

@@ -35,8 +35,9 @@ class EpochMeter:
         self.steps = 0
         self._t0 = time.perf_counter()
 
-    def update(self, loss_sum: float, correct: int, samples: int, data_wait: float = 0.0,
-               step_time: float = 0.0) -> None:
+    def update(
+        self, loss_sum: float, correct: int, samples: int, data_wait: float = 0.0, step_time: float = 0.0
+    ) -> None:
         """Adds one step: the summed (not mean) loss over its samples, correct count, sample count."""
         self.loss_sum += float(loss_sum)
         self.correct += int(correct)
@@ -53,8 +54,7 @@ class EpochMeter:
             data_wait_frac (summed wait over summed step time of all ranks).
         """
         wall = time.perf_counter() - self._t0
-        local = np.array([self.loss_sum, self.correct, self.samples, self.data_wait, self.step_time],
-                         dtype=np.float64)
+        local = np.array([self.loss_sum, self.correct, self.samples, self.data_wait, self.step_time], dtype=np.float64)
         total = np.zeros_like(local)
         from mpi4py import MPI
 
@@ -160,7 +160,9 @@ class CurveLogs:
         """Adds one epoch's record (the dict written to metrics.jsonl)."""
         if self.csv_path is None:
             return
-        numbers = {k: v for k, v in _plain_dict(record).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {
+            k: v for k, v in _plain_dict(record).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         self._write_csv(self.csv_path, numbers)
         if self._tb is not None:
             step = int(numbers.get("global_step", numbers.get("epoch", 0)))

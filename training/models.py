@@ -48,11 +48,13 @@ _REGISTRY: dict[str, ModelEntry] = {}
 
 def register_model(name: str, input_size: Callable, description: str):
     """Decorator registering a builder under `name`."""
+
     def deco(fn):
         if name in _REGISTRY:
             raise ConfigError(f"model name {name!r} is already registered")
         _REGISTRY[name] = ModelEntry(fn, input_size, description)
         return fn
+
     return deco
 
 
@@ -83,18 +85,23 @@ def _imported(path: str) -> ModelEntry:
     try:
         module = importlib.import_module(modname)
     except ImportError as exc:
-        raise ConfigError(f"--model {path!r}: cannot import {modname!r} ({exc}); is it on PYTHONPATH on every "
-                          "node?") from None
+        raise ConfigError(
+            f"--model {path!r}: cannot import {modname!r} ({exc}); is it on PYTHONPATH on every node?"
+        ) from None
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
             raise ConfigError(f"--model {path!r}: module {modname!r} has no attribute {attr!r}")
     if not callable(fn):
-        raise ConfigError(f"--model {path!r}: {attr!r} is not callable (a factory "
-                          "(in_channels, num_classes, image_size) -> torch.nn.Module)")
+        raise ConfigError(
+            f"--model {path!r}: {attr!r} is not callable (a factory "
+            "(in_channels, num_classes, image_size) -> torch.nn.Module)"
+        )
     _check_signature(path, fn)
-    input_size: Callable[[tuple[int, int]], tuple[int, int]] = getattr(fn, "input_size", None) or (lambda hw: (hw[0], hw[1]))
+    input_size: Callable[[tuple[int, int]], tuple[int, int]] = getattr(fn, "input_size", None) or (
+        lambda hw: (hw[0], hw[1])
+    )
     if not callable(input_size):
         raise ConfigError(f"--model {path!r}: its input_size attribute must be a callable (H, W) -> (H, W)")
     doc = (fn.__doc__ or "").strip().splitlines()
@@ -110,9 +117,11 @@ def _check_signature(path: str, fn) -> None:
     try:
         sig.bind(1, 2, (3, 3))
     except TypeError as exc:
-        raise ConfigError(f"--model {path!r}: the factory's signature {path.partition(':')[2]}{sig} cannot be called "
-                          f"as factory(in_channels, num_classes, image_size) ({exc}); give it those three "
-                          f"parameters") from None
+        raise ConfigError(
+            f"--model {path!r}: the factory's signature {path.partition(':')[2]}{sig} cannot be called "
+            f"as factory(in_channels, num_classes, image_size) ({exc}); give it those three "
+            f"parameters"
+        ) from None
 
 
 IMAGENET_MIN_SIDE = 128
@@ -130,8 +139,10 @@ def default_model(image_size: tuple[int, int], augment: str = "auto") -> tuple[s
     if augment == "imagenet" and side >= IMAGENET_MIN_SIDE:
         return "resnet18", f"--augment imagenet on images of {side} px (>= {IMAGENET_MIN_SIDE})"
     if side >= IMAGENET_MIN_SIDE:
-        return "resnet_small", (f"images of {side} px, not trained with --augment imagenet: cut to 32x32 "
-                                f"(--augment imagenet --model auto picks resnet18 at 224x224)")
+        return "resnet_small", (
+            f"images of {side} px, not trained with --augment imagenet: cut to 32x32 "
+            f"(--augment imagenet --model auto picks resnet18 at 224x224)"
+        )
     return "resnet_small", f"images of {side} px (32 to {IMAGENET_MIN_SIDE - 1})"
 
 
@@ -144,9 +155,11 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: tuple
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - a user's factory may raise anything: one line naming it
-        raise ConfigError(f"--model {name!r}: the factory raised {type(exc).__name__}: {_first_line(exc)} (called "
-                          f"as factory(in_channels={in_channels}, num_classes={num_classes}, "
-                          f"image_size={tuple(image_size)}))") from None
+        raise ConfigError(
+            f"--model {name!r}: the factory raised {type(exc).__name__}: {_first_line(exc)} (called "
+            f"as factory(in_channels={in_channels}, num_classes={num_classes}, "
+            f"image_size={tuple(image_size)}))"
+        ) from None
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -176,21 +189,29 @@ def check_logits(model, name: str, in_channels: int, num_classes: int, image_siz
         with torch.no_grad():
             out = model(torch.zeros(1, in_channels, *image_size))
     except Exception as exc:  # noqa: BLE001 - whatever the model's forward raises, named in one line
-        raise ConfigError(f"--model {name!r}: its forward pass on one {in_channels}x{image_size[0]}x{image_size[1]} "
-                          f"image failed before training: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise ConfigError(
+            f"--model {name!r}: its forward pass on one {in_channels}x{image_size[0]}x{image_size[1]} "
+            f"image failed before training: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
     finally:
         model.train(was_training)
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
     if shape != (1, num_classes):
         what = f"a {type(out).__name__}" if shape is None else f"logits of shape {shape}"
-        raise ConfigError(f"--model {name!r} returns {what} for one image; the data have {num_classes} classes, so "
-                          f"it must return (batch, {num_classes}) logits: build its last layer with num_classes")
+        raise ConfigError(
+            f"--model {name!r} returns {what} for one image; the data have {num_classes} classes, so "
+            f"it must return (batch, {num_classes}) logits: build its last layer with num_classes"
+        )
 
 
 # --- models ---------------------------------------------------------------------------------------
 
-@register_model("small_cnn", input_size=lambda hw: tuple(hw),
-                description="3 conv layers + linear, no batch norm; for tiny images such as 8x8 digits")
+
+@register_model(
+    "small_cnn",
+    input_size=lambda hw: tuple(hw),
+    description="3 conv layers + linear, no batch norm; for tiny images such as 8x8 digits",
+)
 def small_cnn(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """Conv(32)-Conv(64)-pool-Conv(64)-global pool-Linear; works at any input size >= 4x4.
 
@@ -199,11 +220,15 @@ def small_cnn(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(in_channels, 32, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
         nn.Linear(64, num_classes),
     )
 
@@ -217,17 +242,23 @@ def _resnet(in_channels: int, num_classes: int, widths: tuple[int, ...], blocks:
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.body = nn.Sequential(
-                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            )
             self.act = nn.ReLU(inplace=True)
 
         def forward(self, x):
             return self.act(self.body(x) + self.skip(x))
 
-    layers = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
-              nn.ReLU(inplace=True)]
+    layers = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)]
     cin = widths[0]
     for i, w in enumerate(widths):
         for b in range(blocks):
@@ -237,15 +268,21 @@ def _resnet(in_channels: int, num_classes: int, widths: tuple[int, ...], blocks:
     return nn.Sequential(*layers)
 
 
-@register_model("resnet_small", input_size=lambda hw: (32, 32),
-                description="ResNet-8 (3 stages of 16/32/64 channels, 1 block each) at 32x32")
+@register_model(
+    "resnet_small",
+    input_size=lambda hw: (32, 32),
+    description="ResNet-8 (3 stages of 16/32/64 channels, 1 block each) at 32x32",
+)
 def resnet_small(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """A CIFAR-style ResNet-8; larger images are resized/cropped to 32x32 by the input pipeline."""
     return _resnet(in_channels, num_classes, (16, 32, 64), 1)
 
 
-@register_model("resnet20", input_size=lambda hw: (32, 32),
-                description="ResNet-20 (3 stages of 16/32/64 channels, 3 blocks each) at 32x32")
+@register_model(
+    "resnet20",
+    input_size=lambda hw: (32, 32),
+    description="ResNet-20 (3 stages of 16/32/64 channels, 3 blocks each) at 32x32",
+)
 def resnet20(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """The CIFAR ResNet-20 of He et al.; inputs resized/cropped to 32x32."""
     return _resnet(in_channels, num_classes, (16, 32, 64), 3)
@@ -265,18 +302,31 @@ def _bottleneck_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ..
             super().__init__()
             cout = width * self.expansion
             self.body = nn.Sequential(
-                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+                nn.Conv2d(cin, width, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            )
             self.act = nn.ReLU(inplace=True)
 
         def forward(self, x):
             return self.act(self.body(x) + self.skip(x))
 
-    layers = [nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-              nn.MaxPool2d(3, 2, 1)]
+    layers = [
+        nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
     cin = 64
     for stage, count in enumerate(blocks):
         width = 64 << stage
@@ -302,17 +352,28 @@ def _basic_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ...]):
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.body = nn.Sequential(
-                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            )
             self.act = nn.ReLU(inplace=True)
 
         def forward(self, x):
             return self.act(self.body(x) + self.skip(x))
 
-    layers = [nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-              nn.MaxPool2d(3, 2, 1)]
+    layers = [
+        nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
     cin = 64
     for stage, count in enumerate(blocks):
         width = 64 << stage
@@ -327,16 +388,22 @@ def _basic_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ...]):
     return model
 
 
-@register_model("resnet18", input_size=lambda hw: (224, 224),
-                description="ResNet-18 (basic blocks [2, 2, 2, 2], torchvision's layout) at 224x224")
+@register_model(
+    "resnet18",
+    input_size=lambda hw: (224, 224),
+    description="ResNet-18 (basic blocks [2, 2, 2, 2], torchvision's layout) at 224x224",
+)
 def resnet18(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """ResNet-18 as torchvision builds it (11,689,512 parameters for 3 channels and 1000 classes), without
     torchvision; inputs resized/cropped to 224x224 unless --image-size says otherwise."""
     return _basic_resnet(in_channels, num_classes, (2, 2, 2, 2))
 
 
-@register_model("resnet50", input_size=lambda hw: (224, 224),
-                description="ResNet-50 (bottleneck blocks [3, 4, 6, 3], torchvision's layout) at 224x224")
+@register_model(
+    "resnet50",
+    input_size=lambda hw: (224, 224),
+    description="ResNet-50 (bottleneck blocks [3, 4, 6, 3], torchvision's layout) at 224x224",
+)
 def resnet50(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     """ResNet-50 as torchvision builds it (25,557,032 parameters for 3 channels and 1000 classes), without
     torchvision; inputs resized/cropped to 224x224 unless --image-size says otherwise."""

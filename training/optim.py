@@ -36,8 +36,10 @@ class Schedule:
         if self.kind not in SCHEDULES:
             raise ConfigError(f"schedule={self.kind!r} is not one of {SCHEDULES}")
         if self.total < 1 or self.warmup < 0 or self.step_every < 1:
-            raise ConfigError(f"schedule needs total>=1, warmup>=0, step_every>=1; got total={self.total}, "
-                              f"warmup={self.warmup}, step_every={self.step_every}")
+            raise ConfigError(
+                f"schedule needs total>=1, warmup>=0, step_every>=1; got total={self.total}, "
+                f"warmup={self.warmup}, step_every={self.step_every}"
+            )
 
     def __call__(self, step: int) -> float:
         """The multiplier of the base learning rate at optimizer step `step` (0-based)."""
@@ -52,8 +54,9 @@ class Schedule:
         return self.final + (1.0 - self.final) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def make_optimizer(name: str, params, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                   nesterov: bool = False):
+def make_optimizer(
+    name: str, params, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False
+):
     """A torch optimizer by name.
 
     Args:
@@ -73,8 +76,9 @@ def make_optimizer(name: str, params, *, lr: float, momentum: float = 0.9, weigh
     if weight_decay < 0:
         raise ConfigError(f"weight_decay={weight_decay} must be >= 0")
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                               nesterov=nesterov and momentum > 0)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov and momentum > 0
+        )
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999), weight_decay=weight_decay)
     if name == "adamw":

@@ -49,15 +49,20 @@ def missing(module: str) -> str | None:
     try:
         __import__(module)
     except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip the row
-        return f"{module} is not installed ({type(exc).__name__}: {exc}); bash tools/setup_peers.sh (docs/benchmarks.md)"
+        return (
+            f"{module} is not installed ({type(exc).__name__}: {exc}); bash tools/setup_peers.sh (docs/benchmarks.md)"
+        )
     return None
 
 
 def _collate(samples):
     """(list of sample bytes, int64 labels, int64 sample indices) of a batch of (key, bytes, label)
     triples (the tar members are named by the sample's index in the container: peer_data.write_tars)."""
-    return ([s[1] for s in samples], np.array([int(s[2]) for s in samples], dtype=np.int64),
-            np.array([int(s[0]) for s in samples], dtype=np.int64))
+    return (
+        [s[1] for s in samples],
+        np.array([int(s[2]) for s in samples], dtype=np.int64),
+        np.array([int(s[0]) for s in samples], dtype=np.int64),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +99,30 @@ class WebDatasetPeer:
         split = _RankSplit(self.comm.Get_rank(), self.comm.Get_size())
         seed = self.seed * 1000 + e  # a fresh pipeline per epoch seeded with it: what set_epoch gives
         if self.buffered:  # the composable pipeline of WebDataset's documentation
-            ds = DataPipeline(SimpleShardList(self.shards), split, split_by_worker,
-                              detshuffle(len(self.shards), seed=seed), tarfile_to_samples(),
-                              shuffle(SHUFFLE_BUFFER, seed=seed + 1), to_tuple("__key__", "jpg", "cls"),
-                              batched(self.batch, collation_fn=_collate, partial=True))
+            ds = DataPipeline(
+                SimpleShardList(self.shards),
+                split,
+                split_by_worker,
+                detshuffle(len(self.shards), seed=seed),
+                tarfile_to_samples(),
+                shuffle(SHUFFLE_BUFFER, seed=seed + 1),
+                to_tuple("__key__", "jpg", "cls"),
+                batched(self.batch, collation_fn=_collate, partial=True),
+            )
         else:  # the WebDataset class, as shipped
-            ds = (WebDataset(self.shards, shardshuffle=len(self.shards), seed=seed, detshuffle=True,
-                             nodesplitter=split, empty_check=False)
-                  .shuffle(SHUFFLE_BUFFER, seed=seed + 1).to_tuple("__key__", "jpg", "cls")
-                  .batched(self.batch, collation_fn=_collate, partial=True))
+            ds = (
+                WebDataset(
+                    self.shards,
+                    shardshuffle=len(self.shards),
+                    seed=seed,
+                    detshuffle=True,
+                    nodesplitter=split,
+                    empty_check=False,
+                )
+                .shuffle(SHUFFLE_BUFFER, seed=seed + 1)
+                .to_tuple("__key__", "jpg", "cls")
+                .batched(self.batch, collation_fn=_collate, partial=True)
+            )
             # webdataset's stubs type each step of the chain as FluidInterface; it returns the WebDataset
             if not isinstance(ds, DataPipeline):
                 raise TypeError(f"webdataset's chain gave a {type(ds).__name__}, not a pipeline")
@@ -115,8 +135,11 @@ class WebDatasetPeer:
 
 def _lit_collate(items):
     """(samples, labels, sample indices: -1 in copies written before they held them)."""
-    return ([np.frombuffer(x["data"], dtype=np.uint8) for x in items], np.array([int(x["label"]) for x in items]),
-            np.array([int(x.get("index", -1)) for x in items], dtype=np.int64))
+    return (
+        [np.frombuffer(x["data"], dtype=np.uint8) for x in items],
+        np.array([int(x["label"]) for x in items]),
+        np.array([int(x.get("index", -1)) for x in items], dtype=np.int64),
+    )
 
 
 class LitDataPeer:
@@ -142,7 +165,6 @@ class LitDataPeer:
         os.environ.pop("LITDATA_POSIX_FAST", None)
 
 
-
 def copies_dir(container_path: str) -> str:
     """Where the peers' copies of a container lie: `peers/` beside it (as `dstore bench --peers`
     writes them under its data directory: tools/bench/peer_data)."""
@@ -164,13 +186,14 @@ def find_copy(reader, out_dir: str, loader: str, *, seed: int, kind: str = "shuf
     except OSError:
         marker = ""
     if want not in marker or (loader == "litdata" and not marker.endswith(LITDATA_KEY)):
-        raise ConfigError(f"--loader {loader}: no current copy of {reader.path} at {d} (seed {seed}); write it with "
-                          f"python -m dstore.tools.bench.train_e2e (it writes the copies beside the container) or "
-                          f"dstore bench --peers --container {reader.path}")
+        raise ConfigError(
+            f"--loader {loader}: no current copy of {reader.path} at {d} (seed {seed}); write it with "
+            f"python -m dstore.tools.bench.train_e2e (it writes the copies beside the container) or "
+            f"dstore bench --peers --container {reader.path}"
+        )
     if loader == "webdataset":
         return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
     return d
-
 
 
 class PeerSource:
@@ -185,8 +208,9 @@ class PeerSource:
         sample_range: the training samples (start, stop); others are dropped.
     """
 
-    def __init__(self, comm, reader, *, loader: str, batch_size: int, seed: int = 0,
-                 sample_range: tuple[int, int] | None = None):
+    def __init__(
+        self, comm, reader, *, loader: str, batch_size: int, seed: int = 0, sample_range: tuple[int, int] | None = None
+    ):
         if loader not in PEER_LOADERS:
             raise ConfigError(f"loader={loader!r} is not one of {PEER_LOADERS}")
         why = missing(loader)
@@ -210,8 +234,9 @@ class PeerSource:
             # its default maps chunks in place, which a FUSE mount refuses (ENODEV): its posix path
             # there, chosen as LitData's users choose it, with LITDATA_POSIX_FAST=0 (train_e2e sets it)
             posix = os.environ.get("LITDATA_POSIX_FAST") == "0"
-            self._peer = LitDataPeer(comm, copy, 0, self.per_rank, self.seed, os.path.join(where, "litdata-cache"),
-                                        posix)
+            self._peer = LitDataPeer(
+                comm, copy, 0, self.per_rank, self.seed, os.path.join(where, "litdata-cache"), posix
+            )
         self._samples: Iterator[tuple] | None = None  # the peer's samples, pass after pass
         self._pass = 0
         self._epoch, self._step = 0, 0
@@ -233,16 +258,20 @@ class PeerSource:
             for samples, labels, ids in self._peer.epoch(self.seed * 1000 + self._pass):
                 for x, lab, i in zip(samples, np.asarray(labels).tolist(), np.asarray(ids).tolist()):
                     if i < 0:
-                        raise ConfigError(f"--loader {self.loader}: its copy of {self.reader.path} does not name "
-                                          "its samples; delete it to have it written again")
+                        raise ConfigError(
+                            f"--loader {self.loader}: its copy of {self.reader.path} does not name "
+                            "its samples; delete it to have it written again"
+                        )
                     if self.start <= i < self.stop:
                         found = True
                         yield np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) else x, lab, i
             self._pass += 1
             self.stats["peer_passes"] = self._pass
             if not found:
-                raise ConfigError(f"--loader {self.loader}: this rank's part of the copy holds none of samples "
-                                  f"[{self.start}, {self.stop})")
+                raise ConfigError(
+                    f"--loader {self.loader}: this rank's part of the copy holds none of samples "
+                    f"[{self.start}, {self.stop})"
+                )
 
     def _batch(self, stream: Iterator[tuple], epoch: int, s: int):
         from dstore.store.data_store import Batch  # here: it initialises MPI (see the imports)
@@ -254,9 +283,12 @@ class PeerSource:
         labels = np.array([g[1] for g in got], dtype=np.int64)
         bad = [int(i) for i, x in zip(ids.tolist(), samples) if checksum(x) != int(self.reader.checksums[i])]
         if bad or not np.array_equal(labels, self.reader.labels[ids]):
-            raise ChecksumError(f"--loader {self.loader}: samples {bad or ids.tolist()} of its copy of "
-                                f"{self.reader.path} differ from the container's (bytes or labels): a stale copy; "
-                                "delete it to have it written again", bad or ids.tolist())
+            raise ChecksumError(
+                f"--loader {self.loader}: samples {bad or ids.tolist()} of its copy of "
+                f"{self.reader.path} differ from the container's (bytes or labels): a stale copy; "
+                "delete it to have it written again",
+                bad or ids.tolist(),
+            )
         self.stats["read_s"] += time.perf_counter() - t0
         self.stats["samples_read"] += len(samples)
         self.stats["bytes_read"] += int(sum(x.size for x in samples))

@@ -37,11 +37,13 @@ def read_records(path: str, notes: list[str] | None = None) -> list[dict]:
         try:
             records.append(json.loads(line))
         except ValueError:
-            if any(rest.strip() for rest in lines[k + 1:]):
+            if any(rest.strip() for rest in lines[k + 1 :]):
                 raise ConfigError(f"{path}: line {k + 1} is not JSON ({line[:60]!r}); the file is damaged") from None
             if notes is not None:
-                notes.append(f"{path}: skipped its last line, cut short ({len(line)} characters, not JSON: the run "
-                             f"was killed while writing it)")
+                notes.append(
+                    f"{path}: skipped its last line, cut short ({len(line)} characters, not JSON: the run "
+                    f"was killed while writing it)"
+                )
     return records
 
 
@@ -53,13 +55,20 @@ def run_curves(run_dir: str, notes: list[str] | None = None) -> dict[str, list[d
         ConfigError: no metrics.jsonl there, or one with no epoch record yet.
     """
     own = os.path.join(run_dir, "metrics.jsonl")
-    paths = {"": own} if os.path.isfile(own) else {
-        f"trainer {os.path.basename(os.path.dirname(p))[len('trainer'):]}": p
-        for p in sorted(glob.glob(os.path.join(run_dir, "trainer*", "metrics.jsonl")))}
+    paths = (
+        {"": own}
+        if os.path.isfile(own)
+        else {
+            f"trainer {os.path.basename(os.path.dirname(p))[len('trainer') :]}": p
+            for p in sorted(glob.glob(os.path.join(run_dir, "trainer*", "metrics.jsonl")))
+        }
+    )
     if not paths:
         raise ConfigError(f"{run_dir}: no metrics.jsonl (nor trainer*/metrics.jsonl): not a dstore run directory")
-    curves = {label: [r for r in read_records(p, notes) if isinstance(r, dict) and "epoch" in r and not r.get("final")]
-              for label, p in paths.items()}
+    curves = {
+        label: [r for r in read_records(p, notes) if isinstance(r, dict) and "epoch" in r and not r.get("final")]
+        for label, p in paths.items()
+    }
     if not any(curves.values()):
         raise ConfigError(f"{run_dir}: the run has finished no epoch yet (metrics.jsonl holds no epoch record)")
     return curves

@@ -30,23 +30,64 @@ REQUIRED = ("model", "optimizer", "store", "rng", "epoch", "step_in_epoch", "glo
 
 # Config fields that fix the learning rate at every step: the checkpoint's optimizer and scheduler
 # state hold their values, so a change would be ignored silently; it is refused instead.
-SAME_SCHEDULE = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule", "warmup_epochs",
-                 "step_epochs", "gamma")
+SAME_SCHEDULE = (
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "nesterov",
+    "schedule",
+    "warmup_epochs",
+    "step_epochs",
+    "gamma",
+)
 
 # Config fields a resumed run must share with the checkpoint's (they fix the batches' order, the
 # held-out split and the tournament).
-SAME_CONFIG = ("batch_size", "seed", "shuffle", "drop_last", "holdout", "trainers", "ltfb_round", "ltfb_metric",
-               "tournament_fraction", "ltfb_strategy", "truncation_fraction", "explore")
+SAME_CONFIG = (
+    "batch_size",
+    "seed",
+    "shuffle",
+    "drop_last",
+    "holdout",
+    "trainers",
+    "ltfb_round",
+    "ltfb_metric",
+    "tournament_fraction",
+    "ltfb_strategy",
+    "truncation_fraction",
+    "explore",
+)
 
 # Config fields that fix the model and the pixels it is fed: the checkpoint's weights were learnt
 # on them (a convolutional net loads at another input size and trains on in silence).
 SAME_INPUT = ("model", "image_size", "augment", "resize", "channels", "mean", "std", "val")
 
-CHANGEABLE = ("epochs", "loader", "files_root", "read_threads", "direct_cold", "population", "prefetch",
-              "decode_threads", "decode_workers", "resize_on", "memory_budget", "overflow", "storage_threads",
-              "storage_lookahead", "cache_dir",
-              "deterministic", "device", "amp", "channels_last", "checkpoint_every", "preempt_signal",
-              "tensorboard", "log_batches")
+CHANGEABLE = (
+    "epochs",
+    "loader",
+    "files_root",
+    "read_threads",
+    "direct_cold",
+    "population",
+    "prefetch",
+    "decode_threads",
+    "decode_workers",
+    "resize_on",
+    "memory_budget",
+    "overflow",
+    "storage_threads",
+    "storage_lookahead",
+    "cache_dir",
+    "deterministic",
+    "device",
+    "amp",
+    "channels_last",
+    "checkpoint_every",
+    "preempt_signal",
+    "tensorboard",
+    "log_batches",
+)
 """Config fields a resume may change (documented in docs/training.md, 'Resuming'): how the run
 computes and what it logs, not which samples it trains on in which order, its model, its input or
 its schedule (--epochs re-derives it). A change is said in one line and config.json is rewritten.
@@ -104,8 +145,9 @@ def load_for_resume(path: str, container: dict) -> dict:
 
 
 def _bad(path: str, key: str, why: str) -> ConfigError:
-    return ConfigError(f"resume checkpoint {path}: {key!r} {why} (edited or damaged?); resume an intact "
-                       f"checkpoint, or start a new run")
+    return ConfigError(
+        f"resume checkpoint {path}: {key!r} {why} (edited or damaged?); resume an intact checkpoint, or start a new run"
+    )
 
 
 def check_structure(ck: dict, path: str) -> None:
@@ -198,28 +240,45 @@ def check_compatible(ck: dict, cfg, meta: dict, path: str = "the checkpoint") ->
             value and this run's.
     """
     changes = config_changes(ck.get("config", {}), cfg)
-    refused = [f"{flag_name(k)} {_show(k, was)} (this run: {_show(k, now)}; it fixes {_why(k)})"
-               for k, (was, now) in changes.items() if k not in CHANGEABLE and k not in NOT_COMPARED]
+    refused = [
+        f"{flag_name(k)} {_show(k, was)} (this run: {_show(k, now)}; it fixes {_why(k)})"
+        for k, (was, now) in changes.items()
+        if k not in CHANGEABLE and k not in NOT_COMPARED
+    ]
     saved_meta = ck.get("meta", {})
-    refused += [f"{key} {saved_meta.get(key)!r} (this run: {meta[key]!r})" for key in ("model", "train_samples")
-                if saved_meta.get(key) != meta[key] and not any(r.startswith(f"--{key} ") for r in refused)]
+    refused += [
+        f"{key} {saved_meta.get(key)!r} (this run: {meta[key]!r})"
+        for key in ("model", "train_samples")
+        if saved_meta.get(key) != meta[key] and not any(r.startswith(f"--{key} ") for r in refused)
+    ]
     if refused:
-        raise ConfigError(f"cannot resume {path}: it was made with " + ", ".join(refused) + "; give its values "
-                          "(or leave those flags out: --resume takes the run's own config.json), or start a new "
-                          "run (--overwrite, or another --run-dir)")
+        raise ConfigError(
+            f"cannot resume {path}: it was made with " + ", ".join(refused) + "; give its values "
+            "(or leave those flags out: --resume takes the run's own config.json), or start a new "
+            "run (--overwrite, or another --run-dir)"
+        )
     applied = []
     if "epochs" in changes:
         was, now = changes["epochs"]
         if now < int(ck["epoch"]):
-            raise ConfigError(f"cannot resume: the checkpoint is at epoch {int(ck['epoch'])}, past --epochs {now} "
-                              f"(it was made with --epochs {was}); give --epochs {int(ck['epoch'])} or more")
-        applied.append(f"--epochs changed from {was} to {now}: the {cfg.schedule} learning-rate schedule is "
-                       f"re-derived for {now} epochs from the step the checkpoint was taken at")
-    other = [f"{flag_name(k)} {_show(k, was)} -> {_show(k, now)}" for k, (was, now) in changes.items()
-             if k in CHANGEABLE and k != "epochs"]
+            raise ConfigError(
+                f"cannot resume: the checkpoint is at epoch {int(ck['epoch'])}, past --epochs {now} "
+                f"(it was made with --epochs {was}); give --epochs {int(ck['epoch'])} or more"
+            )
+        applied.append(
+            f"--epochs changed from {was} to {now}: the {cfg.schedule} learning-rate schedule is "
+            f"re-derived for {now} epochs from the step the checkpoint was taken at"
+        )
+    other = [
+        f"{flag_name(k)} {_show(k, was)} -> {_show(k, now)}"
+        for k, (was, now) in changes.items()
+        if k in CHANGEABLE and k != "epochs"
+    ]
     if other:
-        applied.append("changed on resume: " + ", ".join(other) + " (how the run computes or logs, not its data "
-                       "order, model, input or schedule); config.json now says so, resumes.jsonl keeps the history")
+        applied.append(
+            "changed on resume: " + ", ".join(other) + " (how the run computes or logs, not its data "
+            "order, model, input or schedule); config.json now says so, resumes.jsonl keeps the history"
+        )
     return applied
 
 
@@ -234,8 +293,12 @@ def restore(ck: dict, trainer, loader, rank: int, size: int, path: str = "") -> 
         loader.load_state_dict(from_safe(ck["store"]))
     at = loader.state_dict()
     if (int(at["epoch"]), int(at["step"])) != (int(ck["epoch"]), int(ck["step_in_epoch"])):
-        raise _bad(path, "epoch", f"and 'step_in_epoch' ({ck['epoch']}, {ck['step_in_epoch']}) disagree with the "
-                                  f"data position in 'store' (epoch {at['epoch']}, step {at['step']})")
+        raise _bad(
+            path,
+            "epoch",
+            f"and 'step_in_epoch' ({ck['epoch']}, {ck['step_in_epoch']}) disagree with the "
+            f"data position in 'store' (epoch {at['epoch']}, step {at['step']})",
+        )
     rngs = ck["rng"]
     with _restoring(path, "rng"):
         set_rng_state(rngs[rank] if len(rngs) == size else rngs[0])
@@ -269,5 +332,6 @@ def _load_keeping_schedule(trainer, ck: dict, path: str) -> None:
 
 def checkpoint_steps(job: str, trainers: int) -> list[int]:
     """The global step each trainer's checkpoint in the LTFB job directory `job` was taken at."""
-    return [int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"])
-            for k in range(trainers)]
+    return [
+        int(load_checkpoint(os.path.join(job, f"trainer{k}", CHECKPOINT_NAME))["global_step"]) for k in range(trainers)
+    ]

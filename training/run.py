@@ -113,8 +113,9 @@ def train(cfg: TrainConfig, comm, *, say=None, preemption: Preemption | None = N
     if cfg.progress is None:  # auto: a bar only on a terminal, so batch logs get no \r frames
         cfg = dataclasses.replace(cfg, progress=console.stderr_is_terminal())
     # In a batch log, a line after every cfg.heartbeat s of silence (dstore.training.heartbeat).
-    with Heartbeat(say or console.say, cfg.heartbeat,
-                   enabled=comm.Get_rank() == 0 and not stdout_is_terminal()) as beat:
+    with Heartbeat(
+        say or console.say, cfg.heartbeat, enabled=comm.Get_rank() == 0 and not stdout_is_terminal()
+    ) as beat:
         return _train(cfg, comm, beat, preemption)
 
 
@@ -133,8 +134,7 @@ def _train(cfg: TrainConfig, comm, beat: Heartbeat, preemption: Preemption) -> d
     # directory that holds a run is refused as a new run there would be.
     fresh = resume_path is None or not _same_dir(os.path.dirname(resume_path), run_dir)
     with claimed_run_dir(comm, run_dir, fresh=fresh, replace=cfg.overwrite or cfg.resume == "auto", say=say):
-        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption,
-                           beat=beat)
+        return run_trainer(cfg, comm, data_path, run_dir, resume_path=resume_path, say=say, watch=preemption, beat=beat)
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -142,6 +142,7 @@ def _same_dir(a: str, b: str) -> bool:
 
 
 # --- one trainer ------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _Data:
@@ -158,9 +159,18 @@ class _Data:
     readers: list = dataclasses.field(default_factory=list)  # a mix's readers, one per source
 
 
-def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_dir: str, *, resume_path: str | None = None,
-                say=console.say, tournament=None, watch: Preemption | None = None,
-                beat: Heartbeat | None = None) -> dict:
+def run_trainer(
+    cfg: TrainConfig,
+    comm,
+    data_path: str | tuple[str, ...],
+    run_dir: str,
+    *,
+    resume_path: str | None = None,
+    say=console.say,
+    tournament=None,
+    watch: Preemption | None = None,
+    beat: Heartbeat | None = None,
+) -> dict:
     """One trainer over `comm` (collective): what train() returns, for data set `data_path`.
 
     Builds the process group, data, model, Trainer and loaders (in that order; closed in reverse)
@@ -180,8 +190,9 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_di
     report = say if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
     with contextlib.ExitStack() as stack:  # closed in reverse: loaders, stores, readers, group
-        ctx = stack.enter_context(init_distributed(comm, cfg.device,
-                                                   gpu_index=tournament.node_rank if tournament else None))
+        ctx = stack.enter_context(
+            init_distributed(comm, cfg.device, gpu_index=tournament.node_rank if tournament else None)
+        )
         node_ranks = tournament.node_ranks if tournament else ctx.local_size
         _share_cores(node_ranks, cfg.deterministic)
         beat.phase("start-up: opening the data and measuring its input")
@@ -191,51 +202,85 @@ def run_trainer(cfg: TrainConfig, comm, data_path: str | tuple[str, ...], run_di
             workers = 0  # decode workers take one encoding (dstore.loader.store_loader); threads decode each by its own
         ltfb_meta = _tournament_part(tournament, data, report) if tournament is not None else {}
         name, input_size, why = _input_of(cfg, data.spec)
-        report(f"model {name} at {input_size[0]}x{input_size[1]} ({why}; images {data.spec.image_size[0]}x"
-               f"{data.spec.image_size[1]}, --augment {cfg.augment})")
+        report(
+            f"model {name} at {input_size[0]}x{input_size[1]} ({why}; images {data.spec.image_size[0]}x"
+            f"{data.spec.image_size[1]}, --augment {cfg.augment})"
+        )
         reserve = _loader_reserve(cfg, ctx, data, input_size, workers)
         check_memory_bounds(comm, cfg, reserve)  # before the model (sized by the input) or any store exists
         beat.phase("start-up: building the model")
         model, optimizer = _build_model(cfg, name, data.spec, input_size)
-        beat.phase("start-up: populating the store" if cfg.loader == "store" else "start-up: opening the sources",
-                   f"{data.train_range[1] - data.train_range[0]} training samples")
+        beat.phase(
+            "start-up: populating the store" if cfg.loader == "store" else "start-up: opening the sources",
+            f"{data.train_range[1] - data.train_range[0]} training samples",
+        )
         sources = _open_sources(stack, cfg, ctx, data, reserve)
         train_src = sources[0]
         spe = train_src.steps_per_epoch
         train_tf, eval_tf = build_transforms(cfg, data.spec, input_size)
         trainer = _make_trainer(cfg, ctx, model, optimizer, spe, prepare=eval_tf.normalize_batch)
         beat.phase("start-up: starting the loaders")
-        loader, eval_loader, tour_loader = _open_loaders(stack, cfg, ctx, sources, input_size, train_tf, eval_tf,
-                                                         workers)
+        loader, eval_loader, tour_loader = _open_loaders(
+            stack, cfg, ctx, sources, input_size, train_tf, eval_tf, workers
+        )
         on_step = None
         if tournament is not None:
             ltfb_meta.update(round_steps=tournament.start(spe), metric=tournament.metric)
             on_step = functools.partial(tournament.after_step, trainer, tour_loader)
-        meta = {"model": name, "input_size": list(input_size), "spec": dataclasses.asdict(data.spec),
-                "data": data_path, "container": data.container,
-                "train_samples": data.train_range[1] - data.train_range[0], "steps_per_epoch": spe,
-                "ranks": ctx.size, **({"ltfb": ltfb_meta} if ltfb_meta else {})}
+        meta = {
+            "model": name,
+            "input_size": list(input_size),
+            "spec": dataclasses.asdict(data.spec),
+            "data": data_path,
+            "container": data.container,
+            "train_samples": data.train_range[1] - data.train_range[0],
+            "steps_per_epoch": spe,
+            "ranks": ctx.size,
+            **({"ltfb": ltfb_meta} if ltfb_meta else {}),
+        }
         if data.mix:  # the mix, with each source's samples per epoch (dstore.order.mix's counts)
-            meta.update(data=" ".join(cfg.data or ()), mix={"sources": [p for p, _ in data.mix],
-                                                      "weights": [w for _, w in data.mix],
-                                                      "counts": [int(c) for c in train_src.counts]})
+            meta.update(
+                data=" ".join(cfg.data or ()),
+                mix={
+                    "sources": [p for p, _ in data.mix],
+                    "weights": [w for _, w in data.mix],
+                    "counts": [int(c) for c in train_src.counts],
+                },
+            )
         # Agreed over the whole job: under LTFB every trainer stops at the same global step.
         if watch is None:
             watch = stack.enter_context(Preemption(parse_signals(cfg.preempt_signal)))
-        fit = Fit(cfg, ctx, trainer, train_src, loader, eval_loader, run_dir, report, meta, on_step,
-                  preemption=(watch, tournament.world if tournament else comm), resume_path=resume_path, resumed=ck,
-                  beat=beat)
+        fit = Fit(
+            cfg,
+            ctx,
+            trainer,
+            train_src,
+            loader,
+            eval_loader,
+            run_dir,
+            report,
+            meta,
+            on_step,
+            preemption=(watch, tournament.world if tournament else comm),
+            resume_path=resume_path,
+            resumed=ck,
+            beat=beat,
+        )
         return fit.run()
 
 
-def _open_data(stack, cfg: TrainConfig, comm, data_path: str | tuple[str, ...],
-               resume_path: str | None) -> tuple[_Data, dict | None]:
+def _open_data(
+    stack, cfg: TrainConfig, comm, data_path: str | tuple[str, ...], resume_path: str | None
+) -> tuple[_Data, dict | None]:
     """Opens the training (and --val) containers on `stack`, loads the checkpoint to resume (checked
     against the container before any store exists or anything is written), splits off the held-out
     range and measures the input; returns (_Data, the checkpoint or None)."""
     mix = parse_sources(cfg.data)
     data = [p for p, _ in mix] if mix else [data_path] if isinstance(data_path, str) else list(data_path)
-    for path, what in [(p, "the data set") for p in data] + [(cfg.val, "--val"), (resume_path, "the checkpoint to resume")]:
+    for path, what in [(p, "the data set") for p in data] + [
+        (cfg.val, "--val"),
+        (resume_path, "the checkpoint to resume"),
+    ]:
         if path and "://" not in str(path):  # every rank opens them (a URL: object storage, which all see)
             seen_everywhere(comm, str(path), what)
     if mix:
@@ -277,24 +322,36 @@ def check_val(val_path: str, val_reader, data_path: str, reader, container: dict
     """Refuses (ConfigError) a --val container that is the training container itself (held-out
     figures would be training figures) or holds other classes, another encoding or another shape."""
     if container_identity(val_reader)["checksums_sha256"] == container["checksums_sha256"]:
-        raise ConfigError(f"--val {val_path} holds the same samples as the training container {data_path}: "
-                          f"held-out figures would be training figures; give a separate container, or no --val "
-                          f"(then --holdout's tail is held out)")
+        raise ConfigError(
+            f"--val {val_path} holds the same samples as the training container {data_path}: "
+            f"held-out figures would be training figures; give a separate container, or no --val "
+            f"(then --holdout's tail is held out)"
+        )
     v, t = val_reader.info, reader.info
     if v.class_names != t.class_names:
         show = lambda x: f"{list(x[:5])}{'...' if len(x) > 5 else ''}"  # noqa: E731
-        raise ConfigError(f"--val {val_path} has classes {show(v.class_names)} but {data_path} has "
-                          f"{show(t.class_names)}; both must have the same classes")
+        raise ConfigError(
+            f"--val {val_path} has classes {show(v.class_names)} but {data_path} has "
+            f"{show(t.class_names)}; both must have the same classes"
+        )
     if v.encoding != "raw" and t.encoding != "raw":
         return  # JPEG, PNG or both ('image'): each loader decodes its own container's samples
-    for what, a, b in (("encoding", v.encoding, t.encoding), ("sample shape", v.raw_shape, t.raw_shape),
-                       ("sample dtype", v.raw_dtype, t.raw_dtype)):
+    for what, a, b in (
+        ("encoding", v.encoding, t.encoding),
+        ("sample shape", v.raw_shape, t.raw_shape),
+        ("sample dtype", v.raw_dtype, t.raw_dtype),
+    ):
         if a != b:
-            raise ConfigError(f"--val {val_path} has {what} {a!r} but {data_path} has {b!r}; re-ingest the held-out "
-                              f"data like the training data (dstore ingest {val_path} OUT "
-                              + (f"--encoding {t.encoding}" if t.encoding != "raw" else
-                                 f"--encoding raw --resize {'x'.join(map(str, (t.raw_shape or [0, 0])[:2]))}")
-                              + "), then --val OUT")
+            raise ConfigError(
+                f"--val {val_path} has {what} {a!r} but {data_path} has {b!r}; re-ingest the held-out "
+                f"data like the training data (dstore ingest {val_path} OUT "
+                + (
+                    f"--encoding {t.encoding}"
+                    if t.encoding != "raw"
+                    else f"--encoding raw --resize {'x'.join(map(str, (t.raw_shape or [0, 0])[:2]))}"
+                )
+                + "), then --val OUT"
+            )
 
 
 def _tournament_part(tournament, data: _Data, report) -> dict:
@@ -303,13 +360,23 @@ def _tournament_part(tournament, data: _Data, report) -> dict:
     whole = data.train_range
     train_range, tour_range, dropped = tournament.data(whole)
     data.train_range, data.tour_range = train_range, tour_range
-    report(f"trains on samples [{train_range[0]}, {train_range[1]}) and plays on [{tour_range[0]}, "
-           f"{tour_range[1]}) of the training range [{whole[0]}, {whole[1]})"
-           + (f"; {dropped} sample(s) at its end dropped so that all {tournament.trainers} trainers get "
-              f"equal parts" if dropped else ""))
-    return {"trainer": tournament.trainer, "trainers": tournament.trainers,
-            "ranks_per_trainer": tournament.ranks, "train_range": list(train_range),
-            "tournament_range": list(tour_range), "dropped": dropped}
+    report(
+        f"trains on samples [{train_range[0]}, {train_range[1]}) and plays on [{tour_range[0]}, "
+        f"{tour_range[1]}) of the training range [{whole[0]}, {whole[1]})"
+        + (
+            f"; {dropped} sample(s) at its end dropped so that all {tournament.trainers} trainers get equal parts"
+            if dropped
+            else ""
+        )
+    )
+    return {
+        "trainer": tournament.trainer,
+        "trainers": tournament.trainers,
+        "ranks_per_trainer": tournament.ranks,
+        "train_range": list(train_range),
+        "tournament_range": list(tour_range),
+        "dropped": dropped,
+    }
 
 
 def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int], str]:
@@ -328,8 +395,14 @@ def _input_of(cfg: TrainConfig, spec) -> tuple[str, tuple[int, int], str]:
 def _build_model(cfg: TrainConfig, name: str, spec, input_size):
     """(the model, its optimizer) for the measured input `spec` at `input_size`."""
     model = build_model(name, spec.channels, spec.num_classes, input_size)
-    optimizer = make_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+    optimizer = make_optimizer(
+        cfg.optimizer,
+        model.parameters(),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        nesterov=cfg.nesterov,
+    )
     return model, optimizer
 
 
@@ -337,23 +410,51 @@ def _make_trainer(cfg: TrainConfig, ctx, model, optimizer, steps_per_epoch: int,
     """The Trainer, with the learning-rate schedule over cfg.epochs epochs of `steps_per_epoch` steps
     and `prepare` applied to every batch on the device (see dstore.training.loop.Trainer)."""
     spe = steps_per_epoch
-    sched = Schedule(cfg.schedule, total=cfg.epochs * spe, warmup=int(round(cfg.warmup_epochs * spe)),
-                     step_every=max(1, cfg.step_epochs * spe), gamma=cfg.gamma)
-    return Trainer(ctx, model, optimizer, make_scheduler(optimizer, sched), prepare=prepare, amp=cfg.amp,
-                   channels_last=cfg.channels_last)
+    sched = Schedule(
+        cfg.schedule,
+        total=cfg.epochs * spe,
+        warmup=int(round(cfg.warmup_epochs * spe)),
+        step_every=max(1, cfg.step_epochs * spe),
+        gamma=cfg.gamma,
+    )
+    return Trainer(
+        ctx,
+        model,
+        optimizer,
+        make_scheduler(optimizer, sched),
+        prepare=prepare,
+        amp=cfg.amp,
+        channels_last=cfg.channels_last,
+    )
 
 
 def _make_source(cfg: TrainConfig, comm, reader, sample_range, seed: int, drop_last: bool, train: bool = False):
     if cfg.loader in PEER_LOADERS and train:  # the peer feeds the training; held-out sets come from the container
-        return PeerSource(comm, reader, loader=cfg.loader, batch_size=cfg.batch_size, seed=seed,
-                          sample_range=sample_range)
+        return PeerSource(
+            comm, reader, loader=cfg.loader, batch_size=cfg.batch_size, seed=seed, sample_range=sample_range
+        )
     if cfg.loader == "direct" or cfg.loader in PEER_LOADERS:
-        return DirectSource(comm, reader, batch_size=cfg.batch_size, seed=seed, drop_last=drop_last,
-                            sample_range=sample_range, prefetch=max(1, cfg.prefetch))
+        return DirectSource(
+            comm,
+            reader,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            drop_last=drop_last,
+            sample_range=sample_range,
+            prefetch=max(1, cfg.prefetch),
+        )
     if cfg.loader == "files":
-        return FilesSource(comm, reader, root=cfg.files_root, read_threads=cfg.read_threads,
-                           batch_size=cfg.batch_size, seed=seed, drop_last=drop_last, sample_range=sample_range,
-                           prefetch=max(1, cfg.prefetch))
+        return FilesSource(
+            comm,
+            reader,
+            root=cfg.files_root,
+            read_threads=cfg.read_threads,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            drop_last=drop_last,
+            sample_range=sample_range,
+            prefetch=max(1, cfg.prefetch),
+        )
     # every DataStore argument the run's config has (dstore.store.config.StoreConfig names them)
     store = DataStore(comm, reader, **options_from(cfg, seed=seed, drop_last=drop_last, sample_range=sample_range))
     # A read failing mid-epoch ends the job at once (the CLI aborts on any rank's error): the other
@@ -373,12 +474,18 @@ def _make_mix(cfg: TrainConfig, comm, mix: list) -> MixedStore:
 def _loader_reserve(cfg: TrainConfig, ctx, data: _Data, input_size, workers: int) -> int:
     """What a rank's loaders hold at most (dstore.training.budget.loader_reserve)."""
     mean_bytes = max(r.total_bytes / max(r.num_samples, 1) for r in (data.readers or [data.reader]))
-    return loader_reserve(local_batch=-(-cfg.batch_size // ctx.size), input_shape=(*input_size, data.spec.channels),
-                          image_shape=(*data.spec.image_size, data.spec.channels),
-                          mean_sample_bytes=mean_bytes,
-                          decode_threads=cfg.decode_threads, loaders=2 if data.tour_range is not None else 1,
-                          workers=workers, deferred_resize=bool(workers) and cfg.resize == "fast" and (
-                              cfg.resize_on == "device" or (cfg.resize_on == "auto" and ctx.device.type == "cuda")))
+    return loader_reserve(
+        local_batch=-(-cfg.batch_size // ctx.size),
+        input_shape=(*input_size, data.spec.channels),
+        image_shape=(*data.spec.image_size, data.spec.channels),
+        mean_sample_bytes=mean_bytes,
+        decode_threads=cfg.decode_threads,
+        loaders=2 if data.tour_range is not None else 1,
+        workers=workers,
+        deferred_resize=bool(workers)
+        and cfg.resize == "fast"
+        and (cfg.resize_on == "device" or (cfg.resize_on == "auto" and ctx.device.type == "cuda")),
+    )
 
 
 def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tuple:
@@ -387,17 +494,24 @@ def _open_sources(stack, cfg: TrainConfig, ctx, data: _Data, reserve: int) -> tu
     with the loaders' batches (dstore.training.budget) before any of them populates."""
     comm = ctx.comm
     sources: list[MixedStore | PeerSource | DirectSource | DataStore | None] = [
-        _make_mix(cfg, comm, data.mix) if data.mix
-        else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last, train=True)]
+        _make_mix(cfg, comm, data.mix)
+        if data.mix
+        else _make_source(cfg, comm, data.reader, data.train_range, cfg.seed, cfg.drop_last, train=True)
+    ]
     if data.held_range is not None or data.val_reader is not None:
         sources.append(_make_source(cfg, comm, data.val_reader or data.reader, data.held_range, cfg.seed + 1, False))
     else:
         sources.append(None)
-    sources.append(None if data.tour_range is None
-                   else _make_source(cfg, comm, data.reader, data.tour_range, cfg.seed + 2, False))
+    sources.append(
+        None if data.tour_range is None else _make_source(cfg, comm, data.reader, data.tour_range, cfg.seed + 2, False)
+    )
     # a mix's source stores share the budget as the other stores do, one part each
-    share_budget(comm, [t for s in sources for t in (s.stores if isinstance(s, MixedStore) else [s])],
-                 budget=cfg.memory_budget, reserve=reserve)
+    share_budget(
+        comm,
+        [t for s in sources for t in (s.stores if isinstance(s, MixedStore) else [s])],
+        budget=cfg.memory_budget,
+        reserve=reserve,
+    )
     return tuple(None if s is None else stack.enter_context(s) for s in sources)
 
 
@@ -411,8 +525,11 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
     opts: dict[str, Any] = dict(decode_threads=cfg.decode_threads, channels=cfg.channels, size=tuple(input_size))
     if ctx.device.type == "cuda":  # pinned batches, copied on a side stream while the last step runs
         opts.update(pin_memory=True, device=ctx.device)
-    loader = stack.enter_context(StoreLoader(train_src, transform=train_tf, workers=workers,
-                                             resize_on=cfg.resize_on if workers else "auto", **opts))
+    loader = stack.enter_context(
+        StoreLoader(
+            train_src, transform=train_tf, workers=workers, resize_on=cfg.resize_on if workers else "auto", **opts
+        )
+    )
     eval_loader = None if eval_src is None else stack.enter_context(StoreLoader(eval_src, transform=eval_tf, **opts))
     tour_loader = None if tour_src is None else stack.enter_context(StoreLoader(tour_src, transform=eval_tf, **opts))
     return loader, eval_loader, tour_loader
@@ -421,11 +538,14 @@ def _open_loaders(stack, cfg: TrainConfig, ctx, sources, input_size, train_tf, e
 def build_transforms(cfg: TrainConfig, spec, input_size):
     """(training transform, evaluation transform) of `--augment` at `input_size`."""
     # uint8 out of the decode threads, normalised per batch on the device (Trainer(prepare=...))
-    common: dict[str, Any] = dict(size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std,
-                                  normalize=False)
+    common: dict[str, Any] = dict(
+        size=tuple(input_size), channels=spec.channels, mean=spec.mean, std=spec.std, normalize=False
+    )
     if cfg.augment == "imagenet":
-        return (ImageTransform(train=True, flip=True, recipe="imagenet", resize=cfg.resize, **common),
-                ImageTransform(recipe="imagenet", resize=cfg.resize, **common))
+        return (
+            ImageTransform(train=True, flip=True, recipe="imagenet", resize=cfg.resize, **common),
+            ImageTransform(recipe="imagenet", resize=cfg.resize, **common),
+        )
     pad, flip = default_augmentation(input_size)
     if cfg.augment == "off":
         pad, flip = 0, False
@@ -436,8 +556,10 @@ def build_transforms(cfg: TrainConfig, spec, input_size):
 
 # --- a job of several trainers (LTFB) ---------------------------------------------------------
 
-def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | None = None,
-                   beat: Heartbeat | None = None) -> dict:
+
+def train_trainers(
+    cfg: TrainConfig, world, *, say, preemption: Preemption | None = None, beat: Heartbeat | None = None
+) -> dict:
     """Runs K = cfg.trainers trainers of M = N / K ranks each on `world`, with a tournament every
     `cfg.ltfb_round` steps (collective over world); returns the trainer's result on every rank.
 
@@ -459,13 +581,31 @@ def train_trainers(cfg: TrainConfig, world, *, say, preemption: Preemption | Non
         return _run_job(cfg, world, data_path, resumed, run_dir, say, preemption, beat)
 
 
-def _run_job(cfg: TrainConfig, world, data_path: str | tuple[str, ...], resumed: str | None, run_dir: str, say,
-             preemption: Preemption | None = None, beat: Heartbeat | None = None) -> dict:
+def _run_job(
+    cfg: TrainConfig,
+    world,
+    data_path: str | tuple[str, ...],
+    resumed: str | None,
+    run_dir: str,
+    say,
+    preemption: Preemption | None = None,
+    beat: Heartbeat | None = None,
+) -> dict:
     """train_trainers' job in its claimed run directory `run_dir` (resuming job directory `resumed`)."""
     explore = hparams.parse(cfg.explore)
-    tournament = ltfb.Tournament(world, cfg.trainers, seed=cfg.seed, metric=cfg.ltfb_metric, every=cfg.ltfb_round,
-                            fraction=cfg.tournament_fraction, log_path=os.path.join(run_dir, ltfb.LOG_NAME), say=say,
-                            strategy=cfg.ltfb_strategy, truncation=cfg.truncation_fraction, explore=explore)
+    tournament = ltfb.Tournament(
+        world,
+        cfg.trainers,
+        seed=cfg.seed,
+        metric=cfg.ltfb_metric,
+        every=cfg.ltfb_round,
+        fraction=cfg.tournament_fraction,
+        log_path=os.path.join(run_dir, ltfb.LOG_NAME),
+        say=say,
+        strategy=cfg.ltfb_strategy,
+        truncation=cfg.truncation_fraction,
+        explore=explore,
+    )
     k = tournament.trainer
     mine, starts = _trainer_config(cfg, k, explore, run_dir)
     if world.Get_rank() == 0:
@@ -475,9 +615,17 @@ def _run_job(cfg: TrainConfig, world, data_path: str | tuple[str, ...], resumed:
     assert mine.run_dir is not None  # _trainer_config gives each trainer its directory
     comm = tournament.split()
     try:
-        result = run_trainer(mine, comm, data_path, mine.run_dir, resume_path=resume_path,
-                             say=lambda line: say(f"[trainer {k}] {line}"), tournament=tournament, watch=preemption,
-                             beat=beat)
+        result = run_trainer(
+            mine,
+            comm,
+            data_path,
+            mine.run_dir,
+            resume_path=resume_path,
+            say=lambda line: say(f"[trainer {k}] {line}"),
+            tournament=tournament,
+            watch=preemption,
+            beat=beat,
+        )
     finally:
         comm.Free()
         tournament.close()
@@ -500,9 +648,11 @@ def _resumed_job(cfg: TrainConfig, world) -> str | None:
     if resumed is not None:
         steps = on_root(world, checkpoint_steps, resumed, cfg.trainers)
         if len(set(steps)) != 1:
-            raise ConfigError(f"--resume: the trainers' checkpoints in {resumed} are at different global steps "
-                              f"{steps}; a tournament resumes only from checkpoints of one step (they are taken at "
-                              f"the same steps, so one trainer's save was interrupted: resume an earlier copy)")
+            raise ConfigError(
+                f"--resume: the trainers' checkpoints in {resumed} are at different global steps "
+                f"{steps}; a tournament resumes only from checkpoints of one step (they are taken at "
+                f"the same steps, so one trainer's save was interrupted: resume an earlier copy)"
+            )
     return resumed
 
 
@@ -513,18 +663,29 @@ def _trainer_config(cfg: TrainConfig, k: int, explore, run_dir: str) -> tuple[Tr
     # trainer then takes the values its checkpoint's optimizer and scheduler state hold).
     given = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "momentum": cfg.momentum}
     starts = [hparams.initial(given, explore, cfg.seed, j) for j in range(cfg.trainers)]
-    mine = dataclasses.replace(cfg, seed=cfg.seed + k, run_dir=os.path.join(run_dir, f"trainer{k}"),
-                               progress=cfg.progress and k == 0, **starts[k])  # one progress bar, not K
+    mine = dataclasses.replace(
+        cfg,
+        seed=cfg.seed + k,
+        run_dir=os.path.join(run_dir, f"trainer{k}"),
+        progress=cfg.progress and k == 0,
+        **starts[k],
+    )  # one progress bar, not K
     return mine, starts
 
 
 def _announce_job(cfg: TrainConfig, tournament, run_dir: str, explore, starts: list[dict], say) -> None:
     """The job's opening lines (on world rank 0): trainers, rounds, where each writes, what each explores."""
-    say(f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s), {cfg.ltfb_strategy} rounds; trainer k "
-        f"uses seed {cfg.seed}+k and {run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, ltfb.LOG_NAME)}")
+    say(
+        f"LTFB: {cfg.trainers} trainers x {tournament.ranks} rank(s), {cfg.ltfb_strategy} rounds; trainer k "
+        f"uses seed {cfg.seed}+k and {run_dir}/trainer<k>/; tournament log {os.path.join(run_dir, ltfb.LOG_NAME)}"
+    )
     if explore:
-        say("exploring " + ", ".join(explore) + ": trainers start from "
-            + "; ".join(f"{j}: {hparams.describe(v, explore)}" for j, v in enumerate(starts)))
+        say(
+            "exploring "
+            + ", ".join(explore)
+            + ": trainers start from "
+            + "; ".join(f"{j}: {hparams.describe(v, explore)}" for j, v in enumerate(starts))
+        )
 
 
 def _job_result(cfg: TrainConfig, world, tournament, test: dict | None, run_dir: str, say) -> dict:
@@ -537,10 +698,25 @@ def _job_result(cfg: TrainConfig, world, tournament, test: dict | None, run_dir:
     best = max(scored, key=scored.__getitem__) if scored else None
     if world.Get_rank() == 0:
         for j, t in enumerate(by_trainer):
-            say(f"trainer {j}: " + ("no test accuracy" if t is None else
-                                    f"test accuracy {t[0]:.4f} ({t[2]} held-out samples), loss {t[1]:.4f}"))
+            say(
+                f"trainer {j}: "
+                + (
+                    "no test accuracy"
+                    if t is None
+                    else f"test accuracy {t[0]:.4f} ({t[2]} held-out samples), loss {t[1]:.4f}"
+                )
+            )
         if best is not None:
-            say(f"best: trainer {best}, test accuracy {accuracies[best]:.4f} "
-                f"(after {tournament.rounds} tournament round(s))")
-    return {"trainer": tournament.trainer, "trainers": cfg.trainers, "ranks_per_trainer": tournament.ranks,
-            "tournaments": tournament.rounds, "run_dir": run_dir, "test_by_trainer": accuracies, "best_trainer": best}
+            say(
+                f"best: trainer {best}, test accuracy {accuracies[best]:.4f} "
+                f"(after {tournament.rounds} tournament round(s))"
+            )
+    return {
+        "trainer": tournament.trainer,
+        "trainers": cfg.trainers,
+        "ranks_per_trainer": tournament.ranks,
+        "tournaments": tournament.rounds,
+        "run_dir": run_dir,
+        "test_by_trainer": accuracies,
+        "best_trainer": best,
+    }

@@ -39,8 +39,10 @@ MARKER = ".dstore-run"
 _MARKER_TEXT = b"a dstore training run directory: held (flock) by the job that writes it\n"
 
 # What a run (or an LTFB job) writes into its directory; `dstore plot`'s default curves.png too.
-_RUN_FILE = re.compile(r"(config\.json|metrics\.jsonl|metrics\.csv|resumes\.jsonl|tournament\.jsonl|curves\.png"
-                       r"|tensorboard|checkpoint\.pt|batches\.rank\d+\.jsonl|trainer\d+)(\.tmp(\.\d+)?)?")
+_RUN_FILE = re.compile(
+    r"(config\.json|metrics\.jsonl|metrics\.csv|resumes\.jsonl|tournament\.jsonl|curves\.png"
+    r"|tensorboard|checkpoint\.pt|batches\.rank\d+\.jsonl|trainer\d+)(\.tmp(\.\d+)?)?"
+)
 
 
 def run_files(entries) -> list[str]:
@@ -81,8 +83,9 @@ class RunDirClaim:
         """
         p, flag = self.path, self.flag
         if os.path.lexists(p) and not os.path.isdir(p):
-            raise ConfigError(f"{flag} {p} is a file, not a directory; give a directory (new or empty, or a run "
-                              f"directory of dstore)")
+            raise ConfigError(
+                f"{flag} {p} is a file, not a directory; give a directory (new or empty, or a run directory of dstore)"
+            )
         if os.path.isdir(p):
             try:
                 entries = os.listdir(p)
@@ -92,12 +95,14 @@ class RunDirClaim:
                 raise ConfigError(
                     f"{flag} {p} is not empty and was not made by dstore train (no {MARKER} in it); dstore does "
                     f"not take over a folder of yours: give a new or empty directory (to adopt a run directory "
-                    f"of an older dstore, create the empty file {os.path.join(p, MARKER)})")
+                    f"of an older dstore, create the empty file {os.path.join(p, MARKER)})"
+                )
             if self.fresh and run_files(entries) and not self.replace:
                 raise ConfigError(
                     f"{flag} {p} already holds a run ({', '.join(run_files(entries))}); a new run there would "
                     f"overwrite its checkpoint and append to its metrics: give --resume auto to continue it, "
-                    f"--overwrite to start again there (its files are removed), or another {flag}")
+                    f"--overwrite to start again there (its files are removed), or another {flag}"
+                )
         else:
             try:
                 os.makedirs(p)
@@ -119,8 +124,10 @@ class RunDirClaim:
                     os.unlink(target)
             except OSError as exc:
                 self.release()
-                raise ConfigError(f"{self.flag} {self.path}: cannot remove the earlier run's {name} to start "
-                                  f"again: {exc.strerror or exc}") from None
+                raise ConfigError(
+                    f"{self.flag} {self.path}: cannot remove the earlier run's {name} to start "
+                    f"again: {exc.strerror or exc}"
+                ) from None
             self.replaced.append(name)
 
     def _lock(self, marker: str) -> None:
@@ -135,8 +142,10 @@ class RunDirClaim:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{self.flag} {self.path} is in use by another job now (it holds {marker}); "
-                                  f"wait for it to end or give another {self.flag}") from None
+                raise ConfigError(
+                    f"{self.flag} {self.path} is in use by another job now (it holds {marker}); "
+                    f"wait for it to end or give another {self.flag}"
+                ) from None
             fd = None  # no flock on this file system (ENOLCK, EOPNOTSUPP): the run goes on unlocked
         if fd is not None:
             self._fd = fd
@@ -170,8 +179,9 @@ class RunDirClaim:
 
 
 @contextlib.contextmanager
-def claimed_run_dir(comm, run_dir: str, flag: str = "--run-dir", *, fresh: bool = False, replace: bool = False,
-                    say=None):
+def claimed_run_dir(
+    comm, run_dir: str, flag: str = "--run-dir", *, fresh: bool = False, replace: bool = False, say=None
+):
     """Collective over `comm`: rank 0 claims `run_dir` for the `with` block (RunDirClaim, with
     `fresh` and `replace`) and says (`say`) which earlier run files it removed; if it cannot claim
     it, every rank raises rank 0's ConfigError."""

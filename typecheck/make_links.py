@@ -27,9 +27,11 @@ SKIP = {"__pycache__"}
 
 def expected(repo: str = REPO) -> dict[str, str]:
     """The links the tree must hold: name in typecheck/dstore -> relative target."""
-    links = {name: os.path.join("..", "..", "datastore", name)
-             for name in sorted(os.listdir(os.path.join(repo, "datastore")))
-             if name not in SKIP and not name.endswith((".pyc", ".so"))}  # .so: a build output (.gitignore)
+    links = {
+        name: os.path.join("..", "..", "datastore", name)
+        for name in sorted(os.listdir(os.path.join(repo, "datastore")))
+        if name not in SKIP and not name.endswith((".pyc", ".so"))
+    }  # .so: a build output (.gitignore)
     for sub in ("training", "tools"):  # dstore.training, dstore.tools (package-dir)
         if sub in links:
             raise SystemExit(f"datastore/{sub} would hide the {sub}/ folder as dstore.{sub}: rename it")
@@ -41,8 +43,10 @@ def actual(tree: str = TREE) -> dict[str, str]:
     """The links the tree holds now (a plain file or folder reads as '<not a link>')."""
     if not os.path.isdir(tree):
         return {}
-    return {name: os.readlink(os.path.join(tree, name)) if os.path.islink(os.path.join(tree, name))
-            else "<not a link>" for name in sorted(os.listdir(tree))}
+    return {
+        name: os.readlink(os.path.join(tree, name)) if os.path.islink(os.path.join(tree, name)) else "<not a link>"
+        for name in sorted(os.listdir(tree))
+    }
 
 
 def main() -> int:

@@ -90,15 +90,19 @@ MOVED = {
 }
 PACKAGES = sorted({new.split(".")[0] for new in MOVED.values()})
 # each package's modules: those moved into it and those added since (`memory.costs`), never an old module's attribute
-SUBMODULES = {pkg: {new.split(".")[1] for new in MOVED.values() if new.startswith(pkg + ".")}
-              | {os.path.splitext(f)[0] for f in os.listdir(os.path.join(REPO, "datastore", pkg)) if f.endswith(".py")}
-              for pkg in PACKAGES}
+SUBMODULES = {
+    pkg: {new.split(".")[1] for new in MOVED.values() if new.startswith(pkg + ".")}
+    | {os.path.splitext(f)[0] for f in os.listdir(os.path.join(REPO, "datastore", pkg)) if f.endswith(".py")}
+    for pkg in PACKAGES
+}
 SKIP = {"CHANGELOG.md", "docs/history.md", "typecheck/rename_modules.py"}
 SUFFIXES = (".py", ".md", ".toml", ".sh", ".c", ".cfg", ".yaml", ".yml", ".txt")
 
 _DOTTED = re.compile(r"(?<![\w.])dstore\.(\w+)(?=(\.\w+)?)(?=(\s+import\s+(\w+))?)")
 _FROM = re.compile(r"^(?P<indent>[ \t]*)from dstore import (?P<names>[\w ,]+?)(?P<tail>[ \t]*(#.*)?)$", re.MULTILINE)
-_FROM_INLINE = re.compile(r"(?:(?<=[\"'; ])|(?<=\\n))from dstore import (?P<names>[\w ,]+?)(?=\\n|[\"';])")  # code in strings
+_FROM_INLINE = re.compile(
+    r"(?:(?<=[\"'; ])|(?<=\\n))from dstore import (?P<names>[\w ,]+?)(?=\\n|[\"';])"
+)  # code in strings
 _PATH = re.compile(r"(?<![\w/])(?P<pre>(?:\.\./)*)datastore/(?P<name>\w+)\.(?P<ext>py|c)\b")
 
 
@@ -162,9 +166,15 @@ def _rewrite(text: str) -> str:
 
 def tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, text=True).stdout
-    return [f for f in out.splitlines() if f not in SKIP and (f.endswith(SUFFIXES) or f == ".ci/run")
-            and not f.startswith("typecheck/dstore/") and os.path.isfile(os.path.join(REPO, f))
-            and not os.path.islink(os.path.join(REPO, f))]
+    return [
+        f
+        for f in out.splitlines()
+        if f not in SKIP
+        and (f.endswith(SUFFIXES) or f == ".ci/run")
+        and not f.startswith("typecheck/dstore/")
+        and os.path.isfile(os.path.join(REPO, f))
+        and not os.path.islink(os.path.join(REPO, f))
+    ]
 
 
 def move() -> None:
@@ -201,11 +211,21 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(new)
             changed.append(rel)
-    bare = [f"{rel}:{n}" for rel in tracked_files() if rel.endswith(".py")
-            for n, line in enumerate(open(os.path.join(REPO, rel)), 1)
-            if re.search(r"(?<![\w.])dstore\.(" + "|".join(SUBMODULES) + r")\b(?!\.\w|\s+import)", line)]
-    stale = [rel for rel in tracked_files() if rel.endswith(".py") and re.search(
-        r"^\s*from \.(" + "|".join(MOVED) + r") import", open(os.path.join(REPO, rel)).read(), re.MULTILINE)]
+    bare = [
+        f"{rel}:{n}"
+        for rel in tracked_files()
+        if rel.endswith(".py")
+        for n, line in enumerate(open(os.path.join(REPO, rel)), 1)
+        if re.search(r"(?<![\w.])dstore\.(" + "|".join(SUBMODULES) + r")\b(?!\.\w|\s+import)", line)
+    ]
+    stale = [
+        rel
+        for rel in tracked_files()
+        if rel.endswith(".py")
+        and re.search(
+            r"^\s*from \.(" + "|".join(MOVED) + r") import", open(os.path.join(REPO, rel)).read(), re.MULTILINE
+        )
+    ]
     py = [c for c in changed if c.endswith(".py")]
     if py:
         subprocess.run([sys.executable, "-m", "ruff", "check", "--fix", "--select", "I", "-q", *py], cwd=REPO)

@@ -40,10 +40,13 @@ def usable(module):
     else None, with a RuntimeWarning naming its file (Python shows it once per process)."""
     if module is None or getattr(module, "VERSION", 1) >= EXTENSION_VERSION:
         return module
-    warnings.warn(f"dstore.codec._jpegcrop ({getattr(module, '__file__', module)}) is an older build than this "
-                  f"dstore's (version {getattr(module, 'VERSION', 1)} < {EXTENSION_VERSION}): it does not check a "
-                  f"file past the crop, so JPEGs are decoded whole; reinstall dstore to rebuild it",
-                  RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"dstore.codec._jpegcrop ({getattr(module, '__file__', module)}) is an older build than this "
+        f"dstore's (version {getattr(module, 'VERSION', 1)} < {EXTENSION_VERSION}): it does not check a "
+        f"file past the crop, so JPEGs are decoded whole; reinstall dstore to rebuild it",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return None
 
 
@@ -67,8 +70,9 @@ WIDE_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 255 above 255: `decode_image` scales them to 8 bits itself (`to_8bit`)."""
 
 
-def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int] | None = None,
-                 name: str = "<sample>") -> np.ndarray:
+def decode_image(
+    data, *, channels: int | None = None, min_size: tuple[int, int] | None = None, name: str = "<sample>"
+) -> np.ndarray:
     """Decodes encoded image bytes into a uint8 array of shape (H, W, C).
 
     Every image comes out 8 bits per channel. 16-bit samples are scaled by keeping their high byte
@@ -100,8 +104,7 @@ def decode_image(data, *, channels: int | None = None, min_size: tuple[int, int]
             else:
                 grey, min_h, min_w = channels == 1, 0, 0
             # simplejpeg reads any buffer, read-only ones too: no copy of the bytes
-            arr = _simplejpeg.decode_jpeg(buf, colorspace="GRAY" if grey else "RGB", min_height=min_h,
-                                          min_width=min_w)
+            arr = _simplejpeg.decode_jpeg(buf, colorspace="GRAY" if grey else "RGB", min_height=min_h, min_width=min_w)
             if arr.ndim == 2:
                 arr = arr[:, :, None]
             return arr
@@ -127,8 +130,10 @@ def _from_pillow(im, channels: int | None) -> np.ndarray:
     """A loaded Pillow image as an (H, W) or (H, W, C) uint8 array of `channels` (None: 1 for
     GREY_MODES, else 3)."""
     if im.mode == "F":
-        raise _Refused("a 32-bit float image (Pillow mode F) has no defined 8-bit scale; convert it to "
-                       "8 or 16 bits per channel at its source")
+        raise _Refused(
+            "a 32-bit float image (Pillow mode F) has no defined 8-bit scale; convert it to "
+            "8 or 16 bits per channel at its source"
+        )
     grey = channels == 1 or (channels is None and im.mode in GREY_MODES)
     if im.mode not in WIDE_MODES:
         return np.asarray(im.convert("L" if grey else "RGB"))
@@ -141,9 +146,11 @@ def to_8bit(arr: np.ndarray, mode: str) -> np.ndarray:
     as) as uint8: the high byte, `v >> 8` (65535 -> 255, 256 -> 1, 255 -> 0). Mode I values outside
     0..65535 (a 32-bit TIFF) have no such scale: refused."""
     if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
-        raise _Refused(f"a 32-bit integer image (Pillow mode I) with values in {int(arr.min())}..{int(arr.max())}, "
-                       f"outside the 16-bit range 0..65535, has no defined 8-bit scale; convert it to 8 or 16 "
-                       f"bits at its source")
+        raise _Refused(
+            f"a 32-bit integer image (Pillow mode I) with values in {int(arr.min())}..{int(arr.max())}, "
+            f"outside the 16-bit range 0..65535, has no defined 8-bit scale; convert it to 8 or 16 "
+            f"bits at its source"
+        )
     return (arr.astype(np.uint32, copy=False) >> 8).astype(np.uint8)
 
 
@@ -200,8 +207,16 @@ def scale_box(box: tuple[int, int, int, int], k: int, shape: tuple[int, int]) ->
     return y0, x0, max(1, y1 - y0), max(1, x1 - x0)
 
 
-def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int | None = None,
-                name: str = "<sample>", scratch: bool = False):
+def decode_crop(
+    data,
+    info,
+    plan,
+    size: tuple[int, int] | None,
+    *,
+    channels: int | None = None,
+    name: str = "<sample>",
+    scratch: bool = False,
+):
     """Decodes a sample whose crop is known before its pixels: `plan(shape)` is called with the
     image's full (H, W) (a JPEG's, from its header, before decoding) and returns (box, extra), box
     = (top, left, height, width) in those pixels. A JPEG is then decoded at the reduced DCT scale
@@ -253,8 +268,9 @@ def decode_crop(data, info, plan, size: tuple[int, int] | None, *, channels: int
             return (*region, extra)
     try:
         fmt = "GRAY" if channels == 1 else "RGB"
-        arr = _simplejpeg.decode_jpeg(buf, colorspace=fmt, min_height=-(-h // k) if k > 1 else 0,
-                                      min_width=-(-w // k) if k > 1 else 0)
+        arr = _simplejpeg.decode_jpeg(
+            buf, colorspace=fmt, min_height=-(-h // k) if k > 1 else 0, min_width=-(-w // k) if k > 1 else 0
+        )
     except Exception as exc:  # decoders raise many types; name the sample and keep the cause
         raise SampleError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from exc
     if arr.ndim == 2:

@@ -136,7 +136,7 @@ def _build():
         for y in range(h):
             acc[:] = 0  # the block's rows summed first (contiguous, vectorised), then its columns
             for dy in range(ky):
-                row = src[top + y * ky + dy, left * c:left * c + span]
+                row = src[top + y * ky + dy, left * c : left * c + span]
                 for k in range(span):
                     acc[k] += row[k]
             for x in range(w):
@@ -157,8 +157,8 @@ def _build():
         wc = rows.shape[1]
         c = wc // w
         for y in range(ylo, yhi):
-            s0 = src[top + y0[y], left * c:left * c + wc]
-            s1 = src[top + y1[y], left * c:left * c + wc]
+            s0 = src[top + y0[y], left * c : left * c + wc]
+            s1 = src[top + y1[y], left * c : left * c + wc]
             f = np.uint16(fy[y])
             g = np.uint16(256) - f
             r = rows[y]
@@ -169,15 +169,16 @@ def _build():
     def rows_rgb(src, top, left, w, y0, y1, fy, ylo, yhi, rows):  # pragma: no cover - compiled
         """`rows_any` of an RGB image into four lanes a pixel (R, G, B, 0), for `cols_rgb`."""
         for y in range(ylo, yhi):
-            s0 = src[top + y0[y], left * 3:(left + w) * 3]
-            s1 = src[top + y1[y], left * 3:(left + w) * 3]
+            s0 = src[top + y0[y], left * 3 : (left + w) * 3]
+            s1 = src[top + y1[y], left * 3 : (left + w) * 3]
             f = np.uint16(fy[y])
             g = np.uint16(256) - f
             r = rows[y]
             for x in range(w):
                 for ch in range(3):
-                    r[x * 4 + ch] = (np.uint16(s0[x * 3 + ch]) * g + np.uint16(s1[x * 3 + ch]) * f
-                                     + np.uint16(128)) >> np.uint16(8)
+                    r[x * 4 + ch] = (
+                        np.uint16(s0[x * 3 + ch]) * g + np.uint16(s1[x * 3 + ch]) * f + np.uint16(128)
+                    ) >> np.uint16(8)
                 r[x * 4 + 3] = 0
 
     @numba.njit(nogil=True, cache=True)
@@ -233,8 +234,11 @@ def _build():
                 for i in range(xb - xa):
                     j = np.uint64(first + step * i)
                     w = np.uint32(fx[j])
-                    q[i] = (np.uint32(r[x0[j] * cu + cc]) * (np.uint32(256) - w) + np.uint32(r[x1[j] * cu + cc]) * w
-                            + np.uint32(128)) >> np.uint32(8)
+                    q[i] = (
+                        np.uint32(r[x0[j] * cu + cc]) * (np.uint32(256) - w)
+                        + np.uint32(r[x1[j] * cu + cc]) * w
+                        + np.uint32(128)
+                    ) >> np.uint32(8)
 
     @numba.njit(nogil=True, cache=True)
     def resize_rgb(src, top, left, w, y0, y1, fy, x0, x1, fx, ylo, yhi, xa, xb, dy, dx, flip, rows, tmp, out):
@@ -245,7 +249,9 @@ def _build():
         band = rows.shape[0]
         for y in range(ylo, yhi, band):
             end = min(yhi, y + band)
-            rows_rgb(src, top, left, w, y0[y + dy:end + dy], y1[y + dy:end + dy], fy[y + dy:end + dy], 0, end - y, rows)
+            rows_rgb(
+                src, top, left, w, y0[y + dy : end + dy], y1[y + dy : end + dy], fy[y + dy : end + dy], 0, end - y, rows
+            )
             cols_rgb(rows.view(np.uint64), x0, x1, fx, 0, end - y, xa, xb, 0, dx, flip, tmp, out[:, y:end])
 
     @numba.njit(nogil=True, cache=True)
@@ -290,8 +296,9 @@ def _build():
                 v = acc[q] >> precision
                 dst[q] = 255 if v > 255 else (0 if v < 0 else v)
 
-    return types.SimpleNamespace(box_rows=box_rows, rows_any=rows_any, cols_any=cols_any, resize_rgb=resize_rgb,
-                                 aa_cols=aa_cols, aa_rows=aa_rows)
+    return types.SimpleNamespace(
+        box_rows=box_rows, rows_any=rows_any, cols_any=cols_any, resize_rgb=resize_rgb, aa_cols=aa_cols, aa_rows=aa_rows
+    )
 
 
 def compiled_for(pixels: int):
@@ -308,8 +315,15 @@ def compiled_for(pixels: int):
     return _kernels if _wanted <= _load_after else _compiled()
 
 
-def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], out: np.ndarray, *,
-               shift: tuple[int, int] = (0, 0), flip: bool = False) -> None:
+def resize_chw(
+    img: np.ndarray,
+    box: tuple[int, int, int, int],
+    size: tuple[int, int],
+    out: np.ndarray,
+    *,
+    shift: tuple[int, int] = (0, 0),
+    flip: bool = False,
+) -> None:
     """out (uint8 [C, th, tw], any strides) = the part `box` = (top, left, height, width) of the
     (H, W, C) uint8 `img`, resized to `size` as `dstore.codec.resize.resize` does, shifted as
     `dstore.codec.resize.shift` does by `shift` = (dy, dx), flipped left-right where `flip`; the kernel
@@ -323,7 +337,7 @@ def resize_chw(img: np.ndarray, box: tuple[int, int, int, int], size: tuple[int,
         from dstore.codec import resize as rs
 
         top, left, bh, bw = (int(v) for v in box)
-        part = rs.shift(rs.resize(img[top:top + bh, left:left + bw], (th, tw)), int(shift[0]), int(shift[1]))
+        part = rs.shift(rs.resize(img[top : top + bh, left : left + bw], (th, tw)), int(shift[0]), int(shift[1]))
         out[...] = (part[:, ::-1] if flip else part).transpose(2, 0, 1)
         return
     _resize_chw(k, img, box, (th, tw), out, shift, flip)
@@ -341,13 +355,22 @@ def _resize_chw(k, img, box, size, out, shift, flip) -> None:
     src = img
     if ky > 1 or kx > 1:
         if 255 * ky * kx >= 1 << 23:  # beyond box_rows' exact division: a 57,000 px axis or more
-            part = rs.fit(img[top:top + bh, left:left + bw], (th, tw))
+            part = rs.fit(img[top : top + bh, left : left + bw], (th, tw))
             return _resize_chw(k, part, (0, 0, *part.shape[:2]), (th, tw), out, shift, flip)
         h, w = bh // ky, bw // kx
         src = rs.scratch("kernel_red", (h, w, c), np.uint8)
         acc = rs.scratch("kernel_acc", (w * kx * c,), np.uint32)
-        k.box_rows(np.ascontiguousarray(img).reshape(img.shape[0], -1), c, top, left, ky, kx,
-                   np.uint64(-(-(1 << 40) // (ky * kx))), acc, src.reshape(h, w * c))
+        k.box_rows(
+            np.ascontiguousarray(img).reshape(img.shape[0], -1),
+            c,
+            top,
+            left,
+            ky,
+            kx,
+            np.uint64(-(-(1 << 40) // (ky * kx))),
+            acc,
+            src.reshape(h, w * c),
+        )
         top, left, bh, bw = 0, 0, h, w
     y0, y1, fy = rs.taps(bh, th)
     x0, x1, fx = _utaps(bw, tw)
@@ -356,10 +379,32 @@ def _resize_chw(k, img, box, size, out, shift, flip) -> None:
     lo = min(tw, max(0, -dx))  # [lo, hi): the output columns that do, before the flip
     hi = max(lo, min(tw, tw - dx))
     xa, xb = (tw - hi, tw - lo) if flip else (lo, hi)
-    flat = src.reshape(src.shape[0], -1) if src.flags.c_contiguous else np.ascontiguousarray(src).reshape(src.shape[0], -1)
+    flat = (
+        src.reshape(src.shape[0], -1) if src.flags.c_contiguous else np.ascontiguousarray(src).reshape(src.shape[0], -1)
+    )
     if c == 3:
-        k.resize_rgb(flat, top, left, bw, y0, y1, fy, x0, x1, fx, ylo, yhi, xa, xb, dy, dx, bool(flip),
-                     rs.scratch("kernel_rows", (BAND, bw * 4), np.uint16), rs.scratch("kernel_tmp", (tw,), np.uint64), out)
+        k.resize_rgb(
+            flat,
+            top,
+            left,
+            bw,
+            y0,
+            y1,
+            fy,
+            x0,
+            x1,
+            fx,
+            ylo,
+            yhi,
+            xa,
+            xb,
+            dy,
+            dx,
+            bool(flip),
+            rs.scratch("kernel_rows", (BAND, bw * 4), np.uint16),
+            rs.scratch("kernel_tmp", (tw,), np.uint64),
+            out,
+        )
     else:
         rows = rs.scratch("kernel_rows_any", (th, bw * c), np.uint16)
         k.rows_any(flat, top, left, bw, y0, y1, fy, max(0, ylo + dy), min(th, yhi + dy), rows)

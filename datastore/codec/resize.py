@@ -60,11 +60,11 @@ def box_reduce(img: np.ndarray, ky: int, kx: int) -> np.ndarray:
     h, w = img.shape[0] // ky, img.shape[1] // kx
     # one strided view per offset in the block, summed: numpy's sum over the axes of a 5-D view
     # of the blocks took ~8 ms for a 500px image, these adds ~0.3 ms
-    acc = img[0:h * ky:ky, 0:w * kx:kx].astype(np.uint32)
+    acc = img[0 : h * ky : ky, 0 : w * kx : kx].astype(np.uint32)
     for dy in range(ky):
         for dx in range(kx):
             if dy or dx:
-                acc += img[dy:h * ky:ky, dx:w * kx:kx]
+                acc += img[dy : h * ky : ky, dx : w * kx : kx]
     n = int(ky) * int(kx)
     acc += n // 2
     acc //= n
@@ -133,9 +133,13 @@ def scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
 
 def _scratch(th: int, w: int, tw: int, c: int):
     """This thread's intermediates of `resize` for these sizes (`scratch`)."""
-    return (scratch("g8", (th, w, c), np.uint8), scratch("a", (th, w, c), np.uint16),
-            scratch("b", (th, w, c), np.uint16), scratch("p", (th, tw * c), np.uint16),
-            scratch("q", (th, tw * c), np.uint16))
+    return (
+        scratch("g8", (th, w, c), np.uint8),
+        scratch("a", (th, w, c), np.uint16),
+        scratch("b", (th, w, c), np.uint16),
+        scratch("p", (th, tw * c), np.uint16),
+        scratch("q", (th, tw * c), np.uint16),
+    )
 
 
 def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
@@ -147,7 +151,7 @@ def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
     out = np.zeros_like(img)
     y0, y1, x0, x1 = max(0, -dy), min(h, h - dy), max(0, -dx), min(w, w - dx)
     if y1 > y0 and x1 > x0:
-        out[y0:y1, x0:x1] = img[y0 + dy:y1 + dy, x0 + dx:x1 + dx]
+        out[y0:y1, x0:x1] = img[y0 + dy : y1 + dy, x0 + dx : x1 + dx]
     return out
 
 
@@ -160,8 +164,9 @@ def _taps_batch(n_in, n_out: int, offset):
     j = torch.arange(n_out, dtype=torch.int64, device=n_in.device)[None] + offset.to(torch.int64)[:, None]
     valid = (j >= 0) & (j < n_out)
     j = j.clamp(0, n_out - 1)
-    s = torch.minimum(torch.clamp(torch.div((2 * j + 1) * n_in * 128, n_out, rounding_mode="floor") - 128, min=0),
-                      (n_in - 1) * 256)
+    s = torch.minimum(
+        torch.clamp(torch.div((2 * j + 1) * n_in * 128, n_out, rounding_mode="floor") - 128, min=0), (n_in - 1) * 256
+    )
     i0 = s >> 8
     return i0, torch.minimum(i0 + 1, n_in - 1), s & 255, valid
 
@@ -179,8 +184,12 @@ def resize_batch(canvas, hw, size: tuple[int, int], offsets=None):
     hw = hw.to(dev)
     offsets = torch.zeros_like(hw) if offsets is None else offsets.to(dev)
     if dev.type == "cpu" and b > CPU_CHUNK:  # int32 passes over a whole batch spill the caches
-        return torch.cat([resize_batch(canvas[k:k + CPU_CHUNK], hw[k:k + CPU_CHUNK], size,
-                                       offsets[k:k + CPU_CHUNK]) for k in range(0, b, CPU_CHUNK)])
+        return torch.cat(
+            [
+                resize_batch(canvas[k : k + CPU_CHUNK], hw[k : k + CPU_CHUNK], size, offsets[k : k + CPU_CHUNK])
+                for k in range(0, b, CPU_CHUNK)
+            ]
+        )
     y0, y1, fy, vy = _taps_batch(hw[:, 0], th, offsets[:, 0])
     x0, x1, fx, vx = _taps_batch(hw[:, 1], tw, offsets[:, 1])
     wmax = int(hw[:, 1].max()) if b else 1  # columns past every sample's image are not read

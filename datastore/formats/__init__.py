@@ -61,9 +61,19 @@ def open_container(path, *, check_labels: bool = True, index: bool = True) -> Co
     return checked(reader, check_labels and index)
 
 
-def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dtype=None, raw_shape=None,
-                  source: str = "", extra_attrs: dict | None = None, overwrite: bool = False,
-                  **options) -> ContainerWriter:
+def create_writer(
+    path,
+    fmt: str = "hdf5",
+    *,
+    encoding: str,
+    class_names,
+    raw_dtype=None,
+    raw_shape=None,
+    source: str = "",
+    extra_attrs: dict | None = None,
+    overwrite: bool = False,
+    **options,
+) -> ContainerWriter:
     """A writer for a new container at `path` in backend `fmt` (`hdf5` or `zarr`).
 
     Args:
@@ -82,6 +92,14 @@ def create_writer(path, fmt: str = "hdf5", *, encoding: str, class_names, raw_dt
         ConfigError: a bad argument (named in the message).
         ContainerExistsError: `path` exists and not `overwrite`.
     """
-    return backend(fmt, 1)(path, encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
-                            raw_shape=raw_shape, source=source, extra_attrs=extra_attrs,
-                            overwrite=overwrite, **options)
+    return backend(fmt, 1)(
+        path,
+        encoding=encoding,
+        class_names=class_names,
+        raw_dtype=raw_dtype,
+        raw_shape=raw_shape,
+        source=source,
+        extra_attrs=extra_attrs,
+        overwrite=overwrite,
+        **options,
+    )

@@ -63,8 +63,10 @@ def detect_format(path) -> str:
     if not os.path.exists(path):
         raise ContainerNotFoundError(f"{path}: no such container" + (_interrupted(path) or " (file or directory)"))
     if not os.path.isdir(path) and not os.path.isfile(path):  # opening a FIFO would wait for a writer
-        raise FormatError(f"{path}: not a regular file or directory (a FIFO, socket or device?); "
-                          "a container is an HDF5 file, a Zarr directory or a JSON manifest")
+        raise FormatError(
+            f"{path}: not a regular file or directory (a FIFO, socket or device?); "
+            "a container is an HDF5 file, a Zarr directory or a JSON manifest"
+        )
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
             return "sharded"
@@ -87,8 +89,10 @@ def _interrupted(path: str) -> str:
     journal = os.path.join(head, f".{tail}.ingest")
     if not os.path.isdir(journal):
         return ""
-    return (f": its ingest was interrupted (what it wrote is journaled in {journal}); run the same `dstore ingest` "
-            "again to finish it")
+    return (
+        f": its ingest was interrupted (what it wrote is journaled in {journal}); run the same `dstore ingest` "
+        "again to finish it"
+    )
 
 
 def _detect_object(url: str) -> str:
@@ -113,8 +117,10 @@ def _detect_object(url: str) -> str:
         return "sharded"
     if stat(join(url, "zarr.json")) is not None:
         return "zarr"
-    raise ContainerNotFoundError(f"{url}: no such container (no object at this URL, and no {MANIFEST_NAME} or "
-                                 "zarr.json below it; check the bucket and the key)")
+    raise ContainerNotFoundError(
+        f"{url}: no such container (no object at this URL, and no {MANIFEST_NAME} or "
+        "zarr.json below it; check the bucket and the key)"
+    )
 
 
 def open_backend(path, fmt: str, *, check_labels: bool = True) -> ContainerReader:
@@ -144,6 +150,8 @@ def _check_labels(reader: ContainerReader) -> None:
     bad = (labels < 0) | (labels >= k)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise FormatError(f"{reader.path}: sample {i} ({reader.name(i)}) has label {int(labels[i])}, outside the "
-                          f"{k} class names [0, {k}); {int(bad.sum())} sample(s) so; `dstore verify {reader.path}` "
-                          "lists them")
+        raise FormatError(
+            f"{reader.path}: sample {i} ({reader.name(i)}) has label {int(labels[i])}, outside the "
+            f"{k} class names [0, {k}); {int(bad.sum())} sample(s) so; `dstore verify {reader.path}` "
+            "lists them"
+        )

@@ -231,8 +231,10 @@ class ContainerReader(abc.ABC):
         are not the ones opened (or `since`): another file at the path, another size or time."""
         change = self.changes(since)
         if change:
-            raise ContainerChangedError(f"{self.path}: the container changed while this job was reading it "
-                                        f"({change}); a container must not be rewritten while a job reads it")
+            raise ContainerChangedError(
+                f"{self.path}: the container changed while this job was reading it "
+                f"({change}); a container must not be rewritten while a job reads it"
+            )
 
     def __len__(self) -> int:
         return self.info.num_samples
@@ -326,9 +328,7 @@ class ContainerReader(abc.ABC):
         This is what the store's preload uses: a rank's block is one byte range.
         """
         if not 0 <= start <= stop <= self.num_samples:
-            raise ConfigError(
-                f"sample range [{start}, {stop}) is not within [0, {self.num_samples}] in {self.path}"
-            )
+            raise ConfigError(f"sample range [{start}, {stop}) is not within [0, {self.num_samples}] in {self.path}")
         return self.read_bytes(int(self.offsets[start]), int(self.offsets[stop]), out=out)
 
     def __enter__(self):
@@ -348,8 +348,16 @@ class ContainerWriter(abc.ABC):
     """
 
     @abc.abstractmethod
-    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None,
-               fields: dict | None = None) -> int:
+    def append(
+        self,
+        data,
+        label: int,
+        name: str,
+        source_index: int = -1,
+        *,
+        checksum: int | None = None,
+        fields: dict | None = None,
+    ) -> int:
         """Appends one sample (bytes-like or uint8 array); returns its index in the container.
 
         Args:
@@ -379,12 +387,24 @@ class ContainerWriter(abc.ABC):
         n = len(sizes)
         source_index = [-1] * n if source_index is None else source_index
         view, off = memoryview(data).cast("B"), 0
-        check_batch(view.nbytes, sizes, labels=labels, names=names, source_index=source_index,
-                    checksums=checksums, fields=fields)
+        check_batch(
+            view.nbytes,
+            sizes,
+            labels=labels,
+            names=names,
+            source_index=source_index,
+            checksums=checksums,
+            fields=fields,
+        )
         for j, size in enumerate(sizes):
-            self.append(view[off:off + size], labels[j], names[j], source_index[j],
-                        checksum=None if checksums is None else checksums[j],
-                        fields=None if fields is None else fields[j])
+            self.append(
+                view[off : off + size],
+                labels[j],
+                names[j],
+                source_index[j],
+                checksum=None if checksums is None else checksums[j],
+                fields=None if fields is None else fields[j],
+            )
             off += size
 
     @abc.abstractmethod

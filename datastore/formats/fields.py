@@ -56,16 +56,20 @@ def check_field_specs(fields, *, new: bool = False) -> tuple[tuple[str, str], ..
             raise ConfigError(f"fields: {pair!r} is not a (name, kind) pair")
         name, kind = pair
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ConfigError(f"field name {name!r} must be 1-64 characters of letters, digits, '_', '.', '-' "
-                              "(not starting with '.' or '-')")
+            raise ConfigError(
+                f"field name {name!r} must be 1-64 characters of letters, digits, '_', '.', '-' "
+                "(not starting with '.' or '-')"
+            )
         if kind not in FIELD_KINDS:
             raise ConfigError(f"field {name!r}: kind {kind!r} is not one of {FIELD_KINDS}")
         if name in seen:
             raise ConfigError(f"field {name!r} is declared twice")
         if new and name in RESERVED:
-            raise ConfigError(f"field {name!r}: a batch with fields is {{'image', 'label', <field>: ...}}, so a field "
-                              f"named {name!r} could be stored but never served; leave it out (--fields / fields= "
-                              f"naming the others, or 'none')")
+            raise ConfigError(
+                f"field {name!r}: a batch with fields is {{'image', 'label', <field>: ...}}, so a field "
+                f"named {name!r} could be stored but never served; leave it out (--fields / fields= "
+                f"naming the others, or 'none')"
+            )
         seen.add(name)
     return tuple((str(n), str(k)) for n, k in pairs)
 
@@ -116,8 +120,10 @@ def check_value(kind: str, field: str, value, sample: str) -> bytes:
             if kind == "json":
                 json.loads(text)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise ConfigError(f"{sample}: field {field!r} is not valid {kind} ({exc}); declare it as "
-                              "kind 'bytes' to store it as it is") from exc
+            raise ConfigError(
+                f"{sample}: field {field!r} is not valid {kind} ({exc}); declare it as "
+                "kind 'bytes' to store it as it is"
+            ) from exc
     return raw
 
 
@@ -150,8 +156,10 @@ class FieldBuffer:
         values = values or {}
         unknown = sorted(set(values) - set(self._data))
         if unknown:
-            raise ConfigError(f"{sample}: field(s) {unknown} were not declared to the writer "
-                              f"(declared: {[n for n, _ in self.specs] or 'none'})")
+            raise ConfigError(
+                f"{sample}: field(s) {unknown} were not declared to the writer "
+                f"(declared: {[n for n, _ in self.specs] or 'none'})"
+            )
         return {n: None if values.get(n) is None else check_value(k, n, values[n], sample) for n, k in self.specs}
 
     def add(self, checked: dict[str, bytes | None]) -> None:
@@ -166,14 +174,23 @@ class FieldBuffer:
     def arrays(self, name: str) -> dict[str, np.ndarray]:
         """The four arrays of field `name` (FIELD_PARTS and MISSING_PART; views, no copy)."""
         crcs, missing = self._crcs[name], self._missing[name]
-        return {"data": np.frombuffer(self._data[name], dtype=np.uint8) if self._data[name] else np.zeros(0, np.uint8),
-                "offsets": np.frombuffer(self._offsets[name], dtype=np.int64),
-                "checksums": np.frombuffer(crcs, dtype=np.uint32) if crcs else np.zeros(0, np.uint32),
-                MISSING_PART: np.frombuffer(missing, dtype=np.uint8) if missing else np.zeros(0, np.uint8)}
+        return {
+            "data": np.frombuffer(self._data[name], dtype=np.uint8) if self._data[name] else np.zeros(0, np.uint8),
+            "offsets": np.frombuffer(self._offsets[name], dtype=np.int64),
+            "checksums": np.frombuffer(crcs, dtype=np.uint32) if crcs else np.zeros(0, np.uint32),
+            MISSING_PART: np.frombuffer(missing, dtype=np.uint8) if missing else np.zeros(0, np.uint8),
+        }
 
 
-def check_field_index(path: str, name: str, n: int, data_len: int, offsets: np.ndarray,
-                      checksums: np.ndarray, missing: np.ndarray | None = None) -> None:
+def check_field_index(
+    path: str,
+    name: str,
+    n: int,
+    data_len: int,
+    offsets: np.ndarray,
+    checksums: np.ndarray,
+    missing: np.ndarray | None = None,
+) -> None:
     """FormatError naming the file and the field unless its offsets, checksums and missing flags fit
     N samples and its data (the same rules as the main index; a missing value's bytes are empty)."""
     where = f"{path}: field {name!r}"
@@ -182,15 +199,19 @@ def check_field_index(path: str, name: str, n: int, data_len: int, offsets: np.n
             raise FormatError(f"{where}: {MISSING_PART} has shape {missing.shape}, expected ({n},)")
         if offsets.shape == (n + 1,) and (missing & (offsets[1:] != offsets[:-1])).any():
             first = int(np.flatnonzero(missing & (offsets[1:] != offsets[:-1]))[0])
-            raise FormatError(f"{where}: sample {first} is marked missing but has a value "
-                              f"({int(offsets[first + 1] - offsets[first])} bytes)")
+            raise FormatError(
+                f"{where}: sample {first} is marked missing but has a value "
+                f"({int(offsets[first + 1] - offsets[first])} bytes)"
+            )
     if offsets.ndim != 1 or offsets.shape[0] != n + 1:
         raise FormatError(f"{where}: offsets has shape {offsets.shape}, expected ({n + 1},)")
     if checksums.ndim != 1 or checksums.shape[0] != n:
         raise FormatError(f"{where}: checksums has shape {checksums.shape}, expected ({n},)")
     if int(offsets[0]) != 0 or (np.diff(offsets) < 0).any() or int(offsets[-1]) != data_len:
-        raise FormatError(f"{where}: offsets are not 0 .. {data_len} non-decreasing "
-                          f"(first {int(offsets[0])}, last {int(offsets[-1])})")
+        raise FormatError(
+            f"{where}: offsets are not 0 .. {data_len} non-decreasing "
+            f"(first {int(offsets[0])}, last {int(offsets[-1])})"
+        )
 
 
 def block_of(path: str, name: str, parts, lo: int, hi: int, n: int, data: bool = True) -> tuple:
@@ -203,15 +224,17 @@ def block_of(path: str, name: str, parts, lo: int, hi: int, n: int, data: bool =
     for part, want in (("offsets", n + 1), ("checksums", n)):
         if tuple(parts[part].shape) != (want,):
             raise FormatError(f"{where}: {part} has shape {tuple(parts[part].shape)}, expected ({want},)")
-    off = np.asarray(parts["offsets"][lo:hi + 1], dtype=np.int64)
+    off = np.asarray(parts["offsets"][lo : hi + 1], dtype=np.int64)
     crcs = np.asarray(parts["checksums"][lo:hi], dtype=np.uint32)
     size = int(parts["data"].shape[0])
     if (np.diff(off) < 0).any() or int(off[0]) < 0 or int(off[-1]) > size:
-        raise FormatError(f"{where}: offsets of samples [{lo}, {hi}] are not non-decreasing within its "
-                          f"{size} data bytes; run `dstore verify` on the container")
+        raise FormatError(
+            f"{where}: offsets of samples [{lo}, {hi}] are not non-decreasing within its "
+            f"{size} data bytes; run `dstore verify` on the container"
+        )
     raw = np.zeros(0, np.uint8)
     if data and int(off[-1]) > int(off[0]):
-        raw = np.asarray(parts["data"][int(off[0]):int(off[-1])], dtype=np.uint8)
+        raw = np.asarray(parts["data"][int(off[0]) : int(off[-1])], dtype=np.uint8)
     return off - off[0], raw, crcs
 
 
@@ -230,7 +253,9 @@ class FieldIndex:
         if getattr(data, "dtype", None) != np.uint8 or len(data.shape) != 1:
             raise FormatError(f"{path}: field {name!r} data must be 1-D uint8")
         for part, arr, want in (("offsets", offsets, n + 1), ("checksums", checksums, n), (MISSING_PART, missing, n)):
-            if arr is not None and tuple(arr.shape) != (want,):  # before reading it: a damaged file may declare any size
+            if arr is not None and tuple(arr.shape) != (
+                want,
+            ):  # before reading it: a damaged file may declare any size
                 raise FormatError(f"{path}: field {name!r}: {part} has shape {tuple(arr.shape)}, expected ({want},)")
         self.offsets = np.asarray(offsets[:], dtype=np.int64)
         self.checksums = np.asarray(checksums[:], dtype=np.uint32)
@@ -245,8 +270,10 @@ class FieldIndex:
         got = np.asarray(self._data[lo:hi]).tobytes() if hi > lo else b""
         if crc32_of(got) != int(self.checksums[i]):
             who = f" ({sample_name(i)})" if sample_name is not None else ""
-            raise ChecksumError(f"{self.path}: sample {i}{who}: field {self.name!r} does not match its checksum "
-                                "(damaged); run `dstore verify` on the container")
+            raise ChecksumError(
+                f"{self.path}: sample {i}{who}: field {self.name!r} does not match its checksum "
+                "(damaged); run `dstore verify` on the container"
+            )
         return got
 
     def bad_samples(self, block_bytes: int = 64 << 20) -> list[int]:
@@ -256,7 +283,7 @@ class FieldIndex:
             j = int(np.searchsorted(self.offsets, self.offsets[i] + block_bytes, side="right")) - 1
             j = min(n, max(j, i + 1))
             lo = int(self.offsets[i])
-            buf = np.asarray(self._data[lo:int(self.offsets[j])]).tobytes()
+            buf = np.asarray(self._data[lo : int(self.offsets[j])]).tobytes()
             for k in range(i, j):
                 a, b = int(self.offsets[k]) - lo, int(self.offsets[k + 1]) - lo
                 if crc32_of(buf[a:b]) != int(self.checksums[k]):

@@ -87,8 +87,9 @@ def _check_stored(path: str, key: str, dset: h5py.Dataset) -> None:
     declared = int(np.prod(dset.shape, dtype=np.int64)) * dset.dtype.itemsize
     stored = int(dset.id.get_storage_size())
     if key == "data":
-        check_declared(path, key, declared, stored, ratio=MAX_COMPRESSION,
-                       slack=int(dset.chunks[0]) if dset.chunks else 0)
+        check_declared(
+            path, key, declared, stored, ratio=MAX_COMPRESSION, slack=int(dset.chunks[0]) if dset.chunks else 0
+        )
         return
     filtered = dset.id.get_create_plist().get_nfilters() > 0
     check_declared(path, key, declared, stored, ratio=MAX_COMPRESSION if filtered else 1, slack=INDEX_FLOOR_BYTES)
@@ -108,8 +109,9 @@ class _DirectData:
         self._starts = starts  # file offset of each chunk
 
     @classmethod
-    def for_dataset(cls, path: str, f: h5py.File, dset: h5py.Dataset,
-                    file: LocalFile | ObjectFile) -> _DirectData | None:
+    def for_dataset(
+        cls, path: str, f: h5py.File, dset: h5py.Dataset, file: LocalFile | ObjectFile
+    ) -> _DirectData | None:
         """The reader for `dset` in `f`, read with (a duplicate of) `file`, the file `f` reads (its
         _BlockFile's), or None where its bytes are not stored as they are in that file (filters,
         external or virtual storage)."""
@@ -145,9 +147,11 @@ class _DirectData:
         missing = np.flatnonzero(starts < 0)
         if size and missing.size:  # HDF5 would read it as fill values: samples that are not the ingested ones
             k = int(missing[0])
-            raise FormatError(f"{path}: data chunk {k} (bytes [{k * chunk}, {min(size, (k + 1) * chunk)}) of data) "
-                              f"was never written ({missing.size} such chunk(s)); dstore writes every chunk, so "
-                              "a missing one is damage, never zeros")
+            raise FormatError(
+                f"{path}: data chunk {k} (bytes [{k * chunk}, {min(size, (k + 1) * chunk)}) of data) "
+                f"was never written ({missing.size} such chunk(s)); dstore writes every chunk, so "
+                "a missing one is damage, never zeros"
+            )
         # A duplicate of the descriptor h5py reads through: the very file it opened, even if
         # `path` has been replaced since; preadv does not move the shared file position.
         return cls(path, file.dup(), chunk, starts)
@@ -164,7 +168,7 @@ class _DirectData:
             while stop < hi and int(starts[k + 1]) == base + (k + 1 - pos // chunk) * chunk:
                 k += 1
                 stop = min(hi, (k + 1) * chunk)
-            self._pread(out[pos - lo:stop - lo], base + within, pos)
+            self._pread(out[pos - lo : stop - lo], base + within, pos)
             pos = stop
 
     def _pread(self, view: np.ndarray, at: int, pos: int) -> None:
@@ -174,10 +178,12 @@ class _DirectData:
         done, n = 0, view.size
         while done < n:
             # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
-            got = file.pread_into(view[done:done + _MAX_PREAD].data, at + done)
+            got = file.pread_into(view[done : done + _MAX_PREAD].data, at + done)
             if got <= 0:
-                raise FormatError(f"{self._path}: data bytes [{pos + done}, {pos + n}) lie past the end of "
-                                  f"the file (file bytes from {at + done}): truncated?")
+                raise FormatError(
+                    f"{self._path}: data bytes [{pos + done}, {pos + n}) lie past the end of "
+                    f"the file (file bytes from {at + done}): truncated?"
+                )
             done += got
 
     @property
@@ -195,7 +201,7 @@ def _pread_all(file: LocalFile | ObjectFile, view: memoryview, at: int) -> int:
     """Reads into `view` from file offset `at` until it is full or the file ends; the bytes read."""
     done = 0
     while done < len(view):
-        got = file.pread_into(view[done:done + _MAX_PREAD], at + done)
+        got = file.pread_into(view[done : done + _MAX_PREAD], at + done)
         if got <= 0:
             break
         done += got
@@ -234,7 +240,7 @@ class _BlockFile(io.RawIOBase):
         got = self._blocks.pop(k, None)
         if got is None:
             buf = bytearray(max(0, min(META_BLOCK, self.size - k * META_BLOCK)))  # not past the end: a request more
-            got = bytes(buf[:_pread_all(self._live(), memoryview(buf), k * META_BLOCK)])
+            got = bytes(buf[: _pread_all(self._live(), memoryview(buf), k * META_BLOCK)])
             while len(self._blocks) >= META_BLOCKS_KEPT:
                 self._blocks.popitem(last=False)
         self._blocks[k] = got  # most recently used last
@@ -249,10 +255,10 @@ class _BlockFile(io.RawIOBase):
             done = 0
             while done < n:
                 k, within = divmod(self._pos + done, META_BLOCK)
-                piece = self._block(k)[within:within + n - done]
+                piece = self._block(k)[within : within + n - done]
                 if not piece:
                     break  # the file shrank under us: a short read, as os.pread gives
-                out[done:done + len(piece)] = piece
+                out[done : done + len(piece)] = piece
                 done += len(piece)
             n = done
         self._pos += n
@@ -377,8 +383,9 @@ class HDF5Reader(ContainerReader):
                 _check_stored(self.path, f"fields/{name}/{part}", dset)
             return parts
         except KeyError as exc:
-            raise FormatError(f"{self.path}: field {name!r} is listed in the fields attribute but its "
-                              f"arrays are missing: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: field {name!r} is listed in the fields attribute but its arrays are missing: {exc}"
+            ) from exc
 
     def _open_file(self) -> h5py.File:
         """The open file; ConfigError once the reader is closed."""
@@ -472,8 +479,9 @@ class HDF5Writer(StreamingWriter):
 
     def _write_chunk(self, chunk: np.ndarray, start: int) -> None:
         if self._data is None:
-            self._data = self._open_file().create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                                          chunks=(self._buf.chunk_bytes,))
+            self._data = self._open_file().create_dataset(
+                "data", shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(self._buf.chunk_bytes,)
+            )
         stop = start + chunk.size
         self._data.resize((stop,))
         size = self._buf.chunk_bytes
@@ -505,13 +513,14 @@ class HDF5Writer(StreamingWriter):
             f.create_dataset(key, data=arr)
         names = f.create_dataset("names", dtype=h5py.string_dtype("utf-8"), shape=(buf.num_samples,))
         for a, block in buf.name_blocks():  # in blocks: never all names as Python objects at once
-            names[a:a + len(block)] = np.array(block, dtype=object)
+            names[a : a + len(block)] = np.array(block, dtype=object)
         self._write_fields(lambda key, arr: f.create_dataset(key, data=arr))
         attrs = dict(attrs)
         # A dataset, not an attribute: an object header holds at most 64 KiB of attributes, about
         # 4,000 class names; ImageNet-21k has 21,841.
-        f.create_dataset(CLASS_NAMES, data=np.array(list(attrs.pop(CLASS_NAMES)), dtype=object),
-                         dtype=h5py.string_dtype("utf-8"))
+        f.create_dataset(
+            CLASS_NAMES, data=np.array(list(attrs.pop(CLASS_NAMES)), dtype=object), dtype=h5py.string_dtype("utf-8")
+        )
         for key, value in attrs.items():
             f.attrs[key] = _attr_value(key, value)
         f.flush()

@@ -38,17 +38,34 @@ INDEX_CHUNK = 1 << 18
 """Chunk length (elements) of the per-sample arrays."""
 
 
-def make_attrs(*, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-               extra_attrs: dict | None = None, num_samples: int, total_bytes: int, fields=()) -> dict[str, Any]:
+def make_attrs(
+    *,
+    encoding: str,
+    class_names,
+    raw_dtype=None,
+    raw_shape=None,
+    source: str = "",
+    extra_attrs: dict | None = None,
+    num_samples: int,
+    total_bytes: int,
+    fields=(),
+) -> dict[str, Any]:
     """The attribute dict a writer stores (without the completion marker), JSON-compatible; the
     `fields` attribute only where there are fields (a container without them is as before)."""
     attrs: dict[str, Any] = dict(extra_attrs or {})
-    clash = sorted(set(attrs) & (set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR,
-                                                        FIELDS_ATTR}))
+    clash = sorted(
+        set(attrs) & (set(REQUIRED_ATTRS) | {"raw_dtype", "raw_shape", "source", COMPLETE_ATTR, FIELDS_ATTR})
+    )
     if clash:
         raise ConfigError(f"extra_attrs may not set the reserved attributes {clash}")
-    attrs.update(version=FORMAT_VERSION, encoding=encoding, class_names=list(class_names),
-                 num_samples=int(num_samples), total_bytes=int(total_bytes), source=str(source))
+    attrs.update(
+        version=FORMAT_VERSION,
+        encoding=encoding,
+        class_names=list(class_names),
+        num_samples=int(num_samples),
+        total_bytes=int(total_bytes),
+        source=str(source),
+    )
     if raw_dtype is not None:
         attrs["raw_dtype"] = str(np.dtype(raw_dtype))
     if raw_shape is not None:
@@ -100,7 +117,8 @@ def _raw_attrs(attrs: dict, path: str) -> tuple[str | None, tuple[int, ...] | No
         dtype = str(np.dtype(str(dtype)))
     if shape is not None:
         if not isinstance(shape, (list, tuple)) or any(
-                isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 1 for s in shape):
+            isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) or s < 1 for s in shape
+        ):
             raise FormatError(f"{path}: attribute raw_shape={shape!r} is not a list of positive integers")
         shape = tuple(int(s) for s in shape)
     return dtype, shape
@@ -112,7 +130,8 @@ def parse_info(attrs: dict, path: str) -> ContainerInfo:
     if not attrs.get(COMPLETE_ATTR, False):
         raise IncompleteContainerError(
             f"{path}: no completion marker (attribute {COMPLETE_ATTR!r} is missing): the container was "
-            "never finished or is still being written")
+            "never finished or is still being written"
+        )
     missing = [k for k in REQUIRED_ATTRS if k not in attrs]
     if missing:
         raise FormatError(f"{path}: missing attribute(s) {missing}")
@@ -159,12 +178,21 @@ def check_declared(path: str, what: str, declared: int, stored: int, *, ratio: i
     (times `ratio` for compressed data, plus `slack`): checked before anything of that size is
     allocated, so a small file declaring a terabyte costs nothing."""
     if declared > stored * ratio + slack:
-        raise FormatError(f"{path}: array {what!r} declares {declared} bytes but the file stores only {stored} "
-                          "bytes of it (damaged, truncated or not written by dstore); refusing to read it")
+        raise FormatError(
+            f"{path}: array {what!r} declares {declared} bytes but the file stores only {stored} "
+            "bytes of it (damaged, truncated or not written by dstore); refusing to read it"
+        )
 
 
-def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarray, labels: np.ndarray,
-                checksums: np.ndarray, names_len: int) -> None:
+def check_index(
+    path: str,
+    info: ContainerInfo,
+    data_len: int,
+    offsets: np.ndarray,
+    labels: np.ndarray,
+    checksums: np.ndarray,
+    names_len: int,
+) -> None:
     """Raises FormatError naming what is inconsistent among the index arrays, `data` and the attributes."""
     n = info.num_samples
     if offsets.ndim != 1 or offsets.shape[0] != n + 1:
@@ -178,8 +206,10 @@ def check_index(path: str, info: ContainerInfo, data_len: int, offsets: np.ndarr
     steps = np.diff(offsets)
     if (steps < 0).any():
         bad = int(np.flatnonzero(steps < 0)[0])
-        raise FormatError(f"{path}: offsets are not monotonic: offsets[{bad}]={int(offsets[bad])} > "
-                          f"offsets[{bad + 1}]={int(offsets[bad + 1])}")
+        raise FormatError(
+            f"{path}: offsets are not monotonic: offsets[{bad}]={int(offsets[bad])} > "
+            f"offsets[{bad + 1}]={int(offsets[bad + 1])}"
+        )
     if int(offsets[-1]) != data_len:
         raise FormatError(f"{path}: offsets[-1]={int(offsets[-1])} but data has {data_len} bytes")
     if info.total_bytes != data_len:
@@ -226,8 +256,10 @@ def check_out(out: np.ndarray | None, n: int) -> np.ndarray:
     if out is None:
         return np.empty(n, dtype=np.uint8)
     if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 or out.shape[0] != n:
-        raise ConfigError(f"out must be a 1-D uint8 array of length {n}, got "
-                          f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
+        raise ConfigError(
+            f"out must be a 1-D uint8 array of length {n}, got "
+            f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}"
+        )
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ConfigError("out must be C-contiguous and writable")
     return out
@@ -250,8 +282,8 @@ class SampleBuffer:
         self._flush = flush
         self.chunk_bytes = int(chunk_bytes)
         self._buf = np.empty(self.chunk_bytes, dtype=np.uint8)
-        self._fill = 0            # bytes in _buf
-        self.written = 0          # bytes already handed to flush (always whole chunks)
+        self._fill = 0  # bytes in _buf
+        self.written = 0  # bytes already handed to flush (always whole chunks)
         self.offsets = array.array("q", [0])
         self.labels = array.array("q")
         self.checksums = array.array("I" if array.array("I").itemsize == 4 else "L")
@@ -277,7 +309,7 @@ class SampleBuffer:
         ends = np.frombuffer(self._name_ends, dtype=np.int64) if len(self._name_ends) else np.zeros(0, np.int64)
         raw = self._names  # sliced in place: no second copy of all names
         for a in range(0, ends.size, size):
-            e = ends[a:a + size].tolist()
+            e = ends[a : a + size].tolist()
             s = [int(ends[a - 1]) if a else 0] + e[:-1]
             yield a, [raw[x:y].decode("utf-8") for x, y in zip(s, e)]
 
@@ -302,13 +334,13 @@ class SampleBuffer:
         before anything is buffered."""
         arr = as_u8(data, "data")
         sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
-        check_batch(arr.size, sizes, labels=labels, names=names, source_index=source_index,
-                    checksums=checksums)
+        check_batch(arr.size, sizes, labels=labels, names=names, source_index=source_index, checksums=checksums)
         n = sizes.size
         names = [_stored_name(x) for x in names]
         labels = np.asarray(labels, dtype=np.int64).reshape(-1).tolist()
-        source_index = ([-1] * n if source_index is None
-                        else np.asarray(source_index, dtype=np.int64).reshape(-1).tolist())
+        source_index = (
+            [-1] * n if source_index is None else np.asarray(source_index, dtype=np.int64).reshape(-1).tolist()
+        )
         ends = np.cumsum(sizes)
         if checksums is None:
             starts = (ends - sizes).tolist()
@@ -327,11 +359,11 @@ class SampleBuffer:
         pos, size, chunk = 0, arr.size, self.chunk_bytes
         while pos < size:
             if self._fill == 0 and size - pos >= chunk:
-                self._flush(arr[pos:pos + chunk], self.written)  # a whole chunk in place: no copy
+                self._flush(arr[pos : pos + chunk], self.written)  # a whole chunk in place: no copy
                 take = chunk
             else:
                 take = min(size - pos, chunk - self._fill)
-                self._buf[self._fill:self._fill + take] = arr[pos:pos + take]
+                self._buf[self._fill : self._fill + take] = arr[pos : pos + take]
                 self._fill += take
                 if self._fill < chunk:
                     break
@@ -342,16 +374,16 @@ class SampleBuffer:
 
     def tail(self) -> np.ndarray:
         """The bytes not yet flushed (the last, partial chunk)."""
-        return self._buf[:self._fill]
+        return self._buf[: self._fill]
 
     def index_arrays(self) -> dict[str, np.ndarray]:
         return {  # views of the packed arrays (no copy)
             "offsets": np.frombuffer(self.offsets, dtype=np.int64),
             "labels": np.frombuffer(self.labels, dtype=np.int64) if self.labels else np.zeros(0, np.int64),
-            "checksums": (np.frombuffer(self.checksums, dtype=np.uint32) if self.checksums
-                          else np.zeros(0, np.uint32)),
-            "source_index": (np.frombuffer(self.source_index, dtype=np.int64) if self.source_index
-                             else np.zeros(0, np.int64)),
+            "checksums": (np.frombuffer(self.checksums, dtype=np.uint32) if self.checksums else np.zeros(0, np.uint32)),
+            "source_index": (
+                np.frombuffer(self.source_index, dtype=np.int64) if self.source_index else np.zeros(0, np.int64)
+            ),
         }
 
 
@@ -401,14 +433,33 @@ class StreamingWriter(ContainerWriter):
     `_discard()` (close handles before the temporary is removed).
     """
 
-    def __init__(self, path, *, encoding: str, class_names, raw_dtype=None, raw_shape=None, source: str = "",
-                 extra_attrs: dict | None = None, overwrite: bool = False, chunk_bytes: int = DATA_CHUNK_BYTES,
-                 fields=None, tmp: str | None = None):
+    def __init__(
+        self,
+        path,
+        *,
+        encoding: str,
+        class_names,
+        raw_dtype=None,
+        raw_shape=None,
+        source: str = "",
+        extra_attrs: dict | None = None,
+        overwrite: bool = False,
+        chunk_bytes: int = DATA_CHUNK_BYTES,
+        fields=None,
+        tmp: str | None = None,
+    ):
         self._fields = FieldBuffer(check_field_specs(fields, new=True))
-        class_names = check_writer_args(encoding=encoding, class_names=class_names,
-                                        raw_dtype=raw_dtype, raw_shape=raw_shape)
-        self._meta: dict[str, Any] = dict(encoding=encoding, class_names=class_names, raw_dtype=raw_dtype,
-                          raw_shape=raw_shape, source=source, extra_attrs=extra_attrs)
+        class_names = check_writer_args(
+            encoding=encoding, class_names=class_names, raw_dtype=raw_dtype, raw_shape=raw_shape
+        )
+        self._meta: dict[str, Any] = dict(
+            encoding=encoding,
+            class_names=class_names,
+            raw_dtype=raw_dtype,
+            raw_shape=raw_shape,
+            source=source,
+            extra_attrs=extra_attrs,
+        )
         self._meta["fields"] = self._fields.specs
         make_attrs(**self._meta, num_samples=0, total_bytes=0)  # reject bad extra_attrs before any file exists
         self._overwrite = bool(overwrite)
@@ -428,8 +479,9 @@ class StreamingWriter(ContainerWriter):
             remove_path(self._tmp)
             self._lock.release()
             if isinstance(exc, OSError) and not isinstance(exc, DStoreError):
-                raise OutputError(f"{self.path}: cannot create the container (its temporary {self._tmp}): "
-                                  f"{exc.strerror or exc}") from exc
+                raise OutputError(
+                    f"{self.path}: cannot create the container (its temporary {self._tmp}): {exc.strerror or exc}"
+                ) from exc
             raise
 
     @property
@@ -490,8 +542,16 @@ class StreamingWriter(ContainerWriter):
     def _discard(self) -> None:
         raise NotImplementedError
 
-    def append(self, data, label: int, name: str, source_index: int = -1, *, checksum: int | None = None,
-               fields: dict | None = None) -> int:
+    def append(
+        self,
+        data,
+        label: int,
+        name: str,
+        source_index: int = -1,
+        *,
+        checksum: int | None = None,
+        fields: dict | None = None,
+    ) -> int:
         self._check_open()
         values = self._fields.check(fields, str(name)) if fields or self._fields.specs else None
         with self._storage_errors():
@@ -506,8 +566,9 @@ class StreamingWriter(ContainerWriter):
             raise ConfigError(f"fields has {len(fields)} entries but sizes has {len(sizes)}")
         values = None
         if fields is not None or self._fields.specs:  # every value checked before anything is buffered
-            values = [self._fields.check(None if fields is None else fields[j], str(names[j]))
-                      for j in range(len(sizes))]
+            values = [
+                self._fields.check(None if fields is None else fields[j], str(names[j])) for j in range(len(sizes))
+            ]
         with self._storage_errors():
             self._buf.extend(data, sizes, labels, names, source_index, checksums)
         for v in values or ():
@@ -529,10 +590,12 @@ class StreamingWriter(ContainerWriter):
             raise
         except (OSError, RuntimeError) as exc:
             text = str(exc)
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
-                "No space left on device" if "No space left" in text or "errno = 28" in text else text)
-            raise OutputError(f"{self.path}: cannot write the container (its temporary {self._tmp}): "
-                              f"{reason}") from exc
+            reason = (
+                exc.strerror
+                if isinstance(exc, OSError) and exc.strerror
+                else ("No space left on device" if "No space left" in text or "errno = 28" in text else text)
+            )
+            raise OutputError(f"{self.path}: cannot write the container (its temporary {self._tmp}): {reason}") from exc
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -544,8 +607,7 @@ class StreamingWriter(ContainerWriter):
         try:
             buf = self._buf
             with self._storage_errors():
-                self._finish(buf, make_attrs(**self._meta, num_samples=buf.num_samples,
-                                             total_bytes=buf.total_bytes))
+                self._finish(buf, make_attrs(**self._meta, num_samples=buf.num_samples, total_bytes=buf.total_bytes))
                 move_into_place(self._tmp, self.path, self._overwrite)
         except BaseException:
             self.abort()
@@ -587,7 +649,7 @@ def read_durable(fmt: str, tmp: str, chunk_bytes: int, locators: list, lo: int, 
                     got = f.read(n)
             if len(got) != n:
                 raise OutputError(f"{tmp}: data chunk {k} is short ({len(got)} of {n} bytes): not durable")
-            out[pos - lo:pos - lo + n] = np.frombuffer(got, dtype=np.uint8)
+            out[pos - lo : pos - lo + n] = np.frombuffer(got, dtype=np.uint8)
             pos += n
     except (OSError, IndexError) as exc:
         raise OutputError(f"{tmp}: cannot read back data chunk {pos // chunk_bytes}: {exc}") from exc
@@ -595,4 +657,3 @@ def read_durable(fmt: str, tmp: str, chunk_bytes: int, locators: list, lo: int, 
         if fd is not None:
             os.close(fd)
     return out
-

@@ -49,7 +49,8 @@ class OutputLock:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise ContainerExistsError(
                         f"{os.fspath(path)} is being written by another job now (it holds {self.path}); "
-                        "wait for it to end or choose another output") from None
+                        "wait for it to end or choose another output"
+                    ) from None
                 return  # no flock here (ENOLCK, ENOSYS, EOPNOTSUPP): no lock
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino

@@ -56,8 +56,13 @@ def storage_options(protocol: str) -> dict:
     if protocol.lower() not in ("s3", "s3a"):
         return {}
     timeout = rc.OBJECT_TIMEOUT.get()
-    return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout,
-                              "retries": {"max_attempts": 1, "mode": "standard"}}}
+    return {
+        "config_kwargs": {
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+            "retries": {"max_attempts": 1, "mode": "standard"},
+        }
+    }
 
 
 def bounded_filesystem(protocol: str, **extra):
@@ -74,7 +79,7 @@ def bounded_filesystem(protocol: str, **extra):
 
 
 def waited(exc: BaseException) -> str:
-    """", after no answer within N s, K tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)" where
+    """ ", after no answer within N s, K tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)" where
     `exc` (or what it was raised from) is a timeout or a connection that could not be made, else ""."""
     seen: BaseException | None = exc
     for _ in range(8):
@@ -82,8 +87,10 @@ def waited(exc: BaseException) -> str:
             break
         name = type(seen).__name__
         if "Timeout" in name or "EndpointConnectionError" in name or isinstance(seen, (TimeoutError, ConnectionError)):
-            return (f", after no answer within {rc.OBJECT_TIMEOUT.get():g} s, {rc.OBJECT_TRIES.get()} tries "
-                    f"(${rc.OBJECT_TIMEOUT.name}, ${rc.OBJECT_TRIES.name})")
+            return (
+                f", after no answer within {rc.OBJECT_TIMEOUT.get():g} s, {rc.OBJECT_TRIES.get()} tries "
+                f"(${rc.OBJECT_TIMEOUT.name}, ${rc.OBJECT_TRIES.name})"
+            )
         seen = seen.__cause__ or seen.__context__
     return ""
 
@@ -102,8 +109,11 @@ def filesystem(url: str):
     try:
         return bounded_filesystem(protocol)
     except ImportError as exc:
-        hint = "fsspec and s3fs: pip install 'dstore-mpi[object]'" if protocol in ("s3", "s3a") else \
-            "the fsspec implementation of this protocol"
+        hint = (
+            "fsspec and s3fs: pip install 'dstore-mpi[object]'"
+            if protocol in ("s3", "s3a")
+            else "the fsspec implementation of this protocol"
+        )
         raise ConfigError(f"reading {protocol}:// containers needs {hint} ({exc})") from None
     except ValueError as exc:
         raise ConfigError(f"{protocol}:// is not a protocol fsspec knows: {exc}") from None
@@ -141,8 +151,11 @@ def stat(url: str) -> dict | None:
     if info.get("type") == "directory":
         return None
     mtime = info.get("LastModified") or info.get("mtime") or info.get("updated")
-    return {"size": int(info.get("size") or 0), "etag": info.get("ETag") or info.get("etag"),
-            "mtime": str(mtime) if mtime is not None else None}
+    return {
+        "size": int(info.get("size") or 0),
+        "etag": info.get("ETag") or info.get("etag"),
+        "mtime": str(mtime) if mtime is not None else None,
+    }
 
 
 def object_identity(url: str) -> tuple:
@@ -182,8 +195,13 @@ def _prefix_identity(url: str) -> tuple:
     for key in sorted(found):
         info = found[key]
         digest.update(f"{key}\0{info.get('ETag') or info.get('etag')}\0{info.get('size')}\n".encode())
-    return (url, OBJECT, f"{len(found)} objects, digest {digest.hexdigest()[:16]}",
-            sum(int(i.get("size") or 0) for i in found.values()), None)
+    return (
+        url,
+        OBJECT,
+        f"{len(found)} objects, digest {digest.hexdigest()[:16]}",
+        sum(int(i.get("size") or 0) for i in found.values()),
+        None,
+    )
 
 
 def read_object(url: str) -> bytes:
@@ -290,8 +308,10 @@ class ObjectFile:
         return f
 
     def _changed(self, what: str) -> ContainerChangedError:
-        return ContainerChangedError(f"{shown(self.path)}: the container changed while this job was reading it "
-                                     f"({what}); a container must not be rewritten while a job reads it")
+        return ContainerChangedError(
+            f"{shown(self.path)}: the container changed while this job was reading it "
+            f"({what}); a container must not be rewritten while a job reads it"
+        )
 
     def pread_into(self, view: memoryview, at: int) -> int:
         """Reads into `view` from byte `at` with one ranged request; the bytes read (fewer at the end)."""
@@ -307,14 +327,13 @@ class ObjectFile:
         except OSError as exc:
             if type(exc).__name__ == "FileExpired" or "pre-condition" in str(exc).lower():
                 raise self._changed("another version: its ETag no longer matches") from None
-            raise FormatError(f"{shown(self.path)}: cannot read bytes [{at}, {at + n}): {shown(_reason(exc))}") \
-                from exc
+            raise FormatError(f"{shown(self.path)}: cannot read bytes [{at}, {at + n}): {shown(_reason(exc))}") from exc
         with self._lock:
             self.requests += 1
         with _COUNT_LOCK:
             ObjectFile.total_requests += 1
             ObjectFile.total_bytes += len(got)
-        view[:len(got)] = got
+        view[: len(got)] = got
         return len(got)
 
     def identity(self) -> tuple:

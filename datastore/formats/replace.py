@@ -97,8 +97,10 @@ def check_replaceable(path: str) -> None:
     of our containers: `overwrite` replaces only those, never a user's files or directories."""
     why = _foreign_reason(os.fspath(path))
     if why is not None:
-        raise ContainerExistsError(f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
-                                   "only a container; remove it yourself or choose another output")
+        raise ContainerExistsError(
+            f"{path} exists and is not a dstore container ({why}); --overwrite replaces "
+            "only a container; remove it yourself or choose another output"
+        )
 
 
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(tmp-[0-9]+-[0-9a-f]{8}(\.old)?|lock)")
@@ -162,8 +164,10 @@ def move_into_place(tmp: str, final: str, overwrite: bool) -> None:
     and only if it is one of ours: checked again here, just before it goes)."""
     if os.path.lexists(final):
         if not overwrite:
-            raise ContainerExistsError(f"{final} appeared while it was being written (by another job?); "
-                                       "it is left as it is and this one is not kept")
+            raise ContainerExistsError(
+                f"{final} appeared while it was being written (by another job?); "
+                "it is left as it is and this one is not kept"
+            )
         check_replaceable(final)
         if os.path.isdir(final) or os.path.isdir(tmp):  # a rename cannot replace a directory (or by one)
             trash = temp_path(final) + ".old"
@@ -192,4 +196,3 @@ def private_like(source):
         yield
     finally:
         os.umask(old)
-

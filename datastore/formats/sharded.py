@@ -39,8 +39,11 @@ def checksums_crc32(checksums: np.ndarray) -> int:
 def shard_identity(reader: ContainerReader, sample_start: int) -> dict:
     """The IDENTITY_KEYS of an open shard that starts at `sample_start` of the joined view."""
     ingest_id = reader.info.extra.get("ingest_id")
-    return {"sample_start": int(sample_start), "ingest_id": None if ingest_id is None else str(ingest_id),
-            "checksums_crc32": checksums_crc32(reader.checksums)}
+    return {
+        "sample_start": int(sample_start),
+        "ingest_id": None if ingest_id is None else str(ingest_id),
+        "checksums_crc32": checksums_crc32(reader.checksums),
+    }
 
 
 def manifest_file(path) -> str:
@@ -76,14 +79,24 @@ def write_manifest(path, shard_paths, *, extra_attrs: dict | None = None, overwr
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     target = check_target(target, overwrite)
     entries, first_info = _shard_entries(shard_paths, os.path.dirname(target))
-    merged = make_attrs(encoding=first_info.encoding, class_names=first_info.class_names,
-                        raw_dtype=first_info.raw_dtype, raw_shape=first_info.raw_shape,
-                        source=first_info.source,
-                        extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
-                        num_samples=sum(e["num_samples"] for e in entries),
-                        total_bytes=sum(e["total_bytes"] for e in entries), fields=first_info.fields)
-    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries, "attrs": merged,
-                COMPLETE_ATTR: True}  # the marker, last key
+    merged = make_attrs(
+        encoding=first_info.encoding,
+        class_names=first_info.class_names,
+        raw_dtype=first_info.raw_dtype,
+        raw_shape=first_info.raw_shape,
+        source=first_info.source,
+        extra_attrs=first_info.extra if extra_attrs is None else extra_attrs,
+        num_samples=sum(e["num_samples"] for e in entries),
+        total_bytes=sum(e["total_bytes"] for e in entries),
+        fields=first_info.fields,
+    )
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "shards": entries,
+        "attrs": merged,
+        COMPLETE_ATTR: True,
+    }  # the marker, last key
     _write_json_into_place(manifest, target, overwrite)
     return target
 
@@ -110,15 +123,24 @@ def _shard_entries(shard_paths: list[str], base: str):
             if not diff and not _prefix(first["class_names"], attrs["class_names"]):
                 diff = ["class_names"]
             if diff:
-                raise ConfigError(f"shard {p} disagrees with shard {first_path} on {diff}: "
-                                  f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}")
+                raise ConfigError(
+                    f"shard {p} disagrees with shard {first_path} on {diff}: "
+                    f"{[attrs[k] for k in diff]} vs {[first[k] for k in diff]}"
+                )
             if len(attrs["class_names"]) > len(first["class_names"]):  # an appended shard added classes
                 first = dict(first, class_names=attrs["class_names"])
-                first_info = dataclasses.replace(info if first_info is None else first_info,
-                                                 class_names=attrs["class_names"])
+                first_info = dataclasses.replace(
+                    info if first_info is None else first_info, class_names=attrs["class_names"]
+                )
         rel = os.path.relpath(os.path.abspath(p), base)
-        entries.append({"path": rel if not rel.startswith("..") else os.path.abspath(p),
-                        "num_samples": info.num_samples, "total_bytes": info.total_bytes, **identity})
+        entries.append(
+            {
+                "path": rel if not rel.startswith("..") else os.path.abspath(p),
+                "num_samples": info.num_samples,
+                "total_bytes": info.total_bytes,
+                **identity,
+            }
+        )
     if first_info is None:
         raise ConfigError("a sharded container needs at least one shard (none given)")
     return entries, first_info
@@ -165,8 +187,9 @@ def read_manifest(path) -> dict:
     if not manifest.get(COMPLETE_ATTR, False):
         raise IncompleteContainerError(f"{mfile}: no completion marker (key {COMPLETE_ATTR!r} is missing)")
     if manifest.get("version") not in READ_VERSIONS:
-        raise FormatError(f"{mfile}: unknown manifest version {manifest.get('version')!r} "
-                          f"(this code reads versions {READ_VERSIONS})")
+        raise FormatError(
+            f"{mfile}: unknown manifest version {manifest.get('version')!r} (this code reads versions {READ_VERSIONS})"
+        )
     missing = [k for k in ("shards", "attrs") if k not in manifest]
     if missing or not isinstance(manifest["shards"], list) or not manifest["shards"]:
         raise FormatError(f"{mfile}: missing or empty key(s) {missing or ['shards']}")
@@ -177,8 +200,10 @@ def read_manifest(path) -> dict:
         if lacking:
             raise FormatError(f"{mfile}: shard entry {i} lacks {lacking}")
         if remote and (is_url(entry["path"]) or entry["path"].startswith(("/", ".."))):
-            raise FormatError(f"{mfile}: shard entry {i} has path {entry['path']!r}; a manifest in object storage "
-                              "names its shards relative to itself, below its prefix")
+            raise FormatError(
+                f"{mfile}: shard entry {i} has path {entry['path']!r}; a manifest in object storage "
+                "names its shards relative to itself, below its prefix"
+            )
         entry["path"] = join(base, entry["path"])
     manifest["file"] = mfile
     return manifest
@@ -189,9 +214,11 @@ def _check_identity(mfile: str, i: int, entry: dict, shard: ContainerReader, sta
     have = shard_identity(shard, start)
     diff = [k for k in IDENTITY_KEYS if entry[k] != have[k]]
     if diff:
-        raise FormatError(f"{mfile}: shard {i} ({entry['path']}) is not the shard this manifest was written over: "
-                          + ", ".join(f"{k} {have[k]!r}, the manifest says {entry[k]!r}" for k in diff)
-                          + " (a shard of another ingest, or replaced?)")
+        raise FormatError(
+            f"{mfile}: shard {i} ({entry['path']}) is not the shard this manifest was written over: "
+            + ", ".join(f"{k} {have[k]!r}, the manifest says {entry[k]!r}" for k in diff)
+            + " (a shard of another ingest, or replaced?)"
+        )
 
 
 class ShardedReader(ContainerReader):
@@ -209,18 +236,24 @@ class ShardedReader(ContainerReader):
             for i, entry in enumerate(manifest["shards"]):
                 fmt = detect_format(entry["path"])
                 if fmt == "sharded":  # itself, or another: no recursion
-                    raise FormatError(f"{mfile}: shard {i} ({entry['path']}) is itself a manifest; shards "
-                                      "must be HDF5 or Zarr containers")
+                    raise FormatError(
+                        f"{mfile}: shard {i} ({entry['path']}) is itself a manifest; shards "
+                        "must be HDF5 or Zarr containers"
+                    )
                 shard = open_backend(entry["path"], fmt, check_labels=False)
                 self._shards.append(shard)
                 if (shard.num_samples, shard.total_bytes) != (entry["num_samples"], entry["total_bytes"]):
                     raise FormatError(
                         f"{mfile}: shard {i} ({entry['path']}) has {shard.num_samples} samples / "
-                        f"{shard.total_bytes} bytes, the manifest says {entry['num_samples']} / {entry['total_bytes']}")
+                        f"{shard.total_bytes} bytes, the manifest says {entry['num_samples']} / {entry['total_bytes']}"
+                    )
                 if (shard.info.encoding, shard.info.fields) != (self.info.encoding, self.info.fields) or (
-                        tuple(self.info.class_names[:shard.info.num_classes]) != tuple(shard.info.class_names)):
-                    raise FormatError(f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
-                                      "on encoding, class names (a shard's must begin the manifest's) or fields")
+                    tuple(self.info.class_names[: shard.info.num_classes]) != tuple(shard.info.class_names)
+                ):
+                    raise FormatError(
+                        f"{mfile}: shard {i} ({entry['path']}) disagrees with the manifest "
+                        "on encoding, class names (a shard's must begin the manifest's) or fields"
+                    )
                 if manifest["version"] >= 2:
                     _check_identity(mfile, i, entry, shard, sum(s.num_samples for s in self._shards[:-1]))
             self._load()
@@ -240,16 +273,19 @@ class ShardedReader(ContainerReader):
         # sample_starts[k] / byte_starts[k]: first sample / byte of shard k in the joined view.
         self._sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self._byte_starts = np.concatenate([[0], np.cumsum(sizes)])
-        self.offsets = np.concatenate([[0]] + [s.offsets[1:] + b for s, b in zip(self._shards, self._byte_starts)]
-                                      ).astype(np.int64)
+        self.offsets = np.concatenate(
+            [[0]] + [s.offsets[1:] + b for s, b in zip(self._shards, self._byte_starts)]
+        ).astype(np.int64)
         self.labels = np.concatenate([s.labels for s in self._shards]).astype(np.int64)
         self.checksums = np.concatenate([s.checksums for s in self._shards]).astype(np.uint32)
         for s in self._shards:  # the joined arrays replace the shards' own (read again where asked for)
             if s.index_on_demand:
                 s.drop_index()
         if self.info.num_samples != int(counts.sum()) or self.info.total_bytes != int(sizes.sum()):
-            raise FormatError(f"{self.path}: manifest attributes say {self.info.num_samples} samples / "
-                              f"{self.info.total_bytes} bytes, the shards hold {int(counts.sum())} / {int(sizes.sum())}")
+            raise FormatError(
+                f"{self.path}: manifest attributes say {self.info.num_samples} samples / "
+                f"{self.info.total_bytes} bytes, the shards hold {int(counts.sum())} / {int(sizes.sum())}"
+            )
 
     def _load_source_index(self) -> np.ndarray:
         """The shards' source indices joined (each read and checked by its shard on first use here)."""
@@ -289,7 +325,7 @@ class ShardedReader(ContainerReader):
         for k in range(max(first, 0), min(last, len(self._shards))):
             a, b = max(lo, int(starts[k])), min(hi, int(starts[k + 1]))
             if b > a:
-                self._shards[k].read_bytes(a - int(starts[k]), b - int(starts[k]), out=out[a - lo:b - lo])
+                self._shards[k].read_bytes(a - int(starts[k]), b - int(starts[k]), out=out[a - lo : b - lo])
         return out
 
     def name(self, i: int) -> str:
@@ -332,8 +368,11 @@ class ShardedReader(ContainerReader):
             at += int(o[-1])
             datas.append(d)
             crcs.append(c)
-        return (np.concatenate(offs), np.concatenate(datas) if datas else np.zeros(0, np.uint8),
-                np.concatenate(crcs) if crcs else np.zeros(0, np.uint32))
+        return (
+            np.concatenate(offs),
+            np.concatenate(datas) if datas else np.zeros(0, np.uint8),
+            np.concatenate(crcs) if crcs else np.zeros(0, np.uint32),
+        )
 
     def field_bad_samples(self, name: str) -> list[int]:
         """Every shard's bad values of field `name`, as indices of the joined view."""

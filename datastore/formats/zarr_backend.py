@@ -62,12 +62,15 @@ class _ChunkFiles:
         if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
             return None
         if objects is not None and root is not None:
-            return cls(root, int(arr.chunks[0]), arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value),
-                       objects)
+            return cls(root, int(arr.chunks[0]), arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value), objects)
         if not isinstance(store, LocalStore):
             return None
-        return cls(os.path.join(str(store.root), arr.store_path.path), int(arr.chunks[0]),
-                   arr.metadata.chunk_key_encoding, int(arr.metadata.fill_value))
+        return cls(
+            os.path.join(str(store.root), arr.store_path.path),
+            int(arr.chunks[0]),
+            arr.metadata.chunk_key_encoding,
+            int(arr.metadata.fill_value),
+        )
 
     def _fd(self, k: int) -> LocalFile | ObjectFile:
         if k in self._fds:
@@ -104,7 +107,7 @@ class _ChunkFiles:
         while pos < hi:
             k, start = divmod(pos, self._chunk)
             n = min(hi - pos, self._chunk - start)
-            view = out[pos - lo:pos - lo + n]
+            view = out[pos - lo : pos - lo + n]
             # .data (a memoryview of the same bytes): numpy's stubs make ndarray a buffer only on Python >= 3.12
             if self._fd(k).pread_into(view.data, start) != n:
                 raise FormatError(f"{self._root}: chunk {self._keys.encode_chunk_key((k,))} is truncated")
@@ -118,8 +121,10 @@ class _ChunkFiles:
 
 def missing_chunk(root: str, key: str, k: int, chunk: int) -> str:
     """The message for a missing chunk file of `data` (chunk `k` of `chunk` bytes)."""
-    return (f"{join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
-            "missing; dstore stores every chunk, so a missing one is damage, never zeros")
+    return (
+        f"{join(root, key)}: data chunk {k} (bytes [{k * chunk}, {(k + 1) * chunk}) of data) is "
+        "missing; dstore stores every chunk, so a missing one is damage, never zeros"
+    )
 
 
 def _array(path: str, group: zarr.Group, key: str) -> zarr.Array:
@@ -174,8 +179,10 @@ def _scan_store(root: str) -> dict[str, int]:
             elif is_file:
                 counts[key] = counts.get(key, 0) + 1
             else:
-                raise FormatError(f"{entry.path}: not a regular file or directory (a FIFO, socket, device or "
-                                  "broken link?) inside the Zarr store")
+                raise FormatError(
+                    f"{entry.path}: not a regular file or directory (a FIFO, socket, device or "
+                    "broken link?) inside the Zarr store"
+                )
     return counts
 
 
@@ -188,12 +195,17 @@ def _list_objects(url: str) -> tuple[dict[str, int], dict[str, tuple]]:
     for name, info in found.items():
         if info.get("type") == "directory" or not name.startswith(root + "/"):
             continue
-        rel = name[len(root) + 1:]
+        rel = name[len(root) + 1 :]
         counts[rel.split("/")[0]] = counts.get(rel.split("/")[0], 0) + 1
         if rel.startswith("data/") and rel != "data/zarr.json":
             mtime = info.get("LastModified") or info.get("mtime")
-            chunks[rel[len("data/"):]] = (join(url, rel), "object", info.get("ETag") or info.get("etag"),
-                                          int(info.get("size") or 0), None if mtime is None else str(mtime))
+            chunks[rel[len("data/") :]] = (
+                join(url, rel),
+                "object",
+                info.get("ETag") or info.get("etag"),
+                int(info.get("size") or 0),
+                None if mtime is None else str(mtime),
+            )
     return counts, chunks
 
 
@@ -212,8 +224,9 @@ def _check_declared_sizes(path: str, group: zarr.Group, files: dict[str, int]) -
     for key in ARRAYS[1:]:
         arr = _array(path, group, key)
         declared = int(np.prod(arr.shape, dtype=np.int64)) * max(int(arr.dtype.itemsize), 8)
-        check_declared(path, key, declared, max(stored, int(data.nbytes)) if stored else 0, ratio=64,
-                       slack=INDEX_FLOOR_BYTES)
+        check_declared(
+            path, key, declared, max(stored, int(data.nbytes)) if stored else 0, ratio=64, slack=INDEX_FLOOR_BYTES
+        )
 
 
 class ZarrReader(ContainerReader):
@@ -266,9 +279,11 @@ class ZarrReader(ContainerReader):
         self._group, self._data, self._names = group, data, names
         self._files = _ChunkFiles.for_array(data, join(self.path, "data"), objects)
         if remote and self._files is None:
-            raise FormatError(f"{self.path}: data is compressed or filtered; a Zarr container in object storage "
-                              "is read with ranged requests of its chunk objects, which needs plain bytes "
-                              "(what dstore ingest writes)")
+            raise FormatError(
+                f"{self.path}: data is compressed or filtered; a Zarr container in object storage "
+                "is read with ranged requests of its chunk objects, which needs plain bytes "
+                "(what dstore ingest writes)"
+            )
         self.opened_identity = self.identity()
         if index:
             try:
@@ -286,7 +301,8 @@ class ZarrReader(ContainerReader):
         data = os.path.join(self.path, "data")
         chunks = os.path.join(data, "c")  # the default chunk key encoding's directory
         return [os.path.join(self.path, "zarr.json"), os.path.join(data, "zarr.json"), data] + (
-            [chunks] if os.path.isdir(chunks) else [])
+            [chunks] if os.path.isdir(chunks) else []
+        )
 
     def _load_index(self) -> None:
         """Reads and checks the index arrays (at open, or on first use where opened with index=False)."""
@@ -299,8 +315,15 @@ class ZarrReader(ContainerReader):
             if isinstance(exc, FormatError):
                 raise
             raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
-        check_index(self.path, self.info, int(data.shape[0]), offsets, labels, checksums,
-                    int(names.shape[0]) if names.ndim == 1 else -1)
+        check_index(
+            self.path,
+            self.info,
+            int(data.shape[0]),
+            offsets,
+            labels,
+            checksums,
+            int(names.shape[0]) if names.ndim == 1 else -1,
+        )
         self.offsets, self.labels, self.checksums = offsets, labels, checksums
 
     def _load_source_index(self) -> np.ndarray:
@@ -324,8 +347,9 @@ class ZarrReader(ContainerReader):
         except (KeyError, OSError, ValueError) as exc:
             if isinstance(exc, FormatError):
                 raise
-            raise FormatError(f"{self.path}: field {name!r} is listed in the fields attribute but its "
-                              f"arrays are missing: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: field {name!r} is listed in the fields attribute but its arrays are missing: {exc}"
+            ) from exc
 
     def _open_group(self) -> zarr.Group:
         """The open group; ConfigError once the reader is closed."""
@@ -401,9 +425,14 @@ class ZarrWriter(StreamingWriter):
             # write_empty_chunks: store every chunk as it is. By default zarr first compares each
             # chunk with the fill value, which took most of a write's time (an 8 MiB chunk: about
             # 30 of 36 ms here). A runtime setting: the stored metadata is the same.
-            self._data = self._open_group().create_array("data", shape=(0,), dtype=np.uint8,
-                                                         chunks=(self._buf.chunk_bytes,), compressors=None,
-                                                         config={"write_empty_chunks": True})
+            self._data = self._open_group().create_array(
+                "data",
+                shape=(0,),
+                dtype=np.uint8,
+                chunks=(self._buf.chunk_bytes,),
+                compressors=None,
+                config={"write_empty_chunks": True},
+            )
         stop = start + chunk.size
         self._data.resize((stop,))
         self._data[start:stop] = chunk
@@ -412,25 +441,38 @@ class ZarrWriter(StreamingWriter):
         g = self._open_group()
         tail = buf.tail()
         if self._data is None:  # everything fit in one buffer: one chunk of the exact size
-            arr = g.create_array("data", shape=(tail.size,), dtype=np.uint8, chunks=(max(tail.size, 1),),
-                                 compressors=None, config={"write_empty_chunks": True})
+            arr = g.create_array(
+                "data",
+                shape=(tail.size,),
+                dtype=np.uint8,
+                chunks=(max(tail.size, 1),),
+                compressors=None,
+                config={"write_empty_chunks": True},
+            )
             if tail.size:
                 arr[:] = tail
         elif tail.size:
             self._write_chunk(tail, buf.written)
         for key, values in buf.index_arrays().items():
-            arr = g.create_array(key, shape=values.shape, dtype=values.dtype,
-                                 chunks=(max(1, min(values.size, INDEX_CHUNK)),))
+            arr = g.create_array(
+                key, shape=values.shape, dtype=values.dtype, chunks=(max(1, min(values.size, INDEX_CHUNK)),)
+            )
             if values.size:
                 arr[:] = values
         n = buf.num_samples
         names = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, INDEX_CHUNK)),))
         for a, block in buf.name_blocks(max(1, min(n, INDEX_CHUNK))):  # chunk by chunk, not all at once
-            names[a:a + len(block)] = np.array(block, dtype=object)
+            names[a : a + len(block)] = np.array(block, dtype=object)
+
         def create(key: str, values: np.ndarray) -> None:
-            arr = g.create_array(key, shape=values.shape, dtype=values.dtype, compressors=None,
-                                 chunks=(max(1, min(values.size, DATA_CHUNK_BYTES if values.dtype == np.uint8
-                                                    else INDEX_CHUNK)),), config={"write_empty_chunks": True})
+            arr = g.create_array(
+                key,
+                shape=values.shape,
+                dtype=values.dtype,
+                compressors=None,
+                chunks=(max(1, min(values.size, DATA_CHUNK_BYTES if values.dtype == np.uint8 else INDEX_CHUNK)),),
+                config={"write_empty_chunks": True},
+            )
             if values.size:
                 arr[:] = values
 

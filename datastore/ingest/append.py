@@ -60,9 +60,21 @@ class OldContainer:
             shard_fmt = detect_format(shards[0]) if shards else kind
             if kind == "sharded":
                 shards = [e["path"] for e in read_manifest(path)["shards"]]
-            return cls(os.path.abspath(path), kind, shard_fmt, r.num_samples, r.total_bytes, tuple(info.class_names),
-                       info.encoding, info.raw_dtype, None if info.raw_shape is None else tuple(info.raw_shape),
-                       tuple(info.fields), dict(info.extra), info.source, shards)
+            return cls(
+                os.path.abspath(path),
+                kind,
+                shard_fmt,
+                r.num_samples,
+                r.total_bytes,
+                tuple(info.class_names),
+                info.encoding,
+                info.raw_dtype,
+                None if info.raw_shape is None else tuple(info.raw_shape),
+                tuple(info.fields),
+                dict(info.extra),
+                info.source,
+                shards,
+            )
 
 
 def merge_classes(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
@@ -130,19 +142,29 @@ def check_compatible(old: OldContainer, src: Source, target, fields) -> None:
     """ConfigError naming what differs if the source's samples cannot join the container: another
     stored encoding, raw dtype or shape, or other extra fields."""
     if target.encoding != old.encoding:
-        raise ConfigError(f"append_to={old.path!r}: the container's encoding is {old.encoding!r}, this source's "
-                          f"samples would be stored as {target.encoding!r} (pass --encoding {old.encoding} or "
-                          "--resize to match)")
+        raise ConfigError(
+            f"append_to={old.path!r}: the container's encoding is {old.encoding!r}, this source's "
+            f"samples would be stored as {target.encoding!r} (pass --encoding {old.encoding} or "
+            "--resize to match)"
+        )
     if target.encoding == "raw" and (str(target.raw_dtype), tuple(target.raw_shape or ())) != (
-            str(old.raw_dtype), tuple(old.raw_shape or ())):
-        raise ConfigError(f"append_to={old.path!r}: the container holds {old.raw_dtype}{old.raw_shape} samples, this "
-                          f"source gives {target.raw_dtype}{tuple(target.raw_shape or ())}")
+        str(old.raw_dtype),
+        tuple(old.raw_shape or ()),
+    ):
+        raise ConfigError(
+            f"append_to={old.path!r}: the container holds {old.raw_dtype}{old.raw_shape} samples, this "
+            f"source gives {target.raw_dtype}{tuple(target.raw_shape or ())}"
+        )
     if tuple(fields) != tuple(old.fields):
-        raise ConfigError(f"append_to={old.path!r}: the container's fields are {list(old.fields) or 'none'}, this "
-                          f"source's stored fields would be {list(fields) or 'none'} (choose them with --fields)")
+        raise ConfigError(
+            f"append_to={old.path!r}: the container's fields are {list(old.fields) or 'none'}, this "
+            f"source's stored fields would be {list(fields) or 'none'} (choose them with --fields)"
+        )
     if not old.class_names and src.class_names:
-        raise ConfigError(f"append_to={old.path!r}: the container has no class names (unlabelled), this source has "
-                          f"{len(src.class_names)}")
+        raise ConfigError(
+            f"append_to={old.path!r}: the container has no class names (unlabelled), this source has "
+            f"{len(src.class_names)}"
+        )
 
 
 def name_duplicates(old_path: str, src: Source, n: int) -> tuple[np.ndarray, list]:
@@ -193,11 +215,14 @@ class Duplicates:
         kept = np.flatnonzero(sizes >= 0)
         ends = np.cumsum(sizes[kept])
         starts = ends - sizes[kept]
-        crcs = (list(checksums) if checksums is not None
-                else [checksum(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())])
+        crcs = (
+            list(checksums)
+            if checksums is not None
+            else [checksum(data[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+        )
         drop, skipped = [], []
         for x, p in enumerate(kept.tolist()):
-            piece = data[int(starts[x]):int(ends[x])]
+            piece = data[int(starts[x]) : int(ends[x])]
             j = self._match(int(crcs[x]), piece)
             if j is None:
                 continue
@@ -205,8 +230,10 @@ class Duplicates:
             where = self._src.locate(i)
             what = f"the same bytes as stored sample {j} ({self._open().name(j)}) of {self._path}"
             if self._policy == "raise":
-                raise SampleError(f"{where}: a duplicate: {what}; pass duplicates='skip' (--duplicates skip) to "
-                                  "leave such samples out")
+                raise SampleError(
+                    f"{where}: a duplicate: {what}; pass duplicates='skip' (--duplicates skip) to "
+                    "leave such samples out"
+                )
             drop.append(x)
             skipped.append((where, f"duplicate: {what}"))
         if not drop:
@@ -214,7 +241,7 @@ class Duplicates:
         self.dropped.extend(skipped)
         mask = np.ones(kept.size, dtype=bool)
         mask[drop] = False
-        pieces = [data[int(starts[x]):int(ends[x])] for x in np.flatnonzero(mask).tolist()]
+        pieces = [data[int(starts[x]) : int(ends[x])] for x in np.flatnonzero(mask).tolist()]
         sizes[kept[~mask]] = -1
         new_crcs = None if checksums is None else [int(c) for c, m in zip(crcs, mask) if m]
         return sizes, (np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)), new_crcs, skipped
@@ -236,17 +263,29 @@ class CopyOld:
                 b = max(a + 1, int(np.searchsorted(offsets, offsets[a] + self.batch_bytes, side="right")) - 1)
                 b = min(b, n)
                 data = r.read_range(a, b)
-                sizes = np.diff(offsets[a:b + 1])
+                sizes = np.diff(offsets[a : b + 1])
                 crcs = np.asarray(r.checksums[a:b], dtype=np.uint32)
                 ends = np.cumsum(sizes)
                 for x, (s, e) in enumerate(zip((ends - sizes).tolist(), ends.tolist())):
                     if checksum(data[s:e]) != int(crcs[x]):
-                        raise SampleError(f"{self.path}: stored sample {a + x} ({r.name(a + x)}) does not match its "
-                                          "checksum; the append copies nothing damaged (`dstore verify` lists them)")
-                fields = ([{f: r.field_bytes(f, i) for f in self.field_names} for i in range(a, b)]
-                          if self.field_names else None)
-                writer.extend(data, sizes, r.labels[a:b], [r.name(i) for i in range(a, b)],
-                              np.asarray(r.source_index[a:b]), checksums=crcs, fields=fields)
+                        raise SampleError(
+                            f"{self.path}: stored sample {a + x} ({r.name(a + x)}) does not match its "
+                            "checksum; the append copies nothing damaged (`dstore verify` lists them)"
+                        )
+                fields = (
+                    [{f: r.field_bytes(f, i) for f in self.field_names} for i in range(a, b)]
+                    if self.field_names
+                    else None
+                )
+                writer.extend(
+                    data,
+                    sizes,
+                    r.labels[a:b],
+                    [r.name(i) for i in range(a, b)],
+                    np.asarray(r.source_index[a:b]),
+                    checksums=crcs,
+                    fields=fields,
+                )
                 a = b
 
 
@@ -260,8 +299,13 @@ def history(old: OldContainer, description: str, seed: int, added: int, classes_
         past = json.loads(extra.get("ingest_appends", "[]"))
     except (TypeError, ValueError):
         past = []
-    record = {"source": description, "seed": int(seed), "first_sample": int(old.num_samples), "samples": int(added),
-              "classes_added": list(classes_added)}
+    record = {
+        "source": description,
+        "seed": int(seed),
+        "first_sample": int(old.num_samples),
+        "samples": int(added),
+        "classes_added": list(classes_added),
+    }
     if not past:
         record["order_before"] = old.extra.get("ingest_order")
     past.append(record)

@@ -57,8 +57,9 @@ class ArraySource(ArraySamples):
 
     kind = "arrays"
 
-    def __init__(self, path: str, *, images_key: str | None = None, labels_key: str | None = None,
-                 labels: str | None = None):
+    def __init__(
+        self, path: str, *, images_key: str | None = None, labels_key: str | None = None, labels: str | None = None
+    ):
         super().__init__()
         self.path = os.path.abspath(path)
         self.description = self.path
@@ -68,8 +69,10 @@ class ArraySource(ArraySamples):
                 keys = set(z.files)
                 ik = _pick(keys, images_key, IMAGE_KEYS, "images", self.path)
                 if ik is None:
-                    raise SampleError(f"{self.path}: no images array (looked for {IMAGE_KEYS}; pass images_key); "
-                                      f"it holds {sorted(keys)}")
+                    raise SampleError(
+                        f"{self.path}: no images array (looked for {IMAGE_KEYS}; pass images_key); "
+                        f"it holds {sorted(keys)}"
+                    )
                 lk = _pick(keys, labels_key, LABEL_KEYS, "labels", self.path)
                 images = z[ik]
                 lab = z[lk] if lk is not None else None
@@ -91,8 +94,10 @@ class ArraySource(ArraySamples):
                     self.notes.append(f"labels from {side}")
                     break
             if lab is None:
-                self.notes.append(f"{self.path}: no labels file (pass labels=PATH or put {stem}.labels.npy "
-                                  "beside it); all labels are 0")
+                self.notes.append(
+                    f"{self.path}: no labels file (pass labels=PATH or put {stem}.labels.npy "
+                    "beside it); all labels are 0"
+                )
         self._images = self._check_images(images)
         n = self._images.shape[0]
         self._labels = self._check_labels(lab, n)

@@ -26,17 +26,20 @@ def ingest_need(*, sample_bytes: int, positions: int, ranks: int, shards: int, r
     return (writers * writer + (ranks_on_node - writers) * other) * sample_bytes, writer
 
 
-def check_ingest_memory(*, sample_bytes: int, positions: int, ranks: int, shards: int, ranks_on_node: int,
-                        what: str) -> MemoryBudgetError | None:
+def check_ingest_memory(
+    *, sample_bytes: int, positions: int, ranks: int, shards: int, ranks_on_node: int, what: str
+) -> MemoryBudgetError | None:
     """The error (not raised: the caller agrees on it over the job) if the ingest would hold more
     than the node has available, else None. `what` names the stored sample (e.g. `--resize 10x10`:
     a decoded 10x10x3 uint8 image)."""
-    need, held = ingest_need(sample_bytes=sample_bytes, positions=positions, ranks=ranks, shards=shards,
-                             ranks_on_node=ranks_on_node)
+    need, held = ingest_need(
+        sample_bytes=sample_bytes, positions=positions, ranks=ranks, shards=shards, ranks_on_node=ranks_on_node
+    )
     avail, where = available_memory()
     if need <= avail:
         return None
     return MemoryBudgetError(
         f"{what} is {fmt_bytes(sample_bytes)} per sample, and this ingest would hold about {fmt_bytes(need)} on a "
         f"node ({held} samples on a writing rank, {ranks_on_node} rank(s) on the node), more than the node's "
-        f"available memory ({where}); store smaller samples (a smaller --resize) or run fewer ranks per node")
+        f"available memory ({where}); store smaller samples (a smaller --resize) or run fewer ranks per node"
+    )

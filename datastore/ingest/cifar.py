@@ -53,8 +53,10 @@ class SafeUnpickler(pickle.Unpickler):
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise SampleError(f"{self._where}: refusing to unpickle global {module}.{name}: a CIFAR batch "
-                              "file holds only dicts, lists and numpy arrays (not executed)") from None
+            raise SampleError(
+                f"{self._where}: refusing to unpickle global {module}.{name}: a CIFAR batch "
+                "file holds only dicts, lists and numpy arrays (not executed)"
+            ) from None
 
     def persistent_load(self, pid):
         raise SampleError(f"{self._where}: refusing a pickle persistent id: not a CIFAR batch file")
@@ -97,7 +99,8 @@ def looks_like_cifar_dir(path: str) -> bool:
     """
     names = _list(path)
     return bool(names & set(CIFAR10_TRAIN + CIFAR10_TEST)) or (
-        "meta" in names and bool(names & set(CIFAR100_TRAIN + CIFAR100_TEST)))
+        "meta" in names and bool(names & set(CIFAR100_TRAIN + CIFAR100_TEST))
+    )
 
 
 def looks_like_cifar_file(path: str) -> bool:
@@ -159,11 +162,14 @@ class CifarSource(ArraySamples):
             label_key = label_key or key
             data, lab = batch.get("data"), batch.get(key)
             if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-                raise SampleError(f"{fpath}: 'data' must be a uint8 array of shape (N, 3072), got "
-                                  f"{getattr(data, 'dtype', type(data).__name__)}{getattr(data, 'shape', '')}")
+                raise SampleError(
+                    f"{fpath}: 'data' must be a uint8 array of shape (N, 3072), got "
+                    f"{getattr(data, 'dtype', type(data).__name__)}{getattr(data, 'shape', '')}"
+                )
             if lab is None or len(lab) != data.shape[0]:
-                raise SampleError(f"{fpath}: {key!r} is missing or does not have one label per row of 'data' "
-                                  f"({data.shape[0]})")
+                raise SampleError(
+                    f"{fpath}: {key!r} is missing or does not have one label per row of 'data' ({data.shape[0]})"
+                )
             lab = np.asarray(lab)
             if lab.dtype.kind not in "iu" or (lab.size and lab.min() < 0):
                 raise SampleError(f"{fpath}: {key!r} must be non-negative integers")
@@ -177,8 +183,9 @@ class CifarSource(ArraySamples):
         check_label_count(os.path.abspath(path), num_classes - 1)
         self.class_names = self._class_names(meta_path, label_key, num_classes)
         if num_classes > len(self.class_names):
-            raise SampleError(f"{path}: label {num_classes - 1} but the meta file names only "
-                              f"{len(self.class_names)} classes")
+            raise SampleError(
+                f"{path}: label {num_classes - 1} but the meta file names only {len(self.class_names)} classes"
+            )
         if len(self._labels) == 0:
             raise SampleError(f"{path}: the CIFAR batch files hold no samples")
         self.description = os.path.abspath(path)
@@ -198,4 +205,3 @@ class CifarSource(ArraySamples):
     def name(self, i: int) -> str:
         base, row = self._rows[i]
         return f"{base}[{row}]"
-

@@ -51,15 +51,25 @@ class IngestConfig:
     reencode_max_side: int | None = arg(None, doc="re-encode images whose longer side is over this many px")
     reencode_quality: int | None = arg(None, doc="the JPEG quality of the re-encode (default 90)")
     stratify: bool = arg(False, doc="a seeded order with every class spread evenly (plan.stratified_order)")
-    heartbeat: float | None = arg(None, doc="seconds between plain progress lines without a bar (None: $DSTORE_HEARTBEAT)")
-    fields: Any = arg(None, doc="the extra fields per sample to store (None: every one the source has; \"none\": none)")
-    resume: bool | None = arg(None, doc="None: continue an interrupted ingest of the output if its journal is there, "
-                                        "else start; True: continue one (refused if there is none); False: discard "
-                                        "any and start over (`--resume`, `--restart`)")
-    append_to: str | None = arg(None, doc="an existing container to add the source's samples to (`--append-to`; "
-                                          "dstore.ingest.append); the output is then that container")
-    duplicates: str = arg("raise", doc="an appended sample already stored (same name, or same bytes): `raise` or "
-                                       "`skip` it (`--duplicates`)")
+    heartbeat: float | None = arg(
+        None, doc="seconds between plain progress lines without a bar (None: $DSTORE_HEARTBEAT)"
+    )
+    fields: Any = arg(None, doc='the extra fields per sample to store (None: every one the source has; "none": none)')
+    resume: bool | None = arg(
+        None,
+        doc="None: continue an interrupted ingest of the output if its journal is there, "
+        "else start; True: continue one (refused if there is none); False: discard "
+        "any and start over (`--resume`, `--restart`)",
+    )
+    append_to: str | None = arg(
+        None,
+        doc="an existing container to add the source's samples to (`--append-to`; "
+        "dstore.ingest.append); the output is then that container",
+    )
+    duplicates: str = arg(
+        "raise",
+        doc="an appended sample already stored (same name, or same bytes): `raise` or `skip` it (`--duplicates`)",
+    )
 
     def checked(self) -> IngestConfig:
         """This config validated (ConfigError naming the argument and its value) and `resize`
@@ -71,8 +81,9 @@ class IngestConfig:
             raise ConfigError(f"on_error={self.on_error!r} is not one of {ON_ERROR}")
         shards = self.shards
         if not isinstance(shards, (int, np.integer)) or not 1 <= shards <= MAX_SHARDS:
-            raise ConfigError(f"shards={shards!r} (--shards) must be an integer in [1, {MAX_SHARDS}] (shard names "
-                              f"have five digits)")
+            raise ConfigError(
+                f"shards={shards!r} (--shards) must be an integer in [1, {MAX_SHARDS}] (shard names have five digits)"
+            )
         if self.duplicates not in DUPLICATES:
             raise ConfigError(f"duplicates={self.duplicates!r} is not one of {DUPLICATES}")
         if self.resume not in (None, True, False):
@@ -81,10 +92,15 @@ class IngestConfig:
         if count is not None and (not isinstance(count, (int, np.integer)) or count < 1):
             raise ConfigError(f"count={count!r} must be a positive integer or None")
         fields = self.fields
-        if not (fields is None or isinstance(fields, str) or (
-                isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields))):
-            raise ConfigError(f"fields={fields!r} must be None (every field), 'none', or field names (a list of str "
-                              f"or one comma-separated str)")
+        if not (
+            fields is None
+            or isinstance(fields, str)
+            or (isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields))
+        ):
+            raise ConfigError(
+                f"fields={fields!r} must be None (every field), 'none', or field names (a list of str "
+                f"or one comma-separated str)"
+            )
         return dataclasses.replace(self, seed=values.seed("seed", self.seed), resize=plan.parse_resize(self.resize))
 
 

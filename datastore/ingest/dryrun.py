@@ -45,8 +45,10 @@ class DryRun:
     def summary(self, listed: int = 5) -> str:
         mean = self.bytes / self.samples if self.samples else 0
         size = f"{fmt_size(self.bytes)}" + ("" if self.bytes_exact else " (estimated)")
-        lines = [f"dry run: nothing written. {self.source} -> {self.output}",
-                 f"{self.samples} samples, {size}, {fmt_size(mean)} per sample on average, stored as {self.encoding}"]
+        lines = [
+            f"dry run: nothing written. {self.source} -> {self.output}",
+            f"{self.samples} samples, {size}, {fmt_size(mean)} per sample on average, stored as {self.encoding}",
+        ]
         if self.split is not None:
             lines.append(f"split: {self.split}")
         shown = ", ".join(f"{c} ({n})" for c, n in self.classes[:20])
@@ -55,14 +57,18 @@ class DryRun:
         if len(self.shards) == 1:
             lines.append(f"one file: {self.shards[0][0]}")
         else:
-            lines.append(f"{len(self.shards)} shards of {min(n for _, n in self.shards)}-"
-                         f"{max(n for _, n in self.shards)} samples: {self.shards[0][0]} ...")
+            lines.append(
+                f"{len(self.shards)} shards of {min(n for _, n in self.shards)}-"
+                f"{max(n for _, n in self.shards)} samples: {self.shards[0][0]} ..."
+            )
         for name, cls, nbytes in self.listed[:listed]:
             lines.append(f"  {name}  class {cls}" + ("" if nbytes is None else f"  {fmt_size(nbytes)}"))
         if self.samples > listed:
             lines.append(f"  ... and {self.samples - min(listed, self.samples)} more")
         if self.skipped:
-            lines.append(f"would skip {len(self.skipped)} while listing, e.g. {self.skipped[0][0]}: {self.skipped[0][1]}")
+            lines.append(
+                f"would skip {len(self.skipped)} while listing, e.g. {self.skipped[0][0]}: {self.skipped[0][1]}"
+            )
         if self.ignored:
             lines.append(f"ignored {self.ignored} non-image or hidden file(s)")
         lines += [f"note: {n}" for n in self.notes]
@@ -107,8 +113,9 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
         fields = list(select_fields(src, cfg.fields))
         labels = np.array([src.label(i) for i in range(n)], dtype=np.int64)
         counts = np.bincount(labels, minlength=len(src.class_names)) if n else np.zeros(0, np.int64)
-        classes = [(src.class_names[c] if c < len(src.class_names) else str(c), int(counts[c]))
-                   for c in range(counts.size)]
+        classes = [
+            (src.class_names[c] if c < len(src.class_names) else str(c), int(counts[c])) for c in range(counts.size)
+        ]
         if target.encoding == "raw" and target.raw_shape is not None:
             per = int(np.prod(target.raw_shape)) * np.dtype(target.raw_dtype).itemsize
             sizes, total, exact = None, per * n, True
@@ -116,8 +123,14 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
             sizes = None if target.max_side is not None else _sizes(src, n)
             exact = sizes is not None
             total = int(sizes.sum()) if sizes is not None else src.estimated_sample_bytes * n
-        listed = [(src.name(i), classes[labels[i]][0] if labels[i] < len(classes) else int(labels[i]),
-                   None if sizes is None else int(sizes[i])) for i in range(min(n, 5))]
+        listed = [
+            (
+                src.name(i),
+                classes[labels[i]][0] if labels[i] < len(classes) else int(labels[i]),
+                None if sizes is None else int(sizes[i]),
+            )
+            for i in range(min(n, 5))
+        ]
         append = resume = None
         if cfg.append_to is not None:
             append, output = _append_plan(cfg, src, n), cfg.append_to
@@ -128,18 +141,36 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
 
                 raise ConfigError("dry run: give OUTPUT or --append-to")
             bounds = plan.shard_bounds(n, cfg.shards)
-            shards = [(p, int(bounds[s + 1] - bounds[s])) for s, p in enumerate(output_paths(output, cfg.fmt, cfg.shards)[1])]
+            shards = [
+                (p, int(bounds[s + 1] - bounds[s])) for s, p in enumerate(output_paths(output, cfg.fmt, cfg.shards)[1])
+            ]
             journal = Journal.load(journal_dir(output))
             if journal is not None and cfg.resume is not False:
-                resume = (f"an interrupted ingest of {output} is journaled in {journal.path} "
-                          f"({journal.positions_done(cfg.shards)} positions durable in unfinished shards): this "
-                          "command would resume it, if its source and options are unchanged")
+                resume = (
+                    f"an interrupted ingest of {output} is journaled in {journal.path} "
+                    f"({journal.positions_done(cfg.shards)} positions durable in unfinished shards): this "
+                    "command would resume it, if its source and options are unchanged"
+                )
             elif os.path.lexists(output) and not cfg.overwrite:
                 resume = f"{output} exists: the ingest would be refused without --overwrite"
-        return DryRun(source=str(getattr(src, "description", source)), output=str(output), samples=n,
-                      classes=classes, encoding=target.encoding, fields=fields, bytes=int(total), bytes_exact=exact,
-                      shards=shards, split=getattr(src, "split", None), listed=listed, skipped=list(src.skipped),
-                      ignored=len(src.ignored), notes=list(src.notes), resume=resume, append=append)
+        return DryRun(
+            source=str(getattr(src, "description", source)),
+            output=str(output),
+            samples=n,
+            classes=classes,
+            encoding=target.encoding,
+            fields=fields,
+            bytes=int(total),
+            bytes_exact=exact,
+            shards=shards,
+            split=getattr(src, "split", None),
+            listed=listed,
+            skipped=list(src.skipped),
+            ignored=len(src.ignored),
+            notes=list(src.notes),
+            resume=resume,
+            append=append,
+        )
     finally:
         close = getattr(src, "close", None)
         if close is not None:
@@ -153,10 +184,13 @@ def _append_plan(cfg: IngestConfig, src, n: int) -> str:
     old = append.OldContainer.open(str(cfg.append_to))
     merged, _ = append.merge_classes(old.class_names, src.class_names)
     keep, dup = append.name_duplicates(old.path, src, n)
-    added = list(merged[len(old.class_names):])
-    text = (f"append to {old.path} ({old.kind}, {old.num_samples} samples, {len(old.class_names)} classes): "
-            f"{keep.size} new samples after the old ones; classes added: {', '.join(added) or 'none'}")
+    added = list(merged[len(old.class_names) :])
+    text = (
+        f"append to {old.path} ({old.kind}, {old.num_samples} samples, {len(old.class_names)} classes): "
+        f"{keep.size} new samples after the old ones; classes added: {', '.join(added) or 'none'}"
+    )
     if dup:
-        text += (f"; {len(dup)} sample(s) have the name of a stored one (e.g. {src.name(dup[0][0])}): "
-                 + ("refused (--duplicates raise)" if cfg.duplicates == "raise" else "left out (--duplicates skip)"))
+        text += f"; {len(dup)} sample(s) have the name of a stored one (e.g. {src.name(dup[0][0])}): " + (
+            "refused (--duplicates raise)" if cfg.duplicates == "raise" else "left out (--duplicates skip)"
+        )
     return text + "; samples with a stored sample's bytes are found while writing"

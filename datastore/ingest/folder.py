@@ -124,8 +124,13 @@ def _not_regular(mode: int) -> str:
     """What a file of `mode` is if it is not a regular file (`a directory`, `a FIFO`...), else ``""``."""
     if stat.S_ISREG(mode):
         return ""
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return what
     return "an unknown kind"
@@ -224,8 +229,14 @@ class FolderSource(FileSamples):
     kind = "folder"
     list_on_root = True
 
-    def __init__(self, root: str, *, on_error: str = "raise", validate: str = "header",
-                 extensions: tuple[str, ...] = IMAGE_EXTENSIONS):
+    def __init__(
+        self,
+        root: str,
+        *,
+        on_error: str = "raise",
+        validate: str = "header",
+        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+    ):
         super().__init__()
         if validate not in VALIDATE:
             raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
@@ -246,16 +257,19 @@ class FolderSource(FileSamples):
         if not classes:
             raise SampleError(f"{self.root}: no class directories (expected root/<class>/<image file>)")
         if not files:
-            raise SampleError(f"{self.root}: no image files ({', '.join(exts)}) in any of the "
-                              f"{len(classes)} class directories")
+            raise SampleError(
+                f"{self.root}: no image files ({', '.join(exts)}) in any of the {len(classes)} class directories"
+            )
         self.class_names = tuple(classes)
         for name in classes:
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError:
                 escaped = name.encode("utf-8", "backslashreplace").decode("utf-8")
-                self.notes.append(f"class directory '{escaped}' is not valid UTF-8; its class name is stored "
-                                  "backslash-escaped as shown")
+                self.notes.append(
+                    f"class directory '{escaped}' is not valid UTF-8; its class name is stored "
+                    "backslash-escaped as shown"
+                )
         self._files = files
         self._labels = labels
         self.encoding = encoding_from_extensions(files)
@@ -289,8 +303,10 @@ class FolderSource(FileSamples):
                 if cls.startswith("."):
                     reason += " (a hidden directory is a class, as in torchvision's ImageFolder: remove it)"
                 if on_error == "raise":
-                    raise SampleError(f"{os.path.join(self.root, cls)}: {reason} (use on_error='skip' / "
-                                      "--on-error skip to keep the class without samples)")
+                    raise SampleError(
+                        f"{os.path.join(self.root, cls)}: {reason} (use on_error='skip' / "
+                        "--on-error skip to keep the class without samples)"
+                    )
                 self.skipped.append((os.path.join(self.root, cls), reason))
             files.extend(found)
             labels.extend([label] * len(found))
@@ -309,8 +325,10 @@ class FolderSource(FileSamples):
             if label not in present:
                 reason = "empty class folder: no image files"
                 if on_error == "raise":
-                    raise SampleError(f"{self.root}/{cls}: {reason} (use on_error='skip' / --on-error skip to keep "
-                                      "the class without samples)")
+                    raise SampleError(
+                        f"{self.root}/{cls}: {reason} (use on_error='skip' / --on-error skip to keep "
+                        "the class without samples)"
+                    )
                 self.skipped.append((f"{self.root}/{cls}", reason))
         self._note_differences(classes, files, exts)
         return classes, files, labels
@@ -321,22 +339,28 @@ class FolderSource(FileSamples):
         hidden_classes = [c for c in classes if c.startswith(".")]
         hidden_files = [f for f in files if (os.sep + f).find(os.sep + ".") >= 0]  # a hidden file or folder on its path
         if hidden_classes or hidden_files:
-            self.notes.append(f"hidden entries (a leading '.') are taken, as torchvision's ImageFolder takes them: "
-                              f"{len(hidden_classes)} class folder(s) {hidden_classes[:3]}, {len(hidden_files)} "
-                              f"file(s) {hidden_files[:3]}; remove them if they are not data")
+            self.notes.append(
+                f"hidden entries (a leading '.') are taken, as torchvision's ImageFolder takes them: "
+                f"{len(hidden_classes)} class folder(s) {hidden_classes[:3]}, {len(hidden_files)} "
+                f"file(s) {hidden_files[:3]}; remove them if they are not data"
+            )
         other = [p for p in self.ignored if p.lower().endswith(OTHER_IMAGE_EXTENSIONS) and not p.lower().endswith(exts)]
         if other:
             kinds = sorted({os.path.splitext(p)[1].lower() for p in other})
-            self.notes.append(f"{len(other)} image file(s) with extension {', '.join(kinds)} are not taken (as "
-                              f"torchvision's ImageFolder, which lists {', '.join(IMAGE_EXTENSIONS)}), e.g. "
-                              f"{other[0]}; extensions=... takes them")
+            self.notes.append(
+                f"{len(other)} image file(s) with extension {', '.join(kinds)} are not taken (as "
+                f"torchvision's ImageFolder, which lists {', '.join(IMAGE_EXTENSIONS)}), e.g. "
+                f"{other[0]}; extensions=... takes them"
+            )
         # An empty class keeps its label and torchvision's os.walk passes over a directory it cannot
         # list: neither moves an index. A link refused (loop, back into the tree) does.
         listing_skips = [w for w, r in self.skipped if not r.startswith(("empty class folder", "cannot list"))]
         if listing_skips:
-            self.notes.append(f"{len(listing_skips)} entries that torchvision's ImageFolder would list were "
-                              f"skipped while listing (first {listing_skips[0]}): past it a sample's source index is "
-                              "not its torchvision index")
+            self.notes.append(
+                f"{len(listing_skips)} entries that torchvision's ImageFolder would list were "
+                f"skipped while listing (first {listing_skips[0]}): past it a sample's source index is "
+                "not its torchvision index"
+            )
 
     def _bad(self, where: str, reason: str, on_error: str) -> None:
         """A listing problem: an error with on_error="raise", else listed as skipped."""
@@ -361,8 +385,7 @@ class FolderSource(FileSamples):
         if os.path.join(here, "").startswith(os.path.join(real, "")):
             return True, f"symbolic link loop: points to {real}, a directory above it"
         if os.path.join(root, "").startswith(os.path.join(real, "")) or real.startswith(os.path.join(root, "")):
-            return True, (f"symbolic link to {real}, inside the source (or above it): its images would be "
-                          "listed twice")
+            return True, (f"symbolic link to {real}, inside the source (or above it): its images would be listed twice")
         return True, None
 
     def _walk(self, directory, exts, on_error, directories, seen):
@@ -395,11 +418,14 @@ class FolderSource(FileSamples):
                 # FIFO, a link loop) and fails when it opens it. Here "raise" stops now; "skip" keeps
                 # the entry, so that later source indices stay torchvision's, and `load` refuses it.
                 if problem is None and not entry.is_file():
-                    problem = ("broken symbolic link" if entry.is_symlink() and not os.path.exists(entry.path)
-                               else "not a regular file")
+                    problem = (
+                        "broken symbolic link"
+                        if entry.is_symlink() and not os.path.exists(entry.path)
+                        else "not a regular file"
+                    )
                 if problem is not None and on_error == "raise":
                     raise SampleError(f"{entry.path}: {problem}")
-                names.append(entry.path[len(os.path.join(self.root, "")):])  # scandir builds it from root
+                names.append(entry.path[len(os.path.join(self.root, "")) :])  # scandir builds it from root
         directories.append((directory, names))
         for path in below:
             self._walk(path, exts, on_error, directories, seen)

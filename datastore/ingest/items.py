@@ -39,9 +39,20 @@ class SpoolSource(Source):
 
     kind = "items"
 
-    def __init__(self, path: str, ranges: np.ndarray, labels: list[int], names: list[str], *,
-                 class_names: tuple[str, ...], encoding: str, validate: str, description: str,
-                 field_specs=(), field_ranges=None):
+    def __init__(
+        self,
+        path: str,
+        ranges: np.ndarray,
+        labels: list[int],
+        names: list[str],
+        *,
+        class_names: tuple[str, ...],
+        encoding: str,
+        validate: str,
+        description: str,
+        field_specs=(),
+        field_ranges=None,
+    ):
         super().__init__()
         self.field_specs = tuple(field_specs)
         # field name -> int64[N, 2]: the value's [start, stop) in the spool ([-1, -1]: the item had none)
@@ -72,8 +83,9 @@ class SpoolSource(Source):
             with open(self.path, "rb") as f:
                 return os.pread(f.fileno(), hi - lo, lo)
         except OSError as exc:
-            raise SampleError(f"{self._names[i]}: cannot read it back from the spool {self.path}: "
-                              f"{exc.strerror or exc}") from exc
+            raise SampleError(
+                f"{self._names[i]}: cannot read it back from the spool {self.path}: {exc.strerror or exc}"
+            ) from exc
 
     def load(self, i: int) -> bytes:
         lo, hi = (int(v) for v in self._ranges[i])
@@ -81,8 +93,9 @@ class SpoolSource(Source):
             with open(self.path, "rb") as f:
                 data = os.pread(f.fileno(), hi - lo, lo)
         except OSError as exc:
-            raise SampleError(f"{self._names[i]}: cannot read it back from the spool {self.path}: "
-                              f"{exc.strerror or exc}") from exc
+            raise SampleError(
+                f"{self._names[i]}: cannot read it back from the spool {self.path}: {exc.strerror or exc}"
+            ) from exc
         validate_image(data, self._names[i], self.validate)
         return data
 
@@ -119,7 +132,9 @@ def spool(items, path: str, *, class_names=None, on_error: str = "raise", valida
             names.append(name)
             kinds.add(sniff(data))
     if not names:
-        raise SampleError("ingest_items: the iterable gave no samples" + (f" ({len(skipped)} skipped)" if skipped else ""))
+        raise SampleError(
+            "ingest_items: the iterable gave no samples" + (f" ({len(skipped)} skipped)" if skipped else "")
+        )
     notes: list[str] = []
     labels, classes = resolve_labels(values, "ingest_items", class_names_option(class_names), notes=notes)
     encoding = kinds.pop() if len(kinds) == 1 and kinds <= {"jpeg", "png"} else "image"
@@ -127,16 +142,27 @@ def spool(items, path: str, *, class_names=None, on_error: str = "raise", valida
     for field in sorted(ranges):
         found = field_kinds[field]
         if "json" in found and len(found) > 1:
-            raise SampleError(f"ingest_items: field {field!r} holds both JSON values (dict, list, number) and "
-                              "text or bytes; give every item's value of one field one kind")
+            raise SampleError(
+                f"ingest_items: field {field!r} holds both JSON values (dict, list, number) and "
+                "text or bytes; give every item's value of one field one kind"
+            )
         specs.append((field, found.pop() if len(found) == 1 else "bytes"))
         table = np.full((len(names), 2), -1, dtype=np.int64)
         for j, span in ranges[field].items():
             table[j] = span
         field_ranges[field] = table
-    src = SpoolSource(path, np.asarray(spans, np.int64).reshape(-1, 2), labels, names, class_names=classes,
-                      encoding=encoding, validate=validate, description=f"ingest_items ({len(names)} items)",
-                      field_specs=specs, field_ranges=field_ranges)
+    src = SpoolSource(
+        path,
+        np.asarray(spans, np.int64).reshape(-1, 2),
+        labels,
+        names,
+        class_names=classes,
+        encoding=encoding,
+        validate=validate,
+        description=f"ingest_items ({len(names)} items)",
+        field_specs=specs,
+        field_ranges=field_ranges,
+    )
     src.skipped.extend(skipped)
     src.notes.extend(notes)
     return src
@@ -149,8 +175,9 @@ def _check_item(k: int, item) -> tuple[bytes, object, str, dict[str, tuple[str, 
         if len(rest) > 1:
             raise ValueError
     except (TypeError, ValueError):
-        raise SampleError(f"item {k}: not a (bytes, label, name) triple or (bytes, label, name, fields) "
-                          f"tuple: {type(item).__name__}") from None
+        raise SampleError(
+            f"item {k}: not a (bytes, label, name) triple or (bytes, label, name, fields) tuple: {type(item).__name__}"
+        ) from None
     name = str(name) if name is not None else f"item {k}"
     if not isinstance(data, (bytes, bytearray, memoryview, np.ndarray)):
         raise SampleError(f"{name}: its data is {type(data).__name__}, not bytes")
@@ -174,8 +201,9 @@ def _item_fields(name: str, fields) -> dict[str, tuple[str, bytes]]:
             try:
                 out[str(field)] = ("text", value.encode("utf-8"))
             except UnicodeEncodeError as exc:
-                raise SampleError(f"{name}: field {field!r} is not valid Unicode text ({exc}); pass it as "
-                                  "bytes to store it as it is") from exc
+                raise SampleError(
+                    f"{name}: field {field!r} is not valid Unicode text ({exc}); pass it as bytes to store it as it is"
+                ) from exc
         elif isinstance(value, (bytes, bytearray, memoryview)):
             out[str(field)] = ("bytes", bytes(value))
         else:
@@ -186,8 +214,17 @@ def _item_fields(name: str, fields) -> dict[str, tuple[str, bytes]]:
     return out
 
 
-def ingest_items(items, output: str, *, comm=None, class_names=None, validate: str = "header",
-                 spool_dir: str | None = None, on_error: str = "raise", **options) -> IngestReport:
+def ingest_items(
+    items,
+    output: str,
+    *,
+    comm=None,
+    class_names=None,
+    validate: str = "header",
+    spool_dir: str | None = None,
+    on_error: str = "raise",
+    **options,
+) -> IngestReport:
     """Ingests the (bytes, label, name) items of rank 0's iterable `items` into a container at
     `output`, processed by every rank of `comm` in the seeded order. Collective.
 

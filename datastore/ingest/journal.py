@@ -41,8 +41,19 @@ from dstore.ingest.source import Source
 
 JOURNAL_VERSION = 1
 SUFFIX = ".ingest"
-OPTION_KEYS = ("fmt", "shards", "seed", "keep_order", "encoding", "resize", "count", "reencode_max_side",
-               "reencode_quality", "stratify", "fields")
+OPTION_KEYS = (
+    "fmt",
+    "shards",
+    "seed",
+    "keep_order",
+    "encoding",
+    "resize",
+    "count",
+    "reencode_max_side",
+    "reencode_quality",
+    "stratify",
+    "fields",
+)
 """The IngestConfig fields that decide what a container holds (a resume refuses a change in them).
 `on_error`, `progress`, `heartbeat` and `overwrite` may change between runs: the samples already
 written are the same either way (a rerun after a bad sample stopped the ingest may pass
@@ -59,10 +70,17 @@ def options_fingerprint(source_spec: str, cfg, source_options: dict) -> dict:
     """The options a resume must find unchanged, as JSON-able values."""
     opts = {k: getattr(cfg, k) for k in OPTION_KEYS}
     opts["resize"] = None if opts["resize"] is None else list(opts["resize"])
-    opts["fields"] = opts["fields"] if opts["fields"] is None or isinstance(opts["fields"], str) else list(opts["fields"])
+    opts["fields"] = (
+        opts["fields"] if opts["fields"] is None or isinstance(opts["fields"], str) else list(opts["fields"])
+    )
     opts["source"] = os.path.abspath(source_spec) if os.path.exists(str(source_spec)) else str(source_spec)
-    opts.update({f"source option {k}": v for k, v in sorted(source_options.items())
-                 if k != "on_error" and not (k == "source_type" and v == "auto")})  # auto: the default
+    opts.update(
+        {
+            f"source option {k}": v
+            for k, v in sorted(source_options.items())
+            if k != "on_error" and not (k == "source_type" and v == "auto")
+        }
+    )  # auto: the default
     return json.loads(json.dumps(opts, default=str))
 
 
@@ -73,8 +91,13 @@ def _names_blob(src: Source, n: int) -> bytes:
 def listing_fingerprint(src: Source, n: int, names: bytes) -> dict:
     """The source's listing: count, class names, encoding and a CRC32 of names and labels."""
     labels = np.array([src.label(i) for i in range(n)], dtype="<i8")
-    return {"samples": int(n), "class_names": list(src.class_names), "encoding": src.encoding,
-            "names_crc32": crc32(names) & 0xFFFFFFFF, "labels_crc32": crc32(labels.tobytes()) & 0xFFFFFFFF}
+    return {
+        "samples": int(n),
+        "class_names": list(src.class_names),
+        "encoding": src.encoding,
+        "names_crc32": crc32(names) & 0xFFFFFFFF,
+        "labels_crc32": crc32(labels.tobytes()) & 0xFFFFFFFF,
+    }
 
 
 def input_files(src: Source, n: int) -> tuple[list[str], bool]:
@@ -102,6 +125,7 @@ def stat_files(paths: list[str], *, probe: int = 256, slow: float = 200e-6) -> n
     first `probe` are stat'ed in turn; where one took more than `slow` seconds on average (a parallel
     file system answers in milliseconds) the rest run in a pool of 16 threads (measured: on a local
     disk the pool cost 0.3-0.7 s for 3,000 files under load, the loop a few ms)."""
+
     def one(p):
         try:
             st = os.stat(p)
@@ -153,8 +177,9 @@ class ShardState:
         """This state cut to its first `positions` positions."""
         kept = sum(1 for x in self.sizes[:positions] if x >= 0)
         nskip = positions - kept
-        return dataclasses.replace(self, positions=positions, sizes=self.sizes[:positions], crcs=self.crcs[:kept],
-                                   skipped=self.skipped[:nskip])
+        return dataclasses.replace(
+            self, positions=positions, sizes=self.sizes[:positions], crcs=self.crcs[:kept], skipped=self.skipped[:nskip]
+        )
 
 
 def _read_log(path: str) -> dict:
@@ -198,8 +223,10 @@ class Journal:
             return cls._create(path, options=options, src=src, n=n, fmt=fmt, chunk_bytes=chunk_bytes)
         except OSError as exc:
             shutil.rmtree(path, ignore_errors=True)
-            raise OutputError(f"{os.path.dirname(path)}: cannot create the ingest's journal {path} beside the "
-                              f"output: {exc.strerror or exc}") from exc
+            raise OutputError(
+                f"{os.path.dirname(path)}: cannot create the ingest's journal {path} beside the "
+                f"output: {exc.strerror or exc}"
+            ) from exc
 
     @classmethod
     def _create(cls, path: str, *, options: dict, src: Source, n: int, fmt: str, chunk_bytes: int) -> Journal:
@@ -216,8 +243,15 @@ class Journal:
         h.update("\n".join(files).encode("utf-8", "backslashreplace"))
         h.update(np.ascontiguousarray(stats, dtype="<i8").tobytes())
         digest = h.hexdigest()[:32]
-        meta = {"version": JOURNAL_VERSION, "ingest_id": digest, "fmt": fmt, "chunk_bytes": int(chunk_bytes),
-                "options": options, "listing": listing, "per_sample_files": per_sample}
+        meta = {
+            "version": JOURNAL_VERSION,
+            "ingest_id": digest,
+            "fmt": fmt,
+            "chunk_bytes": int(chunk_bytes),
+            "options": options,
+            "listing": listing,
+            "per_sample_files": per_sample,
+        }
         _atomic_write(os.path.join(path, "source-names.txt"), names)
         with open(os.path.join(path, "source-inputs.npz"), "wb") as f:
             np.savez(f, stats=stats, paths=np.array(files if not per_sample else [], dtype=str))
@@ -247,8 +281,11 @@ class Journal:
         modification time. An image folder's file that changed but is not written yet (e.g. a bad
         sample replaced) is allowed: `done_positions` (bool per source index) says which are."""
         old = self.meta["options"]
-        diff = [f"{k} {old.get(k)!r} -> {options.get(k)!r}" for k in sorted(set(old) | set(options))
-                if old.get(k) != options.get(k)]
+        diff = [
+            f"{k} {old.get(k)!r} -> {options.get(k)!r}"
+            for k in sorted(set(old) | set(options))
+            if old.get(k) != options.get(k)
+        ]
         if diff:
             raise ConfigError(self._refusal("options changed: " + ", ".join(diff)))
         names = _names_blob(src, n)
@@ -262,16 +299,23 @@ class Journal:
             raise ConfigError(self._refusal(f"the source changed: it reads {len(files)} file(s), it read {len(stats)}"))
         check = np.arange(len(files))
         if per_sample and done_positions is not None:
-            check = np.flatnonzero(done_positions[:len(files)])
+            check = np.flatnonzero(done_positions[: len(files)])
         now_stats = stat_files([files[i] for i in check])
         bad = np.flatnonzero((now_stats != stats[check]).any(axis=1))
         if bad.size:
             i = int(check[bad[0]])
             was, now_s = stats[i], now_stats[bad[0]]
-            what = "is gone" if now_s[0] < 0 else (f"size {was[0]} -> {now_s[0]} bytes" if was[0] != now_s[0]
-                                                   else "modification time changed")
-            raise ConfigError(self._refusal(f"the source changed: {files[i]} {what}"
-                                            + (f" (and {bad.size - 1} more file(s))" if bad.size > 1 else "")))
+            what = (
+                "is gone"
+                if now_s[0] < 0
+                else (f"size {was[0]} -> {now_s[0]} bytes" if was[0] != now_s[0] else "modification time changed")
+            )
+            raise ConfigError(
+                self._refusal(
+                    f"the source changed: {files[i]} {what}"
+                    + (f" (and {bad.size - 1} more file(s))" if bad.size > 1 else "")
+                )
+            )
 
     def _listing_change(self, then: dict, now: dict, names: bytes) -> str:
         if then["samples"] != now["samples"] or then["names_crc32"] != now["names_crc32"]:
@@ -283,7 +327,9 @@ class Journal:
             new = set(names.split(b"\n"))
             added, removed = sorted(new - old), sorted(old - new)
             parts = [f"{len(added)} sample(s) added (e.g. {added[0].decode('utf-8', 'replace')})"] if added else []
-            parts += [f"{len(removed)} sample(s) removed (e.g. {removed[0].decode('utf-8', 'replace')})"] if removed else []
+            parts += (
+                [f"{len(removed)} sample(s) removed (e.g. {removed[0].decode('utf-8', 'replace')})"] if removed else []
+            )
             return ", ".join(parts) or f"{then['samples']} -> {now['samples']} samples (names reordered)"
         if then["class_names"] != now["class_names"]:
             return f"class names {then['class_names'][:5]} -> {now['class_names'][:5]}"
@@ -292,8 +338,10 @@ class Journal:
         return f"encoding {then['encoding']!r} -> {now['encoding']!r}"
 
     def _refusal(self, what: str) -> str:
-        return (f"cannot resume the interrupted ingest journaled in {self.path}: {what}; run the same command as "
-                "before, or pass --restart (resume=False) to discard what it wrote and start over")
+        return (
+            f"cannot resume the interrupted ingest journaled in {self.path}: {what}; run the same command as "
+            "before, or pass --restart (resume=False) to discard what it wrote and start over"
+        )
 
     # ------------------------------------------------------------------ shards
     def _attempts(self, shard: int) -> list[int]:
@@ -343,8 +391,16 @@ class Journal:
         """Durable positions over all shards' best attempts (for messages)."""
         return sum(st.positions for st in map(self.state, range(shards)) if st is not None)
 
-    def restore(self, state: ShardState, writer, src: Source, order: np.ndarray, lo: int, field_names,
-                batch_bytes: int = 64 << 20) -> ShardState:
+    def restore(
+        self,
+        state: ShardState,
+        writer,
+        src: Source,
+        order: np.ndarray,
+        lo: int,
+        field_names,
+        batch_bytes: int = 64 << 20,
+    ) -> ShardState:
         """Writes `state`'s durable samples (positions lo.. of `order`) into `writer`, each checked
         against its logged CRC32; returns the state as restored (cut before the first sample whose
         bytes do not read back as logged: the rest is written again)."""
@@ -358,18 +414,25 @@ class Journal:
         while k < kept_pos.size:
             j = int(np.searchsorted(ends, starts[k] + batch_bytes, side="right"))
             j = max(j, k + 1)
-            data = read_durable(self.meta["fmt"], state.tmp, self.chunk_bytes, state.locators,
-                                int(starts[k]), int(ends[j - 1]))
-            crcs = [checksum(data[int(starts[x] - starts[k]):int(ends[x] - starts[k])]) for x in range(k, j)]
+            data = read_durable(
+                self.meta["fmt"], state.tmp, self.chunk_bytes, state.locators, int(starts[k]), int(ends[j - 1])
+            )
+            crcs = [checksum(data[int(starts[x] - starts[k]) : int(ends[x] - starts[k])]) for x in range(k, j)]
             bad = [x for x, c in zip(range(k, j), crcs) if c != int(state.crcs[x])]
             if bad:
                 j, good = bad[0], int(kept_pos[bad[0]])
-                data = data[:int(starts[j] - starts[k])] if j > k else data[:0]
+                data = data[: int(starts[j] - starts[k])] if j > k else data[:0]
             if j > k:
                 idx = order[lo + kept_pos[k:j]].tolist()
-                writer.extend(data, sizes[kept_pos[k:j]], [src.label(i) for i in idx], [src.name(i) for i in idx],
-                              idx, checksums=[int(c) for c in state.crcs[k:j]],
-                              fields=[src.fields(i, field_names) for i in idx] if field_names else None)
+                writer.extend(
+                    data,
+                    sizes[kept_pos[k:j]],
+                    [src.label(i) for i in idx],
+                    [src.name(i) for i in idx],
+                    idx,
+                    checksums=[int(c) for c in state.crcs[k:j]],
+                    fields=[src.fields(i, field_names) for i in idx] if field_names else None,
+                )
             if bad:
                 break
             k = j
@@ -404,17 +467,24 @@ class Checkpointer:
     after every round) and the writer has made new chunks durable. `superseded` (an older attempt
     this one copied) is removed once this one's log covers as many positions."""
 
-    def __init__(self, journal: Journal, state: ShardState, writer, period: float,
-                 superseded: ShardState | None = None, prefix: ShardState | None = None):
+    def __init__(
+        self,
+        journal: Journal,
+        state: ShardState,
+        writer,
+        period: float,
+        superseded: ShardState | None = None,
+        prefix: ShardState | None = None,
+    ):
         import time
 
         self._time = time.monotonic
         self.journal, self.state, self.writer, self.period = journal, state, writer, float(period)
         self.superseded = superseded
-        self._sizes = array.array("q")     # per position of this attempt: stored size, -1 skipped (8 bytes each)
+        self._sizes = array.array("q")  # per position of this attempt: stored size, -1 skipped (8 bytes each)
         self._kept_pos = array.array("q")  # the positions of the kept samples
         self._skipped: list = []
-        self.logged = 0               # positions logged
+        self.logged = 0  # positions logged
         self._logged_kept = 0
         self._logged_skipped = 0
         self._last = self._time()
@@ -449,9 +519,13 @@ class Checkpointer:
         positions = max(positions, self.logged)
         nskip = positions - kept
         crcs = self.writer.buffer.checksums
-        rec = {"positions": positions, "sizes": self._sizes[self.logged:positions].tolist(),
-               "crcs": [int(c) for c in crcs[self._logged_kept:kept]],
-               "skipped": [list(x) for x in self._skipped[self._logged_skipped:nskip]], "locators": locators}
+        rec = {
+            "positions": positions,
+            "sizes": self._sizes[self.logged : positions].tolist(),
+            "crcs": [int(c) for c in crcs[self._logged_kept : kept]],
+            "skipped": [list(x) for x in self._skipped[self._logged_skipped : nskip]],
+            "locators": locators,
+        }
         try:
             with open(self.state.log, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -66,8 +66,15 @@ def _is_number(value) -> bool:
         float(label_text(value))
     except ValueError:
         return False
-    return label_text(value).isascii() and label_text(value).lower() not in ("nan", "inf", "-inf", "+inf",
-                                                                             "infinity", "-infinity", "+infinity")
+    return label_text(value).isascii() and label_text(value).lower() not in (
+        "nan",
+        "inf",
+        "-inf",
+        "+inf",
+        "infinity",
+        "-infinity",
+        "+infinity",
+    )
 
 
 def _sample(k: int) -> str:
@@ -85,21 +92,31 @@ def _unwrapped(values: list, where: str, notes: list[str] | None, place: Callabl
         v = values[k]
         items = list(v.values()) if isinstance(v, dict) else list(v)
         one = items[0] if len(items) == 1 else None
-        if isinstance(v, dict) or isinstance(one, (bool, np.bool_)) or not isinstance(one, (int, np.integer)) or one < 0:
+        if (
+            isinstance(v, dict)
+            or isinstance(one, (bool, np.bool_))
+            or not isinstance(one, (int, np.integer))
+            or one < 0
+        ):
             kind = "struct" if isinstance(v, dict) else "list"
-            raise SampleError(f"{where}: {place(k)}: label {label_text(v)!r} is a {kind}, not a class index or name: "
-                              "give a label column of integers or class names (a list of one integer is taken)")
+            raise SampleError(
+                f"{where}: {place(k)}: label {label_text(v)!r} is a {kind}, not a class index or name: "
+                "give a label column of integers or class names (a list of one integer is taken)"
+            )
     if notes is not None:
-        notes.append(f"{where}: labels are lists of one integer ({place(nested[0])}: {label_text(values[nested[0]])!r}); "
-                     "each list's integer is taken as the class index")
+        notes.append(
+            f"{where}: labels are lists of one integer ({place(nested[0])}: {label_text(values[nested[0]])!r}); "
+            "each list's integer is taken as the class index"
+        )
     out = list(values)
     for k in nested:
         out[k] = int(out[k][0])
     return out
 
 
-def resolve_labels(values: list, where: str, class_names=None, *, notes: list[str] | None = None,
-                   place: Callable[[int], str] = _sample) -> tuple[list[int], tuple[str, ...]]:
+def resolve_labels(
+    values: list, where: str, class_names=None, *, notes: list[str] | None = None, place: Callable[[int], str] = _sample
+) -> tuple[list[int], tuple[str, ...]]:
     """(label per value, class names) for the per-sample label `values` of source `where`.
 
     Args:
@@ -116,8 +133,9 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
     values = _unwrapped(values, where, notes, place)
     for k, v in enumerate(values):
         if v is None or label_text(v) == "":
-            raise SampleError(f"{where}: {place(k)} has an empty label (every sample needs a class index or "
-                              "a class name)")
+            raise SampleError(
+                f"{where}: {place(k)} has an empty label (every sample needs a class index or a class name)"
+            )
     if class_names is not None:
         names = tuple(str(c) for c in class_names)
         index = {n: k for k, n in enumerate(names)}
@@ -129,25 +147,31 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
             k = as_index(v)
             if isinstance(v, int) and not isinstance(v, bool):
                 if k is None or k >= len(names):
-                    raise SampleError(f"{where}: {place(j)}: label {v} is not a class index 0..{len(names) - 1} of "
-                                      f"the {len(names)} class names" + (" (datasets writes -1 for 'no label': a "
-                                                                         "test split without labels?)" if v == -1 else ""))
+                    raise SampleError(
+                        f"{where}: {place(j)}: label {v} is not a class index 0..{len(names) - 1} of "
+                        f"the {len(names)} class names"
+                        + (" (datasets writes -1 for 'no label': a test split without labels?)" if v == -1 else "")
+                    )
                 labels.append(k)
             elif text in index:
                 labels.append(index[text])
             elif k is not None and k < len(names):
                 labels.append(k)
             else:
-                raise SampleError(f"{where}: {place(j)}: label {text!r} is not one of the {len(names)} class "
-                                  "names given (nor an index below their count)")
+                raise SampleError(
+                    f"{where}: {place(j)}: label {text!r} is not one of the {len(names)} class "
+                    "names given (nor an index below their count)"
+                )
         return labels, names
     maybe = [as_index(v) for v in values]
     other = next((k for k, i in enumerate(maybe) if i is None and not _is_negative_int(values[k])), None)
     if other is None:
         negative = next((k for k, i in enumerate(maybe) if i is None), None)
         if negative is not None:
-            raise SampleError(f"{where}: {place(negative)}: label {label_text(values[negative])!r} is negative; "
-                              "class indices start at 0: fix that label")
+            raise SampleError(
+                f"{where}: {place(negative)}: label {label_text(values[negative])!r} is negative; "
+                "class indices start at 0: fix that label"
+            )
         ints = [int(i) for i in maybe if i is not None]
         if ints:
             top = max(ints)
@@ -157,10 +181,12 @@ def resolve_labels(values: list, where: str, class_names=None, *, notes: list[st
     index = {n: k for k, n in enumerate(names)}
     integers = sum(i is not None or _is_negative_int(v) for i, v in zip(maybe, values))
     if notes is not None and other is not None and (integers or any(_is_number(v) for v in values)):
-        notes.append(f"{where}: labels are not all integers ({place(other)}: {label_text(values[other])!r}; "
-                     f"{len(values) - integers} of {len(values)} not); the {len(names)} classes are named by "
-                     "their text, sorted, so an integer label is not its class index (fix that label if it "
-                     "is a typo)")
+        notes.append(
+            f"{where}: labels are not all integers ({place(other)}: {label_text(values[other])!r}; "
+            f"{len(values) - integers} of {len(values)} not); the {len(names)} classes are named by "
+            "their text, sorted, so an integer label is not its class index (fix that label if it "
+            "is a typo)"
+        )
     return [index[label_text(v)] for v in values], names
 
 

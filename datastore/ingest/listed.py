@@ -34,13 +34,27 @@ from dstore.ingest.folder import VALIDATE, FileSamples, encoding_from_extensions
 from dstore.ingest.labels import as_index, class_names_option, label_text, resolve_labels
 from dstore.ingest.remote import Prefetched, Remote, is_url
 
-HEADER_WORDS = ("path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_id", "imageid",
-                "image_path", "img", "name", "id")
+HEADER_WORDS = (
+    "path",
+    "file",
+    "filename",
+    "file_name",
+    "filepath",
+    "file_path",
+    "image",
+    "image_id",
+    "imageid",
+    "image_path",
+    "img",
+    "name",
+    "id",
+)
 
 
 def _header_reason(rows: list[tuple[int, list[str]]], root: str, exists=None) -> str | None:
     """Why the first of `rows` ((row number, cells), non-empty rows) is a header, or None if it is data.
     `exists(path)`: whether a path of the CSV names something (default: below the directory `root`)."""
+
     def names_a_file(name: str) -> bool:
         return exists(name) if exists is not None else os.path.lexists(os.path.join(root, name))
 
@@ -55,15 +69,18 @@ def _header_reason(rows: list[tuple[int, list[str]]], root: str, exists=None) ->
     if os.path.splitext(path_cell)[1].lower() == os.path.splitext(nxt)[1].lower():
         return None  # a missing file named like the others (`gone.jpg` over `a.jpg`) is data: a bad sample
     if as_index(first[1]) is None and all(len(c) >= 2 and as_index(c[1]) is not None for c in rest):
-        return (f"{path_cell!r} names nothing in {root} and its label {label_text(first[1])!r} is not an "
-                "integer while every other row's is")
+        return (
+            f"{path_cell!r} names nothing in {root} and its label {label_text(first[1])!r} is not an "
+            "integer while every other row's is"
+        )
     if nxt and names_a_file(nxt):
         return f"{path_cell!r} names nothing in {root} while row {rows[1][0]}'s {nxt!r} does"
     return None
 
 
-def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None, *, exists=None,
-                    data: bytes | None = None) -> list[tuple[int, str, str]]:
+def read_labels_csv(
+    path: str, root: str = ".", notes: list[str] | None = None, *, exists=None, data: bytes | None = None
+) -> list[tuple[int, str, str]]:
     """(row number, file path, label text) per sample row of a labels CSV, its header row left out.
 
     Args:
@@ -87,13 +104,17 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None, 
     try:
         # Decoded whole, so that a byte that is not UTF-8 is found at its place in the file.
         text = data.decode("utf-8-sig")
-        raw = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1)
-               if row and any(cell.strip() for cell in row)]
+        raw = [
+            (n, row)
+            for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1)
+            if row and any(cell.strip() for cell in row)
+        ]
     except UnicodeDecodeError as exc:
         body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # exc.start counts from after a BOM
         line = body.count(b"\n", 0, exc.start) + 1
-        raise SampleError(f"{path}: the labels CSV is not UTF-8 (line {line}: {exc.reason}); save it as "
-                          "UTF-8 (Excel: \"CSV UTF-8\")") from exc
+        raise SampleError(
+            f'{path}: the labels CSV is not UTF-8 (line {line}: {exc.reason}); save it as UTF-8 (Excel: "CSV UTF-8")'
+        ) from exc
     except (OSError, csv.Error) as exc:
         raise SampleError(f"{path}: cannot read the labels CSV: {exc}") from exc
     if raw:
@@ -110,21 +131,28 @@ def read_labels_csv(path: str, root: str = ".", notes: list[str] | None = None, 
             raise SampleError(f"{path}: row {n} is not path,label: {row!r}")
         name, label = row[0].strip(), row[1].strip()
         # a local file by where its links lead (a link and its target are one file), an object by its key
-        key = os.path.normpath(os.path.join(root, name)) if exists is not None else os.path.realpath(
-            os.path.join(root, name))
+        key = (
+            os.path.normpath(os.path.join(root, name))
+            if exists is not None
+            else os.path.realpath(os.path.join(root, name))
+        )
         if key in seen:
             m, first_name, first_label = seen[key]
             if label != first_label and (as_index(label) is None or as_index(label) != as_index(first_label)):
-                raise SampleError(f"{path}: rows {m} and {n} list the same file ({first_name!r}, {name!r}) with "
-                                  f"different labels ({first_label!r}, {label!r}); keep one row")
+                raise SampleError(
+                    f"{path}: rows {m} and {n} list the same file ({first_name!r}, {name!r}) with "
+                    f"different labels ({first_label!r}, {label!r}); keep one row"
+                )
             repeats.append(f"row {n} ({name!r}) repeats row {m} ({first_name!r})")
             continue
         seen[key] = (n, name, label)
         rows.append((n, name, label))
     if repeats and notes is not None:
-        notes.append(f"{path}: {len(repeats)} row(s) list a file again with the same label, kept once (so a "
-                     f"sample's source index is not its row's position after them): {'; '.join(repeats[:3])}"
-                     + (" ..." if len(repeats) > 3 else ""))
+        notes.append(
+            f"{path}: {len(repeats)} row(s) list a file again with the same label, kept once (so a "
+            f"sample's source index is not its row's position after them): {'; '.join(repeats[:3])}"
+            + (" ..." if len(repeats) > 3 else "")
+        )
     if not rows:
         raise SampleError(f"{path}: the labels CSV lists no file")
     return rows
@@ -156,22 +184,36 @@ class ListedSource(FileSamples):
             listing = self.remote.listing(self.root)
             if not listing:
                 raise SampleError(f"{self.root}: no objects below this prefix (check the bucket and the prefix)")
-            rows = read_labels_csv(self.labels_path, self.root, self.notes, data=data,
-                                   exists=lambda name: posixpath.normpath(name) in listing)
-            outside = next(((n, p) for n, p, _ in rows if posixpath.isabs(p) or posixpath.normpath(p).startswith("../")),
-                           None)
+            rows = read_labels_csv(
+                self.labels_path,
+                self.root,
+                self.notes,
+                data=data,
+                exists=lambda name: posixpath.normpath(name) in listing,
+            )
+            outside = next(
+                ((n, p) for n, p, _ in rows if posixpath.isabs(p) or posixpath.normpath(p).startswith("../")), None
+            )
             if outside is not None:
-                raise SampleError(f"{self.labels_path}: row {outside[0]} names {outside[1]!r}, outside the prefix "
-                                  f"{self.root}; with a URL SOURCE every path is relative to it")
+                raise SampleError(
+                    f"{self.labels_path}: row {outside[0]} names {outside[1]!r}, outside the prefix "
+                    f"{self.root}; with a URL SOURCE every path is relative to it"
+                )
         else:
             self.root = os.path.abspath(root)
             if not os.path.isdir(self.root):
-                raise SampleError(f"{self.root}: not a directory (with --labels, SOURCE is the folder the CSV's "
-                                  "paths are relative to)")
+                raise SampleError(
+                    f"{self.root}: not a directory (with --labels, SOURCE is the folder the CSV's "
+                    "paths are relative to)"
+                )
             rows = read_labels_csv(self.labels_path, self.root, self.notes, data=data)
         self._files = [name for _, name, _ in rows]
-        self._labels, self.class_names = resolve_labels([value for _, _, value in rows], self.labels_path,
-                                                        class_names_option(classes), notes=self.notes,
-                                                        place=lambda k: f"row {rows[k][0]}")
+        self._labels, self.class_names = resolve_labels(
+            [value for _, _, value in rows],
+            self.labels_path,
+            class_names_option(classes),
+            notes=self.notes,
+            place=lambda k: f"row {rows[k][0]}",
+        )
         self.encoding = encoding_from_extensions(self._files)
         self.description = f"{self.root} (labels: {self.labels_path})"

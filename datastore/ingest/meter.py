@@ -21,8 +21,19 @@ class Meter:
     writer reports its own share (totals over all ranks would need the other groups' counts, which only
     MPI, not this thread, could bring), so a log has a line per writing rank."""
 
-    def __init__(self, bounds, mine, shards: int, groups: int, *, bar: bool, period: float | None, enabled: bool,
-                 rank: int = 0, bar_rank: bool = True):
+    def __init__(
+        self,
+        bounds,
+        mine,
+        shards: int,
+        groups: int,
+        *,
+        bar: bool,
+        period: float | None,
+        enabled: bool,
+        rank: int = 0,
+        bar_rank: bool = True,
+    ):
         total = int(sum(bounds[s + 1] - bounds[s] for s in mine))
         what = "ingest" if groups == 1 else f"ingest [rank {rank}: {len(mine)} of {shards} shards]"
         self._bar = self._beat = None

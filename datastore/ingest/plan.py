@@ -102,7 +102,7 @@ def rounds(chunks: list[tuple[int, int]], members: int) -> list[list[tuple[int, 
         raise ConfigError(f"members={members} must be at least 1")
     out = []
     for t in range(0, len(chunks), members):
-        part = chunks[t:t + members]
+        part = chunks[t : t + members]
         end = part[-1][1]
         out.append(part + [(end, end)] * (members - len(part)))
     return out

@@ -41,8 +41,13 @@ class Target:
     quality: int = DEFAULT_QUALITY
 
 
-def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int] | None,
-                   max_side: int | None = None, quality: int | None = None) -> Target:
+def resolve_target(
+    source: Source,
+    encoding: str | None,
+    resize: tuple[int, int] | None,
+    max_side: int | None = None,
+    quality: int | None = None,
+) -> Target:
     """The storage plan for `source` given the requested `encoding` and `resize`.
 
     Encoded sources (folder, synthetic) keep their file bytes unless `encoding="raw"`, which needs
@@ -61,22 +66,27 @@ def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int]
         return _reencode_target(source, encoding, resize, max_side, quality)
     if source.encoding == "raw":
         if encoding not in (None, "raw"):
-            raise ConfigError(f"encoding={encoding!r}: a {source.kind} source is stored raw; re-encoding "
-                              "arrays into image files is not supported")
+            raise ConfigError(
+                f"encoding={encoding!r}: a {source.kind} source is stored raw; re-encoding "
+                "arrays into image files is not supported"
+            )
         if resize is None:
             return Target("raw", None, source.raw_dtype, source.raw_shape)
         shape = source.raw_shape or ()
         if source.raw_dtype != "uint8" or len(shape) != 3 or shape[2] not in (1, 3):
-            raise ConfigError(f"resize={resize}: only uint8 (H, W, 1|3) images can be resized; this source "
-                              f"holds {source.raw_dtype}{shape}")
+            raise ConfigError(
+                f"resize={resize}: only uint8 (H, W, 1|3) images can be resized; this source "
+                f"holds {source.raw_dtype}{shape}"
+            )
         return Target("raw", resize, "uint8", (resize[0], resize[1], shape[2]), convert=True)
     if encoding == "raw" or (encoding is None and resize is not None):
         if resize is None:
             raise ConfigError("encoding='raw' for image files needs resize=HxW (decoded images differ in size)")
         return Target("raw", resize, "uint8", (resize[0], resize[1], 3), convert=True)
     if resize is not None:
-        raise ConfigError(f"resize={resize} needs encoding='raw' (encoded files are stored as they are); "
-                          f"got encoding={encoding!r}")
+        raise ConfigError(
+            f"resize={resize} needs encoding='raw' (encoded files are stored as they are); got encoding={encoding!r}"
+        )
     stored = encoding or source.encoding
     if stored in ("jpeg", "png"):
         return Target(stored, expect=stored)
@@ -86,8 +96,10 @@ def resolve_target(source: Source, encoding: str | None, resize: tuple[int, int]
 def _reencode_target(source: Source, encoding, resize, max_side: int, quality: int | None) -> Target:
     """The Target of an ingest with `max_side` (see resolve_target)."""
     if source.encoding == "raw" or encoding == "raw" or resize is not None:
-        raise ConfigError(f"max_side={max_side} re-encodes image files; it cannot be combined with "
-                          f"{'a ' + source.kind + ' source (stored raw)' if source.encoding == 'raw' else 'raw/resize'}")
+        raise ConfigError(
+            f"max_side={max_side} re-encodes image files; it cannot be combined with "
+            f"{'a ' + source.kind + ' source (stored raw)' if source.encoding == 'raw' else 'raw/resize'}"
+        )
     stored = encoding or ("jpeg" if source.encoding == "jpeg" else "image")
     q = DEFAULT_QUALITY if quality is None else int(quality)
     return Target(stored, expect=stored if stored in ("jpeg", "png") else None, max_side=int(max_side), quality=q)
@@ -145,9 +157,11 @@ def process_sample(source: Source, i: int, target: Target, fields=()) -> np.ndar
         data = shrink(data, target.max_side, target.quality, where=where) or data
     elif target.expect is not None and sniff(data) != target.expect:
         found = sniff(data)
-        raise SampleError(f"{where}: is {'not a JPEG or PNG' if found == 'other' else 'a ' + found.upper()} "
-                          f"file but the container's encoding is {target.expect!r} (use encoding 'image' "
-                          "for mixed formats)")
+        raise SampleError(
+            f"{where}: is {'not a JPEG or PNG' if found == 'other' else 'a ' + found.upper()} "
+            f"file but the container's encoding is {target.expect!r} (use encoding 'image' "
+            "for mixed formats)"
+        )
     if isinstance(data, (bytes, bytearray, memoryview)):
         return np.frombuffer(data, dtype=np.uint8)
     arr = np.ascontiguousarray(data)
@@ -190,8 +204,9 @@ class Block:
         return np.concatenate(self.parts, out=out)
 
 
-def process_block(source: Source, indices, target: Target, on_error: str = "raise", *,
-                  checksums: bool = True, fields=()) -> Block:
+def process_block(
+    source: Source, indices, target: Target, on_error: str = "raise", *, checksums: bool = True, fields=()
+) -> Block:
     """Processes the samples `indices` (source indices) in order, checking their `fields` ((name,
     kind) pairs stored); with `checksums`, also computes each kept sample's CRC32.
 
@@ -221,5 +236,4 @@ def process_block(source: Source, indices, target: Target, on_error: str = "rais
 def _reason(exc: Exception, where: str) -> str:
     """The message without its leading `where: `."""
     msg = str(exc)
-    return msg[len(where) + 2:] if msg.startswith(where + ": ") else msg
-
+    return msg[len(where) + 2 :] if msg.startswith(where + ": ") else msg

@@ -34,14 +34,19 @@ SUBSAMPLING = "420"
 
 def reencode_attrs(max_side: int, quality: int) -> dict:
     """The container attributes that record what was done to images larger than `max_side`."""
-    return {"ingest_max_side": int(max_side), "ingest_quality": int(quality), "ingest_resample": RESAMPLE,
-            "ingest_subsampling": SUBSAMPLING}
+    return {
+        "ingest_max_side": int(max_side),
+        "ingest_quality": int(quality),
+        "ingest_resample": RESAMPLE,
+        "ingest_subsampling": SUBSAMPLING,
+    }
 
 
 def check_reencode(max_side, quality) -> None:
     """Raises ConfigError naming the parameter if `max_side` or `quality` is not allowed."""
-    if max_side is not None and (not isinstance(max_side, (int, np.integer)) or isinstance(max_side, bool)
-                                 or max_side < 8):
+    if max_side is not None and (
+        not isinstance(max_side, (int, np.integer)) or isinstance(max_side, bool) or max_side < 8
+    ):
         raise ConfigError(f"max_side={max_side!r} must be an integer >= 8 (or None: keep the images' sizes)")
     if quality is not None:
         if max_side is None:
@@ -87,7 +92,9 @@ def shrink(data, max_side: int, quality: int = DEFAULT_QUALITY, *, where: str = 
     if max(h, w) <= max_side:
         return None
     th, tw = target_size(h, w, max_side)
-    arr = decode_image(data, channels=1 if grey else 3, min_size=(th, tw), name=where)  # JPEG: reduced DCT scale, still >= target
+    arr = decode_image(
+        data, channels=1 if grey else 3, min_size=(th, tw), name=where
+    )  # JPEG: reduced DCT scale, still >= target
     import simplejpeg
     from PIL import Image
 
@@ -96,7 +103,8 @@ def shrink(data, max_side: int, quality: int = DEFAULT_QUALITY, *, where: str = 
         small = np.asarray(im.resize((tw, th), Image.Resampling.BICUBIC))
         if small.ndim == 2:
             return simplejpeg.encode_jpeg(small[:, :, None], quality=int(quality), colorspace="GRAY")
-        return simplejpeg.encode_jpeg(np.ascontiguousarray(small), quality=int(quality), colorspace="RGB",
-                                      colorsubsampling=SUBSAMPLING)
+        return simplejpeg.encode_jpeg(
+            np.ascontiguousarray(small), quality=int(quality), colorspace="RGB", colorsubsampling=SUBSAMPLING
+        )
     except Exception as exc:  # Pillow and simplejpeg raise many types; name the sample
         raise SampleError(f"{where}: cannot re-encode at max_side={max_side}: {type(exc).__name__}: {exc}") from exc

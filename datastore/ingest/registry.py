@@ -59,15 +59,20 @@ def source_type_of(spec: str) -> str:
             return "cifar"
         if glob.glob(os.path.join(spec, "*.tar")) or glob.glob(os.path.join(spec, "*", "*.tar")):
             return "tar"
-        if any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json", "dataset_dict.json")) \
-                or glob.glob(os.path.join(spec, "*.parquet")) or glob.glob(os.path.join(spec, "*", "*.parquet")):
+        if (
+            any(os.path.isfile(os.path.join(spec, n)) for n in ("state.json", "dataset_info.json", "dataset_dict.json"))
+            or glob.glob(os.path.join(spec, "*.parquet"))
+            or glob.glob(os.path.join(spec, "*", "*.parquet"))
+        ):
             return "parquet"
         return "folder"
     if os.path.isfile(spec):
         if looks_like_cifar_file(spec):
             return "cifar"
-        raise ConfigError(f"source {spec!r} is a file that is neither .npy/.npz nor a CIFAR python batch "
-                          "(a pickle); an image folder source must be a directory")
+        raise ConfigError(
+            f"source {spec!r} is a file that is neither .npy/.npz nor a CIFAR python batch "
+            "(a pickle); an image folder source must be a directory"
+        )
     raise ConfigError(f"source {spec!r} does not exist and is not one of the names 'digits', 'synthetic'")
 
 
@@ -79,13 +84,21 @@ def _pattern_type(spec: str) -> str:
     if matches and all(m.lower().endswith(".tar") for m in matches) and not braces:
         return "tar"
     if braces:
-        raise ConfigError(f"source {spec!r} is a {{a..b}} pattern of names that do not end in .tar; a pattern "
-                          f"names WebDataset shards by their whole names ({spec}.tar?)")
+        raise ConfigError(
+            f"source {spec!r} is a {{a..b}} pattern of names that do not end in .tar; a pattern "
+            f"names WebDataset shards by their whole names ({spec}.tar?)"
+        )
     where = os.path.dirname(spec) or "."
-    found = (f"matches {len(matches)} path(s), not all .tar shards (first that is not: "
-             f"{next(m for m in matches if not m.lower().endswith('.tar'))})" if matches else "matches no file")
-    raise ConfigError(f"source {spec!r} is a pattern and {found}; a pattern names WebDataset shards: end it in "
-                      f".tar ({os.path.join(where, '*.tar')}), or give a folder or file itself")
+    found = (
+        f"matches {len(matches)} path(s), not all .tar shards (first that is not: "
+        f"{next(m for m in matches if not m.lower().endswith('.tar'))})"
+        if matches
+        else "matches no file"
+    )
+    raise ConfigError(
+        f"source {spec!r} is a pattern and {found}; a pattern names WebDataset shards: end it in "
+        f".tar ({os.path.join(where, '*.tar')}), or give a folder or file itself"
+    )
 
 
 def _remote_type(url: str) -> str:
@@ -111,8 +124,9 @@ def _remote_type(url: str) -> str:
     return "folder"
 
 
-def open_source(spec: str, *, source_type: str = "auto", on_error: str = "raise", count: int | None = None,
-                **options) -> Source:
+def open_source(
+    spec: str, *, source_type: str = "auto", on_error: str = "raise", count: int | None = None, **options
+) -> Source:
     """Builds the source for `spec` on this process (no MPI).
 
     Args:
@@ -160,4 +174,3 @@ _CLASSES: dict[str, Callable[..., Source]] = {  # each type's own constructor ar
     "synthetic": SyntheticSource,
 }
 """The class implementing each source type but `auto`."""
-

@@ -26,9 +26,14 @@ READ_BLOCK = 16 << 20
 """Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
 tens of ms of latency: 16 MiB keeps a shard's listing near the link's bandwidth)."""
 
-_PACKAGES = {"s3": "fsspec and s3fs: pip install 'dstore-mpi[object]'", "s3a": "fsspec and s3fs: pip install "
-             "'dstore-mpi[object]'", "gs": "gcsfs: pip install gcsfs", "gcs": "gcsfs: pip install gcsfs",
-             "az": "adlfs: pip install adlfs", "abfs": "adlfs: pip install adlfs"}
+_PACKAGES = {
+    "s3": "fsspec and s3fs: pip install 'dstore-mpi[object]'",
+    "s3a": "fsspec and s3fs: pip install 'dstore-mpi[object]'",
+    "gs": "gcsfs: pip install gcsfs",
+    "gcs": "gcsfs: pip install gcsfs",
+    "az": "adlfs: pip install adlfs",
+    "abfs": "adlfs: pip install adlfs",
+}
 """What to install for a protocol whose package is missing (fsspec's own message names only the package)."""
 
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
@@ -151,7 +156,7 @@ class Remote:
             name = name.rstrip("/")
             if info.get("type") == "directory" or not name.startswith(root + "/"):
                 continue
-            out[name[len(root) + 1:]] = int(info.get("size") or 0)
+            out[name[len(root) + 1 :]] = int(info.get("size") or 0)
         return out
 
     def size(self, url: str) -> int | None:
@@ -198,6 +203,7 @@ class Remote:
         end), or with `cache=False` one request per read of exactly what is asked (for a reader that
         asks for whole column chunks, as pyarrow does)."""
         if cache:
-            return self._call("open", url, self.fs.open, self.path(url), "rb", block_size=READ_BLOCK,
-                              cache_type="readahead")
+            return self._call(
+                "open", url, self.fs.open, self.path(url), "rb", block_size=READ_BLOCK, cache_type="readahead"
+            )
         return self._call("open", url, self.fs.open, self.path(url), "rb", cache_type="none")

@@ -56,11 +56,13 @@ class IngestReport:
 
     def summary(self, max_listed: int = 50) -> str:
         """A human-readable summary; lists up to `max_listed` skipped samples with their reasons."""
-        lines = [f"wrote {self.samples} samples ({fmt_size(self.bytes)}, {self.encoding}, "
-                 f"{self.num_classes} classes) to {self.output}"
-                 + (f" in {len(self.shards)} shards" if len(self.shards) > 1 else ""),
-                 f"{self.seconds:.2f} s on {self.ranks} rank(s): {fmt_rate(self.mb_per_s * 1e6)}, "
-                 f"{self.files_per_s:.0f} files/s"]
+        lines = [
+            f"wrote {self.samples} samples ({fmt_size(self.bytes)}, {self.encoding}, "
+            f"{self.num_classes} classes) to {self.output}"
+            + (f" in {len(self.shards)} shards" if len(self.shards) > 1 else ""),
+            f"{self.seconds:.2f} s on {self.ranks} rank(s): {fmt_rate(self.mb_per_s * 1e6)}, "
+            f"{self.files_per_s:.0f} files/s",
+        ]
         lines += [f"note: {n}" for n in self.notes]
         if self.ignored:
             lines.append(f"ignored {len(self.ignored)} non-image or hidden file(s), e.g. {self.ignored[0]}")

@@ -58,10 +58,12 @@ def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[s
     if shards == 1:
         return None, [output]
     if output.endswith(".json"):
-        stem = output[:-len(".json")]
+        stem = output[: -len(".json")]
         return output, [f"{stem}-{s:05d}-of-{shards:05d}{suffix}" for s in range(shards)]
-    return (os.path.join(output, MANIFEST_NAME),
-            [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)])
+    return (
+        os.path.join(output, MANIFEST_NAME),
+        [os.path.join(output, f"shard-{s:05d}-of-{shards:05d}{suffix}") for s in range(shards)],
+    )
 
 
 _TYPES = {"ContainerExistsError": ContainerExistsError, "ContainerNotFoundError": ContainerNotFoundError}
@@ -117,10 +119,30 @@ class _Shard:
     duplicates: list = dataclasses.field(default_factory=list)
 
 
-def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int, *, index: int, path: str,
-                 fmt: str, chunk: int, on_error: str, overwrite: bool, extra_attrs: dict, bar,
-                 fields=(), journal: Journal | None = None, chunk_bytes: int = DATA_CHUNK_BYTES, kept=None,
-                 prologue=None, dedupe=None, meter: Meter | None = None) -> _Shard | None:
+def _write_shard(
+    gcomm,
+    src: Source,
+    target,
+    order: np.ndarray,
+    lo: int,
+    hi: int,
+    *,
+    index: int,
+    path: str,
+    fmt: str,
+    chunk: int,
+    on_error: str,
+    overwrite: bool,
+    extra_attrs: dict,
+    bar,
+    fields=(),
+    journal: Journal | None = None,
+    chunk_bytes: int = DATA_CHUNK_BYTES,
+    kept=None,
+    prologue=None,
+    dedupe=None,
+    meter: Meter | None = None,
+) -> _Shard | None:
     """Collective over the group: writes positions [lo, hi) of `order` to `path` (on the group's
     first rank, which returns the shard's record; the others return None). With a `journal`, the
     positions its best attempt made durable are restored first and only the rest are written, with
@@ -136,11 +158,20 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
         try:
             state = journal.state(index) if journal is not None else None
             attempt = journal.new_attempt(index) if journal is not None else None
-            writer = create_writer(path, fmt, encoding=target.encoding, class_names=src.class_names,
-                                   raw_dtype=target.raw_dtype, raw_shape=target.raw_shape,
-                                   source=src.description, extra_attrs=extra_attrs, overwrite=overwrite,
-                                   fields=fields, chunk_bytes=chunk_bytes,
-                                   tmp=None if attempt is None else attempt.tmp)
+            writer = create_writer(
+                path,
+                fmt,
+                encoding=target.encoding,
+                class_names=src.class_names,
+                raw_dtype=target.raw_dtype,
+                raw_shape=target.raw_shape,
+                source=src.description,
+                extra_attrs=extra_attrs,
+                overwrite=overwrite,
+                fields=fields,
+                chunk_bytes=chunk_bytes,
+                tmp=None if attempt is None else attempt.tmp,
+            )
             names = [n for n, _ in fields]
             ckpt = None
             try:
@@ -154,13 +185,13 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
                         if meter is not None:
                             meter.already(restored.positions)
                         skipped.extend(tuple(x) for x in restored.skipped)
-                    ckpt = Checkpointer(journal, attempt, writer, float(rc.INGEST_CHECKPOINT.get()),
-                                        superseded=state, prefix=restored)
+                    ckpt = Checkpointer(
+                        journal, attempt, writer, float(rc.INGEST_CHECKPOINT.get()), superseded=state, prefix=restored
+                    )
             except BaseException:
                 writer.abort()
                 raise
-            out = BackgroundWriter(writer, src, order, on_written=bar, fields=names, checkpointer=ckpt,
-                                   filter=dedupe)
+            out = BackgroundWriter(writer, src, order, on_written=bar, fields=names, checkpointer=ckpt, filter=dedupe)
         except Exception as e:  # noqa: BLE001 - reported to the group below, raised on every member
             pending = e
     if m > 1:
@@ -211,8 +242,9 @@ def _write_shard(gcomm, src: Source, target, order: np.ndarray, lo: int, hi: int
     if out is None:  # not the writer (on the writer a failed creation was raised above)
         return None
     dropped = list(getattr(dedupe, "dropped", []))
-    return _Shard(index, path, out.writer.num_samples, out.writer.buffer.total_bytes, skipped + dropped,
-                  duplicates=dropped)
+    return _Shard(
+        index, path, out.writer.num_samples, out.writer.buffer.total_bytes, skipped + dropped, duplicates=dropped
+    )
 
 
 def _gather_round(gcomm, block: Block, headers: np.ndarray, bufs: list[np.ndarray], slot: int):
@@ -254,7 +286,9 @@ def _wait(request) -> None:
 def _check_output(fmt: str, shards: int, output) -> None:
     """ConfigError if a one-file `output` has the other format's suffix."""
     lower = os.fspath(output).rstrip("/").lower()
-    if shards == 1 and ((fmt == "hdf5" and lower.endswith(".zarr")) or (fmt == "zarr" and lower.endswith((".h5", ".hdf5")))):
+    if shards == 1 and (
+        (fmt == "hdf5" and lower.endswith(".zarr")) or (fmt == "zarr" and lower.endswith((".h5", ".hdf5")))
+    ):
         raise ConfigError(f"output {output!r} has the suffix of the other format but fmt={fmt!r}")
 
 
@@ -267,15 +301,22 @@ def _check_overlap(source: str, output: str, paths: list[str]) -> None:
     for path in [output] + paths:
         real = os.path.realpath(path)
         if real == src or real.startswith(os.path.join(src, "")):
-            raise ConfigError(f"output {output!r} is inside the source {source!r} (or is it); "
-                              "write the container elsewhere")
+            raise ConfigError(
+                f"output {output!r} is inside the source {source!r} (or is it); write the container elsewhere"
+            )
         if src.startswith(os.path.join(real, "")):
-            raise ConfigError(f"the source {source!r} is inside the output {output!r}; "
-                              "write the container elsewhere")
+            raise ConfigError(f"the source {source!r} is inside the output {output!r}; write the container elsewhere")
 
 
-def _prepare_output(source: str, output: str, manifest: str | None, shard_paths: list[str],
-                    overwrite: bool, locked: bool = False, done=frozenset()) -> bool:
+def _prepare_output(
+    source: str,
+    output: str,
+    manifest: str | None,
+    shard_paths: list[str],
+    overwrite: bool,
+    locked: bool = False,
+    done=frozenset(),
+) -> bool:
     """On rank 0 before writing: checks the target (it may hold only our own containers, and only
     with `overwrite`); for a sharded container creates its directory and removes an old manifest
     (so a failed rewrite never leaves a manifest over mixed shards), and, if `locked` (this job
@@ -302,17 +343,38 @@ def _prepare_output(source: str, output: str, manifest: str | None, shard_paths:
             return False
         os.makedirs(directory)
     except OSError as exc:
-        raise OutputError(f"{output}: cannot prepare the sharded container: {exc.strerror or exc} "
-                          f"({exc.filename or directory})") from exc
+        raise OutputError(
+            f"{output}: cannot prepare the sharded container: {exc.strerror or exc} ({exc.filename or directory})"
+        ) from exc
     return True
 
 
-def ingest(source: str | Source, output: str | None, *, comm=None, fmt: str = "hdf5", shards: int = 1, seed: int = 0,
-           keep_order: bool = False, encoding: str | None = None, resize=None, on_error: str = "raise",
-           count: int | None = None, progress: bool = True, overwrite: bool = False,
-           reencode_max_side: int | None = None, reencode_quality: int | None = None, stratify: bool = False,
-           heartbeat: float | None = None, fields=None, resume: bool | None = None, append_to: str | None = None,
-           duplicates: str = "raise", config: IngestConfig | None = None, **source_options) -> IngestReport:
+def ingest(
+    source: str | Source,
+    output: str | None,
+    *,
+    comm=None,
+    fmt: str = "hdf5",
+    shards: int = 1,
+    seed: int = 0,
+    keep_order: bool = False,
+    encoding: str | None = None,
+    resize=None,
+    on_error: str = "raise",
+    count: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    reencode_max_side: int | None = None,
+    reencode_quality: int | None = None,
+    stratify: bool = False,
+    heartbeat: float | None = None,
+    fields=None,
+    resume: bool | None = None,
+    append_to: str | None = None,
+    duplicates: str = "raise",
+    config: IngestConfig | None = None,
+    **source_options,
+) -> IngestReport:
     """Ingests `source` into a container at `output`, split over the ranks of `comm`. Collective.
 
     Args:
@@ -361,18 +423,35 @@ def ingest(source: str | Source, output: str | None, *, comm=None, fmt: str = "h
     if output is None and append_to is None and (config is None or config.append_to is None):
         raise ConfigError("ingest: output=None needs append_to (the container to add to)")
     if output is not None and is_url(os.fspath(output)):  # before any collective step: every rank refuses alike
-        raise ConfigError(f"output {output!r} is a URL; ingest writes a local container (under a temporary name, "
-                          "renamed when complete: object stores have no rename). Ingest to a local path, upload it "
-                          "(aws s3 cp --recursive, or fsspec's put), then train on the URL")
+        raise ConfigError(
+            f"output {output!r} is a URL; ingest writes a local container (under a temporary name, "
+            "renamed when complete: object stores have no rename). Ingest to a local path, upload it "
+            "(aws s3 cp --recursive, or fsspec's put), then train on the URL"
+        )
     if comm is None:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    given = {"fmt": fmt, "shards": shards, "seed": seed, "keep_order": keep_order, "encoding": encoding,
-             "resize": resize, "on_error": on_error, "count": count, "progress": progress, "overwrite": overwrite,
-             "reencode_max_side": reencode_max_side, "reencode_quality": reencode_quality, "stratify": stratify,
-             "heartbeat": heartbeat, "fields": fields, "resume": resume, "append_to": append_to,
-             "duplicates": duplicates}
+    given = {
+        "fmt": fmt,
+        "shards": shards,
+        "seed": seed,
+        "keep_order": keep_order,
+        "encoding": encoding,
+        "resize": resize,
+        "on_error": on_error,
+        "count": count,
+        "progress": progress,
+        "overwrite": overwrite,
+        "reencode_max_side": reencode_max_side,
+        "reencode_quality": reencode_quality,
+        "stratify": stratify,
+        "heartbeat": heartbeat,
+        "fields": fields,
+        "resume": resume,
+        "append_to": append_to,
+        "duplicates": duplicates,
+    }
     if config is None:
         config = IngestConfig(**given)
     else:
@@ -395,8 +474,9 @@ def _ingest(source, output: str | None, comm, config: IngestConfig, **source_opt
     cfg = config.checked()
     if cfg.append_to is not None:
         if output is not None and os.path.abspath(os.fspath(output)) != os.path.abspath(os.fspath(cfg.append_to)):
-            raise ConfigError(f"append_to={cfg.append_to!r} writes into that container; output={output!r} must be it "
-                              "or None")
+            raise ConfigError(
+                f"append_to={cfg.append_to!r} writes into that container; output={output!r} must be it or None"
+            )
         output = os.fspath(cfg.append_to)
     else:
         _check_output(cfg.fmt, cfg.shards, output)
@@ -412,26 +492,54 @@ def _ingest(source, output: str | None, comm, config: IngestConfig, **source_opt
     if cfg.append_to is not None:
         job = _append_job(comm, source, src, cfg)
     else:
-        job = _Job.for_source(source, output, src, fmt=fmt, shards=shards, seed=seed, keep_order=cfg.keep_order,
-                              encoding=cfg.encoding, resize=cfg.resize, on_error=on_error, count=count,
-                              overwrite=cfg.overwrite, reencode=(cfg.reencode_max_side, cfg.reencode_quality),
-                              stratify=cfg.stratify, fields=cfg.fields)
+        job = _Job.for_source(
+            source,
+            output,
+            src,
+            fmt=fmt,
+            shards=shards,
+            seed=seed,
+            keep_order=cfg.keep_order,
+            encoding=cfg.encoding,
+            resize=cfg.resize,
+            on_error=on_error,
+            count=count,
+            overwrite=cfg.overwrite,
+            reencode=(cfg.reencode_max_side, cfg.reencode_quality),
+            stratify=cfg.stratify,
+            fields=cfg.fields,
+        )
     _check_memory(comm, job)
     job_lock = _lock_output(comm, job)
     resume = None
     try:
-        resume = collective.on_root(comm, _open_journal, job, cfg, source, source_options, types=_TYPES,
-                                    fallback=IngestError)
-        created = collective.on_root(comm, _prepare_output, source, job.output, job.manifest, job.shard_paths,
-                                     job.overwrite, job_lock is not None and job_lock.held, types=_TYPES,
-                                     fallback=IngestError, done=set(resume.done))
+        resume = collective.on_root(
+            comm, _open_journal, job, cfg, source, source_options, types=_TYPES, fallback=IngestError
+        )
+        created = collective.on_root(
+            comm,
+            _prepare_output,
+            source,
+            job.output,
+            job.manifest,
+            job.shard_paths,
+            job.overwrite,
+            job_lock is not None and job_lock.held,
+            types=_TYPES,
+            fallback=IngestError,
+            done=set(resume.done),
+        )
         written, exc, kept = _write_shards(comm, job, cfg.progress, cfg.heartbeat, resume)
         recs = _finish(comm, job, written, exc, created, resume, kept)
     except BaseException:
         # A failure before the shards (the output refused), or an interruption outside the collective
         # clean-up (SIGTERM, Ctrl-C): a journal that records nothing durable is rank 0's to remove.
-        if comm.Get_rank() == 0 and resume is not None and resume.journal is not None and \
-                not _worth_keeping(job, resume):
+        if (
+            comm.Get_rank() == 0
+            and resume is not None
+            and resume.journal is not None
+            and not _worth_keeping(job, resume)
+        ):
             Journal(resume.journal, {}).remove()
         raise
     finally:
@@ -445,8 +553,9 @@ def _ingest(source, output: str | None, comm, config: IngestConfig, **source_opt
     if job.old is not None:
         _append_notes(report, job)
     if resume.positions:
-        report.notes.append(f"resumed an interrupted ingest: {resume.positions} of {job.n} positions were "
-                            "already written and were kept")
+        report.notes.append(
+            f"resumed an interrupted ingest: {resume.positions} of {job.n} positions were already written and were kept"
+        )
     return report
 
 
@@ -462,25 +571,43 @@ def _append_job(comm, source, src: Source, cfg: IngestConfig) -> _Job:
     keep, dup = collective.on_root(comm, append.name_duplicates, old.path, src, n, types=_TYPES, fallback=IngestError)
     if dup and cfg.duplicates == "raise":  # the same on every rank: every rank raises alike
         i, j = dup[0]
-        raise SampleError(f"{src.locate(i)}: a duplicate: stored sample {j} of {old.path} has its name "
-                          f"{src.name(i)!r} ({len(dup)} such sample(s)); pass duplicates='skip' (--duplicates skip) "
-                          "to leave them out")
+        raise SampleError(
+            f"{src.locate(i)}: a duplicate: stored sample {j} of {old.path} has its name "
+            f"{src.name(i)!r} ({len(dup)} such sample(s)); pass duplicates='skip' (--duplicates skip) "
+            "to leave them out"
+        )
     description = f"{old.source} + {src.description}" if old.source else src.description
     asrc = append.AppendSource(src, keep, merged, mapping if src.class_names else None, description)
     asrc.skipped += [(src.locate(i), f"duplicate: the name of stored sample {j} of {old.path}") for i, j in dup]
     if not len(asrc):
-        raise SampleError(f"{src.description}: nothing to append to {old.path}: all {n} samples are stored there already")
+        raise SampleError(
+            f"{src.description}: nothing to append to {old.path}: all {n} samples are stored there already"
+        )
     single = old.kind != "sharded"
     if single and cfg.shards != 1:
-        raise ConfigError(f"shards={cfg.shards}: an append to the one-file container {old.path} writes one file; "
-                          "append to a sharded container to add shards")
-    job = _Job.for_source(source, old.path, asrc, fmt=old.shard_fmt, shards=cfg.shards, seed=cfg.seed,
-                          keep_order=cfg.keep_order, encoding=_append_encoding(cfg, old.encoding),
-                          resize=cfg.resize, on_error=cfg.on_error, count=None, overwrite=single,
-                          reencode=(cfg.reencode_max_side, cfg.reencode_quality), stratify=cfg.stratify,
-                          fields=cfg.fields)
+        raise ConfigError(
+            f"shards={cfg.shards}: an append to the one-file container {old.path} writes one file; "
+            "append to a sharded container to add shards"
+        )
+    job = _Job.for_source(
+        source,
+        old.path,
+        asrc,
+        fmt=old.shard_fmt,
+        shards=cfg.shards,
+        seed=cfg.seed,
+        keep_order=cfg.keep_order,
+        encoding=_append_encoding(cfg, old.encoding),
+        resize=cfg.resize,
+        on_error=cfg.on_error,
+        count=None,
+        overwrite=single,
+        reencode=(cfg.reencode_max_side, cfg.reencode_quality),
+        stratify=cfg.stratify,
+        fields=cfg.fields,
+    )
     append.check_compatible(old, src, job.target, job.fields)
-    added = [c for c in merged[len(old.class_names):]]
+    added = [c for c in merged[len(old.class_names) :]]
     extra = append.history(old, src.description, cfg.seed, len(asrc), added)
     job.journaled, job.old = False, old
     job.dedupe = lambda: append.Duplicates(old.path, asrc, cfg.duplicates)
@@ -510,10 +637,12 @@ def _append_notes(report: IngestReport, job: _Job) -> None:
         report.samples -= old.num_samples
         report.bytes -= old.total_bytes
     report.output = old.path
-    added = list(job.src.class_names[len(old.class_names):])
-    report.notes.append(f"appended {report.samples} samples to {old.path}, which now holds "
-                        f"{old.num_samples + report.samples} samples of {len(job.src.class_names)} classes"
-                        + (f"; classes added: {', '.join(added)}" if added else "; no class added"))
+    added = list(job.src.class_names[len(old.class_names) :])
+    report.notes.append(
+        f"appended {report.samples} samples to {old.path}, which now holds "
+        f"{old.num_samples + report.samples} samples of {len(job.src.class_names)} classes"
+        + (f"; classes added: {', '.join(added)}" if added else "; no class added")
+    )
     by_name = sum(1 for _, why in report.skipped if why.startswith("duplicate: the name"))
     by_bytes = sum(1 for _, why in report.skipped if why.startswith("duplicate: the same bytes"))
     if by_name or by_bytes:
@@ -575,13 +704,16 @@ def _open_journal(job: _Job, cfg: IngestConfig, source, source_options: dict) ->
     options = options_fingerprint(str(source), cfg, source_options)
     if not job.journaled:  # an append (dstore.ingest.append): run again whole if interrupted
         if cfg.resume:
-            raise ConfigError("resume=True (--resume) does not apply to an append (append_to / --append-to): an "
-                              "interrupted append leaves the container as it was; run it again")
+            raise ConfigError(
+                "resume=True (--resume) does not apply to an append (append_to / --append-to): an "
+                "interrupted append leaves the container as it was; run it again"
+            )
         return _Resume(None, uuid.uuid4().hex, int(rc.INGEST_CHUNK_BYTES.get()), {})
     if journal is None:
         if cfg.resume:
-            raise ConfigError(f"resume=True (--resume): there is no interrupted ingest of {job.output} to resume "
-                              f"(no journal {jdir})")
+            raise ConfigError(
+                f"resume=True (--resume): there is no interrupted ingest of {job.output} to resume (no journal {jdir})"
+            )
         chunk = int(rc.INGEST_CHUNK_BYTES.get())
         journal = Journal.create(jdir, options=options, src=job.src, n=job.n, fmt=job.fmt, chunk_bytes=chunk)
         return _Resume(jdir, journal.ingest_id, journal.chunk_bytes, {})
@@ -594,7 +726,7 @@ def _open_journal(job: _Job, cfg: IngestConfig, source, source_options: dict) ->
         count = (hi - lo) if finished else (state.positions if state is not None else 0)
         if finished:
             done[s] = finished
-        done_positions[job.order[lo:lo + count]] = True
+        done_positions[job.order[lo : lo + count]] = True
         positions += count
     journal.check(options, job.src, job.n, done_positions)
     return _Resume(jdir, journal.ingest_id, journal.chunk_bytes, done, positions)
@@ -635,16 +767,50 @@ class _Job:
         return self.dedupe() if self.dedupe is not None and gcomm.Get_rank() == 0 else None
 
     @classmethod
-    def for_source(cls, source, output, src: Source, *, fmt, shards, seed, keep_order, encoding, resize,
-                   on_error, count, overwrite, reencode=(None, None), stratify=False, fields=None) -> _Job:
+    def for_source(
+        cls,
+        source,
+        output,
+        src: Source,
+        *,
+        fmt,
+        shards,
+        seed,
+        keep_order,
+        encoding,
+        resize,
+        on_error,
+        count,
+        overwrite,
+        reencode=(None, None),
+        stratify=False,
+        fields=None,
+    ) -> _Job:
         """The job on every rank (no collective): the same source, seed and arguments give the same plan."""
         n = len(src) if count is None else min(len(src), int(count))
         target = resolve_target(src, encoding, resize, *reencode)
         order, kind = plan.write_order(n, seed, keep_order=keep_order, label=src.label if stratify else None)
         bounds = plan.shard_bounds(n, shards)
         manifest, shard_paths = output_paths(output, fmt, shards)
-        return cls(source, output, src, fmt, shards, seed, keep_order, on_error, overwrite, n, target, order, bounds,
-                   manifest, shard_paths, kind, select_fields(src, fields))
+        return cls(
+            source,
+            output,
+            src,
+            fmt,
+            shards,
+            seed,
+            keep_order,
+            on_error,
+            overwrite,
+            n,
+            target,
+            order,
+            bounds,
+            manifest,
+            shard_paths,
+            kind,
+            select_fields(src, fields),
+        )
 
     def sample_bytes(self) -> int:
         """The expected bytes of a stored sample (sizes the chunks a group exchanges)."""
@@ -665,22 +831,39 @@ class _Job:
 
     def report(self, recs: list[_Shard], seconds: float, ranks: int) -> IngestReport:
         skipped = list(self.src.skipped) + [s for r in recs for s in r.skipped]
-        return IngestReport(output=os.path.abspath(os.fspath(self.output)), samples=sum(r.samples for r in recs),
-                            bytes=sum(r.bytes for r in recs), seconds=seconds, skipped=skipped,
-                            ignored=list(self.src.ignored), notes=list(self.src.notes) + self._field_notes(),
-                            shards=[r.path for r in recs], encoding=self.target.encoding,
-                            num_classes=len(self.src.class_names), ranks=ranks, fmt=self.fmt)
+        return IngestReport(
+            output=os.path.abspath(os.fspath(self.output)),
+            samples=sum(r.samples for r in recs),
+            bytes=sum(r.bytes for r in recs),
+            seconds=seconds,
+            skipped=skipped,
+            ignored=list(self.src.ignored),
+            notes=list(self.src.notes) + self._field_notes(),
+            shards=[r.path for r in recs],
+            encoding=self.target.encoding,
+            num_classes=len(self.src.class_names),
+            ranks=ranks,
+            fmt=self.fmt,
+        )
 
 
 def _check_memory(comm, job: _Job) -> None:
     """Collective: every rank raises MemoryBudgetError if the ingest would hold more than a node
     has available (dstore.ingest.bounds), before anything is read or written."""
     t = job.target
-    what = (f"--resize {t.resize[0]}x{t.resize[1]} (a decoded {'x'.join(map(str, t.raw_shape or ()))} {t.raw_dtype} image)"
-            if t.resize else "the stored sample")
-    exc = check_ingest_memory(sample_bytes=job.sample_bytes(), positions=int(np.diff(job.bounds).max(initial=0)),
-                              ranks=comm.Get_size(), shards=job.shards,
-                              ranks_on_node=collective.topology(comm).local_size, what=what)
+    what = (
+        f"--resize {t.resize[0]}x{t.resize[1]} (a decoded {'x'.join(map(str, t.raw_shape or ()))} {t.raw_dtype} image)"
+        if t.resize
+        else "the stored sample"
+    )
+    exc = check_ingest_memory(
+        sample_bytes=job.sample_bytes(),
+        positions=int(np.diff(job.bounds).max(initial=0)),
+        ranks=comm.Get_size(),
+        shards=job.shards,
+        ranks_on_node=collective.topology(comm).local_size,
+        what=what,
+    )
     agree(comm, exc)
 
 
@@ -702,8 +885,9 @@ def _lock_output(comm, job: _Job) -> OutputLock | None:
     return held[0] if held else None
 
 
-def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resume: _Resume
-                  ) -> tuple[list[_Shard], BaseException | None, bool]:
+def _write_shards(
+    comm, job: _Job, progress: bool, heartbeat: float | None, resume: _Resume
+) -> tuple[list[_Shard], BaseException | None, bool]:
     """Collective: this rank's group writes the group's shards (those a resumed ingest has not
     finished). Returns the records of the shards this rank wrote (as its group's first rank), this
     rank's error, not raised: the other groups must learn of it first (`_finish`), and whether this
@@ -719,9 +903,17 @@ def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resu
     extra.update(job.extra_attrs)
     mine = plan.shards_of_group(group, size, job.shards)
     sample_bytes = job.sample_bytes()
-    meter = Meter(job.bounds, [s for s in mine if s not in resume.done], job.shards,
-                  plan.num_groups(size, job.shards), bar=progress, period=heartbeat,
-                  enabled=gcomm.Get_rank() == 0, rank=rank, bar_rank=rank == 0)
+    meter = Meter(
+        job.bounds,
+        [s for s in mine if s not in resume.done],
+        job.shards,
+        plan.num_groups(size, job.shards),
+        bar=progress,
+        period=heartbeat,
+        enabled=gcomm.Get_rank() == 0,
+        rank=rank,
+        bar_rank=rank == 0,
+    )
     written, exc, kept = [], None, []
     try:
         journal = resume.open() if gcomm.Get_rank() == 0 else None
@@ -735,12 +927,29 @@ def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resu
                         kept.append(True)
                     continue
                 chunk = plan.group_chunk(hi - lo, gcomm.Get_size(), sample_bytes)
-                rec = _write_shard(gcomm, job.src, job.target, job.order, lo, hi, index=s, path=job.shard_paths[s],
-                                   fmt=job.fmt, chunk=chunk, on_error=job.on_error, overwrite=job.overwrite,
-                                   extra_attrs=extra, bar=meter.update if meter.enabled else None,
-                                   fields=job.fields, journal=journal, chunk_bytes=resume.chunk_bytes, kept=kept,
-                                   prologue=job.prologue if s == 0 else None, dedupe=job.dedupe_for(gcomm),
-                                   meter=meter if meter.enabled else None)
+                rec = _write_shard(
+                    gcomm,
+                    job.src,
+                    job.target,
+                    job.order,
+                    lo,
+                    hi,
+                    index=s,
+                    path=job.shard_paths[s],
+                    fmt=job.fmt,
+                    chunk=chunk,
+                    on_error=job.on_error,
+                    overwrite=job.overwrite,
+                    extra_attrs=extra,
+                    bar=meter.update if meter.enabled else None,
+                    fields=job.fields,
+                    journal=journal,
+                    chunk_bytes=resume.chunk_bytes,
+                    kept=kept,
+                    prologue=job.prologue if s == 0 else None,
+                    dedupe=job.dedupe_for(gcomm),
+                    meter=meter if meter.enabled else None,
+                )
                 if rec is not None:
                     written.append(rec)
     except Exception as e:  # noqa: BLE001 - must reach the other groups before anyone raises
@@ -750,8 +959,9 @@ def _write_shards(comm, job: _Job, progress: bool, heartbeat: float | None, resu
     return written, exc, bool(kept)
 
 
-def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool,
-            resume: _Resume, kept: bool) -> list[_Shard]:
+def _finish(
+    comm, job: _Job, written: list[_Shard], exc: BaseException | None, created: bool, resume: _Resume, kept: bool
+) -> list[_Shard]:
     """Collective: gathers every group's shard records and, where all went well, has rank 0 write a
     sharded container's manifest (or an append's new one) and remove the journal. On any failure
     every rank removes what it wrote, unless some rank kept durable work for a resume (then all of
@@ -768,8 +978,9 @@ def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, c
                 if job.finish is not None:
                     job.finish([r.path for r in recs])
                 else:
-                    write_manifest(os.path.abspath(os.fspath(job.output)), [r.path for r in recs],
-                                   overwrite=job.overwrite)
+                    write_manifest(
+                        os.path.abspath(os.fspath(job.output)), [r.path for r in recs], overwrite=job.overwrite
+                    )
             except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                 exc = e
     failed = comm.allgather(None if exc is None else message(exc))
@@ -779,8 +990,12 @@ def _finish(comm, job: _Job, written: list[_Shard], exc: BaseException | None, c
         return recs
     if resume.journal is not None and any(comm.allgather(kept)):
         if rank == 0:
-            print(f"ingest: what was written durably is kept in {resume.journal}; run the same command again "
-                  "to resume, or pass --restart to start over", file=sys.stderr, flush=True)
+            print(
+                f"ingest: what was written durably is kept in {resume.journal}; run the same command again "
+                "to resume, or pass --restart to start over",
+                file=sys.stderr,
+                flush=True,
+            )
     else:
         _remove_written(comm, job, written, recs, created)
         if rank == 0 and resume.journal is not None:

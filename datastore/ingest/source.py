@@ -23,8 +23,10 @@ has 21,841): a stray label of 2**40 would otherwise build 2**40 class names."""
 def check_label_count(where: str, max_label: int) -> None:
     """SampleError naming `where` if labels up to `max_label` imply more than MAX_CLASSES classes."""
     if max_label >= MAX_CLASSES:
-        raise SampleError(f"{where}: label {max_label} would make {max_label + 1} classes, more than the "
-                          f"{MAX_CLASSES} allowed without class names; the labels are damaged or not class indices")
+        raise SampleError(
+            f"{where}: label {max_label} would make {max_label + 1} classes, more than the "
+            f"{MAX_CLASSES} allowed without class names; the labels are damaged or not class indices"
+        )
 
 
 SOURCE_TYPES = ("auto", "folder", "list", "tar", "parquet", "container", "cifar", "arrays", "digits", "synthetic")
@@ -130,8 +132,9 @@ def select_fields(src: Source, fields) -> tuple[tuple[str, str], ...]:
     for item in fields:
         name, _, kind = str(item).strip().partition(":")
         if name not in found:
-            raise ConfigError(f"--fields: the source has no field {name!r} (fields found: "
-                              f"{', '.join(found) or 'none'})")
+            raise ConfigError(
+                f"--fields: the source has no field {name!r} (fields found: {', '.join(found) or 'none'})"
+            )
         chosen.append((name, kind or found[name]))
     return check_field_specs(chosen, new=True)
 

@@ -41,8 +41,9 @@ _IN_FILE_NAME = ("**/{kw}[{sep}]*", "**/*[{sep}]{kw}[{sep}]*")
 _IN_DIR_NAME = ("**/{kw}/**", "**/{kw}[{sep}]*/**", "**/*[{sep}]{kw}/**", "**/*[{sep}]{kw}[{sep}]*/**")
 _SHARDED = re.compile(r"data/(?P<split>[^/]+)-[0-9]{5}-of-[0-9]{5}[^/]*\.[^/]*")
 _SPLIT_NAME = re.compile(r"^\w+(\.\w+)*$")  # datasets.naming._split_re
-NOT_DATA = frozenset({"README.md", "config.json", "dataset_info.json", "dataset_infos.json", "dummy_data.zip",
-                      "dataset_dict.json"})
+NOT_DATA = frozenset(
+    {"README.md", "config.json", "dataset_info.json", "dataset_infos.json", "dummy_data.zip", "dataset_dict.json"}
+)
 """`datasets.data_files.FILES_TO_IGNORE`: metadata files no pattern takes as data."""
 
 
@@ -62,7 +63,7 @@ def glob_regex(pattern: str) -> re.Pattern:
             i += 1
         elif pattern[i] == "[":
             end = pattern.index("]", i)
-            out.append(pattern[i:end + 1])
+            out.append(pattern[i : end + 1])
             i = end + 1
         else:
             out.append(re.escape(pattern[i]))
@@ -124,8 +125,10 @@ def hub_splits(root: str, files: list[str] | None = None) -> dict[str, list[str]
     if sharded:
         bad = sorted(s for s in sharded if not _SPLIT_NAME.match(s))
         if bad:
-            raise SampleError(f"{root}: data file split name(s) {bad} are not names datasets accepts "
-                              f"({_SPLIT_NAME.pattern}); rename the files data/NAME-00000-of-00001.parquet")
+            raise SampleError(
+                f"{root}: data file split name(s) {bad} are not names datasets accepts "
+                f"({_SPLIT_NAME.pattern}); rename the files data/NAME-00000-of-00001.parquet"
+            )
         order = [s for s in SPLIT_KEYWORDS if s in sharded] + sorted(set(sharded) - set(SPLIT_KEYWORDS))
         return {s: sharded[s] for s in order}
     for bases in (_IN_DIR_NAME, _IN_FILE_NAME):
@@ -189,6 +192,8 @@ def pick_split(splits: dict[str, list[str]], split: str | None, where: str) -> s
             raise SampleError(f"{where}: no split {split!r}; the splits found: {found} (choose one with --split NAME)")
         return split
     if len(splits) > 1:
-        raise SampleError(f"{where}: holds the splits {found}; ingesting them as one set would mix held-out rows into "
-                          "training: choose one with --split NAME (split= in the library)")
+        raise SampleError(
+            f"{where}: holds the splits {found}; ingesting them as one set would mix held-out rows into "
+            "training: choose one with --split NAME (split= in the library)"
+        )
     return next(iter(splits))

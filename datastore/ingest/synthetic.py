@@ -18,8 +18,9 @@ from dstore.ingest.source import Source
 
 # Noise amplitude -> mean JPEG bytes per pixel at quality 90 (measured over 40 images each).
 _AMPLITUDE = np.array([0, 2, 5, 10, 15, 20, 25, 30, 40, 60, 80, 100, 128], dtype=np.float64)
-_BYTES_PER_PIXEL = np.array([0.0553, 0.1458, 0.2428, 0.3672, 0.4873, 0.5964, 0.6918, 0.7761, 0.9212,
-                             1.145, 1.3093, 1.4335, 1.563])
+_BYTES_PER_PIXEL = np.array(
+    [0.0553, 0.1458, 0.2428, 0.3672, 0.4873, 0.5964, 0.6918, 0.7761, 0.9212, 1.145, 1.3093, 1.4335, 1.563]
+)
 TABLE_QUALITY = 90
 
 
@@ -33,8 +34,10 @@ def noise_amplitude(mean_bytes: float, min_side: int, max_side: int) -> float:
     bpp = mean_bytes / mean_pixels
     lo, hi = _BYTES_PER_PIXEL[0] * mean_pixels, _BYTES_PER_PIXEL[-1] * mean_pixels
     if not _BYTES_PER_PIXEL[0] <= bpp <= _BYTES_PER_PIXEL[-1]:
-        raise ConfigError(f"mean_bytes={mean_bytes} is out of reach for sides {min_side}..{max_side}: "
-                          f"allowed {int(lo)}..{int(hi)} (change min_side/max_side for other sizes)")
+        raise ConfigError(
+            f"mean_bytes={mean_bytes} is out of reach for sides {min_side}..{max_side}: "
+            f"allowed {int(lo)}..{int(hi)} (change min_side/max_side for other sizes)"
+        )
     return float(np.interp(bpp, _BYTES_PER_PIXEL, _AMPLITUDE))
 
 
@@ -48,8 +51,9 @@ MAX_SIDE = 8192
 """The largest side of a synthetic image (one of that size takes about 1.6 GB while it is made)."""
 
 
-def synthetic_image(i: int, *, seed: int = 0, num_classes: int = 10, amplitude: float = 20.0,
-                    min_side: int = 333, max_side: int = 500) -> tuple[np.ndarray, int]:
+def synthetic_image(
+    i: int, *, seed: int = 0, num_classes: int = 10, amplitude: float = 20.0, min_side: int = 333, max_side: int = 500
+) -> tuple[np.ndarray, int]:
     """Image i as (uint8[H, W, 3], label); label = i % num_classes."""
     from PIL import Image, ImageDraw
 
@@ -95,8 +99,17 @@ class SyntheticSource(Source):
 
     kind = "synthetic"
 
-    def __init__(self, count: int = 1000, *, seed: int = 0, num_classes: int = 10, mean_bytes: int = 110_000,
-                 min_side: int = 333, max_side: int = 500, quality: int = TABLE_QUALITY):
+    def __init__(
+        self,
+        count: int = 1000,
+        *,
+        seed: int = 0,
+        num_classes: int = 10,
+        mean_bytes: int = 110_000,
+        min_side: int = 333,
+        max_side: int = 500,
+        quality: int = TABLE_QUALITY,
+    ):
         super().__init__()
         for key, value, low in (("count", count, 1), ("num_classes", num_classes, 1), ("min_side", min_side, 8)):
             if int(value) < low:
@@ -111,18 +124,21 @@ class SyntheticSource(Source):
         self.min_side, self.max_side, self.quality = int(min_side), int(max_side), int(quality)
         self.amplitude = noise_amplitude(mean_bytes, self.min_side, self.max_side)
         if quality != TABLE_QUALITY:
-            self.notes.append(f"quality {quality}: mean size will differ from mean_bytes={mean_bytes} "
-                              f"(the size table is for quality {TABLE_QUALITY})")
+            self.notes.append(
+                f"quality {quality}: mean size will differ from mean_bytes={mean_bytes} "
+                f"(the size table is for quality {TABLE_QUALITY})"
+            )
         self.class_names = class_dir_names(self.num_classes)
         self.encoding = "jpeg"
-        self.description = (f"synthetic(seed={seed}, count={count}, num_classes={num_classes}, "
-                            f"mean_bytes={mean_bytes}, sides={min_side}..{max_side}, quality={quality})")
+        self.description = (
+            f"synthetic(seed={seed}, count={count}, num_classes={num_classes}, "
+            f"mean_bytes={mean_bytes}, sides={min_side}..{max_side}, quality={quality})"
+        )
         self._width = max(7, len(str(self.count - 1)))
 
     @property
     def estimated_sample_bytes(self) -> int:
-        return int(np.interp(self.amplitude, _AMPLITUDE, _BYTES_PER_PIXEL)
-                   * ((self.min_side + self.max_side) / 2) ** 2)
+        return int(np.interp(self.amplitude, _AMPLITUDE, _BYTES_PER_PIXEL) * ((self.min_side + self.max_side) / 2) ** 2)
 
     def __len__(self) -> int:
         return self.count
@@ -136,14 +152,29 @@ class SyntheticSource(Source):
     def load(self, i: int) -> bytes:
         import simplejpeg
 
-        img, _ = synthetic_image(i, seed=self.seed, num_classes=self.num_classes, amplitude=self.amplitude,
-                                 min_side=self.min_side, max_side=self.max_side)
+        img, _ = synthetic_image(
+            i,
+            seed=self.seed,
+            num_classes=self.num_classes,
+            amplitude=self.amplitude,
+            min_side=self.min_side,
+            max_side=self.max_side,
+        )
         return simplejpeg.encode_jpeg(img, quality=self.quality, colorspace="RGB")
 
 
-def generate_image_folder(root, count: int, *, seed: int = 0, num_classes: int = 10, mean_bytes: int = 110_000,
-                          min_side: int = 333, max_side: int = 500, quality: int = TABLE_QUALITY,
-                          comm=None) -> list[str]:
+def generate_image_folder(
+    root,
+    count: int,
+    *,
+    seed: int = 0,
+    num_classes: int = 10,
+    mean_bytes: int = 110_000,
+    min_side: int = 333,
+    max_side: int = 500,
+    quality: int = TABLE_QUALITY,
+    comm=None,
+) -> list[str]:
     """Writes `count` synthetic JPEGs as root/class<k>/<i>.jpg (an ImageFolder) and returns their paths.
 
     The files are byte for byte the samples `SyntheticSource` with the same options produces. With
@@ -154,8 +185,15 @@ def generate_image_folder(root, count: int, *, seed: int = 0, num_classes: int =
         count, seed, num_classes, mean_bytes, min_side, max_side, quality: as for SyntheticSource.
         comm: an mpi4py communicator, or None to write everything in this process.
     """
-    src = SyntheticSource(count, seed=seed, num_classes=num_classes, mean_bytes=mean_bytes,
-                          min_side=min_side, max_side=max_side, quality=quality)
+    src = SyntheticSource(
+        count,
+        seed=seed,
+        num_classes=num_classes,
+        mean_bytes=mean_bytes,
+        min_side=min_side,
+        max_side=max_side,
+        quality=quality,
+    )
     root = os.path.abspath(os.fspath(root))
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     error = None

@@ -47,8 +47,9 @@ def _pyarrow():
         import pyarrow.ipc  # submodules: loaded here, used as attributes of pyarrow below
         import pyarrow.parquet
     except ImportError:
-        raise ConfigError("reading Parquet/Arrow needs pyarrow: pip install 'dstore-mpi[parquet]' "
-                          "(or pip install pyarrow)") from None
+        raise ConfigError(
+            "reading Parquet/Arrow needs pyarrow: pip install 'dstore-mpi[parquet]' (or pip install pyarrow)"
+        ) from None
     return pyarrow
 
 
@@ -80,11 +81,12 @@ class _Tree:
         return "/".join((self.root, *parts))
 
     def has(self, url: str) -> bool:
-        return url.startswith(self.root + "/") and url[len(self.root) + 1:] in self.files
+        return url.startswith(self.root + "/") and url[len(self.root) + 1 :] in self.files
 
 
-def table_files(spec: str, split: str | None = None,
-                remote: Remote | None = None) -> tuple[list[str], dict, list[str], list[str], str | None]:
+def table_files(
+    spec: str, split: str | None = None, remote: Remote | None = None
+) -> tuple[list[str], dict, list[str], list[str], str | None]:
     """(the data files of `spec`'s split, the `datasets` features found in a dataset_info.json or {},
     notes for the ingest summary, data files left out as in no split, the split's name or None).
 
@@ -96,8 +98,11 @@ def table_files(spec: str, split: str | None = None,
         SampleError: naming `spec`, if it holds no table file, or several splits and `split` is None,
             or no split `split` (the message lists the splits found).
     """
-    single = os.path.isfile(spec) if remote is None else \
-        spec.lower().endswith(TABLE_SUFFIXES) and remote.size(spec) is not None
+    single = (
+        os.path.isfile(spec)
+        if remote is None
+        else spec.lower().endswith(TABLE_SUFFIXES) and remote.size(spec) is not None
+    )
     if single:
         if split not in (None, "train"):  # datasets calls a lone data file's rows the split train
             raise SampleError(f"{spec}: a single file is the one split 'train'; no split {split!r} (drop --split)")
@@ -141,16 +146,22 @@ def table_files(spec: str, split: str | None = None,
         files = list(dict.fromkeys(kept[name]))
         if len(files) < len(kept[name]):
             twice = sorted({p for p in kept[name] if kept[name].count(p) > 1})
-            notes.append(f"split {name!r}: {len(twice)} file(s) match two of datasets' split patterns (e.g. "
-                         f"{twice[0]}); datasets reads their rows twice, dstore once")
+            notes.append(
+                f"split {name!r}: {len(twice)} file(s) match two of datasets' split patterns (e.g. "
+                f"{twice[0]}); datasets reads their rows twice, dstore once"
+            )
         chosen = set(files)
         in_splits = {p for paths in kept.values() for p in paths}
-        ignored = [join(spec, p) for p in (splits.all_files(spec) if listing is None else splits.data_files(listing))
-                   if p.endswith(TABLE_SUFFIXES) and p not in in_splits]
+        ignored = [
+            join(spec, p)
+            for p in (splits.all_files(spec) if listing is None else splits.data_files(listing))
+            if p.endswith(TABLE_SUFFIXES) and p not in in_splits
+        ]
         notes.append(f"split {name!r} of the splits {', '.join(kept)} ({len(chosen)} file(s))")
         if ignored:
-            notes.append(f"{len(ignored)} table file(s) in no split, not read (datasets leaves them out too), "
-                         f"e.g. {ignored[0]}")
+            notes.append(
+                f"{len(ignored)} table file(s) in no split, not read (datasets leaves them out too), e.g. {ignored[0]}"
+            )
         features = _read_features(join(spec, "dataset_info.json"), tree)
     if tree is not None:
         return [tree.join(p) for p in files], features, notes, ignored, name
@@ -188,7 +199,7 @@ def _column_kind(pa, t) -> str | None:
         return "bytes"
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return "json"
-    nested = (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+    nested = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
     if nested:
         return "json" if _column_kind(pa, t.value_type) is not None else None
     if pa.types.is_struct(t):
@@ -212,8 +223,17 @@ class TableSource(Source):
     kind = "parquet"
     list_on_root = True
 
-    def __init__(self, spec: str, *, image_column: str = "image", label_column: str = "label", classes=None,
-                 validate: str = "header", cache_row_groups: int = 4, split: str | None = None):
+    def __init__(
+        self,
+        spec: str,
+        *,
+        image_column: str = "image",
+        label_column: str = "label",
+        classes=None,
+        validate: str = "header",
+        cache_row_groups: int = 4,
+        split: str | None = None,
+    ):
         super().__init__()
         pa = _pyarrow()
         if validate not in VALIDATE:
@@ -246,8 +266,10 @@ class TableSource(Source):
     def _check_columns(self, path: str, schema) -> None:
         for col in (self.image_column, self.label_column):
             if schema.get_field_index(col) < 0:
-                raise SampleError(f"{path}: no column {col!r}; its columns: {schema.names} (choose with "
-                                  "--image-column / --label-column)")
+                raise SampleError(
+                    f"{path}: no column {col!r}; its columns: {schema.names} (choose with "
+                    "--image-column / --label-column)"
+                )
 
     def _note_columns(self, schema) -> None:
         """Declares, once, the other columns as fields (by their Arrow type, `_column_kind`) and says
@@ -266,9 +288,11 @@ class TableSource(Source):
                 specs.append((f.name, kind))
         self.field_specs = tuple(specs)
         if specs or cannot:
-            self.notes.append(f"columns: {self.image_column} (image), {self.label_column} (label)"
-                              + (f"; fields to store: {', '.join(n for n, _ in specs)}" if specs else "")
-                              + (f"; not stored (no text, bytes or JSON form): {', '.join(cannot)}" if cannot else ""))
+            self.notes.append(
+                f"columns: {self.image_column} (image), {self.label_column} (label)"
+                + (f"; fields to store: {', '.join(n for n, _ in specs)}" if specs else "")
+                + (f"; not stored (no text, bytes or JSON form): {', '.join(cannot)}" if cannot else "")
+            )
 
     def fields(self, i: int, names) -> dict[str, bytes]:
         """Sample i's values of the columns `names` (a null is left out: stored as missing)."""
@@ -279,7 +303,9 @@ class TableSource(Source):
             try:
                 value = self._column(p, name)[row].as_py()
             except Exception as exc:  # pyarrow raises several types for damaged files; name the row
-                raise SampleError(f"{self.locate(i)}: cannot read column {name!r}: {type(exc).__name__}: {exc}") from exc
+                raise SampleError(
+                    f"{self.locate(i)}: cannot read column {name!r}: {type(exc).__name__}: {exc}"
+                ) from exc
             if value is None:
                 continue
             if kinds[name] == "json":
@@ -398,9 +424,11 @@ class TableSource(Source):
         if isinstance(value, dict):  # a datasets Image: {bytes, path}
             value, stored_path = value.get("bytes"), value.get("path")
         if value is None and stored_path:
-            raise SampleError(f"{where}: no image bytes, only the path {stored_path!r} (datasets would open that "
-                              "file; dstore reads only bytes in the table): embed the images, e.g. with datasets' "
-                              "Dataset.to_parquet or push_to_hub, which store the bytes")
+            raise SampleError(
+                f"{where}: no image bytes, only the path {stored_path!r} (datasets would open that "
+                "file; dstore reads only bytes in the table): embed the images, e.g. with datasets' "
+                "Dataset.to_parquet or push_to_hub, which store the bytes"
+            )
         if value is None:
             raise SampleError(f"{where}: no image bytes (null)")
         if not isinstance(value, (bytes, bytearray)):

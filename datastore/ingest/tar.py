@@ -60,11 +60,18 @@ def expand_shards(spec: str, split: str | None = None, remote: Remote | None = N
     notes: list[str] = []
     braces = _BRACES.search(spec)
     globbed = braces is None and any(c in spec for c in "*?[")
-    single = remote is not None and not braces and not globbed and spec.lower().endswith(".tar") \
+    single = (
+        remote is not None
+        and not braces
+        and not globbed
+        and spec.lower().endswith(".tar")
         and remote.size(spec) is not None
+    )
     listing = None
     if remote is not None and braces is None and not globbed and not single and spec.lower().endswith(".tar"):
-        raise SampleError(f"{spec}: does not exist (no such bucket or object; a prefix of shards is given without .tar)")
+        raise SampleError(
+            f"{spec}: does not exist (no such bucket or object; a prefix of shards is given without .tar)"
+        )
     if remote is not None and braces is None and not globbed and not single:
         listing = remote.listing(spec)
         if not listing:
@@ -80,15 +87,17 @@ def expand_shards(spec: str, split: str | None = None, remote: Remote | None = N
         if len(found) > 1 or split is not None:
             notes.append(f"split {name!r} of the splits {', '.join(found)} ({len(paths)} shard(s))")
     elif split is not None:
-        raise SampleError(f"{spec}: split={split!r} picks a split of a directory; this names its shards itself "
-                          "(drop --split, or give the directory)")
+        raise SampleError(
+            f"{spec}: split={split!r} picks a split of a directory; this names its shards itself "
+            "(drop --split, or give the directory)"
+        )
     elif braces is not None:
         lo, hi, width = int(braces.group(1)), int(braces.group(2)), len(braces.group(1))
-        paths = [spec[:braces.start()] + f"{k:0{width}d}" + spec[braces.end():] for k in range(lo, hi + 1)]
+        paths = [spec[: braces.start()] + f"{k:0{width}d}" + spec[braces.end() :] for k in range(lo, hi + 1)]
         if remote is None:
             missing = [p for p in paths if not os.path.isfile(p)]
         else:  # one listing of the pattern's folder, not one request per shard
-            parent = spec[:braces.start()].rsplit("/", 1)[0]
+            parent = spec[: braces.start()].rsplit("/", 1)[0]
             there = {_join(parent, p) for p in remote.listing(parent)}
             missing = [p for p in paths if p not in there]
         if missing:
@@ -139,16 +148,22 @@ def _unreadable(path: str, last, exc: Exception, remote: Remote | None = None) -
     head, size = _head_and_size(path, remote)
     kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
     if kind is not None:
-        return (f"{path}: a {kind}-compressed tar; shards are read by seeking to each member, which needs an "
-                f"uncompressed tar: decompress it first")
+        return (
+            f"{path}: a {kind}-compressed tar; shards are read by seeking to each member, which needs an "
+            f"uncompressed tar: decompress it first"
+        )
     if last is None:
         return f"{path}: not a tar file ({exc}); its first header is not a tar header"
     end = last.offset_data + (last.size if last.isfile() else 0)
     if end > size:
-        return (f"{path}: truncated: member {last.name!r} needs bytes up to {end} but the file ends at byte {size} "
-                f"({exc}); copy or download the shard again")
-    return (f"{path}: truncated or damaged after member {last.name!r}: no valid tar header at byte offset "
-            f"{-(-end // 512) * 512} of {size} ({exc}); copy or download the shard again")
+        return (
+            f"{path}: truncated: member {last.name!r} needs bytes up to {end} but the file ends at byte {size} "
+            f"({exc}); copy or download the shard again"
+        )
+    return (
+        f"{path}: truncated or damaged after member {last.name!r}: no valid tar header at byte offset "
+        f"{-(-end // 512) * 512} of {size} ({exc}); copy or download the shard again"
+    )
 
 
 def _check_end(path: str, tf: tarfile.TarFile, last, remote: Remote | None = None) -> None:
@@ -167,10 +182,14 @@ def _check_end(path: str, tf: tarfile.TarFile, last, remote: Remote | None = Non
     after = f"after member {last.name!r}" if last is not None else "at its start"
     size = _head_and_size(path, remote)[1]
     if len(block) < tarfile.BLOCKSIZE:
-        raise SampleError(f"{path}: truncated {after}: the file ends at byte {size} without the tar's end-of-archive "
-                          f"block (a header cut short or missing); copy or download the shard again")
-    raise SampleError(f"{path}: damaged {after}: no valid tar header at byte offset {tf.offset} of {size}; "
-                      "copy or download the shard again")
+        raise SampleError(
+            f"{path}: truncated {after}: the file ends at byte {size} without the tar's end-of-archive "
+            f"block (a header cut short or missing); copy or download the shard again"
+        )
+    raise SampleError(
+        f"{path}: damaged {after}: no valid tar header at byte offset {tf.offset} of {size}; "
+        "copy or download the shard again"
+    )
 
 
 def _keys(value: str, what: str) -> tuple[str, ...]:
@@ -200,8 +219,17 @@ class TarSource(Source):
     kind = "tar"
     list_on_root = True
 
-    def __init__(self, spec: str, *, image_key: str = "jpg;png;jpeg", label_key: str = "cls", classes=None,
-                 on_error: str = "raise", validate: str = "header", split: str | None = None):
+    def __init__(
+        self,
+        spec: str,
+        *,
+        image_key: str = "jpg;png;jpeg",
+        label_key: str = "cls",
+        classes=None,
+        on_error: str = "raise",
+        validate: str = "header",
+        split: str | None = None,
+    ):
         super().__init__()
         if validate not in VALIDATE:
             raise ConfigError(f"validate={validate!r} is not one of {VALIDATE}")
@@ -220,10 +248,12 @@ class TarSource(Source):
         for s, path in enumerate(self.shards):
             self._list_shard(s, path, values, on_error)
         if not self._members:
-            raise SampleError(f"{spec}: no samples with an image ({';'.join(self.image_keys)}) and a label "
-                              f"({self.label_key}) member")
-        self._labels, self.class_names = resolve_labels(values, os.fspath(spec), class_names_option(classes),
-                                                        notes=self.notes)
+            raise SampleError(
+                f"{spec}: no samples with an image ({';'.join(self.image_keys)}) and a label ({self.label_key}) member"
+            )
+        self._labels, self.class_names = resolve_labels(
+            values, os.fspath(spec), class_names_option(classes), notes=self.notes
+        )
         self._note_fields()
         exts = {os.path.splitext(m[1])[1].lower() for m in self._members}
         self.encoding = "jpeg" if exts <= {".jpg", ".jpeg"} else "png" if exts == {".png"} else "image"
@@ -283,8 +313,10 @@ class TarSource(Source):
         if key is None:
             return
         if duplicate is not None:
-            reason = (f"sample {key!r} has two members {duplicate[0]!r} and {duplicate[1]!r} of one extension; "
-                      "webdataset refuses it too (duplicate file name): rewrite the shard with one of them")
+            reason = (
+                f"sample {key!r} has two members {duplicate[0]!r} and {duplicate[1]!r} of one extension; "
+                "webdataset refuses it too (duplicate file name): rewrite the shard with one of them"
+            )
             if on_error == "raise":
                 raise SampleError(f"{path}: {reason}")
             self.skipped.append((f"{path}:{key}", reason))
@@ -292,8 +324,9 @@ class TarSource(Source):
         image = next((group[k] for k in self.image_keys if k in group), None)
         label = group.get(self.label_key)
         if image is None or label is None:
-            missing = f"image member ({';'.join(self.image_keys)})" if image is None else \
-                f"label member ({self.label_key})"
+            missing = (
+                f"image member ({';'.join(self.image_keys)})" if image is None else f"label member ({self.label_key})"
+            )
             reason = f"sample has no {missing}; its members' extensions: {sorted(group)}"
             if on_error == "raise":
                 raise SampleError(f"{path}:{key}: {reason}")
@@ -317,8 +350,10 @@ class TarSource(Source):
         self.field_specs = tuple((ext, _FIELD_KIND.get(ext, "bytes")) for ext in sorted(self._fields))
         found = [f"{ext} ({n} of {len(self._members)} samples)" for ext, n in sorted(self._fields.items())]
         if found:
-            self.notes.append(f"members: {';'.join(image)} (image), {self.label_key} (label); "
-                              f"other members, fields to store: {', '.join(found)}")
+            self.notes.append(
+                f"members: {';'.join(image)} (image), {self.label_key} (label); "
+                f"other members, fields to store: {', '.join(found)}"
+            )
 
     def fields(self, i: int, names) -> dict[str, bytes]:
         """Sample i's members of the extensions `names` (those it has), read from its shard."""

@@ -27,8 +27,9 @@ class BackgroundWriter:
             (progress).
     """
 
-    def __init__(self, writer, source: Source, order: np.ndarray, on_written=None, fields=(), checkpointer=None,
-                 filter=None):
+    def __init__(
+        self, writer, source: Source, order: np.ndarray, on_written=None, fields=(), checkpointer=None, filter=None
+    ):
         self.writer = writer
         self._checkpointer = checkpointer  # dstore.ingest.journal.Checkpointer, or None (not journaled)
         self._filter = filter  # dstore.ingest.append.Duplicates.filter, or None
@@ -76,13 +77,22 @@ class BackgroundWriter:
         if isinstance(data, list):
             data = np.concatenate(data) if data else np.zeros(0, np.uint8)
         if self._filter is not None:  # an append: samples already in the container are left out
-            sizes, data, checksums, dropped = self._filter(self._order[start:start + sizes.size], sizes, data, checksums)
+            sizes, data, checksums, dropped = self._filter(
+                self._order[start : start + sizes.size], sizes, data, checksums
+            )
             keep = sizes >= 0
             skipped = skipped + dropped
-        indices = self._order[start:start + sizes.size][keep].tolist()
+        indices = self._order[start : start + sizes.size][keep].tolist()
         values = [src.fields(i, self._fields) for i in indices] if self._fields else None
-        self.writer.extend(data, sizes[keep], [src.label(i) for i in indices], [src.name(i) for i in indices],
-                           indices, checksums=checksums, fields=values)
+        self.writer.extend(
+            data,
+            sizes[keep],
+            [src.label(i) for i in indices],
+            [src.name(i) for i in indices],
+            indices,
+            checksums=checksums,
+            fields=values,
+        )
         if self._checkpointer is not None:
             self._checkpointer.add(sizes.tolist(), skipped)
             self._checkpointer.maybe()

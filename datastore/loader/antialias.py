@@ -69,8 +69,11 @@ def _pass(src: np.ndarray, first: np.ndarray, weights: np.ndarray, precision: in
         k.aa_rows(flat, start, weights, precision, np.empty(w * c, np.int32), out)
         return out.reshape(len(first), w, c)
     n_in = src.shape[axis]
-    acc = np.full((len(first), src.shape[1], src.shape[2]) if axis == 0 else (src.shape[0], len(first), src.shape[2]),
-                  1 << (precision - 1) if precision else 0, np.int32)
+    acc = np.full(
+        (len(first), src.shape[1], src.shape[2]) if axis == 0 else (src.shape[0], len(first), src.shape[2]),
+        1 << (precision - 1) if precision else 0,
+        np.int32,
+    )
     for k in range(weights.shape[1]):
         w = weights[:, k]
         if not w.any():
@@ -84,8 +87,9 @@ def _pass(src: np.ndarray, first: np.ndarray, weights: np.ndarray, precision: in
     return acc.astype(np.uint8)
 
 
-def resize(img: np.ndarray, size: tuple[int, int], *, resized: tuple[int, int] | None = None,
-           offset: tuple[int, int] = (0, 0)) -> np.ndarray:
+def resize(
+    img: np.ndarray, size: tuple[int, int], *, resized: tuple[int, int] | None = None, offset: tuple[int, int] = (0, 0)
+) -> np.ndarray:
     """The window `size` = (h, w) at `offset` = (top, left) of the (H, W, C) uint8 `img` resized to
     `resized` = (RH, RW) (default: `size`, the whole resize) as torch's antialiased bilinear does
     (a new array; `img` itself where nothing changes)."""
@@ -97,24 +101,26 @@ def resize(img: np.ndarray, size: tuple[int, int], *, resized: tuple[int, int] |
     h, w = img.shape[:2]
     out = img
     k = kernels.compiled_for(th * tw) if (h, w) != (rh, rw) else None
-    if w != rw:  # columns first, over only the rows the row pass reads (torch and Pillow skip a pass that changes nothing)
+    if (
+        w != rw
+    ):  # columns first, over only the rows the row pass reads (torch and Pillow skip a pass that changes nothing)
         fx, wx, px = taps(w, rw)
         rows, vertical = slice(None), None
         if h != rh:
             fy, wy, _ = taps(h, rh)
-            last = fy[oy:oy + th] + (wy[oy:oy + th] != 0).sum(axis=1)
-            lo, hi = int(fy[oy:oy + th].min()), int(last.max())
-            rows, vertical = slice(lo, hi), (fy[oy:oy + th] - lo, wy[oy:oy + th])
-        out = _pass(img[rows], fx[ox:ox + tw], wx[ox:ox + tw], px, 1, k)
+            last = fy[oy : oy + th] + (wy[oy : oy + th] != 0).sum(axis=1)
+            lo, hi = int(fy[oy : oy + th].min()), int(last.max())
+            rows, vertical = slice(lo, hi), (fy[oy : oy + th] - lo, wy[oy : oy + th])
+        out = _pass(img[rows], fx[ox : ox + tw], wx[ox : ox + tw], px, 1, k)
         if vertical is not None:  # h != rh: the row pass, over the rows cut out above
             return _pass(out, vertical[0], vertical[1], taps(h, rh)[2], 0, k)
-        return out[oy:oy + th] if (oy, th) != (0, h) else out
+        return out[oy : oy + th] if (oy, th) != (0, h) else out
     if ox or tw != w:
-        out = out[:, ox:ox + tw]
+        out = out[:, ox : ox + tw]
     if h != rh:
         fy, wy, py = taps(h, rh)
-        return _pass(out, fy[oy:oy + th], wy[oy:oy + th], py, 0, k)
-    return out[oy:oy + th] if (oy, th) != (0, h) else out
+        return _pass(out, fy[oy : oy + th], wy[oy : oy + th], py, 0, k)
+    return out[oy : oy + th] if (oy, th) != (0, h) else out
 
 
 def resize_shorter(shape: tuple[int, int], short: int) -> tuple[int, int]:

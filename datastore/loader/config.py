@@ -32,35 +32,79 @@ def arg(default: Any, *, values: str, doc: str) -> Any:
 class LoaderConfig:
     """StoreLoader's arguments (everything but the store and the transform)."""
 
-    decode_threads: int = arg(2, values="int in [1, 1024] (2)", doc=(
-        "decode threads (`num_threads` is its deprecated old name); with `workers`, they only stack batches"))
-    channels: int | None = arg(None, values="None, 1, 3", doc=(
-        "channels encoded images are converted to; None: 3 (RGB, as torchvision's folder loader), or each "
-        "image's own for a transform with a `channels` attribute (it converts them itself); raw samples keep "
-        "their stored shape"))
-    size: Any = arg(None, values="int or (H, W) (none)", doc=(
-        "resize every decoded image to it (a JPEG decodes at the DCT scale still at least this large); "
-        "without it all samples of a batch must share a shape"))
-    ahead: int = arg(2, values="int in [1, 1024] (2)", doc=(
-        "batches decoding ahead of the one returned; 1 decodes straight from the store's views (no copy), "
-        ">= 2 copies each fetched batch's bytes once"))
-    pin_memory: bool = arg(False, values="bool", doc=(
-        "stack each batch into page-locked memory; without a CUDA device it warns and is ignored"))
-    device: Any = arg(None, values='None, "cuda", "cuda:1", ...', doc=(
-        "where batches are delivered, copied on a side CUDA stream that the caller's stream waits for"))
-    workers: int | None = arg(None, values="int >= 0 (none)", doc=(
-        "decode in N worker processes (dstore.loader.workers) instead of threads (at most 4 per core this process "
-        "may use, and what its available memory holds at 128 MiB each: more is refused before any starts); needs "
-        "the batch's shape (`size`, or a transform with size and channels) and a transform None or split (`SplitTransform`)"))
-    batch_ops: str = arg("auto", values="`auto` (default), `device`, `worker`", doc=(
-        "with workers, where the transform's batch part runs: on the batch's device, in the workers, or auto: "
-        "device on a GPU, else worker"))
-    resize_on: str = arg("auto", values="`auto` (default), `device`, `worker`", doc=(
-        "with workers and a transform that can defer its resize: one batch op on the batch's device, or in the "
-        "workers; auto: device on a GPU, else worker (the same pixels either way)"))
-    fields: Any = arg(None, values="field names (none)", doc=(
-        "the container's extra fields served with each batch, which is then a dict {\"image\", \"label\", "
-        "name: [value per sample]}; a DataStore must hold them"))
+    decode_threads: int = arg(
+        2,
+        values="int in [1, 1024] (2)",
+        doc=("decode threads (`num_threads` is its deprecated old name); with `workers`, they only stack batches"),
+    )
+    channels: int | None = arg(
+        None,
+        values="None, 1, 3",
+        doc=(
+            "channels encoded images are converted to; None: 3 (RGB, as torchvision's folder loader), or each "
+            "image's own for a transform with a `channels` attribute (it converts them itself); raw samples keep "
+            "their stored shape"
+        ),
+    )
+    size: Any = arg(
+        None,
+        values="int or (H, W) (none)",
+        doc=(
+            "resize every decoded image to it (a JPEG decodes at the DCT scale still at least this large); "
+            "without it all samples of a batch must share a shape"
+        ),
+    )
+    ahead: int = arg(
+        2,
+        values="int in [1, 1024] (2)",
+        doc=(
+            "batches decoding ahead of the one returned; 1 decodes straight from the store's views (no copy), "
+            ">= 2 copies each fetched batch's bytes once"
+        ),
+    )
+    pin_memory: bool = arg(
+        False,
+        values="bool",
+        doc=("stack each batch into page-locked memory; without a CUDA device it warns and is ignored"),
+    )
+    device: Any = arg(
+        None,
+        values='None, "cuda", "cuda:1", ...',
+        doc=("where batches are delivered, copied on a side CUDA stream that the caller's stream waits for"),
+    )
+    workers: int | None = arg(
+        None,
+        values="int >= 0 (none)",
+        doc=(
+            "decode in N worker processes (dstore.loader.workers) instead of threads (at most 4 per core this process "
+            "may use, and what its available memory holds at 128 MiB each: more is refused before any starts); needs "
+            "the batch's shape (`size`, or a transform with size and channels) and a transform None or split (`SplitTransform`)"
+        ),
+    )
+    batch_ops: str = arg(
+        "auto",
+        values="`auto` (default), `device`, `worker`",
+        doc=(
+            "with workers, where the transform's batch part runs: on the batch's device, in the workers, or auto: "
+            "device on a GPU, else worker"
+        ),
+    )
+    resize_on: str = arg(
+        "auto",
+        values="`auto` (default), `device`, `worker`",
+        doc=(
+            "with workers and a transform that can defer its resize: one batch op on the batch's device, or in the "
+            "workers; auto: device on a GPU, else worker (the same pixels either way)"
+        ),
+    )
+    fields: Any = arg(
+        None,
+        values="field names (none)",
+        doc=(
+            'the container\'s extra fields served with each batch, which is then a dict {"image", "label", '
+            "name: [value per sample]}; a DataStore must hold them"
+        ),
+    )
 
     def checked(self) -> LoaderConfig:
         """This config validated (ConfigError naming the argument and its value) and normalised: plain
@@ -77,8 +121,9 @@ class LoaderConfig:
             if getattr(self, name) not in CHOICES:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be 'auto', 'device' or 'worker'")
         workers = None if self.workers is None else check_workers("workers", self.workers)
-        return dataclasses.replace(self, decode_threads=decode_threads, ahead=ahead, size=size, device=device,
-                                   workers=workers)
+        return dataclasses.replace(
+            self, decode_threads=decode_threads, ahead=ahead, size=size, device=device, workers=workers
+        )
 
 
 def field_names() -> list[str]:
@@ -98,9 +143,11 @@ def check_workers(name: str, workers) -> int:
     memory, where = available_memory()
     most = max(1, min(4 * cores, memory // WORKER_BYTES))
     if workers > most:
-        raise ConfigError(f"{name}={workers} decode worker processes are more than this machine allows: at most "
-                          f"{most} (4 per core of the {cores} this process may use, and {WORKER_BYTES >> 20} MiB "
-                          f"each within {where})")
+        raise ConfigError(
+            f"{name}={workers} decode worker processes are more than this machine allows: at most "
+            f"{most} (4 per core of the {cores} this process may use, and {WORKER_BYTES >> 20} MiB "
+            f"each within {where})"
+        )
     return workers
 
 

@@ -93,7 +93,7 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     out = segs.get(req["slot"], "out", req["out"], own=req["fresh"])
     pixels = out[: cap * c * h * w].reshape(cap, c, h, w)
     at = params_offset(cap, (c, h, w))
-    params = out[at: at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
+    params = out[at : at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
     offsets, ids, epoch = req["offsets"], req["ids"], req["epoch"]
     tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]
     into = tf is not None and hasattr(tf, "sample_into")
@@ -102,12 +102,27 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         name = f"sample {sid}"
         if tf is not None and getattr(tf, "crop_aware", False):  # the crop known before the decode
             rng = draws_for(tf, (setup["seed"], epoch, sid))
-            arr, where, p = decode_crop(src[offsets[i]:offsets[i + 1]], info, lambda shape, rng=rng: tf.plan(shape, rng),
-                                        crop_size(tf), channels=setup["channels"], name=name, scratch=True)
+            arr, where, p = decode_crop(
+                src[offsets[i] : offsets[i + 1]],
+                info,
+                lambda shape, rng=rng: tf.plan(shape, rng),
+                crop_size(tf),
+                channels=setup["channels"],
+                name=name,
+                scratch=True,
+            )
             plan = {"plan": (where, p)}
         else:
-            arr, plan = decode_sample(src[offsets[i]:offsets[i + 1]], info, channels=setup["channels"],
-                                      min_size=setup["hint"], name=name), {}
+            arr, plan = (
+                decode_sample(
+                    src[offsets[i] : offsets[i + 1]],
+                    info,
+                    channels=setup["channels"],
+                    min_size=setup["hint"],
+                    name=name,
+                ),
+                {},
+            )
         if size is not None and not plan:
             if tf is None and arr.ndim == 3 and arr.shape[2] == c and arr.dtype == np.uint8:
                 # the resize and the CHW copy in one pass
@@ -126,8 +141,9 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
                     params[i, : len(p)] = p
                 continue
             try:
-                arr, p = tf.sample_part(arr, rng, defer_resize=True, **plan) if defer else tf.sample_part(arr, rng,
-                                                                                                         **plan)
+                arr, p = (
+                    tf.sample_part(arr, rng, defer_resize=True, **plan) if defer else tf.sample_part(arr, rng, **plan)
+                )
             except Exception as exc:  # the transform's own errors: name the sample
                 raise RuntimeError(f"the transform failed on {name}: {type(exc).__name__}: {exc}") from exc
             if setup["finish"]:  # the batch stays on the CPU: its batch part is applied here
@@ -137,15 +153,22 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         if defer:  # the part to resize, in the canvas's top left corner; its size is in the parameters
             ih, iw, ic = arr.shape
             if ic != c or ih > h or iw > w:
-                raise RuntimeError(f"{name}: the part to resize has shape {arr.shape} (H, W, C), more than the "
-                                   f"batch's canvas {(h, w, c)}")
+                raise RuntimeError(
+                    f"{name}: the part to resize has shape {arr.shape} (H, W, C), more than the "
+                    f"batch's canvas {(h, w, c)}"
+                )
             pixels[i, :, :ih, :iw] = arr.transpose(2, 0, 1)
             continue
         if arr.shape != (h, w, c):
-            remedy = ("channels=1 or 3 (StoreLoader(channels=...), dstore train --channels)" if arr.shape[2:] != (c,)
-                      else "size=(H, W)")
-            raise RuntimeError(f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
-                               f"pass {remedy}, or a transform that makes them equal")
+            remedy = (
+                "channels=1 or 3 (StoreLoader(channels=...), dstore train --channels)"
+                if arr.shape[2:] != (c,)
+                else "size=(H, W)"
+            )
+            raise RuntimeError(
+                f"{name} decodes to shape {arr.shape} (H, W, C), the batch's is {(h, w, c)}; "
+                f"pass {remedy}, or a transform that makes them equal"
+            )
         pixels[i] = arr.transpose(2, 0, 1)
 
 
@@ -156,8 +179,9 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
     except EOFError:
         return 0
     except Exception as exc:  # noqa: BLE001 - an unpicklable transform (its module missing here, say)
-        conn_out.send_bytes(pickle.dumps(("error", -1, f"cannot load the loader's setup: {type(exc).__name__}: "
-                                                       f"{exc}", False)))
+        conn_out.send_bytes(
+            pickle.dumps(("error", -1, f"cannot load the loader's setup: {type(exc).__name__}: {exc}", False))
+        )
         return 1
     # The loop makes no reference cycles; the collector's passes over the interpreter's objects
     # showed as 1.3% of a worker's time (py-spy): they are set aside, and passes made rarer.

@@ -85,8 +85,10 @@ def mismatch(step: int, shapes) -> str:
     where their channels differ (a raw source beside an encoded one, or a transform's output), else `size`."""
     listed = sorted(shapes)[:4]
     if len({s[0] for s in shapes if len(s) == 3}) > 1:
-        return (f"samples of step {step} decode to different channel counts {listed}; pass channels=1 or 3 "
-                f"(StoreLoader(channels=...), dstore train --channels) or a transform that makes them equal")
+        return (
+            f"samples of step {step} decode to different channel counts {listed}; pass channels=1 or 3 "
+            f"(StoreLoader(channels=...), dstore train --channels) or a transform that makes them equal"
+        )
     return f"samples of step {step} decode to different shapes {listed}; pass size=(H, W) or a transform that makes them equal"
 
 
@@ -119,8 +121,14 @@ class LoaderEpoch:
         self.pending = collections.deque()  # BatchDecode jobs, oldest first
         self.copying = None  # the copy out of the store's views of the batch fetched last (ahead >= 2)
         self.batches = None  # the store's epoch (a generator of Batch)
-        self.stats = {"epoch": e, "batches": 0, "wait_seconds": 0.0, "decode_seconds": 0.0, "copy_seconds": 0.0,
-                      "copy_bytes": 0}
+        self.stats = {
+            "epoch": e,
+            "batches": 0,
+            "wait_seconds": 0.0,
+            "decode_seconds": 0.0,
+            "copy_seconds": 0.0,
+            "copy_bytes": 0,
+        }
 
     def __iter__(self):
         t_in = time.perf_counter()  # the caller waits from its first next() on
@@ -170,8 +178,10 @@ class LoaderEpoch:
         job.expect(len(spans))
         src = getattr(batch, "sources", None)  # a mix (dstore.store.mixed): each entry decodes by its source's encoding
         src = [None] * n if src is None else src.tolist()
-        job.futures = [pipe.pool.submit(pipe.decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
-                       for k, (a, b) in enumerate(spans)]
+        job.futures = [
+            pipe.pool.submit(pipe.decode_chunk, job, k, batch.samples[a:b], ids[a:b], src[a:b])
+            for k, (a, b) in enumerate(spans)
+        ]
         if not spans:  # no samples: nothing will finish it (stacking nothing raises, as it should)
             job.chunk_done(0.0, None)
 
@@ -222,8 +232,9 @@ class LoaderEpoch:
             images, secs = self.pipeline.from_workers(job.result.result())
         batch = job.batch
         labels = torch.from_numpy(np.array(batch.labels, dtype=np.int64))
-        return Ready(images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs,
-                     self.fields_of(batch))
+        return Ready(
+            images, labels, batch.ids.copy(), batch.pad.copy(), batch.epoch, batch.step, secs, self.fields_of(batch)
+        )
 
     def fields_of(self, batch) -> dict:
         """The loader's served fields of `batch` (the store's bytes, dstore.store.fieldstore) decoded by

@@ -55,8 +55,9 @@ def crop_then_transform(tf, data, info, key, channels, name: str):
     the sample's plan drawn from `key` and the image's size before the decode, the decode of what
     it needs (dstore.codec.decode.decode_crop), then the transform with that plan."""
     rng = draws_for(tf, key)
-    arr, where, params = decode_crop(data, info, lambda shape: tf.plan(shape, rng), crop_size(tf),
-                                     channels=channels, name=name, scratch=True)
+    arr, where, params = decode_crop(
+        data, info, lambda shape: tf.plan(shape, rng), crop_size(tf), channels=channels, name=name, scratch=True
+    )
     return tf(arr, plan=(where, params))
 
 
@@ -197,12 +198,16 @@ class StoreFields:
         names = (names,) if isinstance(names, str) else tuple(names)
         reader: ContainerReader | None = getattr(store, "container", None) or getattr(store, "reader", None)
         if reader is None or not hasattr(reader, "field_names"):  # a ContainerReader, by what it has
-            raise ConfigError(f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
-                              "fields are read from a DataStore's or DirectSource's container only")
+            raise ConfigError(
+                f"fields={list(names)}: the store ({type(store).__name__}) is not over one container; "
+                "fields are read from a DataStore's or DirectSource's container only"
+            )
         missing = [n for n in names if n not in reader.field_names or n in self.RESERVED]
         if missing:
-            raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
-                              f"(its fields: {list(reader.field_names) or 'none'})")
+            raise ConfigError(
+                f"fields={list(names)}: {reader.path} has no field(s) {missing} "
+                f"(its fields: {list(reader.field_names) or 'none'})"
+            )
         self.names = names
         self._reader = open_container(reader.path, check_labels=False)
 

@@ -98,8 +98,18 @@ def decode_channels(channels, transform) -> int | None:
     return 3
 
 
-_KEYWORD_DEFAULTS = {"decode_threads": None, "channels": None, "size": None, "ahead": 2, "pin_memory": False,
-                     "device": None, "workers": None, "batch_ops": "auto", "resize_on": "auto", "fields": None}
+_KEYWORD_DEFAULTS = {
+    "decode_threads": None,
+    "channels": None,
+    "size": None,
+    "ahead": 2,
+    "pin_memory": False,
+    "device": None,
+    "workers": None,
+    "batch_ops": "auto",
+    "resize_on": "auto",
+    "fields": None,
+}
 """StoreLoader's keyword defaults: a keyword that differs was passed (refused beside a LoaderConfig)."""
 
 
@@ -180,19 +190,43 @@ class StoreLoader(torch.utils.data.IterableDataset):
             copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2).
     """
 
-    def __init__(self, store, transform: SplitTransform | Callable[..., Any] | None = None,
-                 decode_threads: int | None = None, channels=None, size=None, ahead: int = 2, *,
-                 pin_memory: bool = False, device=None, num_threads: int | None = None, workers: int | None = None,
-                 batch_ops: str = "auto", resize_on: str = "auto", fields=None, config: LoaderConfig | None = None):
+    def __init__(
+        self,
+        store,
+        transform: SplitTransform | Callable[..., Any] | None = None,
+        decode_threads: int | None = None,
+        channels=None,
+        size=None,
+        ahead: int = 2,
+        *,
+        pin_memory: bool = False,
+        device=None,
+        num_threads: int | None = None,
+        workers: int | None = None,
+        batch_ops: str = "auto",
+        resize_on: str = "auto",
+        fields=None,
+        config: LoaderConfig | None = None,
+    ):
         if num_threads is not None:
             if decode_threads is not None:
                 raise ConfigError("give decode_threads only (num_threads is its deprecated old name), not both")
-            warnings.warn("StoreLoader(num_threads=) is deprecated: use decode_threads=", DeprecationWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "StoreLoader(num_threads=) is deprecated: use decode_threads=", DeprecationWarning, stacklevel=2
+            )
             decode_threads = num_threads
-        given = {"decode_threads": decode_threads, "channels": channels, "size": size, "ahead": ahead,
-                 "pin_memory": pin_memory, "device": device, "workers": workers, "batch_ops": batch_ops,
-                 "resize_on": resize_on, "fields": fields}
+        given = {
+            "decode_threads": decode_threads,
+            "channels": channels,
+            "size": size,
+            "ahead": ahead,
+            "pin_memory": pin_memory,
+            "device": device,
+            "workers": workers,
+            "batch_ops": batch_ops,
+            "resize_on": resize_on,
+            "fields": fields,
+        }
         if config is None:
             config = LoaderConfig(**{k: v for k, v in given.items() if not (k == "decode_threads" and v is None)})
         else:
@@ -202,13 +236,15 @@ class StoreLoader(torch.utils.data.IterableDataset):
         cfg = config.checked()
         self.config = cfg
         if transform is not None and not callable(transform):
-            raise ConfigError(f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) "
-                              f"with fn(array, rng)")
+            raise ConfigError(
+                f"transform={transform!r} must be callable: fn(array) -> tensor, or seeded(fn) with fn(array, rng)"
+            )
         self.device = cfg.device
         pin_memory = cfg.pin_memory
         if pin_memory and not torch.cuda.is_available():
-            warnings.warn("StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                "StoreLoader(pin_memory=True): no CUDA device here, so memory is not pinned", UserWarning, stacklevel=2
+            )
             pin_memory = False
         self.pin_memory = bool(pin_memory)
         on_gpu = self.device is not None and self.device.type == "cuda"
@@ -223,10 +259,16 @@ class StoreLoader(torch.utils.data.IterableDataset):
         # a transform that resizes itself gets the decoded image: one resize, not two
         resizes = transform is not None and bool(getattr(transform, "resizes", False))
         self.plan = LoaderPlan(
-            channels=decode_channels(cfg.channels, transform), size=cfg.size,
+            channels=decode_channels(cfg.channels, transform),
+            size=cfg.size,
             hint=size_pair(self.transform.size, "transform.size") if cfg.size is None and resizes else cfg.size,
-            seeded=transform is not None and _takes_rng(transform), resizes=resizes, ahead=cfg.ahead,
-            threads=cfg.decode_threads, device=cfg.device, pin=self.pin_memory)
+            seeded=transform is not None and _takes_rng(transform),
+            resizes=resizes,
+            ahead=cfg.ahead,
+            threads=cfg.decode_threads,
+            device=cfg.device,
+            pin=self.pin_memory,
+        )
         self._fields, field_kinds = _field_source(store, cfg.fields)
         self._field_names = tuple(field_kinds)
         procs = self._make_workers(cfg.workers, on_gpu)
@@ -254,22 +296,30 @@ class StoreLoader(torch.utils.data.IterableDataset):
             return None
         tf = self.transform
         if tf is not None and not (hasattr(tf, "sample_part") and hasattr(tf, "batch_part")):
-            raise ConfigError(f"workers={workers} needs transform=None or one split into sample_part and batch_part "
-                              f"(dstore.training.augment.ImageTransform), not {tf!r}: use workers=0 (decode threads)")
+            raise ConfigError(
+                f"workers={workers} needs transform=None or one split into sample_part and batch_part "
+                f"(dstore.training.augment.ImageTransform), not {tf!r}: use workers=0 (decode threads)"
+            )
         size = tuple(tf.size) if tf is not None else self.size
         info = self.store.info
         infos = getattr(self.store, "infos", [info])  # a mix (dstore.store.mixed): one per source
-        if any((i.encoding, i.raw_dtype, i.raw_shape) != (info.encoding, info.raw_dtype, info.raw_shape) for i in infos):
-            raise ConfigError(f"workers={workers}: the mix's sources have different encodings "
-                              f"({', '.join(i.encoding for i in infos)}); decode them in threads (workers=0)")
+        if any(
+            (i.encoding, i.raw_dtype, i.raw_shape) != (info.encoding, info.raw_dtype, info.raw_shape) for i in infos
+        ):
+            raise ConfigError(
+                f"workers={workers}: the mix's sources have different encodings "
+                f"({', '.join(i.encoding for i in infos)}); decode them in threads (workers=0)"
+            )
         channels = tf.channels if tf is not None else self.channels
         if channels is None and info.encoding == "raw":
             channels = 1 if len(info.raw_shape) == 2 else int(info.raw_shape[-1])
         elif channels is None:
             channels = self.plan.channels
         if size is None or channels is None:
-            raise ConfigError(f"workers={workers} needs the batch's shape: pass size=(H, W) "
-                              f"(or a transform that has size and channels)")
+            raise ConfigError(
+                f"workers={workers} needs the batch's shape: pass size=(H, W) "
+                f"(or a transform that has size and channels)"
+            )
         defer = self._resize_on_device(on_gpu)
         # A batch with a buffer of its own (not on_device) is not page-locked there: it is freed with
         # the caller's tensor, which cannot unregister it; pin_memory then copies it (Pipeline.from_workers).
@@ -279,22 +329,36 @@ class StoreLoader(torch.utils.data.IterableDataset):
         try:
             from dstore.loader.workers import DecodeWorkers
 
-            return DecodeWorkers(int(workers), shape=shape, info=info, channels=self.plan.channels,
-                                 size=None if self.plan.resizes else self.size, hint=self.plan.hint, defer=defer,
-                                 transform=tf, seed=self.store.seed, slots=self.ahead + 1,
-                                 pin=(self.pin_memory or on_gpu) and on_device, on_device=on_device)
+            return DecodeWorkers(
+                int(workers),
+                shape=shape,
+                info=info,
+                channels=self.plan.channels,
+                size=None if self.plan.resizes else self.size,
+                hint=self.plan.hint,
+                defer=defer,
+                transform=tf,
+                seed=self.store.seed,
+                slots=self.ahead + 1,
+                pin=(self.pin_memory or on_gpu) and on_device,
+                on_device=on_device,
+            )
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"workers={workers}: the transform {tf!r} cannot be pickled for the worker "
-                              f"processes: {exc}") from None
+            raise ConfigError(
+                f"workers={workers}: the transform {tf!r} cannot be pickled for the worker processes: {exc}"
+            ) from None
 
     def _resize_on_device(self, on_gpu: bool) -> bool:
         """Whether the workers leave the transform's resize and crop to a batch op here (`resize_on`)."""
         tf = self.transform
-        can = (tf is not None and hasattr(tf, "resize_batch") and hasattr(tf, "canvas")
-               and getattr(tf, "deferrable", True))
+        can = (
+            tf is not None and hasattr(tf, "resize_batch") and hasattr(tf, "canvas") and getattr(tf, "deferrable", True)
+        )
         if self.resize_on == "device" and not can:
-            raise ConfigError(f"resize_on='device' needs a transform that can defer its resize "
-                              f"(dstore.training.augment.ImageTransform with resize='fast'), not {tf!r}")
+            raise ConfigError(
+                f"resize_on='device' needs a transform that can defer its resize "
+                f"(dstore.training.augment.ImageTransform with resize='fast'), not {tf!r}"
+            )
         return can and (self.resize_on == "device" or (self.resize_on == "auto" and on_gpu))
 
     def _batch_ops_on_device(self, on_gpu: bool) -> bool:
@@ -316,10 +380,12 @@ class StoreLoader(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         if torch.utils.data.get_worker_info() is not None:
-            raise ConfigError("StoreLoader cannot run in DataLoader worker processes (num_workers > 0): a worker "
-                              "is a fork of a process that holds MPI windows, after MPI_Init. Use "
-                              "DataLoader(loader, batch_size=None) with num_workers=0, or the loader itself; "
-                              "decoding already runs in its decode_threads threads")
+            raise ConfigError(
+                "StoreLoader cannot run in DataLoader worker processes (num_workers > 0): a worker "
+                "is a fork of a process that holds MPI windows, after MPI_Init. Use "
+                "DataLoader(loader, batch_size=None) with num_workers=0, or the loader itself; "
+                "decoding already runs in its decode_threads threads"
+            )
         _refuse_batching_dataloader(sys._getframe(1))
         epoch = self._epoch
         self._epoch += 1  # a plain `for epoch ...: for batch in loader` walks the epochs
@@ -329,8 +395,10 @@ class StoreLoader(torch.utils.data.IterableDataset):
         return self.epoch(epoch)
 
     def __getstate__(self):
-        raise ConfigError("a StoreLoader cannot be pickled (it holds an MPI data store and threads); DataLoader "
-                          "with num_workers > 0 and a spawn/forkserver context would: use num_workers=0")
+        raise ConfigError(
+            "a StoreLoader cannot be pickled (it holds an MPI data store and threads); DataLoader "
+            "with num_workers > 0 and a spawn/forkserver context would: use num_workers=0"
+        )
 
     # -------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -455,12 +523,15 @@ def _field_source(store, fields) -> tuple[StoreFields | None, dict]:
     kinds = dict(reader.info.fields)
     missing = [n for n in names if n not in kinds or n in StoreFields.RESERVED]
     if missing:
-        raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
-                          f"(its fields: {list(kinds) or 'none'})")
+        raise ConfigError(
+            f"fields={list(names)}: {reader.path} has no field(s) {missing} (its fields: {list(kinds) or 'none'})"
+        )
     lacking = [n for n in names if n not in held]
     if lacking:
-        raise ConfigError(f"fields={list(names)}: the DataStore does not hold field(s) {lacking}; pass them to it, "
-                          f"DataStore(..., fields={list(names)!r}), and it serves them with their samples")
+        raise ConfigError(
+            f"fields={list(names)}: the DataStore does not hold field(s) {lacking}; pass them to it, "
+            f"DataStore(..., fields={list(names)!r}), and it serves them with their samples"
+        )
     return None, {n: kinds[n] for n in names}
 
 
@@ -472,6 +543,8 @@ def _refuse_batching_dataloader(caller) -> None:
     torch's internals look different the check is skipped, never the iteration."""
     fetcher = caller.f_locals.get("self")
     if type(fetcher).__name__.endswith("IterableDatasetFetcher") and getattr(fetcher, "auto_collation", False):
-        raise ConfigError("DataLoader(loader) needs batch_size=None: a StoreLoader yields whole batches already "
-                          "(the store's batch_size), and a DataLoader batch_size would stack them into an extra "
-                          "dimension")
+        raise ConfigError(
+            "DataLoader(loader) needs batch_size=None: a StoreLoader yields whole batches already "
+            "(the store's batch_size), and a DataLoader batch_size would stack them into an extra "
+            "dimension"
+        )

@@ -71,13 +71,13 @@ class SplitTransform(Protocol):
         """(box, params) of an image of `shape` (H, W): the part to keep and the sample's parameters."""
         ...
 
-    def sample_part(self, img: np.ndarray, rng: Any = None, *, defer_resize: bool = False,
-                    plan: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def sample_part(
+        self, img: np.ndarray, rng: Any = None, *, defer_resize: bool = False, plan: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(image, params): the per-sample part (run where the sample is decoded, no torch)."""
         ...
 
-    def sample_into(self, img: np.ndarray, rng: Any, out: np.ndarray, *, finish: bool,
-                    plan: Any = None) -> np.ndarray:
+    def sample_into(self, img: np.ndarray, rng: Any, out: np.ndarray, *, finish: bool, plan: Any = None) -> np.ndarray:
         """`sample_part` written into `out` (uint8 CHW), with `finish` too where finish=True; the params."""
         ...
 

@@ -90,12 +90,24 @@ import numpy as np
 from dstore.errors import DStoreError, SampleError
 from dstore.memory.costs import KEEP_HANDED, WORKER_BYTES  # noqa: F401 - WORKER_BYTES: read here too (the memory it costs)
 
-_LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPIR_", "I_MPI_",
-                  "SLURM_STEP_", "PALS_")
+_LAUNCHER_VARS = (
+    "PMI_",
+    "PMIX_",
+    "OMPI_",
+    "HYDRA_",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "MPIR_",
+    "I_MPI_",
+    "SLURM_STEP_",
+    "PALS_",
+)
 JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 """Signals a worker ignores: the job's (preemption, Ctrl-C, hang-up), the rank's to act on (NOTE 2)."""
-_WORKER_MAIN = (f"import signal as s\nfor n in {JOB_SIGNALS!r}: s.signal(getattr(s, n), s.SIG_IGN)\n"
-                "from dstore.loader.decode_worker import main\nraise SystemExit(main())")
+_WORKER_MAIN = (
+    f"import signal as s\nfor n in {JOB_SIGNALS!r}: s.signal(getattr(s, n), s.SIG_IGN)\n"
+    "from dstore.loader.decode_worker import main\nraise SystemExit(main())"
+)
 """A worker's command line (`python -c`): the job's signals are ignored before anything is imported
 (NOTE [decode workers] 2); they are the rank's, which stops its workers itself."""
 STOP_SECONDS = 5.0
@@ -271,19 +283,46 @@ class DecodeWorkers:
     the transform's batch part on the batch's device, else the workers apply it (its `finish`)
     and each batch gets an output segment of its own, handed to the caller (NOTE 3)."""
 
-    def __init__(self, n: int, *, shape, info, channels, size, transform, seed: int, slots: int, pin: bool,
-                 on_device: bool, hint=None, defer: bool = False):
+    def __init__(
+        self,
+        n: int,
+        *,
+        shape,
+        info,
+        channels,
+        size,
+        transform,
+        seed: int,
+        slots: int,
+        pin: bool,
+        on_device: bool,
+        hint=None,
+        defer: bool = False,
+    ):
         self.n = int(n)
         c, h, w = (int(x) for x in shape)
         self.shape = (c, h, w)
         self.pin = pin
         self.fresh = not on_device
         self.defer = bool(defer)
-        info = types.SimpleNamespace(encoding=info.encoding, raw_dtype=getattr(info, "raw_dtype", None),
-                                     raw_shape=getattr(info, "raw_shape", None))
-        self._setup = pickle.dumps({"shape": self.shape, "info": info, "channels": channels, "size": size,
-                                    "hint": size if hint is None else hint, "defer": self.defer,
-                                    "transform": transform, "seed": int(seed), "finish": not on_device})
+        info = types.SimpleNamespace(
+            encoding=info.encoding,
+            raw_dtype=getattr(info, "raw_dtype", None),
+            raw_shape=getattr(info, "raw_shape", None),
+        )
+        self._setup = pickle.dumps(
+            {
+                "shape": self.shape,
+                "info": info,
+                "channels": channels,
+                "size": size,
+                "hint": size if hint is None else hint,
+                "defer": self.defer,
+                "transform": transform,
+                "seed": int(seed),
+                "finish": not on_device,
+            }
+        )
         self.slots = [Slot() for _ in range(slots)]
         self._spare: collections.deque[Segment] = collections.deque()  # NOTE 3: let go of by the caller
         self._retired: list[int] = []  # uids of closed spares the workers have yet to unmap
@@ -309,9 +348,13 @@ class DecodeWorkers:
         for _ in range(self.n):
             req_r, req_w = os.pipe()
             ans_r, ans_w = os.pipe()
-            proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN, str(req_r), str(ans_w), str(os.getpid())],
-                                    pass_fds=(req_r, ans_w), env=env, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_MAIN, str(req_r), str(ans_w), str(os.getpid())],
+                pass_fds=(req_r, ans_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             os.close(req_r)
             os.close(ans_w)
             self.procs.append(proc)
@@ -394,10 +437,18 @@ class DecodeWorkers:
         ids = np.array(batch.ids, np.int64)
         cuts = [n * w // self.n for w in range(self.n + 1)]
         parts = [(w, a, b) for w, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
-        base = {"ticket": seq, "slot": k, "in": (inp.path, inp.size, inp.uid),
-                "out": (out.path, out.size, out.uid), "capacity": slot.capacity,
-                "offsets": offsets, "ids": ids, "epoch": int(batch.epoch), "fresh": self.fresh,
-                "retired": self._take_retired()}
+        base = {
+            "ticket": seq,
+            "slot": k,
+            "in": (inp.path, inp.size, inp.uid),
+            "out": (out.path, out.size, out.uid),
+            "capacity": slot.capacity,
+            "offsets": offsets,
+            "ids": ids,
+            "epoch": int(batch.epoch),
+            "fresh": self.fresh,
+            "retired": self._take_retired(),
+        }
         for w, a, b in parts:
             try:
                 self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
@@ -455,7 +506,7 @@ class DecodeWorkers:
         c, h, w = self.shape
         images = whole[: slot.capacity * c * h * w].view(slot.capacity, c, h, w)[: ticket.n]
         at = params_offset(slot.capacity, self.shape)
-        params = whole[at: at + 4 * NPARAMS * slot.capacity].view(_int32()).view(slot.capacity, NPARAMS)[: ticket.n]
+        params = whole[at : at + 4 * NPARAMS * slot.capacity].view(_int32()).view(slot.capacity, NPARAMS)[: ticket.n]
         return images, params, secs
 
     def release(self, ticket: Ticket, event=None) -> None:
@@ -491,8 +542,11 @@ def ended_by(code: int | None) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    why = "; SIGKILL is often the kernel's out-of-memory killer (dmesg, or the job's memory limit)" \
-        if -code == signal.SIGKILL else ""
+    why = (
+        "; SIGKILL is often the kernel's out-of-memory killer (dmesg, or the job's memory limit)"
+        if -code == signal.SIGKILL
+        else ""
+    )
     return f", killed by {name}{why}"
 
 

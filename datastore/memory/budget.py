@@ -37,6 +37,7 @@ class Residency:
     layout: plan.Layout
     tier: dict
 
+
 READER_INDEX_BYTES = 20
 """Bytes per sample of an open container reader's index arrays (int64 offsets and labels, uint32
 checksums; source indices are read on demand only): what each storage or population thread's
@@ -56,8 +57,15 @@ def index_bytes(num_samples: int, index_on_demand: bool) -> int:
     return 0 if index_on_demand else READER_INDEX_BYTES * int(num_samples)
 
 
-def step_bound(offsets, num_samples: int, batch_size: int, nranks: int, *, largest_block: int | None = None,
-               steps_per_epoch: int = 1) -> int:
+def step_bound(
+    offsets,
+    num_samples: int,
+    batch_size: int,
+    nranks: int,
+    *,
+    largest_block: int | None = None,
+    steps_per_epoch: int = 1,
+) -> int:
     """An upper bound on one receive buffer: the bytes of the largest samples one rank can get in one
     step: its part of a global batch, ``ceil(batch_size / nranks)`` samples (with `largest_block`,
     the local and partial policies, at least that block's samples spread over the epoch's steps),
@@ -110,8 +118,14 @@ def resident_room(caps, extra: int) -> np.ndarray:
 
 def recv_bound(p: StorePlan) -> int:
     """An upper bound on one receive buffer: the largest bytes a rank can get in one step (step_bound)."""
-    return step_bound(p.offsets, p.num_samples, p.batch_size, p.size, largest_block=p.order_policy.largest_block(p.bounds),
-                      steps_per_epoch=p.steps_per_epoch)
+    return step_bound(
+        p.offsets,
+        p.num_samples,
+        p.batch_size,
+        p.size,
+        largest_block=p.order_policy.largest_block(p.bounds),
+        steps_per_epoch=p.steps_per_epoch,
+    )
 
 
 def receive_buffers(p: StorePlan) -> int:
@@ -122,16 +136,16 @@ def receive_buffers(p: StorePlan) -> int:
 def population_readers(p: StorePlan) -> int:
     """Bytes of the index arrays of a preload's own reader threads (more than one thread): held
     during the population only, before the receive buffers exist."""
-    return population_index_bytes(p.reader_index, population_threads=p.population_threads,
-                                  population=p.population, replicate=p.replicate)
+    return population_index_bytes(
+        p.reader_index, population_threads=p.population_threads, population=p.population, replicate=p.replicate
+    )
 
 
 def stream_buffers(p: StorePlan) -> int:
     """Bytes a streaming preload (dstore.store.stream) holds during the epoch it serves besides the receive
     buffers: `prefetch + 1` buffers of a step's own reads and their threads' readers' index arrays
     (none for HDF5 and Zarr: the stream's StorageReader reads byte ranges)."""
-    return stream_bytes(recv_bound(p), p.reader_index, prefetch=p.prefetch,
-                        storage_threads=p.storage_threads)
+    return stream_bytes(recv_bound(p), p.reader_index, prefetch=p.prefetch, storage_threads=p.storage_threads)
 
 
 def tier_buffers(p: StorePlan, bufs: int) -> int:
@@ -139,8 +153,16 @@ def tier_buffers(p: StorePlan, bufs: int) -> int:
     preload's scratch pieces fit in these and are gone before they exist), and the index arrays
     (offsets, labels, checksums, source indices) of each storage thread's own reader (the tiered
     preload reads with those threads); and the served fields' window and buffer, always resident."""
-    return tier_bytes(bufs, recv_bound(p), p.reader_index, storage_lookahead=p.storage_lookahead,
-                      storage_threads=p.storage_threads) + p.field_bytes
+    return (
+        tier_bytes(
+            bufs,
+            recv_bound(p),
+            p.reader_index,
+            storage_lookahead=p.storage_lookahead,
+            storage_threads=p.storage_threads,
+        )
+        + p.field_bytes
+    )
 
 
 def memory_needs(p: StorePlan) -> tuple[int, int]:
@@ -164,8 +186,9 @@ def check_budget(p: StorePlan, comm, topology: Topology, name: str = "storage") 
     share is over budget, or (overflow served) every rank computes the same resident set (None:
     everything fits; `name`: the container, for the log)."""
     local_ranks = topology.local_size
-    budget, source = ((p.config.memory_budget, p.budget_source) if p.config.memory_budget is not None
-                      else default_budget(local_ranks))
+    budget, source = (
+        (p.config.memory_budget, p.budget_source) if p.config.memory_budget is not None else default_budget(local_ranks)
+    )
     bufs, peak = _buffers(p)
     if p.replicate:
         data = int(p.offsets[-1]) if topology.local_rank == 0 else 0
@@ -198,7 +221,8 @@ def choose_resident(p: StorePlan, caps: list, bufs: int, name: str = "storage") 
             f"the data store does not fit its memory budget even with nothing resident: rank {r} needs "
             f"{fmt_bytes(extra)} of buffers (receive, and {p.storage_lookahead + 1} steps of storage "
             f"reads{served}) but its memory budget is {fmt_bytes(caps[r])}; raise memory_budget / "
-            f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead")
+            f"$DSTORE_MEMORY_BUDGET or lower batch_size/prefetch/storage_lookahead"
+        )
     if p.layout.base is not None:  # blocks: the residency one block at a time, the windows' layout looked up
         resident = tiers.resident_blocks(p.sizes, p.bounds, keep, p.seed)
         roff = tiers.resident_offsets(p.sizes, resident)
@@ -211,13 +235,22 @@ def choose_resident(p: StorePlan, caps: list, bufs: int, name: str = "storage") 
         layout = plan.scattered_layout(roff, p.layout.owner, p.size)
     total = int(p.offsets[-1])
     res_bytes = int(roff[-1])
-    tier = {"resident_fraction": res_bytes / total if total else 1.0, "resident_bytes": res_bytes,
-            "storage_bytes": total - res_bytes}
+    tier = {
+        "resident_fraction": res_bytes / total if total else 1.0,
+        "resident_bytes": res_bytes,
+        "storage_bytes": total - res_bytes,
+    }
     if p.rank == 0:
-        log.warning("the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
-                    "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
-                    "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
-                    fmt_bytes(total), 100.0 * tier["resident_fraction"], int(resident.sum()),
-                    p.num_samples, fmt_bytes(total - res_bytes), name,
-                    p.storage_lookahead)
+        log.warning(
+            "the data set (%s) exceeds the memory budget: %.1f%% of its bytes (%d of %d samples) stay "
+            "in the ranks' memory, the other %s per epoch are read from %s by the ranks that need "
+            "them, %d steps ahead (overflow='serve'; overflow='error' refuses instead)",
+            fmt_bytes(total),
+            100.0 * tier["resident_fraction"],
+            int(resident.sum()),
+            p.num_samples,
+            fmt_bytes(total - res_bytes),
+            name,
+            p.storage_lookahead,
+        )
     return Residency(resident, layout, tier)

@@ -126,8 +126,16 @@ smallest of those that must be > 0: far past any cluster's, and near enough that
 ratio of a few of them overflows a float (inf / inf would be NaN)."""
 
 
-def check_number(name: str, value, *, low: float = 0, strict: bool = False, integer: bool = False,
-                 cap: bool = False, high: float | None = None) -> None:
+def check_number(
+    name: str,
+    value,
+    *,
+    low: float = 0,
+    strict: bool = False,
+    integer: bool = False,
+    cap: bool = False,
+    high: float | None = None,
+) -> None:
     """Refuses (ConfigError, one line naming `name`, the value and what is allowed) anything but a
     number >= `low` (> `low` if `strict`, and then at least 1/MAX_FIGURE unless an integer) and
     <= `high` (default MAX_COUNT for an integer, else MAX_FIGURE), an integer if `integer`; inf only
@@ -139,8 +147,9 @@ def check_number(name: str, value, *, low: float = 0, strict: bool = False, inte
     ok = ok and (cap or value < math.inf)
     if not ok:  # also NaN, which compares false
         kind = "an integer" if integer else ("a number" if cap else "a finite number")
-        raise ConfigError(f"{name}={value!r} must be {kind} {'>' if strict else '>='} {low:g}"
-                          + (" (or inf: no cap)" if cap else ""))
+        raise ConfigError(
+            f"{name}={value!r} must be {kind} {'>' if strict else '>='} {low:g}" + (" (or inf: no cap)" if cap else "")
+        )
     if strict and not integer and value < 1 / MAX_FIGURE:
         raise ConfigError(f"{name}={value!r} must be at least {1 / MAX_FIGURE:g}")
     if value > high and not (cap and value == math.inf):  # exact: 2**63 - 1 is no float
@@ -152,16 +161,24 @@ def _check(cluster: Cluster, samples: int, mean_bytes: float, storage: Storage) 
     """Every input of a forecast in its range (check_number), naming the first one that is not."""
     c = cluster
     rules: list[tuple[str, object, dict]] = [
-        ("samples", samples, {"low": 1, "integer": True}), ("mean_bytes", mean_bytes, {"low": 1}),
-        ("nodes", c.nodes, {"low": 1, "integer": True}), ("ranks_per_node", c.ranks_per_node, {"low": 1, "integer": True}),
-        ("memory_per_node", c.memory_per_node, {"strict": True}), ("network", c.network, {"strict": True}),
-        ("consume", c.consume, {"strict": True}), ("batch_size", c.batch_size, {"low": 1, "integer": True}),
-        ("threads", c.threads, {"low": 1, "integer": True}), ("prefetch", c.prefetch, {"integer": True}),
-        ("decode_seconds", c.decode_seconds, {}), ("local_bandwidth", c.local_bandwidth, {"strict": True, "cap": True}),
+        ("samples", samples, {"low": 1, "integer": True}),
+        ("mean_bytes", mean_bytes, {"low": 1}),
+        ("nodes", c.nodes, {"low": 1, "integer": True}),
+        ("ranks_per_node", c.ranks_per_node, {"low": 1, "integer": True}),
+        ("memory_per_node", c.memory_per_node, {"strict": True}),
+        ("network", c.network, {"strict": True}),
+        ("consume", c.consume, {"strict": True}),
+        ("batch_size", c.batch_size, {"low": 1, "integer": True}),
+        ("threads", c.threads, {"low": 1, "integer": True}),
+        ("prefetch", c.prefetch, {"integer": True}),
+        ("decode_seconds", c.decode_seconds, {}),
+        ("local_bandwidth", c.local_bandwidth, {"strict": True, "cap": True}),
         ("storage_lookahead", c.storage_lookahead, {"integer": True}),
         ("storage_threads", c.storage_threads, {"low": 1, "integer": True}),
-        ("reader_index_bytes", c.reader_index_bytes, {}), ("decode_threads", c.decode_threads, {"integer": True}),
-        ("storage.latency", storage.latency, {}), ("storage.iops", storage.iops, {"strict": True, "cap": True}),
+        ("reader_index_bytes", c.reader_index_bytes, {}),
+        ("decode_threads", c.decode_threads, {"integer": True}),
+        ("storage.latency", storage.latency, {}),
+        ("storage.iops", storage.iops, {"strict": True, "cap": True}),
         ("storage.bandwidth", storage.bandwidth, {"strict": True, "cap": True}),
     ]
     if c.workers is not None:
@@ -174,13 +191,22 @@ def _check(cluster: Cluster, samples: int, mean_bytes: float, storage: Storage) 
         for x in shape:
             check_number(f"{name}={tuple(shape)!r}: each", x, low=1, integer=True)
     if c.batch_size < c.ranks:
-        raise ConfigError(f"batch_size={c.batch_size} is the global batch size and must be >= the number of "
-                          f"ranks ({c.ranks})")
+        raise ConfigError(
+            f"batch_size={c.batch_size} is the global batch size and must be >= the number of ranks ({c.ranks})"
+        )
 
 
-def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shape: tuple[int, ...],
-                   mean_sample_bytes: float, decode_threads: int, loaders: int = 1, workers: int = 0,
-                   deferred_resize: bool = False) -> int:
+def loader_reserve(
+    *,
+    local_batch: int,
+    input_shape: tuple[int, ...],
+    image_shape: tuple[int, ...],
+    mean_sample_bytes: float,
+    decode_threads: int,
+    loaders: int = 1,
+    workers: int = 0,
+    deferred_resize: bool = False,
+) -> int:
     """Bytes a rank's StoreLoaders hold at most, estimated: per loader, `LOADER_AHEAD + 1` batches
     of `local_batch` samples, each as its bytes plus the decoded uint8 image at the model's input
     shape twice (the per-sample tensors and the stacked batch), and per decode thread two images at
@@ -205,20 +231,30 @@ def loader_reserve(*, local_batch: int, input_shape: tuple[int, ...], image_shap
     return int(total)
 
 
-def population_seconds(total_bytes: float, ranks: int, storage: Storage, threads: int,
-                       local_bandwidth: float = math.inf, nodes: int = 1, reads: float = 0.0) -> float:
+def population_seconds(
+    total_bytes: float,
+    ranks: int,
+    storage: Storage,
+    threads: int,
+    local_bandwidth: float = math.inf,
+    nodes: int = 1,
+    reads: float = 0.0,
+) -> float:
     """The preload's time (see the module docstring): every rank reads total/ranks bytes, in 1 MiB
     requests; `reads` separate reads (a tiered preload's) add half a request each on average (the
     last, partial one of each)."""
     requests = math.ceil(total_bytes / REQUEST_BYTES + reads / 2)
     per_rank = math.ceil(requests / ranks)
     bw = min(storage.bandwidth, local_bandwidth * nodes)
-    shared = max(total_bytes / bw if bw < math.inf else 0.0, requests / storage.iops if storage.iops < math.inf else 0.0)
+    shared = max(
+        total_bytes / bw if bw < math.inf else 0.0, requests / storage.iops if storage.iops < math.inf else 0.0
+    )
     return shared + per_rank * storage.latency / max(1, threads)
 
 
-def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, piece: float,
-                   gap: float = GAP_BYTES) -> tuple[float, float]:
+def tiered_preload(
+    resident_bytes: float, mean_bytes: float, fraction: float, piece: float, gap: float = GAP_BYTES
+) -> tuple[float, float]:
     """(bytes read, reads) of a tiered preload (dstore.order.tiers.preload_reads) of `resident_bytes`.
 
     The resident samples are a random subset (dstore.order.tiers.resident_mask): after each comes a run of
@@ -232,7 +268,7 @@ def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, pi
         return resident_bytes, resident_bytes / piece
     f, q, m = fraction, 1.0 - fraction, int(gap // mean_bytes)
     # the sum's closed form; >= 0, which rounding in its difference can miss where f is tiny
-    crossed = max(0.0, q * (1.0 - (m + 1) * q ** m + m * q ** (m + 1)) / f)
+    crossed = max(0.0, q * (1.0 - (m + 1) * q**m + m * q ** (m + 1)) / f)
     nbytes = resident_bytes * (1.0 + crossed)
     end = q ** (m + 1)  # a resident sample ends its run of reads
     if end < 1e-12:
@@ -246,8 +282,15 @@ def tiered_preload(resident_bytes: float, mean_bytes: float, fraction: float, pi
     return nbytes, runs / -math.expm1(piece / each * (math.log1p(-end) if end < 1.0 else -math.inf))
 
 
-def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage, *,
-             largest_step_bytes: float | None = None, replicate: bool | None = None) -> dict:
+def forecast(
+    samples: int,
+    mean_bytes: float,
+    cluster: Cluster,
+    storage: Storage,
+    *,
+    largest_step_bytes: float | None = None,
+    replicate: bool | None = None,
+) -> dict:
     """What the data set costs each rank of `cluster`, and the settings to use (a plain dict).
 
     Args:
@@ -260,14 +303,13 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     """
     _check(cluster, samples, mean_bytes, storage)
     if replicate is None:
-        spread = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes,
-                          replicate=False)
+        spread = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes, replicate=False)
         if cluster.nodes == 1:
             return spread
-        copy = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes,
-                        replicate=True)
+        copy = forecast(samples, mean_bytes, cluster, storage, largest_step_bytes=largest_step_bytes, replicate=True)
         better = copy["resident_fraction"] == 1.0 and (
-            copy["population_seconds"] <= 2 * spread["population_seconds"] or not spread["input_off_critical_path"])
+            copy["population_seconds"] <= 2 * spread["population_seconds"] or not spread["input_off_critical_path"]
+        )
         return copy if better else spread
     c, n = cluster, int(samples)
     total = n * float(mean_bytes)
@@ -282,9 +324,18 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     recv = recv_counted if c.nodes > 1 else 0.0
     step_seconds = per_step / c.consume
     workers = c.workers if c.workers is not None else max(1, math.ceil(1.25 * c.consume * c.decode_seconds))
-    decode = loader_reserve(local_batch=per_step, input_shape=c.input_shape, image_shape=c.image_shape,
-                            mean_sample_bytes=mean_bytes, decode_threads=c.decode_threads,
-                            workers=workers) if c.trainer else 0
+    decode = (
+        loader_reserve(
+            local_batch=per_step,
+            input_shape=c.input_shape,
+            image_shape=c.image_shape,
+            mean_sample_bytes=mean_bytes,
+            decode_threads=c.decode_threads,
+            workers=workers,
+        )
+        if c.trainer
+        else 0
+    )
     metadata = INDEX_BYTES * n / rpn + SCHEDULE_BYTES * n / p  # the node's index shared by its ranks
     budget = default_budget(c, n)
     store_budget = budget - decode  # dstore.training.budget.share_budget: the loaders' reserve first
@@ -316,23 +367,50 @@ def forecast(samples: int, mean_bytes: float, cluster: Cluster, storage: Storage
     node_bytes = rpn * (RANK_BASE_BYTES + decode + held) + INDEX_BYTES * n + schedules
     off_critical = max(remote_time, storage_time, decode_time) <= step_seconds
     return {
-        "samples": n, "mean_bytes": float(mean_bytes), "total_bytes": total,
-        "nodes": c.nodes, "ranks_per_node": rpn, "ranks": p, "batch_size": c.batch_size,
-        "per_rank": {"data_share_bytes": share, "metadata_bytes": metadata, "receive_buffer_bytes": recv,
-                     "storage_buffer_bytes": tier if resident < 1.0 else 0.0, "decode_bytes": decode,
-                     "budget_bytes": budget, "store_bytes": held,
-                     "total_bytes": RANK_BASE_BYTES + metadata + decode + held},
-        "per_node": {"index_bytes": INDEX_BYTES * n, "metadata_bytes": INDEX_BYTES * n + schedules,
-                     "memory_bytes": node_bytes, "fits": node_bytes <= c.memory_per_node},
-        "resident_fraction": resident, "replicate": replicate,
-        "population_seconds": pop, "population_bytes": pop_bytes,
-        "step": {"samples_per_rank": per_step, "seconds_at_consume": step_seconds,
-                 "remote_bytes": remote, "remote_seconds": remote_time,
-                 "storage_bytes": storage_step, "storage_seconds": storage_time, "decode_seconds": decode_time},
+        "samples": n,
+        "mean_bytes": float(mean_bytes),
+        "total_bytes": total,
+        "nodes": c.nodes,
+        "ranks_per_node": rpn,
+        "ranks": p,
+        "batch_size": c.batch_size,
+        "per_rank": {
+            "data_share_bytes": share,
+            "metadata_bytes": metadata,
+            "receive_buffer_bytes": recv,
+            "storage_buffer_bytes": tier if resident < 1.0 else 0.0,
+            "decode_bytes": decode,
+            "budget_bytes": budget,
+            "store_bytes": held,
+            "total_bytes": RANK_BASE_BYTES + metadata + decode + held,
+        },
+        "per_node": {
+            "index_bytes": INDEX_BYTES * n,
+            "metadata_bytes": INDEX_BYTES * n + schedules,
+            "memory_bytes": node_bytes,
+            "fits": node_bytes <= c.memory_per_node,
+        },
+        "resident_fraction": resident,
+        "replicate": replicate,
+        "population_seconds": pop,
+        "population_bytes": pop_bytes,
+        "step": {
+            "samples_per_rank": per_step,
+            "seconds_at_consume": step_seconds,
+            "remote_bytes": remote,
+            "remote_seconds": remote_time,
+            "storage_bytes": storage_step,
+            "storage_seconds": storage_time,
+            "decode_seconds": decode_time,
+        },
         "input_off_critical_path": off_critical,
-        "recommend": {"replicate": replicate, "tiered": resident < 1.0, "storage_lookahead": lookahead,
-                      "decode_workers": workers,
-                      "nodes_for_resident": _nodes_needed(total, n, c, step_max, store_budget)},
+        "recommend": {
+            "replicate": replicate,
+            "tiered": resident < 1.0,
+            "storage_lookahead": lookahead,
+            "decode_workers": workers,
+            "nodes_for_resident": _nodes_needed(total, n, c, step_max, store_budget),
+        },
     }
 
 
@@ -392,8 +470,8 @@ def format_forecast(f: dict) -> str:
         f"{b(r['decode_bytes'])}; budget {b(r['budget_bytes'])} (the store holds {b(r['store_bytes'])}), "
         f"holds {b(r['total_bytes'])}",
         f"per node: index {b(f['per_node']['index_bytes'])}, metadata {b(f['per_node']['metadata_bytes'])}, memory "
-        f"{b(f['per_node']['memory_bytes'])}" + ("" if f["per_node"]["fits"] else " (MORE than the node has: "
-                                                 "lower memory_budget or decode workers)"),
+        f"{b(f['per_node']['memory_bytes'])}"
+        + ("" if f["per_node"]["fits"] else " (MORE than the node has: lower memory_budget or decode workers)"),
         f"resident fraction: {100 * f['resident_fraction']:.3g}%" + (" (one copy per node)" if f["replicate"] else ""),
         f"population: {t(f['population_seconds'])} for {b(f['population_bytes'])}",
         f"per step and rank: {s['samples_per_rank']} samples in {t(s['seconds_at_consume'])}; remote "

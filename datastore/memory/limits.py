@@ -16,6 +16,7 @@ ENV_VAR = rc.MEMORY_BUDGET.name
 SAFE_FRACTION = 0.7
 """Share of the node's MemAvailable the ranks of a node may fill together by default."""
 
+
 def parse_bytes(text, what: str = "memory_budget") -> int:
     """`text` (an int, or a string like `8G`, `1.5GiB`, `500MB`) as a number of bytes (dstore.runtime.units)."""
     return parse_size(text, what)
@@ -84,8 +85,10 @@ def cgroup_headroom(proc_cgroup: str | None = None, root: str | None = None) -> 
         if controllers == "" and os.path.isfile(os.path.join(root, "cgroup.controllers")):
             base, files = root, ("memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):
-            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                         "total_inactive_file")
+            base, files = (
+                os.path.join(root, "memory"),
+                ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+            )
         else:
             continue
         parts = [p for p in path.split("/") if p]
@@ -125,7 +128,8 @@ def default_budget(ranks_on_node: int) -> tuple[int, str]:
         return rc.MEMORY_BUDGET.get(), f"${ENV_VAR}={env}"
     avail, what = available_memory()
     return int(avail * SAFE_FRACTION) // max(ranks_on_node, 1), (
-        f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node")
+        f"default: {SAFE_FRACTION:.0%} of {what} over {ranks_on_node} rank(s) on the node"
+    )
 
 
 fmt_bytes = fmt_size  # the one formatter (dstore.runtime.units): SI, three significant digits
@@ -148,23 +152,43 @@ def ranks_needed(offsets: np.ndarray, budget_for_data: int, start: int, limit: i
     return None
 
 
-def budget_message(*, worst_rank: int, need: int, data_part: int, budget: int, source: str, total: int,
-                   nranks: int, ranks_per_node: int, fitting_ranks, what: str, replicate: bool = False) -> str:
+def budget_message(
+    *,
+    worst_rank: int,
+    need: int,
+    data_part: int,
+    budget: int,
+    source: str,
+    total: int,
+    nranks: int,
+    ranks_per_node: int,
+    fitting_ranks,
+    what: str,
+    replicate: bool = False,
+) -> str:
     """The MemoryBudgetError text: what is needed, the budget, and how many ranks/nodes would fit."""
     holder = "the node" if replicate else f"rank {worst_rank}"
-    msg = (f"{what}: {holder} needs {fmt_bytes(need)} ({fmt_bytes(data_part)} of data, the rest receive "
-           f"buffers) but its memory budget is {fmt_bytes(budget)} ({source}); the data set is "
-           f"{fmt_bytes(total)} over {nranks} rank(s). ")
+    msg = (
+        f"{what}: {holder} needs {fmt_bytes(need)} ({fmt_bytes(data_part)} of data, the rest receive "
+        f"buffers) but its memory budget is {fmt_bytes(budget)} ({source}); the data set is "
+        f"{fmt_bytes(total)} over {nranks} rank(s). "
+    )
     if replicate:
-        msg += (f"A full copy per node needs {fmt_bytes(total)} per node: use replicate=False (each rank "
-                f"holds 1/{nranks} of it), nodes with more memory, or raise memory_budget / ${ENV_VAR}.")
+        msg += (
+            f"A full copy per node needs {fmt_bytes(total)} per node: use replicate=False (each rank "
+            f"holds 1/{nranks} of it), nodes with more memory, or raise memory_budget / ${ENV_VAR}."
+        )
     elif fitting_ranks is None:
-        msg += ("No number of ranks fits this budget (one sample, or the receive buffers for one batch, "
-                f"are larger than it); raise memory_budget / ${ENV_VAR} or lower batch_size/prefetch.")
+        msg += (
+            "No number of ranks fits this budget (one sample, or the receive buffers for one batch, "
+            f"are larger than it); raise memory_budget / ${ENV_VAR} or lower batch_size/prefetch."
+        )
     else:
         nodes = -(-fitting_ranks // max(ranks_per_node, 1))
-        msg += (f"It would fit on at least {fitting_ranks} ranks, i.e. {nodes} node(s) at "
-                f"{ranks_per_node} rank(s) per node; or raise memory_budget / ${ENV_VAR}.")
+        msg += (
+            f"It would fit on at least {fitting_ranks} ranks, i.e. {nodes} node(s) at "
+            f"{ranks_per_node} rank(s) per node; or raise memory_budget / ${ENV_VAR}."
+        )
     return msg
 
 
@@ -182,9 +206,22 @@ def budget_error(rows, *, offsets: np.ndarray, bufs: int, replicate: bool):
         return None
     _, worst = max(bad)
     need, data, cap, source, per_node = rows[worst]
-    what = ("replicate=True: one full copy per node does not fit the node's pooled budget"
-            if replicate else "the data store does not fit its memory budget")
+    what = (
+        "replicate=True: one full copy per node does not fit the node's pooled budget"
+        if replicate
+        else "the data store does not fit its memory budget"
+    )
     fitting = None if replicate else ranks_needed(offsets, cap - bufs, len(rows) + 1)
-    return budget_message(worst_rank=worst, need=need, data_part=data, budget=cap, source=source,
-                          total=int(offsets[-1]), nranks=len(rows), ranks_per_node=per_node,
-                          fitting_ranks=fitting, what=what, replicate=replicate)
+    return budget_message(
+        worst_rank=worst,
+        need=need,
+        data_part=data,
+        budget=cap,
+        source=source,
+        total=int(offsets[-1]),
+        nranks=len(rows),
+        ranks_per_node=per_node,
+        fitting_ranks=fitting,
+        what=what,
+        replicate=replicate,
+    )

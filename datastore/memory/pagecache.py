@@ -75,8 +75,9 @@ def evict_files(files, *, label: str | None = None, skip_unopenable: bool = Fals
     fadvise = getattr(os, "posix_fadvise", None)
     if fadvise is None:
         what = label or (files[0] if files else "the files")
-        warnings.warn(f"this platform has no posix_fadvise: {what} stays in the page cache",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"this platform has no posix_fadvise: {what} stays in the page cache", RuntimeWarning, stacklevel=3
+        )
         return 0
     os.sync()
     covered = 0
@@ -86,8 +87,7 @@ def evict_files(files, *, label: str | None = None, skip_unopenable: bool = Fals
         except OSError as exc:
             if skip_unopenable:
                 continue
-            raise type(exc)(exc.errno, f"cannot open {name} to drop its cached pages: {exc.strerror}",
-                            name) from exc
+            raise type(exc)(exc.errno, f"cannot open {name} to drop its cached pages: {exc.strerror}", name) from exc
         try:
             covered += os.fstat(fd).st_size
             fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

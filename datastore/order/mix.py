@@ -72,7 +72,7 @@ def mix_counts(epoch_size: int, weights) -> np.ndarray:
     share = [e * x / sum(w) for x in w]
     counts = [math.floor(s) for s in share]
     # Python's sort is stable: equal remainders go to the lower index first.
-    for k in sorted(range(len(w)), key=lambda k: -(share[k] - counts[k]))[:e - sum(counts)]:
+    for k in sorted(range(len(w)), key=lambda k: -(share[k] - counts[k]))[: e - sum(counts)]:
         counts[k] += 1
     return np.asarray(counts, dtype=np.int64)
 
@@ -122,8 +122,9 @@ def mix_plan(sizes, weights, seed: int, epoch: int, epoch_size: int | None = Non
     return src[perm], ids[perm]
 
 
-def mix_at(sizes, weights, seed: int, epoch: int, positions, epoch_size: int | None = None) -> tuple[np.ndarray,
-                                                                                                   np.ndarray]:
+def mix_at(
+    sizes, weights, seed: int, epoch: int, positions, epoch_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``mix_plan(...)`` at `positions` only: (source index, sample id) of each, without building the
     epoch's E pairs. The order's permutation of E is still drawn whole (numpy's permutation is not
     evaluated per position: O(E) memory, 8 bytes per pair, a sixth of mix_plan's), each source's

@@ -92,7 +92,7 @@ class Permutation:
             raise IndexError(f"value outside [0, {self.n}) given to a permutation of {self.n}")
         res = np.empty(flat.size, dtype=np.int64)
         for a in range(0, flat.size, CHUNK):
-            res[a:a + CHUNK] = self._walk(flat[a:a + CHUNK].astype(np.uint64), inverse).astype(np.int64)
+            res[a : a + CHUNK] = self._walk(flat[a : a + CHUNK].astype(np.uint64), inverse).astype(np.int64)
         return res.reshape(v.shape)
 
     def __getitem__(self, positions) -> np.ndarray:
@@ -109,5 +109,5 @@ class Permutation:
 
     def __array__(self, dtype=None, copy=None):
         """The whole permutation (O(n) memory: for tests and small n)."""
-        out = self[0:self.n]
+        out = self[0 : self.n]
         return out if dtype is None else out.astype(dtype)

@@ -149,8 +149,11 @@ def global_schedule(order, batch_size: int, nranks: int, rank: int, drop_last: b
         ptr = np.zeros(counts.size + 1, dtype=np.int64)
         np.cumsum(counts, out=ptr[1:])
         m = int(ptr[-1])
-        return Schedule(Derived(m, _Blocks(lambda j: order[positions(j)], m)), ptr,
-                        Derived(m, lambda j: np.zeros(np.size(j), dtype=bool)))
+        return Schedule(
+            Derived(m, _Blocks(lambda j: order[positions(j)], m)),
+            ptr,
+            Derived(m, lambda j: np.zeros(np.size(j), dtype=bool)),
+        )
     idx = positions(np.arange(int(counts.sum()), dtype=np.int64))
     # A pad repeats the rank's own first sample of the epoch (so under dynamic population it is
     # one the rank holds); a rank with no sample at all in step 0 (N < ranks) repeats order[rank % N].
@@ -244,7 +247,7 @@ class Derived:
         return self.fn(np.where(ids < 0, ids + self.n, ids).astype(np.int64, copy=False))
 
     def __array__(self, dtype=None, copy=None):
-        out = self[0:self.n]
+        out = self[0 : self.n]
         return out if dtype is None else out.astype(dtype)
 
     def __getattr__(self, name):  # array methods (sum, max, ...) on the whole array
@@ -258,12 +261,33 @@ class Derived:
 def _whole(op):
     def method(self, *args):
         return getattr(np.asarray(self), op)(*args)
+
     method.__name__ = op
     return method
 
 
-for _op in ("eq", "ne", "lt", "le", "gt", "ge", "add", "radd", "sub", "rsub", "mul", "rmul", "neg",
-            "and", "rand", "or", "ror", "floordiv", "mod", "invert"):
+for _op in (
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "add",
+    "radd",
+    "sub",
+    "rsub",
+    "mul",
+    "rmul",
+    "neg",
+    "and",
+    "rand",
+    "or",
+    "ror",
+    "floordiv",
+    "mod",
+    "invert",
+):
     setattr(Derived, f"__{_op}__", _whole(f"__{_op}__"))
 
 
@@ -276,7 +300,7 @@ def largest_sum(offsets: np.ndarray, k: int, chunk: int = 1 << 20) -> int:
         return 0
     best = np.zeros(0, dtype=np.int64)
     for a in range(0, n, chunk):
-        cand = np.concatenate([best, np.diff(offsets[a:min(a + chunk, n) + 1])])
+        cand = np.concatenate([best, np.diff(offsets[a : min(a + chunk, n) + 1])])
         best = np.partition(cand, cand.size - k)[-k:] if cand.size > k else cand
     return int(best.sum())
 
@@ -347,10 +371,12 @@ def dynamic_owner(num_samples: int, batch_size: int, nranks: int, drop_last: boo
 def dynamic_owner_of(num_samples: int, batch_size: int, nranks: int, drop_last: bool, perm0) -> Derived:
     """`dynamic_owner` computed on lookup from epoch 0's bijection (`perm0`, a
     dstore.order.permute.Permutation): a sample's position by the inverse, then its taker (O(1) each)."""
+
     def fn(ids: np.ndarray) -> np.ndarray:
         pos = perm0.position_of(ids)
         who = assignment_at(pos, num_samples, batch_size, nranks, drop_last)
         return np.where(who < 0, pos % nranks, who)
+
     return Derived(num_samples, fn)
 
 
@@ -369,7 +395,7 @@ def owner_layout(offsets: np.ndarray, owner, nranks: int, chunk: int = 1 << 20) 
         b = min(n, a + chunk)
         own = np.asarray(owner[a:b], dtype=np.int64)
         kept[a:b] = own
-        sz = offsets[a + 1:b + 1] - offsets[a:b]
+        sz = offsets[a + 1 : b + 1] - offsets[a:b]
         perm = np.argsort(own, kind="stable")  # by owner, then index
         cs = np.cumsum(sz[perm])
         o = own[perm]
@@ -408,8 +434,9 @@ class Fetch:
     remote_bytes: int
 
 
-def plan_fetch(owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: int,
-               mapped: np.ndarray | None = None) -> Fetch:
+def plan_fetch(
+    owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: int, mapped: np.ndarray | None = None
+) -> Fetch:
     """Groups a batch's entries (their owner, displacement, length) by owner and coalesces entries
     contiguous in the owner's window into one run. Entries owned by `rank`, or by a rank whose
     window this rank maps (`mapped[owner]`, a bool per rank: a node peer), need no get; their
@@ -433,5 +460,4 @@ def plan_fetch(owner: np.ndarray, disp: np.ndarray, length: np.ndarray, rank: in
     heads = np.nonzero(new)[0]
     run_len = np.add.reduceat(ln, heads)
     keep = run_len > 0
-    return Fetch(local, start, length, o[heads][keep], d[heads][keep], run_len[keep], buf[heads][keep],
-                 int(buf[-1]))
+    return Fetch(local, start, length, o[heads][keep], d[heads][keep], run_len[keep], buf[heads][keep], int(buf[-1]))

@@ -41,16 +41,27 @@ class Policy:
         """The epoch's order of all samples (int64[N])."""
         raise NotImplementedError
 
-    def schedule(self, order: np.ndarray, bounds: np.ndarray, batch_size: int, nranks: int, rank: int,
-                 drop_last: bool) -> plan.Schedule:
+    def schedule(
+        self, order: np.ndarray, bounds: np.ndarray, batch_size: int, nranks: int, rank: int, drop_last: bool
+    ) -> plan.Schedule:
         """Rank's deliveries of an epoch whose order is `order`: its own block's part of the order
         dealt over the epoch's steps (dstore.order.plan's module docstring); nothing is dropped."""
         steps = plan.steps_per_epoch(order.size, batch_size, drop_last)
-        seq = order[int(bounds[rank]):int(bounds[rank + 1])]
+        seq = order[int(bounds[rank]) : int(bounds[rank + 1])]
         return plan.dealt_schedule(seq, steps, int(seq[0]) if seq.size else int(order[rank % order.size]))
 
-    def rank_schedule(self, num_samples: int, bounds: np.ndarray, seed: int, epoch: int, fraction: float,
-                      batch_size: int, nranks: int, rank: int, drop_last: bool) -> plan.Schedule:
+    def rank_schedule(
+        self,
+        num_samples: int,
+        bounds: np.ndarray,
+        seed: int,
+        epoch: int,
+        fraction: float,
+        batch_size: int,
+        nranks: int,
+        rank: int,
+        drop_last: bool,
+    ) -> plan.Schedule:
         """`schedule` of the epoch's order, building only what this rank needs where the policy can."""
         order = self.order(num_samples, bounds, seed, epoch, fraction)
         return self.schedule(order, bounds, batch_size, nranks, rank, drop_last)
@@ -65,8 +76,17 @@ class Policy:
             step[order[lo:hi]] = (np.arange(m, dtype=np.int64) * steps) // max(m, 1)
         return step
 
-    def block_first_use(self, num_samples: int, bounds: np.ndarray, rank: int, seed: int, epoch: int,
-                        batch_size: int, steps: int, fraction: float) -> np.ndarray:
+    def block_first_use(
+        self,
+        num_samples: int,
+        bounds: np.ndarray,
+        rank: int,
+        seed: int,
+        epoch: int,
+        batch_size: int,
+        steps: int,
+        fraction: float,
+    ) -> np.ndarray:
         """``first_use(...)[lo:hi]`` for rank's block ``[lo, hi) = bounds[rank:rank+2]``; this base
         builds the whole order (O(N)); a policy whose order allows it computes the block alone."""
         order = self.order(num_samples, bounds, seed, epoch, fraction)
@@ -127,8 +147,9 @@ class Local(Policy):
 
     def rank_schedule(self, num_samples, bounds, seed, epoch, fraction, batch_size, nranks, rank, drop_last):
         if bounds[rank + 1] <= bounds[rank]:  # an empty block: the base pads from the whole order
-            return super().rank_schedule(num_samples, bounds, seed, epoch, fraction, batch_size, nranks, rank,
-                                         drop_last)
+            return super().rank_schedule(
+                num_samples, bounds, seed, epoch, fraction, batch_size, nranks, rank, drop_last
+            )
         seq = shuffle.local_block(bounds, rank, seed, epoch)
         return plan.dealt_schedule(seq, plan.steps_per_epoch(num_samples, batch_size, drop_last), int(seq[0]))
 

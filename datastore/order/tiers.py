@@ -110,8 +110,8 @@ def resident_offsets(sizes, resident: np.ndarray) -> np.ndarray:
     for a in range(0, n, CHUNK):
         b = min(n, a + CHUNK)
         eff = np.where(resident[a:b], np.asarray(sizes[a:b], dtype=np.int64), 0)
-        np.cumsum(eff, out=out[a + 1:b + 1])
-        out[a + 1:b + 1] += out[a]
+        np.cumsum(eff, out=out[a + 1 : b + 1])
+        out[a + 1 : b + 1] += out[a]
     return out
 
 

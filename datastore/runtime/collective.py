@@ -62,8 +62,7 @@ Fallback = Callable[[str], BaseException]
 """What builds the error raised for a failure of a type not kept (an exception class taking a message)."""
 
 
-_TYPES = {cls.__name__: cls for cls in vars(_errors).values()
-          if isinstance(cls, type) and issubclass(cls, DStoreError)}
+_TYPES = {cls.__name__: cls for cls in vars(_errors).values() if isinstance(cls, type) and issubclass(cls, DStoreError)}
 
 
 def message(exc: BaseException) -> tuple[str, str]:
@@ -180,8 +179,11 @@ def on_root(comm, fn, *args, types=None, fallback: Fallback = ConfigError, **kwa
         return result
     if err is None:
         name, text = failed
-        err = (fallback(f"rank 0 failed: {name}: {text}") if types is None
-               else remote_error(name, text, 0, types=types, fallback=fallback))
+        err = (
+            fallback(f"rank 0 failed: {name}: {text}")
+            if types is None
+            else remote_error(name, text, 0, types=types, fallback=fallback)
+        )
     _mark_agreed(err)
     raise err
 
@@ -249,8 +251,14 @@ def topology_of(comm, node) -> Topology:
     `comm`: one allgather)."""
     firsts = comm.allgather(node.allreduce(comm.Get_rank(), op=_min_op()))
     leaders = sorted(set(firsts))
-    return Topology(rank=comm.Get_rank(), size=comm.Get_size(), node=leaders.index(firsts[comm.Get_rank()]),
-                    nodes=len(leaders), local_rank=node.Get_rank(), local_size=node.Get_size())
+    return Topology(
+        rank=comm.Get_rank(),
+        size=comm.Get_size(),
+        node=leaders.index(firsts[comm.Get_rank()]),
+        nodes=len(leaders),
+        local_rank=node.Get_rank(),
+        local_size=node.Get_size(),
+    )
 
 
 def topology(comm, *, emulate: bool = False) -> Topology:
@@ -295,9 +303,11 @@ def seen_everywhere(comm, path: str, what: str) -> None:
     if missing:
         ranks = ", ".join(str(r) for r, _ in missing[:8]) + (", ..." if len(missing) > 8 else "")
         hosts = sorted({h for _, h in missing})
-        err = ConfigError(f"{what} {path} is not on storage every node sees: rank(s) {ranks} on "
-                          f"{', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''} do not see it as rank 0 on "
-                          f"{host0} does; put it on a file system all nodes share (a node's /tmp, /dev/shm or "
-                          "local disk is its own)")
+        err = ConfigError(
+            f"{what} {path} is not on storage every node sees: rank(s) {ranks} on "
+            f"{', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''} do not see it as rank 0 on "
+            f"{host0} does; put it on a file system all nodes share (a node's /tmp, /dev/shm or "
+            "local disk is its own)"
+        )
         _mark_agreed(err)
         raise err

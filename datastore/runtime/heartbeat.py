@@ -41,8 +41,17 @@ class Heartbeat:
         rates: the line also gives the bytes done, the rate and the time left (see the module docstring).
     """
 
-    def __init__(self, what: str, total: int | None = None, *, unit: str = "", enabled: bool = True,
-                 period: float | None = None, out=None, rates: bool = False):
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        *,
+        unit: str = "",
+        enabled: bool = True,
+        period: float | None = None,
+        out=None,
+        rates: bool = False,
+    ):
         self.what, self.total, self.unit = what, total, unit
         self.period = period_from_env() if period is None else float(period)
         self.enabled = enabled and self.period > 0
@@ -70,10 +79,11 @@ class Heartbeat:
         if not self.rates:
             return f"{self.what}: {done} of {self.total}{unit}{pct} after {elapsed:.1f} s"
         rate = done / elapsed if elapsed > 0 else 0.0
-        left = (f", about {fmt_seconds((self.total - done) / rate)} left" if rate > 0 and done < self.total
-                else "")
-        return (f"{self.what}: {done} of {self.total}{unit}{pct}, {fmt_size(self.nbytes)}, {rate:.0f}{unit}/s "
-                f"({fmt_rate(self.nbytes / elapsed if elapsed > 0 else 0.0)}) after {elapsed:.1f} s{left}")
+        left = f", about {fmt_seconds((self.total - done) / rate)} left" if rate > 0 and done < self.total else ""
+        return (
+            f"{self.what}: {done} of {self.total}{unit}{pct}, {fmt_size(self.nbytes)}, {rate:.0f}{unit}/s "
+            f"({fmt_rate(self.nbytes / elapsed if elapsed > 0 else 0.0)}) after {elapsed:.1f} s{left}"
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

@@ -70,8 +70,10 @@ def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=
     path = getattr(container, "path", "the container")
     change = container.changes() if hasattr(container, "changes") else None
     if change:  # a file rewritten under the job (a read past a truncated end, a chunk gone, ...)
-        return ContainerChangedError(f"{path}: the container changed while this job was reading it ({change}); "
-                                     f"a read failed: {type(exc).__name__}: {exc}")
+        return ContainerChangedError(
+            f"{path}: the container changed while this job was reading it ({change}); "
+            f"a read failed: {type(exc).__name__}: {exc}"
+        )
     bad = []
     tried = range(lo, min(hi, lo + 4096)) if ids is None else np.unique(ids)[:4096].tolist()
     if ids is not None:
@@ -85,7 +87,8 @@ def read_error(container, start: int, exc: BaseException, lo: int, hi: int, ids=
 
     if bad:
         which = ("sample " if len(ids) == 1 else f"{len(ids)} samples: ") + ", ".join(
-            named(container, i) for i in ids[:5])
+            named(container, i) for i in ids[:5]
+        )
         which += " ..." if len(ids) > 5 else ""
     else:
         which = f"samples {named(container, ids[0])} .. {named(container, ids[-1])}"
@@ -103,10 +106,15 @@ def mismatch_error(container, start: int, exc: ChecksumError) -> FormatError:
     what = f"{len(ids)} sample(s) read from storage do not match their checksums: {which}"
     change = container.changes() if hasattr(container, "changes") else None
     if change:
-        return ContainerChangedError(f"{path}: the container changed while this job was reading it ({change}); "
-                                     f"{what}. A container must not be rewritten while a job reads it")
-    return ChecksumError(f"{path}: {what} (its files are the ones opened: damaged storage or a rewrite that "
-                         "kept size and time?); `dstore verify` checks the whole container", ids)
+        return ContainerChangedError(
+            f"{path}: the container changed while this job was reading it ({change}); "
+            f"{what}. A container must not be rewritten while a job reads it"
+        )
+    return ChecksumError(
+        f"{path}: {what} (its files are the ones opened: damaged storage or a rewrite that "
+        "kept size and time?); `dstore verify` checks the whole container",
+        ids,
+    )
 
 
 def named(container, i: int) -> str:

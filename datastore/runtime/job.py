@@ -35,8 +35,10 @@ launcher forwards the signal to every rank and each unwinds its own clean-up (an
 temporaries and locks); the first rank's abort killed a slower one mid-way, leaving its files (seen
 under load in test_ingest_signals). A rank that did not get the signal is ended by the abort after it."""
 
-LAUNCH_LINE = ("mpiexec -n N python your_script.py (or `python -m mpi4py your_script.py`); under Slurm "
-               "srun -n N --mpi=pmi2 (pmix for Open MPI)")
+LAUNCH_LINE = (
+    "mpiexec -n N python your_script.py (or `python -m mpi4py your_script.py`); under Slurm "
+    "srun -n N --mpi=pmi2 (pmix for Open MPI)"
+)
 """The launch line the documentation tells a user to copy (README, docs/guide.md)."""
 
 
@@ -74,11 +76,13 @@ def launcher_mismatch(environ, mpi_size: int, command: str = "dstore ...") -> st
         except ValueError:
             continue
         if n > 1:
-            return (f"{var}={n} but MPI sees a world of 1 process: this looks started by {who}, which starts "
-                    f"{n} separate 1-rank MPI jobs (each would run alone, all writing the same files). dstore "
-                    f"bootstraps torch.distributed from MPI itself: start it with `mpiexec -n {n} {command}`, "
-                    f"or under Slurm `srun -n {n} --mpi=pmi2 {command}` (--mpi=pmix for Open MPI; "
-                    f"`srun --mpi=list` shows what your site offers), not torchrun")
+            return (
+                f"{var}={n} but MPI sees a world of 1 process: this looks started by {who}, which starts "
+                f"{n} separate 1-rank MPI jobs (each would run alone, all writing the same files). dstore "
+                f"bootstraps torch.distributed from MPI itself: start it with `mpiexec -n {n} {command}`, "
+                f"or under Slurm `srun -n {n} --mpi=pmi2 {command}` (--mpi=pmix for Open MPI; "
+                f"`srun --mpi=list` shows what your site offers), not torchrun"
+            )
     return None
 
 
@@ -112,8 +116,9 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
-def report_and_abort(code: int, msg: str | None, *, settle: float = 0.0, host: str | None = None,
-                     delay: float | None = None) -> int:
+def report_and_abort(
+    code: int, msg: str | None, *, settle: float = 0.0, host: str | None = None, delay: float | None = None
+) -> int:
     """Prints `msg` once for the whole job and, with several ranks, aborts every rank with `code`
     (after `settle` seconds, for the other ranks to finish what they are doing: INTERRUPT_GRACE_S).
 

@@ -48,8 +48,9 @@ def parse_signals(text: str) -> tuple[str, ...]:
     for part in text.split(","):
         name = part.strip().upper().removeprefix("SIG")
         if name not in SIGNALS:
-            raise ConfigError(f"--preempt-signal {text!r}: {part.strip()!r} is not one of {', '.join(SIGNALS)} "
-                              "(or none)")
+            raise ConfigError(
+                f"--preempt-signal {text!r}: {part.strip()!r} is not one of {', '.join(SIGNALS)} (or none)"
+            )
         names.append(name)
     return tuple(dict.fromkeys(names))
 

@@ -36,8 +36,10 @@ class ProgressThread:
         from mpi4py import MPI
 
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise ConfigError("a progress thread needs MPI initialised with MPI_THREAD_MULTIPLE "
-                              "(mpi4py's default; check mpi4py.rc.thread_level)")
+            raise ConfigError(
+                "a progress thread needs MPI initialised with MPI_THREAD_MULTIPLE "
+                "(mpi4py's default; check mpi4py.rc.thread_level)"
+            )
         self._comm, self._period = comm, float(period)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

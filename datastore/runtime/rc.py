@@ -63,75 +63,211 @@ def parse(option: Option, text: str) -> Any:
     raise ConfigError(f"${option.name}={text!r} must be {allowed}")
 
 
-MEMORY_BUDGET = Option("DSTORE_MEMORY_BUDGET", "bytes", None, (
-    "each rank's memory budget where `memory_budget=` / `--memory-budget` is not given (e.g. `8G`); "
-    "unset: 70% of the node's available memory shared by its ranks"))
-NODE_VIEWS = Option("DSTORE_NODE_VIEWS", "bool", "1", (
-    "`0`: a store gets every sample that is not this rank's own, instead of reading its node peers' "
-    "windows in place (where `node_views=` is not given)"))
-PROGRESS_PERIOD = Option("DSTORE_PROGRESS_PERIOD", "seconds", None, (
-    "the period of a store's MPI progress thread where `progress_period=` is not given; 0: none; unset: "
-    "automatic (0.002 s where a rank is on another node)"))
-RANKS_PER_NODE = Option("DSTORE_RANKS_PER_NODE", "int", None, (
-    "tests on one machine: a store treats each run of this many consecutive ranks as a node (samples of "
-    "other \"nodes\" are then served with gets)"))
+MEMORY_BUDGET = Option(
+    "DSTORE_MEMORY_BUDGET",
+    "bytes",
+    None,
+    (
+        "each rank's memory budget where `memory_budget=` / `--memory-budget` is not given (e.g. `8G`); "
+        "unset: 70% of the node's available memory shared by its ranks"
+    ),
+)
+NODE_VIEWS = Option(
+    "DSTORE_NODE_VIEWS",
+    "bool",
+    "1",
+    (
+        "`0`: a store gets every sample that is not this rank's own, instead of reading its node peers' "
+        "windows in place (where `node_views=` is not given)"
+    ),
+)
+PROGRESS_PERIOD = Option(
+    "DSTORE_PROGRESS_PERIOD",
+    "seconds",
+    None,
+    (
+        "the period of a store's MPI progress thread where `progress_period=` is not given; 0: none; unset: "
+        "automatic (0.002 s where a rank is on another node)"
+    ),
+)
+RANKS_PER_NODE = Option(
+    "DSTORE_RANKS_PER_NODE",
+    "int",
+    None,
+    (
+        "tests on one machine: a store treats each run of this many consecutive ranks as a node (samples of "
+        'other "nodes" are then served with gets)'
+    ),
+)
 CACHE = Option("DSTORE_CACHE", "path", "~/.cache/dstore", "where `dstore train` ingests its built-in data sets")
-MOSAIC_VENV = Option("DSTORE_MOSAIC_VENV", "path", None, (
-    "the virtual environment with mosaicml-streaming that `dstore bench` compares against "
-    "(default: the one tools/setup_mosaic.sh makes)"))
-DALI_PYTHON = Option("DSTORE_DALI_PYTHON", "path", None, (
-    "the Python of the virtual environment with NVIDIA DALI that `dstore bench --peers` and "
-    "`python -m dstore.tools.measure.loader --dali` compare against (default: the one tools/setup_dali.sh makes)"))
-PEERS_PYTHON = Option("DSTORE_PEERS_PYTHON", "path", None, (
-    "the Python of the virtual environment with the peers' writers (LitData, Mosaic Streaming, webdataset, "
-    "datasets) that `python -m dstore.tools.measure.ingest` compares against (default: the one "
-    "tools/setup_ingest_peers.sh makes)"))
+MOSAIC_VENV = Option(
+    "DSTORE_MOSAIC_VENV",
+    "path",
+    None,
+    (
+        "the virtual environment with mosaicml-streaming that `dstore bench` compares against "
+        "(default: the one tools/setup_mosaic.sh makes)"
+    ),
+)
+DALI_PYTHON = Option(
+    "DSTORE_DALI_PYTHON",
+    "path",
+    None,
+    (
+        "the Python of the virtual environment with NVIDIA DALI that `dstore bench --peers` and "
+        "`python -m dstore.tools.measure.loader --dali` compare against (default: the one tools/setup_dali.sh makes)"
+    ),
+)
+PEERS_PYTHON = Option(
+    "DSTORE_PEERS_PYTHON",
+    "path",
+    None,
+    (
+        "the Python of the virtual environment with the peers' writers (LitData, Mosaic Streaming, webdataset, "
+        "datasets) that `python -m dstore.tools.measure.ingest` compares against (default: the one "
+        "tools/setup_ingest_peers.sh makes)"
+    ),
+)
 LARGE_TESTS = Option("DSTORE_LARGE_TESTS", "bool", "0", "tests: `1` runs the tests that need 12 GiB of memory")
-SCENARIO_TIMEOUT = Option("DSTORE_SCENARIO_TIMEOUT", "seconds", "100", (
-    "tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"))
-HEARTBEAT = Option("DSTORE_HEARTBEAT", "seconds", "30", (
-    "seconds between the heartbeat lines rank 0 writes during a store's population, `dstore verify` and "
-    "`dstore ingest` without a progress bar (where `heartbeat=` is not given); 0: none"))
-INGEST_CHECKPOINT = Option("DSTORE_INGEST_CHECKPOINT", "seconds", "10", (
-    "seconds between the checkpoints of a resumable `dstore ingest` (each makes the written data chunks "
-    "durable and logs them in the journal beside the output); 0: after every round"))
-INGEST_CHUNK_BYTES = Option("DSTORE_INGEST_CHUNK_BYTES", "bytes", "8MiB", (
-    "the chunk size of a new container's `data` array: what an ingest writes at once and the unit a resume "
-    "keeps (a resumed ingest uses its journal's)"))
-INGEST_KILL_AT = Option("DSTORE_INGEST_KILL_AT", "path", None, (
-    "tests: `SIGNAL:N` (e.g. `SIGKILL:600`): an ingest's writer sends its own process SIGNAL once its journal "
-    "has logged N positions of a shard (an interruption at a known point, for the resume tests)"))
-ALL_RANK_WARNINGS = Option("DSTORE_ALL_RANK_WARNINGS", "bool", "0", (
-    "`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"))
-NATIVE = Option("DSTORE_NATIVE", "bool", "1", (
-    "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
-    "(dstore.codec.kernels, numba; the same pixels)"))
-NATIVE_AFTER = Option("DSTORE_NATIVE_AFTER", "int", "2000", (
-    "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
-    "(dstore.codec.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"))
-PARTIAL_DECODE = Option("DSTORE_PARTIAL_DECODE", "bool", "1", (
-    "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
-    "libjpeg-turbo's partial decode (dstore.codec._jpegcrop; the same pixels, each file checked to its end)"))
-WAIT_BOUND = Option("DSTORE_WAIT_BOUND", "seconds", "60", (
-    "seconds a rank of a store on several hosts waits on another node (its gets, an agreement) before it "
-    "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "
-    "end the job with one line naming the node (dstore.runtime.watchdog: within 2 x this + 13 s at most; "
-    "docs/reliability.md); 0: no watchdog"))
-OBJECT_TIMEOUT = Option("DSTORE_OBJECT_TIMEOUT", "seconds", "10", (
-    "object storage (`s3://`): seconds a request may wait to connect, and then for each answer, before it "
-    "counts as failed (dstore.formats.objects.storage_options); every wait on the store, in every command and "
-    "in a script's DataStore, is bounded by it and `DSTORE_OBJECT_TRIES`"))
-OBJECT_TRIES = Option("DSTORE_OBJECT_TRIES", "int", "3", (
-    "object storage: tries of a request that timed out or failed to connect (backoff 0.1 s x 1.7^k between them) "
-    "before the error names the URL and the wait"))
-MPICH_NOLOCAL = Option("MPIR_CVAR_NOLOCAL", "bool", "0", (
-    "MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"))
+SCENARIO_TIMEOUT = Option(
+    "DSTORE_SCENARIO_TIMEOUT",
+    "seconds",
+    "100",
+    ("tests: seconds before a store scenario dumps its tracebacks and exits (a hang made a failure)"),
+)
+HEARTBEAT = Option(
+    "DSTORE_HEARTBEAT",
+    "seconds",
+    "30",
+    (
+        "seconds between the heartbeat lines rank 0 writes during a store's population, `dstore verify` and "
+        "`dstore ingest` without a progress bar (where `heartbeat=` is not given); 0: none"
+    ),
+)
+INGEST_CHECKPOINT = Option(
+    "DSTORE_INGEST_CHECKPOINT",
+    "seconds",
+    "10",
+    (
+        "seconds between the checkpoints of a resumable `dstore ingest` (each makes the written data chunks "
+        "durable and logs them in the journal beside the output); 0: after every round"
+    ),
+)
+INGEST_CHUNK_BYTES = Option(
+    "DSTORE_INGEST_CHUNK_BYTES",
+    "bytes",
+    "8MiB",
+    (
+        "the chunk size of a new container's `data` array: what an ingest writes at once and the unit a resume "
+        "keeps (a resumed ingest uses its journal's)"
+    ),
+)
+INGEST_KILL_AT = Option(
+    "DSTORE_INGEST_KILL_AT",
+    "path",
+    None,
+    (
+        "tests: `SIGNAL:N` (e.g. `SIGKILL:600`): an ingest's writer sends its own process SIGNAL once its journal "
+        "has logged N positions of a shard (an interruption at a known point, for the resume tests)"
+    ),
+)
+ALL_RANK_WARNINGS = Option(
+    "DSTORE_ALL_RANK_WARNINGS",
+    "bool",
+    "0",
+    ("`1`: every rank of a `dstore` command prints its Python warnings (by default rank 0 alone, once per job)"),
+)
+NATIVE = Option(
+    "DSTORE_NATIVE",
+    "bool",
+    "1",
+    (
+        "`0`: the per-sample resize, crop and flip run in numpy instead of the compiled kernels "
+        "(dstore.codec.kernels, numba; the same pixels)"
+    ),
+)
+NATIVE_AFTER = Option(
+    "DSTORE_NATIVE_AFTER",
+    "int",
+    "2000",
+    (
+        "samples of 64x64 px or more a process resizes in numpy before it loads the compiled kernels "
+        "(dstore.codec.kernels: loading costs about 1 s of CPU, repaid after about 4,000 224px samples)"
+    ),
+)
+PARTIAL_DECODE = Option(
+    "DSTORE_PARTIAL_DECODE",
+    "bool",
+    "1",
+    (
+        "`0`: crop-aware decodes (`--augment imagenet`) decode whole JPEGs with simplejpeg instead of "
+        "libjpeg-turbo's partial decode (dstore.codec._jpegcrop; the same pixels, each file checked to its end)"
+    ),
+)
+WAIT_BOUND = Option(
+    "DSTORE_WAIT_BOUND",
+    "seconds",
+    "60",
+    (
+        "seconds a rank of a store on several hosts waits on another node (its gets, an agreement) before it "
+        "asks the node whether it is alive: a node that does not answer in as long, or gets still unanswered, "
+        "end the job with one line naming the node (dstore.runtime.watchdog: within 2 x this + 13 s at most; "
+        "docs/reliability.md); 0: no watchdog"
+    ),
+)
+OBJECT_TIMEOUT = Option(
+    "DSTORE_OBJECT_TIMEOUT",
+    "seconds",
+    "10",
+    (
+        "object storage (`s3://`): seconds a request may wait to connect, and then for each answer, before it "
+        "counts as failed (dstore.formats.objects.storage_options); every wait on the store, in every command and "
+        "in a script's DataStore, is bounded by it and `DSTORE_OBJECT_TRIES`"
+    ),
+)
+OBJECT_TRIES = Option(
+    "DSTORE_OBJECT_TRIES",
+    "int",
+    "3",
+    (
+        "object storage: tries of a request that timed out or failed to connect (backoff 0.1 s x 1.7^k between them) "
+        "before the error names the URL and the wait"
+    ),
+)
+MPICH_NOLOCAL = Option(
+    "MPIR_CVAR_NOLOCAL",
+    "bool",
+    "0",
+    ("MPICH's own (read, not set): shared memory forbidden between ranks, so a store runs its progress thread"),
+)
 
-OPTIONS = {o.name: o for o in (MEMORY_BUDGET, NODE_VIEWS, PROGRESS_PERIOD, RANKS_PER_NODE, CACHE, MOSAIC_VENV, DALI_PYTHON,
-                               PEERS_PYTHON,
-                               LARGE_TESTS, SCENARIO_TIMEOUT, HEARTBEAT, INGEST_CHECKPOINT, INGEST_CHUNK_BYTES,
-                               INGEST_KILL_AT, ALL_RANK_WARNINGS, NATIVE, NATIVE_AFTER,
-                               PARTIAL_DECODE, WAIT_BOUND, OBJECT_TIMEOUT, OBJECT_TRIES, MPICH_NOLOCAL)}
+OPTIONS = {
+    o.name: o
+    for o in (
+        MEMORY_BUDGET,
+        NODE_VIEWS,
+        PROGRESS_PERIOD,
+        RANKS_PER_NODE,
+        CACHE,
+        MOSAIC_VENV,
+        DALI_PYTHON,
+        PEERS_PYTHON,
+        LARGE_TESTS,
+        SCENARIO_TIMEOUT,
+        HEARTBEAT,
+        INGEST_CHECKPOINT,
+        INGEST_CHUNK_BYTES,
+        INGEST_KILL_AT,
+        ALL_RANK_WARNINGS,
+        NATIVE,
+        NATIVE_AFTER,
+        PARTIAL_DECODE,
+        WAIT_BOUND,
+        OBJECT_TIMEOUT,
+        OBJECT_TRIES,
+        MPICH_NOLOCAL,
+    )
+}
 """Every runtime option, by variable name."""
 
 

@@ -55,8 +55,7 @@ def _bounds(value, minimum, maximum) -> str:
     return f" >= {minimum}" if low else f" <= {maximum}" if high else ""
 
 
-def integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
-            why: str = "") -> int:
+def integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *, why: str = "") -> int:
     """`value` as an int in [minimum, maximum] (None: unbounded); ConfigError naming `name`, with
     `why` (the reason for the bound) appended."""
     number = value
@@ -72,14 +71,22 @@ def integer(name: str, value: Any, minimum: int | None = None, maximum: int | No
     return int(number)
 
 
-def optional_integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
-                     why: str = "") -> int | None:
+def optional_integer(
+    name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *, why: str = ""
+) -> int | None:
     """None, or `value` checked as `integer` does."""
     return None if value is None else integer(name, value, minimum, maximum, why=why)
 
 
-def number(name: str, value: Any, minimum: float | None = None, maximum: float | None = None, *,
-           finite: bool = True, why: str = "") -> float:
+def number(
+    name: str,
+    value: Any,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    finite: bool = True,
+    why: str = "",
+) -> float:
     """`value` as a float in [minimum, maximum], finite unless `finite=False` (nan is never taken);
     ConfigError naming `name` otherwise."""
     x = None
@@ -91,8 +98,9 @@ def number(name: str, value: Any, minimum: float | None = None, maximum: float |
     if x is not None and (math.isnan(x) or (finite and math.isinf(x))):
         x = None
     if x is None or _bounds(x, minimum, maximum):
-        raise ConfigError(f"{name}={value!r} must be a {'finite ' if finite else ''}number"
-                          f"{_bounds(x, minimum, maximum)}{why}")
+        raise ConfigError(
+            f"{name}={value!r} must be a {'finite ' if finite else ''}number{_bounds(x, minimum, maximum)}{why}"
+        )
     return x
 
 

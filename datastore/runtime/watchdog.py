@@ -134,8 +134,10 @@ class Watchdog:
             return
         # The launcher ends the whole job within a fraction of a second of a node's processes
         # dying, so the line is written at once (ranks staggered by 50 ms, for one copy).
-        self._end(f"node {self.node(far)} lost: a get from it failed ({exc}): its processes ended or its "
-                  f"link broke", delay=0.05 * self.rank)
+        self._end(
+            f"node {self.node(far)} lost: a get from it failed ({exc}): its processes ended or its link broke",
+            delay=0.05 * self.rank,
+        )
 
     # ---------------------------------------------------------------- the watchdog thread
     def start(self) -> Watchdog:
@@ -173,23 +175,29 @@ class Watchdog:
             waited = time.monotonic() - since
             bound = f"$DSTORE_WAIT_BOUND={self.bound:g} s"
             if silent:
-                self._end(f"no answer from node {self.node(silent)} for {waited:.1f} s: {what} waiting, and a "
-                          f"1-byte get to each of its ranks unanswered for {took:.1f} s (the node is down, cut "
-                          f"off, or its processes stopped); the job is ended ({bound})")
+                self._end(
+                    f"no answer from node {self.node(silent)} for {waited:.1f} s: {what} waiting, and a "
+                    f"1-byte get to each of its ranks unanswered for {took:.1f} s (the node is down, cut "
+                    f"off, or its processes stopped); the job is ended ({bound})"
+                )
             elif ranks is not None:
-                far = [int(r) for r in set(ranks.tolist() if hasattr(ranks, "tolist") else ranks)
-                       if int(r) in self._far] or self.others
-                self._end(f"no answer from node {self.node(far)} for {waited:.1f} s: {what} waiting, though its "
-                          f"ranks answer a 1-byte get (in {took:.2f} s): its link delivers too little; the job "
-                          f"is ended ({bound})")
+                far = [
+                    int(r) for r in set(ranks.tolist() if hasattr(ranks, "tolist") else ranks) if int(r) in self._far
+                ] or self.others
+                self._end(
+                    f"no answer from node {self.node(far)} for {waited:.1f} s: {what} waiting, though its "
+                    f"ranks answer a 1-byte get (in {took:.2f} s): its link delivers too little; the job "
+                    f"is ended ({bound})"
+                )
             else:
                 due = time.monotonic() + self.bound  # everyone alive and busy: wait on (NOTE, 3)
 
     def _end(self, msg: str, delay: float | None = None) -> None:
         """Writes the line, ends the job, and this process if the abort cannot (never returns)."""
         code = 1
-        guard = threading.Timer((job.error_delay(self.rank) if delay is None else delay) + ABORT_WAIT_S,
-                                os._exit, (code,))
+        guard = threading.Timer(
+            (job.error_delay(self.rank) if delay is None else delay) + ABORT_WAIT_S, os._exit, (code,)
+        )
         guard.daemon = True
         guard.start()
         try:

@@ -172,8 +172,10 @@ class DataStore:
             # Attributes only: one rank per node reads the index (dstore.store.index.NodeIndex)
             reader, owns = open_container(container, index=False), True
         elif isinstance(container, (list, tuple)):
-            raise ConfigError(f"container={container!r}: containers mixed by weight are served by "
-                              f"dstore.MixedStore(comm, [(path, weight), ...], ...)")
+            raise ConfigError(
+                f"container={container!r}: containers mixed by weight are served by "
+                f"dstore.MixedStore(comm, [(path, weight), ...], ...)"
+            )
         else:
             raise ConfigError(f"container={container!r} must be a path or a ContainerReader")
         self.container, self._owns_container = reader, owns
@@ -201,12 +203,23 @@ class DataStore:
     def _init_index(self) -> None:
         """The served samples' arrays (from the node's shared index) and the plan built on them."""
         index = self._index  # opened by __init__ just before; closed only by close()
-        assert index is not None and index.offsets is not None and index.labels is not None and index.checksums is not None
+        assert (
+            index is not None and index.offsets is not None and index.labels is not None and index.checksums is not None
+        )
         c = self.container
         reader_index = budget_mod.index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
-        self.plan: StorePlan = storeplan.build(self.rank, self.size, self._config, self.start, self.stop,
-                                               index.offsets, index.labels, index.checksums, index.base_byte,
-                                               reader_index)
+        self.plan: StorePlan = storeplan.build(
+            self.rank,
+            self.size,
+            self._config,
+            self.start,
+            self.stop,
+            index.offsets,
+            index.labels,
+            index.checksums,
+            index.base_byte,
+            reader_index,
+        )
         if self._fields is not None:  # its window and a step's buffer, counted in the budget
             self.plan = dataclasses.replace(self.plan, field_bytes=self._fields.budget_bytes(self.plan))
 
@@ -236,8 +249,10 @@ class DataStore:
     layout = property(lambda self: self.plan.layout)
     tier = property(lambda self: self.plan.tier)
     budget_source = property(lambda self: self.plan.budget_source)
-    fields = property(lambda self: self.plan.config.fields,
-                      doc="The extra fields the store holds and serves with its samples (`fields=`).")
+    fields = property(
+        lambda self: self.plan.config.fields,
+        doc="The extra fields the store holds and serves with its samples (`fields=`).",
+    )
 
     @property
     def seed(self) -> int:
@@ -402,9 +417,11 @@ class DataStore:
         rows = self.comm.allgather((e, first))  # NOTE [ Store agreement protocol ], 4
         if any(r != rows[0] for r in rows):
             odd = next(i for i, r in enumerate(rows) if r != rows[0])
-            exc = ConfigError(f"ranks iterate different epochs: rank 0 epoch {rows[0][0]} from step {rows[0][1]}, "
-                              f"rank {odd} epoch {rows[odd][0]} from step {rows[odd][1]}; every rank must iterate "
-                              f"the same epochs (and load the same state_dict)")
+            exc = ConfigError(
+                f"ranks iterate different epochs: rank 0 epoch {rows[0][0]} from step {rows[0][1]}, "
+                f"rank {odd} epoch {rows[odd][0]} from step {rows[odd][1]}; every rank must iterate "
+                f"the same epochs (and load the same state_dict)"
+            )
             setattr(exc, AGREED, True)  # every rank saw the same rows
             raise exc
 
@@ -418,11 +435,21 @@ class DataStore:
     def state_dict(self) -> dict:
         """Where the store is: plain ints/strs/floats (torch.save-able with weights_only=True)."""
         e, s = self._next
-        return {"version": plan.STATE_VERSION, "seed": self.seed, "epoch": e, "step": s,
-                "position": self.plan.order_policy.position(s, self.batch_size),
-                "batch_size": self.batch_size, "num_samples": self.num_samples, "shuffle": self.policy,
-                "partial_fraction": self.partial_fraction, "drop_last": int(self.drop_last),
-                "nranks": self.size, "sample_start": self.start, "sample_stop": self.stop}
+        return {
+            "version": plan.STATE_VERSION,
+            "seed": self.seed,
+            "epoch": e,
+            "step": s,
+            "position": self.plan.order_policy.position(s, self.batch_size),
+            "batch_size": self.batch_size,
+            "num_samples": self.num_samples,
+            "shuffle": self.policy,
+            "partial_fraction": self.partial_fraction,
+            "drop_last": int(self.drop_last),
+            "nranks": self.size,
+            "sample_start": self.start,
+            "sample_stop": self.stop,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         """Resumes at `sd`'s position: the next `epoch(sd["epoch"])` starts at its step.
@@ -433,9 +460,12 @@ class DataStore:
         """
         epoch, step = policy_mod.resume_point(sd, self.state_dict(), self.steps_per_epoch)
         if not self.plan.order_policy.one_order and step and int(sd["nranks"]) != self.size:
-            warnings.warn(f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
-                          f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"resuming a {self.policy!r}-shuffled epoch saved on {sd['nranks']} ranks on "
+                f"{self.size}: epoch {epoch} may repeat or miss samples; later epochs are exact",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.seed = sd["seed"]  # checked by the setter
         self._resume = (epoch, step)
         self._next = (epoch, step)
@@ -528,4 +558,3 @@ class DataStore:
 
     def __len__(self) -> int:
         return self.steps_per_epoch
-

@@ -174,13 +174,24 @@ class EpochRun:
     Nothing happens before `start` (the store calls it at the first `next()`); an abandoned
     iteration (the generator closed) completes the gets in flight before it unlocks the windows."""
 
-    def __init__(self, p: StorePlan, comm, container, windows: Windows, e: int, first: int,
-                 schedule: plan.Schedule | None = None, fail_fast: bool = False):
+    def __init__(
+        self,
+        p: StorePlan,
+        comm,
+        container,
+        windows: Windows,
+        e: int,
+        first: int,
+        schedule: plan.Schedule | None = None,
+        fail_fast: bool = False,
+    ):
         self.plan, self.comm, self.container, self.windows = p, comm, container, windows
         self.e, self.first, self.fail_fast = e, first, fail_fast
         self._schedule = schedule
         self.agreement_failed = False
-        self.failure: BaseException | None = None  # a read error on this rank, agreed with the others where they next meet
+        self.failure: BaseException | None = (
+            None  # a read error on this rank, agreed with the others where they next meet
+        )
 
     def _watching(self, what: str, owners):
         """The watchdog's `waiting` around a wait for gets from `owners` (NOTE [ Waits on another
@@ -262,7 +273,7 @@ class EpochRun:
         self.ids_all = sched.ids
         self.lazy = False
         if w.loaded is not None:
-            need = self.ids_all[sched.ptr[first]:]
+            need = self.ids_all[sched.ptr[first] :]
             flags = self.comm.allgather((bool(w.loaded.all()), bool(np.all(p.layout.owner[need] == p.rank))))
             if not all(f[0] for f in flags):
                 self.lazy = all(f[1] for f in flags)
@@ -291,8 +302,17 @@ class EpochRun:
         self.tier = None
         if w.resident is not None:  # non-resident samples: read ahead from storage by this rank
             assert w.storage is not None  # opened with the resident set (dstore.store.populate)
-            self.tier = StorageEpoch(w.storage, sched, first, w.resident, p.offsets, p.base_byte,
-                                     p.storage_lookahead, w.storage_bufs, w.checks)
+            self.tier = StorageEpoch(
+                w.storage,
+                sched,
+                first,
+                w.resident,
+                p.offsets,
+                p.base_byte,
+                p.storage_lookahead,
+                w.storage_bufs,
+                w.checks,
+            )
             w.storage_bufs = self.tier.bufs
         if not p.replicate:  # exact receive buffer sizes for this epoch
             need = 0 if self.mapped.all() else self._largest_remote_step(first)
@@ -322,7 +342,7 @@ class EpochRun:
             ids = self.ids_all[sl]
             rb = np.where(~self.mapped[self.owners(ids, sl)], p.sizes[ids], 0)
             csum = np.concatenate([[0], np.cumsum(rb)])  # not reduceat: a step may be empty (dstore.store.mixed)
-            need = max(need, int((csum[ptr[a + 1:b + 1] - ptr[a]] - csum[ptr[a:b] - ptr[a]]).max(initial=0)))
+            need = max(need, int((csum[ptr[a + 1 : b + 1] - ptr[a]] - csum[ptr[a:b] - ptr[a]]).max(initial=0)))
         return need
 
     # ------------------------------------------------------------ per step
@@ -348,8 +368,9 @@ class EpochRun:
         reqs = []
         if f.run_len.size:
             with self._watching("a batch's gets", f.run_owner):
-                reqs = self.windows.arena.start_gets(self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len,
-                                                     f.run_buf)
+                reqs = self.windows.arena.start_gets(
+                    self.windows.recv_bufs[slot], f.run_owner, f.run_disp, f.run_len, f.run_buf
+                )
         self.stats.fetch_seconds += time.perf_counter() - t
         return Issued(s, slot, ids, self.sched.pad[sl], f, reqs, own, sread)
 
@@ -375,8 +396,10 @@ class EpochRun:
         buf = self.ro[slot] if self.ro else _NO_BUFFER  # replicated: every sample is in a window
         sl = self.sched.step(s)
         segs = self.segs
-        samples = [(segs[o] if loc else buf)[a:a + n] for loc, o, a, n in
-                   zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())]
+        samples = [
+            (segs[o] if loc else buf)[a : a + n]
+            for loc, o, a, n in zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())
+        ]
         mine = own == p.rank
         if sread is not None:
             assert self.stream is not None  # only a stream reads a step's samples
@@ -449,8 +472,13 @@ class EpochRun:
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             self._fill_the_rest(failure)
         st.set_population(self.windows.population)
-        log.info("epoch %d rank %d/%d: %s", self.e, p.rank, p.size,
-                 ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()))
+        log.info(
+            "epoch %d rank %d/%d: %s",
+            self.e,
+            p.rank,
+            p.size,
+            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()),
+        )
 
     def _check_unchanged(self) -> None:
         """Collective: a container whose files changed since the store opened it (another file at its

@@ -48,8 +48,10 @@ def check_names(reader, names) -> tuple[str, ...]:
     names = tuple(names)
     missing = [n for n in names if n not in reader.field_names]
     if missing:
-        raise ConfigError(f"fields={list(names)}: {reader.path} has no field(s) {missing} "
-                          f"(its fields: {list(reader.field_names) or 'none'})")
+        raise ConfigError(
+            f"fields={list(names)}: {reader.path} has no field(s) {missing} "
+            f"(its fields: {list(reader.field_names) or 'none'})"
+        )
     return names
 
 
@@ -109,8 +111,8 @@ class ServedFields:
         try:
             self._index = Arena(self._node, 8 * f * (n + 1) + f * n if leader else 0, shared=True)
             if leader:
-                out = self._index.local[:8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
-                gone = self._index.local[8 * f * (n + 1):].reshape(f, n)
+                out = self._index.local[: 8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
+                gone = self._index.local[8 * f * (n + 1) :].reshape(f, n)
                 for k, name in enumerate(self.names):
                     out[k] = reader.field_block(name, int(start), int(stop), data=False)[0]
                     gone[k] = reader.field_missing(name, int(start), int(stop))
@@ -125,10 +127,10 @@ class ServedFields:
         assert index is not None  # agreed: every rank's Arena() succeeded
         index.publish()
         whole = index.segment(0)
-        offsets = whole[:8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
+        offsets = whole[: 8 * f * (n + 1)].view(np.int64).reshape(f, n + 1)
         offsets.flags.writeable = False
         self.offsets = offsets
-        missing = whole[8 * f * (n + 1):8 * f * (n + 1) + f * n].reshape(f, n).view(bool)
+        missing = whole[8 * f * (n + 1) : 8 * f * (n + 1) + f * n].reshape(f, n).view(bool)
         missing.flags.writeable = False
         self.missing = missing
 
@@ -167,8 +169,8 @@ class ServedFields:
             at = 0
             for k, name in enumerate(self.names):
                 off, raw, crcs = reader.field_block(name, self.start + lo, self.start + hi)
-                self._check(reader, name, lo, off, raw, crcs, self.offsets[k, lo:hi + 1])
-                arena.local[at:at + raw.size] = raw
+                self._check(reader, name, lo, off, raw, crcs, self.offsets[k, lo : hi + 1])
+                arena.local[at : at + raw.size] = raw
                 at += raw.size
             nbytes = at
         except Exception as e:  # noqa: BLE001 - as in __init__
@@ -186,8 +188,10 @@ class ServedFields:
                 peers = node.allgather(rank)
             finally:
                 node.Free()
-        self.segs = {r: a for r, a in arena.map_peers(peers, [self.window_bytes(bounds, r)
-                                                               for r in range(comm.Get_size())]).items()}
+        self.segs = {
+            r: a
+            for r, a in arena.map_peers(peers, [self.window_bytes(bounds, r) for r in range(comm.Get_size())]).items()
+        }
         return nbytes
 
     def _check(self, reader, name: str, lo: int, off, raw, crcs, node_off) -> None:
@@ -195,11 +199,13 @@ class ServedFields:
         ContainerChangedError where the block's offsets are not the node's (the file changed)."""
         rel = np.asarray(node_off) - int(node_off[0])
         if not np.array_equal(off, rel):
-            raise ContainerChangedError(f"{self.path}: field {name!r}: the offsets of samples [{self.start + lo}, "
-                                        f"{self.start + lo + rel.size - 1}] changed since the store opened it; a "
-                                        "container must not be rewritten while a job reads it")
+            raise ContainerChangedError(
+                f"{self.path}: field {name!r}: the offsets of samples [{self.start + lo}, "
+                f"{self.start + lo + rel.size - 1}] changed since the store opened it; a "
+                "container must not be rewritten while a job reads it"
+            )
         view = memoryview(raw)
-        bad = [i for i in range(crcs.size) if zlib.crc32(view[int(off[i]):int(off[i + 1])]) != int(crcs[i])]
+        bad = [i for i in range(crcs.size) if zlib.crc32(view[int(off[i]) : int(off[i + 1])]) != int(crcs[i])]
         if bad:
             i = self.start + lo + bad[0]
             try:
@@ -207,9 +213,11 @@ class ServedFields:
             except Exception:  # noqa: BLE001 - the name only decorates the message
                 who = ""
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            raise ChecksumError(f"{self.path}: sample {i}{who}{more}: field {name!r} does not match its checksum "
-                                "(damaged); run `dstore verify` on the container",
-                                [self.start + lo + b for b in bad])
+            raise ChecksumError(
+                f"{self.path}: sample {i}{who}{more}: field {name!r} does not match its checksum "
+                "(damaged); run `dstore verify` on the container",
+                [self.start + lo + b for b in bad],
+            )
 
     @contextlib.contextmanager
     def reading(self):
@@ -236,12 +244,14 @@ class ServedFields:
         if f.run_len.size:
             arena.wait(arena.start_gets(self._buf, f.run_owner, f.run_disp, f.run_len, f.run_buf))
         buf, segs = self._buf, self.segs
-        vals = [bytes((segs[o] if loc else buf)[a:a + n]) for loc, o, a, n in
-                zip(f.local.tolist(), owner.tolist(), f.start.tolist(), f.length.tolist())]
+        vals = [
+            bytes((segs[o] if loc else buf)[a : a + n])
+            for loc, o, a, n in zip(f.local.tolist(), owner.tolist(), f.start.tolist(), f.length.tolist())
+        ]
         b = ids.size
         out: dict[str, list[bytes | None]] = {}
         for k, name in enumerate(self.names):
-            got: list[bytes | None] = list(vals[k * b:(k + 1) * b])
+            got: list[bytes | None] = list(vals[k * b : (k + 1) * b])
             for j in np.flatnonzero(self.missing[k, ids]).tolist():
                 got[j] = None
             out[name] = got

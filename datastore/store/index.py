@@ -100,11 +100,11 @@ class NodeIndex:
         self.base_byte, code = self._node.bcast((self.base_byte, code), root=0)
         self.base_byte = int(self.base_byte)
         lab = np.dtype(LABEL_DTYPES[code])
-        self.offsets = _readonly(seg[:8 * (n + 1)].view(np.int64))
+        self.offsets = _readonly(seg[: 8 * (n + 1)].view(np.int64))
         a = 8 * (n + 1)
-        self.checksums = _readonly(seg[a:a + 4 * n].view(np.uint32))
+        self.checksums = _readonly(seg[a : a + 4 * n].view(np.uint32))
         a = _labels_at(n, lab)
-        self.labels = _readonly(seg[a:a + lab.itemsize * n].view(lab))
+        self.labels = _readonly(seg[a : a + lab.itemsize * n].view(lab))
 
     @property
     def nbytes(self) -> int:
@@ -140,14 +140,14 @@ class NodeIndex:
     def _fill(self, reader, start: int, stop: int, labels) -> None:
         n = stop - start
         seg = self._shared().local
-        off = seg[:8 * (n + 1)].view(np.int64)
+        off = seg[: 8 * (n + 1)].view(np.int64)
         full = reader.offsets
         self.base_byte = int(full[start])
-        np.subtract(full[start:stop + 1], full[start], out=off)
+        np.subtract(full[start : stop + 1], full[start], out=off)
         a = 8 * (n + 1)
-        seg[a:a + 4 * n].view(np.uint32)[:] = reader.checksums[start:stop]
+        seg[a : a + 4 * n].view(np.uint32)[:] = reader.checksums[start:stop]
         a = _labels_at(n, labels)
-        seg[a:a + np.dtype(labels).itemsize * n].view(labels)[:] = reader.labels[start:stop]
+        seg[a : a + np.dtype(labels).itemsize * n].view(labels)[:] = reader.labels[start:stop]
         if not self._had:  # this reader read them for the node: the shared copy replaces its own
             reader.drop_index()
 

@@ -76,8 +76,9 @@ class MixedStore:
         seed, drop_last, rank, size; stats: {"epoch", "sources": [each source's EpochStats dict]}.
     """
 
-    def __init__(self, comm, sources, config: StoreConfig | None = None, /, *, epoch_size: int | None = None,
-                 **options):
+    def __init__(
+        self, comm, sources, config: StoreConfig | None = None, /, *, epoch_size: int | None = None, **options
+    ):
         items = _parse_sources(sources)
         if config is None:
             if "sample_range" in options:
@@ -88,8 +89,10 @@ class MixedStore:
         if not policy_mod.policy(config.shuffle).one_order:
             raise ConfigError(f"shuffle={config.shuffle!r}: a mix is served in one global order (shuffle='global')")
         if config.fields:
-            raise ConfigError(f"fields={list(config.fields)}: a MixedStore does not serve extra fields; serve one "
-                              "container with DataStore(..., fields=[...])")
+            raise ConfigError(
+                f"fields={list(config.fields)}: a MixedStore does not serve extra fields; serve one "
+                "container with DataStore(..., fields=[...])"
+            )
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.batch_size, self.seed, self.drop_last = config.batch_size, config.seed, bool(config.drop_last)
         self.weights = mix.check_weights([w for _, w, _ in items], len(items), [_name(c) for c, _, _ in items])
@@ -107,8 +110,10 @@ class MixedStore:
         self.steps_per_epoch = plan.steps_per_epoch(self.epoch_size, self.batch_size, self.drop_last)
         if self.steps_per_epoch == 0:
             self._end(None)
-            raise ConfigError(f"batch_size={self.batch_size} with drop_last=True leaves no step: the mixed epoch "
-                              f"holds {self.epoch_size} samples")
+            raise ConfigError(
+                f"batch_size={self.batch_size} with drop_last=True leaves no step: the mixed epoch "
+                f"holds {self.epoch_size} samples"
+            )
         self.infos = [s.info for s in self.stores]
         self.info = self.infos[0]  # what a loader reads the channels off; each entry decodes by its own source's
         self.stats: dict | None = None
@@ -125,8 +130,9 @@ class MixedStore:
         """This rank's deliveries in `epoch`: (its Schedule over the order's positions, the source
         and sample id of each of its entries)."""
         e = self.epoch_size
-        sched = plan.global_schedule(plan.Derived(e, lambda j: j), self.batch_size, self.size, self.rank,
-                                     self.drop_last)  # over positions: the rank's own, no arange(E)
+        sched = plan.global_schedule(
+            plan.Derived(e, lambda j: j), self.batch_size, self.size, self.rank, self.drop_last
+        )  # over positions: the rank's own, no arange(E)
         pos = np.asarray(sched.ids, dtype=np.int64)
         sched = plan.Schedule(pos, sched.ptr, np.asarray(sched.pad, dtype=bool))
         src, ids = mix.mix_at(self.sizes, self.weights, self.seed, epoch, pos, self.epoch_size)
@@ -187,7 +193,10 @@ class MixedStore:
             for g in gens:  # each source's epoch end (collective: agrees on failures, logs)
                 for _ in g:
                     raise RuntimeError("a source's store served more steps than the mix planned")
-            self.stats = {"epoch": e, "sources": [s.stats.as_dict() if s.stats is not None else {} for s in self.stores]}
+            self.stats = {
+                "epoch": e,
+                "sources": [s.stats.as_dict() if s.stats is not None else {} for s in self.stores],
+            }
         finally:
             for g in gens:
                 g.close()
@@ -217,11 +226,21 @@ class MixedStore:
     def state_dict(self) -> dict:
         """Where the mix is: plain ints/strs/floats/lists (torch.save-able with weights_only=True)."""
         e, s = self._next
-        return {"version": plan.STATE_VERSION, "kind": STATE_KIND, "seed": self.seed, "epoch": e, "step": s,
-                "position": s * self.batch_size, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
-                "drop_last": int(self.drop_last), "nranks": self.size, "sizes": self.sizes.tolist(),
-                "weights": self.weights.tolist(),
-                "sample_ranges": [[st.start, st.stop] for st in self.stores]}
+        return {
+            "version": plan.STATE_VERSION,
+            "kind": STATE_KIND,
+            "seed": self.seed,
+            "epoch": e,
+            "step": s,
+            "position": s * self.batch_size,
+            "batch_size": self.batch_size,
+            "epoch_size": self.epoch_size,
+            "drop_last": int(self.drop_last),
+            "nranks": self.size,
+            "sizes": self.sizes.tolist(),
+            "weights": self.weights.tolist(),
+            "sample_ranges": [[st.start, st.stop] for st in self.stores],
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         """Resumes at `sd`'s position (on any number of ranks).

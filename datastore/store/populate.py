@@ -150,7 +150,7 @@ def fill_dynamic(p: StorePlan, container, windows: Windows, ids: np.ndarray) -> 
     for h, e in zip(heads.tolist(), ends.tolist()):
         lo, hi = int(ids[h]), int(ids[e - 1]) + 1
         d = int(disp[lo])
-        read_samples(container, p.start, lo, hi, local[d:d + int(off[hi] - off[lo])], windows.checks)
+        read_samples(container, p.start, lo, hi, local[d : d + int(off[hi] - off[lo])], windows.checks)
     loaded[ids] = True
     return int(p.sizes[ids].sum())
 
@@ -233,9 +233,16 @@ def populate(p: StorePlan, comm, container) -> Windows:
     agree(comm, exc)  # NOTE [ Store agreement protocol ], 3
     assert made is not None  # else agree raised
     arena, kept, peers = made
-    w = Windows(arena, topology, layout, tier, checks, nodecomm=kept,
-                resident=None if residency is None else residency.resident,
-                watch=open_watchdog(comm, Probe))  # collective: every rank is here (agreed above)
+    w = Windows(
+        arena,
+        topology,
+        layout,
+        tier,
+        checks,
+        nodecomm=kept,
+        resident=None if residency is None else residency.resident,
+        watch=open_watchdog(comm, Probe),
+    )  # collective: every rank is here (agreed above)
     nbytes = 0
     try:
         with Heartbeat(f"population of rank 0's {fmt_bytes(int(layout.nbytes[0]))}", enabled=p.rank == 0):

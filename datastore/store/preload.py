@@ -93,8 +93,7 @@ def piece_bytes(threads: int) -> int:
     return prefault.PIECE_BYTES if threads == 1 else min(PARALLEL_PIECE, prefault.PIECE_BYTES)
 
 
-def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=None, order=None,
-                done=None) -> None:
+def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=None, order=None, done=None) -> None:
     """Fills `out` with `submit(a, b, out[a:b])` reads of its pieces, `inflight` at a time, while a
     thread faults in the pages of the pieces ahead of the reads (the first `inflight` take their
     faults in their reads).
@@ -154,8 +153,19 @@ def read_pieces(submit, out: np.ndarray, piece: int, inflight: int, fail, cuts=N
             concurrent.futures.wait([f for _, f in touched] + [f for _, _, f in reads])
 
 
-def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-            out: np.ndarray, checks: SampleChecks | None = None, order=None, done=None) -> None:
+def preload(
+    reads: RangeReads,
+    container,
+    start: int,
+    offsets: np.ndarray,
+    base: int,
+    lo: int,
+    hi: int,
+    out: np.ndarray,
+    checks: SampleChecks | None = None,
+    order=None,
+    done=None,
+) -> None:
     """Served samples [lo, hi) into `out`, fresh window memory (its pages faulted in ahead), in
     pieces of whole samples, each checked against `checks` in the thread that read it; `order` and
     `done` as read_pieces's (the cuts: `sample_cuts(offsets, lo, hi, piece_bytes(reads.threads))`).
@@ -179,14 +189,15 @@ def preload(reads: RangeReads, container, start: int, offsets: np.ndarray, base:
         return reads.submit(at + a, at + b, view, None if checks is None else functools.partial(checks.run, lo=s, hi=e))
 
     piece = piece_bytes(reads.threads)
-    read_pieces(submit, out, piece, reads.threads, fail, cuts=sample_cuts(offsets, lo, hi, piece), order=order,
-                done=done)
+    read_pieces(
+        submit, out, piece, reads.threads, fail, cuts=sample_cuts(offsets, lo, hi, piece), order=order, done=done
+    )
 
 
 def sample_cuts(offsets: np.ndarray, lo: int, hi: int, piece: int) -> np.ndarray:
     """Byte cuts (from 0 to the bytes of samples [lo, hi)) into pieces of whole samples, each the
     longest run of samples within `piece` bytes, or one sample where it alone is longer."""
-    rel = offsets[lo:hi + 1] - offsets[lo]
+    rel = offsets[lo : hi + 1] - offsets[lo]
     cuts, at = [0], 0
     total = int(rel[-1])
     while at < total:
@@ -197,9 +208,21 @@ def sample_cuts(offsets: np.ndarray, lo: int, hi: int, piece: int) -> np.ndarray
     return np.asarray(cuts, dtype=np.int64)
 
 
-def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarray, base: int, lo: int, hi: int,
-                     resident: np.ndarray, local: np.ndarray, disp: np.ndarray | Derived, scratch_bytes: int,
-                     gap: float | None = None, checks: SampleChecks | None = None) -> int:
+def preload_resident(
+    reads: RangeReads,
+    container,
+    start: int,
+    offsets: np.ndarray,
+    base: int,
+    lo: int,
+    hi: int,
+    resident: np.ndarray,
+    local: np.ndarray,
+    disp: np.ndarray | Derived,
+    scratch_bytes: int,
+    gap: float | None = None,
+    checks: SampleChecks | None = None,
+) -> int:
     """Tiered preload: the resident samples of block [lo, hi) into `local` at `disp`, read as
     dstore.order.tiers.preload_reads plans them: runs of resident samples joined across at most `gap`
     bytes of non-resident ones (default GAP_BYTES where the container is byte-addressable, else any
@@ -243,7 +266,7 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
             if n == int(kept[m] - kept[k]):  # no gap: the window holds these bytes back to back
                 while len(pending) >= nbuf:
                     finish()
-                dst, slot = local[int(disp[a]):int(disp[a]) + n], None
+                dst, slot = local[int(disp[a]) : int(disp[a]) + n], None
             else:
                 while len(pending) >= nbuf or (not free and pending):
                     finish()
@@ -261,7 +284,9 @@ def preload_resident(reads: RangeReads, container, start: int, offsets: np.ndarr
     return nread
 
 
-def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.ndarray, disp: np.ndarray | Derived) -> None:
+def _copy_runs(
+    part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.ndarray, disp: np.ndarray | Derived
+) -> None:
     """Copies the resident samples `part` (sorted ids) out of `buf`, which holds the bytes from
     sample part[0] on, into the window `local` at `disp`: one copy per run of consecutive ids."""
     heads = np.nonzero(np.diff(part, prepend=-2) != 1)[0]
@@ -270,7 +295,7 @@ def _copy_runs(part: np.ndarray, off: np.ndarray, buf: np.ndarray, local: np.nda
     for h, e in zip(heads.tolist(), ends.tolist()):
         x, y = int(part[h]), int(part[e - 1]) + 1
         src, cnt = int(off[x] - off[a]), int(off[y] - off[x])
-        local[int(disp[x]):int(disp[x]) + cnt] = buf[src:src + cnt]
+        local[int(disp[x]) : int(disp[x]) + cnt] = buf[src : src + cnt]
 
 
 def read_samples(container, start: int, lo: int, hi: int, out: np.ndarray, checks: SampleChecks | None = None) -> None:

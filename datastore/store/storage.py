@@ -49,7 +49,8 @@ class StorageReader:
         self.identity = identity
         self._shared = shared if getattr(shared, "concurrent_reads", False) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
-            max(1, int(threads)), thread_name_prefix="dstore-storage")
+            max(1, int(threads)), thread_name_prefix="dstore-storage"
+        )
         self._local = threading.local()
         self._readers = []
         self._lock = threading.Lock()
@@ -67,8 +68,10 @@ class StorageReader:
                 self._readers.append(r)
             change = identities_differ(self.identity, r.opened_identity) if self.identity else None
             if change:  # the job's index describes the files it opened first, not these
-                raise ContainerChangedError(f"{self.path}: the container changed while this job was reading it "
-                                            f"({change}); a container must not be rewritten while a job reads it")
+                raise ContainerChangedError(
+                    f"{self.path}: the container changed while this job was reading it "
+                    f"({change}); a container must not be rewritten while a job reads it"
+                )
             self._local.reader = r
         return r
 
@@ -94,10 +97,11 @@ class StorageReader:
         if pool is None:
             raise ValueError("the StorageReader is closed")
         checks = checks if checks is not None else itertools.repeat(None)
-        for lo, hi, b, check in zip(np.asarray(byte_lo).tolist(), np.asarray(byte_hi).tolist(),
-                                    np.asarray(buf_start).tolist(), checks):
+        for lo, hi, b, check in zip(
+            np.asarray(byte_lo).tolist(), np.asarray(byte_hi).tolist(), np.asarray(buf_start).tolist(), checks
+        ):
             if hi > lo:
-                out.append(pool.submit(self._read, lo, hi, buf[b:b + hi - lo], check))
+                out.append(pool.submit(self._read, lo, hi, buf[b : b + hi - lo], check))
         return out
 
     @staticmethod
@@ -162,8 +166,18 @@ class StorageEpoch:
         bufs: the buffers (keep them for the next epoch).
     """
 
-    def __init__(self, reader: StorageReader, sched, first: int, resident: np.ndarray, offsets: np.ndarray,
-                 base: int, lookahead: int, bufs: list, checks=None):
+    def __init__(
+        self,
+        reader: StorageReader,
+        sched,
+        first: int,
+        resident: np.ndarray,
+        offsets: np.ndarray,
+        base: int,
+        lookahead: int,
+        bufs: list,
+        checks=None,
+    ):
         self._tiers = tiers
         self.reader, self.sched, self.offsets, self.base = reader, sched, offsets, int(base)
         self.checks = checks
@@ -199,10 +213,16 @@ class StorageEpoch:
         self._k += 1
         sl = self.sched.step(s)
         p = self._tiers.plan_storage(self.ids[sl], self.read_entry[sl], self.offsets)
-        checks = None if self.checks is None else [functools.partial(self.checks.run, lo=lo, hi=hi) for lo, hi in
-                                                   zip(p.run_lo.tolist(), p.run_hi.tolist())]
-        futs = self.reader.submit(self.bufs[slot], self.base + self.offsets[p.run_lo],
-                                  self.base + self.offsets[p.run_hi], p.run_buf, checks)
+        checks = (
+            None
+            if self.checks is None
+            else [
+                functools.partial(self.checks.run, lo=lo, hi=hi) for lo, hi in zip(p.run_lo.tolist(), p.run_hi.tolist())
+            ]
+        )
+        futs = self.reader.submit(
+            self.bufs[slot], self.base + self.offsets[p.run_lo], self.base + self.offsets[p.run_hi], p.run_buf, checks
+        )
         self._pending.append((s, slot, p, futs))
 
     def take(self, s: int):
@@ -224,7 +244,7 @@ class StorageEpoch:
             if not on:
                 continue
             if e >= 0:
-                views[j] = v = buf[e:e + int(self.offsets[i + 1] - self.offsets[i])]
+                views[j] = v = buf[e : e + int(self.offsets[i + 1] - self.offsets[i])]
                 if i in self._twice:
                     self._copies[i] = _readonly(v.copy())
             else:

@@ -126,13 +126,32 @@ class StorePlan:
     def schedule(self, epoch: int) -> plan.Schedule:
         """This rank's deliveries in `epoch` (pure). Under ``global`` and ``local`` only this rank's
         part of the order is built (O(N/P) memory)."""
-        return self.order_policy.rank_schedule(self.num_samples, self.bounds, self.seed, epoch, self.partial_fraction,
-                                               self.batch_size, self.size, self.rank, self.drop_last)
+        return self.order_policy.rank_schedule(
+            self.num_samples,
+            self.bounds,
+            self.seed,
+            epoch,
+            self.partial_fraction,
+            self.batch_size,
+            self.size,
+            self.rank,
+            self.drop_last,
+        )
 
 
-def build(rank: int, size: int, config: StoreConfig, start: int, stop: int, offsets: np.ndarray,
-          labels: np.ndarray, checksums: np.ndarray, base_byte: int, reader_index: int,
-          budget_source: str = "memory_budget argument") -> StorePlan:
+def build(
+    rank: int,
+    size: int,
+    config: StoreConfig,
+    start: int,
+    stop: int,
+    offsets: np.ndarray,
+    labels: np.ndarray,
+    checksums: np.ndarray,
+    base_byte: int,
+    reader_index: int,
+    budget_source: str = "memory_budget argument",
+) -> StorePlan:
     """The plan of a store of `size` ranks serving samples [start, stop) (`offsets` etc. of those).
 
     Raises:
@@ -142,8 +161,7 @@ def build(rank: int, size: int, config: StoreConfig, start: int, stop: int, offs
     cfg = config
     steps = plan.steps_per_epoch(num_samples, cfg.batch_size, cfg.drop_last)
     if steps == 0:
-        raise ConfigError(f"batch_size={cfg.batch_size} with drop_last=True leaves no step: only "
-                          f"{num_samples} samples")
+        raise ConfigError(f"batch_size={cfg.batch_size} with drop_last=True leaves no step: only {num_samples} samples")
     bounds = plan.block_bounds(offsets, size)
     if cfg.population == "dynamic" and policy_mod.policy(cfg.shuffle).one_order and not cfg.replicate:
         # Owners from epoch 0's bijection on lookup; only the displacements are held (int64[N])
@@ -153,5 +171,21 @@ def build(rank: int, size: int, config: StoreConfig, start: int, stop: int, offs
     else:
         layout = plan.block_layout(offsets, bounds)
     tier = {"resident_fraction": 1.0, "resident_bytes": int(offsets[-1]), "storage_bytes": 0}
-    return StorePlan(rank, size, config, start, stop, offsets, labels, checksums, base_byte,
-                     plan.sizes_of(offsets), steps, bounds, layout, tier, int(reader_index), budget_source)
+    return StorePlan(
+        rank,
+        size,
+        config,
+        start,
+        stop,
+        offsets,
+        labels,
+        checksums,
+        base_byte,
+        plan.sizes_of(offsets),
+        steps,
+        bounds,
+        layout,
+        tier,
+        int(reader_index),
+        budget_source,
+    )

@@ -69,8 +69,15 @@ another rank's (a job shares its file system's operations; a rank's first batch 
 its peer's pieces is the job's first batch). If no epoch starts within this time, it starts anyway."""
 
 
-def start(p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | None, first_epoch: int = 0,
-          first_step: tuple[int, Schedule] | None = None) -> Stream:
+def start(
+    p: StorePlan,
+    comm,
+    container,
+    arena: Arena,
+    checks: SampleChecks | None,
+    first_epoch: int = 0,
+    first_step: tuple[int, Schedule] | None = None,
+) -> Stream:
     """Collective over `comm`, the store's: starts reading this rank's block of `container` into its
     window `arena` (after the population's agreement; each read checked with `checks`), in the order
     epoch `first_epoch` needs it; with `first_step` (step, that epoch's schedule), that step's
@@ -81,20 +88,33 @@ def start(p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | No
     args = (container, p.start, p.offsets, p.base_byte, lo, hi, arena.local)
 
     def fill(order, done):
-        pool = StorageReader(container.path, threads, container.opened_identity,
-                             shared=container)  # RangeReads never reads with the store's reader itself
+        pool = StorageReader(
+            container.path, threads, container.opened_identity, shared=container
+        )  # RangeReads never reads with the store's reader itself
         try:
-            preload.preload(preload.RangeReads(container, threads, pool=pool), *args, checks=checks,
-                            order=order, done=done)
+            preload.preload(
+                preload.RangeReads(container, threads, pool=pool), *args, checks=checks, order=order, done=done
+            )
         finally:
             pool.close()
 
-    return Stream(p, comm, container, arena, checks, fill, preload.piece_bytes(threads), budget.recv_bound(p),
-                  first_epoch, first_step)
+    return Stream(
+        p,
+        comm,
+        container,
+        arena,
+        checks,
+        fill,
+        preload.piece_bytes(threads),
+        budget.recv_bound(p),
+        first_epoch,
+        first_step,
+    )
 
 
-def plan_block(offsets: np.ndarray, lo: int, hi: int, piece: int, use: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                          np.ndarray]:
+def plan_block(
+    offsets: np.ndarray, lo: int, hi: int, piece: int, use: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One rank's part of `plan_pieces`: block [lo, hi) cut into pieces as dstore.store.preload.preload
     cuts it (`preload.sample_cuts`), read earliest first use first (`use`: the step of each of the
     block's samples, int64[hi-lo]; ties in file order).
@@ -104,7 +124,7 @@ def plan_block(offsets: np.ndarray, lo: int, hi: int, piece: int, use: np.ndarra
         start (int64[pieces+1]); each piece's place in the read order, from 1 (the pieces a sample
         of it waits for).
     """
-    rel = offsets[lo:hi + 1] - offsets[lo]
+    rel = offsets[lo : hi + 1] - offsets[lo]
     cuts = preload.sample_cuts(offsets, lo, hi, max(1, int(piece)))
     count = cuts.size - 1
     full = np.nonzero(np.diff(rel) > 0)[0]
@@ -163,7 +183,7 @@ def plan_pieces(offsets: np.ndarray, bounds: np.ndarray, piece: int, use: np.nda
     for r in range(bounds.size - 1):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         order, cuts, place = plan_block(offsets, lo, hi, piece, use[lo:hi])
-        rel = offsets[lo:hi + 1] - offsets[lo]
+        rel = offsets[lo : hi + 1] - offsets[lo]
         full = np.nonzero(np.diff(rel) > 0)[0]
         need[lo + full] = place[np.searchsorted(cuts, rel[full], side="right") - 1]
         orders.append(order)
@@ -191,22 +211,35 @@ class Stream:
         bytes, reads: what this rank read from the container for steps served while streaming.
     """
 
-    def __init__(self, p: StorePlan, comm, container, arena: Arena, checks: SampleChecks | None, fill, piece: int,
-                 buffer_bytes: int, first_epoch: int = 0, first_step: tuple[int, Schedule] | None = None):
+    def __init__(
+        self,
+        p: StorePlan,
+        comm,
+        container,
+        arena: Arena,
+        checks: SampleChecks | None,
+        fill,
+        piece: int,
+        buffer_bytes: int,
+        first_epoch: int = 0,
+        first_step: tuple[int, Schedule] | None = None,
+    ):
         self.plan, self.container, self.arena, self.checks = p, container, arena, checks
         self.done = False
         self.failed = False
         self.bufs = [np.empty(max(1, int(buffer_bytes)), dtype=np.uint8) for _ in range(p.prefetch + 1)]
-        self.reader: StorageReader | None = StorageReader(container.path, p.storage_threads,
-                                                          container.opened_identity, shared=container)
+        self.reader: StorageReader | None = StorageReader(
+            container.path, p.storage_threads, container.opened_identity, shared=container
+        )
         self.bytes = self.reads = 0
         self._go = threading.Event()  # set when the first step's own reads are in (or by stop)
         self._early = self._first_reads(first_step)  # before the plan below: its storage requests overlap that work
         # This rank plans its own block's pieces (O(N/P)) and learns the others' (O(pieces)): no
         # order or first-use step of all N samples is built (but under `partial`, whose order is).
         lo, hi = int(p.bounds[p.rank]), int(p.bounds[p.rank + 1])
-        use = p.order_policy.block_first_use(p.num_samples, p.bounds, p.rank, p.seed, first_epoch,
-                                             p.batch_size, p.steps_per_epoch, p.partial_fraction)
+        use = p.order_policy.block_first_use(
+            p.num_samples, p.bounds, p.rank, p.seed, first_epoch, p.batch_size, p.steps_per_epoch, p.partial_fraction
+        )
         own, cuts, place = plan_block(p.offsets, lo, hi, piece, use)
         del use
         self.need = PieceWaits(p.offsets, p.bounds, comm.allgather((cuts, place)))
@@ -227,8 +260,7 @@ class Stream:
         self._xthread = None
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # else the main thread exchanges at each step
             self._xthread = threading.Thread(target=self._exchange, daemon=True, name="dstore-stream-exchange")
-        self._thread = threading.Thread(target=self._run, args=(fill, own), daemon=True,
-                                        name="dstore-stream")
+        self._thread = threading.Thread(target=self._run, args=(fill, own), daemon=True, name="dstore-stream")
         self._thread.start()
         if self._xthread is not None:
             self._xthread.start()
@@ -392,12 +424,13 @@ class Stream:
         ends = np.append(heads[1:], uniq.size)
         lo, hi = uniq[heads], uniq[ends - 1] + 1
         base, sc = p.base_byte, self.checks
-        checks = [None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(p.offsets[uniq[h]]))
-                  for h, e in zip(heads.tolist(), ends.tolist())]  # in the thread that read the run
+        checks = [
+            None if sc is None else functools.partial(sc.ids, ids=uniq[h:e], at=int(p.offsets[uniq[h]]))
+            for h, e in zip(heads.tolist(), ends.tolist())
+        ]  # in the thread that read the run
         if self.reader is None:
             raise ValueError("the stream is stopped")
-        futs = self.reader.submit(self.bufs[slot], base + p.offsets[lo], base + p.offsets[hi], at[heads],
-                                  checks)
+        futs = self.reader.submit(self.bufs[slot], base + p.offsets[lo], base + p.offsets[hi], at[heads], checks)
         self.reads += len(futs)
         self.bytes += int(at[-1])
         return uniq, at, slot, futs, int(lo.size)
@@ -418,7 +451,7 @@ class Stream:
         view = buf.view()
         view.flags.writeable = False
         pos = np.searchsorted(uniq, ids)
-        return [view[int(at[p]):int(at[p + 1])] for p in pos.tolist()]
+        return [view[int(at[p]) : int(at[p + 1])] for p in pos.tolist()]
 
     # ----------------------------------------------------------------- lifetime
     def population(self) -> tuple[float, int]:
@@ -440,4 +473,3 @@ class Stream:
         reader, self.reader = self.reader, None
         if reader is not None:
             reader.close()
-

@@ -152,8 +152,10 @@ class Arena:
         mv = buf.data  # memoryview(buf) (numpy's stubs give ndarray __buffer__ on Python 3.12+ only)
         byte = MPI.BYTE
         try:
-            return [win.Rget(mv[b:b + n], o, (d, n, byte))
-                    for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())]
+            return [
+                win.Rget(mv[b : b + n], o, (d, n, byte))
+                for o, d, n, b in zip(owners.tolist(), disps.tolist(), lengths.tolist(), bufstarts.tolist())
+            ]
         except MPI.Exception as exc:
             raise _comm_error(exc) from exc
 

@@ -78,18 +78,23 @@ def main():
     to_tensor = normalizer(spec.mean, spec.std)
     torch.manual_seed(0)
     with init_distributed(comm, "cpu") as ctx:  # gloo process group bootstrapped over MPI
-        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(spec.channels * size[0] * size[1], 64),
-                                    torch.nn.ReLU(), torch.nn.Linear(64, spec.num_classes))
+        model = torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(spec.channels * size[0] * size[1], 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, spec.num_classes),
+        )
         ddp = DDP(model, process_group=ctx.group)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         # Train on the first 80% and test on the rest: the container is already in a seeded
         # random order, so its tail is a random held-out set.
-        with Preemption() as preempt, \
-                DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train, \
-                DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test, \
-                StoreLoader(train, transform=to_tensor, decode_threads=2, channels=spec.channels,
-                            size=size) as loader, \
-                StoreLoader(test, transform=to_tensor, channels=spec.channels, size=size) as test_loader:
+        with (
+            Preemption() as preempt,
+            DataStore(comm, path, batch_size=64, seed=0, sample_range=(0, split)) as train,
+            DataStore(comm, path, batch_size=64, sample_range=(split, n)) as test,
+            StoreLoader(train, transform=to_tensor, decode_threads=2, channels=spec.channels, size=size) as loader,
+            StoreLoader(test, transform=to_tensor, channels=spec.channels, size=size) as test_loader,
+        ):
             if args.checkpoint and os.path.exists(args.checkpoint):
                 ck = torch.load(args.checkpoint, weights_only=True)
                 model.load_state_dict(ck["model"])
@@ -125,8 +130,10 @@ def main():
                 return PREEMPTED_EXIT
             if steps == args.stop_after_steps:
                 if comm.rank == 0:
-                    print(f"stopped after {steps} steps at {loader.state_dict()['epoch']}:"
-                          f"{loader.state_dict()['step']}", flush=True)
+                    print(
+                        f"stopped after {steps} steps at {loader.state_dict()['epoch']}:{loader.state_dict()['step']}",
+                        flush=True,
+                    )
                 return
             correct = total = 0
             with torch.no_grad():
@@ -137,8 +144,10 @@ def main():
         dist.all_reduce(counts, group=ctx.group)
     if comm.rank == 0:
         weights = sum(float(p.detach().double().sum()) for p in model.parameters())
-        print(f"test accuracy {counts[0] / counts[1]:.3f} on {int(counts[1])} samples; weight sum {weights:.9e}",
-              flush=True)
+        print(
+            f"test accuracy {counts[0] / counts[1]:.3f} on {int(counts[1])} samples; weight sum {weights:.9e}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -24,12 +24,16 @@ def synthetic_state(rank: int) -> dict:
     """A Trainer-like state: model tensors of several dtypes, optimizer moments and plain values."""
     gen = np.random.default_rng(100 + rank)
     layers = 6 + 10 * rank
-    model = {f"layer{i}.weight": torch.from_numpy(gen.standard_normal((37, 29 + i)).astype(np.float32))
-             for i in range(layers)}
+    model = {
+        f"layer{i}.weight": torch.from_numpy(gen.standard_normal((37, 29 + i)).astype(np.float32))
+        for i in range(layers)
+    }
     model["count"] = torch.tensor(rank * 1000 + 7, dtype=torch.int64)
     model["half"] = torch.from_numpy(gen.standard_normal(1001).astype(np.float16))
-    optimizer = {"state": {i: {"step": torch.tensor(float(i)), "exp_avg": torch.ones(17) * i} for i in range(layers)},
-                 "param_groups": [{"lr": 0.001 * (rank + 1), "betas": (0.9, 0.999), "params": list(range(layers))}]}
+    optimizer = {
+        "state": {i: {"step": torch.tensor(float(i)), "exp_avg": torch.ones(17) * i} for i in range(layers)},
+        "param_groups": [{"lr": 0.001 * (rank + 1), "betas": (0.9, 0.999), "params": list(range(layers))}],
+    }
     return {"model": model, "optimizer": optimizer, "scheduler": {"base_lrs": [0.001], "last_epoch": 3}}
 
 
@@ -44,10 +48,14 @@ def main():
     if me == 1:
         exchange.send(world, mine, 0, TAG, block=block)
     else:
-        one_way = state_crc(exchange.unpack(exchange.recv(world, 1, TAG, block=block))) == \
-            state_crc(synthetic_state(1))
-    out = {"rank": me, "bytes": int(mine.size), "blocks": len(exchange.blocks(mine.size, block)),
-           "swapped_intact": swapped, "one_way_intact": one_way}
+        one_way = state_crc(exchange.unpack(exchange.recv(world, 1, TAG, block=block))) == state_crc(synthetic_state(1))
+    out = {
+        "rank": me,
+        "bytes": int(mine.size),
+        "blocks": len(exchange.blocks(mine.size, block)),
+        "swapped_intact": swapped,
+        "one_way_intact": one_way,
+    }
     every = world.gather(out, root=0)
     if me == 0:
         print(json.dumps(every), flush=True)

@@ -40,8 +40,11 @@ def clip(comm, container: str, reference: str, population: str) -> None:
         with StoreLoader(store, fields=["txt"], ahead=2) as loader:
             captions = []
             for batch in loader.epoch(1):
-                captions += [(int(i), t) for i, t, p in zip(loader.last_ids.tolist(), batch["txt"],
-                                                             loader.last_pad.tolist()) if not p]
+                captions += [
+                    (int(i), t)
+                    for i, t, p in zip(loader.last_ids.tolist(), batch["txt"], loader.last_pad.tolist())
+                    if not p
+                ]
         keys = {i: store.container.name(i).rsplit("/", 1)[1].split(".")[0] for i, _, _ in mine}
     rows = comm.gather((mine, captions, keys), root=0)
     if comm.Get_rank() != 0:

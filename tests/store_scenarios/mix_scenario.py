@@ -35,8 +35,9 @@ def make_sources(tmp) -> list[str]:
     tmp = Path(tmp)
     rng = np.random.default_rng(1)
     a, b = str(tmp / "a.h5"), str(tmp / "b.zarr")
-    with create_writer(a, "hdf5", encoding="raw", class_names=["x", "y", "z"], raw_dtype="uint8",
-                       raw_shape=(8, 8, 3)) as w:
+    with create_writer(
+        a, "hdf5", encoding="raw", class_names=["x", "y", "z"], raw_dtype="uint8", raw_shape=(8, 8, 3)
+    ) as w:
         for i in range(40):
             w.append(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), i % 3, f"a{i}", i)
     with create_writer(b, "zarr", encoding="jpeg", class_names=["x", "y", "z"]) as w:
@@ -59,7 +60,9 @@ def _epoch(store, readers, e, steps=None) -> list:
         for x, src, i, pad in zip(batch.samples, batch.sources.tolist(), batch.ids.tolist(), batch.pad.tolist()):
             want = readers[src].sample(i)[0]
             if _crc(x) != _crc(want):
-                raise AssertionError(f"rank {store.rank}: epoch {e} step {batch.step}: source {src} sample {i}: wrong bytes")
+                raise AssertionError(
+                    f"rank {store.rank}: epoch {e} step {batch.step}: source {src} sample {i}: wrong bytes"
+                )
             if not pad:
                 mine.append([e, batch.step, src, i, _crc(x)])
         for part in store.comm.allgather(mine):  # rank r holds the r-th contiguous part of the global batch
@@ -83,8 +86,12 @@ def run(comm, sources, mode: str, out: str, weights=WEIGHTS) -> dict:
                 out = out + ".rest"
             else:
                 raise ValueError(f"mode {mode!r}")
-            result = {"entries": entries, "state": store.state_dict(), "counts": store.counts.tolist(),
-                      "stats": store.gather_stats()}
+            result = {
+                "entries": entries,
+                "state": store.state_dict(),
+                "counts": store.counts.tolist(),
+                "stats": store.gather_stats(),
+            }
     finally:
         for r in readers:
             r.close()

@@ -44,8 +44,16 @@ def scenario_object_tiered(comm, url: str, local: str, populations=("preload", "
                     if population == "preload":
                         check_tier(comm, st, got, ref)
                     check_stats(st, got, ref)
-                    check_delivery(comm, ref, got, epoch=epoch, policy="global", seed=3, drop_last=False,
-                                   steps_per_epoch=st.steps_per_epoch)
+                    check_delivery(
+                        comm,
+                        ref,
+                        got,
+                        epoch=epoch,
+                        policy="global",
+                        seed=3,
+                        drop_last=False,
+                        steps_per_epoch=st.steps_per_epoch,
+                    )
                 stats = st.stats.as_dict() if st.stats is not None else {}
     return stats
 

@@ -51,14 +51,16 @@ def run_epoch(store, epoch, steps=None):
         assert len(b.samples) == b.ids.size == b.labels.size > 0
         if steps is not None and k + 1 >= steps:
             break  # what a trainer does after saving a checkpoint at this step
+
     def cat(x, t):
         return np.concatenate(x) if x else np.zeros(0, t)
 
     return (cat(ids, np.int64), cat(crcs, np.int64), cat(pads, bool), cat(labels, np.int64), cat(stepno, np.int64))
 
 
-def check_delivery(comm, reader, got, *, epoch, policy, seed, drop_last, start=0, stop=None, first_step=0,
-                   steps_per_epoch=None):
+def check_delivery(
+    comm, reader, got, *, epoch, policy, seed, drop_last, start=0, stop=None, first_step=0, steps_per_epoch=None
+):
     """Collective: the ranks' deliveries are every (kept) sample once, byte-identical, in the
     reference global order for the global policy. Raises AssertionError on rank 0, then all ranks."""
     rows = comm.gather(got, root=0)
@@ -81,13 +83,20 @@ def check_delivery(comm, reader, got, *, epoch, policy, seed, drop_last, start=0
             if policy == "global":
                 order = shuffle.global_order(n, seed, epoch) + start
                 kept = (n // BATCH) * BATCH if drop_last else n
-                want = order[first_step * BATCH:kept]
+                want = order[first_step * BATCH : kept]
                 # Rebuild the global sequence: step by step, ranks in rank order.
-                seq = np.concatenate([np.concatenate([r[0][(r[4] == s) & ~r[2]] for r in rows])
-                                      for s in np.unique(steps)]) if ids.size else ids
+                seq = (
+                    np.concatenate(
+                        [np.concatenate([r[0][(r[4] == s) & ~r[2]] for r in rows]) for s in np.unique(steps)]
+                    )
+                    if ids.size
+                    else ids
+                )
                 if not np.array_equal(seq, want):
-                    raise AssertionError(f"epoch {epoch}: global sequence differs from the reference "
-                                         f"order (got {seq[:8]}..., want {want[:8]}...)")
+                    raise AssertionError(
+                        f"epoch {epoch}: global sequence differs from the reference "
+                        f"order (got {seq[:8]}..., want {want[:8]}...)"
+                    )
             else:
                 if first_step == 0 and not np.array_equal(np.sort(real), np.arange(start, stop)):
                     raise AssertionError(f"{policy}: not every sample exactly once")
@@ -109,10 +118,12 @@ def check_stats(store, got, reader):
         raise AssertionError(f"gather_stats rows: {rows}")
     mine = rows[store.rank]
     nbytes = int(np.diff(reader.offsets)[got[0]].sum())
-    if (mine["samples"], mine["pads"], mine["steps"]) != (got[0].size, int(got[2].sum()), store.steps_per_epoch) \
-            or mine["bytes_local"] + mine["bytes_node"] + mine["bytes_remote"] + mine["bytes_storage"] != nbytes \
-            or mine["samples_local"] + mine["samples_node"] + mine["samples_remote"] + mine["samples_storage"] \
-            != got[0].size:
+    if (
+        (mine["samples"], mine["pads"], mine["steps"]) != (got[0].size, int(got[2].sum()), store.steps_per_epoch)
+        or mine["bytes_local"] + mine["bytes_node"] + mine["bytes_remote"] + mine["bytes_storage"] != nbytes
+        or mine["samples_local"] + mine["samples_node"] + mine["samples_remote"] + mine["samples_storage"]
+        != got[0].size
+    ):
         raise AssertionError(f"stats disagree with the deliveries: {mine}")
     if store.size == 1 and (mine["samples_remote"] or mine["gets"] or mine["samples_node"]):
         raise AssertionError("one rank fetched remote samples")
@@ -126,12 +137,28 @@ def scenario_exactly_once(comm, path):
     for policy in ("global", "local", "partial"):
         for drop_last in (False, True):
             for prefetch in (0, 2):
-                with DataStore(comm, reader, batch_size=BATCH, seed=7, shuffle=policy, drop_last=drop_last,
-                               prefetch=prefetch, partial_fraction=0.5) as st:
+                with DataStore(
+                    comm,
+                    reader,
+                    batch_size=BATCH,
+                    seed=7,
+                    shuffle=policy,
+                    drop_last=drop_last,
+                    prefetch=prefetch,
+                    partial_fraction=0.5,
+                ) as st:
                     for epoch in (0, 1):
                         got = run_epoch(st, epoch)
-                        check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=7,
-                                       drop_last=drop_last, steps_per_epoch=st.steps_per_epoch)
+                        check_delivery(
+                            comm,
+                            reader,
+                            got,
+                            epoch=epoch,
+                            policy=policy,
+                            seed=7,
+                            drop_last=drop_last,
+                            steps_per_epoch=st.steps_per_epoch,
+                        )
                         check_stats(st, got, reader)
                     if policy == "local" and st.stats.samples_remote != 0:
                         raise AssertionError("local policy moved samples between ranks")
@@ -142,9 +169,12 @@ def scenario_dynamic(comm, path):
     """Dynamic population delivers what preload does; epoch 0 is served without remote gets."""
     reader = open_container(path)
     for policy, drop_last in (("global", False), ("global", True), ("local", False), ("partial", True)):
-        with DataStore(comm, path, batch_size=BATCH, seed=3, shuffle=policy, population="dynamic",
-                       drop_last=drop_last) as dyn, \
-                DataStore(comm, reader, batch_size=BATCH, seed=3, shuffle=policy, drop_last=drop_last) as pre:
+        with (
+            DataStore(
+                comm, path, batch_size=BATCH, seed=3, shuffle=policy, population="dynamic", drop_last=drop_last
+            ) as dyn,
+            DataStore(comm, reader, batch_size=BATCH, seed=3, shuffle=policy, drop_last=drop_last) as pre,
+        ):
             for epoch in (0, 1, 2):
                 a, b = run_epoch(dyn, epoch), run_epoch(pre, epoch)
                 for x, y in zip(a, b):
@@ -152,11 +182,20 @@ def scenario_dynamic(comm, path):
                         raise AssertionError(f"dynamic != preload ({policy}, epoch {epoch})")
                 if epoch == 0 and policy in ("global", "local") and dyn.stats.samples_remote:
                     raise AssertionError("dynamic epoch 0 fetched remote samples")
-                check_delivery(comm, reader, a, epoch=epoch, policy=policy, seed=3, drop_last=drop_last,
-                               steps_per_epoch=dyn.steps_per_epoch)
+                check_delivery(
+                    comm,
+                    reader,
+                    a,
+                    epoch=epoch,
+                    policy=policy,
+                    seed=3,
+                    drop_last=drop_last,
+                    steps_per_epoch=dyn.steps_per_epoch,
+                )
             if dyn.stats.population_bytes != int(dyn.layout.nbytes[comm.rank]):
-                raise AssertionError(f"dynamic population read {dyn.stats.population_bytes} bytes, "
-                                     f"owns {dyn.layout.nbytes[comm.rank]}")
+                raise AssertionError(
+                    f"dynamic population read {dyn.stats.population_bytes} bytes, owns {dyn.layout.nbytes[comm.rank]}"
+                )
     reader.close()
 
 
@@ -197,17 +236,26 @@ def scenario_resume(comm, path):
     reader = open_container(path)
     sub_size = max(1, comm.size - 1)
     sub = comm.Split(0 if comm.rank < sub_size else 1, comm.rank)
-    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64),
-             np.zeros(0, np.int64))
+    empty = (
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
+        np.zeros(0, bool),
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
+    )
     try:
-        for drop_last, population, shrink in ((False, "preload", True), (True, "dynamic", True),
-                                              (False, "dynamic", False)):
+        for drop_last, population, shrink in (
+            (False, "preload", True),
+            (True, "dynamic", True),
+            (False, "dynamic", False),
+        ):
             save_comm, load_comm = (comm, sub) if shrink else (sub, comm)
             first = empty
             blob = None
             if save_comm is comm or comm.rank < sub_size:
-                with DataStore(save_comm, reader, batch_size=BATCH, seed=11, drop_last=drop_last,
-                               population=population) as st:
+                with DataStore(
+                    save_comm, reader, batch_size=BATCH, seed=11, drop_last=drop_last, population=population
+                ) as st:
                     run_epoch(st, 0)
                     first = run_epoch(st, 1, steps=5)
                     sd = st.state_dict()
@@ -217,8 +265,9 @@ def scenario_resume(comm, path):
             blob = comm.bcast(blob, root=0)
             rest = empty
             if load_comm is comm or comm.rank < sub_size:
-                with DataStore(load_comm, reader, batch_size=BATCH, seed=0, drop_last=drop_last,
-                               population=population) as st2:
+                with DataStore(
+                    load_comm, reader, batch_size=BATCH, seed=0, drop_last=drop_last, population=population
+                ) as st2:
                     st2.load_state_dict(checkpoint_state(blob))
                     rest = run_epoch(st2, 1)
                     if st2.seed != 11 or st2.state_dict()["epoch"] != 2:
@@ -286,8 +335,7 @@ def scenario_replicate_and_range(comm, path):
             got = run_epoch(st, 2)
             if st.num_samples != 111:
                 raise AssertionError("num_samples of a sample_range")
-            check_delivery(comm, reader, got, epoch=2, policy=policy, seed=5, drop_last=False, start=20,
-                           stop=131)
+            check_delivery(comm, reader, got, epoch=2, policy=policy, seed=5, drop_last=False, start=20, stop=131)
     reader.close()
 
 
@@ -303,8 +351,12 @@ def scenario_preload_pieces(comm, path):
     try:
         for piece in (1000, 4096, 40_000, 1 << 30):
             prefault.PIECE_BYTES = piece
-            for kw in (dict(), dict(sample_range=(20, 131)), dict(sample_range=(empty[0], empty[0] + 1)),
-                       dict(replicate=True)):
+            for kw in (
+                dict(),
+                dict(sample_range=(20, 131)),
+                dict(sample_range=(empty[0], empty[0] + 1)),
+                dict(replicate=True),
+            ):
                 with DataStore(comm, reader, batch_size=max(comm.size, 1), seed=3, **kw) as st:
                     if st.replicate:
                         have, lo, hi = st.windows.view, 0, st.num_samples
@@ -316,8 +368,9 @@ def scenario_preload_pieces(comm, path):
                         raise AssertionError(f"rank {comm.rank}: window differs from its block ({piece=}, {kw})")
                     got = run_epoch(st, 0)
                     start, stop = kw.get("sample_range", (0, None))
-                    check_delivery(comm, reader, got, epoch=0, policy="global", seed=3, drop_last=False,
-                                   start=start, stop=stop)
+                    check_delivery(
+                        comm, reader, got, epoch=0, policy="global", seed=3, drop_last=False, start=start, stop=stop
+                    )
     finally:
         prefault.PIECE_BYTES = saved
     reader.close()
@@ -333,12 +386,15 @@ def scenario_parallel_population(comm, path):
     tier_reader = open_container(tier_container(path))
     try:
         preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH = 3000, 9000
-        for reader, tiered, kw in ((path, False, dict()), (path, False, dict(replicate=True)),
-                                   (tier_container(path), True, dict())):
+        for reader, tiered, kw in (
+            (path, False, dict()),
+            (path, False, dict(replicate=True)),
+            (tier_container(path), True, dict()),
+        ):
             windows = []
             for threads in (1, 3):
                 args = dict(batch_size=BATCH, seed=4, population_threads=threads, **kw)
-                with (_tiered(comm, tier_reader, **args) if tiered else DataStore(comm, reader, **args)) as st:
+                with _tiered(comm, tier_reader, **args) if tiered else DataStore(comm, reader, **args) as st:
                     if tiered:
                         check_tier(comm, st, run_epoch(st, 0), tier_reader)
                     windows.append((st.windows.view if st.replicate else st.windows.arena.local).copy())
@@ -350,7 +406,7 @@ def scenario_parallel_population(comm, path):
                     mine = np.nonzero((st.layout.owner == st.rank) & st.windows.resident & (st.sizes > 0))[0]
                     for i in mine.tolist():
                         d = int(st.layout.disp[i])
-                        if not np.array_equal(windows[-1][d:d + int(st.sizes[i])], tier_reader.sample(i)[0]):
+                        if not np.array_equal(windows[-1][d : d + int(st.sizes[i])], tier_reader.sample(i)[0]):
                             raise AssertionError(f"rank {comm.rank}: resident sample {i} differs ({threads=})")
             if not np.array_equal(windows[0], windows[1]):
                 raise AssertionError(f"rank {comm.rank}: 3-thread population differs from 1-thread ({kw}, {tiered=})")
@@ -408,7 +464,9 @@ def scenario_mixed_nodes(comm, path):
         k = rc.RANKS_PER_NODE.get() or 0
         node, remote = comm.allreduce(want[0]), comm.allreduce(want[1])
         if 1 < k < comm.size and not (node and remote):  # the point of this run: both kinds in one epoch
-            raise AssertionError(f"{k} ranks per node on {comm.size} ranks served {node} node / {remote} remote samples")
+            raise AssertionError(
+                f"{k} ranks per node on {comm.size} ranks served {node} node / {remote} remote samples"
+            )
         check_delivery(comm, reader, got, epoch=1, policy="global", seed=9, drop_last=False)
     reader.close()
 
@@ -452,8 +510,10 @@ def check_tier(comm, st, got, reader):
     ids = np.unique(got[0]) - st.start
     want = int(st.sizes[ids[~res[ids]]].sum())
     if sum(b - a for a, b in ranges) != want or st.stats.bytes_storage < want:
-        raise AssertionError(f"rank {comm.rank}: read {sum(b - a for a, b in ranges)} bytes from storage, "
-                             f"its non-resident deliveries hold {want}")
+        raise AssertionError(
+            f"rank {comm.rank}: read {sum(b - a for a, b in ranges)} bytes from storage, "
+            f"its non-resident deliveries hold {want}"
+        )
     total = comm.allreduce(sum(b - a for a, b in ranges))
     kept = np.unique(np.concatenate(comm.allgather(ids)))
     if total != int(st.sizes[kept[~res[kept]]].sum()):
@@ -467,10 +527,15 @@ def scenario_tiered(comm, path):
     another number of ranks (another resident set) with nothing lost or repeated. Runs on
     tier_container(path) (more, smaller samples: buffers small beside a rank's share)."""
     reader = open_container(tier_container(path))
-    for policy, population, drop_last, lookahead in (("global", "preload", False, 4), ("global", "dynamic", True, 0),
-                                                     ("local", "preload", True, 1), ("partial", "dynamic", False, 2)):
-        kw = dict(batch_size=BATCH, seed=6, shuffle=policy, population=population, drop_last=drop_last,
-                  partial_fraction=0.5)
+    for policy, population, drop_last, lookahead in (
+        ("global", "preload", False, 4),
+        ("global", "dynamic", True, 0),
+        ("local", "preload", True, 1),
+        ("partial", "dynamic", False, 2),
+    ):
+        kw = dict(
+            batch_size=BATCH, seed=6, shuffle=policy, population=population, drop_last=drop_last, partial_fraction=0.5
+        )
         with _tiered(comm, reader, storage_lookahead=lookahead, **kw) as st, DataStore(comm, reader, **kw) as full:
             for epoch in (0, 1):
                 got, ref = run_epoch(st, epoch), run_epoch(full, epoch)
@@ -479,8 +544,16 @@ def scenario_tiered(comm, path):
                 for x, y in zip(got, ref):
                     if not np.array_equal(x, y):
                         raise AssertionError(f"tiered != resident ({policy}, {population}, epoch {epoch})")
-                check_delivery(comm, reader, got, epoch=epoch, policy=policy, seed=6, drop_last=drop_last,
-                               steps_per_epoch=st.steps_per_epoch)
+                check_delivery(
+                    comm,
+                    reader,
+                    got,
+                    epoch=epoch,
+                    policy=policy,
+                    seed=6,
+                    drop_last=drop_last,
+                    steps_per_epoch=st.steps_per_epoch,
+                )
     try:
         with _tiered(comm, reader, batch_size=BATCH, overflow="error"):
             pass
@@ -511,11 +584,14 @@ def scenario_tiered(comm, path):
 def scenario_errors(comm, path):
     """Bad arguments are ConfigErrors naming the parameter; close() is safe twice."""
     reader = open_container(path)
-    for kw, name in ((dict(batch_size=0), "batch_size"), (dict(batch_size=BATCH, shuffle="x"), "shuffle"),
-                     (dict(batch_size=BATCH, population="x"), "population"),
-                     (dict(batch_size=BATCH, sample_range=(5, 2)), "sample_range"),
-                     (dict(batch_size=10**6, drop_last=True), "batch_size"),
-                     (dict(batch_size=BATCH, prefetch=-1), "prefetch")):
+    for kw, name in (
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=BATCH, shuffle="x"), "shuffle"),
+        (dict(batch_size=BATCH, population="x"), "population"),
+        (dict(batch_size=BATCH, sample_range=(5, 2)), "sample_range"),
+        (dict(batch_size=10**6, drop_last=True), "batch_size"),
+        (dict(batch_size=BATCH, prefetch=-1), "prefetch"),
+    ):
         try:
             DataStore(comm, reader, **kw)
         except ConfigError as exc:
@@ -539,7 +615,7 @@ def scenario_errors(comm, path):
     reader.close()
 
 
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
 def main(argv, table=None):

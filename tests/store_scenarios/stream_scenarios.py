@@ -33,6 +33,7 @@ def slow_stream(piece=4096, pause=PAUSE):
             time.sleep(pause)
             if done is not None:
                 done(k)
+
         return real(*args, done=slow, **kw)
 
     preload_mod.preload = preload
@@ -51,15 +52,25 @@ def scenario_stream_order(comm, path):
     reader = open_container(path)
     for policy, drop_last in (("global", False), ("global", True), ("local", False), ("partial", True)):
         kw = dict(batch_size=BATCH, seed=5, shuffle=policy, drop_last=drop_last)
-        with DataStore(comm, reader, **kw) as pre, \
-                DataStore(comm, path, population="stream", population_threads=2, **kw) as stream:
+        with (
+            DataStore(comm, reader, **kw) as pre,
+            DataStore(comm, path, population="stream", population_threads=2, **kw) as stream,
+        ):
             for epoch in (0, 1, 2):
                 a, b = run_epoch(stream, epoch), run_epoch(pre, epoch)
                 for x, y in zip(a, b):
                     if not np.array_equal(x, y):
                         raise AssertionError(f"stream != preload ({policy}, epoch {epoch})")
-                check_delivery(comm, reader, a, epoch=epoch, policy=policy, seed=5, drop_last=drop_last,
-                               steps_per_epoch=stream.steps_per_epoch)
+                check_delivery(
+                    comm,
+                    reader,
+                    a,
+                    epoch=epoch,
+                    policy=policy,
+                    seed=5,
+                    drop_last=drop_last,
+                    steps_per_epoch=stream.steps_per_epoch,
+                )
                 storage, windows, total = _counts(comm, stream)
                 if storage + windows + sum(comm.allgather(stream.stats.pads)) < total:
                     raise AssertionError(f"epoch {epoch}: samples neither from storage nor windows")
@@ -68,8 +79,10 @@ def scenario_stream_order(comm, path):
                 if epoch > 0 and storage:
                     raise AssertionError(f"epoch {epoch} read {storage} samples from storage")
             if stream.stats.population_bytes != int(stream.layout.nbytes[comm.rank]):
-                raise AssertionError(f"the stream read {stream.stats.population_bytes} bytes of its block, "
-                                     f"owns {stream.layout.nbytes[comm.rank]}")
+                raise AssertionError(
+                    f"the stream read {stream.stats.population_bytes} bytes of its block, "
+                    f"owns {stream.layout.nbytes[comm.rank]}"
+                )
     reader.close()
 
 
@@ -88,8 +101,17 @@ def scenario_stream_abandoned(comm, path):
         a, b = run_epoch(stream, 0), run_epoch(pre, 0)
         if not all(np.array_equal(x, y) for x, y in zip(a, b)):
             raise AssertionError("resumed stream epoch differs from preload")
-        check_delivery(comm, reader, a, epoch=0, policy="global", seed=2, drop_last=False, first_step=2,
-                       steps_per_epoch=stream.steps_per_epoch)
+        check_delivery(
+            comm,
+            reader,
+            a,
+            epoch=0,
+            policy="global",
+            seed=2,
+            drop_last=False,
+            first_step=2,
+            steps_per_epoch=stream.steps_per_epoch,
+        )
     with DataStore(comm, path, population="stream", **kw) as early:
         run_epoch(early, 0, steps=1)  # closed while (probably) still streaming: must not hang
     reader.close()

@@ -61,8 +61,9 @@ def started(nodes: int, ranks_per_node: int = 2, link: str = "none", node_tmp: b
     try:
         for attempt in range(5):  # another process may take the free subnet between our look and our up
             try:
-                c = cluster.up(name, cluster.free_subnet(first=100 + 20 * attempt), nodes, ranks_per_node, link,
-                               node_tmp)
+                c = cluster.up(
+                    name, cluster.free_subnet(first=100 + 20 * attempt), nodes, ranks_per_node, link, node_tmp
+                )
                 break
             except ConfigError as exc:
                 if "--subnet" not in str(exc) or attempt == 4:
@@ -94,32 +95,62 @@ def _argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def start_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: int | None = None,
-             env: dict | None = None) -> subprocess.Popen:
+def start_on(
+    c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: int | None = None, env: dict | None = None
+) -> subprocess.Popen:
     """Starts `argv` as an mpiexec job over cluster `c` and returns at once (text pipes for stdout and
     stderr; its own session: os.killpg(proc.pid, ...) ends it). For a test that acts while it runs."""
     cmd = cluster.mpiexec_command(c, _argv(argv), hosts, n, mpiexec())
-    return subprocess.Popen(cmd, env=cluster.run_env(job_env(env)), cwd=TESTS.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        env=cluster.run_env(job_env(env)),
+        cwd=TESTS.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
-def run_on(c: cluster.Cluster, argv: list[str], *, hosts: str | None = None, n: int | None = None,
-           timeout: float = 120, check: bool = True, env: dict | None = None,
-           cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+def run_on(
+    c: cluster.Cluster,
+    argv: list[str],
+    *,
+    hosts: str | None = None,
+    n: int | None = None,
+    timeout: float = 120,
+    check: bool = True,
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.CompletedProcess:
     """Runs `argv` as an mpiexec job over cluster `c` (argv[0] may be "python" or "dstore": this interpreter).
 
     Raises AssertionError, with the command and all ranks' output, on a timeout or (with `check`) a
     non-zero exit.
     """
-    res = cluster.run(c, _argv(argv), hosts, n, env=job_env(env), timeout=timeout, mpiexec=mpiexec(),
-                      cwd=cwd or TESTS.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = cluster.run(
+        c,
+        _argv(argv),
+        hosts,
+        n,
+        env=job_env(env),
+        timeout=timeout,
+        mpiexec=mpiexec(),
+        cwd=cwd or TESTS.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     where = f"`{' '.join(res.args)}`"
     if res.returncode == -9:
-        raise AssertionError(f"HANG: {where} did not finish within {timeout}s\n--- stdout ---\n{res.stdout}\n"
-                             f"--- stderr ---\n{res.stderr}")
+        raise AssertionError(
+            f"HANG: {where} did not finish within {timeout}s\n--- stdout ---\n{res.stdout}\n"
+            f"--- stderr ---\n{res.stderr}"
+        )
     if check and res.returncode != 0:
-        raise AssertionError(f"{where} exited {res.returncode}\n--- stdout ---\n{res.stdout}\n--- stderr ---\n"
-                             f"{res.stderr}")
+        raise AssertionError(
+            f"{where} exited {res.returncode}\n--- stdout ---\n{res.stdout}\n--- stderr ---\n{res.stderr}"
+        )
     return res
 
 

@@ -21,8 +21,14 @@ def random_samples(n: int, *, seed: int = 0, max_bytes: int = 3000, nclasses: in
     out = []
     for i in range(n):
         size = 0 if i % 7 == 3 else int(rng.integers(1, max_bytes))
-        out.append((rng.integers(0, 256, size, dtype=np.uint8).tobytes(), i % nclasses, f"class{i % nclasses}/img_{i}.jpg",
-                    int(rng.integers(0, 10 * n + 1))))
+        out.append(
+            (
+                rng.integers(0, 256, size, dtype=np.uint8).tobytes(),
+                i % nclasses,
+                f"class{i % nclasses}/img_{i}.jpg",
+                int(rng.integers(0, 10 * n + 1)),
+            )
+        )
     return out
 
 
@@ -30,8 +36,9 @@ def raw_container(path, *, n: int = 40, shape=(4, 4, 1), classes: int = 2, seed:
     """A small HDF5 container of `n` random raw uint8 images of `shape`, labels i % classes."""
     rng = np.random.default_rng(seed)
     names = [chr(ord("a") + k) for k in range(classes)]
-    with create_writer(str(path), "hdf5", encoding="raw", class_names=names, raw_dtype="uint8",
-                       raw_shape=tuple(shape)) as w:
+    with create_writer(
+        str(path), "hdf5", encoding="raw", class_names=names, raw_dtype="uint8", raw_shape=tuple(shape)
+    ) as w:
         for i in range(n):
             w.append(rng.integers(0, 256, tuple(shape), dtype=np.uint8), i % classes, f"s{i}", i)
     return str(path)
@@ -58,8 +65,10 @@ def build(tmp: Path, backend: str, samples, *, shards: int = 3, **kwargs) -> str
     root = tmp / "sharded"
     root.mkdir()
     cuts = np.linspace(0, len(samples), shards + 1).astype(int)
-    paths = [write_samples(root / f"shard-{k:05d}{SUFFIX[fmt]}", fmt, samples[cuts[k]:cuts[k + 1]], **kwargs)
-             for k in range(shards)]
+    paths = [
+        write_samples(root / f"shard-{k:05d}{SUFFIX[fmt]}", fmt, samples[cuts[k] : cuts[k + 1]], **kwargs)
+        for k in range(shards)
+    ]
     write_manifest(root, paths)
     return os.fspath(root)
 

@@ -28,8 +28,9 @@ def digit_png(index: int, side: int = 32) -> bytes:
 
 def small_jpegs(root: str, count: int, *, seed: int = 0, num_classes: int = 3) -> list[str]:
     """`count` small synthetic JPEGs (sides 40..64, ~2 KB) as root/class<k>/<i>.jpg."""
-    return generate_image_folder(root, count, seed=seed, num_classes=num_classes, mean_bytes=2000,
-                                 min_side=40, max_side=64)
+    return generate_image_folder(
+        root, count, seed=seed, num_classes=num_classes, mean_bytes=2000, min_side=40, max_side=64
+    )
 
 
 def make_mixed_folder(root: str, *, jpegs: int = 24, pngs: int = 12) -> None:
@@ -58,8 +59,9 @@ def listing(root: str) -> list[tuple[str, int]]:
     return out
 
 
-def check_container_against_folder(path: str, root: str, *, expect_encoding: str | None = None,
-                                   exclude=(), check_index: bool = True) -> None:
+def check_container_against_folder(
+    path: str, root: str, *, expect_encoding: str | None = None, exclude=(), check_index: bool = True
+) -> None:
     """Every sample's bytes equal its source file's and its stored checksum is their CRC32 (ingest
     computes it on the rank that processed the sample, not the writer), labels match the class
     folder, every listed file (less `exclude`, full paths) is there once, and the source indices are
@@ -96,8 +98,11 @@ def cifar_batch(n: int, *, seed: int = 0, num_classes: int = 10, cifar100: bool 
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
     labels = [int(v) for v in rng.integers(0, num_classes, size=n)]
-    batch = {b"batch_label": b"training batch", b"data": data,
-             b"filenames": [f"img_{seed}_{i}.png".encode() for i in range(n)]}
+    batch = {
+        b"batch_label": b"training batch",
+        b"data": data,
+        b"filenames": [f"img_{seed}_{i}.png".encode() for i in range(n)],
+    }
     if cifar100:
         batch[b"fine_labels"] = labels
         batch[b"coarse_labels"] = [v // 5 for v in labels]
@@ -120,10 +125,12 @@ def write_cifar10(root: str, *, per_batch: int = 20, batches: int = 2, protocol:
         write_pickle(os.path.join(root, f"data_batch_{b}"), batch, protocol)
         out.append(batch)
     write_pickle(os.path.join(root, "test_batch"), cifar_batch(per_batch, seed=99), protocol)
-    names = [n.encode() for n in ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-                                  "ship", "truck")]
-    write_pickle(os.path.join(root, "batches.meta"), {b"label_names": names, b"num_cases_per_batch": per_batch},
-                 protocol)
+    names = [
+        n.encode() for n in ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    ]
+    write_pickle(
+        os.path.join(root, "batches.meta"), {b"label_names": names, b"num_cases_per_batch": per_batch}, protocol
+    )
     return out
 
 
@@ -153,9 +160,15 @@ def png_bytes(side: int = 48, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-BAD_KINDS = ("undecodable", "truncated_jpeg", "truncated_png", "empty_file", "not_an_image", "broken_link",
-             "empty_class")
-
+BAD_KINDS = (
+    "undecodable",
+    "truncated_jpeg",
+    "truncated_png",
+    "empty_file",
+    "not_an_image",
+    "broken_link",
+    "empty_class",
+)
 
 
 def clip_shards(wds, folder, per_shard: int, *, long_captions: bool = False) -> list[str]:
@@ -168,8 +181,12 @@ def clip_shards(wds, folder, per_shard: int, *, long_captions: bool = False) -> 
         with wds.TarWriter(shards[-1]) as sink:
             for k in range(s * per_shard, (s + 1) * per_shard):
                 caption = f"a photo of thing {k} – ünïcode" + (f" {'x' * k}" if long_captions else "")
-                sample = {"__key__": f"s{k:03d}", "png": png_bytes(4, k), "cls": str(k % 3).encode(),
-                          "txt": caption.encode()}
+                sample = {
+                    "__key__": f"s{k:03d}",
+                    "png": png_bytes(4, k),
+                    "cls": str(k % 3).encode(),
+                    "txt": caption.encode(),
+                }
                 if k % 2:
                     sample["json"] = f'{{"k": {k}}}'.encode()
                 sink.write(sample)
@@ -185,10 +202,10 @@ def add_bad(root: str, kind: str) -> tuple[str, str]:
         data, word = b"\xff\xd8\xff\xe0" + os.urandom(500), "not a valid image"
     elif kind == "truncated_jpeg":
         path, full = os.path.join(cls, "cut.jpg"), jpeg_bytes()
-        data, word = full[:len(full) // 2], "truncated"
+        data, word = full[: len(full) // 2], "truncated"
     elif kind == "truncated_png":
         path, full = os.path.join(cls, "cut.png"), png_bytes()
-        data, word = full[:len(full) // 2], "not a valid image"
+        data, word = full[: len(full) // 2], "not a valid image"
     elif kind == "empty_file":
         path, data, word = os.path.join(cls, "empty.jpg"), b"", "empty file"
     elif kind == "not_an_image":
@@ -227,12 +244,34 @@ def py2_cifar_pickle(data: np.ndarray, labels: list[int]) -> bytes:
         return b"K" + bytes([v]) if v < 256 else b"M" + struct.pack("<H", v)
 
     rows, cols = data.shape
-    array = (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + i(0) + b"\x85" + s(b"b")
-             + b"\x87R"  # _reconstruct(ndarray, (0,), 'b')
-             + b"(" + i(1) + b"(" + i(rows) + i(cols) + b"t"  # state: version, shape
-             + b"cnumpy\ndtype\n(" + s(b"u1") + i(0) + i(1) + b"tR"  # dtype('u1', 0, 1)
-             + b"(" + i(3) + s(b"|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xff" + i(0) + b"tb"  # dtype state
-             + b"\x89" + s(data.tobytes()) + b"tb")  # fortran=False, raw bytes; BUILD
+    array = (
+        b"cnumpy.core.multiarray\n_reconstruct\n"
+        + b"cnumpy\nndarray\n"
+        + i(0)
+        + b"\x85"
+        + s(b"b")
+        + b"\x87R"  # _reconstruct(ndarray, (0,), 'b')
+        + b"("
+        + i(1)
+        + b"("
+        + i(rows)
+        + i(cols)
+        + b"t"  # state: version, shape
+        + b"cnumpy\ndtype\n("
+        + s(b"u1")
+        + i(0)
+        + i(1)
+        + b"tR"  # dtype('u1', 0, 1)
+        + b"("
+        + i(3)
+        + s(b"|")
+        + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xff"
+        + i(0)
+        + b"tb"  # dtype state
+        + b"\x89"
+        + s(data.tobytes())
+        + b"tb"
+    )  # fortran=False, raw bytes; BUILD
     label_list = b"](" + b"".join(i(v) for v in labels) + b"e"
     return b"\x80\x02}(" + s(b"data") + array + s(b"labels") + label_list + s(b"batch_label") + s(b"py2") + b"u."
 

@@ -42,9 +42,16 @@ def _decoded(pair):
     return tuple(x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in pair)
 
 
-def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool = True,
-            env: dict | None = None, cwd: str | os.PathLike | None = None,
-            keep_cr: bool = False) -> subprocess.CompletedProcess:
+def run_mpi(
+    nprocs: int,
+    argv: list[str],
+    *,
+    timeout: float = 120,
+    check: bool = True,
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+    keep_cr: bool = False,
+) -> subprocess.CompletedProcess:
     """Runs `mpiexec -n nprocs <argv>`; argv[0] may be "python" (this interpreter) or "dstore".
 
     With `keep_cr` the output is decoded without newline translation (text mode turns every \\r
@@ -65,8 +72,15 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, check: bool =
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     if env:
         full_env.update(env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not keep_cr,
-                            env=full_env, cwd=cwd or REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=not keep_cr,
+        env=full_env,
+        cwd=cwd or REPO,
+        start_new_session=True,
+    )
     try:
         out, err = _decoded(proc.communicate(timeout=timeout))
     except subprocess.TimeoutExpired:

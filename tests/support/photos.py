@@ -12,8 +12,17 @@ import os
 import numpy as np
 import pytest
 
-COLOUR = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "ihc.png",
-          "hubble_deep_field.jpg", "motorcycle_right.png", "retina.jpg")
+COLOUR = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "rocket.jpg",
+    "motorcycle_left.png",
+    "ihc.png",
+    "hubble_deep_field.jpg",
+    "motorcycle_right.png",
+    "retina.jpg",
+)
 """scikit-image's colour photos (300x451 to 1411x1411 px)."""
 JPEG_SETTINGS = {
     "4:4:4": dict(subsampling=0),

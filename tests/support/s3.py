@@ -35,8 +35,12 @@ def endpoint():
 
 def environment(endpoint: str) -> dict[str, str]:
     """The environment a job reads the test server's credentials and endpoint from."""
-    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
 
 
 @pytest.fixture
@@ -74,8 +78,9 @@ class StallingProxy:
     def __init__(self, upstream: str | None = None, marker: str | None = None):
         import threading
 
-        self._upstream = None if upstream is None else (upstream.split("//")[1].split(":")[0],
-                                                        int(upstream.rsplit(":", 1)[1]))
+        self._upstream = (
+            None if upstream is None else (upstream.split("//")[1].split(":")[0], int(upstream.rsplit(":", 1)[1]))
+        )
         self._marker, self._held, self._closed = marker, [], False
         self.stalled = threading.Event()
         if upstream is None:

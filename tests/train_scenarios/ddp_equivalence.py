@@ -47,12 +47,17 @@ def main():
     every = world.gather((size, flat), root=0)
     if world.rank == 0:
         a0, a1, b = every[0][1], every[1][1], every[2][1]
-        print(json.dumps({
-            "sizes": [e[0] for e in every],
-            "a_ranks_equal": bool(np.array_equal(a0, a1)),
-            "a_vs_b_max_abs_diff": float(np.abs(a0 - b).max()),
-            "moved": float(np.abs(a0).sum()),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "sizes": [e[0] for e in every],
+                    "a_ranks_equal": bool(np.array_equal(a0, a1)),
+                    "a_vs_b_max_abs_diff": float(np.abs(a0 - b).max()),
+                    "moved": float(np.abs(a0).sum()),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

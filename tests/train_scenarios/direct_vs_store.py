@@ -12,8 +12,10 @@ from dstore.training.data import DirectSource
 
 
 def deliveries(source, epoch):
-    return [(b.step, b.ids.tolist(), b.labels.tolist(), [bytes(s) for s in b.samples], b.pad.tolist())
-            for b in source.epoch(epoch)]
+    return [
+        (b.step, b.ids.tolist(), b.labels.tolist(), [bytes(s) for s in b.samples], b.pad.tolist())
+        for b in source.epoch(epoch)
+    ]
 
 
 def main(path):

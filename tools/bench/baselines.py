@@ -92,15 +92,17 @@ class ContainerSampleDataset:
                 data = zarr.open_group(self.path, mode="r")["data"]
                 kind = zarr.Array
             if not isinstance(data, kind):
-                raise ConfigError(f"{self.path}: its 'data' is a {type(data).__name__}, not an array; "
-                                  "delete the copy to have it written again")
+                raise ConfigError(
+                    f"{self.path}: its 'data' is a {type(data).__name__}, not an array; "
+                    "delete the copy to have it written again"
+                )
             self._data = data
             self._pid = os.getpid()
         return self._data
 
     def __getitem__(self, i) -> tuple[np.ndarray | torch.Tensor, int]:
         # (asarray: no copy; h5py and zarr return an ndarray for a slice, which their types do not say)
-        data = np.asarray(self._array()[int(self.offsets[i]):int(self.offsets[i + 1])])
+        data = np.asarray(self._array()[int(self.offsets[i]) : int(self.offsets[i + 1])])
         if self.decode:
             return decode_resized(data, self.size, f"{self.path}[{i}]"), int(self.labels[i])
         return data, int(self.labels[i])
@@ -132,8 +134,9 @@ def nbytes_of(item) -> int:
 # --- passes ---------------------------------------------------------------------------------------
 
 
-def dataloader_pass(comm, dataset, *, name: str, cache: str, evict_paths, batch_size: int,
-                    num_workers: int, seed: int, epoch: int = 0) -> Measurement:
+def dataloader_pass(
+    comm, dataset, *, name: str, cache: str, evict_paths, batch_size: int, num_workers: int, seed: int, epoch: int = 0
+) -> Measurement:
     """One shuffled epoch of `dataset` through a torch DataLoader on every rank at once.
 
     Args:
@@ -155,8 +158,14 @@ def dataloader_pass(comm, dataset, *, name: str, cache: str, evict_paths, batch_
     per_rank = max(1, batch_size // size)
 
     def run():
-        loader = DataLoader(dataset, batch_size=per_rank, sampler=indices, num_workers=num_workers,
-                            collate_fn=collate_list, prefetch_factor=4 if num_workers else None)
+        loader = DataLoader(
+            dataset,
+            batch_size=per_rank,
+            sampler=indices,
+            num_workers=num_workers,
+            collate_fn=collate_list,
+            prefetch_factor=4 if num_workers else None,
+        )
         n = b = 0
         for batch in loader:
             n += len(batch)
@@ -166,8 +175,19 @@ def dataloader_pass(comm, dataset, *, name: str, cache: str, evict_paths, batch_
     return measure(comm, name, "baseline", cache, run, batch_size=batch_size, num_workers=num_workers)
 
 
-def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, name: str, cache: str, seed: int,
-                    epoch: int = 0, limit: int | None = None) -> Measurement:
+def per_sample_pass(
+    comm,
+    path: str,
+    backend: str,
+    offsets,
+    labels,
+    *,
+    name: str,
+    cache: str,
+    seed: int,
+    epoch: int = 0,
+    limit: int | None = None,
+) -> Measurement:
     """Per-sample random reads of this rank's shuffled share with h5py or zarr, in the main process,
     one slice `data[off[i]:off[i+1]]` per sample, with the library's defaults (h5py's 1 MiB chunk cache).
 
@@ -191,5 +211,13 @@ def per_sample_pass(comm, path: str, backend: str, offsets, labels, *, name: str
             b += ds[i][0].nbytes
         return len(indices), b
 
-    return measure(comm, name, "baseline", cache, run, backend=backend, path=os.path.abspath(path),
-                   chunk_bytes=chunk_bytes(path, backend))
+    return measure(
+        comm,
+        name,
+        "baseline",
+        cache,
+        run,
+        backend=backend,
+        path=os.path.abspath(path),
+        chunk_bytes=chunk_bytes(path, backend),
+    )

@@ -93,8 +93,12 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "group": self.group, "cache": self.cache, "ranks": self.ranks,
-            "samples": list(self.samples), "bytes": list(self.nbytes),
+            "name": self.name,
+            "group": self.group,
+            "cache": self.cache,
+            "ranks": self.ranks,
+            "samples": list(self.samples),
+            "bytes": list(self.nbytes),
             "seconds": [round(s, 6) for s in self.seconds],
             "total_samples_per_s": round(self.total_samples_per_s, 2),
             "total_mb_per_s": round(self.total_mb_per_s, 2),
@@ -106,12 +110,20 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Measurement:
-        return cls(d["name"], d["group"], d["cache"], list(d["samples"]), list(d["bytes"]),
-                   list(d["seconds"]), dict(d.get("extra", {})))
+        return cls(
+            d["name"],
+            d["group"],
+            d["cache"],
+            list(d["samples"]),
+            list(d["bytes"]),
+            list(d["seconds"]),
+            dict(d.get("extra", {})),
+        )
 
 
-def measure(comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int, int]], *,
-            repeat: int = 1, **extra) -> Measurement:
+def measure(
+    comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int, int]], *, repeat: int = 1, **extra
+) -> Measurement:
     """Runs `fn` on every rank at once, between barriers, and gathers what each rank timed.
 
     Args:
@@ -134,8 +146,9 @@ def measure(comm, name: str, group: str, cache: str, fn: Callable[[], tuple[int,
     assert best is not None  # one pass at least
     if repeat > 1:
         extra["repeat"] = repeat
-    return Measurement(name, group, cache, [g[0] for g in best], [g[1] for g in best],
-                       [g[2] for g in best], dict(extra))
+    return Measurement(
+        name, group, cache, [g[0] for g in best], [g[1] for g in best], [g[2] for g in best], dict(extra)
+    )
 
 
 def busy_cores(interval: float = 0.5) -> float | None:
@@ -143,6 +156,7 @@ def busy_cores(interval: float = 0.5) -> float | None:
     (from /proc/stat; None where there is none). Unlike the load average, which trails by a minute,
     this says whether other work is running now: right after a previous run, the 1-minute load is
     still high from our own processes."""
+
     def sample():
         with open("/proc/stat") as fh:
             fields = [int(x) for x in fh.readline().split()[1:]]
@@ -244,8 +258,10 @@ class Progress:
     def result(self, m: Measurement) -> None:
         if self.enabled:
             sps = f"{m.total_samples_per_s:,.0f} samples/s, " if sum(m.samples) else ""
-            print(f"        {m.name} ({m.cache}): {sps}{fmt_rate(m.total_mb_per_s)} total over {m.ranks} rank(s)",
-                  flush=True)
+            print(
+                f"        {m.name} ({m.cache}): {sps}{fmt_rate(m.total_mb_per_s)} total over {m.ranks} rank(s)",
+                flush=True,
+            )
 
     def note(self, text: str) -> None:
         if self.enabled:

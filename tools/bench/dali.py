@@ -38,8 +38,10 @@ def missing(python: str | os.PathLike | None = None) -> str | None:
     """Why DALI cannot run here (None: it can): no venv, or DALI does not import in it."""
     py = find_python(python)
     if py is None:
-        return (f"DALI: no DALI venv (run `bash tools/setup_dali.sh` to create {os.path.relpath(DEFAULT_PYTHON, REPO)}, "
-                f"or pass its python with --dali / $DSTORE_DALI_PYTHON)")
+        return (
+            f"DALI: no DALI venv (run `bash tools/setup_dali.sh` to create {os.path.relpath(DEFAULT_PYTHON, REPO)}, "
+            f"or pass its python with --dali / $DSTORE_DALI_PYTHON)"
+        )
     proc = subprocess.run([py, "-c", "import nvidia.dali"], capture_output=True, text=True, env=dali_env(), timeout=120)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
@@ -49,8 +51,11 @@ def missing(python: str | os.PathLike | None = None) -> str | None:
 
 def dali_env() -> dict:
     """The environment without MPI launcher variables or this project's PYTHONPATH."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"
+    }
 
 
 def export(samples: list, work_dir: str) -> tuple[str, str]:
@@ -68,15 +73,45 @@ def export(samples: list, work_dir: str) -> tuple[str, str]:
     return paths
 
 
-def run(python: str, blob: tuple[str, str], *, recipe: str, threads: int, batch_size: int, size: int,
-        epochs: int, dtype: str = "uint8", cores: list[int] | None = None, seed: int = 0,
-        timeout: float = 1200) -> dict:
+def run(
+    python: str,
+    blob: tuple[str, str],
+    *,
+    recipe: str,
+    threads: int,
+    batch_size: int,
+    size: int,
+    epochs: int,
+    dtype: str = "uint8",
+    cores: list[int] | None = None,
+    seed: int = 0,
+    timeout: float = 1200,
+) -> dict:
     """One DALI row: {"samples_per_s", "cpu_us_per_sample", ...} over the timed epochs, or {"error": why}."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe={recipe!r} is not one of {RECIPES}")
-    cmd = [python, str(Path(__file__).with_name("dali_peer.py")), "--blob", blob[0], "--offsets", blob[1],
-           "--recipe", recipe, "--threads", str(threads), "--batch-size", str(batch_size), "--size", str(size),
-           "--dtype", dtype, "--epochs", str(epochs), "--seed", str(seed)]
+    cmd = [
+        python,
+        str(Path(__file__).with_name("dali_peer.py")),
+        "--blob",
+        blob[0],
+        "--offsets",
+        blob[1],
+        "--recipe",
+        recipe,
+        "--threads",
+        str(threads),
+        "--batch-size",
+        str(batch_size),
+        "--size",
+        str(size),
+        "--dtype",
+        dtype,
+        "--epochs",
+        str(epochs),
+        "--seed",
+        str(seed),
+    ]
     if cores:  # the same cores as dstore's rows: DALI's threads and its feeding thread stay on them
         cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
     try:
@@ -92,5 +127,10 @@ def run(python: str, blob: tuple[str, str], *, recipe: str, threads: int, batch_
     n = sum(e["samples"] for e in out["epochs"])
     secs = sum(e["seconds"] for e in out["epochs"])
     cpu = sum(e["cpu_seconds"] for e in out["epochs"])
-    return {"dali": out["dali"], "samples": n, "samples_per_s": n / secs, "cpu_us_per_sample": 1e6 * cpu / n,
-            "sample_shape": out["sample_shape"]}
+    return {
+        "dali": out["dali"],
+        "samples": n,
+        "samples_per_s": n / secs,
+        "cpu_us_per_sample": 1e6 * cpu / n,
+        "sample_shape": out["sample_shape"],
+    }

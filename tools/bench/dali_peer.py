@@ -49,7 +49,7 @@ class Feed:
     def __call__(self, info):
         epoch, step = divmod(info.iteration, self.per_epoch)
         order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        ids = order[step * self.batch_size:(step + 1) * self.batch_size]
+        ids = order[step * self.batch_size : (step + 1) * self.batch_size]
         return [self.samples[i] for i in ids]
 
 
@@ -58,22 +58,29 @@ def build(args, samples: list):
 
     feed = Feed(samples, args.batch_size, args.seed)
 
-    @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, device_id=None, seed=args.seed,
-                  prefetch_queue_depth=2)
+    @pipeline_def(
+        batch_size=args.batch_size, num_threads=args.threads, device_id=None, seed=args.seed, prefetch_queue_depth=2
+    )
     def pipe():
         jpegs = fn.external_source(source=feed, batch=True, batch_info=True, dtype=types.UINT8, ndim=1)
         if args.recipe == "imagenet":
-            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                                   random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                                   num_attempts=100)
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                device="cpu",
+                output_type=types.RGB,
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3],
+                num_attempts=100,
+            )
             mirror = fn.random.coin_flip(probability=0.5)
         else:
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
             mirror = 0
         images = fn.resize(images, resize_x=args.size, resize_y=args.size)
         if args.dtype == "float":
-            return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD,
-                                            mirror=mirror)
+            return fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD, mirror=mirror
+            )
         return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", mirror=mirror)
 
     p = pipe()
@@ -98,7 +105,7 @@ def main(argv=None) -> int:
 
     data = np.load(args.blob)
     offsets = np.load(args.offsets)
-    samples = [data[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
+    samples = [data[offsets[i] : offsets[i + 1]] for i in range(offsets.size - 1)]
     p, feed = build(args, samples)
     shape = None
     epochs = []
@@ -111,9 +118,18 @@ def main(argv=None) -> int:
                 shape = list(out.as_array().shape[1:]) if out.is_dense_tensor() else None
         if e >= args.warmup:
             epochs.append({"samples": n, "seconds": time.perf_counter() - t0, "cpu_seconds": cpu() - c0})
-    json.dump({"dali": nvidia.dali.__version__, "recipe": args.recipe, "threads": args.threads,
-               "dtype": args.dtype, "batch_size": args.batch_size, "sample_shape": shape, "epochs": epochs},
-              sys.stdout)
+    json.dump(
+        {
+            "dali": nvidia.dali.__version__,
+            "recipe": args.recipe,
+            "threads": args.threads,
+            "dtype": args.dtype,
+            "batch_size": args.batch_size,
+            "sample_shape": shape,
+            "epochs": epochs,
+        },
+        sys.stdout,
+    )
     print()
     return 0
 

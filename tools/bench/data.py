@@ -68,8 +68,17 @@ def data_tag(count: int, seed: int, mean_bytes: int = DEFAULT_MEAN_BYTES, sides=
     return tag
 
 
-def prepare_data(comm, count: int, data_dir: str, *, seed: int, mean_bytes: int = DEFAULT_MEAN_BYTES,
-                 sides=DEFAULT_SIDES, formats=("hdf5", "zarr"), progress=None) -> str:
+def prepare_data(
+    comm,
+    count: int,
+    data_dir: str,
+    *,
+    seed: int,
+    mean_bytes: int = DEFAULT_MEAN_BYTES,
+    sides=DEFAULT_SIDES,
+    formats=("hdf5", "zarr"),
+    progress=None,
+) -> str:
     """Generates an ImageNet-like image folder of `count` JPEGs (all ranks write a share) and ingests it
     into each of `formats` (all ranks), reusing what a previous run left in `data_dir`. Returns the
     folder.
@@ -84,8 +93,15 @@ def prepare_data(comm, count: int, data_dir: str, *, seed: int, mean_bytes: int 
     if not comm.bcast(os.path.exists(marker) if comm.Get_rank() == 0 else None, root=0):
         if progress:
             progress.note(f"generating {count:,} JPEGs in {folder}")
-        generate_image_folder(folder, count, seed=seed, mean_bytes=int(mean_bytes), min_side=int(sides[0]),
-                              max_side=int(sides[1]), comm=comm)
+        generate_image_folder(
+            folder,
+            count,
+            seed=seed,
+            mean_bytes=int(mean_bytes),
+            min_side=int(sides[0]),
+            max_side=int(sides[1]),
+            comm=comm,
+        )
         if comm.Get_rank() == 0:
             with open(marker, "w") as fh:
                 fh.write("ok\n")
@@ -129,9 +145,16 @@ def repeated_container(comm, src: DataSet, count: int, path: str) -> DataSet:
     if comm.Get_rank() == 0 and not _openable(path):
         with open_container(src.container) as r:
             info = r.info
-            with create_writer(path, "hdf5", encoding=info.encoding, class_names=info.class_names,
-                               raw_dtype=info.raw_dtype, raw_shape=info.raw_shape,
-                               source=f"{src.container} repeated to {count} samples", overwrite=True) as w:
+            with create_writer(
+                path,
+                "hdf5",
+                encoding=info.encoding,
+                class_names=info.class_names,
+                raw_dtype=info.raw_dtype,
+                raw_shape=info.raw_shape,
+                source=f"{src.container} repeated to {count} samples",
+                overwrite=True,
+            ) as w:
                 n = r.num_samples
                 for i in range(count):
                     data, label = r.sample(i % n)

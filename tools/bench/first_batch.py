@@ -46,8 +46,11 @@ def main(argv=None) -> int:
     def specs(tr):
         out = [peers.store_spec(tr(container), pop, args.batch_size, args.seed) for pop in ("stream", "preload")]
         if not skip:
-            out.append(peers.wds_spec([tr(s) for s in pd.tars["shuffled"]], 0, True, max(1, args.batch_size // ranks),
-                                      args.seed))
+            out.append(
+                peers.wds_spec(
+                    [tr(s) for s in pd.tars["shuffled"]], 0, True, max(1, args.batch_size // ranks), args.seed
+                )
+            )
         return out
 
     roots = mount_roots(args.data_dir, container)
@@ -67,16 +70,20 @@ def main(argv=None) -> int:
             ops = sum(s.get("ops", 0) for s in stats) if stats else None
             rows.setdefault(spec.name, []).append((res["first_batch_s"], res["epoch0_s"], ops))
     if comm.Get_rank() == 0:
-        print(f"{ranks} ranks, {args.count} samples, global batch {args.batch_size}, {args.rung}; "
-              f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; "
-              f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+        print(
+            f"{ranks} ranks, {args.count} samples, global batch {args.batch_size}, {args.rung}; "
+            f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+        )
         print("| loader | first batch s (median; passes) | epoch 0 s (median; passes) | storage ops / pass |")
         print("|---|---|---|---|")
         for name, r in rows.items():
             fb, e0, ops = zip(*r)
-            print(f"| {name} | {statistics.median(fb):.2f} ({', '.join(f'{x:.2f}' for x in fb)}) | "
-                  f"{statistics.median(e0):.2f} ({', '.join(f'{x:.2f}' for x in e0)}) | "
-                  f"{', '.join('-' if o is None else f'{o:,}' for o in ops)} |")
+            print(
+                f"| {name} | {statistics.median(fb):.2f} ({', '.join(f'{x:.2f}' for x in fb)}) | "
+                f"{statistics.median(e0):.2f} ({', '.join(f'{x:.2f}' for x in e0)}) | "
+                f"{', '.join('-' if o is None else f'{o:,}' for o in ops)} |"
+            )
         if skip:
             print(f"\nSkipped WebDataset: {skip}")
     return 0

@@ -81,8 +81,11 @@ def _zarr_current(path: str, key: str) -> bool:
     try:
         g = zarr.open_group(path, mode="r")
         data = g["data"]
-        return (g.attrs.get("source_key") == key and isinstance(data, zarr.Array)
-                and tuple(data.chunks) == (ZARR_CHUNK_BYTES,))
+        return (
+            g.attrs.get("source_key") == key
+            and isinstance(data, zarr.Array)
+            and tuple(data.chunks) == (ZARR_CHUNK_BYTES,)
+        )
     except Exception:  # noqa: BLE001 - zarr raises its own types for a missing or partial group
         return False
 
@@ -94,8 +97,15 @@ def _write_zarr(path: str, container: str, offsets, labels, key: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     g = zarr.open_group(tmp, mode="w")
     # write_empty_chunks: zarr's per-chunk fill-value comparison would otherwise dominate the write.
-    data = g.create_array("data", shape=(int(offsets[-1]),), dtype="uint8", chunks=(ZARR_CHUNK_BYTES,),
-                          compressors=None, fill_value=0, config={"write_empty_chunks": True})
+    data = g.create_array(
+        "data",
+        shape=(int(offsets[-1]),),
+        dtype="uint8",
+        chunks=(ZARR_CHUNK_BYTES,),
+        compressors=None,
+        fill_value=0,
+        config={"write_empty_chunks": True},
+    )
     g.create_array("offsets", data=np.asarray(offsets, dtype=np.int64))
     g.create_array("labels", data=np.asarray(labels, dtype=np.int64))
     with open_container(container) as r:

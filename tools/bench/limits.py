@@ -21,8 +21,7 @@ from dstore.tools.bench.common import (
 )
 
 
-def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int,
-               epoch: int = 0) -> list[np.ndarray]:
+def batch_plan(num_samples: int, batch_size: int, rank: int, size: int, seed: int, epoch: int = 0) -> list[np.ndarray]:
     """Rank `rank`'s sample indices, step by step, in the store's own global-shuffle epoch
     (dstore.order.shuffle.global_order + dstore.order.plan.global_schedule, last short batch kept)."""
     sched = global_schedule(global_order(num_samples, seed, epoch), batch_size, size, rank, False)
@@ -52,7 +51,7 @@ def memcpy_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat
             for i in step:
                 s = int(sizes[i])
                 src = int(offsets[i]) % (span - s + 1)
-                dst[pos:pos + s] = arena[src:src + s]
+                dst[pos : pos + s] = arena[src : src + s]
                 pos += s
             n += len(step)
             b += pos
@@ -61,8 +60,9 @@ def memcpy_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, repeat
     return measure(comm, "memcpy", "limit", "memory", run, repeat=repeat, batch_size=batch_size)
 
 
-def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_sample: bool = False,
-                 repeat: int = 3) -> Measurement:
+def raw_rma_pass(
+    comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_sample: bool = False, repeat: int = 3
+) -> Measurement:
     """The bare RMA the store is built on: each rank's block in a `Win.Allocate` arena (the store's
     ownership), then every rank gets its share of a shuffled epoch (the store's order) from whichever
     rank owns each sample, `Flush_all` per batch, inside one `Lock_all` epoch. No prefetch, no
@@ -81,6 +81,7 @@ def raw_rma_pass(comm, offsets: np.ndarray, batch_size: int, seed: int, *, per_s
     get = _get_per_sample if per_sample else _get_indexed
     win = _filled_window(comm, where.block_bytes(rank))
     try:
+
         def run():
             return _rma_epoch(win, steps, lambda step: get(win, dst, where, step))
 
@@ -158,7 +159,7 @@ def _get_per_sample(win, dst: np.ndarray, where: _Placement, step: np.ndarray) -
     pos = 0
     for i in step:
         s = int(where.sizes[i])
-        win.Get([dst[pos:pos + s], MPI.BYTE], int(where.owners[i]), (int(where.disps[i]), s, MPI.BYTE))
+        win.Get([dst[pos : pos + s], MPI.BYTE], int(where.owners[i]), (int(where.disps[i]), s, MPI.BYTE))
         pos += s
     win.Flush_all()
     return pos
@@ -176,7 +177,7 @@ def _get_indexed(win, dst: np.ndarray, where: _Placement, step: np.ndarray) -> i
         n = int(lens.sum())
         t = MPI.BYTE.Create_hindexed(lens.tolist(), where.disps[grp].tolist()).Commit()
         types.append(t)
-        win.Get([dst[pos:pos + n], MPI.BYTE], int(where.owners[grp[0]]), (0, 1, t))
+        win.Get([dst[pos : pos + n], MPI.BYTE], int(where.owners[grp[0]]), (0, 1, t))
         pos += n
     win.Flush_all()
     for t in types:
@@ -211,7 +212,7 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20, fresh:
             pos = lo
             while pos < hi:
                 at = pos - lo if fresh else 0
-                k = os.preadv(fd, [view[at:at + min(chunk, hi - pos)]], pos)
+                k = os.preadv(fd, [view[at : at + min(chunk, hi - pos)]], pos)
                 if k <= 0:
                     break
                 pos += k
@@ -220,5 +221,6 @@ def sequential_read(comm, path: str, cache: str, *, chunk: int = 8 << 20, fresh:
             os.close(fd)
         return 0, got
 
-    return measure(comm, SEQ_READ_FRESH if fresh else SEQ_READ, "limit", cache, run,
-                   file=os.path.basename(path), chunk=chunk)
+    return measure(
+        comm, SEQ_READ_FRESH if fresh else SEQ_READ, "limit", cache, run, file=os.path.basename(path), chunk=chunk
+    )

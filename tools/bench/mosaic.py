@@ -29,8 +29,9 @@ def find_python(venv: str | os.PathLike | None = None) -> str | None:
     return None
 
 
-def run_peer(comm, samples: list[tuple[str, int]], work_dir: str, *, seed: int, batch_size: int,
-             venv=None, timeout: float = 1200) -> tuple[list[Measurement], str]:
+def run_peer(
+    comm, samples: list[tuple[str, int]], work_dir: str, *, seed: int, batch_size: int, venv=None, timeout: float = 1200
+) -> tuple[list[Measurement], str]:
     """Runs the Mosaic baseline on rank 0; every rank gets the same result.
 
     Args:
@@ -57,17 +58,31 @@ def _run_on_root(samples, work_dir, *, seed, batch_size, venv, timeout):
     py = find_python(venv)
     if py is None:
         where = os.path.relpath(DEFAULT_VENV, REPO)
-        return [], (f"skipped: no Mosaic venv (run `bash tools/setup_mosaic.sh` to create {where}, "
-                    "or set DSTORE_MOSAIC_VENV)")
+        return [], (
+            f"skipped: no Mosaic venv (run `bash tools/setup_mosaic.sh` to create {where}, or set DSTORE_MOSAIC_VENV)"
+        )
     os.makedirs(work_dir, exist_ok=True)
     listing = os.path.join(work_dir, "samples.json")
     with open(listing, "w") as fh:
         json.dump([[os.path.abspath(p), int(label)] for p, label in samples], fh)
     mds = os.path.join(work_dir, f"mds-{len(samples)}")
-    cmd = [py, str(Path(__file__).with_name("mosaic_peer.py")), "--samples", listing, "--mds", mds,
-           "--seed", str(seed), "--batch-size", str(batch_size)]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"}
+    cmd = [
+        py,
+        str(Path(__file__).with_name("mosaic_peer.py")),
+        "--samples",
+        listing,
+        "--mds",
+        mds,
+        "--seed",
+        str(seed),
+        "--batch-size",
+        str(batch_size),
+    ]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"
+    }
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -78,10 +93,18 @@ def _run_on_root(samples, work_dir, *, seed, batch_size, venv, timeout):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     ms = []
     for p in out["passes"]:
-        m = Measurement("Mosaic Streaming (MDS, 1 process)", "baseline", p["cache"], [p["samples"]],
-                        [p["bytes"]], [p["seconds"]], {"streaming_version": out["streaming_version"]})
+        m = Measurement(
+            "Mosaic Streaming (MDS, 1 process)",
+            "baseline",
+            p["cache"],
+            [p["samples"]],
+            [p["bytes"]],
+            [p["seconds"]],
+            {"streaming_version": out["streaming_version"]},
+        )
         ms.append(m.to_dict())
     conv = out.get("convert_seconds")
-    note = (f"mosaicml-streaming {out['streaming_version']}, 1 process, local MDS "
-            f"({out['mds_bytes'] / 1e6:.0f} MB" + (f", converted in {conv:.1f}s)" if conv else ", reused)"))
+    note = f"mosaicml-streaming {out['streaming_version']}, 1 process, local MDS ({out['mds_bytes'] / 1e6:.0f} MB" + (
+        f", converted in {conv:.1f}s)" if conv else ", reused)"
+    )
     return ms, note

@@ -36,8 +36,9 @@ def convert(samples: list, out: str) -> float:
 
     t0 = time.perf_counter()
     tmp = out + ".tmp"
-    with MDSWriter(out=tmp, columns={"image": "bytes", "label": "int"}, compression=None,
-                   size_limit=1 << 26, progress_bar=False) as w:
+    with MDSWriter(
+        out=tmp, columns={"image": "bytes", "label": "int"}, compression=None, size_limit=1 << 26, progress_bar=False
+    ) as w:
         for path, label in samples:
             with open(path, "rb") as fh:
                 w.write({"image": fh.read(), "label": int(label)})
@@ -72,14 +73,24 @@ def main(argv=None) -> int:
     if not os.path.isfile(os.path.join(args.mds, "index.json")):
         convert_s = convert(samples, args.mds)
     clean_stale_shared_memory()
-    ds = StreamingDataset(local=args.mds, shuffle=True, shuffle_seed=args.seed,
-                          batch_size=args.batch_size, predownload=None)
+    ds = StreamingDataset(
+        local=args.mds, shuffle=True, shuffle_seed=args.seed, batch_size=args.batch_size, predownload=None
+    )
     evict(args.mds)
     cold = read_pass(ds, "cold")
     warm = read_pass(ds, "warm")
     mds_bytes = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(args.mds) for n in ns)
-    print(json.dumps({"streaming_version": streaming.__version__, "convert_seconds": convert_s,
-                      "mds_bytes": mds_bytes, "processes": 1, "passes": [cold, warm]}))
+    print(
+        json.dumps(
+            {
+                "streaming_version": streaming.__version__,
+                "convert_seconds": convert_s,
+                "mds_bytes": mds_bytes,
+                "processes": 1,
+                "passes": [cold, warm],
+            }
+        )
+    )
     return 0
 
 

@@ -71,7 +71,7 @@ def write_tars(container: str, order: np.ndarray, out_dir: str, per_shard: int |
         for s, lo in enumerate(range(0, order.size, per_shard)):
             name = f"shard-{s:05d}.tar"
             with tarfile.open(os.path.join(tmp, name), "w", format=tarfile.USTAR_FORMAT) as tar:
-                for i in order[lo:lo + per_shard].tolist():
+                for i in order[lo : lo + per_shard].tolist():
                     data, label = r.sample(i)
                     for ext, payload in (("jpg", data.tobytes()), ("cls", str(int(label)).encode())):
                         info = tarfile.TarInfo(f"{i:08d}.{ext}")
@@ -98,8 +98,15 @@ def write_litdata(container: str, order: np.ndarray, out_dir: str) -> str:
     litdata = importlib.import_module("litdata")
 
     shutil.rmtree(out_dir, ignore_errors=True)
-    litdata.optimize(fn=_litdata_item, inputs=[(container, int(i)) for i in order.tolist()], output_dir=out_dir,
-                     chunk_bytes="64MB", num_workers=1, mode="overwrite", verbose=False)
+    litdata.optimize(
+        fn=_litdata_item,
+        inputs=[(container, int(i)) for i in order.tolist()],
+        output_dir=out_dir,
+        chunk_bytes="64MB",
+        num_workers=1,
+        mode="overwrite",
+        verbose=False,
+    )
     return out_dir
 
 
@@ -108,9 +115,16 @@ def write_sorted_container(container: str, path: str) -> str:
     with open_container(container) as r:
         info = r.info
         order = np.argsort(np.asarray(r.labels), kind="stable")
-        with create_writer(path, "hdf5", encoding=info.encoding, class_names=info.class_names,
-                           raw_dtype=info.raw_dtype, raw_shape=info.raw_shape, overwrite=True,
-                           source=f"{container} sorted by class") as w:
+        with create_writer(
+            path,
+            "hdf5",
+            encoding=info.encoding,
+            class_names=info.class_names,
+            raw_dtype=info.raw_dtype,
+            raw_shape=info.raw_shape,
+            overwrite=True,
+            source=f"{container} sorted by class",
+        ) as w:
             for i in order.tolist():
                 data, label = r.sample(i)
                 w.append(data, label, r.name(i), source_index=i)

@@ -64,27 +64,37 @@ class _Store:
 def store_spec(container: str, population: str, batch_size: int, seed: int, label: str = "") -> LoaderSpec:
     from dstore.memory.pagecache import container_files
 
-    return LoaderSpec(f"store ({population}){label}",
-                      lambda comm: _Store(comm, container, population, batch_size, seed),
-                      container_files(container), collective=True)
+    return LoaderSpec(
+        f"store ({population}){label}",
+        lambda comm: _Store(comm, container, population, batch_size, seed),
+        container_files(container),
+        collective=True,
+    )
 
 
 def wds_spec(shards, workers: int, buffered: bool, batch: int, seed: int, label: str = "") -> LoaderSpec:
     read = "DataPipeline, 1 MiB buffer" if buffered else "WebDataset class as shipped: 8 KiB reads"
-    return LoaderSpec(f"WebDataset, {workers} workers, {read}{label}",
-                      lambda comm: WebDatasetPeer(comm, shards, workers, buffered, batch, seed), list(shards))
+    return LoaderSpec(
+        f"WebDataset, {workers} workers, {read}{label}",
+        lambda comm: WebDatasetPeer(comm, shards, workers, buffered, batch, seed),
+        list(shards),
+    )
 
 
 def litdata_spec(path, workers: int, batch: int, seed: int, cache_dir: str, posix: bool, label: str = "") -> LoaderSpec:
     how = "posix reads (LITDATA_POSIX_FAST=0)" if posix else "default (mmap in place)"
     from dstore.tools.bench.common import files_under
 
-    return LoaderSpec(f"LitData, {workers} workers, {how}{label}",
-                      lambda comm: LitDataPeer(comm, path, workers, batch, seed, cache_dir, posix), files_under([path]))
+    return LoaderSpec(
+        f"LitData, {workers} workers, {how}{label}",
+        lambda comm: LitDataPeer(comm, path, workers, batch, seed, cache_dir, posix),
+        files_under([path]),
+    )
 
 
-def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int = EPOCHS,
-             max_seconds: float | None = None) -> dict:
+def run_pass(
+    comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int = EPOCHS, max_seconds: float | None = None
+) -> dict:
     """`epochs` epochs of `spec` from its construction, on every rank; with `rate`, a sleep of
     len(batch)/rate after each batch (the emulated step). Returns the job's figures (the slowest
     rank's times, the least utilised rank's AU) and every rank's per-batch labels."""
@@ -130,12 +140,21 @@ def run_pass(comm, spec: LoaderSpec, *, rate: float | None = None, epochs: int =
     rows = comm.allgather((first or wall, ends, count, nbytes, compute, wall, cut, labels, computed))
     steady = [r[1][1] - r[1][0] for r in rows if len(r[1]) > 1 and not r[6]]
     au = [r[4] / r[5] if r[5] > 0 else 0.0 for r in rows]
-    return {"name": spec.name, "rate": rate, "first_batch_s": max(r[0] for r in rows),
-            "epoch0_s": max(r[1][0] for r in rows), "steady_s": max(steady) if steady else None,
-            "samples": [r[2] for r in rows], "bytes": [r[3] for r in rows], "cut_short": any(r[6] for r in rows),
-            "seconds": wall, "au": min(au) if rate else None, "rank_au": au if rate else None,
-            "au_steady": min(_steady_au(r) for r in rows) if rate and all(len(r[1]) > 1 for r in rows) else None,
-            "labels": [r[7] for r in rows]}
+    return {
+        "name": spec.name,
+        "rate": rate,
+        "first_batch_s": max(r[0] for r in rows),
+        "epoch0_s": max(r[1][0] for r in rows),
+        "steady_s": max(steady) if steady else None,
+        "samples": [r[2] for r in rows],
+        "bytes": [r[3] for r in rows],
+        "cut_short": any(r[6] for r in rows),
+        "seconds": wall,
+        "au": min(au) if rate else None,
+        "rank_au": au if rate else None,
+        "au_steady": min(_steady_au(r) for r in rows) if rate and all(len(r[1]) > 1 for r in rows) else None,
+        "labels": [r[7] for r in rows],
+    }
 
 
 def _steady_au(row) -> float:
@@ -201,8 +220,10 @@ def measure(comm, spec_factory, rung: str, roots, *, rates=RATES, max_seconds=No
                 row = res
                 row["au_at"] = {}
                 if prog:
-                    prog.note(f"{rung}: {spec.name}: first batch {res['first_batch_s']:.2f} s, epoch 0 "
-                              f"{res['epoch0_s']:.2f} s" + (" (cut short)" if res["cut_short"] else ""))
+                    prog.note(
+                        f"{rung}: {spec.name}: first batch {res['first_batch_s']:.2f} s, epoch 0 "
+                        f"{res['epoch0_s']:.2f} s" + (" (cut short)" if res["cut_short"] else "")
+                    )
                 if res["cut_short"]:
                     break  # too slow to be worth a rate pass
             else:

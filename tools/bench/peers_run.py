@@ -28,7 +28,7 @@ def loaders(cfg, pd: peer_data.PeerData, kind: str, translate, ranks: int, skip:
     per_rank = max(1, b // ranks)
     rows = []
     container = pd.container if kind == "shuffled" else pd.sorted_container
-    for pop in (("preload", "stream") if kind == "shuffled" else ("preload",)):
+    for pop in ("preload", "stream") if kind == "shuffled" else ("preload",):
         rows.append(peers.store_spec(translate(container), pop, b, cfg.seed, label))
     done = set()
     if "webdataset" not in skip:
@@ -41,8 +41,9 @@ def loaders(cfg, pd: peer_data.PeerData, kind: str, translate, ranks: int, skip:
     if "litdata" not in skip and pd.litdata[kind]:
         cache = os.path.join(cfg.out, "litdata-cache", kind)
         for posix in (False, True):
-            rows.append(peers.litdata_spec(translate(pd.litdata[kind]), workers, per_rank, cfg.seed, cache, posix,
-                                           label))
+            rows.append(
+                peers.litdata_spec(translate(pd.litdata[kind]), workers, per_rank, cfg.seed, cache, posix, label)
+            )
     return rows
 
 
@@ -63,22 +64,31 @@ def run(comm, cfg) -> dict:
     if cfg.container:
         container = cfg.container
     else:
-        prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides,
-                     progress=prog)
+        prepare_data(
+            comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides, progress=prog
+        )
         container = container_path(data_dir, data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides), "hdf5")
     data = load_dataset(container, None, None)
     classes = int(data.labels.max()) + 1
     prog.start("the peers' copies (tar shards, LitData, class-sorted container)")
-    pd = peer_data.prepare(comm, container, os.path.join(data_dir, "peers"), seed=cfg.seed,
-                           litdata_ok="litdata" not in skip)
+    pd = peer_data.prepare(
+        comm, container, os.path.join(data_dir, "peers"), seed=cfg.seed, litdata_ok="litdata" not in skip
+    )
     for why in skip.values():
         prog.note(f"skipped: {why}")
     roots = mount_roots(data_dir, container)
     results: dict[str, Any] = {"rungs": [], "quality": []}
     for rung in rungs:
         prog.start(f"rung {rung}")
-        rows = peers.measure(comm, lambda tr: loaders(cfg, pd, "shuffled", tr, ranks, skip), rung, roots,
-                             rates=cfg.consume, max_seconds=MAX_SECONDS, prog=prog)
+        rows = peers.measure(
+            comm,
+            lambda tr: loaders(cfg, pd, "shuffled", tr, ranks, skip),
+            rung,
+            roots,
+            rates=cfg.consume,
+            max_seconds=MAX_SECONDS,
+            prog=prog,
+        )
         for r in rows:
             if "labels" in r:
                 r["quality"] = quality(global_batches([lab[0] for lab in r.pop("labels")]), classes)
@@ -93,13 +103,23 @@ def run(comm, cfg) -> dict:
         prog.start("decode per core: dstore's loader beside DALI's CPU pipeline (local memory)")
         results["decode"] = decode_rows(comm, cfg, container)
         prog.note(results["decode"]["note"])
-    results["meta"] = {"ranks": comm.Get_size(), "num_samples": data.num_samples, "total_bytes": data.total_bytes,
-                       "classes": classes, "batch_size": cfg.batch_size, "workers": cfg.num_workers,
-                       "rates": list(cfg.consume), "ideal_distinct": ideal_distinct(classes, cfg.batch_size),
-                       "machine": machine(), "command": cfg.command, "load_before": load,
-                       "load_after": os.getloadavg()[0], "skipped": skip,
-                       "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "bench_seconds": round(time.perf_counter() - t_start, 1)}
+    results["meta"] = {
+        "ranks": comm.Get_size(),
+        "num_samples": data.num_samples,
+        "total_bytes": data.total_bytes,
+        "classes": classes,
+        "batch_size": cfg.batch_size,
+        "workers": cfg.num_workers,
+        "rates": list(cfg.consume),
+        "ideal_distinct": ideal_distinct(classes, cfg.batch_size),
+        "machine": machine(),
+        "command": cfg.command,
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+        "skipped": skip,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bench_seconds": round(time.perf_counter() - t_start, 1),
+    }
     if comm.Get_rank() == 0:
         os.makedirs(cfg.out, exist_ok=True)
         with open(os.path.join(cfg.out, "peers.json"), "w") as fh:
@@ -130,15 +150,41 @@ def decode_rows(comm, cfg, container: str) -> dict:
         else:
             md = os.path.join(cfg.out, "peers-dali.md")
             os.makedirs(cfg.out, exist_ok=True)
-            cmd = [sys.executable, "-m", "dstore.tools.measure.loader", container, "--recipe", "plain", "--threads",
-                   "--workers", "1", "2", "--dali", "1", "2", "--dali-python", dali.find_python(cfg.dali_python),
-                   "--device", "cpu", "--no-gil", "--batch-size", str(cfg.batch_size), "--size",
-                   str(cfg.decode_size), "--out", os.path.join(cfg.out, "peers-dali.json"), "--md", md]
+            cmd = [
+                sys.executable,
+                "-m",
+                "dstore.tools.measure.loader",
+                container,
+                "--recipe",
+                "plain",
+                "--threads",
+                "--workers",
+                "1",
+                "2",
+                "--dali",
+                "1",
+                "2",
+                "--dali-python",
+                dali.find_python(cfg.dali_python),
+                "--device",
+                "cpu",
+                "--no-gil",
+                "--batch-size",
+                str(cfg.batch_size),
+                "--size",
+                str(cfg.decode_size),
+                "--out",
+                os.path.join(cfg.out, "peers-dali.json"),
+                "--md",
+                md,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=dali.dali_env(), timeout=3600)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-                result = {"note": f"DALI comparison failed (exit {proc.returncode}): {' | '.join(tail)}",
-                          "markdown": ""}
+                result = {
+                    "note": f"DALI comparison failed (exit {proc.returncode}): {' | '.join(tail)}",
+                    "markdown": "",
+                }
             else:
                 with open(md) as fh:
                     result = {"note": f"DALI comparison: {md}", "markdown": fh.read()}
@@ -156,52 +202,74 @@ def _f(x, fmt="{:.2f}") -> str:
 
 def _au(row: dict, rate) -> str:
     """'AU over both epochs / AU of the steady epoch' at `rate` (JSON keys may be strings)."""
+
     def get(d):
         return (d or {}).get(rate, (d or {}).get(str(rate)))
+
     return f"{_f(get(row['au_at']), '{:.2f}')} / {_f(get(row.get('au_steady_at')), '{:.2f}')}"
 
 
 def markdown(res: dict) -> str:
     meta = res["meta"]
     rates = meta["rates"]
-    lines = [f"# The store beside WebDataset and LitData ({meta['ranks']} ranks, {meta['num_samples']:,} samples, "
-             f"{meta['total_bytes'] / 1e6:,.0f} MB, global batch {meta['batch_size']})", "",
-             f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
-             f"Date: {meta['date_utc']}, load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after", "",
-             "Times from the loader's construction (the store's population included), the slowest rank; steady = "
-             "epoch 1; samples/s = all ranks' samples over epoch 0's and epoch 1's time; storage = what the mount "
-             "served (local disk: not counted); AU = sleep(batch / rate) per batch over the wall time, the least "
-             "utilised rank, decode skipped (raw stored bytes): over both epochs from construction / over the "
-             "steady epoch alone.", ""]
+    lines = [
+        f"# The store beside WebDataset and LitData ({meta['ranks']} ranks, {meta['num_samples']:,} samples, "
+        f"{meta['total_bytes'] / 1e6:,.0f} MB, global batch {meta['batch_size']})",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}  ",
+        f"Date: {meta['date_utc']}, load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after",
+        "",
+        "Times from the loader's construction (the store's population included), the slowest rank; steady = "
+        "epoch 1; samples/s = all ranks' samples over epoch 0's and epoch 1's time; storage = what the mount "
+        "served (local disk: not counted); AU = sleep(batch / rate) per batch over the wall time, the least "
+        "utilised rank, decode skipped (raw stored bytes): over both epochs from construction / over the "
+        "steady epoch alone.",
+        "",
+    ]
     for rung in res["rungs"]:
-        lines += [f"## {rung['spec']}", "",
-                  "| loader | first batch s | epoch 0 s | steady epoch s | storage MB | storage ops | "
-                  + " | ".join(f"AU @ {r:,}/s" for r in rates) + " |",
-                  "|---|" + "---:|" * (5 + len(rates))]
+        lines += [
+            f"## {rung['spec']}",
+            "",
+            "| loader | first batch s | epoch 0 s | steady epoch s | storage MB | storage ops | "
+            + " | ".join(f"AU @ {r:,}/s" for r in rates)
+            + " |",
+            "|---|" + "---:|" * (5 + len(rates)),
+        ]
         for r in rung["loaders"]:
             if "error" in r:
                 lines.append(f"| {r['name']} | failed: {r['error']} |" + " |" * (4 + len(rates)))
                 continue
             mb = None if r["storage_bytes"] is None else r["storage_bytes"] / 1e6
             cut = f" (stopped after {MAX_SECONDS:.0f} s)" if r["cut_short"] else ""
-            lines.append(f"| {r['name']}{cut} | {_f(r['first_batch_s'])} | {_f(r['epoch0_s'])} | {_f(r['steady_s'])} | "
-                         f"{_f(mb, '{:,.0f}')} | {_f(r['storage_ops'], '{:,}')} | "
-                         + " | ".join(_au(r, k) for k in rates) + " |")
+            lines.append(
+                f"| {r['name']}{cut} | {_f(r['first_batch_s'])} | {_f(r['epoch0_s'])} | {_f(r['steady_s'])} | "
+                f"{_f(mb, '{:,.0f}')} | {_f(r['storage_ops'], '{:,}')} | " + " | ".join(_au(r, k) for k in rates) + " |"
+            )
         lines.append("")
-    lines += ["## Shuffle quality", "",
-              f"Global batches of {meta['batch_size']}; ideal distinct classes {meta['ideal_distinct']:.2f} of "
-              f"{meta['classes']}.", "",
-              "| loader | distinct classes / batch | batches with one class over half | consecutive-batch correlation |",
-              "|---|---:|---:|---:|"]
+    lines += [
+        "## Shuffle quality",
+        "",
+        f"Global batches of {meta['batch_size']}; ideal distinct classes {meta['ideal_distinct']:.2f} of "
+        f"{meta['classes']}.",
+        "",
+        "| loader | distinct classes / batch | batches with one class over half | consecutive-batch correlation |",
+        "|---|---:|---:|---:|",
+    ]
     rows = [(r["name"], r["quality"]) for g in res["rungs"][:1] for r in g["loaders"] if "quality" in r]
     rows += [(q["name"], q) for q in res["quality"] if "error" not in q]
     for name, q in rows:
         lines.append(f"| {name} | {_f(q['distinct'])} | {_f(q['majority'], '{:.0%}')} | {_f(q['correlation'])} |")
     if "decode" in res:
-        lines += ["", "## Decode per core: dstore's loader beside DALI's CPU pipeline", "",
-                  "The plain recipe (decode, resize to the model's size, CHW uint8) from encoded bytes in memory "
-                  "(`python -m dstore.tools.measure.loader --recipe plain --dali 1 2`).", "",
-                  res["decode"]["markdown"] or res["decode"]["note"]]
+        lines += [
+            "",
+            "## Decode per core: dstore's loader beside DALI's CPU pipeline",
+            "",
+            "The plain recipe (decode, resize to the model's size, CHW uint8) from encoded bytes in memory "
+            "(`python -m dstore.tools.measure.loader --recipe plain --dali 1 2`).",
+            "",
+            res["decode"]["markdown"] or res["decode"]["note"],
+        ]
     for m, why in meta["skipped"].items():
         lines.append(f"\nSkipped {m}: {why}")
     return "\n".join(lines) + "\n"

@@ -27,23 +27,65 @@ from dstore.tools.bench.common import (
 GOALS = (
     # key, description, numerator (name, cache), denominator (name, cache), goal
     ("store_vs_raw_rma", "store delivery / raw RMA", (STORE_MAIN, "memory"), (RAW_RMA, "memory"), 0.70),
-    ("store_gets_vs_raw_rma", "store delivery, gets only (node views off) / raw RMA", (STORE_GETS, "memory"),
-     (RAW_RMA, "memory"), 0.70),
-    ("store_vs_h5py_warm", "store delivery / warm h5py per-sample (contiguous)", (STORE_MAIN, "memory"), (H5PY, "warm"),
-     10.0),
-    ("store_vs_folder_cold", "store delivery / cold DataLoader over files", (STORE_MAIN, "memory"), (FOLDER, "cold"), 5.0),
-    ("population_vs_seq_cold", "cold preload population / cold sequential read", (POP_PRELOAD, "cold"), (SEQ_READ, "cold"), 0.70),
+    (
+        "store_gets_vs_raw_rma",
+        "store delivery, gets only (node views off) / raw RMA",
+        (STORE_GETS, "memory"),
+        (RAW_RMA, "memory"),
+        0.70,
+    ),
+    (
+        "store_vs_h5py_warm",
+        "store delivery / warm h5py per-sample (contiguous)",
+        (STORE_MAIN, "memory"),
+        (H5PY, "warm"),
+        10.0,
+    ),
+    (
+        "store_vs_folder_cold",
+        "store delivery / cold DataLoader over files",
+        (STORE_MAIN, "memory"),
+        (FOLDER, "cold"),
+        5.0,
+    ),
+    (
+        "population_vs_seq_cold",
+        "cold preload population / cold sequential read",
+        (POP_PRELOAD, "cold"),
+        (SEQ_READ, "cold"),
+        0.70,
+    ),
 )
 EXTRA_RATIOS = (
     # Reported beside the goals, without one of their own.
-    ("store_vs_h5py_cold", "store delivery / cold h5py per-sample (contiguous)", (STORE_MAIN, "memory"),
-     (H5PY, "cold"), None),
-    ("store_vs_h5py_container_warm", "store delivery / warm h5py per-sample (container's chunks)",
-     (STORE_MAIN, "memory"), (H5PY_CONTAINER, "warm"), None),
-    ("store_gets_vs_h5py_warm", "store delivery, gets only (node views off) / warm h5py per-sample (contiguous)",
-     (STORE_GETS, "memory"), (H5PY, "warm"), None),
-    ("population_vs_seq_fresh_cold", "cold preload population / cold sequential read into new memory",
-     (POP_PRELOAD, "cold"), (SEQ_READ_FRESH, "cold"), None),
+    (
+        "store_vs_h5py_cold",
+        "store delivery / cold h5py per-sample (contiguous)",
+        (STORE_MAIN, "memory"),
+        (H5PY, "cold"),
+        None,
+    ),
+    (
+        "store_vs_h5py_container_warm",
+        "store delivery / warm h5py per-sample (container's chunks)",
+        (STORE_MAIN, "memory"),
+        (H5PY_CONTAINER, "warm"),
+        None,
+    ),
+    (
+        "store_gets_vs_h5py_warm",
+        "store delivery, gets only (node views off) / warm h5py per-sample (contiguous)",
+        (STORE_GETS, "memory"),
+        (H5PY, "warm"),
+        None,
+    ),
+    (
+        "population_vs_seq_fresh_cold",
+        "cold preload population / cold sequential read into new memory",
+        (POP_PRELOAD, "cold"),
+        (SEQ_READ_FRESH, "cold"),
+        None,
+    ),
 )
 AU_GOAL = 0.95
 JUDGED_FROM = 1000
@@ -73,14 +115,30 @@ def compute_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
         value = None
         if num and den and den["total_mb_per_s"] > 0:
             value = num["total_mb_per_s"] / den["total_mb_per_s"]
-        out.append({"key": key, "description": desc, "value": value, "goal": goal, "judged": judged,
-                    "met": None if value is None or goal is None or not judged else value >= goal})
+        out.append(
+            {
+                "key": key,
+                "description": desc,
+                "value": value,
+                "goal": goal,
+                "judged": judged,
+                "met": None if value is None or goal is None or not judged else value >= goal,
+            }
+        )
     au = None
     for row in results.get("training_view", {}).get("loaders", []):
         if row["name"].startswith("store"):
             au = row["au"]
-    out.append({"key": "store_au", "description": "accelerator utilisation with the store (DLIO view)",
-                "value": au, "goal": AU_GOAL, "judged": judged, "met": None if au is None or not judged else au >= AU_GOAL})
+    out.append(
+        {
+            "key": "store_au",
+            "description": "accelerator utilisation with the store (DLIO view)",
+            "value": au,
+            "goal": AU_GOAL,
+            "judged": judged,
+            "met": None if au is None or not judged else au >= AU_GOAL,
+        }
+    )
     return out
 
 
@@ -112,36 +170,49 @@ def _num(x, fmt="{:,.0f}") -> str:
 
 def throughput_table(ms: list[dict]) -> str:
     """One row per measurement; samples/s is left blank where samples are not what was counted."""
-    lines = ["| reader | group | cache | ranks | samples/s total | MB/s total | MB/s per rank (min-max) | us/sample |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| reader | group | cache | ranks | samples/s total | MB/s total | MB/s per rank (min-max) | us/sample |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for m in ms:
         pr = m["rank_mb_per_s"]
         sps = f"{m['total_samples_per_s']:,.0f}" if sum(m["samples"]) else "-"
         ups = f"{m['us_per_sample']:,.1f}" if sum(m["samples"]) else "-"
-        lines.append(f"| {m['name']} | {m['group']} | {m['cache']} | {m['ranks']} | {sps} | "
-                     f"{m['total_mb_per_s']:,.0f} | {min(pr):,.0f}-{max(pr):,.0f} | {ups} |")
+        lines.append(
+            f"| {m['name']} | {m['group']} | {m['cache']} | {m['ranks']} | {sps} | "
+            f"{m['total_mb_per_s']:,.0f} | {min(pr):,.0f}-{max(pr):,.0f} | {ups} |"
+        )
     return "\n".join(lines)
 
 
 def decode_table(ms: list[dict]) -> str:
-    lines = ["| loader | ranks | threads per rank | samples/s total | samples/s per rank (min-max) "
-             "| ms per step (slowest rank) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| loader | ranks | threads per rank | samples/s total | samples/s per rank (min-max) "
+        "| ms per step (slowest rank) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for m in ms:
         pr = m["rank_samples_per_s"]
-        lines.append(f"| {m['name']} | {m['ranks']} | {m['extra'].get('num_threads', '')} | "
-                     f"{m['total_samples_per_s']:,.0f} | {min(pr):,.0f}-{max(pr):,.0f} | "
-                     f"{m['extra'].get('seconds_per_step', 0) * 1e3:.1f} |")
+        lines.append(
+            f"| {m['name']} | {m['ranks']} | {m['extra'].get('num_threads', '')} | "
+            f"{m['total_samples_per_s']:,.0f} | {min(pr):,.0f}-{max(pr):,.0f} | "
+            f"{m['extra'].get('seconds_per_step', 0) * 1e3:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any]) -> str:
     """The report: setup, throughput table, goal ratios, training view, growth, notes."""
     meta = results["meta"]
-    out = [f"# dstore bench: {meta['ranks']} rank(s), {meta['num_samples']:,} samples "
-           f"({meta['total_bytes'] / 1e6:,.0f} MB, mean {meta['mean_sample_bytes'] / 1e3:,.0f} KB)", ""]
-    out.append(f"Machine: {meta.get('machine', '?')}. Global batch {meta['batch_size']}, seed {meta['seed']}. "
-               f"Command: `{meta.get('command', '')}`")
+    out = [
+        f"# dstore bench: {meta['ranks']} rank(s), {meta['num_samples']:,} samples "
+        f"({meta['total_bytes'] / 1e6:,.0f} MB, mean {meta['mean_sample_bytes'] / 1e3:,.0f} KB)",
+        "",
+    ]
+    out.append(
+        f"Machine: {meta.get('machine', '?')}. Global batch {meta['batch_size']}, seed {meta['seed']}. "
+        f"Command: `{meta.get('command', '')}`"
+    )
     if meta.get("load_average"):
         la = meta["load_average"]
         line = f"Load average at start / end: {la[0]:.1f} / {la[1]:.1f} on {meta.get('cores', '?')} cores"
@@ -150,16 +221,24 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(line + ".")
     if meta.get("storage"):
         st = meta["storage"]
-        served = "; ".join(f"{x['ops']:,} operations, {x['read_bytes'] / 1e6:,.0f} MB served"
-                           for x in st.get("mount_stats") or [] if x)
-        out.append(f"Storage: every reader read through `dstore pfs` ({st['spec']})" + (f"; {served}" if served else "")
-                   + ". Cold and warm passes both pay the model (no page cache on the mount).")
+        served = "; ".join(
+            f"{x['ops']:,} operations, {x['read_bytes'] / 1e6:,.0f} MB served" for x in st.get("mount_stats") or [] if x
+        )
+        out.append(
+            f"Storage: every reader read through `dstore pfs` ({st['spec']})"
+            + (f"; {served}" if served else "")
+            + ". Cold and warm passes both pay the model (no page cache on the mount)."
+        )
     delivery = [m for m in results["measurements"] if m["group"] != "decode"]
     decode = [m for m in results["measurements"] if m["group"] == "decode"]
     out += ["", "## Throughput (raw bytes delivered)", "", throughput_table(delivery), ""]
     if decode:
-        out += ["## Decode (reported apart from delivery: JPEG decode through StoreLoader's threads)", "",
-                decode_table(decode), ""]
+        out += [
+            "## Decode (reported apart from delivery: JPEG decode through StoreLoader's threads)",
+            "",
+            decode_table(decode),
+            "",
+        ]
     out += ["## Ratios against the goals", "", "| ratio | measured | goal | met |", "|---|---:|---:|---|"]
     for r in results.get("ratios") or compute_ratios(results):
         met = verdict(r, "yes", "**no**")
@@ -167,26 +246,39 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(f"| {r['description']} | {_num(r['value'], '{:.2f}')} | {goal} | {met} |")
     tv = results.get("training_view")
     if tv and tv.get("loaders"):
-        out += ["", "## Training view (DLIO method: a fixed sleep per step stands in for compute)", "",
-                f"Compute per step: {tv['compute_seconds'] * 1e3:.1f} ms "
-                f"(= {tv['factor']:g} x the store's fetch+decode time per step, {tv['store_step_seconds'] * 1e3:.1f} ms). "
-                f"Each loader decodes the first {tv.get('num_samples', '?')} samples once, shuffled; the DataLoaders "
-                f"use {tv.get('num_workers', '?')} worker process(es) per rank and start cold, the store "
-                f"{tv.get('decode_threads', '?')} decode thread(s) per rank.",
-                "", "| loader | steps | wall s | data wait s | first batch s | AU | AU after the first batch |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "## Training view (DLIO method: a fixed sleep per step stands in for compute)",
+            "",
+            f"Compute per step: {tv['compute_seconds'] * 1e3:.1f} ms "
+            f"(= {tv['factor']:g} x the store's fetch+decode time per step, {tv['store_step_seconds'] * 1e3:.1f} ms). "
+            f"Each loader decodes the first {tv.get('num_samples', '?')} samples once, shuffled; the DataLoaders "
+            f"use {tv.get('num_workers', '?')} worker process(es) per rank and start cold, the store "
+            f"{tv.get('decode_threads', '?')} decode thread(s) per rank.",
+            "",
+            "| loader | steps | wall s | data wait s | first batch s | AU | AU after the first batch |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in tv["loaders"]:
-            out.append(f"| {row['name']} | {row['steps']} | {row['wall']:.2f} | {row['wait']:.2f} | "
-                       f"{row.get('first_wait', 0):.2f} | {row['au']:.3f} | {row.get('au_steady', row['au']):.3f} |")
+            out.append(
+                f"| {row['name']} | {row['steps']} | {row['wall']:.2f} | {row['wait']:.2f} | "
+                f"{row.get('first_wait', 0):.2f} | {row['au']:.3f} | {row.get('au_steady', row['au']):.3f} |"
+            )
     growth = results.get("growth")
     if growth:
-        out += ["", "## Cost per sample as the data set grows", "",
-                "| samples | MB | store us/sample | store MB/s | raw RMA us/sample | raw RMA MB/s |",
-                "|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "## Cost per sample as the data set grows",
+            "",
+            "| samples | MB | store us/sample | store MB/s | raw RMA us/sample | raw RMA MB/s |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for g in growth:
             s, r = g["store"], g["raw_rma"]
-            out.append(f"| {g['num_samples']:,} | {g['total_bytes'] / 1e6:,.0f} | {s['us_per_sample']:.1f} | "
-                       f"{s['total_mb_per_s']:,.0f} | {r['us_per_sample']:.1f} | {r['total_mb_per_s']:,.0f} |")
+            out.append(
+                f"| {g['num_samples']:,} | {g['total_bytes'] / 1e6:,.0f} | {s['us_per_sample']:.1f} | "
+                f"{s['total_mb_per_s']:,.0f} | {r['us_per_sample']:.1f} | {r['total_mb_per_s']:,.0f} |"
+            )
     if results.get("notes"):
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     return "\n".join(out) + "\n"
@@ -194,8 +286,13 @@ def markdown(results: dict[str, Any]) -> str:
 
 # --- plots -------------------------------------------------------------------------------------------
 
-GROUP_COLOURS = {"limit": "#7f7f7f", "baseline": "#d62728", "store": "#1f77b4", "population": "#2ca02c",
-                 "decode": "#9467bd"}
+GROUP_COLOURS = {
+    "limit": "#7f7f7f",
+    "baseline": "#d62728",
+    "store": "#1f77b4",
+    "population": "#2ca02c",
+    "decode": "#9467bd",
+}
 
 
 def _plt():
@@ -233,8 +330,11 @@ def plot_results(results: dict[str, Any], out_dir: str) -> list[str]:
     if tv and tv.get("loaders"):
         rows = tv["loaders"]
         fig, ax = plt.subplots(figsize=(7, 0.4 * len(rows) + 1.5))
-        ax.barh(range(len(rows)), [r["au"] for r in rows],
-                color=["#1f77b4" if r["name"].startswith("store") else "#d62728" for r in rows])
+        ax.barh(
+            range(len(rows)),
+            [r["au"] for r in rows],
+            color=["#1f77b4" if r["name"].startswith("store") else "#d62728" for r in rows],
+        )
         ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=8)
         ax.invert_yaxis()
         ax.axvline(AU_GOAL, color="k", ls="--", lw=1)
@@ -268,10 +368,22 @@ def plot_results(results: dict[str, Any], out_dir: str) -> list[str]:
 
 # --- merging runs on 1, 2, 4 ranks ---------------------------------------------------------------------
 
-SCALING_READERS = ((STORE_MAIN, "memory"), (STORE_GETS, "memory"), (RAW_RMA, "memory"), (RAW_RMA_PER_SAMPLE, "memory"),
-                   ("memcpy", "memory"), (POP_PRELOAD, "cold"), (SEQ_READ, "cold"), (SEQ_READ_FRESH, "cold"),
-                   (H5PY, "warm"), (H5PY, "cold"),
-                   (H5PY_CONTAINER, "warm"), (FOLDER, "cold"), (ZARR, "warm"), (ZARR_CONTAINER, "warm"))
+SCALING_READERS = (
+    (STORE_MAIN, "memory"),
+    (STORE_GETS, "memory"),
+    (RAW_RMA, "memory"),
+    (RAW_RMA_PER_SAMPLE, "memory"),
+    ("memcpy", "memory"),
+    (POP_PRELOAD, "cold"),
+    (SEQ_READ, "cold"),
+    (SEQ_READ_FRESH, "cold"),
+    (H5PY, "warm"),
+    (H5PY, "cold"),
+    (H5PY_CONTAINER, "warm"),
+    (FOLDER, "cold"),
+    (ZARR, "warm"),
+    (ZARR_CONTAINER, "warm"),
+)
 
 
 def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> list[str]:
@@ -285,8 +397,7 @@ def collect(result_paths: list[str], out_dir: str, *, plots: bool = True) -> lis
     ranks = [r["meta"]["ranks"] for r in runs]
     table = _scaling_rows(runs)
     au = [{x["key"]: x["value"] for x in (r.get("ratios") or compute_ratios(r))} for r in runs]
-    merged = {"ranks": ranks, "readers": table, "ratios": au,
-              "meta": [r["meta"] for r in runs]}
+    merged = {"ranks": ranks, "readers": table, "ratios": au, "meta": [r["meta"] for r in runs]}
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "scaling.json"), os.path.join(out_dir, "scaling.md")]
     with open(paths[0], "w") as fh:

@@ -107,12 +107,15 @@ def prepare(comm, cfg: BenchConfig, prog: Progress, notes: list[str]) -> DataSet
     data_dir = cfg.data_path
     if cfg.container:
         hdf5, zarr_path = cfg.container, None
-        notes.append(f"container given: {cfg.container}; the h5py (Zarr) per-sample baseline over the container "
-                     "as written runs only on an HDF5 (Zarr) container, the folder and Mosaic baselines only if "
-                     "its source files are on disk")
+        notes.append(
+            f"container given: {cfg.container}; the h5py (Zarr) per-sample baseline over the container "
+            "as written runs only on an HDF5 (Zarr) container, the folder and Mosaic baselines only if "
+            "its source files are on disk"
+        )
     else:
-        folder = prepare_data(comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides,
-                              progress=prog)
+        folder = prepare_data(
+            comm, cfg.count, data_dir, seed=cfg.seed, mean_bytes=cfg.mean_bytes, sides=cfg.sides, progress=prog
+        )
         tag = data_tag(cfg.count, cfg.seed, cfg.mean_bytes, cfg.sides)
         hdf5 = container_path(data_dir, tag, "hdf5")
         zarr_path = container_path(data_dir, tag, "zarr")
@@ -188,8 +191,10 @@ class _BenchRun:
         self.busy = busy_cores() if self.comm.Get_rank() == 0 else time.sleep(0.5)
         self.comm.Barrier()
         if self.busy is not None and self.busy > 0.5:
-            self.prog.note(f"warning: {self.busy:.1f} of {os.cpu_count()} cores busy before the run: other work is "
-                           "running and every figure below is lower than this machine can do")
+            self.prog.note(
+                f"warning: {self.busy:.1f} of {os.cpu_count()} cores busy before the run: other work is "
+                "running and every figure below is lower than this machine can do"
+            )
 
     # --- data ------------------------------------------------------------------------------------
     def data_pass(self) -> None:
@@ -200,36 +205,47 @@ class _BenchRun:
             self._mount(self.cfg.storage)
         self._layout_notes()
         data = self.dataset
-        self.prog.note(f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
-                       f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB")
+        self.prog.note(
+            f"{data.num_samples:,} samples, {data.total_bytes / 1e6:,.0f} MB, "
+            f"mean {data.total_bytes / data.num_samples / 1e3:.0f} KB"
+        )
         self.evict_paths = container_files(data.container)
 
     def _mount(self, model: PfsModel) -> None:
         """--storage (`model`): every reader reads the data through a pfs mount, unmounted when `stack` closes."""
         cfg = self.cfg
-        mnt = self.stack.enter_context(storage.mounted(self.comm, storage.mount_roots(cfg.data_path, cfg.container),
-                                                       model))
+        mnt = self.stack.enter_context(
+            storage.mounted(self.comm, storage.mount_roots(cfg.data_path, cfg.container), model)
+        )
         self.mnt = mnt
         self.data = mnt.translate_dataset(self.dataset)
-        self.prog.note(f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
-                       f"({model.describe()}) at {', '.join(mnt.mountpoints)}")
-        self.notes.append(f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
-                          f"zarr, the training view) read through a `dstore pfs` mount with {model.describe()}; "
-                          "files there have no page cache, so cold and warm passes both pay the model (the growth "
-                          "sweep's repeated container is on local disk)")
+        self.prog.note(
+            f"--storage: every reader reads through a dstore pfs mount of {', '.join(mnt.roots)} "
+            f"({model.describe()}) at {', '.join(mnt.mountpoints)}"
+        )
+        self.notes.append(
+            f"storage: every reader (sequential read, store population, DataLoader over files, h5py, "
+            f"zarr, the training view) read through a `dstore pfs` mount with {model.describe()}; "
+            "files there have no page cache, so cold and warm passes both pay the model (the growth "
+            "sweep's repeated container is on local disk)"
+        )
 
     def _layout_notes(self) -> None:
         """What the h5py and zarr rows read: the per-sample copies, and the container as written."""
         data = self.dataset
-        self.notes.append(f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with "
-                          "h5py's defaults (the fair per-sample baseline; the goal ratio uses it). "
-                          f"{report.H5PY_CONTAINER}: the container as written, whose `data` is chunked (8 MiB when "
-                          "ingested by dstore): with h5py's default 1 MiB chunk cache each slice reads a whole "
-                          f"chunk; at most {CONTAINER_LAYOUT_LIMIT} samples per rank.")
-        self.notes.append(f"{report.ZARR}: {data.zarr_per_sample}, a copy chunked in "
-                          f"{layouts.ZARR_CHUNK_BYTES // 1024} KiB; {report.ZARR_CONTAINER}: the Zarr container as "
-                          f"written (whole chunks read per slice), at most {CONTAINER_LAYOUT_LIMIT} samples per rank. "
-                          "zarr's own cost per read call (about 0.8 ms here) bounds both.")
+        self.notes.append(
+            f"{report.H5PY}: {data.h5py_contiguous}, a copy whose `data` is contiguous, read with "
+            "h5py's defaults (the fair per-sample baseline; the goal ratio uses it). "
+            f"{report.H5PY_CONTAINER}: the container as written, whose `data` is chunked (8 MiB when "
+            "ingested by dstore): with h5py's default 1 MiB chunk cache each slice reads a whole "
+            f"chunk; at most {CONTAINER_LAYOUT_LIMIT} samples per rank."
+        )
+        self.notes.append(
+            f"{report.ZARR}: {data.zarr_per_sample}, a copy chunked in "
+            f"{layouts.ZARR_CHUNK_BYTES // 1024} KiB; {report.ZARR_CONTAINER}: the Zarr container as "
+            f"written (whole chunks read per slice), at most {CONTAINER_LAYOUT_LIMIT} samples per rank. "
+            "zarr's own cost per read call (about 0.8 ms here) bounds both."
+        )
 
     # --- limits ----------------------------------------------------------------------------------
     def limits_pass(self) -> None:
@@ -256,8 +272,17 @@ class _BenchRun:
         for _ in range(cfg.cold_repeat if cache == "cold" else 1):
             if data.hdf5:
                 reads.append(limits.sequential_read(comm, data.hdf5, cache))
-            pops.append(store_bench.population(comm, data.container, self.evict_paths, mode="preload", cache=cache,
-                                               batch_size=cfg.batch_size, seed=cfg.seed))
+            pops.append(
+                store_bench.population(
+                    comm,
+                    data.container,
+                    self.evict_paths,
+                    mode="preload",
+                    cache=cache,
+                    batch_size=cfg.batch_size,
+                    seed=cfg.seed,
+                )
+            )
         if reads:
             self.add(median_pass(reads))
         if data.hdf5 and cache == "cold":
@@ -280,44 +305,97 @@ class _BenchRun:
         self.prog.start(f"baseline: DataLoader over files, {cache}")
         if data.files is not None:
             ds = baselines.FileBytesDataset(data.files, data.labels)
-            self.add(baselines.dataloader_pass(self.comm, ds, name=report.FOLDER, cache=cache, evict_paths=data.files,
-                                               batch_size=cfg.batch_size, num_workers=cfg.num_workers, seed=cfg.seed))
+            self.add(
+                baselines.dataloader_pass(
+                    self.comm,
+                    ds,
+                    name=report.FOLDER,
+                    cache=cache,
+                    evict_paths=data.files,
+                    batch_size=cfg.batch_size,
+                    num_workers=cfg.num_workers,
+                    seed=cfg.seed,
+                )
+            )
 
     def _h5py_baselines(self, cache: str) -> None:
         comm, seed, data = self.comm, self.cfg.seed, self.dataset
         self.prog.start(f"baseline: h5py per-sample, {cache}")
         assert data.h5py_contiguous is not None  # prepare() writes the copy
-        self.add(baselines.per_sample_pass(comm, data.h5py_contiguous, "h5py", data.offsets, data.labels,
-                                           name=report.H5PY, cache=cache, seed=seed))
+        self.add(
+            baselines.per_sample_pass(
+                comm, data.h5py_contiguous, "h5py", data.offsets, data.labels, name=report.H5PY, cache=cache, seed=seed
+            )
+        )
         if data.hdf5:
-            self.add(baselines.per_sample_pass(comm, data.hdf5, "h5py", data.offsets, data.labels,
-                                               name=report.H5PY_CONTAINER, cache=cache, seed=seed,
-                                               limit=CONTAINER_LAYOUT_LIMIT))
+            self.add(
+                baselines.per_sample_pass(
+                    comm,
+                    data.hdf5,
+                    "h5py",
+                    data.offsets,
+                    data.labels,
+                    name=report.H5PY_CONTAINER,
+                    cache=cache,
+                    seed=seed,
+                    limit=CONTAINER_LAYOUT_LIMIT,
+                )
+            )
 
     def _zarr_baselines(self, cache: str) -> None:
         comm, cfg, data = self.comm, self.cfg, self.dataset
         self.prog.start(f"baseline: zarr per-sample, {cache}")
         assert data.zarr_per_sample is not None  # prepare() writes the copy
-        self.add(baselines.per_sample_pass(comm, data.zarr_per_sample, "zarr", data.offsets, data.labels,
-                                           name=report.ZARR, cache=cache, seed=cfg.seed, limit=cfg.zarr_limit))
+        self.add(
+            baselines.per_sample_pass(
+                comm,
+                data.zarr_per_sample,
+                "zarr",
+                data.offsets,
+                data.labels,
+                name=report.ZARR,
+                cache=cache,
+                seed=cfg.seed,
+                limit=cfg.zarr_limit,
+            )
+        )
         if data.zarr:
             slow = CONTAINER_LAYOUT_LIMIT
             limit = slow if cfg.zarr_limit is None else min(slow, cfg.zarr_limit)
-            self.add(baselines.per_sample_pass(comm, data.zarr, "zarr", data.offsets, data.labels,
-                                               name=report.ZARR_CONTAINER, cache=cache, seed=cfg.seed, limit=limit))
+            self.add(
+                baselines.per_sample_pass(
+                    comm,
+                    data.zarr,
+                    "zarr",
+                    data.offsets,
+                    data.labels,
+                    name=report.ZARR_CONTAINER,
+                    cache=cache,
+                    seed=cfg.seed,
+                    limit=limit,
+                )
+            )
 
     def _mosaic_baseline(self) -> None:
         cfg, data = self.cfg, self.dataset
         self.prog.start("baseline: Mosaic Streaming")
         if cfg.storage is not None and cfg.mosaic:
-            self.notes.append("Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its "
-                              "own process in its own venv, not routed through the mount)")
+            self.notes.append(
+                "Mosaic Streaming: skipped under --storage (its MDS shards are written and read by its "
+                "own process in its own venv, not routed through the mount)"
+            )
         elif cfg.mosaic and data.files is not None:
             # MDS shards are kept beside the data and reused; keyed by the container they mirror.
             tag = os.path.splitext(os.path.basename(os.path.normpath(data.container)))[0]
             work = os.path.join(cfg.data_path, f"mosaic-{tag}")
-            got, note = mosaic.run_peer(self.comm, list(zip(data.files, data.labels.tolist())), work, seed=cfg.seed,
-                                        batch_size=cfg.batch_size, venv=cfg.mosaic_venv)
+            got, note = mosaic.run_peer(
+                self.comm,
+                list(zip(data.files, data.labels.tolist())),
+                work,
+                seed=cfg.seed,
+                batch_size=cfg.batch_size,
+                venv=cfg.mosaic_venv,
+            )
             for m in got:
                 if m.cache in self.caches:
                     self.add(m)
@@ -333,16 +411,30 @@ class _BenchRun:
         comm, container, B, seed = self.comm, self.dataset.container, self.cfg.batch_size, self.cfg.seed
         for cache in self.caches:
             self.prog.start(f"store: population dynamic, {cache}")
-            self.add(store_bench.population(comm, container, self.evict_paths, mode="dynamic", cache=cache,
-                                            batch_size=B, seed=seed))
+            self.add(
+                store_bench.population(
+                    comm, container, self.evict_paths, mode="dynamic", cache=cache, batch_size=B, seed=seed
+                )
+            )
         for shuffle in ("global", "local", "partial"):
             for prefetch in (store_bench.PREFETCH_ON, 0):
                 self.prog.start(f"store: delivery, {shuffle} shuffle, prefetch {prefetch}")
-                self.add(store_bench.delivery(comm, container, shuffle=shuffle, prefetch=prefetch, batch_size=B,
-                                              seed=seed))
+                self.add(
+                    store_bench.delivery(comm, container, shuffle=shuffle, prefetch=prefetch, batch_size=B, seed=seed)
+                )
         self.prog.start("store: delivery, global shuffle, gets only (node views off)")
-        self.add(store_bench.delivery(comm, container, shuffle="global", prefetch=store_bench.PREFETCH_ON,
-                                      batch_size=B, seed=seed, node_views=False, name=STORE_GETS))
+        self.add(
+            store_bench.delivery(
+                comm,
+                container,
+                shuffle="global",
+                prefetch=store_bench.PREFETCH_ON,
+                batch_size=B,
+                seed=seed,
+                node_views=False,
+                name=STORE_GETS,
+            )
+        )
 
     def decode_pass(self) -> tuple[float, int]:
         """One epoch of decoded images through StoreLoader over the training view's samples. Returns
@@ -351,9 +443,15 @@ class _BenchRun:
         cfg, data = self.cfg, self.dataset
         self.prog.start("store: decode through StoreLoader")
         n_tv = min(cfg.train_samples or data.num_samples, data.num_samples)
-        dec, step_s = store_bench.decode_pass(self.comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed,
-                                              num_threads=cfg.decode_threads, size=cfg.decode_size,
-                                              sample_range=(0, n_tv))
+        dec, step_s = store_bench.decode_pass(
+            self.comm,
+            data.container,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            num_threads=cfg.decode_threads,
+            size=cfg.decode_size,
+            sample_range=(0, n_tv),
+        )
         self.add(dec)
         return step_s, n_tv
 
@@ -396,13 +494,24 @@ class _BenchRun:
         """The results' `meta` (bench_seconds is set last, by `results`)."""
         cfg, data, busy = self.cfg, self.dataset, self.busy
         return {
-            "ranks": self.comm.Get_size(), "num_samples": data.num_samples, "total_bytes": data.total_bytes,
-            "mean_sample_bytes": data.total_bytes / max(1, data.num_samples), "batch_size": cfg.batch_size,
-            "seed": cfg.seed, "caches": self.caches, "num_workers": cfg.num_workers,
-            "decode_threads": cfg.decode_threads, "machine": machine(), "python": sys.version.split()[0],
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
-            "container": data.container, "zarr": data.zarr, "files": data.files is not None,
-            "cores": os.cpu_count(), "bench_seconds": None,
+            "ranks": self.comm.Get_size(),
+            "num_samples": data.num_samples,
+            "total_bytes": data.total_bytes,
+            "mean_sample_bytes": data.total_bytes / max(1, data.num_samples),
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "caches": self.caches,
+            "num_workers": cfg.num_workers,
+            "decode_threads": cfg.decode_threads,
+            "machine": machine(),
+            "python": sys.version.split()[0],
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": cfg.command,
+            "container": data.container,
+            "zarr": data.zarr,
+            "files": data.files is not None,
+            "cores": os.cpu_count(),
+            "bench_seconds": None,
             "load_average": [round(self.load_start, 2), round(os.getloadavg()[0], 2)],
             "busy_cores_at_start": None if busy is None else round(busy, 2),
             "storage": storage_meta,
@@ -429,16 +538,35 @@ def run_training_view(comm, cfg: BenchConfig, data: DataSet, store_step_s: float
     compute = factor x the store's fetch+decode time per step."""
     compute = max(store_step_s * cfg.compute_factor, 1e-3)
     rows = []
-    with DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",
-                   sample_range=(0, n)) as store:
-        rows.append(training_view.run_store(comm, store, compute_seconds=compute, epoch=2,
-                                            num_threads=cfg.decode_threads, size=cfg.decode_size))
-    rows += training_view.run_baselines(comm, data, n, compute_seconds=compute, batch_size=cfg.batch_size,
-                                        num_workers=cfg.num_workers, seed=cfg.seed, decode_size=cfg.decode_size)
+    with DataStore(
+        comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload", sample_range=(0, n)
+    ) as store:
+        rows.append(
+            training_view.run_store(
+                comm, store, compute_seconds=compute, epoch=2, num_threads=cfg.decode_threads, size=cfg.decode_size
+            )
+        )
+    rows += training_view.run_baselines(
+        comm,
+        data,
+        n,
+        compute_seconds=compute,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        seed=cfg.seed,
+        decode_size=cfg.decode_size,
+    )
     for r in rows:
         prog.note(f"{r['name']}: AU {r['au']:.3f} ({r['steps']} steps, wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
-    return {"compute_seconds": compute, "store_step_seconds": store_step_s, "factor": cfg.compute_factor,
-            "num_samples": n, "num_workers": cfg.num_workers, "decode_threads": cfg.decode_threads, "loaders": rows}
+    return {
+        "compute_seconds": compute,
+        "store_step_seconds": store_step_s,
+        "factor": cfg.compute_factor,
+        "num_samples": n,
+        "num_workers": cfg.num_workers,
+        "decode_threads": cfg.decode_threads,
+        "loaders": rows,
+    }
 
 
 def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[dict]:
@@ -457,11 +585,20 @@ def run_growth(comm, cfg: BenchConfig, data: DataSet, prog: Progress) -> list[di
             big = repeated_container(comm, data, sizes[-1], path)
     out = []
     for n in sizes:
-        st = store_bench.delivery(comm, big.container, shuffle="global", prefetch=store_bench.PREFETCH_ON,
-                                  batch_size=cfg.batch_size, seed=cfg.seed, sample_range=(0, n),
-                                  name=report.STORE_MAIN)
-        rm = limits.raw_rma_pass(comm, big.offsets[:n + 1], cfg.batch_size, cfg.seed, repeat=2)
-        out.append({"num_samples": n, "total_bytes": int(big.offsets[n]), "store": st.to_dict(), "raw_rma": rm.to_dict()})
+        st = store_bench.delivery(
+            comm,
+            big.container,
+            shuffle="global",
+            prefetch=store_bench.PREFETCH_ON,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            sample_range=(0, n),
+            name=report.STORE_MAIN,
+        )
+        rm = limits.raw_rma_pass(comm, big.offsets[: n + 1], cfg.batch_size, cfg.seed, repeat=2)
+        out.append(
+            {"num_samples": n, "total_bytes": int(big.offsets[n]), "store": st.to_dict(), "raw_rma": rm.to_dict()}
+        )
         prog.note(f"{n:,} samples: store {st.us_per_sample:.1f} us/sample, raw RMA {rm.us_per_sample:.1f} us/sample")
     return out
 
@@ -482,17 +619,33 @@ def run_storage_sweep(comm, cfg: BenchConfig) -> dict:
     data = prepare(comm, cfg, prog, notes)
     n = min(cfg.train_samples or data.num_samples, data.num_samples)
     prog.start("store: decode through StoreLoader on local disk (sets the compute per step)")
-    _dec, step_s = store_bench.decode_pass(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed,
-                                           num_threads=cfg.decode_threads, size=cfg.decode_size,
-                                           sample_range=(0, n))
+    _dec, step_s = store_bench.decode_pass(
+        comm,
+        data.container,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        num_threads=cfg.decode_threads,
+        size=cfg.decode_size,
+        sample_range=(0, n),
+    )
     compute = max(step_s * cfg.compute_factor, 1e-3)
     prog.note(f"compute per step: {compute * 1e3:.1f} ms ({cfg.compute_factor:g} x the store's {step_s * 1e3:.1f} ms)")
     sw = storage.sweep(comm, cfg, data, data_dir, ladder, n, compute, prog)
-    meta = {"ranks": comm.Get_size(), "num_samples": n, "batch_size": cfg.batch_size, "seed": cfg.seed,
-            "num_workers": cfg.num_workers, "decode_threads": cfg.decode_threads, "machine": machine(),
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cfg.command,
-            "container": data.container, "cores": os.cpu_count(), "ladder": list(ladder),
-            "bench_seconds": round(time.perf_counter() - t_start, 1)}
+    meta = {
+        "ranks": comm.Get_size(),
+        "num_samples": n,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "num_workers": cfg.num_workers,
+        "decode_threads": cfg.decode_threads,
+        "machine": machine(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": cfg.command,
+        "container": data.container,
+        "cores": os.cpu_count(),
+        "ladder": list(ladder),
+        "bench_seconds": round(time.perf_counter() - t_start, 1),
+    }
     results = {"meta": meta, "storage_sweep": sw, "notes": notes}
     if rank == 0:
         os.makedirs(cfg.out, exist_ok=True)

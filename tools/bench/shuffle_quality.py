@@ -29,10 +29,13 @@ def quality(batches: list[np.ndarray], num_classes: int) -> dict:
     for a, b in zip(counts[:-1], counts[1:]):
         if a.std() > 0 and b.std() > 0:
             rs.append(float(np.corrcoef(a, b)[0, 1]))
-    return {"distinct": float((counts > 0).sum(axis=1).mean()),
-            "majority": float((counts.max(axis=1) * 2 > sizes).mean()),
-            "correlation": float(np.mean(rs)) if rs else None,
-            "batches": len(batches), "batch_size": int(np.median(sizes))}
+    return {
+        "distinct": float((counts > 0).sum(axis=1).mean()),
+        "majority": float((counts.max(axis=1) * 2 > sizes).mean()),
+        "correlation": float(np.mean(rs)) if rs else None,
+        "batches": len(batches),
+        "batch_size": int(np.median(sizes)),
+    }
 
 
 def ideal_distinct(num_classes: int, batch: int) -> float:

@@ -34,8 +34,16 @@ def write_sets(out_dir: str, seed: int):
     train = train[np.argsort(labels[train], kind="stable")]  # class-sorted
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "digits-class-sorted.h5")
-    with create_writer(path, "hdf5", encoding="raw", raw_dtype="uint8", raw_shape=(8, 8, 1),
-                       class_names=[str(i) for i in range(10)], overwrite=True, source="digits, class-sorted") as w:
+    with create_writer(
+        path,
+        "hdf5",
+        encoding="raw",
+        raw_dtype="uint8",
+        raw_shape=(8, 8, 1),
+        class_names=[str(i) for i in range(10)],
+        overwrite=True,
+        source="digits, class-sorted",
+    ) as w:
         for i in train.tolist():
             w.append(images[i].tobytes(), int(labels[i]), f"digits[{i}]", source_index=i)
     shards = peer_data.write_tars(path, np.arange(train.size), os.path.join(out_dir, "digits-wds"), per_shard=120)
@@ -89,13 +97,21 @@ def run(out_dir: str, epochs: int = 5, seed: int = 0) -> list[dict]:
 
     rows.append({"name": "the archive's order (no shuffle)", **train(archive, epochs, seed, hx, hy)})
     with DataStore(comm, path, batch_size=BATCH, seed=seed) as st:
-        rows.append({"name": "store (global shuffle)",
-                     **train(lambda e: ((b.samples, b.labels) for b in st.epoch(e)), epochs, seed, hx, hy)})
+        rows.append(
+            {
+                "name": "store (global shuffle)",
+                **train(lambda e: ((b.samples, b.labels) for b in st.epoch(e)), epochs, seed, hx, hy),
+            }
+        )
     if peers.missing("webdataset") is None:
         for workers in (0, 2):
             w = peers.WebDatasetPeer(comm, shards, workers, True, BATCH, seed)
-            rows.append({"name": f"WebDataset shard shuffle + shuffle({peers.SHUFFLE_BUFFER}), {workers} workers",
-                         **train(w.epoch, epochs, seed, hx, hy)})
+            rows.append(
+                {
+                    "name": f"WebDataset shard shuffle + shuffle({peers.SHUFFLE_BUFFER}), {workers} workers",
+                    **train(w.epoch, epochs, seed, hx, hy),
+                }
+            )
             w.close()
     with open(os.path.join(out_dir, "sorted-training.json"), "w") as fh:
         json.dump({"epochs": epochs, "seed": seed, "held_out": int(hy.size), "rows": rows}, fh, indent=1)
@@ -103,7 +119,9 @@ def run(out_dir: str, epochs: int = 5, seed: int = 0) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.bench.sorted_training", description=(__doc__ or "").split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.bench.sorted_training", description=(__doc__ or "").split("\n")[0]
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

@@ -16,8 +16,13 @@ from dstore.tools.bench.report import _plt
 from dstore.tools.pfs.model import PfsModel, parse_spec
 from dstore.tools.pfs.mount import PfsMount, PfsMountError
 
-DEFAULT_LADDER = ("local", "pfs:latency=0,iops=unlimited,bandwidth=unlimited", "pfs:latency=0.5ms,iops=2000",
-                  "pfs:latency=2ms,iops=2000", "pfs:latency=8ms,iops=2000")
+DEFAULT_LADDER = (
+    "local",
+    "pfs:latency=0,iops=unlimited,bandwidth=unlimited",
+    "pfs:latency=0.5ms,iops=2000",
+    "pfs:latency=2ms,iops=2000",
+    "pfs:latency=8ms,iops=2000",
+)
 """--storage-sweep's rungs: the local disk; the FUSE file system alone (its own overhead); then a job's
 share of a busy Lustre (2,000 ops/s, docs/storage.md) at three latencies."""
 
@@ -54,9 +59,14 @@ class Mounted:
 
     def translate_dataset(self, data):
         return dataclasses.replace(
-            data, container=self.translate(data.container), hdf5=self.translate(data.hdf5),
-            zarr=self.translate(data.zarr), files=None if data.files is None else [self.translate(f) for f in data.files],
-            h5py_contiguous=self.translate(data.h5py_contiguous), zarr_per_sample=self.translate(data.zarr_per_sample))
+            data,
+            container=self.translate(data.container),
+            hdf5=self.translate(data.hdf5),
+            zarr=self.translate(data.zarr),
+            files=None if data.files is None else [self.translate(f) for f in data.files],
+            h5py_contiguous=self.translate(data.h5py_contiguous),
+            zarr_per_sample=self.translate(data.zarr_per_sample),
+        )
 
 
 def mount_roots(data_dir: str, container: str | None) -> list[str]:
@@ -109,13 +119,15 @@ def _store_population_and_view(comm, cfg, data, n: int, compute: float):
     """Preload population time (timed across ranks) and the store's training-view row."""
     comm.Barrier()
     t0 = time.perf_counter()
-    store = DataStore(comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload",
-                      sample_range=(0, n))
+    store = DataStore(
+        comm, data.container, batch_size=cfg.batch_size, seed=cfg.seed, population="preload", sample_range=(0, n)
+    )
     store.__enter__()
     try:
         pop = comm.allreduce(time.perf_counter() - t0, op=_max())
-        row = training_view.run_store(comm, store, compute_seconds=compute, epoch=2,
-                                      num_threads=cfg.decode_threads, size=cfg.decode_size)
+        row = training_view.run_store(
+            comm, store, compute_seconds=compute, epoch=2, num_threads=cfg.decode_threads, size=cfg.decode_size
+        )
     finally:
         store.__exit__(None, None, None)
     return pop, row
@@ -132,12 +144,22 @@ def training_rows(comm, cfg, data, n: int, compute: float, prog) -> tuple[float,
     through a mount); returns (the store's population seconds, rows)."""
     pop, store_row = _store_population_and_view(comm, cfg, data, n, compute)
     rows = [store_row]
-    rows += training_view.run_baselines(comm, data, n, compute_seconds=compute, batch_size=cfg.batch_size,
-                                        num_workers=cfg.num_workers, seed=cfg.seed, decode_size=cfg.decode_size)
+    rows += training_view.run_baselines(
+        comm,
+        data,
+        n,
+        compute_seconds=compute,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        seed=cfg.seed,
+        decode_size=cfg.decode_size,
+    )
     for r in rows:
         r["samples_per_s"] = n / r["wall"] if r["wall"] > 0 else 0.0
-        prog.note(f"{r['name']}: {r['samples_per_s']:,.0f} samples/s, AU {r['au']:.3f} "
-                  f"(wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)")
+        prog.note(
+            f"{r['name']}: {r['samples_per_s']:,.0f} samples/s, AU {r['au']:.3f} "
+            f"(wall {r['wall']:.2f}s, wait {r['wait']:.2f}s)"
+        )
     prog.note(f"store population (preload): {pop:.2f} s")
     return pop, rows
 
@@ -169,12 +191,21 @@ def sweep(comm, cfg, data, data_dir: str, ladder, n: int, compute: float, prog) 
         for r in others:
             r["break_even_epochs"] = break_even(pop, store["wall"], r["wall"])
         best = max(others, key=lambda r: r["samples_per_s"]) if others else None
-        rungs.append({"spec": spec, "label": label, "model": None if model is None else model.to_dict(),
-                      "latency_ms": 0.0 if model is None else model.latency * 1e3,
-                      "population_seconds": pop, "loaders": rows, "mount_stats": stats,
-                      "store_vs_best_other": (store["samples_per_s"] / best["samples_per_s"]
-                                              if best and best["samples_per_s"] > 0 else None),
-                      "best_other": best["name"] if best else None})
+        rungs.append(
+            {
+                "spec": spec,
+                "label": label,
+                "model": None if model is None else model.to_dict(),
+                "latency_ms": 0.0 if model is None else model.latency * 1e3,
+                "population_seconds": pop,
+                "loaders": rows,
+                "mount_stats": stats,
+                "store_vs_best_other": (
+                    store["samples_per_s"] / best["samples_per_s"] if best and best["samples_per_s"] > 0 else None
+                ),
+                "best_other": best["name"] if best else None,
+            }
+        )
         if best:
             prog.note(f"store / best other ({best['name']}): {rungs[-1]['store_vs_best_other']:.2f}")
     return {"num_samples": n, "compute_seconds": compute, "rungs": rungs}
@@ -182,26 +213,38 @@ def sweep(comm, cfg, data, data_dir: str, ladder, n: int, compute: float, prog) 
 
 def sweep_markdown(sw: dict, meta: dict) -> str:
     names = [r["name"] for r in sw["rungs"][0]["loaders"]]
-    lines = [f"# Training view over modelled storage ({meta['ranks']} rank(s), {sw['num_samples']:,} samples, "
-             f"{sw['compute_seconds'] * 1e3:.1f} ms compute per step)", "",
-             f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ", f"Date: {meta['date_utc']}", "",
-             "Training samples/s (AU) of each loader, steady state: the store's population is not in its "
-             "epoch and is shown apart. Break-even: epochs after which the store, population included, is "
-             "ahead of that loader (- : never, the loader is as fast).", "",
-             "| storage | " + " | ".join(names) + " | store population | store / best other | break-even epochs |",
-             "|---|" + "---:|" * (len(names) + 3)]
+    lines = [
+        f"# Training view over modelled storage ({meta['ranks']} rank(s), {sw['num_samples']:,} samples, "
+        f"{sw['compute_seconds'] * 1e3:.1f} ms compute per step)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}  ",
+        f"Date: {meta['date_utc']}",
+        "",
+        "Training samples/s (AU) of each loader, steady state: the store's population is not in its "
+        "epoch and is shown apart. Break-even: epochs after which the store, population included, is "
+        "ahead of that loader (- : never, the loader is as fast).",
+        "",
+        "| storage | " + " | ".join(names) + " | store population | store / best other | break-even epochs |",
+        "|---|" + "---:|" * (len(names) + 3),
+    ]
     for g in sw["rungs"]:
         cells = [f"{r['samples_per_s']:,.0f} ({r['au']:.2f})" for r in g["loaders"]]
-        be = ", ".join(f"{'-' if r.get('break_even_epochs') is None else r['break_even_epochs']}"
-                       for r in g["loaders"][1:])
+        be = ", ".join(
+            f"{'-' if r.get('break_even_epochs') is None else r['break_even_epochs']}" for r in g["loaders"][1:]
+        )
         ratio = "n/a" if g["store_vs_best_other"] is None else f"{g['store_vs_best_other']:.2f}x"
-        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {g['population_seconds']:.2f} s | {ratio} | {be} |")
+        lines.append(
+            f"| {g['label']} | " + " | ".join(cells) + f" | {g['population_seconds']:.2f} s | {ratio} | {be} |"
+        )
     lines += ["", "Break-even epochs are listed in the order of the loaders after the store.", ""]
     for g in sw["rungs"]:
         for st in g.get("mount_stats") or []:
             if st:
-                lines.append(f"- {g['label']}: the mount served {st['ops']:,} operations ({st['reads']:,} reads, "
-                             f"{st['opens']:,} opens, {st['stats']:,} stats), {st['read_bytes'] / 1e6:,.0f} MB")
+                lines.append(
+                    f"- {g['label']}: the mount served {st['ops']:,} operations ({st['reads']:,} reads, "
+                    f"{st['opens']:,} opens, {st['stats']:,} stats), {st['read_bytes'] / 1e6:,.0f} MB"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -220,8 +263,9 @@ def sweep_plot(sw: dict, path: str) -> str:
         ax.set_ylim(bottom=0)
     a2.set_ylim(0, 1.05)
     pops = [g["population_seconds"] for g in sw["rungs"]]
-    a1.set_title("samples/s vs storage (store population apart: " + ", ".join(f"{p:.1f}s" for p in pops) + ")",
-                 fontsize=8)
+    a1.set_title(
+        "samples/s vs storage (store population apart: " + ", ".join(f"{p:.1f}s" for p in pops) + ")", fontsize=8
+    )
     a2.set_title("accelerator utilisation vs storage", fontsize=9)
     a1.legend(fontsize=7)
     fig.tight_layout()

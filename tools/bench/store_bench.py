@@ -24,8 +24,9 @@ def _epoch_bytes(store, epoch: int) -> tuple[int, int]:
     return n, b
 
 
-def population(comm, container: str, evict_paths, *, mode: str, cache: str, batch_size: int,
-               seed: int, sample_range=None) -> Measurement:
+def population(
+    comm, container: str, evict_paths, *, mode: str, cache: str, batch_size: int, seed: int, sample_range=None
+) -> Measurement:
     """Time to fill the store's windows from the container, on every rank at once.
 
     `preload` is timed from construction to the end of `__enter__` (each rank reads its block);
@@ -40,8 +41,7 @@ def population(comm, container: str, evict_paths, *, mode: str, cache: str, batc
     holder = {}
 
     def run():
-        store = DataStore(comm, container, batch_size=batch_size, seed=seed, population=mode,
-                          sample_range=sample_range)
+        store = DataStore(comm, container, batch_size=batch_size, seed=seed, population=mode, sample_range=sample_range)
         holder["store"] = store
         store.__enter__()
         if mode == "dynamic":
@@ -75,26 +75,64 @@ def _stats_dict(store) -> dict:
     return store.stats.as_dict() if store.stats is not None else {}
 
 
-def delivery(comm, container: str, *, shuffle: str, prefetch: int, batch_size: int, seed: int,
-             sample_range=None, name: str | None = None, repeat: int = 3, node_views=None) -> Measurement:
+def delivery(
+    comm,
+    container: str,
+    *,
+    shuffle: str,
+    prefetch: int,
+    batch_size: int,
+    seed: int,
+    sample_range=None,
+    name: str | None = None,
+    repeat: int = 3,
+    node_views=None,
+) -> Measurement:
     """Raw bytes out of a preloaded store: epoch 0 untimed as warm-up, then epochs 1, 2, 3 timed, the
     fastest kept (as for the memory limits: an epoch over memory takes tens of milliseconds, so one
     descheduled rank would otherwise decide the figure)."""
-    with DataStore(comm, container, batch_size=batch_size, seed=seed, shuffle=shuffle, population="preload",
-                   prefetch=prefetch, sample_range=sample_range, node_views=node_views) as store:
+    with DataStore(
+        comm,
+        container,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        population="preload",
+        prefetch=prefetch,
+        sample_range=sample_range,
+        node_views=node_views,
+    ) as store:
         _epoch_bytes(store, 0)
         epochs = iter(range(1, 1 + repeat))
-        m = measure(comm, name or f"store {shuffle}, prefetch {'on' if prefetch else 'off'}", "store", "memory",
-                    lambda: _epoch_bytes(store, next(epochs)), repeat=repeat, shuffle=shuffle, prefetch=prefetch,
-                    batch_size=batch_size, node_views=store.node_views)
+        m = measure(
+            comm,
+            name or f"store {shuffle}, prefetch {'on' if prefetch else 'off'}",
+            "store",
+            "memory",
+            lambda: _epoch_bytes(store, next(epochs)),
+            repeat=repeat,
+            shuffle=shuffle,
+            prefetch=prefetch,
+            batch_size=batch_size,
+            node_views=store.node_views,
+        )
         stats = _stats_dict(store)
     if stats:
         m.extra["stats"] = stats
     return m
 
 
-def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads: int, size: int | None,
-                epoch: int = 1, sample_range=None) -> tuple[Measurement, float]:
+def decode_pass(
+    comm,
+    container: str,
+    *,
+    batch_size: int,
+    seed: int,
+    num_threads: int,
+    size: int | None,
+    epoch: int = 1,
+    sample_range=None,
+) -> tuple[Measurement, float]:
     """One epoch through `StoreLoader` (fetch + decode in threads, images as tensors) over
     `sample_range`. Returns the measurement and the slowest rank's mean seconds per step (what the
     training view's compute time is set from).
@@ -105,8 +143,9 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
     process, more on a loaded machine) starts near this pass's end and falls on the view's store
     pass, while this pass ran on the numpy path, and the view set the store against a step time it
     did not measure (docs/benchmarks.md, "The training view")."""
-    with DataStore(comm, container, batch_size=batch_size, seed=seed, population="preload",
-                   sample_range=sample_range) as store:
+    with DataStore(
+        comm, container, batch_size=batch_size, seed=seed, population="preload", sample_range=sample_range
+    ) as store:
         with StoreLoader(store, decode_threads=num_threads, size=size) as loader:
             per_rank = len(loader) * batch_size // comm.Get_size()
             if size is not None and size * size >= NATIVE_MIN_PIXELS and 2 * per_rank >= rc.NATIVE_AFTER.get():
@@ -121,8 +160,16 @@ def decode_pass(comm, container: str, *, batch_size: int, seed: int, num_threads
                     steps["n"] += 1
                 return n, b
 
-            m = measure(comm, "store + StoreLoader decode", "decode", "memory", run, num_threads=num_threads,
-                        size=size, note="bytes are decoded pixels")
+            m = measure(
+                comm,
+                "store + StoreLoader decode",
+                "decode",
+                "memory",
+                run,
+                num_threads=num_threads,
+                size=size,
+                note="bytes are decoded pixels",
+            )
     per_step = comm.allreduce(m.seconds[comm.Get_rank()] / max(steps["n"], 1), op=_max())
     m.extra["seconds_per_step"] = per_step
     return m, per_step

@@ -37,10 +37,25 @@ def _mpiexec() -> str:
     return here if os.path.exists(here) else "mpiexec"
 
 
-def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, extra: list[str],
-            timeout: float) -> dict:
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dstore.tools", "train", path, "--loader", loader,
-           "--epochs", str(epochs), "--run-dir", run_dir, "--no-progress", *extra]
+def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, extra: list[str], timeout: float) -> dict:
+    cmd = [
+        _mpiexec(),
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "dstore.tools",
+        "train",
+        path,
+        "--loader",
+        loader,
+        "--epochs",
+        str(epochs),
+        "--run-dir",
+        run_dir,
+        "--no-progress",
+        *extra,
+    ]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -57,18 +72,28 @@ def run_one(path: str, loader: str, run_dir: str, *, ranks: int, epochs: int, ex
     rates = [r["train_samples_per_s"] for r in epochs_rec]
     steady = rates[1:] or rates
     pop = max((s.get("population_seconds") or 0.0) for s in io) if io else 0.0
-    return {"loader": loader, "command": " ".join(map(shlex.quote, cmd)), "job_wall_seconds": wall,
-            "epoch_samples_per_s": rates, "steady_samples_per_s": sum(steady) / len(steady),
-            "data_wait_frac": [r.get("train_data_wait_frac") for r in epochs_rec],
-            "population_seconds": pop, "log_tail": res.stdout.strip().splitlines()[-4:]}
+    return {
+        "loader": loader,
+        "command": " ".join(map(shlex.quote, cmd)),
+        "job_wall_seconds": wall,
+        "epoch_samples_per_s": rates,
+        "steady_samples_per_s": sum(steady) / len(steady),
+        "data_wait_frac": [r.get("train_data_wait_frac") for r in epochs_rec],
+        "population_seconds": pop,
+        "log_tail": res.stdout.strip().splitlines()[-4:],
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dstore.tools.bench.train_e2e", description=__doc__)
     p.add_argument("container", help="an HDF5 container (e.g. the bench's DATA_DIR/set-2048-s0.h5)")
     p.add_argument("--rungs", nargs="+", default=list(DEFAULT_RUNGS), help="storage specs: local or pfs:...")
-    p.add_argument("--loaders", nargs="+", default=["store,direct"],
-                   help="store, direct, files, webdataset, litdata (space- or comma-separated)")
+    p.add_argument(
+        "--loaders",
+        nargs="+",
+        default=["store,direct"],
+        help="store, direct, files, webdataset, litdata (space- or comma-separated)",
+    )
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", default="bench-out/train-e2e", help="directory for the runs and train-e2e.json/.md")
@@ -79,7 +104,7 @@ def main(argv=None) -> int:
     # argparse binds the empty `extra` together with `container`, so everything after "--" is split off first
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
-    args.extra = args.extra + argv[cut + 1:]
+    args.extra = args.extra + argv[cut + 1 :]
     args.loaders = [x for item in args.loaders for x in item.split(",") if x]
     unknown = sorted(set(args.loaders) - set(LOADERS))
     if unknown:
@@ -108,16 +133,30 @@ def main(argv=None) -> int:
             if loader in PEER_LOADERS:  # a peer's failure is its row's result, not the comparison's end
                 row = _peer_row(args, spec, loader, run_dir, os.path.join(src_dir, name))
             elif spec == "local":
-                row = run_one(os.path.join(src_dir, name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
-                              extra=args.extra, timeout=args.timeout)
+                row = run_one(
+                    os.path.join(src_dir, name),
+                    loader,
+                    run_dir,
+                    ranks=args.ranks,
+                    epochs=args.epochs,
+                    extra=args.extra,
+                    timeout=args.timeout,
+                )
                 stats = None
             else:
                 with pfs_mount(src_dir, model=parse_spec(spec)) as mnt:
                     extra = list(args.extra)
                     if loader == "files":  # the image folder through the same mount
                         extra += ["--files-root", mnt.path(_folder_beside(args.container, src_dir))]
-                    row = run_one(mnt.path(name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
-                                  extra=extra, timeout=args.timeout)
+                    row = run_one(
+                        mnt.path(name),
+                        loader,
+                        run_dir,
+                        ranks=args.ranks,
+                        epochs=args.epochs,
+                        extra=extra,
+                        timeout=args.timeout,
+                    )
                 stats = mnt.stats
             if loader in PEER_LOADERS:
                 rows.append(row)
@@ -127,9 +166,12 @@ def main(argv=None) -> int:
             else:
                 row.update(spec=spec, mount_stats=stats)
                 rows.append(row)
-            print(f"   steady {row['steady_samples_per_s']:.0f} samples/s (epochs: "
-                  f"{', '.join(f'{r:.0f}' for r in row['epoch_samples_per_s'])}), population "
-                  f"{row['population_seconds']:.2f} s", flush=True)
+            print(
+                f"   steady {row['steady_samples_per_s']:.0f} samples/s (epochs: "
+                f"{', '.join(f'{r:.0f}' for r in row['epoch_samples_per_s'])}), population "
+                f"{row['population_seconds']:.2f} s",
+                flush=True,
+            )
     md = markdown(rows, args) + "".join(f"\nSkipped --loader {m}: {why}\n" for m, why in skipped.items())
     with open(os.path.join(args.out, "train-e2e.json"), "w") as fh:
         json.dump({"command": " ".join(map(shlex.quote, sys.argv)), "rows": rows, "skipped": skipped}, fh, indent=1)
@@ -148,14 +190,22 @@ def _peer_row(args, spec: str, loader: str, run_dir: str, container: str) -> dic
     os.environ.update(env)
     try:
         if spec == "local":
-            row = run_one(container, loader, run_dir, ranks=args.ranks, epochs=args.epochs, extra=args.extra,
-                          timeout=args.timeout)
+            row = run_one(
+                container, loader, run_dir, ranks=args.ranks, epochs=args.epochs, extra=args.extra, timeout=args.timeout
+            )
             stats = None
         else:
             src_dir, name = os.path.split(container)
             with pfs_mount(src_dir, model=parse_spec(spec)) as mnt:
-                row = run_one(mnt.path(name), loader, run_dir, ranks=args.ranks, epochs=args.epochs,
-                              extra=list(args.extra), timeout=args.timeout)
+                row = run_one(
+                    mnt.path(name),
+                    loader,
+                    run_dir,
+                    ranks=args.ranks,
+                    epochs=args.epochs,
+                    extra=list(args.extra),
+                    timeout=args.timeout,
+                )
             stats = mnt.stats
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         lines = [x for x in str(exc).splitlines() if x.strip() and "Abort(" not in x]
@@ -201,8 +251,10 @@ def _folder_beside(container: str, src_dir: str) -> str:
         folder = os.path.realpath(reader.info.source or "")
     rel = os.path.relpath(folder, src_dir)
     if rel.startswith("..") or not os.path.isdir(folder):
-        raise SystemExit(f"--loaders files through a pfs mount: {container} was ingested from {folder!r}, which "
-                         f"is not a folder below {src_dir} (the mounted directory); put the images beside it")
+        raise SystemExit(
+            f"--loaders files through a pfs mount: {container} was ingested from {folder!r}, which "
+            f"is not a folder below {src_dir} (the mounted directory); put the images beside it"
+        )
     return rel
 
 
@@ -212,11 +264,15 @@ def markdown(rows: list[dict], args) -> str:
     loaders = [x for x in args.loaders if x in {r["loader"] for r in rows}]
     local = [r["steady_samples_per_s"] for r in rows if r["spec"] == "local" and r["loader"] == "store"]
     local_store = sum(local) / len(local) if local else None
-    lines = [f"`mpiexec -n {args.ranks} dstore train` ({args.epochs} epochs; steady state = mean of epochs 1..), "
-             "samples/s (data wait: the share of the step time spent waiting for the batch):", "",
-             "| storage | " + " | ".join(f"--loader {x}" for x in loaders)
-             + " | store population | store / best other | store vs store on local disk |",
-             "|---|" + "---:|" * (len(loaders) + 3)]
+    lines = [
+        f"`mpiexec -n {args.ranks} dstore train` ({args.epochs} epochs; steady state = mean of epochs 1..), "
+        "samples/s (data wait: the share of the step time spent waiting for the batch):",
+        "",
+        "| storage | "
+        + " | ".join(f"--loader {x}" for x in loaders)
+        + " | store population | store / best other | store vs store on local disk |",
+        "|---|" + "---:|" * (len(loaders) + 3),
+    ]
 
     def cell(r):
         if "error" in r:
@@ -225,19 +281,22 @@ def markdown(rows: list[dict], args) -> str:
         return f"{r['steady_samples_per_s']:,.0f} ({sum(waits) / len(waits):.0%})"
 
     for i in range(0, len(rows), len(loaders)):
-        group = {r["loader"]: r for r in rows[i:i + len(loaders)]}
+        group = {r["loader"]: r for r in rows[i : i + len(loaders)]}
         spec = rows[i]["spec"]
         cells = [cell(group[x]) if x in group else "-" for x in loaders]
         store = group.get("store")
-        others = [group[x]["steady_samples_per_s"] for x in loaders if x != "store" and x in group
-                  and "error" not in group[x]]
+        others = [
+            group[x]["steady_samples_per_s"] for x in loaders if x != "store" and x in group and "error" not in group[x]
+        ]
         ratio = f"{store['steady_samples_per_s'] / max(others):.2f}x" if store and others else "-"
         vs = f"{store['steady_samples_per_s'] / local_store - 1:+.0%}" if store and local_store else "-"
         pop = f"{store['population_seconds']:.2f} s" if store else "-"
         lines.append(f"| {spec} | " + " | ".join(cells) + f" | {pop} | {ratio} | {vs} |")
     if any(r.get("posix") for r in rows):
-        lines.append("\nLitData through a mount reads with its posix path (LITDATA_POSIX_FAST=0): FUSE refuses "
-                     "its default's mmap.")
+        lines.append(
+            "\nLitData through a mount reads with its posix path (LITDATA_POSIX_FAST=0): FUSE refuses "
+            "its default's mmap."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -52,9 +52,16 @@ def au_loop(comm, name: str, make_iter, compute_seconds: float) -> dict:
     worst = min(range(len(got)), key=lambda r: rank_au[r])
     steps, wall, wait, first_wait = got[worst]
     steady = wall - first_wait
-    return {"name": name, "steps": steps, "wall": wall, "wait": wait, "first_wait": first_wait,
-            "au": rank_au[worst], "au_steady": steps * compute_seconds / steady if steady > 0 else 0.0,
-            "rank_au": [round(a, 4) for a in rank_au]}
+    return {
+        "name": name,
+        "steps": steps,
+        "wall": wall,
+        "wait": wait,
+        "first_wait": first_wait,
+        "au": rank_au[worst],
+        "au_steady": steps * compute_seconds / steady if steady > 0 else 0.0,
+        "rank_au": [round(a, 4) for a in rank_au],
+    }
 
 
 def run_store(comm, store, *, compute_seconds: float, epoch: int, num_threads: int, size) -> dict:
@@ -72,38 +79,72 @@ def dataloader_iter(comm, dataset, *, batch_size: int, num_workers: int, seed: i
     rank, size = comm.Get_rank(), comm.Get_size()
     indices = rank_split(len(dataset), rank, size, seed, epoch).tolist()
     per_rank = max(1, batch_size // size)
-    return lambda: DataLoader(dataset, batch_size=per_rank, sampler=indices, num_workers=num_workers,
-                              collate_fn=collate_list, prefetch_factor=4 if num_workers else None)
+    return lambda: DataLoader(
+        dataset,
+        batch_size=per_rank,
+        sampler=indices,
+        num_workers=num_workers,
+        collate_fn=collate_list,
+        prefetch_factor=4 if num_workers else None,
+    )
 
 
-def run_baseline(comm, name: str, dataset, evict_paths, *, compute_seconds: float, batch_size: int,
-                 num_workers: int, seed: int) -> dict:
+def run_baseline(
+    comm, name: str, dataset, evict_paths, *, compute_seconds: float, batch_size: int, num_workers: int, seed: int
+) -> dict:
     """The training view of one DataLoader baseline, cold (its files evicted first): a data set larger
     than the page cache is read from storage every epoch."""
     evict_on_nodes(comm, evict_paths)
-    row = au_loop(comm, name, dataloader_iter(comm, dataset, batch_size=batch_size, num_workers=num_workers,
-                                              seed=seed), compute_seconds)
+    row = au_loop(
+        comm,
+        name,
+        dataloader_iter(comm, dataset, batch_size=batch_size, num_workers=num_workers, seed=seed),
+        compute_seconds,
+    )
     row["cache"] = "cold"
     row["num_workers"] = num_workers
     return row
 
 
-def run_baselines(comm, data, n: int, *, compute_seconds: float, batch_size: int, num_workers: int, seed: int,
-                  decode_size: int) -> list[dict]:
+def run_baselines(
+    comm, data, n: int, *, compute_seconds: float, batch_size: int, num_workers: int, seed: int, decode_size: int
+) -> list[dict]:
     """The training view of every baseline over the first `n` samples of `data` (a bench DataSet):
     a DataLoader over the files (where the data set has them), and DataLoaders over the per-sample
     h5py and zarr copies (tools/bench/layouts.py), as a user training from HDF5 or Zarr would lay
     them out. Every one decodes to decode_size x decode_size."""
-    kw: dict[str, Any] = dict(compute_seconds=compute_seconds, batch_size=batch_size, num_workers=num_workers,
-                              seed=seed)
+    kw: dict[str, Any] = dict(
+        compute_seconds=compute_seconds, batch_size=batch_size, num_workers=num_workers, seed=seed
+    )
     size = (decode_size, decode_size)
-    offsets, labels = data.offsets[:n + 1], data.labels[:n]
+    offsets, labels = data.offsets[: n + 1], data.labels[:n]
     rows = []
     if data.files is not None:
-        rows.append(run_baseline(comm, "DataLoader over files", FileBytesDataset(
-            data.files[:n], labels, decode=True, size=size), data.files[:n], **kw))
-    rows.append(run_baseline(comm, TV_H5PY, ContainerSampleDataset(
-        data.h5py_contiguous, "h5py", offsets, labels, decode=True, size=size), [data.h5py_contiguous], **kw))
-    rows.append(run_baseline(comm, TV_ZARR, ContainerSampleDataset(
-        data.zarr_per_sample, "zarr", offsets, labels, decode=True, size=size), [data.zarr_per_sample], **kw))
+        rows.append(
+            run_baseline(
+                comm,
+                "DataLoader over files",
+                FileBytesDataset(data.files[:n], labels, decode=True, size=size),
+                data.files[:n],
+                **kw,
+            )
+        )
+    rows.append(
+        run_baseline(
+            comm,
+            TV_H5PY,
+            ContainerSampleDataset(data.h5py_contiguous, "h5py", offsets, labels, decode=True, size=size),
+            [data.h5py_contiguous],
+            **kw,
+        )
+    )
+    rows.append(
+        run_baseline(
+            comm,
+            TV_ZARR,
+            ContainerSampleDataset(data.zarr_per_sample, "zarr", offsets, labels, decode=True, size=size),
+            [data.zarr_per_sample],
+            **kw,
+        )
+    )
     return rows

@@ -33,8 +33,8 @@ def per_sample(path: str, count: int, repeat: int) -> dict:
     with open_container(path) as r:
         n = min(count, r.num_samples)
         buf = r.read_range(0, n)
-        checks = integrity.SampleChecks(r.offsets[:n + 1], r.checksums[:n])
-        samples = [buf[int(r.offsets[i]):int(r.offsets[i + 1])] for i in range(n)]
+        checks = integrity.SampleChecks(r.offsets[: n + 1], r.checksums[:n])
+        samples = [buf[int(r.offsets[i]) : int(r.offsets[i + 1])] for i in range(n)]
         info = r.info
     crc, dec = [], []
     for _ in range(repeat):
@@ -47,8 +47,14 @@ def per_sample(path: str, count: int, repeat: int) -> dict:
         dec.append((time.perf_counter() - t0) / n)
     mean_bytes = buf.size / n
     c, d = statistics.median(crc), statistics.median(dec)
-    return {"samples": n, "mean_bytes": mean_bytes, "crc_us": c * 1e6, "decode_us": d * 1e6,
-            "crc_GBps": mean_bytes / c / 1e9, "crc_over_decode": c / d}
+    return {
+        "samples": n,
+        "mean_bytes": mean_bytes,
+        "crc_us": c * 1e6,
+        "decode_us": d * 1e6,
+        "crc_GBps": mean_bytes / c / 1e9,
+        "crc_over_decode": c / d,
+    }
 
 
 def tiered_epochs(path: str, epochs: int, batch_size: int, checked: bool, resident: float) -> float:
@@ -86,10 +92,12 @@ def main(argv=None) -> None:
     on = tiered_epochs(args.container, args.epochs, args.batch_size, True, args.resident)
     off = tiered_epochs(args.container, args.epochs, args.batch_size, False, args.resident)
     row.update(epoch_checked_s=on, epoch_unchecked_s=off)
-    print(f"| samples | mean bytes | CRC32 us/sample | decode us/sample | CRC GB/s | CRC / decode | "
-          f"tiered epoch checked s | unchecked s |\n|---|---|---|---|---|---|---|---|\n"
-          f"| {row['samples']} | {row['mean_bytes']:.0f} | {row['crc_us']:.1f} | {row['decode_us']:.1f} | "
-          f"{row['crc_GBps']:.2f} | {100 * row['crc_over_decode']:.1f}% | {on:.3f} | {off:.3f} |")
+    print(
+        f"| samples | mean bytes | CRC32 us/sample | decode us/sample | CRC GB/s | CRC / decode | "
+        f"tiered epoch checked s | unchecked s |\n|---|---|---|---|---|---|---|---|\n"
+        f"| {row['samples']} | {row['mean_bytes']:.0f} | {row['crc_us']:.1f} | {row['decode_us']:.1f} | "
+        f"{row['crc_GBps']:.2f} | {100 * row['crc_over_decode']:.1f}% | {on:.3f} | {off:.3f} |"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"container": args.container, **row, "numpy": np.__version__}, f, indent=1)

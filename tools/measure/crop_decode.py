@@ -57,8 +57,16 @@ def _us(cases, blobs, rounds: int) -> list[float]:
 def measure(args) -> list[tuple[str, float]]:
     blobs, info = _blobs(args.container, args.count)
     size = (args.size, args.size)
-    tf = ImageTransform(size=size, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, flip=True,
-                        normalize=False, recipe="imagenet")
+    tf = ImageTransform(
+        size=size,
+        channels=3,
+        mean=(0.45,) * 3,
+        std=(0.25,) * 3,
+        train=True,
+        flip=True,
+        normalize=False,
+        recipe="imagenet",
+    )
     kernels.available()
     out = np.empty((3, *size), np.uint8)
     area, scales = [], collections.Counter()
@@ -78,16 +86,20 @@ def measure(args) -> list[tuple[str, float]]:
         tf.sample_into(img, None, out, finish=True, plan=(where, params))
 
     ext = decode.extension()
-    cases = [("simplejpeg full decode alone (the baseline)", lambda i, b: simplejpeg.decode_jpeg(b), ext),
-             ("(a) full decode, then the plan's crop resized/flipped into the batch", full_then_crop, ext),
-             ("(b) DCT scale from the crop (simplejpeg), then the same", crop_aware, None)]
+    cases = [
+        ("simplejpeg full decode alone (the baseline)", lambda i, b: simplejpeg.decode_jpeg(b), ext),
+        ("(a) full decode, then the plan's crop resized/flipped into the batch", full_then_crop, ext),
+        ("(b) DCT scale from the crop (simplejpeg), then the same", crop_aware, None),
+    ]
     if ext is not None:
         cases.append(("(c) (b) with libjpeg-turbo's partial decode (dstore.codec._jpegcrop)", crop_aware, ext))
     cases += [(f"(c) with the extension at {path}", crop_aware, _load(path)) for path in args.extension]
     us = _us([(fn, module) for _, fn, module in cases], blobs, args.rounds)
     rows = [(name, t) for (name, _, _), t in zip(cases, us)]
-    print(f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
-          f"{dict(sorted(scales.items()))}")
+    print(
+        f"{len(blobs)} samples at {size}: mean crop area {np.mean(area):.2f} of the image; DCT divisors "
+        f"{dict(sorted(scales.items()))}"
+    )
     return rows
 
 
@@ -102,14 +114,22 @@ def _load(path: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.crop_decode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.crop_decode",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--extension", action="append", default=[], metavar="PATH",
-                   help="also (c) with the build of dstore.codec._jpegcrop at PATH (repeatable)")
+    p.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also (c) with the build of dstore.codec._jpegcrop at PATH (repeatable)",
+    )
     args = p.parse_args(argv)
     rows = measure(args)
     base = rows[0][1]

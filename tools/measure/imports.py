@@ -62,12 +62,12 @@ def imports_of(path: pathlib.Path, package: str = "dstore", modules: set[str] | 
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {known(a.name[len(package) + 1:]) for a in node.names if a.name.startswith(package + ".")}
+            out |= {known(a.name[len(package) + 1 :]) for a in node.names if a.name.startswith(package + ".")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == package:
                 out |= {known(a.name) for a in node.names}
             elif node.module.startswith(package + "."):
-                sub = node.module[len(package) + 1:]
+                sub = node.module[len(package) + 1 :]
                 out |= {known(f"{sub}.{a.name}") for a in node.names}
     return out - {""}
 
@@ -119,8 +119,12 @@ def defined_privates(tree: ast.AST) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) \
-                and node.value.id in ("self", "cls"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
             out.add(node.attr)  # an instance's or class's own (a store into another object's is a reach-in)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.add(node.id)
@@ -131,7 +135,9 @@ def defined_privates(tree: ast.AST) -> set[str]:
 
 def _reach_ins(*roots: pathlib.Path) -> tuple[list[str], list[str]]:
     """(`file:line: expr` of each reach-in to a member some module here owns, the same of a library's)."""
-    trees = {p: ast.parse(p.read_text()) for r in roots for p in sorted(r.rglob("*.py")) if "__pycache__" not in p.parts}
+    trees = {
+        p: ast.parse(p.read_text()) for r in roots for p in sorted(r.rglob("*.py")) if "__pycache__" not in p.parts
+    }
     own = {p: defined_privates(t) for p, t in trees.items()}
     owned = set().union(*own.values()) if own else set()
     project, library = [], []
@@ -162,8 +168,13 @@ def library_privates(*roots: pathlib.Path) -> list[str]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="Import cycles in datastore/ and private reach-ins in the folders.")
     ap.add_argument("root", nargs="?", default="datastore", help="the package directory (default: datastore)")
-    ap.add_argument("--reach-in", nargs="+", default=["datastore", "training", "tools"], metavar="DIR",
-                    help="the folders whose reach-ins are counted (default: datastore training tools)")
+    ap.add_argument(
+        "--reach-in",
+        nargs="+",
+        default=["datastore", "training", "tools"],
+        metavar="DIR",
+        help="the folders whose reach-ins are counted (default: datastore training tools)",
+    )
     args = ap.parse_args(argv)
     root = pathlib.Path(args.root)
     graph = graph_of(root)
@@ -176,8 +187,10 @@ def main(argv=None) -> None:
         print(f"private: {line}")
     for line in lib:
         print(f"library private: {line}")
-    print(f"modules: {len(graph)}; cycles: {len(found)}; modules in cycles: {sum(map(len, found))}; "
-          f"private reach-ins: {len(priv)}; a library's private members used: {len(lib)}")
+    print(
+        f"modules: {len(graph)}; cycles: {len(found)}; modules in cycles: {sum(map(len, found))}; "
+        f"private reach-ins: {len(priv)}; a library's private members used: {len(lib)}"
+    )
 
 
 if __name__ == "__main__":

@@ -50,14 +50,21 @@ DEFAULT_PEERS_VENV = REPO / ".cache" / "venv-peers"
 OWN_WRITERS = ("dstore-hdf5", "dstore-sharded", "dstore-zarr", "dstore-keep-order")
 PEER_WRITERS = ("litdata", "mosaic", "webdataset", "hf")
 WRITERS = OWN_WRITERS + PEER_WRITERS
-LABELS = {"dstore-hdf5": "dstore ingest (HDF5)", "dstore-sharded": "dstore ingest (HDF5, one shard per rank)",
-          "dstore-zarr": "dstore ingest (Zarr)", "dstore-keep-order": "dstore ingest (HDF5, --keep-order)",
-          "litdata": "LitData optimize", "mosaic": "Mosaic MDSWriter",
-          "webdataset": "webdataset ShardWriter", "hf": "HF datasets from_generator + save_to_disk"}
+LABELS = {
+    "dstore-hdf5": "dstore ingest (HDF5)",
+    "dstore-sharded": "dstore ingest (HDF5, one shard per rank)",
+    "dstore-zarr": "dstore ingest (Zarr)",
+    "dstore-keep-order": "dstore ingest (HDF5, --keep-order)",
+    "litdata": "LitData optimize",
+    "mosaic": "Mosaic MDSWriter",
+    "webdataset": "webdataset ShardWriter",
+    "hf": "HF datasets from_generator + save_to_disk",
+}
 SAMPLE_PERIOD = 0.05
 
 
 # --- inputs ----------------------------------------------------------------------------------------
+
 
 class _Part:
     """Who-am-I for one of `size` processes making the image folder (generate_image_folder's comm)."""
@@ -98,8 +105,12 @@ def _mark(path: str, key: str) -> None:
 def listing(folder: str) -> tuple[list[str], list[tuple[str, int]]]:
     """(class names, [(file, label)]) of an image folder, in sorted order."""
     classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
-    files = [(os.path.join(folder, c, n), k) for k, c in enumerate(classes)
-             for n in sorted(os.listdir(os.path.join(folder, c))) if n.endswith(".jpg")]
+    files = [
+        (os.path.join(folder, c, n), k)
+        for k, c in enumerate(classes)
+        for n in sorted(os.listdir(os.path.join(folder, c)))
+        if n.endswith(".jpg")
+    ]
     return classes, files
 
 
@@ -134,7 +145,7 @@ def tar_shards(folder: str, per_shard: int, seed: int = 0) -> str:
     os.makedirs(out)
     for s, lo in enumerate(range(0, len(files), per_shard)):
         with tarfile.open(os.path.join(out, f"shard-{s:05d}.tar"), "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i, (path, label) in enumerate(files[lo:lo + per_shard], lo):
+            for i, (path, label) in enumerate(files[lo : lo + per_shard], lo):
                 key_i = f"{i:08d}"
                 tar.add(path, arcname=key_i + ".jpg")
                 info = tarfile.TarInfo(key_i + ".cls")
@@ -167,6 +178,7 @@ def evict(paths) -> None:
 
 
 # --- one run ---------------------------------------------------------------------------------------
+
 
 def _tree(root: int) -> list[int]:
     """`root` and its descendants now (from /proc's parent ids)."""
@@ -213,9 +225,11 @@ def measure_command(cmd: list[str], env: dict | None = None, timeout: float = 36
     def read(name, stream):
         texts[name] = stream.read().decode(errors="replace")
 
-    threads = [threading.Thread(target=read, args=("stdout", proc.stdout), daemon=True),
-               threading.Thread(target=read, args=("stderr", proc.stderr), daemon=True),
-               threading.Thread(target=sample, daemon=True)]
+    threads = [
+        threading.Thread(target=read, args=("stdout", proc.stdout), daemon=True),
+        threading.Thread(target=read, args=("stderr", proc.stderr), daemon=True),
+        threading.Thread(target=sample, daemon=True),
+    ]
     for t in threads:
         t.start()
     try:
@@ -226,9 +240,15 @@ def measure_command(cmd: list[str], env: dict | None = None, timeout: float = 36
     proc.returncode = os.waitstatus_to_exitcode(status)
     for t in threads:
         t.join()
-    return {"rc": proc.returncode, "seconds": secs, "cpu_seconds": ru.ru_utime + ru.ru_stime,
-            "peak_tree_rss": peak[0], "max_process_rss": ru.ru_maxrss * 1024,
-            "stdout": texts.get("stdout", ""), "stderr": texts.get("stderr", "")}
+    return {
+        "rc": proc.returncode,
+        "seconds": secs,
+        "cpu_seconds": ru.ru_utime + ru.ru_stime,
+        "peak_tree_rss": peak[0],
+        "max_process_rss": ru.ru_maxrss * 1024,
+        "stdout": texts.get("stdout", ""),
+        "stderr": texts.get("stderr", ""),
+    }
 
 
 def _wait4(pid: int, deadline: float):
@@ -246,6 +266,7 @@ def _wait4(pid: int, deadline: float):
 
 # --- the writers -----------------------------------------------------------------------------------
 
+
 def peers_python(explicit: str | None = None) -> str | None:
     """The peers' venv interpreter: `explicit`, $DSTORE_PEERS_PYTHON, or .cache/venv-peers; None if absent."""
     for cand in (explicit, rc.PEERS_PYTHON.get(), DEFAULT_PEERS_VENV / "bin" / "python"):
@@ -256,18 +277,24 @@ def peers_python(explicit: str | None = None) -> str | None:
 
 def _clean_env() -> dict:
     """This environment less MPI's launcher variables (a child must not think it is a rank) and PYTHONPATH."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "OMPI_")) and k != "PYTHONPATH"
+    }
 
 
 def peer_versions(python: str | None) -> dict:
     """Each peer: {"version": ...} or {"missing": why}."""
     if python is None:
-        why = (f"no peers venv (tools/setup_ingest_peers.sh makes {os.path.relpath(DEFAULT_PEERS_VENV, REPO)}; "
-               "or set DSTORE_PEERS_PYTHON / --peers-python)")
+        why = (
+            f"no peers venv (tools/setup_ingest_peers.sh makes {os.path.relpath(DEFAULT_PEERS_VENV, REPO)}; "
+            "or set DSTORE_PEERS_PYTHON / --peers-python)"
+        )
         return {w: {"missing": why} for w in PEER_WRITERS}
-    proc = subprocess.run([python, str(PEER_SCRIPT), "--check"], capture_output=True, text=True, env=_clean_env(),
-                          timeout=600)
+    proc = subprocess.run(
+        [python, str(PEER_SCRIPT), "--check"], capture_output=True, text=True, env=_clean_env(), timeout=600
+    )
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
         return {w: {"missing": f"{python} {PEER_SCRIPT.name} --check failed: {tail}"} for w in PEER_WRITERS}
@@ -311,8 +338,19 @@ def _written(writer: str, out: str, res: dict) -> tuple[int, str, int]:
     return int(line["samples"]), line["version"], int(line["bytes_written"]) + _du(out + ".hf-cache")
 
 
-def run_one(writer: str, kind: str, src: str, local_src: str, work: str, parallel: int, *, expect: int,
-            peers_py: str | None, job: str, timeout: float) -> dict:
+def run_one(
+    writer: str,
+    kind: str,
+    src: str,
+    local_src: str,
+    work: str,
+    parallel: int,
+    *,
+    expect: int,
+    peers_py: str | None,
+    job: str,
+    timeout: float,
+) -> dict:
     """One writer over one input: evict the inputs, run it, check it wrote `expect` samples, remove its output."""
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -324,15 +362,24 @@ def run_one(writer: str, kind: str, src: str, local_src: str, work: str, paralle
             raise ConfigError(f"{writer}: no peers venv (--peers-python)")
         cmd = [peers_py, str(PEER_SCRIPT), writer, "--job", job, "--out", out, "--workers", str(parallel)]
         # LitData's scratch folders (default /tmp/chunks, /tmp/data) inside the run's, removed with it
-        env = dict(_clean_env(), DATA_OPTIMIZER_CACHE_FOLDER=os.path.join(work, "lit-chunks"),
-                   DATA_OPTIMIZER_DATA_CACHE_FOLDER=os.path.join(work, "lit-data"))
+        env = dict(
+            _clean_env(),
+            DATA_OPTIMIZER_CACHE_FOLDER=os.path.join(work, "lit-chunks"),
+            DATA_OPTIMIZER_DATA_CACHE_FOLDER=os.path.join(work, "lit-data"),
+        )
     evict([local_src])
     load = os.getloadavg()[0]
     res = measure_command(cmd, env=env, timeout=timeout)
     t0 = time.perf_counter()
     os.sync()
-    row = {"writer": writer, "parallel": parallel, "load": load, "sync_after_s": time.perf_counter() - t0,
-           "command": " ".join(cmd), **{k: res[k] for k in ("seconds", "cpu_seconds", "peak_tree_rss", "max_process_rss")}}
+    row = {
+        "writer": writer,
+        "parallel": parallel,
+        "load": load,
+        "sync_after_s": time.perf_counter() - t0,
+        "command": " ".join(cmd),
+        **{k: res[k] for k in ("seconds", "cpu_seconds", "peak_tree_rss", "max_process_rss")},
+    }
     try:
         if res["rc"] != 0:
             tail = " | ".join((res["stderr"] or res["stdout"]).strip().splitlines()[-3:])
@@ -348,6 +395,7 @@ def run_one(writer: str, kind: str, src: str, local_src: str, work: str, paralle
 
 
 # --- the plan --------------------------------------------------------------------------------------
+
 
 def input_sets(args, data: str) -> dict:
     """{(storage, kind): (folder or tar directory, samples, JPEG bytes, classes, items)} (local paths)."""
@@ -383,13 +431,24 @@ def measure(args) -> dict:
     peers_py = peers_python(args.peers_python)
     wanted_peers = [w for w in args.writers if w in PEER_WRITERS]
     versions = peer_versions(peers_py) if wanted_peers else {}
-    res = {"args": vars(args), "uptime_before": _uptime(), "cores": len(os.sched_getaffinity(0)),
-           "drop_caches": "per file (posix_fadvise DONTNEED on every input file before every run)",
-           "peers_python": peers_py, "peers": versions, "inputs": {}, "rows": []}
+    res = {
+        "args": vars(args),
+        "uptime_before": _uptime(),
+        "cores": len(os.sched_getaffinity(0)),
+        "drop_caches": "per file (posix_fadvise DONTNEED on every input file before every run)",
+        "peers_python": peers_py,
+        "peers": versions,
+        "inputs": {},
+        "rows": [],
+    }
     group = 0
     for (storage, kind), (src, count, jpeg, classes, files) in sets.items():
-        res["inputs"][f"{storage}/{kind}"] = {"path": src, "samples": count, "jpeg_bytes": jpeg,
-                                              "input_bytes": _du(src)}
+        res["inputs"][f"{storage}/{kind}"] = {
+            "path": src,
+            "samples": count,
+            "jpeg_bytes": jpeg,
+            "input_bytes": _du(src),
+        }
         mount = pfs_mount(data, model=parse_spec(args.pfs)) if storage == "pfs" else None
         with mount if mount is not None else contextlib.nullcontext():
             read_src = mount.translate(src) if mount is not None else src
@@ -400,13 +459,29 @@ def measure(args) -> dict:
                 order = order if group % 2 == 0 else order[::-1]
                 group += 1
                 for writer in order:
-                    base = {"storage": storage, "input": kind, "writer": writer, "parallel": parallel,
-                            "files": count, "jpeg_bytes": jpeg}
+                    base = {
+                        "storage": storage,
+                        "input": kind,
+                        "writer": writer,
+                        "parallel": parallel,
+                        "files": count,
+                        "jpeg_bytes": jpeg,
+                    }
                     if writer in PEER_WRITERS and "missing" in versions.get(writer, {}):
                         res["rows"].append({**base, "skipped": versions[writer]["missing"]})
                         continue
-                    row = run_one(writer, kind, read_src, src, work, parallel, expect=count, peers_py=peers_py,
-                                  job=job, timeout=args.timeout)
+                    row = run_one(
+                        writer,
+                        kind,
+                        read_src,
+                        src,
+                        work,
+                        parallel,
+                        expect=count,
+                        peers_py=peers_py,
+                        job=job,
+                        timeout=args.timeout,
+                    )
                     res["rows"].append({**base, **row})
                     print(summary_line(res["rows"][-1]), flush=True)
         if mount is not None:
@@ -424,8 +499,12 @@ def _uptime() -> str:
 
 # --- the report ------------------------------------------------------------------------------------
 
-COLUMNS = (("files_per_s_per_process", "files/s per process", True), ("mb_per_s_per_process", "MB/s per process", True),
-           ("cpu_ms_per_file", "CPU ms/file", False), ("peak_tree_rss_mb", "peak memory MB", False))
+COLUMNS = (
+    ("files_per_s_per_process", "files/s per process", True),
+    ("mb_per_s_per_process", "MB/s per process", True),
+    ("cpu_ms_per_file", "CPU ms/file", False),
+    ("peak_tree_rss_mb", "peak memory MB", False),
+)
 """The columns the verdict ranks: (key, name, higher is better). Per process: per rank or peer worker,
 i.e. per core where each has one."""
 
@@ -435,10 +514,16 @@ def derive(row: dict) -> dict:
     if "seconds" not in row or "error" in row:
         return row
     n, p, s = row["files"], row["parallel"], row["seconds"]
-    return {**row, "files_per_s": n / s, "mb_per_s": row["jpeg_bytes"] / 1e6 / s,
-            "files_per_s_per_process": n / s / p, "mb_per_s_per_process": row["jpeg_bytes"] / 1e6 / s / p,
-            "cpu_ms_per_file": 1e3 * row["cpu_seconds"] / n, "peak_tree_rss_mb": row["peak_tree_rss"] / 1e6,
-            "max_process_rss_mb": row["max_process_rss"] / 1e6}
+    return {
+        **row,
+        "files_per_s": n / s,
+        "mb_per_s": row["jpeg_bytes"] / 1e6 / s,
+        "files_per_s_per_process": n / s / p,
+        "mb_per_s_per_process": row["jpeg_bytes"] / 1e6 / s / p,
+        "cpu_ms_per_file": 1e3 * row["cpu_seconds"] / n,
+        "peak_tree_rss_mb": row["peak_tree_rss"] / 1e6,
+        "max_process_rss_mb": row["max_process_rss"] / 1e6,
+    }
 
 
 def summary_line(row: dict) -> str:
@@ -448,8 +533,10 @@ def summary_line(row: dict) -> str:
         return f"{head}: skipped: {r['skipped']}"
     if "error" in r:
         return f"{head}: FAILED: {r['error']}"
-    return (f"{head}: {r['files_per_s']:,.0f} files/s, {r['mb_per_s']:,.1f} MB/s, {r['cpu_ms_per_file']:.2f} CPU ms/file, "
-            f"peak {r['peak_tree_rss_mb']:,.0f} MB (load {r['load']:.1f})")
+    return (
+        f"{head}: {r['files_per_s']:,.0f} files/s, {r['mb_per_s']:,.1f} MB/s, {r['cpu_ms_per_file']:.2f} CPU ms/file, "
+        f"peak {r['peak_tree_rss_mb']:,.0f} MB (load {r['load']:.1f})"
+    )
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -467,9 +554,19 @@ def verdicts(rows: list[dict]) -> list[dict]:
                 continue
             best = mine[0]
             place = ranked.index(best) + 1
-            out.append({"storage": storage, "input": kind, "parallel": p, "column": name, "leader": ranked[0]["writer"],
-                        "dstore_writer": best["writer"], "dstore_place": place, "of": len(ranked),
-                        "dstore_over_leader": best[key] / ranked[0][key] if ranked[0][key] else None})
+            out.append(
+                {
+                    "storage": storage,
+                    "input": kind,
+                    "parallel": p,
+                    "column": name,
+                    "leader": ranked[0]["writer"],
+                    "dstore_writer": best["writer"],
+                    "dstore_place": place,
+                    "of": len(ranked),
+                    "dstore_over_leader": best[key] / ranked[0][key] if ranked[0][key] else None,
+                }
+            )
     return out
 
 
@@ -481,30 +578,45 @@ def markdown(res: dict) -> str:
     a = res["args"]
     rows = [derive(r) for r in res["rows"]]
     where = {"local": f"{a['count']:,} files on local disk", "pfs": f"{a['pfs_count']:,} through `{a['pfs']}`"}
-    lines = [f"Ingest throughput: {'; '.join(where[s] for s in a['storage'])}; {res['cores']} core(s); "
-             f"before: `{res['uptime_before']}`; after: `{res['uptime_after']}`.",
-             f"Page cache: {res['drop_caches']}.", ""]
+    lines = [
+        f"Ingest throughput: {'; '.join(where[s] for s in a['storage'])}; {res['cores']} core(s); "
+        f"before: `{res['uptime_before']}`; after: `{res['uptime_after']}`.",
+        f"Page cache: {res['drop_caches']}.",
+        "",
+    ]
     for key, info in res["inputs"].items():
-        lines.append(f"- input {key}: {info['samples']:,} samples, {info['jpeg_bytes'] / 1e6:,.0f} MB of JPEG, "
-                     f"{info['input_bytes'] / 1e6:,.0f} MB on disk ({info['path']})")
-    lines += ["", "| storage | input | writer | processes | files/s | files/s per process | MB/s | CPU ms/file "
-              "| peak memory MB (tree) | largest process MB | written MB | load |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"- input {key}: {info['samples']:,} samples, {info['jpeg_bytes'] / 1e6:,.0f} MB of JPEG, "
+            f"{info['input_bytes'] / 1e6:,.0f} MB on disk ({info['path']})"
+        )
+    lines += [
+        "",
+        "| storage | input | writer | processes | files/s | files/s per process | MB/s | CPU ms/file "
+        "| peak memory MB (tree) | largest process MB | written MB | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in sorted(rows, key=lambda r: (r["storage"], r["input"], r["parallel"], WRITERS.index(r["writer"]))):
         head = f"| {r['storage']} | {r['input']} | {LABELS[r['writer']]} | {r['parallel']} |"
         if "files_per_s" not in r:
             why = r.get("skipped") and f"skipped: {r['skipped']}" or f"failed: {r.get('error')}"
             lines.append(f"{head} {why} | | | | | | | |")
             continue
-        lines.append(f"{head} {r['files_per_s']:,.0f} | {r['files_per_s_per_process']:,.0f} | {r['mb_per_s']:,.1f} | "
-                     f"{r['cpu_ms_per_file']:.2f} | {r['peak_tree_rss_mb']:,.0f} | {r['max_process_rss_mb']:,.0f} | "
-                     f"{r['bytes_written'] / 1e6:,.0f} | {r['load']:.1f} |")
-    lines += ["", "| storage | input | processes | column | leader | dstore's best | place | dstore / leader |",
-              "|---|---|---:|---|---|---|---:|---:|"]
+        lines.append(
+            f"{head} {r['files_per_s']:,.0f} | {r['files_per_s_per_process']:,.0f} | {r['mb_per_s']:,.1f} | "
+            f"{r['cpu_ms_per_file']:.2f} | {r['peak_tree_rss_mb']:,.0f} | {r['max_process_rss_mb']:,.0f} | "
+            f"{r['bytes_written'] / 1e6:,.0f} | {r['load']:.1f} |"
+        )
+    lines += [
+        "",
+        "| storage | input | processes | column | leader | dstore's best | place | dstore / leader |",
+        "|---|---|---:|---|---|---|---:|---:|",
+    ]
     for v in verdicts(rows):
-        lines.append(f"| {v['storage']} | {v['input']} | {v['parallel']} | {v['column']} | {LABELS[v['leader']]} | "
-                     f"{LABELS[v['dstore_writer']]} | {v['dstore_place']} of {v['of']} | "
-                     f"{_f(v['dstore_over_leader'], '.2f')} |")
+        lines.append(
+            f"| {v['storage']} | {v['input']} | {v['parallel']} | {v['column']} | {LABELS[v['leader']]} | "
+            f"{LABELS[v['dstore_writer']]} | {v['dstore_place']} of {v['of']} | "
+            f"{_f(v['dstore_over_leader'], '.2f')} |"
+        )
     versions = sorted({r["version"] for r in rows if r.get("version")})
     return "\n".join(lines + ["", "versions: " + "; ".join(versions), ""])
 
@@ -529,8 +641,10 @@ def plot(res: dict, path: str) -> bool:
         names = [w for w in WRITERS if any(r["writer"] == w for r in mine)]
         width = 0.8 / max(1, len(ps))
         for j, p in enumerate(ps):
-            vals = [next((r["files_per_s_per_process"] for r in mine if r["writer"] == w and r["parallel"] == p), 0)
-                    for w in names]
+            vals = [
+                next((r["files_per_s_per_process"] for r in mine if r["writer"] == w and r["parallel"] == p), 0)
+                for w in names
+            ]
             ax.bar([i + j * width for i in range(len(names))], vals, width, label=f"{p} process(es)")
         ax.set_xticks([i + width * (len(ps) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
         ax.set_title(f"{storage}, {kind}")
@@ -551,19 +665,30 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.ingest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.ingest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--count", type=int, default=20000, help="JPEGs of the local input (synthetic, made once)")
     p.add_argument("--pfs-count", type=int, default=None, help="JPEGs of the input read through pfs (default --count)")
     p.add_argument("--shard-samples", type=int, default=1000, help="samples per tar shard of the WebDataset input")
     p.add_argument("--storage", nargs="+", choices=("local", "pfs"), default=["local", "pfs"])
     p.add_argument("--inputs", nargs="+", choices=("folder", "tars"), default=["folder", "tars"])
     p.add_argument("--parallel", type=int, nargs="+", default=[1, 2], help="dstore ranks = peer worker processes")
-    p.add_argument("--writers", nargs="+", default=list(WRITERS),
-                   help=f"any of {', '.join(WRITERS)}; 'dstore' for dstore's three, 'peers' for the four peers")
+    p.add_argument(
+        "--writers",
+        nargs="+",
+        default=list(WRITERS),
+        help=f"any of {', '.join(WRITERS)}; 'dstore' for dstore's three, 'peers' for the four peers",
+    )
     p.add_argument("--pfs", default="pfs:latency=2ms,iops=300", help="the pfs model (docs/storage.md)")
-    p.add_argument("--peers-python", default=None, help="the peers' venv python (default $DSTORE_PEERS_PYTHON or "
-                   ".cache/venv-peers/bin/python; tools/setup_ingest_peers.sh)")
+    p.add_argument(
+        "--peers-python",
+        default=None,
+        help="the peers' venv python (default $DSTORE_PEERS_PYTHON or "
+        ".cache/venv-peers/bin/python; tools/setup_ingest_peers.sh)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is killed")
     p.add_argument("--out-dir", default="bench-out/ingest", help="the outputs and the runs' scratch (work/)")
     p.add_argument("--data-dir", default=None, help="where the inputs are made once and reused (default OUT_DIR/data)")

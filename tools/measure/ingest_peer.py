@@ -67,7 +67,7 @@ def parts(items: list, workers: int) -> list[list]:
     if workers <= 1:
         return [items]
     n = len(items)
-    return [items[k * n // workers:(k + 1) * n // workers] for k in range(workers)]
+    return [items[k * n // workers : (k + 1) * n // workers] for k in range(workers)]
 
 
 def import_streaming():
@@ -96,6 +96,7 @@ def import_streaming():
 
 # --- LitData ---------------------------------------------------------------------------------------
 
+
 def _lit_file(item):
     path, label = item
     with open(path, "rb") as fh:
@@ -110,8 +111,15 @@ def _lit_shard(shard):
 def write_litdata(job: dict, out: str, workers: int) -> tuple[str, int]:
     litdata = importlib.import_module("litdata")
     fn = _lit_file if job["kind"] == "folder" else _lit_shard
-    litdata.optimize(fn=fn, inputs=job["items"], output_dir=out, chunk_bytes="64MB", num_workers=workers,
-                     mode="overwrite", verbose=False)
+    litdata.optimize(
+        fn=fn,
+        inputs=job["items"],
+        output_dir=out,
+        chunk_bytes="64MB",
+        num_workers=workers,
+        mode="overwrite",
+        verbose=False,
+    )
     with open(os.path.join(out, "index.json")) as fh:
         n = sum(c["chunk_size"] for c in json.load(fh)["chunks"])
     return f"litdata {litdata.__version__}", n
@@ -119,12 +127,18 @@ def write_litdata(job: dict, out: str, workers: int) -> tuple[str, int]:
 
 # --- Mosaic Streaming ------------------------------------------------------------------------------
 
+
 def _mds_part(arg) -> int:
     kind, items, out = arg
     streaming, _ = import_streaming()
     n = 0
-    with streaming.MDSWriter(out=out, columns={"image": "bytes", "label": "int"}, compression=None,
-                             size_limit=SHARD_BYTES, progress_bar=False) as w:
+    with streaming.MDSWriter(
+        out=out,
+        columns={"image": "bytes", "label": "int"},
+        compression=None,
+        size_limit=SHARD_BYTES,
+        progress_bar=False,
+    ) as w:
         for _key, image, label in samples(kind, items):
             w.write({"image": image, "label": label})
             n += 1
@@ -148,6 +162,7 @@ def write_mosaic(job: dict, out: str, workers: int) -> tuple[str, int]:
 
 # --- webdataset ------------------------------------------------------------------------------------
 
+
 def _wds_part(arg) -> int:
     kind, items, pattern = arg
     wds = importlib.import_module("webdataset")
@@ -162,7 +177,9 @@ def _wds_part(arg) -> int:
 def write_webdataset(job: dict, out: str, workers: int) -> tuple[str, int]:
     wds = importlib.import_module("webdataset")
     os.makedirs(out, exist_ok=True)
-    args = [(job["kind"], p, os.path.join(out, f"part{k}-%06d.tar")) for k, p in enumerate(parts(job["items"], workers))]
+    args = [
+        (job["kind"], p, os.path.join(out, f"part{k}-%06d.tar")) for k, p in enumerate(parts(job["items"], workers))
+    ]
     if workers == 1:
         counts = [_wds_part(args[0])]
     else:
@@ -173,6 +190,7 @@ def write_webdataset(job: dict, out: str, workers: int) -> tuple[str, int]:
 
 # --- Hugging Face datasets -------------------------------------------------------------------------
 
+
 def _hf_gen(items, kind):
     for key, image, label in samples(kind, items):
         yield {"image": {"bytes": image, "path": key + ".jpg"}, "label": label}
@@ -182,9 +200,13 @@ def write_hf(job: dict, out: str, workers: int) -> tuple[str, int]:
     datasets = importlib.import_module("datasets")
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=job["classes"])})
     cache = out + ".hf-cache"  # the generator's Arrow cache: written too, then removed by the caller
-    ds = datasets.Dataset.from_generator(_hf_gen, features=features, cache_dir=cache,
-                                         gen_kwargs={"items": job["items"], "kind": job["kind"]},
-                                         num_proc=workers if workers > 1 else None)
+    ds = datasets.Dataset.from_generator(
+        _hf_gen,
+        features=features,
+        cache_dir=cache,
+        gen_kwargs={"items": job["items"], "kind": job["kind"]},
+        num_proc=workers if workers > 1 else None,
+    )
     ds.save_to_disk(out, max_shard_size=SHARD_BYTES, num_proc=workers if workers > 1 else None)
     return f"datasets {datasets.__version__}", len(ds)
 

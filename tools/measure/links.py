@@ -86,8 +86,9 @@ def make_container(path: str) -> None:
     from dstore.formats import create_writer
 
     rng = np.random.default_rng(0)
-    with create_writer(path + ".part", "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8",
-                       raw_shape=(SAMPLE_BYTES,)) as w:
+    with create_writer(
+        path + ".part", "hdf5", encoding="raw", class_names=["a", "b"], raw_dtype="uint8", raw_shape=(SAMPLE_BYTES,)
+    ) as w:
         for i in range(SAMPLES):
             w.append(rng.integers(0, 256, SAMPLE_BYTES, dtype=np.uint8), i % 2, f"s{i}", i)
     os.replace(path + ".part", path)
@@ -99,13 +100,30 @@ def socket_rate(c, nbytes: int, both: bool) -> float:
     pairs = [(1, 2)] + ([(2, 1)] if both else [])
     servers = []
     for port, (dst, _) in enumerate(pairs, 45001):
-        srv = subprocess.Popen(["ip", "netns", "exec", c.namespace(dst), sys.executable, "-c", SERVER, str(port)],
-                               stdout=subprocess.PIPE, text=True)
+        srv = subprocess.Popen(
+            ["ip", "netns", "exec", c.namespace(dst), sys.executable, "-c", SERVER, str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
         servers.append(srv)
-    clients = [subprocess.Popen(["ip", "netns", "exec", c.namespace(src), sys.executable, "-c", CLIENT,
-                                 c.address(dst), str(port), str(nbytes)])
-               for port, (dst, src) in enumerate(pairs, 45001)]
+    clients = [
+        subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                c.namespace(src),
+                sys.executable,
+                "-c",
+                CLIENT,
+                c.address(dst),
+                str(port),
+                str(nbytes),
+            ]
+        )
+        for port, (dst, src) in enumerate(pairs, 45001)
+    ]
     for cl in clients:
         cl.wait(timeout=600)
     rates = []
@@ -119,8 +137,15 @@ def socket_rate(c, nbytes: int, both: bool) -> float:
 def run_job(c, path: str, per_rank: int, epochs: int, compute_ms: float, env: dict | None = None) -> dict:
     from dstore.tools import cluster
 
-    res = cluster.run(c, JOB + [path, str(per_rank), str(epochs), str(compute_ms)], env=dict(os.environ, **(env or {})),
-                      timeout=900, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = cluster.run(
+        c,
+        JOB + [path, str(per_rank), str(epochs), str(compute_ms)],
+        env=dict(os.environ, **(env or {})),
+        timeout=900,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = next((x for x in res.stdout.splitlines() if x.startswith("JOB ")), None)
     if res.returncode != 0 or line is None:
         raise RuntimeError(f"job failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
@@ -134,10 +159,17 @@ def delivery(out: dict, nodes: int = 2, ranks_per_node: int = 2) -> dict:
     wall = sum(e["wall"] for e in eps)
     remote = sum(s["bytes_remote"] for e in eps for s in e["stats"])
     steps = sum(e["stats"][0]["steps"] for e in eps)
-    wait = max(sum(s["wait_seconds"] for e in eps for s in e["stats"] if s["rank"] == r) for r in range(nodes * ranks_per_node))
-    return {"wall_s": wall, "steps": steps, "remote_bytes_per_node_per_s": remote / nodes / wall,
-            "remote_bytes_per_rank_step": remote / (nodes * ranks_per_node) / steps,
-            "seconds_per_step": wall / steps, "data_wait_fraction": wait / wall}
+    wait = max(
+        sum(s["wait_seconds"] for e in eps for s in e["stats"] if s["rank"] == r) for r in range(nodes * ranks_per_node)
+    )
+    return {
+        "wall_s": wall,
+        "steps": steps,
+        "remote_bytes_per_node_per_s": remote / nodes / wall,
+        "remote_bytes_per_rank_step": remote / (nodes * ranks_per_node) / steps,
+        "seconds_per_step": wall / steps,
+        "data_wait_fraction": wait / wall,
+    }
 
 
 def plan_forecast(link_bps: float, per_rank: int) -> dict:
@@ -146,11 +178,12 @@ def plan_forecast(link_bps: float, per_rank: int) -> dict:
     store (capacity.forecast with replicate=False: the plan itself would recommend the node copy here)."""
     from dstore.memory import capacity
 
-    cl = capacity.Cluster(nodes=2, ranks_per_node=2, memory_per_node=256e9, network=link_bps,
-                          batch_size=4 * per_rank)
+    cl = capacity.Cluster(nodes=2, ranks_per_node=2, memory_per_node=256e9, network=link_bps, batch_size=4 * per_rank)
     f = capacity.forecast(SAMPLES, SAMPLE_BYTES, cl, capacity.Storage(), replicate=False)
-    return {"remote_bytes_per_rank_step": f["step"]["remote_bytes"],
-            "remote_seconds_per_step": f["step"]["remote_seconds"]}
+    return {
+        "remote_bytes_per_rank_step": f["step"]["remote_bytes"],
+        "remote_seconds_per_step": f["step"]["remote_seconds"],
+    }
 
 
 NOMINAL = {"none": None, "10gbit": 10e9 / 8, "1gbit": 1e9 / 8}
@@ -193,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                 ab = {"off": [], "on": []}
                 for _ in range(args.watchdog_ab):
                     for k, bound in (("off", "0"), ("on", "60")):
-                        ab[k].append(delivery(run_job(c, path, args.per_rank, args.epochs, 0,
-                                                      {"DSTORE_WAIT_BOUND": bound}))["seconds_per_step"])
+                        ab[k].append(
+                            delivery(run_job(c, path, args.per_rank, args.epochs, 0, {"DSTORE_WAIT_BOUND": bound}))[
+                                "seconds_per_step"
+                            ]
+                        )
                 r["watchdog_ab_seconds_per_step"] = ab
             r["load_after"] = load()
         finally:
@@ -212,17 +248,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(res: dict) -> str:
     mb = 1e6
-    rows = ["| link | load | TCP one way MB/s | TCP both ways MB/s | store remote MB/s per node | ratio | "
-            "plan bytes/step : measured | plan s/step : measured | AU (compute ms) | data wait |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| link | load | TCP one way MB/s | TCP both ways MB/s | store remote MB/s per node | ratio | "
+        "plan bytes/step : measured | plan s/step : measured | AU (compute ms) | data wait |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for link, r in res["links"].items():
         s, p, t = r["store"], r["plan"], r["train"]
-        rows.append(f"| {link} | {r['load_before']}-{r['load_after']} | {r['socket_one_way_Bps'] / mb:.0f} | "
-                    f"{r['socket_both_ways_Bps'] / mb:.0f} | {s['remote_bytes_per_node_per_s'] / mb:.0f} | "
-                    f"{s['remote_bytes_per_node_per_s'] / r['socket_both_ways_Bps']:.2f} | "
-                    f"{p['remote_bytes_per_rank_step'] / s['remote_bytes_per_rank_step']:.2f} | "
-                    f"{p['remote_seconds_per_step'] / s['seconds_per_step']:.2f} | {t['AU']:.2f} | "
-                    f"{t['data_wait_fraction']:.2f} |")
+        rows.append(
+            f"| {link} | {r['load_before']}-{r['load_after']} | {r['socket_one_way_Bps'] / mb:.0f} | "
+            f"{r['socket_both_ways_Bps'] / mb:.0f} | {s['remote_bytes_per_node_per_s'] / mb:.0f} | "
+            f"{s['remote_bytes_per_node_per_s'] / r['socket_both_ways_Bps']:.2f} | "
+            f"{p['remote_bytes_per_rank_step'] / s['remote_bytes_per_rank_step']:.2f} | "
+            f"{p['remote_seconds_per_step'] / s['seconds_per_step']:.2f} | {t['AU']:.2f} | "
+            f"{t['data_wait_fraction']:.2f} |"
+        )
     return "\n".join(rows)
 
 

@@ -92,15 +92,21 @@ def imagenet_transform(size: int):
     from dstore.training import config, run
 
     if "imagenet" not in config.AUGMENTS:
-        raise ConfigError(f"--recipe imagenet: dstore's loader needs the trainer's `--augment imagenet` transform "
-                          f"(random-resized crop + flip), which this version does not have (--augment is one of "
-                          f"{', '.join(config.AUGMENTS)}); use --recipe plain")
+        raise ConfigError(
+            f"--recipe imagenet: dstore's loader needs the trainer's `--augment imagenet` transform "
+            f"(random-resized crop + flip), which this version does not have (--augment is one of "
+            f"{', '.join(config.AUGMENTS)}); use --recipe plain"
+        )
     spec = SimpleNamespace(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     try:
-        train_tf, _ = run.build_transforms(cast(Any, SimpleNamespace(augment="imagenet", resize="fast")), spec, (size, size))
+        train_tf, _ = run.build_transforms(
+            cast(Any, SimpleNamespace(augment="imagenet", resize="fast")), spec, (size, size)
+        )
     except (AttributeError, TypeError) as exc:
-        raise ConfigError(f"--recipe imagenet: the trainer's transform builder (training.run.build_transforms) changed; "
-                          f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"--recipe imagenet: the trainer's transform builder (training.run.build_transforms) changed; "
+            f"update tools/measure/loader.imagenet_transform ({type(exc).__name__}: {exc})"
+        ) from None
     return train_tf
 
 
@@ -111,8 +117,16 @@ def dstore_transform(args):
     if args.transform == "imagenet":
         return imagenet_transform(args.size)
     pad, flip = default_augmentation((args.size, args.size))
-    return ImageTransform(size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True,
-                          pad=pad, flip=flip, normalize=False)
+    return ImageTransform(
+        size=(args.size, args.size),
+        channels=3,
+        mean=(0.45,) * 3,
+        std=(0.25,) * 3,
+        train=True,
+        pad=pad,
+        flip=flip,
+        normalize=False,
+    )
 
 
 def pinned(count: int | None):
@@ -132,6 +146,7 @@ def pinned(count: int | None):
             yield cores
         finally:
             os.sched_setaffinity(0, before)
+
     return pin()
 
 
@@ -140,8 +155,10 @@ def drain(path: str, args, loader_kw: dict, warm=None) -> tuple[int, float, floa
     the warm-up: epochs until the compiled kernels are loaded (at least one: workers started, pages
     touched; at most WARM_SECONDS); `warm()`, if given, runs after the warm-up and its returned
     callable at the end."""
-    with DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st, \
-            StoreLoader(st, size=(args.size, args.size), channels=3, **loader_kw) as ld:
+    with (
+        DataStore(MPI.COMM_SELF, path, batch_size=args.batch_size, seed=0) as st,
+        StoreLoader(st, size=(args.size, args.size), channels=3, **loader_kw) as ld,
+    ):
         epoch, deadline = 0, time.monotonic() + WARM_SECONDS
         while True:
             for x, _ in ld.epoch(epoch):
@@ -184,14 +201,30 @@ def gil_seconds(path: str, args, loader_kw: dict) -> float | None:
         out = os.path.join(tmp, "gil.txt")
 
         def start():
-            proc = subprocess.Popen([spy, "record", "--gil", "--nonblocking", "--rate", str(SPY_RATE), "--format",
-                                     "raw", "-o", out, "--pid", str(os.getpid())], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--gil",
+                    "--nonblocking",
+                    "--rate",
+                    str(SPY_RATE),
+                    "--format",
+                    "raw",
+                    "-o",
+                    out,
+                    "--pid",
+                    str(os.getpid()),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.5)
 
             def stop():
                 proc.send_signal(signal.SIGINT)
                 proc.wait(60)
+
             return stop
 
         drain(path, args, loader_kw, warm=start)
@@ -232,8 +265,9 @@ def model_rate(args) -> float:
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=args.device)
     if args.channels_last:  # as dstore train --channels-last
         m, x = m.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue] - nn.Module.to takes memory_format (torch's stub omits it)
-    amp = torch.autocast(args.device, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16,
-                         enabled=args.amp != "off")
+    amp = torch.autocast(
+        args.device, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16, enabled=args.amp != "off"
+    )
     y = torch.randint(0, 10, (args.batch_size,), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -268,22 +302,44 @@ def measure(args) -> dict:
             per_core = decoder_alone.cpu_rate(_blobs(args.container, args, args.decoder_samples))
             n, secs, cpu, wcpu = drain(args.container, args, kw)
             gil = gil_seconds(args.container, args, kw) if args.gil else None
-        rows.append({"kind": kind, "count": count, "resize_on": resize_on, "samples": n, "samples_per_s": n / secs,
-                     "cpu_us_per_sample": 1e6 * cpu / n, "worker_cpu_us_per_sample": 1e6 * wcpu / n,
-                     "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
-                     "ceiling_samples_per_s": None if not gil else n / gil,
-                     "decoder_alone_same_cores": decoder, "decoder_dct_scaled_same_cores": scaled,
-                     # per core: samples per CPU-second, the loader's (rank + workers) and the decoder's
-                     "loader_per_core": n / (cpu + wcpu), "decoder_alone_per_core": per_core,
-                     "load": os.getloadavg()[0]})
+        rows.append(
+            {
+                "kind": kind,
+                "count": count,
+                "resize_on": resize_on,
+                "samples": n,
+                "samples_per_s": n / secs,
+                "cpu_us_per_sample": 1e6 * cpu / n,
+                "worker_cpu_us_per_sample": 1e6 * wcpu / n,
+                "gil_us_per_sample": None if gil is None else 1e6 * gil / n,
+                "ceiling_samples_per_s": None if not gil else n / gil,
+                "decoder_alone_same_cores": decoder,
+                "decoder_dct_scaled_same_cores": scaled,
+                # per core: samples per CPU-second, the loader's (rank + workers) and the decoder's
+                "loader_per_core": n / (cpu + wcpu),
+                "decoder_alone_per_core": per_core,
+                "load": os.getloadavg()[0],
+            }
+        )
         print(rows[-1], flush=True)
-    out = {"args": vars(args), "cores_available": available_cores(), "load_before": args.load_before,
-           "load_after": os.getloadavg(), "rows": rows, "pinned": pin}
+    out = {
+        "args": vars(args),
+        "cores_available": available_cores(),
+        "load_before": args.load_before,
+        "load_after": os.getloadavg(),
+        "rows": rows,
+        "pinned": pin,
+    }
     if args.dali:
         out["dali"] = dali_rows(args)
     if args.model:
-        out["model_alone"] = {"model": args.model, "device": args.device, "amp": args.amp,
-                              "channels_last": args.channels_last, "samples_per_s": model_rate(args)}
+        out["model_alone"] = {
+            "model": args.model,
+            "device": args.device,
+            "amp": args.amp,
+            "channels_last": args.channels_last,
+            "samples_per_s": model_rate(args),
+        }
     return out
 
 
@@ -304,8 +360,17 @@ def dali_rows(args) -> list[dict]:
         rows = []
         for t in args.dali:
             cores = sorted(os.sched_getaffinity(0))[:t]
-            row = dali.run(py, blob, recipe=args.recipe, threads=t, batch_size=args.batch_size, size=args.size,
-                           epochs=args.epochs, dtype=args.dali_dtype, cores=cores)
+            row = dali.run(
+                py,
+                blob,
+                recipe=args.recipe,
+                threads=t,
+                batch_size=args.batch_size,
+                size=args.size,
+                epochs=args.epochs,
+                dtype=args.dali_dtype,
+                cores=cores,
+            )
             rows.append({"threads": t, "cores": len(cores), "load": os.getloadavg()[0], **row})
             print(rows[-1], flush=True)
     return rows
@@ -313,53 +378,68 @@ def dali_rows(args) -> list[dict]:
 
 def markdown(res: dict) -> str:
     a = res["args"]
-    lines = [f"{os.path.basename(a['container'])}: batch {a['batch_size']}, {a['size']}x{a['size']}, transform "
-             f"{a['transform']}, {a['device']}; load average before {res['load_before'][0]:.1f}, after "
-             f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available", "",
-             "| loader | samples/s | rank CPU us/sample | workers' CPU us/sample | rank GIL-held us/sample "
-             "| per-rank ceiling samples/s | decoder alone (full), same cores | loader / decoder "
-             "| decoder alone (DCT-scaled) | loader / scaled decoder | per core: loader / decoder (CPU time) | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{os.path.basename(a['container'])}: batch {a['batch_size']}, {a['size']}x{a['size']}, transform "
+        f"{a['transform']}, {a['device']}; load average before {res['load_before'][0]:.1f}, after "
+        f"{res['load_after'][0]:.1f}; {res['cores_available']} core(s) available",
+        "",
+        "| loader | samples/s | rank CPU us/sample | workers' CPU us/sample | rank GIL-held us/sample "
+        "| per-rank ceiling samples/s | decoder alone (full), same cores | loader / decoder "
+        "| decoder alone (DCT-scaled) | loader / scaled decoder | per core: loader / decoder (CPU time) | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in res["rows"]:
         gil = "n/a" if r["gil_us_per_sample"] is None else f"{r['gil_us_per_sample']:,.0f}"
         ceil = "n/a" if not r["ceiling_samples_per_s"] else f"{r['ceiling_samples_per_s']:,.0f}"
         where = f", resize on {r['resize_on']}" if r.get("resize_on") else ""
-        lines.append(f"| {r['count']} decode {r['kind']}{where} | {r['samples_per_s']:,.0f} | "
-                     f"{r['cpu_us_per_sample']:,.0f} | {r['worker_cpu_us_per_sample']:,.0f} | "
-                     f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
-                     f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | "
-                     f"{r['decoder_dct_scaled_same_cores']:,.0f} | "
-                     f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | "
-                     f"{r['loader_per_core']:,.0f} / {r['decoder_alone_per_core']:,.0f} = "
-                     f"{r['loader_per_core'] / r['decoder_alone_per_core']:.2f} | {r['load']:.1f} |")
+        lines.append(
+            f"| {r['count']} decode {r['kind']}{where} | {r['samples_per_s']:,.0f} | "
+            f"{r['cpu_us_per_sample']:,.0f} | {r['worker_cpu_us_per_sample']:,.0f} | "
+            f"{gil} | {ceil} | {r['decoder_alone_same_cores']:,.0f} | "
+            f"{r['samples_per_s'] / r['decoder_alone_same_cores']:.2f} | "
+            f"{r['decoder_dct_scaled_same_cores']:,.0f} | "
+            f"{r['samples_per_s'] / r['decoder_dct_scaled_same_cores']:.2f} | "
+            f"{r['loader_per_core']:,.0f} / {r['decoder_alone_per_core']:,.0f} = "
+            f"{r['loader_per_core'] / r['decoder_alone_per_core']:.2f} | {r['load']:.1f} |"
+        )
     lines.append("")
     if res.get("dali"):
         lines += dali_markdown(res)
     if "model_alone" in res:
         m = res["model_alone"]
-        lines.append(f"the model alone ({m['model']}, forward + backward + step, {m['device']}, amp "
-                     f"{m.get('amp', 'off')}, channels-last {m.get('channels_last', False)}): "
-                     f"{m['samples_per_s']:,.0f} samples/s")
+        lines.append(
+            f"the model alone ({m['model']}, forward + backward + step, {m['device']}, amp "
+            f"{m.get('amp', 'off')}, channels-last {m.get('channels_last', False)}): "
+            f"{m['samples_per_s']:,.0f} samples/s"
+        )
     return "\n".join(lines) + "\n"
 
 
 def dali_markdown(res: dict) -> list[str]:
     """The per-core comparison: dstore's rows beside DALI's, samples/s and all CPU per sample."""
     a = res["args"]
-    lines = [f"recipe {a['recipe']} ({a['size']}x{a['size']}, batch {a['batch_size']}, DALI output {a['dali_dtype']}); "
-             f"every row pinned to as many cores as it has threads or workers", "",
-             "| loader | cores | samples/s | samples/s per core | all CPU us/sample | load |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"recipe {a['recipe']} ({a['size']}x{a['size']}, batch {a['batch_size']}, DALI output {a['dali_dtype']}); "
+        f"every row pinned to as many cores as it has threads or workers",
+        "",
+        "| loader | cores | samples/s | samples/s per core | all CPU us/sample | load |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in res["rows"]:
         cpu = r["cpu_us_per_sample"] + r["worker_cpu_us_per_sample"]
-        lines.append(f"| dstore, {r['count']} decode {r['kind']} | {r['count']} | {r['samples_per_s']:,.0f} | "
-                     f"{r['samples_per_s'] / r['count']:,.0f} | {cpu:,.0f} | {r['load']:.1f} |")
+        lines.append(
+            f"| dstore, {r['count']} decode {r['kind']} | {r['count']} | {r['samples_per_s']:,.0f} | "
+            f"{r['samples_per_s'] / r['count']:,.0f} | {cpu:,.0f} | {r['load']:.1f} |"
+        )
     for r in res["dali"]:
         if "error" in r:
             lines.append(f"| DALI: skipped: {r['error']} | | | | | |")
             continue
-        lines.append(f"| DALI {r['dali']} CPU pipeline, num_threads={r['threads']} | {r['cores']} | "
-                     f"{r['samples_per_s']:,.0f} | {r['samples_per_s'] / r['cores']:,.0f} | "
-                     f"{r['cpu_us_per_sample']:,.0f} | {r['load']:.1f} |")
+        lines.append(
+            f"| DALI {r['dali']} CPU pipeline, num_threads={r['threads']} | {r['cores']} | "
+            f"{r['samples_per_s']:,.0f} | {r['samples_per_s'] / r['cores']:,.0f} | "
+            f"{r['cpu_us_per_sample']:,.0f} | {r['load']:.1f} |"
+        )
     return lines + [""]
 
 
@@ -372,29 +452,61 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.loader", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.loader",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="decode thread counts")
     p.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="decode worker counts")
-    p.add_argument("--resize-on", nargs="*", default=["worker"], choices=("worker", "device", "auto"),
-                   help="with workers: where the resize and crop run (StoreLoader(resize_on=)); a row each")
+    p.add_argument(
+        "--resize-on",
+        nargs="*",
+        default=["worker"],
+        choices=("worker", "device", "auto"),
+        help="with workers: where the resize and crop run (StoreLoader(resize_on=)); a row each",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of every row, alternated")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3, help="epochs per row (after the warm-up)")
     p.add_argument("--size", type=int, default=224, help="edge of the resized images")
-    p.add_argument("--transform", choices=("trainer", "none", "imagenet"), default="trainer",
-                   help="dstore's per-sample transform: the trainer's (--augment auto), none, or --augment imagenet")
-    p.add_argument("--recipe", choices=("plain", "imagenet"), default=None,
-                   help="the work both sides do (sets --transform: plain = none); needed with --dali")
-    p.add_argument("--dali", type=int, nargs="*", default=None, metavar="THREADS",
-                   help="also NVIDIA DALI's CPU pipeline with these num_threads (default 1 2), from its own venv")
-    p.add_argument("--dali-python", default=None,
-                   help="DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali; tools/setup_dali.sh)")
-    p.add_argument("--dali-dtype", choices=("uint8", "float"), default="uint8",
-                   help="DALI's crop_mirror_normalize output (dstore's loader hands over uint8)")
-    p.add_argument("--pin", action="store_true", help="pin each row to as many cores as it has threads or workers "
-                   "(always with --dali)")
+    p.add_argument(
+        "--transform",
+        choices=("trainer", "none", "imagenet"),
+        default="trainer",
+        help="dstore's per-sample transform: the trainer's (--augment auto), none, or --augment imagenet",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=("plain", "imagenet"),
+        default=None,
+        help="the work both sides do (sets --transform: plain = none); needed with --dali",
+    )
+    p.add_argument(
+        "--dali",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="THREADS",
+        help="also NVIDIA DALI's CPU pipeline with these num_threads (default 1 2), from its own venv",
+    )
+    p.add_argument(
+        "--dali-python",
+        default=None,
+        help="DALI's venv python (default $DSTORE_DALI_PYTHON or .cache/venv-dali; tools/setup_dali.sh)",
+    )
+    p.add_argument(
+        "--dali-dtype",
+        choices=("uint8", "float"),
+        default="uint8",
+        help="DALI's crop_mirror_normalize output (dstore's loader hands over uint8)",
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each row to as many cores as it has threads or workers (always with --dali)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default=None, help="also time this model alone (e.g. resnet_small)")
     p.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off", help="the model alone under autocast")
@@ -410,8 +522,10 @@ def _main(argv=None) -> int:
     if args.recipe is not None:
         args.transform = "none" if args.recipe == "plain" else "imagenet"
     elif args.dali:
-        raise ConfigError("--dali needs --recipe plain or --recipe imagenet: DALI has no pipeline for the trainer's "
-                          "own transform (crop with padding + flip)")
+        raise ConfigError(
+            "--dali needs --recipe plain or --recipe imagenet: DALI has no pipeline for the trainer's "
+            "own transform (crop with padding + flip)"
+        )
     args.load_before = os.getloadavg()
     if args.transform == "imagenet" and (args.threads or args.workers):
         imagenet_transform(args.size)  # refused before any row is measured (no dstore rows: DALI's alone)

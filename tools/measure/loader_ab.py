@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
     path, n = argv[0], int(argv[1])
     s = (224, 224)
     pad, flip = default_augmentation(s)
-    tf = ImageTransform(size=s, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
-                        normalize=False)
+    tf = ImageTransform(
+        size=s, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip, normalize=False
+    )
     with DataStore(MPI.COMM_SELF, path, batch_size=64, seed=0) as st:
         blobs = []
         for b in st.epoch(0):
@@ -48,8 +49,18 @@ def main(argv: list[str]) -> int:
                 for x, _ in ld.epoch(e):
                     k += len(x)
             rate = k / (time.perf_counter() - t0)
-    print(json.dumps({"code": os.path.dirname(dstore.__file__), "workers": n, "loader": rate, "decoder": best,
-                      "ratio": rate / best, "native": native}))
+    print(
+        json.dumps(
+            {
+                "code": os.path.dirname(dstore.__file__),
+                "workers": n,
+                "loader": rate,
+                "decoder": best,
+                "ratio": rate / best,
+                "native": native,
+            }
+        )
+    )
     return 0
 
 

@@ -36,10 +36,14 @@ from pathlib import Path
 from dstore.training.metrics import read_jsonl
 
 VARIANTS = ("dp", "dp_large", "independent", "pairwise", "truncation", "explore")
-LABELS = {"dp": "(a) 1 data-parallel trainer, all data", "dp_large": "(a') the same, global batch K x B",
-          "independent": "(b) K independent trainers, 1/K each",
-          "pairwise": "(c) LTFB pairwise", "truncation": "(d) LTFB truncation",
-          "explore": "(e) LTFB truncation + exploration"}
+LABELS = {
+    "dp": "(a) 1 data-parallel trainer, all data",
+    "dp_large": "(a') the same, global batch K x B",
+    "independent": "(b) K independent trainers, 1/K each",
+    "pairwise": "(c) LTFB pairwise",
+    "truncation": "(d) LTFB truncation",
+    "explore": "(e) LTFB truncation + exploration",
+}
 
 
 def variant_args(variant: str, opts) -> list[str]:
@@ -47,12 +51,14 @@ def variant_args(variant: str, opts) -> list[str]:
     k = ["--trainers", str(opts.trainers)]
     rounds = ["--ltfb-round", str(opts.round)]
     truncation = ["--ltfb-strategy", "truncation", "--truncation-fraction", str(opts.truncation_fraction)]
-    return {"dp": ["--trainers", "1"],
-            "dp_large": ["--trainers", "1"],  # and K x the batch size (run_one)
-            "independent": k + ["--ltfb-round", str(10**9)],  # never reached: the trainers never meet
-            "pairwise": k + rounds,
-            "truncation": k + rounds + truncation,
-            "explore": k + rounds + truncation + ["--explore", opts.explore]}[variant]
+    return {
+        "dp": ["--trainers", "1"],
+        "dp_large": ["--trainers", "1"],  # and K x the batch size (run_one)
+        "independent": k + ["--ltfb-round", str(10**9)],  # never reached: the trainers never meet
+        "pairwise": k + rounds,
+        "truncation": k + rounds + truncation,
+        "explore": k + rounds + truncation + ["--explore", opts.explore],
+    }[variant]
 
 
 def _final_and_curve(metrics_path: Path) -> tuple[float | None, list[float]]:
@@ -67,10 +73,28 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
     run_dir = work / f"{variant}-seed{seed}"
     mpiexec = Path(sys.executable).parent / "mpiexec"
     batch = opts.batch_size * (opts.trainers if variant == "dp_large" else 1)
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(opts.trainers), sys.executable, "-m", "dstore.tools",
-           "train", "--epochs", str(opts.epochs), "--batch-size", str(batch), "--lr", str(opts.lr),
-           "--seed", str(seed), "--ltfb-metric", opts.metric, "--no-progress", "--run-dir", str(run_dir)] + \
-        variant_args(variant, opts)
+    cmd = [
+        str(mpiexec if mpiexec.exists() else "mpiexec"),
+        "-n",
+        str(opts.trainers),
+        sys.executable,
+        "-m",
+        "dstore.tools",
+        "train",
+        "--epochs",
+        str(opts.epochs),
+        "--batch-size",
+        str(batch),
+        "--lr",
+        str(opts.lr),
+        "--seed",
+        str(seed),
+        "--ltfb-metric",
+        opts.metric,
+        "--no-progress",
+        "--run-dir",
+        str(run_dir),
+    ] + variant_args(variant, opts)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=opts.timeout)
@@ -86,11 +110,18 @@ def run_one(variant: str, seed: int, opts, work: Path) -> dict:
         if log and "hparams" in log[-1]:  # what each trainer trained with after the last round
             last = max(r["round"] for r in log)
             hparams = [r["hparams"] for r in sorted((r for r in log if r["round"] == last), key=lambda r: r["trainer"])]
-    return {"variant": variant, "seed": seed, "command": " ".join(cmd[:1] + ["-n", str(opts.trainers), "dstore"]
-                                                                   + cmd[cmd.index("train"):]),
-            "test_by_trainer": list(finals), "best": max(finals), "mean": statistics.fmean(finals),
-            "best_curve": [max(vals) for vals in zip(*curves)], "models_taken": taken, "final_hparams": hparams,
-            "wall_s": wall}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "command": " ".join(cmd[:1] + ["-n", str(opts.trainers), "dstore"] + cmd[cmd.index("train") :]),
+        "test_by_trainer": list(finals),
+        "best": max(finals),
+        "mean": statistics.fmean(finals),
+        "best_curve": [max(vals) for vals in zip(*curves)],
+        "models_taken": taken,
+        "final_hparams": hparams,
+        "wall_s": wall,
+    }
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -112,16 +143,22 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict], opts) -> str:
-    head = (f"K = {opts.trainers} trainers x 1 rank (dp: 1 trainer x {opts.trainers} ranks), {opts.epochs} epochs, "
-            f"global batch {opts.batch_size}, lr {opts.lr}, rounds every {opts.round} steps on {opts.metric}, "
-            "truncation fraction "
-            f"{opts.truncation_fraction}, explore {opts.explore}; seeds {opts.seeds}. Mean ± sd over seeds.\n\n")
-    lines = ["| variant | best test accuracy | mean test accuracy | models taken per job | wall time (s) |",
-             "| --- | --- | --- | --- | --- |"]
+    head = (
+        f"K = {opts.trainers} trainers x 1 rank (dp: 1 trainer x {opts.trainers} ranks), {opts.epochs} epochs, "
+        f"global batch {opts.batch_size}, lr {opts.lr}, rounds every {opts.round} steps on {opts.metric}, "
+        "truncation fraction "
+        f"{opts.truncation_fraction}, explore {opts.explore}; seeds {opts.seeds}. Mean ± sd over seeds.\n\n"
+    )
+    lines = [
+        "| variant | best test accuracy | mean test accuracy | models taken per job | wall time (s) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         taken = "–" if r["models_taken"] is None else f"{r['models_taken']:.1f}"
-        lines.append(f"| {r['label']} | {r['best']:.4f} ± {r['best_sd']:.4f} | {r['mean']:.4f} ± {r['mean_sd']:.4f} "
-                     f"| {taken} | {r['wall_s']:.1f} ± {r['wall_s_sd']:.1f} |")
+        lines.append(
+            f"| {r['label']} | {r['best']:.4f} ± {r['best_sd']:.4f} | {r['mean']:.4f} ± {r['mean_sd']:.4f} "
+            f"| {taken} | {r['wall_s']:.1f} ± {r['wall_s_sd']:.1f} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
@@ -134,10 +171,24 @@ def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [r["variant"] for r in rows]
     for i, r in enumerate(rows):
-        left.bar(i - 0.2, r["best"], 0.4, yerr=r["best_sd"], color="tab:blue", alpha=0.7,
-                 label="best trainer" if i == 0 else None)
-        left.bar(i + 0.2, r["mean"], 0.4, yerr=r["mean_sd"], color="tab:orange", alpha=0.7,
-                 label="mean over trainers" if i == 0 else None)
+        left.bar(
+            i - 0.2,
+            r["best"],
+            0.4,
+            yerr=r["best_sd"],
+            color="tab:blue",
+            alpha=0.7,
+            label="best trainer" if i == 0 else None,
+        )
+        left.bar(
+            i + 0.2,
+            r["mean"],
+            0.4,
+            yerr=r["mean_sd"],
+            color="tab:orange",
+            alpha=0.7,
+            label="mean over trainers" if i == 0 else None,
+        )
         for run in (x for x in runs if x["variant"] == r["variant"]):
             left.plot([i - 0.2], [run["best"]], "k.", ms=4)
             left.plot([i + 0.2], [run["mean"]], "k.", ms=4)
@@ -163,7 +214,9 @@ def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--out", default="docs/ltfb", help="where experiment.json, experiment.md and experiment.png go")
-    p.add_argument("--work", default=None, help="run directories (default: a temporary directory, removed unless --keep)")
+    p.add_argument(
+        "--work", default=None, help="run directories (default: a temporary directory, removed unless --keep)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the run directories")
     p.add_argument("--trainers", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -172,9 +225,13 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--round", type=int, default=5, help="steps between tournament rounds")
     p.add_argument("--truncation-fraction", type=float, default=0.25)
-    p.add_argument("--metric", choices=("accuracy", "loss"), default="loss",
-                   help="tournament metric (default loss: on a tournament set of a few dozen samples accuracy "
-                        "moves in coarse steps and ties often)")
+    p.add_argument(
+        "--metric",
+        choices=("accuracy", "loss"),
+        default="loss",
+        help="tournament metric (default loss: on a tournament set of a few dozen samples accuracy "
+        "moves in coarse steps and ties often)",
+    )
     p.add_argument("--explore", default="lr,momentum")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--timeout", type=float, default=600, help="seconds one job may take")
@@ -189,17 +246,31 @@ def main(argv=None) -> int:
         for v in opts.variants:
             runs.append(run_one(v, seed, opts, work))
             r = runs[-1]
-            print(f"{v:12s} seed {seed}: best {r['best']:.4f} mean {r['mean']:.4f} wall {r['wall_s']:.1f} s",
-                  flush=True)
+            print(
+                f"{v:12s} seed {seed}: best {r['best']:.4f} mean {r['mean']:.4f} wall {r['wall_s']:.1f} s", flush=True
+            )
     rows = summarize(runs)
     table = markdown(rows, opts)
     total = time.perf_counter() - t0
-    (out / "experiment.json").write_text(json.dumps({"options": vars(opts), "load_average_at_start": load,
-                                               "total_seconds": total, "summary": rows, "runs": runs}, indent=1))
+    (out / "experiment.json").write_text(
+        json.dumps(
+            {
+                "options": vars(opts),
+                "load_average_at_start": load,
+                "total_seconds": total,
+                "summary": rows,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     (out / "experiment.md").write_text(table)
     plot(runs, rows, out / "experiment.png")
-    print(table + f"\n{len(runs)} jobs in {total:.0f} s (1-minute load average at start {load:.1f}); "
-          f"wrote {out}/experiment.json, experiment.md, experiment.png", flush=True)
+    print(
+        table + f"\n{len(runs)} jobs in {total:.0f} s (1-minute load average at start {load:.1f}); "
+        f"wrote {out}/experiment.json, experiment.md, experiment.png",
+        flush=True,
+    )
     if not opts.keep and not opts.work:
         import shutil
 

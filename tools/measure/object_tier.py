@@ -52,8 +52,14 @@ def _moto(path: str) -> tuple[str, object, _Requests]:
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
+    )
     import fsspec
 
     fs = fsspec.filesystem("s3")
@@ -88,14 +94,25 @@ def epochs(container: str, n: int, batch_size: int, resident: float, lookahead: 
             dt = time.perf_counter() - t
             s = st.stats
             assert s is not None  # set by the epoch just run
-            rows.append({"seconds": dt, "samples_per_s": samples / dt, "bytes_storage": s.bytes_storage,
-                         "samples_storage": s.samples_storage, "storage_reads": storage.reads - q0,
-                         "ranged_gets": ObjectFile.total_requests - r0,
-                         "server_requests": (counter.count - h0) if counter else None})
+            rows.append(
+                {
+                    "seconds": dt,
+                    "samples_per_s": samples / dt,
+                    "bytes_storage": s.bytes_storage,
+                    "samples_storage": s.samples_storage,
+                    "storage_reads": storage.reads - q0,
+                    "ranged_gets": ObjectFile.total_requests - r0,
+                    "server_requests": (counter.count - h0) if counter else None,
+                }
+            )
         kept = rows[1:] or rows
         out = {k: statistics.median(r[k] for r in kept) if kept[0][k] is not None else None for k in kept[0]}
-        out.update(container=container, setup_s=setup, resident_fraction=st.tier["resident_fraction"],
-                   samples=st.num_samples if hasattr(st, "num_samples") else None)
+        out.update(
+            container=container,
+            setup_s=setup,
+            resident_fraction=st.tier["resident_fraction"],
+            samples=st.num_samples if hasattr(st, "num_samples") else None,
+        )
         return out
 
 
@@ -115,17 +132,23 @@ def main(argv=None) -> None:
     if args.moto:
         url, server, counter = _moto(args.container)
     try:
-        rows = [epochs(args.container, args.epochs, args.batch_size, args.resident, args.lookahead, None),
-                epochs(url, args.epochs, args.batch_size, args.resident, args.lookahead, counter)]
+        rows = [
+            epochs(args.container, args.epochs, args.batch_size, args.resident, args.lookahead, None),
+            epochs(url, args.epochs, args.batch_size, args.resident, args.lookahead, counter),
+        ]
     finally:
         if server is not None:
             server.stop()  # type: ignore[attr-defined]
-    print("| container | resident | epoch s | samples/s | storage samples | storage MB | storage reads | "
-          "ranged GETs | server requests |\n|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| container | resident | epoch s | samples/s | storage samples | storage MB | storage reads | "
+        "ranged GETs | server requests |\n|---|---|---|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['container']} | {r['resident_fraction']:.2f} | {r['seconds']:.3f} | {r['samples_per_s']:.0f} | "
-              f"{r['samples_storage']:.0f} | {r['bytes_storage'] / 1e6:.2f} | {r['storage_reads']:.0f} | "
-              f"{r['ranged_gets']:.0f} | {'-' if r['server_requests'] is None else int(r['server_requests'])} |")
+        print(
+            f"| {r['container']} | {r['resident_fraction']:.2f} | {r['seconds']:.3f} | {r['samples_per_s']:.0f} | "
+            f"{r['samples_storage']:.0f} | {r['bytes_storage'] / 1e6:.2f} | {r['storage_reads']:.0f} | "
+            f"{r['ranged_gets']:.0f} | {'-' if r['server_requests'] is None else int(r['server_requests'])} |"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

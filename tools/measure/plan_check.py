@@ -77,16 +77,18 @@ def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> Non
     from dstore.training.augment import ImageTransform, default_augmentation
 
     pad, flip = default_augmentation((224, 224))
-    tf = ImageTransform(size=(224, 224), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad,
-                        flip=flip, normalize=False)
+    tf = ImageTransform(
+        size=(224, 224), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip, normalize=False
+    )
     with DataStore(MPI.COMM_SELF, path, batch_size=batch, seed=1) as store:
         base = pss()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM: the peak from here on is the loader's
         rss0 = status()["VmRSS"]
         images = []
-        with StoreLoader(store, transform=tf, workers=workers or None, decode_threads=2, channels=3,
-                         size=(224, 224)) as loader:
+        with StoreLoader(
+            store, transform=tf, workers=workers or None, decode_threads=2, channels=3, size=(224, 224)
+        ) as loader:
             peak, pids = 0, []
             for k, (x, _) in enumerate(loader):
                 images.append(tuple(x.shape))
@@ -97,11 +99,28 @@ def loader_worker(path: str, batch: int, workers: int, batches: int = 24) -> Non
             high = status()["VmHWM"] - rss0 + sum(_hwm(p) for p in pids)
         shape = _decoded_shape(store)
         mean = int(store.offsets[-1]) / store.num_samples
-    reserve = capacity.loader_reserve(local_batch=batch, input_shape=(224, 224, 3), image_shape=shape,
-                                      mean_sample_bytes=mean, decode_threads=2, workers=workers)
-    print(json.dumps({"workers": workers, "memory_bytes": peak, "peak_rss_bytes": high, "reserve_bytes": reserve,
-                      "image_shape": shape,
-                      "batch_shape": images[0], "batches": len(images), "mean_bytes": float(np.float64(mean))}))
+    reserve = capacity.loader_reserve(
+        local_batch=batch,
+        input_shape=(224, 224, 3),
+        image_shape=shape,
+        mean_sample_bytes=mean,
+        decode_threads=2,
+        workers=workers,
+    )
+    print(
+        json.dumps(
+            {
+                "workers": workers,
+                "memory_bytes": peak,
+                "peak_rss_bytes": high,
+                "reserve_bytes": reserve,
+                "image_shape": shape,
+                "batch_shape": images[0],
+                "batches": len(images),
+                "mean_bytes": float(np.float64(mean)),
+            }
+        )
+    )
 
 
 def _hwm(pid) -> int:
@@ -145,9 +164,14 @@ def worker(path: str, batch: int, tiered: float) -> None:
             if k in (0, steps // 2, steps - 1):
                 peak = max(peak, pss() - base)
         assert store.windows is not None  # populated on entry
-        row = {"rank": comm.rank, "memory_bytes": peak, "window_bytes": int(store.layout.nbytes[comm.rank]),
-               **{k: store.windows.population[k] for k in ("population_seconds", "population_bytes")},
-               "resident_fraction": store.tier["resident_fraction"], "budget_bytes": budget}
+        row = {
+            "rank": comm.rank,
+            "memory_bytes": peak,
+            "window_bytes": int(store.layout.nbytes[comm.rank]),
+            **{k: store.windows.population[k] for k in ("population_seconds", "population_bytes")},
+            "resident_fraction": store.tier["resident_fraction"],
+            "budget_bytes": budget,
+        }
     rows = comm.gather(row, root=0)
     if comm.rank == 0:
         print(json.dumps(rows), flush=True)
@@ -155,15 +179,20 @@ def worker(path: str, batch: int, tiered: float) -> None:
 
 def run_once(path: str, ranks: int, batch: int, tiered: float) -> dict:
     """One mpiexec job: the ranks' rows folded into the run's figures."""
-    rows = run_job(ranks, "dstore.tools.measure.plan_check", "--worker", path, "--batch", str(batch),
-                   "--tiered", str(tiered))
-    return {"ranks": ranks, "tiered": tiered, "budget_bytes": rows[0]["budget_bytes"],
-            "resident_fraction": rows[0]["resident_fraction"],
-            "population_seconds": max(r["population_seconds"] for r in rows),
-            "population_bytes": sum(r["population_bytes"] for r in rows),
-            "memory_bytes": sum(r["memory_bytes"] for r in rows) / ranks,  # mean per rank: Pss sums to the node's
-            "memory_max_bytes": max(r["memory_bytes"] for r in rows),
-            "window_bytes": sum(r["window_bytes"] for r in rows) / ranks}
+    rows = run_job(
+        ranks, "dstore.tools.measure.plan_check", "--worker", path, "--batch", str(batch), "--tiered", str(tiered)
+    )
+    return {
+        "ranks": ranks,
+        "tiered": tiered,
+        "budget_bytes": rows[0]["budget_bytes"],
+        "resident_fraction": rows[0]["resident_fraction"],
+        "population_seconds": max(r["population_seconds"] for r in rows),
+        "population_bytes": sum(r["population_bytes"] for r in rows),
+        "memory_bytes": sum(r["memory_bytes"] for r in rows) / ranks,  # mean per rank: Pss sums to the node's
+        "memory_max_bytes": max(r["memory_bytes"] for r in rows),
+        "window_bytes": sum(r["window_bytes"] for r in rows) / ranks,
+    }
 
 
 def predict(path: str, ranks: int, batch: int, budget: int, spec: str, disk: float) -> dict:
@@ -179,9 +208,17 @@ def predict(path: str, ranks: int, batch: int, budget: int, spec: str, disk: flo
         reader_index = 0 if getattr(c, "index_on_demand", False) else capacity.READER_INDEX_BYTES
     model = parse_spec(spec)
     storage = capacity.Storage(latency=model.latency, iops=model.iops, bandwidth=model.bandwidth)
-    cl = capacity.Cluster(nodes=1, ranks_per_node=ranks, memory_per_node=float(UNLIMITED), batch_size=batch * ranks,
-                          threads=4, memory_budget=budget, local_bandwidth=disk, reader_index_bytes=reader_index,
-                          trainer=False)  # a DataStore alone: no loaders share its budget
+    cl = capacity.Cluster(
+        nodes=1,
+        ranks_per_node=ranks,
+        memory_per_node=float(UNLIMITED),
+        batch_size=batch * ranks,
+        threads=4,
+        memory_budget=budget,
+        local_bandwidth=disk,
+        reader_index_bytes=reader_index,
+        trainer=False,
+    )  # a DataStore alone: no loaders share its budget
     largest = plan.largest_sum(offsets, min(batch + 1, n))
     return capacity.forecast(n, total / n, cl, storage, largest_step_bytes=largest, replicate=False)
 
@@ -192,8 +229,11 @@ def _err(pred: float, meas: float) -> float:
 
 def _fitted(runs: list, spec: str) -> float:
     """The median rate of `spec`'s one-rank resident runs (inf if none): the floor the forecast uses."""
-    rates = [r["population_bytes"] / r["population_seconds"] for r in runs
-             if (r["spec"], r["ranks"], r["tiered"]) == (spec, 1, 0.0)]
+    rates = [
+        r["population_bytes"] / r["population_seconds"]
+        for r in runs
+        if (r["spec"], r["ranks"], r["tiered"]) == (spec, 1, 0.0)
+    ]
     return statistics.median(rates) if rates else float("inf")
 
 
@@ -206,38 +246,58 @@ def compare(path: str, runs: list, batch: int, cached: bool = False) -> list:
     keys = sorted({(r["spec"], r["ranks"], r["tiered"]) for r in runs}, key=lambda k: (k[0] != "local", k))
     for spec, ranks, tiered in keys:
         rs = [r for r in runs if (r["spec"], r["ranks"], r["tiered"]) == (spec, ranks, tiered)]
-        med = {k: statistics.median(r[k] for r in rs) for k in ("resident_fraction", "population_seconds",
-                                                                 "population_bytes", "memory_bytes", "window_bytes")}
+        med = {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("resident_fraction", "population_seconds", "population_bytes", "memory_bytes", "window_bytes")
+        }
         f = predict(path, ranks, batch, rs[0]["budget_bytes"], spec, disk if spec == "local" else fuse)
         pr = f["per_rank"]
         mem = pr["metadata_bytes"] + pr["store_bytes"]
-        out.append({"spec": spec, "ranks": ranks, "tiered": tiered, "runs": len(rs), "disk_Bps": disk,
-                    "measured": med, "population_runs": [r["population_seconds"] for r in rs],
-                    "predicted": {"resident_fraction": f["resident_fraction"], "memory_bytes": mem,
-                                  "window_bytes": pr["data_share_bytes"] * f["resident_fraction"],
-                                  "population_seconds": f["population_seconds"],
-                                  "population_bytes": f["population_bytes"]},
-                    "error_pct": {"resident_fraction": _err(f["resident_fraction"], med["resident_fraction"]),
-                                  "memory": _err(mem, med["memory_bytes"]),
-                                  "population": _err(f["population_seconds"], med["population_seconds"])}})
+        out.append(
+            {
+                "spec": spec,
+                "ranks": ranks,
+                "tiered": tiered,
+                "runs": len(rs),
+                "disk_Bps": disk,
+                "measured": med,
+                "population_runs": [r["population_seconds"] for r in rs],
+                "predicted": {
+                    "resident_fraction": f["resident_fraction"],
+                    "memory_bytes": mem,
+                    "window_bytes": pr["data_share_bytes"] * f["resident_fraction"],
+                    "population_seconds": f["population_seconds"],
+                    "population_bytes": f["population_bytes"],
+                },
+                "error_pct": {
+                    "resident_fraction": _err(f["resident_fraction"], med["resident_fraction"]),
+                    "memory": _err(mem, med["memory_bytes"]),
+                    "population": _err(f["population_seconds"], med["population_seconds"]),
+                },
+            }
+        )
     return out
 
 
 def markdown(rows: list) -> str:
     """The comparison as a markdown table."""
-    lines = ["| storage | ranks | budget | resident: predicted / measured | memory per rank: predicted / measured "
-             "(window) | population: predicted / measured (runs) | errors: resident, memory, population |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        "| storage | ranks | budget | resident: predicted / measured | memory per rank: predicted / measured "
+        "(window) | population: predicted / measured (runs) | errors: resident, memory, population |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         p, m, e = r["predicted"], r["measured"], r["error_pct"]
         kind = f"{r['tiered']:.0%} of share" if r["tiered"] else "unlimited"
         runs = ", ".join(f"{x:.2f}" for x in r["population_runs"])
         fit = " (fitted)" if (r["spec"] in ("local", "pfs:local") and r["ranks"] == 1 and not r["tiered"]) else ""
-        lines.append(f"| {r['spec']} | {r['ranks']} | {kind} | {100 * p['resident_fraction']:.1f}% / "
-                     f"{100 * m['resident_fraction']:.1f}% | {p['memory_bytes'] / 1e6:.1f} / {m['memory_bytes'] / 1e6:.1f} "
-                     f"MB ({m['window_bytes'] / 1e6:.1f}) | {p['population_seconds']:.2f} / "
-                     f"{m['population_seconds']:.2f} s ({runs}) | {e['resident_fraction']:+.0f}%, {e['memory']:+.0f}%, "
-                     f"{e['population']:+.0f}%{fit} |")
+        lines.append(
+            f"| {r['spec']} | {r['ranks']} | {kind} | {100 * p['resident_fraction']:.1f}% / "
+            f"{100 * m['resident_fraction']:.1f}% | {p['memory_bytes'] / 1e6:.1f} / {m['memory_bytes'] / 1e6:.1f} "
+            f"MB ({m['window_bytes'] / 1e6:.1f}) | {p['population_seconds']:.2f} / "
+            f"{m['population_seconds']:.2f} s ({runs}) | {e['resident_fraction']:+.0f}%, {e['memory']:+.0f}%, "
+            f"{e['population']:+.0f}%{fit} |"
+        )
     return "\n".join(lines)
 
 
@@ -246,20 +306,35 @@ def loaders(args) -> int:
     rows = []
     for _ in range(args.repeat):
         for w in args.loader:
-            rows.append(run_job(1, "dstore.tools.measure.plan_check", "--loader-worker", str(w), "--batch",
-                                str(args.batch), args.container))
+            rows.append(
+                run_job(
+                    1,
+                    "dstore.tools.measure.plan_check",
+                    "--loader-worker",
+                    str(w),
+                    "--batch",
+                    str(args.batch),
+                    args.container,
+                )
+            )
             print(rows[-1], flush=True)
-    lines = [f"load average {_load()}; {args.batch} samples per batch, image {rows[0]['image_shape']}", "",
-             "| decode | loader_reserve | Pss at batches (rank above its store, plus workers) | peak RSS (rank's "
-             "rise, plus workers' whole) | error against Pss / peak RSS |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"load average {_load()}; {args.batch} samples per batch, image {rows[0]['image_shape']}",
+        "",
+        "| decode | loader_reserve | Pss at batches (rank above its store, plus workers) | peak RSS (rank's "
+        "rise, plus workers' whole) | error against Pss / peak RSS |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for w in args.loader:
         mine = [r for r in rows if r["workers"] == w]
         res = mine[0]["reserve_bytes"]
         m = statistics.median(r["memory_bytes"] for r in mine)
         h = statistics.median(r["peak_rss_bytes"] for r in mine)
         kind = f"{w} worker{'s' * (w > 1)}" if w else "2 threads"
-        lines.append(f"| {kind} | {res / 1e6:.0f} MB | {m / 1e6:.0f} MB | {h / 1e6:.0f} MB | {_err(res, m):+.0f}% / "
-                     f"{_err(res, h):+.0f}% |")
+        lines.append(
+            f"| {kind} | {res / 1e6:.0f} MB | {m / 1e6:.0f} MB | {h / 1e6:.0f} MB | {_err(res, m):+.0f}% / "
+            f"{_err(res, h):+.0f}% |"
+        )
     print("\n".join(lines))
     if args.md:
         with open(args.md, "w") as fh:
@@ -287,8 +362,13 @@ def main(argv=None) -> int:
     p.add_argument("container")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--loader-worker", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--loader", type=int, nargs="+", help="instead: the trainer's loader memory with these numbers of "
-                   "decode workers (0: threads) over a JPEG container, beside capacity.loader_reserve")
+    p.add_argument(
+        "--loader",
+        type=int,
+        nargs="+",
+        help="instead: the trainer's loader memory with these numbers of "
+        "decode workers (0: threads) over a JPEG container, beside capacity.loader_reserve",
+    )
     p.add_argument("--make", type=int, default=0, help="write this many samples first where the container is missing")
     p.add_argument("--bytes", type=int, default=110_000, help="bytes per sample of --make")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
@@ -296,9 +376,12 @@ def main(argv=None) -> int:
     p.add_argument("--tiered", type=float, default=0.7, help="the tiered runs' budget, a fraction of a rank's share")
     p.add_argument("--rungs", nargs="+", default=["local", "pfs:latency=2ms,iops=300", "pfs:latency=2ms,iops=2000"])
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--cached-source", action="store_true",
-                   help="`dstore pfs` rungs over a source in the page cache (not evicted), their floor the rate of "
-                        "the rung pfs:local (the mount alone) instead of the disk's")
+    p.add_argument(
+        "--cached-source",
+        action="store_true",
+        help="`dstore pfs` rungs over a source in the page cache (not evicted), their floor the rate of "
+        "the rung pfs:local (the mount alone) instead of the disk's",
+    )
     p.add_argument("--json", help="write every run and the comparison here")
     p.add_argument("--md", help="write the markdown table here")
     args = p.parse_args(argv)
@@ -333,9 +416,12 @@ def main(argv=None) -> int:
                             row = run_once(mnt.path(os.path.basename(src)), ranks, args.batch, tiered)
                     row.update(spec=spec, repeat=rep, wall=time.perf_counter() - t0, load=_load())
                     runs.append(row)
-                    print(f"{spec:>26} ranks {ranks} tiered {tiered:.2f}: resident {row['resident_fraction']:.3f}, "
-                          f"memory {row['memory_bytes'] / 1e6:.1f} MB, population {row['population_seconds']:.2f} s "
-                          f"({row['population_bytes'] / 1e6:.0f} MB); load {row['load']}", flush=True)
+                    print(
+                        f"{spec:>26} ranks {ranks} tiered {tiered:.2f}: resident {row['resident_fraction']:.3f}, "
+                        f"memory {row['memory_bytes'] / 1e6:.1f} MB, population {row['population_seconds']:.2f} s "
+                        f"({row['population_bytes'] / 1e6:.0f} MB); load {row['load']}",
+                        flush=True,
+                    )
     loads.append(_load())
     rows = compare(src, runs, args.batch, args.cached_source)
     table = markdown(rows)

@@ -53,8 +53,17 @@ def worker(path: str, threads: int, tiered: float) -> None:
         frac = st.tier["resident_fraction"]
     rows = comm.gather((pop, nbytes, wall), root=0)
     if rows is not None:  # the root
-        print(json.dumps({"population_seconds": max(r[0] for r in rows), "bytes": sum(r[1] for r in rows),
-                          "open_seconds": max(r[2] for r in rows), "resident_fraction": frac}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "population_seconds": max(r[0] for r in rows),
+                    "bytes": sum(r[1] for r in rows),
+                    "open_seconds": max(r[2] for r in rows),
+                    "resident_fraction": frac,
+                }
+            ),
+            flush=True,
+        )
 
 
 def run_job(ranks: int, module: str, *args: str):
@@ -67,8 +76,9 @@ def run_job(ranks: int, module: str, *args: str):
 
 
 def run(path: str, ranks: int, threads: int, tiered: float) -> dict:
-    out = run_job(ranks, "dstore.tools.measure.population", "--worker", path, "--threads", str(threads),
-                  "--tiered", str(tiered))
+    out = run_job(
+        ranks, "dstore.tools.measure.population", "--worker", path, "--threads", str(threads), "--tiered", str(tiered)
+    )
     out.update(ranks=ranks, threads=threads, tiered=tiered)
     return out
 
@@ -104,8 +114,11 @@ def main(argv=None) -> int:
                         row.update(spec=spec, repeat=rep)
                         rows.append(row)
                         rate = row["bytes"] / 1e6 / row["population_seconds"]
-                        print(f"{spec:>20} ranks {ranks} tiered {tiered:.2f} threads {threads}: population "
-                              f"{row['population_seconds']:.2f} s, {rate:.0f} MB/s", flush=True)
+                        print(
+                            f"{spec:>20} ranks {ranks} tiered {tiered:.2f} threads {threads}: population "
+                            f"{row['population_seconds']:.2f} s, {rate:.0f} MB/s",
+                            flush=True,
+                        )
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -116,8 +129,11 @@ def main(argv=None) -> int:
             for tiered in modes:
                 cells = []
                 for t in args.threads:
-                    xs = [r["population_seconds"] for r in rows
-                          if (r["spec"], r["ranks"], r["threads"], r["tiered"]) == (spec, ranks, t, tiered)]
+                    xs = [
+                        r["population_seconds"]
+                        for r in rows
+                        if (r["spec"], r["ranks"], r["threads"], r["tiered"]) == (spec, ranks, t, tiered)
+                    ]
                     cells.append(" / ".join(f"{x:.2f}" for x in xs) + " s")
                 kind = f"tiered {tiered:.0%} resident" if tiered else "resident"
                 print(f"| {spec} | {ranks} | {kind} | " + " | ".join(cells) + " |")

@@ -65,12 +65,22 @@ def main() -> None:
     got = comm.gather((lat, matmuls, seconds), root=0)
     if got is not None:  # the root
         lats = np.array(got[1][0])
-        print(json.dumps({
-            "period_ms": args.period_ms, "async_progress": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
-            "nolocal": os.environ.get("MPIR_CVAR_NOLOCAL", "0"), "compute_ms": args.compute_ms,
-            "owner_matmuls_per_s": round(got[0][1] / got[0][2], 1), "gets": int(lats.size),
-            "get_median_ms": round(float(np.median(lats)), 3), "get_p95_ms": round(float(np.percentile(lats, 95)), 3),
-            "get_max_ms": round(float(lats.max()), 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "period_ms": args.period_ms,
+                    "async_progress": os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "0"),
+                    "nolocal": os.environ.get("MPIR_CVAR_NOLOCAL", "0"),
+                    "compute_ms": args.compute_ms,
+                    "owner_matmuls_per_s": round(got[0][1] / got[0][2], 1),
+                    "gets": int(lats.size),
+                    "get_median_ms": round(float(np.median(lats)), 3),
+                    "get_p95_ms": round(float(np.percentile(lats, 95)), 3),
+                    "get_max_ms": round(float(lats.max()), 3),
+                }
+            ),
+            flush=True,
+        )
     arena.free()
 
 

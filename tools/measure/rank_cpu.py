@@ -71,17 +71,41 @@ def transform_for(name: str, size: int):
     from dstore.training.augment import ImageTransform, default_augmentation
 
     pad, flip = default_augmentation((size, size))
-    return ImageTransform(size=(size, size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad,
-                          flip=flip, normalize=False)
+    return ImageTransform(
+        size=(size, size),
+        channels=3,
+        mean=(0.45,) * 3,
+        std=(0.25,) * 3,
+        train=True,
+        pad=pad,
+        flip=flip,
+        normalize=False,
+    )
 
 
-def measure(path: str, *, workers: int, threads: int | None, batch_size: int, size: int, epochs: list[int],
-            transform: str = "none") -> dict:
+def measure(
+    path: str,
+    *,
+    workers: int,
+    threads: int | None,
+    batch_size: int,
+    size: int,
+    epochs: list[int],
+    transform: str = "none",
+) -> dict:
     """Per timed epoch and in total: samples, seconds, the rank's and the workers' CPU us per sample."""
     rows = []
-    with DataStore(MPI.COMM_WORLD, path, batch_size=batch_size, seed=0) as st, \
-            StoreLoader(st, transform=transform_for(transform, size), size=(size, size), channels=3,
-                        workers=workers, decode_threads=threads) as ld:
+    with (
+        DataStore(MPI.COMM_WORLD, path, batch_size=batch_size, seed=0) as st,
+        StoreLoader(
+            st,
+            transform=transform_for(transform, size),
+            size=(size, size),
+            channels=3,
+            workers=workers,
+            decode_threads=threads,
+        ) as ld,
+    ):
         for _ in ld.epoch(0):  # untimed: the workers' start, the pages' first touch
             pass
         pids = list(ld.workers.pids) if ld.workers is not None else []
@@ -92,19 +116,34 @@ def measure(path: str, *, workers: int, threads: int | None, batch_size: int, si
                 b += 1
             secs, cpu, wcpu = time.perf_counter() - t0, rank_cpu() - c0, workers_cpu(pids) - w0
             per_thread = {k: round(1e3 * (v - th0.get(k, 0.0)) / max(b, 1), 3) for k, v in threads_cpu().items()}
-            rows.append({"epoch": e, "samples": n, "batches": b, "seconds": secs, "rank_cpu_us_per_sample": 1e6 * cpu / n,
-                         "rank_cpu_ms_per_batch": 1e3 * cpu / max(b, 1), "threads_cpu_ms_per_batch": per_thread,
-                         "workers_cpu_us_per_sample": 1e6 * wcpu / n})
+            rows.append(
+                {
+                    "epoch": e,
+                    "samples": n,
+                    "batches": b,
+                    "seconds": secs,
+                    "rank_cpu_us_per_sample": 1e6 * cpu / n,
+                    "rank_cpu_ms_per_batch": 1e3 * cpu / max(b, 1),
+                    "threads_cpu_ms_per_batch": per_thread,
+                    "workers_cpu_us_per_sample": 1e6 * wcpu / n,
+                }
+            )
     n = sum(r["samples"] for r in rows)
-    total = {"samples": n, "seconds": sum(r["seconds"] for r in rows),
-             "rank_cpu_us_per_sample": sum(r["rank_cpu_us_per_sample"] * r["samples"] for r in rows) / n,
-             "workers_cpu_us_per_sample": sum(r["workers_cpu_us_per_sample"] * r["samples"] for r in rows) / n}
+    total = {
+        "samples": n,
+        "seconds": sum(r["seconds"] for r in rows),
+        "rank_cpu_us_per_sample": sum(r["rank_cpu_us_per_sample"] * r["samples"] for r in rows) / n,
+        "workers_cpu_us_per_sample": sum(r["workers_cpu_us_per_sample"] * r["samples"] for r in rows) / n,
+    }
     return {"rows": rows, "total": total}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.rank_cpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.rank_cpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--workers", type=int, default=2, help="decode worker processes (0: decode threads)")
     p.add_argument("--threads", type=int, default=None, help="decode threads (with --workers 0)")
@@ -113,8 +152,15 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, nargs="+", default=[1, 2], help="the epochs timed (after epoch 0)")
     p.add_argument("--transform", choices=("none", "trainer"), default="none")
     args = p.parse_args(argv)
-    res = measure(args.container, workers=args.workers, threads=args.threads, batch_size=args.batch_size,
-                  size=args.size, epochs=args.epochs, transform=args.transform)
+    res = measure(
+        args.container,
+        workers=args.workers,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        size=args.size,
+        epochs=args.epochs,
+        transform=args.transform,
+    )
     every = MPI.COMM_WORLD.gather(res, root=0)
     if every is None:  # not rank 0
         return 0
@@ -123,9 +169,11 @@ def main(argv=None) -> int:
             print(json.dumps({"rank": rank, **r}))
     for rank, one in enumerate(every):
         t = one["total"]
-        print(f"rank {rank}: rank CPU {t['rank_cpu_us_per_sample']:.0f} us/sample, workers' CPU "
-              f"{t['workers_cpu_us_per_sample']:.0f} us/sample over {t['samples']} samples ({args.transform} transform, "
-              f"{args.workers} workers, batch {args.batch_size}, load {os.getloadavg()[0]:.1f})")
+        print(
+            f"rank {rank}: rank CPU {t['rank_cpu_us_per_sample']:.0f} us/sample, workers' CPU "
+            f"{t['workers_cpu_us_per_sample']:.0f} us/sample over {t['samples']} samples ({args.transform} transform, "
+            f"{args.workers} workers, batch {args.batch_size}, load {os.getloadavg()[0]:.1f})"
+        )
     return 0
 
 

@@ -39,8 +39,16 @@ def _ingest(source: str, output: str, side: int | None, quality: int | None) -> 
 
     from dstore.ingest import ingest
 
-    ingest(source, output, comm=MPI.COMM_SELF, progress=False, seed=0, overwrite=True,
-           reencode_max_side=side, reencode_quality=quality)
+    ingest(
+        source,
+        output,
+        comm=MPI.COMM_SELF,
+        progress=False,
+        seed=0,
+        overwrite=True,
+        reencode_max_side=side,
+        reencode_quality=quality,
+    )
 
 
 def _samples(path: str) -> tuple[list[bytes], int]:
@@ -69,13 +77,15 @@ def _fed(data: bytes, size: int = 224) -> np.ndarray:
 
     from dstore.codec.decode import decode_image
 
-    return np.asarray(Image.fromarray(decode_image(data, channels=3)).resize((size, size), Image.Resampling.BILINEAR),
-                      dtype=np.float64)
+    return np.asarray(
+        Image.fromarray(decode_image(data, channels=3)).resize((size, size), Image.Resampling.BILINEAR),
+        dtype=np.float64,
+    )
 
 
 def _psnr(a: list[bytes], b: list[bytes]) -> float:
     mse = np.mean([np.mean((_fed(x) - _fed(y)) ** 2) for x, y in zip(a, b)])
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
 
 
 def measure_sizes(work: str, count: int, sides: list[int], quality: int | None, repeat: int) -> list[dict]:
@@ -91,9 +101,16 @@ def measure_sizes(work: str, count: int, sides: list[int], quality: int | None, 
         ingest_s = time.perf_counter() - t0
         samples, total = _samples(out)
         sets.append(samples)
-        rows.append({"max_side": side or "original", "samples": len(samples), "bytes": total,
-                     "mean_bytes": round(total / len(samples)), "ingest_s": round(ingest_s, 2),
-                     "psnr_at_224": None if side is None else round(_psnr(sets[0], samples), 2)})
+        rows.append(
+            {
+                "max_side": side or "original",
+                "samples": len(samples),
+                "bytes": total,
+                "mean_bytes": round(total / len(samples)),
+                "ingest_s": round(ingest_s, 2),
+                "psnr_at_224": None if side is None else round(_psnr(sets[0], samples), 2),
+            }
+        )
     # Decode timing in rounds, every container once per round, the best round kept: a change of
     # the machine's load moves all containers alike.
     full = [float("inf")] * len(sets)
@@ -103,8 +120,12 @@ def measure_sizes(work: str, count: int, sides: list[int], quality: int | None, 
             full[k] = min(full[k], _decode_us(samples, 1))
             scaled[k] = min(scaled[k], _decode_us(samples, 1, (224, 224)))
     for row, f, s in zip(rows, full, scaled):
-        row.update(decode_full_us=round(f, 1), decode_224_us=round(s, 1),
-                   decode_speedup=round(full[0] / f, 2), bytes_ratio=round(row["bytes"] / rows[0]["bytes"], 3))
+        row.update(
+            decode_full_us=round(f, 1),
+            decode_224_us=round(s, 1),
+            decode_speedup=round(full[0] / f, 2),
+            bytes_ratio=round(row["bytes"] / rows[0]["bytes"], 3),
+        )
         print(json.dumps(row), flush=True)
     return rows
 
@@ -118,11 +139,14 @@ def _digit_folder(root: str, side: int) -> None:
     for i, (img, label) in enumerate(zip(images, labels)):
         d = os.path.join(root, str(int(label)))
         os.makedirs(d, exist_ok=True)
-        Image.fromarray(img[:, :, 0]).resize((side, side), Image.Resampling.BILINEAR).save(os.path.join(d, f"{i:04d}.png"))
+        Image.fromarray(img[:, :, 0]).resize((side, side), Image.Resampling.BILINEAR).save(
+            os.path.join(d, f"{i:04d}.png")
+        )
 
 
-def measure_accuracy(work: str, digit_side: int, sides: list[int], quality: int | None, epochs: int,
-                     seeds: list[int]) -> list[dict]:
+def measure_accuracy(
+    work: str, digit_side: int, sides: list[int], quality: int | None, epochs: int, seeds: list[int]
+) -> list[dict]:
     folder = os.path.join(work, "digits")
     _digit_folder(folder, digit_side)
     rows = []
@@ -132,14 +156,40 @@ def measure_accuracy(work: str, digit_side: int, sides: list[int], quality: int 
         accuracy = []
         for seed in seeds:
             run_dir = os.path.join(work, f"run-{side or 'orig'}-{seed}")
-            cmd = [sys.executable, "-m", "dstore.tools", "train", out, "--model", "resnet_small", "--epochs",
-                   str(epochs), "--seed", str(seed), "--deterministic", "--no-progress", "--run-dir", run_dir,
-                   "--image-size", str(digit_side), "--channels", "1"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "dstore.tools",
+                "train",
+                out,
+                "--model",
+                "resnet_small",
+                "--epochs",
+                str(epochs),
+                "--seed",
+                str(seed),
+                "--deterministic",
+                "--no-progress",
+                "--run-dir",
+                run_dir,
+                "--image-size",
+                str(digit_side),
+                "--channels",
+                "1",
+            ]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
             accuracy.append(round(float([r for r in records if "val_accuracy" in r][-1]["val_accuracy"]), 4))
-        rows.append({"max_side": side or "original", "png_side": digit_side, "epochs": epochs, "seeds": seeds,
-                     "val_accuracy": accuracy, "bytes": _samples(out)[1]})
+        rows.append(
+            {
+                "max_side": side or "original",
+                "png_side": digit_side,
+                "epochs": epochs,
+                "seeds": seeds,
+                "val_accuracy": accuracy,
+                "bytes": _samples(out)[1],
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -171,8 +221,9 @@ def main(argv=None) -> int:
             result["sizes"] = measure_sizes(work, args.count, args.sides, args.quality, args.repeat)
             print(table(result["sizes"]))
         if args.accuracy:
-            result["accuracy"] = measure_accuracy(work, args.digit_side, args.digit_sides, args.quality, args.epochs,
-                                                  args.train_seeds)
+            result["accuracy"] = measure_accuracy(
+                work, args.digit_side, args.digit_sides, args.quality, args.epochs, args.train_seeds
+            )
             print(table(result["accuracy"]))
         result["load_after"] = os.getloadavg()
     if args.out:

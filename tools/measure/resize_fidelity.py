@@ -46,27 +46,33 @@ def reference(img: np.ndarray, train: bool, box, flip: bool, size: int, resize) 
     CenterCrop, each resize by `resize` (_torch or _pil)."""
     if train:
         t, left, h, w = box
-        out = resize(img[t:t + h, left:left + w], (size, size))
+        out = resize(img[t : t + h, left : left + w], (size, size))
         return out[:, ::-1] if flip else out
     (rh, rw), (t, left) = antialias.centre_window(img.shape[:2], (size, size))
     out = resize(img, (rh, rw)) if (rh, rw) != img.shape[:2] else img
-    return out[t:t + size, left:left + size]
+    return out[t : t + size, left : left + size]
 
 
 def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
     blobs, info = _blobs(args.container, args.count)
-    common: dict[str, Any] = dict(size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, normalize=False,
-                  recipe="imagenet")
+    common: dict[str, Any] = dict(
+        size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet"
+    )
     kernels.available()
     out = np.empty((3, args.size, args.size), np.uint8)
-    cases = [(f, t, ImageTransform(train=t, flip=t, resize=f, **common)) for f in ("fast", "torchvision")
-             for t in (True, False)]
+    cases = [
+        (f, t, ImageTransform(train=t, flip=t, resize=f, **common))
+        for f in ("fast", "torchvision")
+        for t in (True, False)
+    ]
     diffs = {(f, t): ([], [], 0, []) for f, t, _ in cases}
     for i, b in enumerate(blobs):
         full = decode.decode_image(b)
         for f, t, tf in cases:
+
             def plan(s, tf=tf, i=i):
                 return tf.plan(s, KeyedDraws(0, 0, i))
+
             arr, where, params = decode.decode_crop(b, info, plan, decode.crop_size(tf))
             got = tf.pixels(arr, plan=(where, params)).astype(int)
             box, drawn = plan(full.shape[:2])
@@ -79,9 +85,11 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
     def path(tf):
         def fn(i, b):
             rng = KeyedDraws(0, 0, i)
-            img, where, params = decode.decode_crop(b, info, lambda s: tf.plan(s, rng), decode.crop_size(tf),
-                                                    scratch=True)
+            img, where, params = decode.decode_crop(
+                b, info, lambda s: tf.plan(s, rng), decode.crop_size(tf), scratch=True
+            )
             tf.sample_into(img, None, out, finish=True, plan=(where, params))
+
         return fn
 
     per: list[list[float]] = [[] for _ in cases]
@@ -95,22 +103,36 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
     rows = []
     for k, (f, t, _) in enumerate(cases):
         means, maxes, _, pil = diffs[(f, t)]
-        rows.append((f, "training" if t else "evaluation", float(np.mean(means)), float(np.max(means)), max(maxes),
-                     float(np.mean(pil)), statistics.median(per[k])))
+        rows.append(
+            (
+                f,
+                "training" if t else "evaluation",
+                float(np.mean(means)),
+                float(np.max(means)),
+                max(maxes),
+                float(np.mean(pil)),
+                statistics.median(per[k]),
+            )
+        )
     return rows
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.resize_fidelity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.resize_fidelity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("container", help="a container of JPEG photos")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     rows = measure(args)
-    print("| resize | transform | vs torch: mean of image means | largest image mean | largest value | "
-          "vs Pillow: mean | CPU us/sample | samples/s per core |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| resize | transform | vs torch: mean of image means | largest image mean | largest value | "
+        "vs Pillow: mean | CPU us/sample | samples/s per core |\n|---|---|---:|---:|---:|---:|---:|---:|"
+    )
     for f, t, mean, worst, top, pil, us in rows:
         print(f"| {f} | {t} | {mean:.2f} | {worst:.2f} | {top} | {pil:.2f} | {us:,.0f} | {1e6 / us:,.0f} |")
     return 0

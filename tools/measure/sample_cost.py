@@ -46,13 +46,14 @@ def steps(size: int):
 
     s = (size, size)
     pad, flip = default_augmentation(s)
-    tf = ImageTransform(size=s, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip,
-                        normalize=False)
+    tf = ImageTransform(
+        size=s, channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, train=True, pad=pad, flip=flip, normalize=False
+    )
     from dstore.codec.resize import resize
 
     def centred(a):
         top, left, bh, bw = box(a.shape[:2], s)
-        return resize(a[top:top + bh, left:left + bw], s)
+        return resize(a[top : top + bh, left : left + bw], s)
 
     chw = np.empty((3, size, size), np.uint8)
 
@@ -61,26 +62,50 @@ def steps(size: int):
 
     return [
         ("simplejpeg full decode", simplejpeg.decode_jpeg, "bytes"),
-        ("simplejpeg DCT-scaled decode (the loader's)",
-         lambda b: simplejpeg.decode_jpeg(b, min_height=size, min_width=size), "bytes"),
-        ("Pillow bilinear resize, with its conversions (before)",
-         lambda a: np.array(Image.fromarray(a).resize((size, size), Image.Resampling.BILINEAR)), "scaled"),
+        (
+            "simplejpeg DCT-scaled decode (the loader's)",
+            lambda b: simplejpeg.decode_jpeg(b, min_height=size, min_width=size),
+            "bytes",
+        ),
+        (
+            "Pillow bilinear resize, with its conversions (before)",
+            lambda a: np.array(Image.fromarray(a).resize((size, size), Image.Resampling.BILINEAR)),
+            "scaled",
+        ),
         ("dstore.codec.resize of the centred part (now)", centred, "scaled"),
-        ("sample_part: that resize and the crop with padding", lambda a: tf.sample_part(a, np.random.default_rng(1)),
-         "scaled"),
-        ("sample_part(defer_resize=True): the worker's part with the resize on the device",
-         lambda a: tf.sample_part(a, np.random.default_rng(1), defer_resize=True), "scaled"),
+        (
+            "sample_part: that resize and the crop with padding",
+            lambda a: tf.sample_part(a, np.random.default_rng(1)),
+            "scaled",
+        ),
+        (
+            "sample_part(defer_resize=True): the worker's part with the resize on the device",
+            lambda a: tf.sample_part(a, np.random.default_rng(1), defer_resize=True),
+            "scaled",
+        ),
         ("the seeded generator", lambda a: np.random.default_rng([0, 1, 2]), "scaled"),
         ("CHW copy into the batch buffer", copy, "pixels"),
-        ("simplejpeg at the loader's scale now (1/2, 1/4, 1/8 or full: dstore.codec.decode.dct_scale)",
-         lambda b: simplejpeg.decode_jpeg(b, "RGB", False, False, *dct_scale(b, s)), "bytes"),
-        ("numpy Generator and the trainer's draws (before)", lambda a: tf.draw(np.random.default_rng([0, 1, 2])),
-         "loader"),
+        (
+            "simplejpeg at the loader's scale now (1/2, 1/4, 1/8 or full: dstore.codec.decode.dct_scale)",
+            lambda b: simplejpeg.decode_jpeg(b, "RGB", False, False, *dct_scale(b, s)),
+            "bytes",
+        ),
+        (
+            "numpy Generator and the trainer's draws (before)",
+            lambda a: tf.draw(np.random.default_rng([0, 1, 2])),
+            "loader",
+        ),
         ("KeyedDraws and the trainer's draws (now)", lambda a: tf.draw(KeyedDraws(0, 1, 2)), "loader"),
-        ("dstore.codec.kernels: resize, crop, flip and CHW copy in one pass (now)",
-         lambda a: kernels.resize_chw(a, box(a.shape[:2], s), s, chw, shift=(2, -3), flip=True), "loader"),
-        ("a worker's whole path now: decode, draws, sample_into the batch",
-         lambda b: tf.sample_into(decode_image(b, min_size=s), KeyedDraws(0, 1, 2), chw, finish=True), "bytes"),
+        (
+            "dstore.codec.kernels: resize, crop, flip and CHW copy in one pass (now)",
+            lambda a: kernels.resize_chw(a, box(a.shape[:2], s), s, chw, shift=(2, -3), flip=True),
+            "loader",
+        ),
+        (
+            "a worker's whole path now: decode, draws, sample_into the batch",
+            lambda b: tf.sample_into(decode_image(b, min_size=s), KeyedDraws(0, 1, 2), chw, finish=True),
+            "bytes",
+        ),
     ]
 
 
@@ -102,25 +127,36 @@ def measure(args) -> dict:
                 fn(x)
             times[name].append(1e6 * (time.process_time() - c0) / len(xs))
     shapes = [a.shape[:2] for a in scaled]
-    return {"args": vars(args), "samples": len(blobs), "load": os.getloadavg(),
-            "scaled_mean_hw": [float(np.mean([s[0] for s in shapes])), float(np.mean([s[1] for s in shapes]))],
-            "us_per_sample": {k: {"median": statistics.median(v), "rounds": v} for k, v in times.items()}}
+    return {
+        "args": vars(args),
+        "samples": len(blobs),
+        "load": os.getloadavg(),
+        "scaled_mean_hw": [float(np.mean([s[0] for s in shapes])), float(np.mean([s[1] for s in shapes]))],
+        "us_per_sample": {k: {"median": statistics.median(v), "rounds": v} for k, v in times.items()},
+    }
 
 
 def markdown(res: dict) -> str:
     a = res["args"]
-    lines = [f"{os.path.basename(a['container'])}: {res['samples']} samples, {a['size']}x{a['size']}, the DCT-scaled "
-             f"decode {res['scaled_mean_hw'][0]:.0f}x{res['scaled_mean_hw'][1]:.0f} on average; CPU us per sample, "
-             f"median of {a['rounds']} alternated rounds; load average after {res['load'][0]:.1f}", "",
-             "| step | us/sample (median) | rounds |", "|---|---:|---|"]
+    lines = [
+        f"{os.path.basename(a['container'])}: {res['samples']} samples, {a['size']}x{a['size']}, the DCT-scaled "
+        f"decode {res['scaled_mean_hw'][0]:.0f}x{res['scaled_mean_hw'][1]:.0f} on average; CPU us per sample, "
+        f"median of {a['rounds']} alternated rounds; load average after {res['load'][0]:.1f}",
+        "",
+        "| step | us/sample (median) | rounds |",
+        "|---|---:|---|",
+    ]
     for k, v in res["us_per_sample"].items():
         lines.append(f"| {k} | {v['median']:,.0f} | {' '.join(f'{x:.0f}' for x in v['rounds'])} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstore.tools.measure.sample_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dstore.tools.measure.sample_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("container", help="a container of JPEGs (e.g. `dstore ingest synthetic x.h5 --count 480`)")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--count", type=int, default=200, help="samples timed (the first ones)")

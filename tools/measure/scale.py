@@ -31,8 +31,9 @@ def _use_source(src: str | None) -> None:
     if not src:
         return
     pkg = os.path.join(src, "datastore")
-    spec = importlib.util.spec_from_file_location("dstore", os.path.join(pkg, "__init__.py"),
-                                                  submodule_search_locations=[pkg])
+    spec = importlib.util.spec_from_file_location(
+        "dstore", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
+    )
     if spec is None or spec.loader is None:
         raise SystemExit(f"--src {src}: no importable datastore/ there")
     mod = importlib.util.module_from_spec(spec)
@@ -87,18 +88,32 @@ def make(path: str, n: int, nbytes: int, batch: int = 200_000) -> dict:
 
     base = status()["VmRSS"]  # the interpreter and its imports, before the writer
     t0 = time.perf_counter()
-    with create_writer(path, "hdf5", encoding="raw", class_names=[str(i) for i in range(10)],
-                       raw_dtype="uint8", raw_shape=(nbytes,), overwrite=True) as w:
+    with create_writer(
+        path,
+        "hdf5",
+        encoding="raw",
+        class_names=[str(i) for i in range(10)],
+        raw_dtype="uint8",
+        raw_shape=(nbytes,),
+        overwrite=True,
+    ) as w:
         for a in range(0, n, batch):
             k = min(batch, n - a)
             ids = np.arange(a, a + k, dtype=np.int64)
             data = np.repeat(ids.astype("<u8").view(np.uint8).reshape(k, 8), -(-nbytes // 8), axis=1)[:, :nbytes]
             w.extend(data.ravel(), [nbytes] * k, (ids % 10).tolist(), [f"s/{i}" for i in ids.tolist()])
-    out = {"samples": n, "sample_bytes": nbytes, "seconds": time.perf_counter() - t0,
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss_bytes": base}
+    out = {
+        "samples": n,
+        "sample_bytes": nbytes,
+        "seconds": time.perf_counter() - t0,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "baseline_rss_bytes": base,
+    }
     grown = out["peak_rss_bytes"] - base
-    print(f"made {path}: {n} samples of {nbytes} B in {out['seconds']:.1f} s, writer peak RSS "
-          f"{out['peak_rss_bytes'] / 1e6:.0f} MB, {grown / 1e6:.0f} MB over the interpreter's ({grown / n:.0f} B/sample)")
+    print(
+        f"made {path}: {n} samples of {nbytes} B in {out['seconds']:.1f} s, writer peak RSS "
+        f"{out['peak_rss_bytes'] / 1e6:.0f} MB, {grown / 1e6:.0f} MB over the interpreter's ({grown / n:.0f} B/sample)"
+    )
     return out
 
 
@@ -135,13 +150,19 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
     window = int(store.layout.nbytes[rank])
     s_pop = status()
     n = store.num_samples
-    row = {"rank": rank, "size": size, "samples": n, "open_seconds": t_open, "open_read_bytes": r_open - r0,
-           "window_bytes": window,
-           "after_open_bytes": s_open["VmRSS"] - s0["VmRSS"],
-           "open_peak_bytes": s_open["VmHWM"] - s0["VmRSS"],  # the open's temporary peak (RSS, shared pages too)
-           "after_open_anon_bytes": s_open["RssAnon"] - s0["RssAnon"],
-           "after_population_anon_bytes": s_pop["RssAnon"] - s0["RssAnon"],
-           "after_population_shmem_bytes": s_pop["RssShmem"] - s0["RssShmem"]}
+    row = {
+        "rank": rank,
+        "size": size,
+        "samples": n,
+        "open_seconds": t_open,
+        "open_read_bytes": r_open - r0,
+        "window_bytes": window,
+        "after_open_bytes": s_open["VmRSS"] - s0["VmRSS"],
+        "open_peak_bytes": s_open["VmHWM"] - s0["VmRSS"],  # the open's temporary peak (RSS, shared pages too)
+        "after_open_anon_bytes": s_open["RssAnon"] - s0["RssAnon"],
+        "after_population_anon_bytes": s_pop["RssAnon"] - s0["RssAnon"],
+        "after_population_shmem_bytes": s_pop["RssShmem"] - s0["RssShmem"],
+    }
     with store:
         t1 = time.perf_counter()
         store.schedule(0)  # what building this rank's part of an epoch's order costs
@@ -189,22 +210,33 @@ def run(path: str, epochs: int, batch: int, population: str = "preload") -> dict
         return None
     node = sum(r["metadata_private_bytes"] for r in rows) + rows[0]["index_shared_bytes"]
     for r in rows:
-        print(f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB, "
-              f"peak +{r['open_peak_bytes'] / 1e6:.1f} MB ({r['open_peak_bytes'] / n:.1f} B/sample); "
-              f"private after open +{r['after_open_anon_bytes'] / 1e6:.1f} MB "
-              f"({r['after_open_anon_bytes'] / n:.1f} B/sample); epoch plan +{r['epoch_anon_bytes'] / 1e6:.1f} MB "
-              f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
-              f"(window {r['window_bytes'] / 1e6:.1f} MB); epochs "
-              + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs)) + f" s; exactly once: {r['exactly_once']}; "
-              f"metadata private {r['metadata_private_bytes'] / n:.1f} B/sample; stream plan "
-              f"{r['stream_plan_bytes'] / n:.2f} B/sample")
-    print(f"P={size} N={n}: metadata per rank (private) max {max(r['metadata_private_bytes'] for r in rows) / n:.1f} "
-          f"B/sample, node index (shared) {rows[0]['index_shared_bytes'] / n:.1f} B/sample, per node (all ranks + "
-          f"shared) {node / n:.1f} B/sample; open {max(r['open_seconds'] for r in rows):.2f} s, read at open "
-          f"{sum(r['open_read_bytes'] for r in rows) / 1e6:.1f} MB over all ranks")
-    return {"container": path, "ranks": size, "samples": n, "batch_size": batch, "population": population,
-            "node_metadata_bytes": node,
-            "rows": rows}
+        print(
+            f"rank {r['rank']}/{size} N={n}: open {r['open_seconds']:.2f} s, read {r['open_read_bytes'] / 1e6:.1f} MB, "
+            f"peak +{r['open_peak_bytes'] / 1e6:.1f} MB ({r['open_peak_bytes'] / n:.1f} B/sample); "
+            f"private after open +{r['after_open_anon_bytes'] / 1e6:.1f} MB "
+            f"({r['after_open_anon_bytes'] / n:.1f} B/sample); epoch plan +{r['epoch_anon_bytes'] / 1e6:.1f} MB "
+            f"({r['epoch_anon_bytes'] / n:.1f} B/sample); shared +{r['after_population_shmem_bytes'] / 1e6:.1f} MB "
+            f"(window {r['window_bytes'] / 1e6:.1f} MB); epochs "
+            + ", ".join(f"{r[f'epoch{e}_seconds']:.2f}" for e in range(epochs))
+            + f" s; exactly once: {r['exactly_once']}; "
+            f"metadata private {r['metadata_private_bytes'] / n:.1f} B/sample; stream plan "
+            f"{r['stream_plan_bytes'] / n:.2f} B/sample"
+        )
+    print(
+        f"P={size} N={n}: metadata per rank (private) max {max(r['metadata_private_bytes'] for r in rows) / n:.1f} "
+        f"B/sample, node index (shared) {rows[0]['index_shared_bytes'] / n:.1f} B/sample, per node (all ranks + "
+        f"shared) {node / n:.1f} B/sample; open {max(r['open_seconds'] for r in rows):.2f} s, read at open "
+        f"{sum(r['open_read_bytes'] for r in rows) / 1e6:.1f} MB over all ranks"
+    )
+    return {
+        "container": path,
+        "ranks": size,
+        "samples": n,
+        "batch_size": batch,
+        "population": population,
+        "node_metadata_bytes": node,
+        "rows": rows,
+    }
 
 
 def main(argv=None) -> int:
@@ -220,8 +252,12 @@ def main(argv=None) -> int:
     r.add_argument("path")
     r.add_argument("--epochs", type=int, default=2)
     r.add_argument("--batch", type=int, default=1024)
-    r.add_argument("--population", default="preload", choices=("preload", "stream"),
-                   help="stream: the first batch is measured while the windows still fill (dstore.store.stream)")
+    r.add_argument(
+        "--population",
+        default="preload",
+        choices=("preload", "stream"),
+        help="stream: the first batch is measured while the windows still fill (dstore.store.stream)",
+    )
     a = p.parse_args(argv)
     _use_source(a.src)
     out = make(a.path, a.samples, a.bytes) if a.cmd == "make" else run(a.path, a.epochs, a.batch, a.population)

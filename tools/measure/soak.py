@@ -29,8 +29,11 @@ def _rss_mib() -> float:
 
 
 def _point() -> dict:
-    return {"rss_mib": round(_rss_mib(), 1), "threads": threading.active_count(),
-            "fds": len(os.listdir("/proc/self/fd"))}
+    return {
+        "rss_mib": round(_rss_mib(), 1),
+        "threads": threading.active_count(),
+        "fds": len(os.listdir("/proc/self/fd")),
+    }
 
 
 def main() -> None:
@@ -62,9 +65,19 @@ def main() -> None:
     parts = comm.gather({"rank": comm.Get_rank(), "long_run": long_run, "lifetimes": lifetimes}, root=0)
     exact = comm.allreduce(exact, op=MPI.LAND)
     if comm.Get_rank() == 0:
-        print(json.dumps({"ranks": comm.Get_size(), "epochs": args.epochs, "stores": args.stores,
-                          "prefetch": args.prefetch, "each_sample_once_every_epoch": exact, "per_rank": parts}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "ranks": comm.Get_size(),
+                    "epochs": args.epochs,
+                    "stores": args.stores,
+                    "prefetch": args.prefetch,
+                    "each_sample_once_every_epoch": exact,
+                    "per_rank": parts,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
         store_only()  # warm-up
         store_rate = best_rate(store_only, passes)
         with StoreLoader(st, decode_threads=2, size=(64, 64), channels=3) as ld:
+
             def loader():
                 n = 0
                 for x, _ in ld.epoch(e[0]):
@@ -58,8 +59,15 @@ def main(argv: list[str]) -> int:
 
             loader()  # warm-up
             loader_rate = best_rate(loader, passes)
-    print(json.dumps({"code": os.path.dirname(dstore.__file__), "store_samples_per_s": round(store_rate),
-                      "loader_images_per_s": round(loader_rate, 1)}))
+    print(
+        json.dumps(
+            {
+                "code": os.path.dirname(dstore.__file__),
+                "store_samples_per_s": round(store_rate),
+                "loader_images_per_s": round(loader_rate, 1),
+            }
+        )
+    )
     return 0
 
 

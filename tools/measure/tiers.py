@@ -98,14 +98,20 @@ def _raw_reads(comm, container, args) -> list:
         comm.Barrier()
         t0 = time.perf_counter()
         for k in range(0, ids.size, 64):  # 64 reads in flight, one per sample
-            part = ids[k:k + 64]
+            part = ids[k : k + 64]
             pos = np.arange(part.size) * int(sizes.max())
             reader.wait(reader.submit(buf, offsets[part], offsets[part + 1], pos))
         dt = comm.allreduce(time.perf_counter() - t0, op=__import__("mpi4py").MPI.MAX)
         n = comm.allreduce(int(ids.size))
         nbytes = comm.allreduce(int(sizes[ids].sum()))
-        rows.append({"name": "storage reads alone: per sample, epoch order", "samples_per_s": n / dt,
-                     "MBps": nbytes / 1e6 / dt, "reads": comm.allreduce(reader.reads)})
+        rows.append(
+            {
+                "name": "storage reads alone: per sample, epoch order",
+                "samples_per_s": n / dt,
+                "MBps": nbytes / 1e6 / dt,
+                "reads": comm.allreduce(reader.reads),
+            }
+        )
         piece = 4 << 20
         mine = int(sizes[ids].sum())
         start = (int(offsets[-1]) // comm.size) * comm.rank
@@ -121,8 +127,14 @@ def _raw_reads(comm, container, args) -> list:
             reader.wait(reader.submit(buf, lo, hi, [j * piece for j in range(len(lo))]))
             pos += piece * args.storage_threads
         dt = comm.allreduce(time.perf_counter() - t0, op=__import__("mpi4py").MPI.MAX)
-        rows.append({"name": "storage reads alone: 4 MiB pieces, same bytes", "samples_per_s": n / dt,
-                     "MBps": nbytes / 1e6 / dt, "reads": comm.allreduce(reader.reads - reads0)})
+        rows.append(
+            {
+                "name": "storage reads alone: 4 MiB pieces, same bytes",
+                "samples_per_s": n / dt,
+                "MBps": nbytes / 1e6 / dt,
+                "reads": comm.allreduce(reader.reads - reads0),
+            }
+        )
     finally:
         reader.close()
     return rows
@@ -141,9 +153,12 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=96, help="decode size")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--folder", default=None, help="the source image folder for the baseline (e.g. through a mount)")
-    p.add_argument("--raw-reads", action="store_true",
-                   help="also time the storage reads alone: the non-resident half per sample in the epoch's "
-                        "order, against the same bytes in 4 MiB pieces (what a block-shuffled order could read)")
+    p.add_argument(
+        "--raw-reads",
+        action="store_true",
+        help="also time the storage reads alone: the non-resident half per sample in the epoch's "
+        "order, against the same bytes in 4 MiB pieces (what a block-shuffled order could read)",
+    )
     return p.parse_args(argv)
 
 
@@ -159,8 +174,9 @@ def main(argv=None) -> None:
         container = container_path(args.data_dir, data_tag(args.count, 0), "hdf5")
     # Warm-up (imports, decode pool, allocator): a short resident epoch, not reported.
     with _store(comm, container, args, sample_range=(0, 4 * args.batch_size)) as st:
-        training_view.run_store(comm, st, compute_seconds=0.0, epoch=0, num_threads=args.threads,
-                                size=(args.size, args.size))
+        training_view.run_store(
+            comm, st, compute_seconds=0.0, epoch=0, num_threads=args.threads, size=(args.size, args.size)
+        )
     rows = [_store_row(comm, container, args, f) for f in args.fractions]
     if args.raw_reads:
         rows += _raw_reads(comm, container, args)
@@ -171,8 +187,7 @@ def main(argv=None) -> None:
 
 
 def _store(comm, container: str, args, **more) -> DataStore:
-    return DataStore(comm, container, batch_size=args.batch_size, seed=0, storage_threads=args.storage_threads,
-                     **more)
+    return DataStore(comm, container, batch_size=args.batch_size, seed=0, storage_threads=args.storage_threads, **more)
 
 
 class _Growth:
@@ -205,8 +220,14 @@ def _store_row(comm, container: str, args, f: float) -> dict:
     growth = _Growth()
     with _store(comm, container, args, memory_budget=budget) as st:
         evict_on_nodes(comm, [container])
-        row = training_view.run_store(comm, st, compute_seconds=args.compute_ms / 1e3, epoch=1,
-                                      num_threads=args.threads, size=(args.size, args.size))
+        row = training_view.run_store(
+            comm,
+            st,
+            compute_seconds=args.compute_ms / 1e3,
+            epoch=1,
+            num_threads=args.threads,
+            size=(args.size, args.size),
+        )
         stats = st.gather_stats()
         assert st.windows is not None  # populated on entry
         res = st.windows.resident
@@ -214,16 +235,23 @@ def _store_row(comm, container: str, args, f: float) -> dict:
         tier = dict(st.tier)
     grow, pss_grow = growth.gather(comm)
     samples = sum(s["samples"] - s["pads"] for s in stats)
-    return {"name": f"store, {100 * tier['resident_fraction']:.0f}% resident", "fraction_asked": f,
-            "resident_fraction": round(tier["resident_fraction"], 4), "samples_per_s": samples / row["wall"],
-            "au": row["au"], "au_steady": row["au_steady"],
-            "storage_bytes": sum(s["bytes_storage"] for s in stats), "nonresident_bytes": nonres,
-            "storage_reads": sum(s["storage_reads"] for s in stats),
-            "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
-            "consumer_wait_s": max(s["wait_seconds"] for s in stats),
-            "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow,
-            "budget_per_rank": budget if f < 1 else None,
-            "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))]}
+    return {
+        "name": f"store, {100 * tier['resident_fraction']:.0f}% resident",
+        "fraction_asked": f,
+        "resident_fraction": round(tier["resident_fraction"], 4),
+        "samples_per_s": samples / row["wall"],
+        "au": row["au"],
+        "au_steady": row["au_steady"],
+        "storage_bytes": sum(s["bytes_storage"] for s in stats),
+        "nonresident_bytes": nonres,
+        "storage_reads": sum(s["storage_reads"] for s in stats),
+        "storage_wait_s": max(s["storage_wait_seconds"] for s in stats),
+        "consumer_wait_s": max(s["wait_seconds"] for s in stats),
+        "peak_rss_growth_per_rank": grow,
+        "peak_pss_growth_per_rank": pss_grow,
+        "budget_per_rank": budget if f < 1 else None,
+        "window_bytes_per_rank": [int(b) for b in comm.allgather(int(st.layout.nbytes[comm.rank]))],
+    }
 
 
 def _baseline_rows(comm, container: str, args) -> list[dict]:
@@ -232,13 +260,28 @@ def _baseline_rows(comm, container: str, args) -> list[dict]:
     data = load_dataset(container, None, args.folder)
     if data.files is not None:
         growth = _Growth()
-        t = training_view.run_baseline(comm, "DataLoader over files", baselines.FileBytesDataset(
-            data.files, data.labels, decode=True, size=(args.size, args.size)), data.files,
-            compute_seconds=args.compute_ms / 1e3, batch_size=args.batch_size, num_workers=2, seed=0)
+        t = training_view.run_baseline(
+            comm,
+            "DataLoader over files",
+            baselines.FileBytesDataset(data.files, data.labels, decode=True, size=(args.size, args.size)),
+            data.files,
+            compute_seconds=args.compute_ms / 1e3,
+            batch_size=args.batch_size,
+            num_workers=2,
+            seed=0,
+        )
         grow, pss_grow = growth.gather(comm)
-        rows.append({"name": "DataLoader over files (2 workers)", "samples_per_s": len(data.files) / t["wall"],
-                     "au": t["au"], "au_steady": t["au_steady"], "storage_bytes": int(data.offsets[-1]),
-                     "peak_rss_growth_per_rank": grow, "peak_pss_growth_per_rank": pss_grow})
+        rows.append(
+            {
+                "name": "DataLoader over files (2 workers)",
+                "samples_per_s": len(data.files) / t["wall"],
+                "au": t["au"],
+                "au_steady": t["au_steady"],
+                "storage_bytes": int(data.offsets[-1]),
+                "peak_rss_growth_per_rank": grow,
+                "peak_pss_growth_per_rank": pss_grow,
+            }
+        )
     evict_on_nodes(comm, [container])
     return rows
 
@@ -247,11 +290,15 @@ def _print_rows(comm, rows: list[dict], args) -> None:
     """One JSON line per row, then the Markdown table."""
     for r in rows:
         print(json.dumps(r), flush=True)
-    print(f"\n{comm.size} ranks, global batch {args.batch_size}, compute {args.compute_ms:g} ms/step, "
-          f"{args.threads} decode threads, page cache evicted before every epoch; "
-          f"{time.strftime('%H:%M UTC', time.gmtime())}")
-    print("| reader | resident | samples/s | AU | storage MB/epoch (non-resident MB) | reads | "
-          "peak PSS growth/rank MB (budget MB) | peak RSS growth/rank MB |")
+    print(
+        f"\n{comm.size} ranks, global batch {args.batch_size}, compute {args.compute_ms:g} ms/step, "
+        f"{args.threads} decode threads, page cache evicted before every epoch; "
+        f"{time.strftime('%H:%M UTC', time.gmtime())}"
+    )
+    print(
+        "| reader | resident | samples/s | AU | storage MB/epoch (non-resident MB) | reads | "
+        "peak PSS growth/rank MB (budget MB) | peak RSS growth/rank MB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_table_line(r))
@@ -262,10 +309,14 @@ def _table_line(r: dict) -> str:
         return f"| {r['name']} | - | {r['samples_per_s']:.0f} | - | {r['MBps']:.0f} MB/s | {r['reads']} | - | - |"
     nr = r.get("nonresident_bytes")
     b = r.get("budget_per_rank")
-    return (f"| {r['name']} | {r.get('resident_fraction', '-')} | {r['samples_per_s']:.0f} | {r['au']:.2f} | "
-            f"{r['storage_bytes'] / 1e6:.1f}" + (f" ({nr / 1e6:.1f})" if nr is not None else "") +
-            f" | {r.get('storage_reads', '-')} | {max(r['peak_pss_growth_per_rank']) / 1e6:.0f}"
-            + (f" ({b / 1e6:.0f})" if b else "") + f" | {max(r['peak_rss_growth_per_rank']) / 1e6:.0f} |")
+    return (
+        f"| {r['name']} | {r.get('resident_fraction', '-')} | {r['samples_per_s']:.0f} | {r['au']:.2f} | "
+        f"{r['storage_bytes'] / 1e6:.1f}"
+        + (f" ({nr / 1e6:.1f})" if nr is not None else "")
+        + f" | {r.get('storage_reads', '-')} | {max(r['peak_pss_growth_per_rank']) / 1e6:.0f}"
+        + (f" ({b / 1e6:.0f})" if b else "")
+        + f" | {max(r['peak_rss_growth_per_rank']) / 1e6:.0f} |"
+    )
 
 
 if __name__ == "__main__":

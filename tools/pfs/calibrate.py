@@ -60,14 +60,23 @@ def overhead(src_dir: str, name: str, count: int = 2000) -> list[dict]:
     _sequential(path)  # page cache warm on both sides
     rows = []
     with pfs_mount(src_dir, model=parse_spec("local")) as mnt:
-        for what, fn in (("sequential 1 MiB reads", lambda p: _sequential(p)),
-                         ("random 110 KB reads, 1 thread", lambda p: _random(p, count, 110_000)),
-                         ("random 110 KB reads, 4 threads", lambda p: _random(p, count // 4, 110_000, 4))):
+        for what, fn in (
+            ("sequential 1 MiB reads", lambda p: _sequential(p)),
+            ("random 110 KB reads, 1 thread", lambda p: _random(p, count, 110_000)),
+            ("random 110 KB reads, 4 threads", lambda p: _random(p, count // 4, 110_000, 4)),
+        ):
             nd, td = fn(path)
             nm, tm = fn(mnt.path(name))
             reads = count if "random" in what else max(1, nd // (1 << 20))
-            rows.append({"what": what, "disk_MBps": nd / td / 1e6, "fuse_MBps": nm / tm / 1e6,
-                         "overhead_us_per_read": (tm - td) / reads * 1e6, "slowdown": tm / td})
+            rows.append(
+                {
+                    "what": what,
+                    "disk_MBps": nd / td / 1e6,
+                    "fuse_MBps": nm / tm / 1e6,
+                    "overhead_us_per_read": (tm - td) / reads * 1e6,
+                    "slowdown": tm / td,
+                }
+            )
     return rows
 
 
@@ -76,10 +85,11 @@ def caps(src_dir: str, name: str) -> list[dict]:
     path_rel = name
     rows = []
     for spec, n, size, threads, kind in (
-            ("pfs:latency=2ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 200, 4096, 1, "latency"),
-            ("pfs:latency=0,iops=500,bandwidth=unlimited", 250, 4096, 4, "iops"),
-            ("pfs:latency=0,iops=2000,bandwidth=unlimited", 1000, 4096, 4, "iops"),
-            ("pfs:latency=0,iops=unlimited,bandwidth=200MB/s", 100, 110_000, 4, "bandwidth")):
+        ("pfs:latency=2ms,open_latency=0,iops=unlimited,bandwidth=unlimited", 200, 4096, 1, "latency"),
+        ("pfs:latency=0,iops=500,bandwidth=unlimited", 250, 4096, 4, "iops"),
+        ("pfs:latency=0,iops=2000,bandwidth=unlimited", 1000, 4096, 4, "iops"),
+        ("pfs:latency=0,iops=unlimited,bandwidth=200MB/s", 100, 110_000, 4, "bandwidth"),
+    ):
         model = parse_spec(spec)
         with pfs_mount(src_dir, model=model) as mnt:
             nbytes, t = _random(mnt.path(path_rel), n, size, threads)
@@ -91,8 +101,7 @@ def caps(src_dir: str, name: str) -> list[dict]:
             asked, got, unit = model.iops, reads / t, "reads/s"
         else:
             asked, got, unit = model.bandwidth / 1e6, nbytes / t / 1e6, "MB/s"
-        rows.append({"spec": spec, "kind": kind, "asked": asked, "measured": got, "unit": unit,
-                     "ratio": got / asked})
+        rows.append({"spec": spec, "kind": kind, "asked": asked, "measured": got, "unit": unit, "ratio": got / asked})
     return rows
 
 
@@ -110,12 +119,16 @@ def main(argv=None) -> int:
         with open(path, "wb") as fh:
             for _ in range(args.size_mb):
                 fh.write(os.urandom(10**6))
-    print(f"| read pattern ({args.size_mb} MB file, page cache warm) | plain disk MB/s | through dstore pfs "
-          "(local) MB/s | slowdown | added per read |")
+    print(
+        f"| read pattern ({args.size_mb} MB file, page cache warm) | plain disk MB/s | through dstore pfs "
+        "(local) MB/s | slowdown | added per read |"
+    )
     print("|---|---:|---:|---:|---:|")
     for r in overhead(src, name, args.count):
-        print(f"| {r['what']} | {r['disk_MBps']:,.0f} | {r['fuse_MBps']:,.0f} | {r['slowdown']:.1f}x | "
-              f"{r['overhead_us_per_read']:.0f} us |")
+        print(
+            f"| {r['what']} | {r['disk_MBps']:,.0f} | {r['fuse_MBps']:,.0f} | {r['slowdown']:.1f}x | "
+            f"{r['overhead_us_per_read']:.0f} us |"
+        )
     print()
     print("| model | asked | measured | measured / asked |")
     print("|---|---:|---:|---:|")

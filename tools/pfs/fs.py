@@ -29,8 +29,20 @@ FSNAME = "dstore-pfs"
 METADATA_CACHE_S = 1.0
 """Seconds the kernel keeps a looked-up name and its attributes (FUSE entry/attr timeouts)."""
 
-_STAT_KEYS = ("st_mode", "st_ino", "st_dev", "st_nlink", "st_uid", "st_gid", "st_size",
-              "st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_blocks", "st_blksize")
+_STAT_KEYS = (
+    "st_mode",
+    "st_ino",
+    "st_dev",
+    "st_nlink",
+    "st_uid",
+    "st_gid",
+    "st_size",
+    "st_atime_ns",
+    "st_mtime_ns",
+    "st_ctime_ns",
+    "st_blocks",
+    "st_blksize",
+)
 
 
 def _operations_class():
@@ -71,7 +83,11 @@ def _operations_class():
             self.model.charge_meta("stat")
             st = os.lstat(self._full(path))
             d = {k: getattr(st, k) for k in _STAT_KEYS}
-            d["st_atime"], d["st_mtime"], d["st_ctime"] = d.pop("st_atime_ns"), d.pop("st_mtime_ns"), d.pop("st_ctime_ns")
+            d["st_atime"], d["st_mtime"], d["st_ctime"] = (
+                d.pop("st_atime_ns"),
+                d.pop("st_mtime_ns"),
+                d.pop("st_ctime_ns"),
+            )
             d["st_mode"] &= ~0o222  # read-only
             return d
 
@@ -85,8 +101,21 @@ def _operations_class():
 
         def statfs(self, path):
             sv = os.statvfs(self._full(path))
-            return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
-                                                  "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}
+            return {
+                k: getattr(sv, k)
+                for k in (
+                    "f_bsize",
+                    "f_frsize",
+                    "f_blocks",
+                    "f_bfree",
+                    "f_bavail",
+                    "f_files",
+                    "f_ffree",
+                    "f_favail",
+                    "f_flag",
+                    "f_namemax",
+                )
+            }
 
         def open(self, path, flags):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
@@ -139,14 +168,22 @@ def _watch_parent(pid: int, mountpoint: str, poll: float = 0.5) -> None:
                 continue
         prog = fusermount()
         if prog:
-            subprocess.run([prog, "-u", "-z", mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False)
+            subprocess.run(
+                [prog, "-u", "-z", mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+            )
 
     threading.Thread(target=watch, daemon=True, name="pfs-watch-parent").start()
 
 
-def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | None = None,
-          ready_message: bool = True, watch_pid: int | None = None) -> dict:
+def serve(
+    source: str,
+    mountpoint: str,
+    params: PfsModel,
+    *,
+    stats_path: str | None = None,
+    ready_message: bool = True,
+    watch_pid: int | None = None,
+) -> dict:
     """Mounts SOURCE at MOUNTPOINT with the model and serves in the foreground until SIGINT/SIGTERM
     (libfuse's handlers end the loop and unmount). Returns the counters, also written as JSON to
     `stats_path` if given.
@@ -163,16 +200,26 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
     model = Model(params)
     ops = _operations_class()(source, model)
     if ready_message:
-        print(f"dstore pfs: serving {source} at {mountpoint} with {params.describe()} "
-              "(Ctrl-C or SIGTERM unmounts)", flush=True)
+        print(
+            f"dstore pfs: serving {source} at {mountpoint} with {params.describe()} (Ctrl-C or SIGTERM unmounts)",
+            flush=True,
+        )
     if watch_pid:
         _watch_parent(watch_pid, mountpoint)
     t0 = time.monotonic()
     error = None
     try:
-        mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True,
-                     fsname=f"{FSNAME}:{source}" if "," not in source else FSNAME, subtype=FSNAME,
-                     default_permissions=True, max_read=params.max_read)
+        mfusepy.FUSE(
+            ops,
+            mountpoint,
+            foreground=True,
+            nothreads=False,
+            ro=True,
+            fsname=f"{FSNAME}:{source}" if "," not in source else FSNAME,
+            subtype=FSNAME,
+            default_permissions=True,
+            max_read=params.max_read,
+        )
     except RuntimeError as exc:
         # libfuse's signal handler stores the signal as the loop's error, so fuse_main returns
         # non-zero after SIGINT/SIGTERM too; only a failure before init is a failed mount.
@@ -180,24 +227,33 @@ def serve(source: str, mountpoint: str, params: PfsModel, *, stats_path: str | N
             error = exc
     finally:
         wall = time.monotonic() - t0
-        stats = {**model.counters.to_dict(), "wall_seconds": round(wall, 3), "model": params.to_dict(),
-                 "source": source, "mountpoint": mountpoint}
+        stats = {
+            **model.counters.to_dict(),
+            "wall_seconds": round(wall, 3),
+            "model": params.to_dict(),
+            "source": source,
+            "mountpoint": mountpoint,
+        }
         if stats_path:
             tmp = stats_path + ".tmp"
             with open(tmp, "w") as fh:
                 json.dump(stats, fh)
             os.replace(tmp, stats_path)
     if error is not None:
-        raise ConfigError(f"mounting {source} at {mountpoint} failed (libfuse returned {error}); "
-                          "is /dev/fuse there and fusermount3 installed?")
+        raise ConfigError(
+            f"mounting {source} at {mountpoint} failed (libfuse returned {error}); "
+            "is /dev/fuse there and fusermount3 installed?"
+        )
     return stats
 
 
 def summary(stats: dict) -> str:
     """One line: what the mount served."""
-    return (f"dstore pfs: served {stats['ops']:,} operations ({stats['reads']:,} reads, {stats['opens']:,} opens, "
-            f"{stats['stats']:,} stats, {stats['readdirs']:,} readdirs), {stats['read_bytes'] / 1e6:,.1f} MB "
-            f"in {stats['wall_seconds']:.1f} s; {stats['delay_seconds']:.1f} s of request time in the model")
+    return (
+        f"dstore pfs: served {stats['ops']:,} operations ({stats['reads']:,} reads, {stats['opens']:,} opens, "
+        f"{stats['stats']:,} stats, {stats['readdirs']:,} readdirs), {stats['read_bytes'] / 1e6:,.1f} MB "
+        f"in {stats['wall_seconds']:.1f} s; {stats['delay_seconds']:.1f} s of request time in the model"
+    )
 
 
 def stats_path(path: str | None) -> str | None:
@@ -210,18 +266,27 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The model's options (shared by `dstore pfs` and `python -m dstore.tools.pfs.fs`)."""
     d = DEFAULTS
     p.add_argument("--latency", default="2ms", help="added to every read request (e.g. 2ms, 500us, 0; at most 10s)")
-    p.add_argument("--open-latency", default=None,
-                   help="added to every open, stat and readdir: the metadata server (default: --latency; at most "
-                        "10s)")
-    p.add_argument("--iops", default=f"{d.iops:g}/s",
-                   help="operations per second for the whole mount, shared by every reader (e.g. 800/s, unlimited)")
-    p.add_argument("--bandwidth", default="1GB/s",
-                   help="bytes per second for the whole mount, shared by every reader (e.g. 500MB/s, unlimited)")
+    p.add_argument(
+        "--open-latency",
+        default=None,
+        help="added to every open, stat and readdir: the metadata server (default: --latency; at most 10s)",
+    )
+    p.add_argument(
+        "--iops",
+        default=f"{d.iops:g}/s",
+        help="operations per second for the whole mount, shared by every reader (e.g. 800/s, unlimited)",
+    )
+    p.add_argument(
+        "--bandwidth",
+        default="1GB/s",
+        help="bytes per second for the whole mount, shared by every reader (e.g. 500MB/s, unlimited)",
+    )
     p.add_argument("--jitter", type=float, default=0.0, help="each delay uniform in d x [1-J, 1+J]")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter draws")
     p.add_argument("--burst", default="10ms", help="seconds' worth of tokens an idle bucket holds (at most 10s)")
-    p.add_argument("--max-read", type=_size_flag, default=d.max_read,
-                   help="largest read request: bytes, or e.g. 1MiB, 128k")
+    p.add_argument(
+        "--max-read", type=_size_flag, default=d.max_read, help="largest read request: bytes, or e.g. 1MiB, 128k"
+    )
 
 
 def _size_flag(text: str) -> int:
@@ -236,8 +301,9 @@ def _bounded_time(text: str, flag: str) -> float:
     """A duration flag in seconds, refused (naming the flag) past MAX_DELAY_S."""
     seconds = parse_time(text, flag)
     if seconds > MAX_DELAY_S:
-        raise ConfigError(f"{flag} {text}: at most {MAX_DELAY_S:g}s (a longer wait per request makes a mount that "
-                          f"SIGTERM cannot end)")
+        raise ConfigError(
+            f"{flag} {text}: at most {MAX_DELAY_S:g}s (a longer wait per request makes a mount that SIGTERM cannot end)"
+        )
     return seconds
 
 
@@ -245,9 +311,16 @@ def model_from_args(args) -> PfsModel:
     """The PfsModel of the parsed options; every duration bounded by MAX_DELAY_S."""
     latency = _bounded_time(args.latency, "--latency")
     open_latency = latency if args.open_latency is None else _bounded_time(args.open_latency, "--open-latency")
-    return PfsModel(latency=latency, open_latency=open_latency, iops=parse_rate(args.iops, "--iops"),
-                    bandwidth=parse_bandwidth(args.bandwidth, "--bandwidth"), jitter=args.jitter,
-                    seed=args.seed, burst=_bounded_time(args.burst, "--burst"), max_read=args.max_read)
+    return PfsModel(
+        latency=latency,
+        open_latency=open_latency,
+        iops=parse_rate(args.iops, "--iops"),
+        bandwidth=parse_bandwidth(args.bandwidth, "--bandwidth"),
+        jitter=args.jitter,
+        seed=args.seed,
+        burst=_bounded_time(args.burst, "--burst"),
+        max_read=args.max_read,
+    )
 
 
 def main(argv=None) -> int:
@@ -261,8 +334,13 @@ def main(argv=None) -> int:
     add_model_arguments(p)
     args = p.parse_args(argv)
     try:
-        stats = serve(args.source, args.mountpoint, model_from_args(args), stats_path=stats_path(args.stats_json),
-                      watch_pid=args.watch_pid)
+        stats = serve(
+            args.source,
+            args.mountpoint,
+            model_from_args(args),
+            stats_path=stats_path(args.stats_json),
+            watch_pid=args.watch_pid,
+        )
     except (ConfigError, PfsMountError) as exc:
         print(f"dstore pfs: error: {exc}", file=sys.stderr, flush=True)
         return 2

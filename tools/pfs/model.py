@@ -129,13 +129,16 @@ class PfsModel:
     @property
     def is_local(self) -> bool:
         """No delay and no cap: the file system's own overhead only."""
-        return (self.latency == 0 and self.open_latency == 0 and math.isinf(self.iops)
-                and math.isinf(self.bandwidth))
+        return self.latency == 0 and self.open_latency == 0 and math.isinf(self.iops) and math.isinf(self.bandwidth)
 
     def describe(self) -> str:
         """`latency=2ms,open_latency=2ms,iops=2000/s,bandwidth=1GB/s` (the spec syntax, parseable back)."""
-        parts = [f"latency={format_time(self.latency)}", f"open_latency={format_time(self.open_latency)}",
-                 f"iops={format_rate(self.iops)}", f"bandwidth={format_bandwidth(self.bandwidth)}"]
+        parts = [
+            f"latency={format_time(self.latency)}",
+            f"open_latency={format_time(self.open_latency)}",
+            f"iops={format_rate(self.iops)}",
+            f"bandwidth={format_bandwidth(self.bandwidth)}",
+        ]
         if self.jitter:
             parts.append(f"jitter={self.jitter:g}")
         return ",".join(parts)
@@ -150,19 +153,37 @@ class PfsModel:
 
     def to_args(self) -> list[str]:
         """The `dstore pfs` options that give this model."""
-        return ["--latency", format_time(self.latency) if self.latency else "0",
-                "--open-latency", format_time(self.open_latency) if self.open_latency else "0",
-                "--iops", repr(self.iops) if not math.isinf(self.iops) else "unlimited",
-                "--bandwidth", f"{self.bandwidth!r}B/s" if not math.isinf(self.bandwidth) else "unlimited",
-                "--jitter", repr(float(self.jitter)), "--seed", str(self.seed),
-                "--burst", repr(float(self.burst)) + "s", "--max-read", str(self.max_read)]
+        return [
+            "--latency",
+            format_time(self.latency) if self.latency else "0",
+            "--open-latency",
+            format_time(self.open_latency) if self.open_latency else "0",
+            "--iops",
+            repr(self.iops) if not math.isinf(self.iops) else "unlimited",
+            "--bandwidth",
+            f"{self.bandwidth!r}B/s" if not math.isinf(self.bandwidth) else "unlimited",
+            "--jitter",
+            repr(float(self.jitter)),
+            "--seed",
+            str(self.seed),
+            "--burst",
+            repr(float(self.burst)) + "s",
+            "--max-read",
+            str(self.max_read),
+        ]
 
 
 DEFAULTS = PfsModel(latency=2e-3, open_latency=2e-3, iops=2000.0, bandwidth=1e9)
 """Defaults of `dstore pfs`: a job's share of a busy Lustre file system (docs/storage.md says why)."""
 
-SPEC_KEYS = {"latency": parse_time, "open_latency": parse_time, "iops": parse_rate,
-             "bandwidth": parse_bandwidth, "jitter": None, "seed": None}
+SPEC_KEYS = {
+    "latency": parse_time,
+    "open_latency": parse_time,
+    "iops": parse_rate,
+    "bandwidth": parse_bandwidth,
+    "jitter": None,
+    "seed": None,
+}
 
 
 def parse_spec(spec: str, *, base: PfsModel | None = None) -> PfsModel:
@@ -274,8 +295,9 @@ class Model:
         self.sleep = sleep
         inf = math.isinf
         self._iops = None if inf(params.iops) else TokenBucket(params.iops, max(1.0, params.iops * params.burst), clock)
-        self._bw = (None if inf(params.bandwidth)
-                    else TokenBucket(params.bandwidth, params.bandwidth * params.burst, clock))
+        self._bw = (
+            None if inf(params.bandwidth) else TokenBucket(params.bandwidth, params.bandwidth * params.burst, clock)
+        )
         self._rng = random.Random(params.seed)
         self._lock = threading.Lock()
         self.counters = Counters()

@@ -99,9 +99,16 @@ def statfs_errors(mountpoints: list[str], timeout: float = STATFS_TIMEOUT) -> di
     whose process is alive but stopped or wedged holds its caller in uninterruptible sleep, so this
     process never calls statfs itself. A child that does not answer is killed and not waited for
     (it ends when the statfs returns)."""
-    procs = {mp: subprocess.Popen([sys.executable, "-I", "-S", "-c", _STATFS, mp], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for mp in mountpoints}
+    procs = {
+        mp: subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _STATFS, mp],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for mp in mountpoints
+    }
     deadline = time.monotonic() + timeout
     out: dict[str, int | None] = {}
     for mp, proc in procs.items():
@@ -162,8 +169,10 @@ def check_mountpoint(mountpoint: str, source=None) -> str:
     """
     mp = os.path.abspath(mountpoint)
     if is_stale(mp):
-        raise StaleMountError(f"MOUNTPOINT {mp} holds a stale FUSE mount (its file system process is gone, "
-                              f"probably a killed run); remove it with: {unmount_command(mp)}")
+        raise StaleMountError(
+            f"MOUNTPOINT {mp} holds a stale FUSE mount (its file system process is gone, "
+            f"probably a killed run); remove it with: {unmount_command(mp)}"
+        )
     if is_mounted(mp):
         raise PfsMountError(f"MOUNTPOINT {mp} is already a live FUSE mount; unmount it first: {unmount_command(mp)}")
     if not os.path.isdir(mp):
@@ -171,8 +180,7 @@ def check_mountpoint(mountpoint: str, source=None) -> str:
     if source is not None:
         _check_apart(mp, os.path.realpath(os.fspath(source)))
     if os.listdir(mp):
-        raise PfsMountError(f"MOUNTPOINT {mp} is not empty: a mount would hide what is in it; give an empty "
-                            f"directory")
+        raise PfsMountError(f"MOUNTPOINT {mp} is not empty: a mount would hide what is in it; give an empty directory")
     return mp
 
 
@@ -192,8 +200,10 @@ def _check_apart(mp: str, src: str) -> None:
         where = f"holds SOURCE {src}"
     else:
         return
-    raise PfsMountError(f"MOUNTPOINT {mp} {where}: the mount would serve itself (and wedge in the kernel); give a "
-                        f"directory outside the source")
+    raise PfsMountError(
+        f"MOUNTPOINT {mp} {where}: the mount would serve itself (and wedge in the kernel); give a "
+        f"directory outside the source"
+    )
 
 
 def force_unmount(mountpoint: str) -> bool:
@@ -204,8 +214,9 @@ def force_unmount(mountpoint: str) -> bool:
     for flags in (["-u"], ["-u", "-z"]):
         if not is_mounted(mountpoint):
             return True
-        subprocess.run([prog, *flags, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       check=False, timeout=30)
+        subprocess.run(
+            [prog, *flags, mountpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=30
+        )
     return not is_mounted(mountpoint)
 
 
@@ -223,8 +234,11 @@ def _temp_parent(source: str) -> str | None:
 def _child_env() -> dict:
     """Our environment without the MPI process manager's variables: the file system process must
     never be taken for an MPI rank."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_"))
+    }
     return env
 
 
@@ -285,11 +299,27 @@ class PfsMount:
         check_mountpoint(mountpoint, self.source)
         self._stats_path = os.path.join(self._tmp, "stats.json")
         self._log_path = os.path.join(self._tmp, "log.txt")
-        cmd = [sys.executable, "-m", "dstore.tools.pfs.fs", self.source, mountpoint, *self.model.to_args(),
-               "--stats-json", self._stats_path, "--watch-pid", str(os.getpid())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dstore.tools.pfs.fs",
+            self.source,
+            mountpoint,
+            *self.model.to_args(),
+            "--stats-json",
+            self._stats_path,
+            "--watch-pid",
+            str(os.getpid()),
+        ]
         with open(self._log_path, "w") as log:
-            self._proc = proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 env=_child_env(), start_new_session=True)
+            self._proc = proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+                start_new_session=True,
+            )
         try:
             self._wait_live(proc, mountpoint)
         except BaseException:
@@ -301,8 +331,10 @@ class PfsMount:
         deadline = time.monotonic() + self.timeout
         while True:
             if proc.poll() is not None:
-                raise PfsMountError(f"the pfs file system exited with code {proc.returncode} before "
-                                    f"mounting {self.source} at {mountpoint}: {self._read_log().strip()}")
+                raise PfsMountError(
+                    f"the pfs file system exited with code {proc.returncode} before "
+                    f"mounting {self.source} at {mountpoint}: {self._read_log().strip()}"
+                )
             if is_mounted(mountpoint):
                 try:
                     os.stat(mountpoint)
@@ -310,8 +342,10 @@ class PfsMount:
                 except OSError:
                     pass
             if time.monotonic() > deadline:
-                raise PfsMountError(f"the pfs mount at {mountpoint} did not come up within {self.timeout:g} s: "
-                                    f"{self._read_log().strip()}")
+                raise PfsMountError(
+                    f"the pfs mount at {mountpoint} did not come up within {self.timeout:g} s: "
+                    f"{self._read_log().strip()}"
+                )
             time.sleep(0.02)
 
     def _read_log(self) -> str:
