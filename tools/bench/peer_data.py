@@ -46,7 +46,8 @@ class PeerData:
     litdata: dict  # kind -> directory, or None per kind
 
 
-def _done(path: str, key: str) -> bool:
+def done(path: str, key: str) -> bool:
+    """Whether `path` was written for `key` (its `.done` marker holds the key): inputs reused between runs."""
     try:
         with open(path + ".done") as fh:
             return fh.read() == key
@@ -54,7 +55,8 @@ def _done(path: str, key: str) -> bool:
         return False
 
 
-def _mark(path: str, key: str) -> None:
+def mark(path: str, key: str) -> None:
+    """Marks `path` as written for `key` (see `done`)."""
     with open(path + ".done", "w") as fh:
         fh.write(key)
 
@@ -154,18 +156,18 @@ def write_copies(container: str, out_dir: str, *, seed: int, litdata_ok: bool) -
     key, stem = _key(container, offsets, seed), _stem(container, out_dir)
     os.makedirs(out_dir, exist_ok=True)
     sorted_c = stem + ".class-sorted.h5"
-    if not _done(sorted_c, key):
-        _mark(write_sorted_container(container, sorted_c), key)
+    if not done(sorted_c, key):
+        mark(write_sorted_container(container, sorted_c), key)
     tars, lits = {}, {}
     for kind in ORDERS:
         order = archive_order(labels, kind, seed)
         d = f"{stem}.wds-{kind}"
-        if not _done(d, key):
+        if not done(d, key):
             write_tars(container, order, d)
-            _mark(d, key)
+            mark(d, key)
         tars[kind] = sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".tar"))
         d = f"{stem}.litdata-{kind}"
-        if litdata_ok and not _done(d, key + LITDATA_KEY):
-            _mark(write_litdata(container, order, d), key + LITDATA_KEY)
+        if litdata_ok and not done(d, key + LITDATA_KEY):
+            mark(write_litdata(container, order, d), key + LITDATA_KEY)
         lits[kind] = d if litdata_ok else None
     return PeerData(container, sorted_c, tars, lits)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from dstore.errors import ConfigError
 from dstore.runtime import rc
+from dstore.tools.bench.peer_data import done, mark
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).with_name("ingest_peer.py")
@@ -89,19 +90,6 @@ def _generate(args) -> None:
     generate_image_folder(root, count, comm=_Part(rank, size))
 
 
-def _marked(path: str, key: str) -> bool:
-    try:
-        with open(path + ".done") as fh:
-            return fh.read() == key
-    except OSError:
-        return False
-
-
-def _mark(path: str, key: str) -> None:
-    with open(path + ".done", "w") as fh:
-        fh.write(key)
-
-
 def listing(folder: str) -> tuple[list[str], list[tuple[str, int]]]:
     """(class names, [(file, label)]) of an image folder, in sorted order."""
     classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
@@ -121,14 +109,14 @@ def image_folder(root: str, count: int, processes: int) -> str:
 
     folder = os.path.join(root, f"images-{count}")
     key = f"synthetic seed 0 count {count}"
-    if not _marked(folder, key):
+    if not done(folder, key):
         shutil.rmtree(folder, ignore_errors=True)
         if processes == 1 or count < 1000:  # a pool's start costs more than it saves
             _generate((folder, count, 0, 1))
         else:
             with multiprocessing.get_context("spawn").Pool(processes) as pool:
                 pool.map(_generate, [(folder, count, r, processes) for r in range(processes)])
-        _mark(folder, key)
+        mark(folder, key)
     return folder
 
 
@@ -137,7 +125,7 @@ def tar_shards(folder: str, per_shard: int, seed: int = 0) -> str:
     samples (members KEY.jpg and KEY.cls, as webdataset writes them), made once and reused."""
     out = folder + f".wds{per_shard}"
     key = f"{folder} shuffled seed {seed}"
-    if _marked(out, key):
+    if done(out, key):
         return out
     _, files = listing(folder)
     random.Random(seed).shuffle(files)
@@ -152,7 +140,7 @@ def tar_shards(folder: str, per_shard: int, seed: int = 0) -> str:
                 payload = str(label).encode()
                 info.size = len(payload)
                 tar.addfile(info, io.BytesIO(payload))
-    _mark(out, key)
+    mark(out, key)
     return out
 
 
