@@ -22,6 +22,11 @@ How it is built (NOTE [ Emulated nodes ]):
   loopback is never used between nodes (each namespace has its own);
 - a link is shaped with a token bucket (`tc ... tbf`) on both ends of its veth (this kernel has no netem,
   so no added latency); `set_link` takes a node's link down and up, `signal_node` signals its processes.
+- NOTE [ A node lost ]: when every process of a node dies, its proxy included, hydra ends the job at once
+  and says only that a control connection closed. The launcher therefore runs the proxy as its child
+  and appends `start HOST` and `end HOST STATUS` to the run's $DSTORE_CLUSTER_EVENTS; after a failed
+  run, `lost_nodes` names each node whose proxy was killed by a signal (hydra's own cleanup ends a
+  proxy with a status), with its ranks and what is left of it;
 - the state record (/run/dstore-cluster/NAME/state.json) lists what `up` made; `down` removes it and
   also sweeps every namespace and link whose name follows NAME's pattern, so a crashed `up` or a
   killed `run` leaves nothing that `down` does not find.
@@ -43,6 +48,7 @@ import time
 from pathlib import Path
 
 from dstore.errors import ConfigError, DStoreError
+from dstore.runtime.watchdog import span
 
 STATE_ROOT = Path("/run/dstore-cluster")
 """One folder per cluster (its state record, launcher script and the pids of its runs), and the lock
@@ -238,11 +244,19 @@ _LAUNCH = """#!/bin/sh
 # `THIS [-x] HOST COMMAND...`, as it would call ssh: run COMMAND in HOST's network namespace with
 # HOST as its host name, its own /dev/shm{tmp_doc} and an /etc/hosts that names every node; the rest
 # of the file system is shared.
+# The proxy runs as this script's child, not in its place: when it ends, the script appends
+# "HOST STATUS" to $DSTORE_CLUSTER_EVENTS (set by `cluster.run`), so that a node whose every process
+# was killed, proxy included, can be named after hydra has ended the job (NOTE [ A node lost ]).
 while [ "${{1#-}}" != "$1" ]; do shift; done
 host=$1; shift
-exec ip netns exec "{name}-$host" unshare --uts --mount --propagation private sh -c \\
+events=${{DSTORE_CLUSTER_EVENTS:-/dev/null}}
+echo "start $host" >> "$events"
+ip netns exec "{name}-$host" unshare --uts --mount --propagation private sh -c \\
     'hostname "$1" && mount --bind "$2" /etc/hosts && mount -t tmpfs -o mode=1777 tmpfs /dev/shm{tmp_mount} \\
      && exec sh -c "$3"' sh "$host" "{hosts}" "$*"
+code=$?
+echo "end $host $code" >> "$events"
+exit $code
 """
 
 
@@ -510,7 +524,10 @@ def run(
     `down` ends it even if this process dies.
     """
     argv = mpiexec_command(c, command, hosts, n, mpiexec)
-    proc = subprocess.Popen(argv, env=run_env(env), start_new_session=True, **popen)
+    events = c.folder / "events" / f"{os.getpid()}-{time.monotonic_ns()}"
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.touch()
+    proc = subprocess.Popen(argv, env={**run_env(env), EVENTS_ENV: str(events)}, start_new_session=True, **popen)
     runs = c.folder / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     record = runs / str(proc.pid)
@@ -531,7 +548,69 @@ def run(
             for s, h in forward.items():
                 signal.signal(s, h)
         record.unlink(missing_ok=True)
+    lost = lost_nodes(c, events, hosts_for(c, hosts), n) if proc.returncode != 0 else []
+    events.unlink(missing_ok=True)
+    for line in lost:
+        if isinstance(err, str):
+            err += line + "\n"
+        elif isinstance(err, bytes):
+            err += line.encode() + b"\n"
+        else:
+            print(line, file=sys.stderr, flush=True)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+EVENTS_ENV = "DSTORE_CLUSTER_EVENTS"
+"""The file a run's launchers append `start HOST` and `end HOST STATUS` to (NOTE [ A node lost ])."""
+
+LAUNCHERS_WAIT = 3.0
+"""Seconds a failed run waits for its launchers' last records (they end as soon as their proxy has)."""
+
+
+def lost_nodes(c: Cluster, events: Path, layout: str, n: int | None = None) -> list[str]:
+    """One line per node whose proxy was killed by a signal during a failed run (NOTE [ A node lost ]).
+
+    Hydra ends the whole job at once when a node's proxy vanishes, and says only that a control
+    connection closed; the launcher that started the proxy saw how it ended, and this names the node,
+    its ranks and what is left of it."""
+    deadline = time.monotonic() + LAUNCHERS_WAIT
+    while True:
+        records = [line.split() for line in events.read_text().splitlines()]
+        started = [r[1] for r in records if r[:1] == ["start"] and len(r) == 2]
+        ended = {r[1]: int(r[2]) for r in records if r[:1] == ["end"] and len(r) == 3 and r[2].isdigit()}
+        if set(started) <= set(ended) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    ranks = ranks_by_host(layout, n)
+    lines = []
+    for host, code in ended.items():
+        if code <= 128 or code - 128 not in signal.valid_signals():
+            continue  # ended by itself (hydra's cleanup ends a proxy with a status, not a signal)
+        node = int(host.removeprefix("node"))
+        left = node_pids(c, node)
+        lines.append(
+            f"dstore cluster: node {host} (ranks {span(ranks.get(host, [])) or 'none'}) lost: its MPI proxy was killed by "
+            f"{signal.Signals(code - 128).name}, "
+            + (f"{len(left)} of its processes still running" if left else "no process of the node left")
+            + "; MPICH ended the job"
+        )
+    return lines
+
+
+def ranks_by_host(layout: str, n: int | None) -> dict[str, list[int]]:
+    """Which ranks hydra puts on which host of `layout` (node1:2,node2:2): blocks in order, wrapping
+    round when n exceeds the hosts' total."""
+    slots = [(h, int(k)) for h, _, k in (p.partition(":") for p in layout.split(","))]
+    total = sum(k for _, k in slots)
+    out: dict[str, list[int]] = {}
+    rank = 0
+    while rank < (n or total):
+        for host, k in slots:
+            for _ in range(k):
+                if rank < (n or total):
+                    out.setdefault(host, []).append(rank)
+                    rank += 1
+    return out
 
 
 def _is_main_thread() -> bool:
