@@ -15,7 +15,7 @@ import dataclasses
 import datetime
 import gc
 import socket
-from typing import Any
+from typing import Any, Literal
 
 from dstore.errors import ConfigError
 from dstore.runtime import job
@@ -144,7 +144,7 @@ class DistContext:
     def __enter__(self) -> DistContext:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         # With an exception on its way up, the group stays (the other ranks' collectives in it
         # would fail at once with "connection closed", printed before this rank's own error), and so
         # does the hook that aborts the job when the exception arrives.

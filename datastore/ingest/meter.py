@@ -10,6 +10,8 @@ of its total, the rate, the time so far and the time left:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from dstore.runtime.heartbeat import Heartbeat
 
 
@@ -66,7 +68,7 @@ class Meter:
             self._beat.__enter__()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         if self._beat is not None:
             self._beat.__exit__(*exc)
         if self._bar is not None:

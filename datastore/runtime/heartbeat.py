@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Literal
 
 from dstore.runtime import rc
 from dstore.runtime.units import fmt_rate, fmt_seconds, fmt_size
@@ -101,7 +102,7 @@ class Heartbeat:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -13,6 +13,7 @@ default).
 from __future__ import annotations
 
 import threading
+from typing import Literal
 
 from dstore.errors import ConfigError
 
@@ -68,6 +69,6 @@ class ProgressThread:
     def __enter__(self) -> ProgressThread:
         return self.start()
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self.stop()
         return False

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from typing import Literal
 
 from dstore.runtime import job, rc
 
@@ -78,7 +79,7 @@ class _Waiting:
         self.saved = w._wait
         w._wait = (time.monotonic(), self.what, self.ranks)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.watch._wait = self.saved
         if exc is not None and isinstance(exc, ConnectionError) and self.ranks is not None:
             self.watch.lost(exc, self.ranks)
@@ -245,7 +246,7 @@ class _Nothing:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         return False
 
 
