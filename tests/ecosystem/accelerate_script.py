@@ -17,7 +17,7 @@ from dstore.training.dist import torch_env
 
 comm = MPI.COMM_WORLD
 os.environ.update(torch_env(comm))
-from accelerate import Accelerator  # noqa: E402 - after the environment it reads is set
+from accelerate import Accelerator  # noqa: E402  # pyright: ignore[reportMissingImports] - not a dependency (the test skips without it); after the environment it reads is set
 
 acc = Accelerator(cpu=True)
 assert acc.num_processes == comm.size and acc.process_index == comm.rank, (acc.num_processes, acc.process_index)

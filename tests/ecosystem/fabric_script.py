@@ -7,7 +7,7 @@ already shards); loader.state_dict() saved with fabric.save.
 
 import sys
 
-import lightning as L
+import lightning as L  # pyright: ignore[reportMissingImports] - not a dependency (the test skips without it)
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI

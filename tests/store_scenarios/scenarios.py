@@ -12,6 +12,7 @@ import os
 import pickle
 import sys
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -160,6 +161,7 @@ def scenario_exactly_once(comm, path):
                             steps_per_epoch=st.steps_per_epoch,
                         )
                         check_stats(st, got, reader)
+                    assert st.stats is not None
                     if policy == "local" and st.stats.samples_remote != 0:
                         raise AssertionError("local policy moved samples between ranks")
     reader.close()
@@ -180,6 +182,7 @@ def scenario_dynamic(comm, path):
                 for x, y in zip(a, b):
                     if not np.array_equal(x, y):
                         raise AssertionError(f"dynamic != preload ({policy}, epoch {epoch})")
+                assert dyn.stats is not None
                 if epoch == 0 and policy in ("global", "local") and dyn.stats.samples_remote:
                     raise AssertionError("dynamic epoch 0 fetched remote samples")
                 check_delivery(
@@ -192,6 +195,7 @@ def scenario_dynamic(comm, path):
                     drop_last=drop_last,
                     steps_per_epoch=dyn.steps_per_epoch,
                 )
+            assert dyn.stats is not None
             if dyn.stats.population_bytes != int(dyn.layout.nbytes[comm.rank]):
                 raise AssertionError(
                     f"dynamic population read {dyn.stats.population_bytes} bytes, owns {dyn.layout.nbytes[comm.rank]}"
@@ -328,6 +332,7 @@ def scenario_replicate_and_range(comm, path):
     with DataStore(comm, reader, batch_size=BATCH, seed=5, replicate=True) as st:
         got = run_epoch(st, 0)
         check_delivery(comm, reader, got, epoch=0, policy="global", seed=5, drop_last=False)
+        assert st.stats is not None
         if st.stats.samples_remote or st.stats.gets:
             raise AssertionError("replicated store issued gets")
     for policy in ("global", "local"):
@@ -351,18 +356,21 @@ def scenario_preload_pieces(comm, path):
     try:
         for piece in (1000, 4096, 40_000, 1 << 30):
             prefault.PIECE_BYTES = piece
-            for kw in (
+            kws: tuple[dict[str, Any], ...] = (
                 dict(),
                 dict(sample_range=(20, 131)),
                 dict(sample_range=(empty[0], empty[0] + 1)),
                 dict(replicate=True),
-            ):
+            )
+            for kw in kws:
                 with DataStore(comm, reader, batch_size=max(comm.size, 1), seed=3, **kw) as st:
+                    assert st.windows is not None
                     if st.replicate:
                         have, lo, hi = st.windows.view, 0, st.num_samples
                     else:
                         have = st.windows.arena.local
                         lo, hi = int(st.bounds[st.rank]), int(st.bounds[st.rank + 1])
+                    assert have is not None  # replicated: the node's copy
                     want = reader.read_range(st.start + lo, st.start + hi)
                     if not np.array_equal(have, want):
                         raise AssertionError(f"rank {comm.rank}: window differs from its block ({piece=}, {kw})")
@@ -386,18 +394,22 @@ def scenario_parallel_population(comm, path):
     tier_reader = open_container(tier_container(path))
     try:
         preload.PARALLEL_PIECE, preload.PRELOAD_SCRATCH = 3000, 9000
-        for reader, tiered, kw in (
+        runs: tuple[tuple[str, bool, dict[str, Any]], ...] = (
             (path, False, dict()),
             (path, False, dict(replicate=True)),
             (tier_container(path), True, dict()),
-        ):
+        )
+        for reader, tiered, kw in runs:
             windows = []
             for threads in (1, 3):
                 args = dict(batch_size=BATCH, seed=4, population_threads=threads, **kw)
                 with _tiered(comm, tier_reader, **args) if tiered else DataStore(comm, reader, **args) as st:
+                    assert st.windows is not None
                     if tiered:
                         check_tier(comm, st, run_epoch(st, 0), tier_reader)
-                    windows.append((st.windows.view if st.replicate else st.windows.arena.local).copy())
+                    have = st.windows.view if st.replicate else st.windows.arena.local
+                    assert have is not None  # replicated: the node's copy
+                    windows.append(have.copy())
                     if not tiered:
                         got = run_epoch(st, 0)
                         check_delivery(comm, st.container, got, epoch=0, policy="global", seed=4, drop_last=False)
@@ -439,6 +451,7 @@ def scenario_node_views(comm, path):
                 got[views] = run_epoch(st, 1)
                 check_stats(st, got[views], reader)
                 mine = st.stats
+                assert mine is not None
                 want = expected_split(st, got[views][0])
                 if (mine.samples_node, mine.samples_remote) != want:
                     raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {mine}")
@@ -459,6 +472,7 @@ def scenario_mixed_nodes(comm, path):
         got = run_epoch(st, 1)
         check_stats(st, got, reader)
         want = expected_split(st, got[0])
+        assert st.stats is not None
         if (st.stats.samples_node, st.stats.samples_remote) != want:
             raise AssertionError(f"rank {comm.rank}: expected (node, remote) samples {want}, stats say {st.stats}")
         k = rc.RANKS_PER_NODE.get() or 0
@@ -533,7 +547,7 @@ def scenario_tiered(comm, path):
         ("local", "preload", True, 1),
         ("partial", "dynamic", False, 2),
     ):
-        kw = dict(
+        kw: dict[str, Any] = dict(
             batch_size=BATCH, seed=6, shuffle=policy, population=population, drop_last=drop_last, partial_fraction=0.5
         )
         with _tiered(comm, reader, storage_lookahead=lookahead, **kw) as st, DataStore(comm, reader, **kw) as full:

@@ -72,6 +72,7 @@ def scenario_stream_order(comm, path):
                     steps_per_epoch=stream.steps_per_epoch,
                 )
                 storage, windows, total = _counts(comm, stream)
+                assert stream.stats is not None
                 if storage + windows + sum(comm.allgather(stream.stats.pads)) < total:
                     raise AssertionError(f"epoch {epoch}: samples neither from storage nor windows")
                 if epoch == 0 and policy == "global" and not (storage > 0 and windows > 0):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dstore.formats import create_writer, detect_format, open_container, write_manifest
+from dstore.formats import ShardedReader, create_writer, detect_format, open_container, write_manifest
 
 BACKENDS = ("hdf5", "zarr", "sharded-hdf5", "sharded-zarr")
 SUFFIX = {"hdf5": ".h5", "zarr": ".zarr"}
@@ -76,7 +76,7 @@ def build(tmp: Path, backend: str, samples, *, shards: int = 3, **kwargs) -> str
 def data_file(path: str, index: int) -> tuple[str, int]:
     """(shard container path, sample index inside it) holding sample `index` of container `path`."""
     with open_container(path) as r:
-        if hasattr(r, "shard_of"):
+        if isinstance(r, ShardedReader):
             k, j = r.shard_of(index)
             return r.shards[k].path, j
         return path, index
@@ -93,12 +93,14 @@ def flip_byte(path: str, index: int, within: int = 0) -> None:
         import h5py
 
         with h5py.File(path, "r+", locking=False) as f:
-            f["data"][pos] = f["data"][pos] ^ 0xFF
+            data = f["data"]
+            assert isinstance(data, h5py.Dataset)
+            data[pos] = data[pos] ^ 0xFF
     else:
         import zarr
 
         arr = zarr.open_array(os.path.join(path, "data"), mode="r+")
-        arr[pos] = arr[pos] ^ 0xFF
+        arr[pos] = np.asarray(arr[pos]) ^ 0xFF
 
 
 def set_attr(path: str, key: str, value=None, *, delete: bool = False) -> None:

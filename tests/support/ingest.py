@@ -20,7 +20,7 @@ def digit_png(index: int, side: int = 32) -> bytes:
     from dstore.ingest.digits import digits_arrays
 
     images, _ = digits_arrays()
-    im = Image.fromarray(images[index, :, :, 0]).resize((side, side), Image.NEAREST)
+    im = Image.fromarray(images[index, :, :, 0]).resize((side, side), Image.Resampling.NEAREST)
     buf = io.BytesIO()
     im.save(buf, format="PNG")
     return buf.getvalue()

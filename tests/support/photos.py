@@ -54,7 +54,7 @@ def photo(name: str, size: tuple[int, int] | None = None) -> np.ndarray:
         if size is not None:
             h, w = size
             s = max(w / im.width, h / im.height)
-            im = im.resize((max(w, round(im.width * s)), max(h, round(im.height * s))), Image.LANCZOS)
+            im = im.resize((max(w, round(im.width * s)), max(h, round(im.height * s))), Image.Resampling.LANCZOS)
             x, y = (im.width - w) // 2, (im.height - h) // 2
             im = im.crop((x, y, x + w, y + h))
         arr = np.asarray(im)
@@ -84,6 +84,6 @@ def write_folder(root: str, count: int, size: tuple[int, int] = (375, 500)) -> N
             im = im.convert("RGB")
             h, w = size if k % 3 else size[::-1]
             s = max(w / im.width, h / im.height) * rng.uniform(1.0, 1.3)
-            im = im.resize((max(w, round(im.width * s)), max(h, round(im.height * s))), Image.LANCZOS)
+            im = im.resize((max(w, round(im.width * s)), max(h, round(im.height * s))), Image.Resampling.LANCZOS)
             x, y = int(rng.integers(0, im.width - w + 1)), int(rng.integers(0, im.height - h + 1))
             im.crop((x, y, x + w, y + h)).save(os.path.join(root, "photos", f"{k:04d}.jpg"), quality=90)

@@ -46,6 +46,7 @@ def main():
         comm.Free()
     every = world.gather((size, flat), root=0)
     if world.rank == 0:
+        assert every is not None  # the root's gather
         a0, a1, b = every[0][1], every[1][1], every[2][1]
         print(
             json.dumps(

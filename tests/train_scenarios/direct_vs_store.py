@@ -3,6 +3,7 @@ delivers the same ids, labels and bytes per step as the DataStore, also after a 
 
 import json
 import sys
+from typing import Any
 
 from mpi4py import MPI
 
@@ -20,7 +21,7 @@ def deliveries(source, epoch):
 
 def main(path):
     comm = MPI.COMM_WORLD
-    kw = dict(batch_size=10, seed=5, sample_range=(3, 50))
+    kw: dict[str, Any] = dict(batch_size=10, seed=5, sample_range=(3, 50))
     with open_container(path) as reader, DataStore(comm, path, **kw) as store:
         direct = DirectSource(comm, reader, prefetch=2, **kw)
         same = [deliveries(store, e) == deliveries(direct, e) for e in (0, 1)]
