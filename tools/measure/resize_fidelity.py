@@ -6,7 +6,10 @@ value), and the CPU microseconds per sample of the whole per-sample path (plan, 
 resize/flip into the batch; thread CPU time, tight loops, median of rounds, the four rows taking
 turns). torchvision's pixels are computed with torch (its tensor path, `interpolate(mode="bilinear",
 antialias=True)` on the uint8 image, the crop and resize placed as torchvision places them) and
-with Pillow (its PIL path, `resize(BILINEAR)`). Prints a Markdown table.
+with Pillow (its PIL path, `resize(BILINEAR)`). Where torchvision itself imports (not beside this
+project's CPU torch; on the GPU machine it does), also against torchvision v2's own functions
+(`resized_crop` + `horizontal_flip`; `resize` + `center_crop`) on the uint8 tensor, on the CPU and,
+with CUDA, on the GPU: the reference the torch path stands in for. Prints a Markdown table.
 
     python -m dstore.tools.measure.resize_fidelity photos.h5 --size 224 --rounds 5
 """
@@ -41,6 +44,31 @@ def _pil(img: np.ndarray, size) -> np.ndarray:
     return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((size[1], size[0]), Image.Resampling.BILINEAR))
 
 
+def torchvision_v2():
+    """torchvision.transforms.v2.functional, or None where torchvision does not import."""
+    try:
+        from torchvision.transforms.v2 import functional
+    except (ImportError, RuntimeError, AttributeError, OSError):  # absent, or built for another torch
+        return None
+    return functional
+
+
+def _torchvision(img: np.ndarray, train: bool, box, flip: bool, size: int, device: str) -> np.ndarray:
+    """torchvision v2's own pixels (uint8 tensor path, on `device`): what the torch path stands in for."""
+    import torch
+
+    f = torchvision_v2()
+    assert f is not None
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).to(device)
+    if train:
+        t, left, h, w = box
+        y = f.resized_crop(x, t, left, h, w, [size, size], antialias=True)
+        y = f.horizontal_flip(y) if flip else y
+    else:
+        y = f.center_crop(f.resize(x, [int(size * 256 / 224)], antialias=True), [size, size])
+    return y.permute(1, 2, 0).cpu().numpy()
+
+
 def reference(img: np.ndarray, train: bool, box, flip: bool, size: int, resize) -> np.ndarray:
     """torchvision's pixels of the full decode `img`: resized_crop of `box` (+ flip), or Resize +
     CenterCrop, each resize by `resize` (_torch or _pil)."""
@@ -65,7 +93,13 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
         for f in ("fast", "torchvision")
         for t in (True, False)
     ]
+    import torch
+
+    devices = (["cpu"] + (["cuda"] if torch.cuda.is_available() else [])) if torchvision_v2() else []
     diffs = {(f, t): ([], [], 0, []) for f, t, _ in cases}
+    own: dict[tuple[str, bool, str], tuple[list[float], list[int]]] = {
+        (f, t, d): ([], []) for f, t, _ in cases for d in devices
+    }
     for i, b in enumerate(blobs):
         full = decode.decode_image(b)
         for f, t, tf in cases:
@@ -81,6 +115,10 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
             means.append(d.mean())
             maxes.append(int(d.max()))
             pil.append(np.abs(got - reference(full, t, box, bool(drawn[0]), args.size, _pil)).mean())
+            for d in devices:
+                d_own = np.abs(got - _torchvision(full, t, box, bool(drawn[0]), args.size, d).astype(int))
+                own[(f, t, d)][0].append(float(d_own.mean()))
+                own[(f, t, d)][1].append(int(d_own.max()))
 
     def path(tf):
         def fn(i, b):
@@ -103,6 +141,10 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
     rows = []
     for k, (f, t, _) in enumerate(cases):
         means, maxes, _, pil = diffs[(f, t)]
+        vs_own = []
+        for d in devices:
+            own_means, own_maxes = own[(f, t, d)]
+            vs_own.append(f"{np.mean(own_means):.2f} / {max(own_maxes)}")
         rows.append(
             (
                 f,
@@ -112,6 +154,7 @@ def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
                 max(maxes),
                 float(np.mean(pil)),
                 statistics.median(per[k]),
+                vs_own,
             )
         )
     return rows
@@ -129,12 +172,22 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     rows = measure(args)
+    own = ["torchvision's own (CPU)", "torchvision's own (CUDA)"][: len(rows[0][-1])]
     print(
-        "| resize | transform | vs torch: mean of image means | largest image mean | largest value | "
-        "vs Pillow: mean | CPU us/sample | samples/s per core |\n|---|---|---:|---:|---:|---:|---:|---:|"
+        "| resize | transform | vs torch: mean of image means | largest image mean | largest value | vs Pillow: mean | "
+        + "".join(f"vs {o}: mean / largest | " for o in own)
+        + "CPU us/sample | samples/s per core |\n|---|---|---:|---:|---:|---:|"
+        + "---:|" * len(own)
+        + "---:|---:|"
     )
-    for f, t, mean, worst, top, pil, us in rows:
-        print(f"| {f} | {t} | {mean:.2f} | {worst:.2f} | {top} | {pil:.2f} | {us:,.0f} | {1e6 / us:,.0f} |")
+    for f, t, mean, worst, top, pil, us, vs_own in rows:
+        print(
+            f"| {f} | {t} | {mean:.2f} | {worst:.2f} | {top} | {pil:.2f} | "
+            + "".join(f"{v} | " for v in vs_own)
+            + f"{us:,.0f} | {1e6 / us:,.0f} |"
+        )
+    if not own:
+        print("(torchvision does not import here: no column against torchvision's own functions)")
     return 0
 
 
