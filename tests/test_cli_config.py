@@ -3,6 +3,7 @@ config cannot drift apart: the same names, defaults and choices, and the help re
 
 import argparse
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -58,9 +59,11 @@ def test_a_choice_set_is_one_constant_for_the_flag_and_the_check():
         ("ltfb_strategy", ltfb.STRATEGIES),
     ):
         for value in allowed:
-            TrainConfig(**{name: value}).check()
+            good: dict[str, Any] = {name: value}  # the field named by `name`
+            TrainConfig(**good).check()
+        bad: dict[str, Any] = {name: "nope"}
         with pytest.raises(ConfigError, match=name.replace("_", ".")):
-            TrainConfig(**{name: "nope"}).check()
+            TrainConfig(**bad).check()
 
 
 def _sides(text: str) -> tuple[int, int]:

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.formats import random_samples, write_samples
+from support.formats import plain_values, random_samples, write_samples
 
 from dstore.errors import FormatError
 from dstore.formats import open_container
 from dstore.formats.hdf5 import HDF5Reader
+from dstore.formats.objects import LocalFile
 from dstore.store import prefault
 
 SAMPLES = random_samples(60, seed=3)
@@ -24,7 +25,7 @@ WHOLE = b"".join(s[0] for s in SAMPLES)
 
 def _h5py_bytes(path: str) -> bytes:
     with h5py.File(path, "r", locking=False) as f:
-        return f["data"][()].tobytes()
+        return plain_values(f, "data", ()).tobytes()
 
 
 def _copy_with_data(src: str, dst: str, data: np.ndarray, skip_chunks=(), **create) -> str:
@@ -127,6 +128,7 @@ def test_empty_container(tmp_path):
 def test_data_cut_short_after_open_names_file_and_range(tmp_path):
     path = write_samples(tmp_path / "t.h5", "hdf5", SAMPLES, chunk_bytes=1000)
     with HDF5Reader(path) as r:
+        assert r._direct is not None  # unfiltered chunks: read directly
         with open(path, "r+b") as f:
             f.truncate(r._direct._starts[-1] - 10)  # the last chunks' bytes are gone
         assert r.read_bytes(0, 1000).tobytes() == WHOLE[:1000]
@@ -137,7 +139,8 @@ def test_data_cut_short_after_open_names_file_and_range(tmp_path):
 
 def test_close_twice_closes_the_descriptor(chunked):
     r = HDF5Reader(chunked)
-    fd = r._direct._file.fd
+    assert r._direct is not None and isinstance(r._direct.file, LocalFile)  # a local file, read directly
+    fd = r._direct.file.fd
     os.fstat(fd)
     r.close()
     r.close()

@@ -6,10 +6,15 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dstore.formats import ShardedReader, create_writer, detect_format, open_container, write_manifest
+
+if TYPE_CHECKING:
+    import h5py
+    import zarr
 
 BACKENDS = ("hdf5", "zarr", "sharded-hdf5", "sharded-zarr")
 SUFFIX = {"hdf5": ".h5", "zarr": ".zarr"}
@@ -158,6 +163,22 @@ def replace_array(path: str, key: str, values: np.ndarray | None) -> None:
         if values is not None:
             g = zarr.open_group(path, mode="r+")
             g.create_array(key, data=values)
+
+
+def plain_array(group: h5py.Group | zarr.Group, name: str) -> h5py.Dataset | zarr.Array:
+    """Array `name` of a container opened with h5py or zarr themselves (an h5py File or Group, a zarr
+    Group), as the array it must be: AssertionError naming what is there instead."""
+    import h5py
+    import zarr
+
+    found = group[name]
+    assert isinstance(found, (h5py.Dataset, zarr.Array)), f"{name} is a {type(found).__name__}, not an array"
+    return found
+
+
+def plain_values(group: h5py.Group | zarr.Group, name: str, sel: int | slice | tuple = slice(None)) -> np.ndarray:
+    """`plain_array(group, name)[sel]`, read by h5py or zarr, as a numpy array."""
+    return np.asarray(plain_array(group, name)[sel])
 
 
 def image_bytes(kind: str, seed: int = 0, size=(12, 10)) -> bytes:
