@@ -1,5 +1,5 @@
 """Run under mpiexec by test_collective.py: how much CPU a rank burns while it waits for a late rank
-in the store's collective steps (dstore.runtime.collective.settle), written to RESULTS/rankN.json."""
+in the store's collective steps (dstore.runtime.collective.wait_asleep), written to RESULTS/rankN.json."""
 
 from __future__ import annotations
 

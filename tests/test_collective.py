@@ -137,7 +137,7 @@ def test_topology_and_on_root_on_four_ranks(per_node, tmp_path):
 def test_a_rank_waiting_for_a_late_rank_sleeps(tmp_path):
     """A blocking MPI collective busy-polls: a rank at the store's agreement or an epoch's start
     first spent the whole wait for a late rank at 100% of a core (0.7-1.0 s of CPU per second of
-    wait, measured), its own CPU and its decode workers' loss. `collective.settle` waits asleep.
+    wait, measured), its own CPU and its decode workers' loss. `collective.wait_asleep` waits asleep.
     CPU seconds, not time, are compared, with a margin: over the 2 s wait spinning cost 0.8 s and
     more here even on a machine loaded 4-fold, sleeping a few ms."""
     results, work = tmp_path / "results", tmp_path / "work"

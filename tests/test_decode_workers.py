@@ -232,8 +232,12 @@ def test_kill_9_of_the_rank_leaves_no_worker(jpegs):
 
 
 @pytest.mark.mpi
-def test_two_ranks_of_workers_and_a_resume_on_one_rank_give_the_same_pixels(jpegs, tmp_path):
-    run_mpi(2, ["python", os.path.join(HERE, "workers_run.py"), "ranks", jpegs, str(tmp_path)], timeout=120)
+@pytest.mark.parametrize("node_views", ["1", "0"])
+def test_two_ranks_of_workers_and_a_resume_on_one_rank_give_the_same_pixels(jpegs, tmp_path, node_views):
+    """Node views on: the workers read the peer's samples in place too (NOTE [decode workers] 3);
+    off: the peer's samples come by gets into the store's receive buffers, which the rank copies."""
+    env = {"DSTORE_NODE_VIEWS": node_views}
+    run_mpi(2, ["python", os.path.join(HERE, "workers_run.py"), "ranks", jpegs, str(tmp_path)], timeout=120, env=env)
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
         ref = _run(st, 1, transform=TRANSFORM, decode_threads=2)
         by_id = {int(i): x for (xs, _, ids) in ref for x, i in zip(xs, ids)}
@@ -309,3 +313,33 @@ def test_the_compiled_kernels_give_the_same_batches_in_threads_and_workers(jpegs
             kernels._reset()
     assert fast[0][0].shape[1:] == (3, 72, 72)
     assert _same(fast, slow) and _same(fast, in_workers) and _same(fast, slow_workers)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_vm_readv is Linux's")
+def test_workers_read_the_windows_samples_in_the_rank_and_the_rank_copies_nothing(jpegs, monkeypatch):
+    """NOTE [decode workers] 3, reading in place: a batch's samples held in the store's windows are
+    read by the workers out of the rank's memory at their `Batch.where` address (the rank copies no
+    byte), the same batches as with the copy ($DSTORE_WORKERS_READ=0); an address that is not
+    mapped is an OSError naming the process."""
+    from dstore.loader import vmread
+
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
+        for b in st.epoch(0):  # every sample of a window, at the address given
+            assert b.where is not None and b.where.all()
+            assert all(ctypes_bytes(a, s.size) == s.tobytes() for a, s in zip(b.where.tolist(), b.samples))
+        with StoreLoader(st, size=(32, 32), channels=3, workers=2) as ld:
+            read = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
+            assert ld.workers.reads and ld.stats["copy_bytes"] == 0
+        monkeypatch.setenv("DSTORE_WORKERS_READ", "0")
+        with StoreLoader(st, size=(32, 32), channels=3, workers=2) as ld:
+            copied = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
+            assert not ld.workers.reads and ld.stats["copy_bytes"] > 0
+    assert _same(read, copied) and len(read) == 5
+    with pytest.raises(OSError, match=f"process {os.getpid()}"):
+        vmread.read(os.getpid(), np.array([8], np.uint64), np.array([16], np.uint64), np.zeros(16, np.uint8))
+
+
+def ctypes_bytes(address: int, n: int) -> bytes:
+    import ctypes
+
+    return ctypes.string_at(address, n)

@@ -1,10 +1,11 @@
-"""A decode worker process: `python -m dstore.loader.decode_worker FD_IN FD_OUT PARENT_PID` (started as
+"""A decode worker process: `python -m dstore.loader.decode_worker FD_IN FD_OUT PARENT_PID INDEX` (started as
 `python -c` through `main`, dstore.loader.workers._WORKER_MAIN).
 
 Started by `dstore.loader.workers.DecodeWorkers` (the protocol is its NOTE [decode workers]): it decodes,
 resizes and runs the transform's per-sample part on ranges of whole batches, reading the encoded
-bytes from shared memory and writing the pixels (CHW uint8) and the batch-part parameters into
-shared memory. It imports neither MPI nor torch, and it dies with its rank.
+bytes from shared memory or out of the rank's own memory (dstore.loader.vmread) and writing the
+pixels (CHW uint8) and the batch-part parameters into shared memory. It imports neither MPI nor
+torch, and it dies with its rank.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from dstore.codec import kernels
 from dstore.codec.decode import crop_size, decode_crop, decode_sample, resize
 from dstore.codec.kernels import resize_chw
+from dstore.loader import vmread
 from dstore.loader.draws import draws_for
 from dstore.loader.workers import JOB_SIGNALS, NPARAMS, params_offset
 
@@ -84,8 +86,51 @@ class Segments:
         return arr
 
 
-def decode_range(setup: dict, segs: Segments, req: dict) -> None:
-    """Samples req["lo"] .. req["hi"] - 1 of one batch, decoded into the output segment."""
+class Scratch:
+    """The bytes this worker read out of its rank's memory (dstore.loader.vmread) for its part of a
+    batch: one buffer, grown as needed and kept (a fresh one per batch would fault its pages in
+    again)."""
+
+    def __init__(self):
+        self.buf = np.zeros(0, np.uint8)
+
+    def take(self, rank: int, addrs: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+        """The samples at `addrs` (`lens` bytes each) of process `rank`, read in one call, as views."""
+        total = int(lens.sum())
+        if self.buf.size < total:
+            self.buf = np.empty(max(total, 2 * self.buf.size), np.uint8)
+        vmread.read(rank, addrs, lens, self.buf)
+        ends = np.cumsum(lens).tolist()
+        return [self.buf[b - n : b] for b, n in zip(ends, lens.tolist())]
+
+
+def sample_bytes(src: np.ndarray, req: dict, lo: int, hi: int, rank: int, scratch: Scratch) -> list[np.ndarray]:
+    """The encoded bytes of samples lo .. hi - 1 of a request (NOTE [decode workers] 4): a slice of
+    the slot's input segment, or, where the request gives the sample's address in the rank (`addr`
+    non-zero), read from there with the other such samples of the range in one call."""
+    offsets, addr = req["offsets"], req["addr"]
+    out = [src[offsets[i] : offsets[i + 1]] for i in range(lo, hi)]
+    if addr is None:
+        return out
+    far = np.nonzero(addr[lo:hi])[0]
+    if far.size:
+        lens = req["lens"][lo:hi][far]
+        try:
+            got = scratch.take(rank, addr[lo:hi][far], lens)
+        except OSError as exc:
+            ids = req["ids"][lo:hi][far]
+            raise RuntimeError(
+                f"samples {ids[:4].tolist()}{'...' if ids.size > 4 else ''}: cannot read their bytes in the "
+                f"rank (pid {rank}): {exc}"
+            ) from None
+        for k, view in zip(far.tolist(), got):
+            out[k] = view
+    return out
+
+
+def decode_range(setup: dict, segs: Segments, req: dict, index: int, rank: int, scratch: Scratch) -> None:
+    """This worker's part of one batch (samples cuts[index] .. cuts[index + 1] - 1), decoded into the
+    output segment."""
     c, h, w = setup["shape"]
     cap = req["capacity"]
     segs.retire(req.get("retired", ()))
@@ -94,16 +139,18 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
     pixels = out[: cap * c * h * w].reshape(cap, c, h, w)
     at = params_offset(cap, (c, h, w))
     params = out[at : at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
-    offsets, ids, epoch = req["offsets"], req["ids"], req["epoch"]
+    ids, epoch = req["ids"], req["epoch"]
+    lo, hi = req["cuts"][index], req["cuts"][index + 1]
+    data = sample_bytes(src, req, lo, hi, rank, scratch)
     tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]
     into = tf is not None and hasattr(tf, "sample_into")
-    for i in range(req["lo"], req["hi"]):
+    for i in range(lo, hi):
         sid = int(ids[i])
         name = f"sample {sid}"
         if tf is not None and getattr(tf, "crop_aware", False):  # the crop known before the decode
             rng = draws_for(tf, (setup["seed"], epoch, sid))
             arr, where, p = decode_crop(
-                src[offsets[i] : offsets[i + 1]],
+                data[i - lo],
                 info,
                 lambda shape, rng=rng: tf.plan(shape, rng),
                 crop_size(tf),
@@ -115,7 +162,7 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         else:
             arr, plan = (
                 decode_sample(
-                    src[offsets[i] : offsets[i + 1]],
+                    data[i - lo],
                     info,
                     channels=setup["channels"],
                     min_size=setup["hint"],
@@ -172,8 +219,9 @@ def decode_range(setup: dict, segs: Segments, req: dict) -> None:
         pixels[i] = arr.transpose(2, 0, 1)
 
 
-def serve(conn_in: Connection, conn_out: Connection) -> int:
-    """The worker's loop: the setup, then one answer per request, until "stop" or EOF."""
+def serve(conn_in: Connection, conn_out: Connection, index: int = 0, rank: int = 0) -> int:
+    """Worker `index`'s loop (its rank: process `rank`): the setup, then one answer per request,
+    until "stop" or EOF."""
     try:
         setup = pickle.loads(conn_in.recv_bytes())
     except EOFError:
@@ -188,8 +236,10 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
-    conn_out.send_bytes(pickle.dumps(("ready", os.getpid(), 0.0, kernels.loaded())))
-    segs = Segments()
+    probe = setup.get("probe")  # (address, bytes) in the rank: whether this worker can read there
+    reads = probe is not None and vmread.readable(rank, *probe)
+    conn_out.send_bytes(pickle.dumps(("ready", os.getpid(), reads, kernels.loaded())))
+    segs, scratch = Segments(), Scratch()
     while True:
         try:
             req = pickle.loads(conn_in.recv_bytes())
@@ -199,7 +249,7 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
             return 0
         t0 = time.perf_counter()
         try:
-            decode_range(setup, segs, req)
+            decode_range(setup, segs, req, index, rank, scratch)
             answer = ("ok", req["ticket"], time.perf_counter() - t0, kernels.loaded())
         except Exception as exc:  # noqa: BLE001 - every error goes back to the rank, named
             answer = ("error", req["ticket"], str(exc), kernels.loaded())
@@ -207,11 +257,11 @@ def serve(conn_in: Connection, conn_out: Connection) -> int:
 
 
 def main(argv=None) -> int:
-    fd_in, fd_out, parent = (int(a) for a in (argv or sys.argv[1:]))
+    fd_in, fd_out, parent, index = (int(a) for a in (argv or sys.argv[1:]))
     for name in JOB_SIGNALS:  # the rank's, which stops its workers
         signal.signal(getattr(signal, name), signal.SIG_IGN)  # (NOTE [decode workers] 2; already, under -c)
     die_with_parent(parent)
-    return serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
+    return serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False), index, parent)
 
 
 if __name__ == "__main__":

@@ -187,7 +187,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         last_wait_seconds: how long the caller waited for the last batch.
         last_decode_seconds: thread-seconds spent decoding the last batch.
         stats: totals for the current epoch (batches, wait_seconds, decode_seconds, and
-            copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2).
+            copy_seconds / copy_bytes: the copies out of the store's views when ahead >= 2; with
+            decode workers, of the samples they do not read in place: NOTE [decode workers] 3).
     """
 
     def __init__(

@@ -1,13 +1,14 @@
 """Decode workers: a StoreLoader's per-sample work (decode, resize, the transform's per-sample part)
 in processes of their own, so the rank's process holds the GIL only for whole batches.
 
-The rank never touches a sample in Python: per batch it copies the samples' bytes into shared
-memory in one call, sends each worker one request (sample ids and offsets), and reads one answer
-per worker; the pixels arrive in a shared batch buffer, from which the batch is copied once (to the
-GPU from pinned memory, or into a tensor of its own on the CPU).
+The rank never touches a sample in Python: per batch it sends its workers one request (sample ids,
+and where each sample's bytes are: in the store's windows, which the workers read out of the rank's
+memory themselves where the system allows it, else copied by the rank into shared memory in one
+call), and reads one answer per worker; the pixels arrive in a shared batch buffer, from which the
+batch is copied once (to the GPU from pinned memory, or into a tensor of its own on the CPU).
 
 NOTE [decode workers] (the protocol; code relying on a point cites it by number)
-1. Start. Each worker is `python -c _WORKER_MAIN FD_IN FD_OUT RANK_PID` (dstore.loader.decode_worker's
+1. Start. Each worker is `python -c _WORKER_MAIN FD_IN FD_OUT RANK_PID INDEX` (dstore.loader.decode_worker's
    `main`), started through
    subprocess (fork and exec at once) from the loader's copier thread. Not multiprocessing's fork:
    a copy of a process that called MPI_Init, with other threads' locks possibly held. Not spawn or
@@ -15,8 +16,10 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    mpi4py at its top would call MPI_Init there. An exec'd interpreter inherits only its two pipe
    ends, and its environment lacks the launcher's variables (PMI_*, PMIX_*, OMPI_*, HYDRA_*,
    MPI_LOCALRANKID...), so not even an import of mpi4py could join the job. Workers import
-   neither MPI nor torch. The first message is the setup (the pickled transform, shapes, seed);
-   the worker answers "ready" (or an error, raised by the loader) before any request.
+   neither MPI nor torch. The first message is the setup (the pickled transform, shapes, seed, and
+   a probe: an address in the rank and the 16 bytes there); the worker answers ("ready", pid,
+   whether it read the probe's bytes at that address, native) (or an error, raised by the loader)
+   before any request.
 2. Lifetime. The job's signals are the rank's, never a worker's: a worker runs in a session (and
    process group) of its own, so a signal to the rank's group misses it (MPICH's proxy forwards
    mpiexec's SIGTERM to each rank's process group, as a terminal's Ctrl-C goes to its foreground
@@ -29,12 +32,12 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    died before the prctl). EOF on its requests pipe ends it too (any OS). `close` sends "stop",
    waits, then kills.
 3. Memory. The ring has `ahead + 1` slots (`ahead` batches decoding, one being handed over). A
-   slot has an input segment (the batch's encoded bytes back to back, copied out of the store's
-   views by the copier thread) and an output segment (`capacity` x [C, H, W] uint8 pixels, then
-   `capacity` x NPARAMS int32 batch-part parameters at `params_offset(capacity)`). With a
-   deferred resize (`defer`) a sample's pixels are the part of its image the batch resize reads,
-   in the top left corner of a canvas [C, Hc, Wc] (`ImageTransform.canvas`), its size among the
-   parameters. Where batches stay on
+   slot has an input segment (the encoded bytes, back to back, of the batch's samples the workers
+   do not read themselves, copied out of the store's views by the copier thread) and an output
+   segment (`capacity` x [C, H, W] uint8 pixels, then `capacity` x NPARAMS int32 batch-part
+   parameters at `params_offset(capacity)`). With a deferred resize (`defer`) a sample's pixels
+   are the part of its image the batch resize reads, in the top left corner of a canvas
+   [C, Hc, Wc] (`ImageTransform.canvas`), its size among the parameters. Where batches stay on
    the CPU each batch gets an output segment of its own instead, the workers apply the transform's
    batch part themselves (`finish`: the flip is a stride of the copy they make anyway), and the
    caller's batch tensor is a view of the segment: no copy of the pixels in the rank at all (a
@@ -49,8 +52,19 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    removed at close. A batch larger than its slot gets a new, larger segment; a worker maps a
    slot anew when its path changes. Where CUDA exists the output segments are page-locked
    (cudaHostRegister), so the copy to the GPU is asynchronous.
-4. Requests. Per batch the rank sends each worker with samples to do one request: (ticket, slot,
-   segment paths and sizes, capacity, offsets[n + 1], ids[n], epoch, lo, hi): samples lo..hi-1.
+   Reading in place. A sample the store serves from a window (its `Batch.where`: its address in
+   the rank, valid while the store is open) is not copied: where every worker read the probe
+   (NOTE 1; the kernel's ptrace rule, dstore.loader.vmread; $DSTORE_WORKERS_READ=0 turns it off),
+   the request gives its address and the worker reads its range's samples out of the rank's
+   memory in one process_vm_readv, into a buffer of its own. The copy into the ring was the rank's
+   largest cost per batch (0.4 ms of its 1.7 ms at 24 samples of 110 KB, measured); in a worker it
+   is a few percent of the decode. The windows outlive every request: an epoch reads all its
+   answers before it ends (NOTE 4), and a store closes after its loader.
+4. Requests. Per batch the rank sends each worker with samples to do the same request, pickled
+   once: (ticket, slot, segment paths and sizes, capacity, cuts[workers + 1], offsets[n + 1],
+   addr[n] and lens[n] or None, ids[n], epoch); worker k does samples cuts[k]..cuts[k+1]-1. Sample
+   i is at addr[i] in the rank (lens[i] bytes) where addr[i] is not 0 (NOTE 3), else
+   input[offsets[i]:offsets[i+1]].
    A worker answers every request, in order: ("ok", ticket, seconds, native) once its pixels are
    written, or ("error", ticket, message naming the sample, native); native: its compiled kernels
    (dstore.codec.kernels) are loaded, which happens in the background after its start (`native`).
@@ -88,7 +102,9 @@ from typing import Protocol
 import numpy as np
 
 from dstore.errors import DStoreError, SampleError
+from dstore.loader import vmread
 from dstore.memory.costs import KEEP_HANDED, WORKER_BYTES  # noqa: F401 - WORKER_BYTES: read here too (the memory it costs)
+from dstore.runtime import rc
 
 _LAUNCHER_VARS = (
     "PMI_",
@@ -192,17 +208,15 @@ class Segment:
             raise ValueError(f"the segment {self.path} is closed: its map is gone")
         return self._array
 
-    def lend(self, back):
-        """The segment as a uint8 tensor for the caller; `back(self)` runs once the tensor's last
-        view is gone (NOTE 3: the segment is then a spare). The tensor views a numpy array of its
-        own, made here and held by nothing else, whose end `weakref.finalize` reports."""
-        import torch
-
+    def lend(self, back) -> np.ndarray:
+        """The segment as a uint8 array for the caller; `back(self)` runs once the array's last view
+        is gone (NOTE 3: the segment is then a spare). The array is made here, held by nothing else,
+        and `weakref.finalize` reports its end; tensors made of it (torch.from_numpy) hold it."""
         if self.map is None:
             raise ValueError(f"the segment {self.path} is closed: it cannot be lent")
         view = np.frombuffer(self.map, np.uint8)
         weakref.finalize(view, back, self)
-        return torch.frombuffer(view, dtype=torch.uint8)
+        return view
 
     def torch(self):
         """The segment as a uint8 torch tensor (made once)."""
@@ -310,8 +324,12 @@ class DecodeWorkers:
             raw_dtype=getattr(info, "raw_dtype", None),
             raw_shape=getattr(info, "raw_shape", None),
         )
+        # NOTE 3: the workers read the batch's bytes out of this process where they can (vmread)
+        self._probe = np.frombuffer(os.urandom(16), np.uint8).copy() if rc.WORKERS_READ.get() else None
+        self.reads = False  # every worker can (their "ready", `start`)
         self._setup = pickle.dumps(
             {
+                "probe": None if self._probe is None else (self._probe.ctypes.data, self._probe.tobytes()),
                 "shape": self.shape,
                 "info": info,
                 "channels": channels,
@@ -345,11 +363,13 @@ class DecodeWorkers:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["OMP_NUM_THREADS"] = "1"
-        for _ in range(self.n):
+        if self._probe is not None:
+            vmread.allow_descendants()
+        for k in range(self.n):
             req_r, req_w = os.pipe()
             ans_r, ans_w = os.pipe()
             proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_MAIN, str(req_r), str(ans_w), str(os.getpid())],
+                [sys.executable, "-c", _WORKER_MAIN, str(req_r), str(ans_w), str(os.getpid()), str(k)],
                 pass_fds=(req_r, ans_w),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -362,12 +382,15 @@ class DecodeWorkers:
             self._from.append(Connection(ans_r, writable=False))
         for k in range(self.n):
             self._to[k].send_bytes(self._setup)
+        reads = []
         for k in range(self.n):
-            kind, pid, _, native = self._answer(k)
+            kind, pid, can_read, native = self._answer(k)
             self._native[k] = native
             if kind != "ready":
                 raise DStoreError(f"decode worker {k} could not start: {pid}")
             self.pids.append(pid)
+            reads.append(bool(can_read))
+        self.reads = self._probe is not None and all(reads)
 
     def close(self) -> None:
         """Stops the workers (NOTE 2) and frees the ring. Safe to call twice."""
@@ -420,7 +443,9 @@ class DecodeWorkers:
 
     # ---------------------------------------------------------------- per batch
     def submit(self, batch) -> Ticket:
-        """Copies `batch`'s bytes into the next slot and sends the workers its parts (NOTE 4)."""
+        """Sends the workers `batch` (NOTE 4): its samples held in the store's windows by their address
+        in this process, where the workers can read there (`reads`), the others' bytes copied into
+        the next slot's input segment; one request, pickled once, for every worker with a part."""
         seq, self._seq = self._seq, self._seq + 1
         k = seq % len(self.slots)
         slot = self.slots[k]
@@ -429,32 +454,38 @@ class DecodeWorkers:
             slot.event = None
         n = len(batch.samples)
         lens = np.fromiter((s.size for s in batch.samples), np.int64, n)
+        where = getattr(batch, "where", None) if self.reads else None
+        copied = batch.samples if where is None else [s for s, w in zip(batch.samples, where.tolist()) if not w]
         offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
+        np.cumsum(lens if where is None else np.where(where != 0, 0, lens), out=offsets[1:])
         inp, out = self._fit(slot, int(offsets[-1]), n)
-        if n:
-            np.concatenate(batch.samples, out=inp.array[: offsets[-1]])
-        ids = np.array(batch.ids, np.int64)
+        if copied:
+            np.concatenate(copied, out=inp.array[: offsets[-1]])
         cuts = [n * w // self.n for w in range(self.n + 1)]
-        parts = [(w, a, b) for w, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a]
-        base = {
-            "ticket": seq,
-            "slot": k,
-            "in": (inp.path, inp.size, inp.uid),
-            "out": (out.path, out.size, out.uid),
-            "capacity": slot.capacity,
-            "offsets": offsets,
-            "ids": ids,
-            "epoch": int(batch.epoch),
-            "fresh": self.fresh,
-            "retired": self._take_retired(),
-        }
-        for w, a, b in parts:
+        request = pickle.dumps(
+            {
+                "ticket": seq,
+                "slot": k,
+                "in": (inp.path, inp.size, inp.uid),
+                "out": (out.path, out.size, out.uid),
+                "capacity": slot.capacity,
+                "cuts": cuts,
+                "offsets": offsets,
+                "addr": where,
+                "lens": None if where is None else lens,
+                "ids": np.asarray(batch.ids, np.int64),
+                "epoch": int(batch.epoch),
+                "fresh": self.fresh,
+                "retired": self._take_retired(),
+            }
+        )
+        parts = [w for w in range(self.n) if cuts[w + 1] > cuts[w]]
+        for w in parts:
             try:
-                self._to[w].send_bytes(pickle.dumps({**base, "lo": a, "hi": b}))
+                self._to[w].send_bytes(request)
             except OSError:  # a broken pipe: the worker died before this request
                 raise self._died(w) from None
-        return Ticket(seq, k, n, int(offsets[-1]), [w for w, _, _ in parts])
+        return Ticket(seq, k, n, int(offsets[-1]), parts)
 
     def _fit(self, slot: Slot, nbytes: int, n: int) -> tuple[Segment, Segment]:
         """Replaces a slot's segments that are too small for `nbytes` / `n` samples (NOTE 3); the
@@ -499,14 +530,19 @@ class DecodeWorkers:
         if error is not None:
             raise SampleError(f"decode worker: {error}")
         slot = self.slots[ticket.slot]
+        cap, (c, h, w) = slot.capacity, self.shape
+        at = params_offset(cap, self.shape)
         if self.fresh:  # NOTE 3: the caller's from now on, a spare again once it lets go
+            # cut in numpy, then one torch.from_numpy each: a third of the cost of torch's views
             whole, slot.out = slot.output().lend(self._back), None
-        else:
-            whole = slot.output().torch()
-        c, h, w = self.shape
-        images = whole[: slot.capacity * c * h * w].view(slot.capacity, c, h, w)[: ticket.n]
-        at = params_offset(slot.capacity, self.shape)
-        params = whole[at : at + 4 * NPARAMS * slot.capacity].view(_int32()).view(slot.capacity, NPARAMS)[: ticket.n]
+            images = torch_from_numpy(whole[: cap * c * h * w].reshape(cap, c, h, w)[: ticket.n])
+            params = torch_from_numpy(
+                whole[at : at + 4 * NPARAMS * cap].view(np.int32).reshape(cap, NPARAMS)[: ticket.n]
+            )
+            return images, params, secs
+        whole = slot.output().torch()  # made once, page-locked where CUDA is (NOTE 3)
+        images = whole[: cap * c * h * w].view(cap, c, h, w)[: ticket.n]
+        params = whole[at : at + 4 * NPARAMS * cap].view(_int32()).view(cap, NPARAMS)[: ticket.n]
         return images, params, secs
 
     def release(self, ticket: Ticket, event=None) -> None:
@@ -554,3 +590,11 @@ def _int32():
     import torch
 
     return torch.int32
+
+
+def torch_from_numpy(a: np.ndarray):
+    """torch.from_numpy (torch imported where first needed: this module is imported by the workers,
+    which never import torch)."""
+    import torch
+
+    return torch.from_numpy(a)

@@ -3,9 +3,10 @@
 A rank that fails on its own (a truncated chunk in its block, a read error of its storage tier) and
 then enters a collective the others are not in, or leaves while they wait in one, hangs the job.
 So every collective step of the store is preceded by `agree(comm, exc)`: one small allreduce of a
-failure flag and, only when some rank failed, an allgather of the messages; then every rank raises
-(its own error, or the first failing rank's as the same type, naming that rank). Errors raised by
-`agree` are marked `agreed`, so a caller knows every rank holds one and collective clean-up is safe.
+failure flag (waited for asleep: `wait_asleep`) and, only when some rank failed, an allgather of
+the messages; then every rank raises (its own error, or the first failing rank's as the same
+type, naming that rank). Errors raised by `agree` are marked `agreed`, so a caller knows every
+rank holds one and collective clean-up is safe.
 
 Used by the store (`agree`), ingest (`agree`/`raise_agreed`/`on_root` with its own error types and
 IngestError for foreign ones) and the trainer (`on_root`: work done on rank 0 only, its failure raised
@@ -104,27 +105,52 @@ def _mark_agreed(exc: BaseException) -> None:
 
 SETTLE_FIRST = 20e-6
 SETTLE_MOST = 1e-3
-"""`settle`'s first and longest pause between tests of its barrier, in seconds: the longest adds at
+"""`wait_asleep`'s first and longest pause between tests of its request, in seconds: the longest adds at
 most a millisecond to a collective step, and costs a waiting rank about a thousand wake-ups a second."""
 
 
-def settle(comm) -> None:
-    """Collective: returns once every rank of `comm` has called it, sleeping meanwhile.
+def wait_asleep(req) -> None:
+    """Completes the MPI request `req` (a nonblocking collective), sleeping between its tests, the
+    pauses growing from SETTLE_FIRST to SETTLE_MOST.
 
     A blocking MPI collective busy-polls while it waits for the last rank (MPICH: a waiting rank
-    measured 0.7-1.0 s of CPU per second of wait), so a rank that ends its epoch first spun at 100% of
-    a core until the slowest arrived: CPU counted as the rank's own and taken from its decode workers.
-    A nonblocking barrier tested between pauses that grow from SETTLE_FIRST to SETTLE_MOST waits
-    without it; the collective after it then finds every rank there.
-    """
+    measured 0.7-1.0 s of CPU per second of wait), so a rank that ends its epoch first spun at 100%
+    of a core until the slowest arrived: CPU counted as the rank's own and taken from its decode
+    workers. The step's own collective is the one waited for, not a barrier before a blocking one:
+    after a barrier, the rank whose test saw it complete first spun in the blocking collective until
+    the others' next test (up to SETTLE_MOST each; about 2 ms of CPU per epoch's start on two ranks,
+    measured)."""
+    pause = SETTLE_FIRST
+    while not req.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, SETTLE_MOST)
+
+
+def gather_ints(comm, values) -> list[tuple[int, ...]]:
+    """Collective: every rank's `values` (a few ints, as many on every rank), in rank order, waited
+    for asleep (`wait_asleep`)."""
+    import numpy as np
+
+    send = np.asarray(values, dtype=np.int64).reshape(-1)
     if comm.Get_size() == 1:
-        return
+        return [tuple(int(v) for v in send)]
+    recv = np.empty((comm.Get_size(), send.size), dtype=np.int64)
     with guarded(f"an agreement of {comm.Get_size()} ranks"):  # NOTE [ Waits on another node ]
-        req = comm.Ibarrier()
-        pause = SETTLE_FIRST
-        while not req.Test():
-            time.sleep(pause)
-            pause = min(2 * pause, SETTLE_MOST)
+        wait_asleep(comm.Iallgather(send, recv))
+    return [tuple(int(v) for v in row) for row in recv]
+
+
+def any_rank(comm, flag: bool) -> bool:
+    """Collective: whether `flag` is set on any rank of `comm`, waited for asleep (`wait_asleep`)."""
+    if comm.Get_size() == 1:
+        return bool(flag)
+    import numpy as np
+    from mpi4py import MPI
+
+    send, recv = np.array([int(bool(flag))], dtype=np.int32), np.zeros(1, dtype=np.int32)
+    with guarded(f"an agreement of {comm.Get_size()} ranks"):  # NOTE [ Waits on another node ]
+        wait_asleep(comm.Iallreduce(send, recv, op=MPI.MAX))
+    return bool(recv[0])
 
 
 def agree(comm, exc: BaseException | None, *, types=None, fallback: Fallback = RemoteError) -> None:
@@ -132,12 +158,9 @@ def agree(comm, exc: BaseException | None, *, types=None, fallback: Fallback = R
 
     The failing rank raises its own `exc`; the others raise the first failing rank's error (same
     type where it is one of ours, else `fallback`), chained to nothing local. A rank that arrives
-    first waits asleep (`settle`), not spinning in the allreduce.
+    first waits asleep (`any_rank`), not spinning in an allreduce.
     """
-    from mpi4py import MPI
-
-    settle(comm)
-    if not comm.allreduce(exc is not None, op=MPI.LOR):
+    if not any_rank(comm, exc is not None):
         return
     raise_agreed(comm, exc, types=types, fallback=fallback)
 

@@ -204,6 +204,16 @@ PARTIAL_DECODE = Option(
         "libjpeg-turbo's partial decode (dstore.codec._jpegcrop; the same pixels, each file checked to its end)"
     ),
 )
+WORKERS_READ = Option(
+    "DSTORE_WORKERS_READ",
+    "bool",
+    "1",
+    (
+        "`0`: a loader's rank copies each batch's bytes into its decode workers' shared memory, instead of the "
+        "workers reading the samples held in the store's windows out of the rank's memory themselves "
+        "(dstore.loader.vmread, process_vm_readv, where the system allows it; the same bytes)"
+    ),
+)
 WAIT_BOUND = Option(
     "DSTORE_WAIT_BOUND",
     "seconds",
@@ -262,6 +272,7 @@ OPTIONS = {
         NATIVE,
         NATIVE_AFTER,
         PARTIAL_DECODE,
+        WORKERS_READ,
         WAIT_BOUND,
         OBJECT_TIMEOUT,
         OBJECT_TRIES,

@@ -50,7 +50,7 @@ from dstore.order import plan, tiers
 from dstore.order import policy as policy_mod
 from dstore.order import shuffle as shuffle_mod
 from dstore.runtime import job, rc
-from dstore.runtime.collective import AGREED, agree, is_agreed, settle
+from dstore.runtime.collective import AGREED, agree, gather_ints, is_agreed
 from dstore.runtime.progress import ProgressThread
 from dstore.runtime.watchdog import guarded
 from dstore.store import fieldstore, storeplan
@@ -413,8 +413,8 @@ class DataStore:
     def _check_same_epoch(self, e: int, first: int) -> None:
         """Collective: every rank iterates the same epoch from the same step, or all raise ConfigError
         (ranks in different epochs would serve wrong batches without any other error)."""
-        settle(self.comm)  # the ranks' epochs ended unevenly: the first ones here wait asleep, not spinning
-        rows = self.comm.allgather((e, first))  # NOTE [ Store agreement protocol ], 4
+        # the ranks' epochs ended unevenly: the first ones here wait asleep, not spinning
+        rows = gather_ints(self.comm, (e, first))  # NOTE [ Store agreement protocol ], 4
         if any(r != rows[0] for r in rows):
             odd = next(i for i, r in enumerate(rows) if r != rows[0])
             exc = ConfigError(

@@ -56,6 +56,10 @@ class Batch:
         pad: bool[b], True for padding repeats (see dstore.store.data_store's module docstring).
         fields: with `DataStore(fields=[...])`, {field: [each sample's value as stored, bytes]}
             from the owners' windows (dstore.store.fieldstore); None without fields.
+        where: int64[b], each sample's address in this process where it is a view of a window
+            (valid while the store is open: its windows never move), 0 where it is a view of a
+            buffer the store reuses (gets, storage reads); None where not known. Decode workers
+            read the samples of a window from there themselves (dstore.loader.vmread).
     """
 
     samples: list
@@ -65,6 +69,7 @@ class Batch:
     step: int
     pad: np.ndarray
     fields: dict | None = None
+    where: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -297,6 +302,9 @@ class EpochRun:
         self.segs = {r: readonly(a) for r, a in segs.items()}  # rank -> window served in place
         self.mapped = np.zeros(p.size, dtype=bool)
         self.mapped[list(self.segs)] = True
+        self.seg_at = np.zeros(p.size, dtype=np.int64)  # each mapped window's address here (Batch.where)
+        for r, a in self.segs.items():
+            self.seg_at[r] = a.ctypes.data
         self.nbuf = p.prefetch + 1
         self.stream = w.stream  # a streaming preload still filling the windows (dstore.store.stream), or None
         self.tier = None
@@ -401,6 +409,7 @@ class EpochRun:
             for loc, o, a, n in zip(f.local.tolist(), own.tolist(), f.start.tolist(), f.length.tolist())
         ]
         mine = own == p.rank
+        where = np.where(f.local, self.seg_at[own] + f.start, 0)
         if sread is not None:
             assert self.stream is not None  # only a stream reads a step's samples
             miss = sread[0]
@@ -411,6 +420,7 @@ class EpochRun:
                 raise _StepFailed(exc) from exc
             st.storage_wait_seconds += time.perf_counter() - t2
             samples = [next(got) if m else x for m, x in zip(miss.tolist(), samples)]
+            where[miss] = 0
             mine &= ~miss
             st.samples_storage += int(miss.sum())
             st.bytes_storage += int(p.sizes[ids[miss]].sum())
@@ -426,11 +436,12 @@ class EpochRun:
             st.fetch_seconds += t3 - t2
             stor = tier.from_storage[sl]
             samples = [v if v is not None else x for v, x in zip(views, samples)]
+            where[stor] = 0
             mine &= ~stor
             st.samples_storage += int(stor.sum())
             st.bytes_storage += int(p.sizes[ids[stor]].sum())
             st.storage_reads += nruns
-        batch = Batch(samples, p.labels[ids].astype(np.int64), ids + p.start, self.e, s, pad)
+        batch = Batch(samples, p.labels[ids].astype(np.int64), ids + p.start, self.e, s, pad, where=where)
         peer = f.local & ~mine if tier is None else f.local & ~mine & ~tier.from_storage[sl]
         if sread is not None:
             peer &= ~sread[0]
@@ -472,13 +483,14 @@ class EpochRun:
         if self.lazy:  # epoch 0 done: read what it did not need (dropped samples), then let others read
             self._fill_the_rest(failure)
         st.set_population(self.windows.population)
-        log.info(
-            "epoch %d rank %d/%d: %s",
-            self.e,
-            p.rank,
-            p.size,
-            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()),
-        )
+        if log.isEnabledFor(logging.INFO):  # formatted only when logged (~30 us an epoch)
+            log.info(
+                "epoch %d rank %d/%d: %s",
+                self.e,
+                p.rank,
+                p.size,
+                ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.as_dict().items()),
+            )
 
     def _check_unchanged(self) -> None:
         """Collective: a container whose files changed since the store opened it (another file at its
