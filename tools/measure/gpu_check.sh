@@ -52,6 +52,6 @@ cat "$OUT/loader.md" 2>/dev/null | tee -a "$OUT/summary.txt" || tail -5 "$OUT/lo
 log "4. dstore train resnet50 bf16 channels-last, 14 workers, resize on the GPU"
 timeout 150 dstore train /tmp/syn.h5 --device cuda --model resnet50 --amp bf16 --channels-last \
     --image-size 224 --batch-size 256 --decode-workers 14 --resize-on device --epochs 3 \
-    --run-dir /tmp/run-device > "$OUT/train.log" 2>&1
+    --run-dir /tmp/run-device --overwrite > "$OUT/train.log" 2>&1
 grep -E "^epoch|test accuracy|Error|error" "$OUT/train.log" | tee -a "$OUT/summary.txt"
 log "done"
