@@ -15,6 +15,8 @@ its top 53 bits.
 
 from __future__ import annotations
 
+from typing import overload
+
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -43,7 +45,11 @@ class KeyedDraws:
         self._state = (self._state + _GOLDEN) & _MASK
         return _finalise(self._state)
 
-    def integers(self, low: int, high: int, size: int | None = None):
+    @overload
+    def integers(self, low: int, high: int, size: None = None) -> int: ...
+    @overload
+    def integers(self, low: int, high: int, size: int) -> tuple[int, ...]: ...
+    def integers(self, low: int, high: int, size: int | None = None) -> int | tuple[int, ...]:
         """An integer in [low, high) (a tuple of `size` with size given), as numpy's Generator.integers."""
         n = int(high) - int(low)
         if n <= 0:
@@ -56,7 +62,11 @@ class KeyedDraws:
         """A float in [0, 1) (53 random bits)."""
         return (self.next64() >> 11) * (1.0 / (1 << 53))
 
-    def uniform(self, low: float, high: float, size: int | None = None):
+    @overload
+    def uniform(self, low: float, high: float, size: None = None) -> float: ...
+    @overload
+    def uniform(self, low: float, high: float, size: int) -> tuple[float, ...]: ...
+    def uniform(self, low: float, high: float, size: int | None = None) -> float | tuple[float, ...]:
         """A float in [low, high) (a tuple of `size` with size given)."""
         if size is None:
             return low + (high - low) * self.random()

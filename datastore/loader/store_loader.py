@@ -33,7 +33,7 @@ import inspect
 import pickle
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -440,7 +440,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
             self._ended = self._epoch
 
     # -------------------------------------------------------------- epochs
-    def epoch(self, epoch: int) -> Iterator[Any]:
+    def epoch(self, epoch: int) -> Generator[Any, None, None]:
         """Yields (images, labels) for every step of `epoch` (see the class docstring), or with
         `fields=` a dict per step ("image", "label" and each field). Typed Any: which of the two
         depends on the constructor's argument, not on a type.
