@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,6 +128,12 @@ INGEST_LINE = (
 )
 
 
+def _parsed(line: str) -> re.Match[str]:
+    found = re.match(INGEST_LINE, line)
+    assert found is not None, line
+    return found
+
+
 @pytest.mark.parametrize("how", ["argument", "environment"])
 def test_an_ingest_without_its_bar_writes_heartbeat_lines(tmp_path, capsys, monkeypatch, how):
     """A 20k-image ingest wrote nothing for 173 s where stderr was not a terminal: without its bar,
@@ -136,14 +143,14 @@ def test_an_ingest_without_its_bar_writes_heartbeat_lines(tmp_path, capsys, monk
 
     from dstore.ingest import ingest
 
-    kw = {"heartbeat": 0.02} if how == "argument" else {}
+    kw: dict[str, Any] = {"heartbeat": 0.02} if how == "argument" else {}
     if how == "environment":
         monkeypatch.setenv("DSTORE_HEARTBEAT", "0.02")
     report = ingest("synthetic", str(tmp_path / "x.h5"), comm=MPI.COMM_SELF, count=60, progress=False, **kw)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("ingest")]
     assert lines and "\r" not in err, err
-    done = [int(re.match(INGEST_LINE, ln).group(1)) for ln in lines]  # every line parses (None would raise)
+    done = [int(_parsed(ln).group(1)) for ln in lines]  # every line parses
     assert done == sorted(done) and done[-1] <= report.samples == 60, lines
     # a bar instead (a terminal, or --progress), or 0: no heartbeat lines
     ingest("synthetic", str(tmp_path / "y.h5"), comm=MPI.COMM_SELF, count=60, progress=False, heartbeat=0)

@@ -26,7 +26,8 @@ def test_a_missing_dali_venv_is_named_with_how_to_make_it(no_dali, tmp_path):
     why = dali.missing()
     assert why is not None and "bash tools/setup_dali.sh" in why and "DSTORE_DALI_PYTHON" in why
     # a python without DALI in it is a reason too, naming it
-    assert f"{sys.executable} cannot import nvidia.dali" in dali.missing(sys.executable)
+    why = dali.missing(sys.executable)
+    assert why is not None and f"{sys.executable} cannot import nvidia.dali" in why
 
 
 def test_the_peers_bench_skips_dali_with_the_reason(no_dali, tmp_path):
@@ -88,6 +89,8 @@ def test_a_real_dali_run_decodes_every_sample_to_the_size(tmp_path, recipe):
     ingest("synthetic", path, comm=MPI.COMM_SELF, count=12, progress=False)
     with open_container(path) as r:
         blob = dali.export([bytes(r.sample(i)[0]) for i in range(r.num_samples)], str(tmp_path))
-    row = dali.run(dali.find_python(), blob, recipe=recipe, threads=1, batch_size=5, size=32, epochs=2)
+    python = dali.find_python()
+    assert python is not None  # the skipif above
+    row = dali.run(python, blob, recipe=recipe, threads=1, batch_size=5, size=32, epochs=2)
     assert "error" not in row, row
     assert row["samples"] == 24 and row["sample_shape"] == [3, 32, 32], json.dumps(row)

@@ -35,8 +35,14 @@ def test_global_batches_join_the_ranks_steps_and_stop_at_the_shortest():
 
 def test_a_missing_peer_is_named_with_how_to_install_it():
     why = peers.missing("no_such_peer_module_24")
-    assert "no_such_peer_module_24 is not installed" in why and "peers" in why
+    assert why is not None and "no_such_peer_module_24 is not installed" in why and "peers" in why
     assert peers.missing("numpy") is None
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(member)
+    assert f is not None, member.name  # None: not a regular file
+    return f.read()
 
 
 def test_tar_shards_hold_the_samples_in_the_archive_order(tmp_path):
@@ -55,8 +61,8 @@ def test_tar_shards_hold_the_samples_in_the_archive_order(tmp_path):
                 members = tar.getmembers()
                 for m in members[::2]:
                     i = int(m.name.split(".")[0])
-                    data = tar.extractfile(m).read()
-                    cls = tar.extractfile(members[members.index(m) + 1]).read()
+                    data = _member_bytes(tar, m)
+                    cls = _member_bytes(tar, members[members.index(m) + 1])
                     assert data == r.sample(i)[0].tobytes() and int(cls) == labels[i]
                     seen.append(i)
         assert seen == order.tolist()

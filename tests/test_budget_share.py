@@ -88,6 +88,7 @@ def test_stores_over_budget_share_it_and_still_deliver_every_sample(container):
     full, least = sum(f for f, _ in needs), sum(x for _, x in needs)
     total = reserve + least + (full - least) // 2  # above the buffers, below everything resident
     budgets = share_budget(MPI.COMM_SELF, [train, None, held], budget=total, reserve=reserve)
+    assert budgets is not None  # there are stores
     assert sum(budgets) <= total - reserve
     with train, held:
         used = [_held_bytes(s, n) for s, n in zip((train, held), needs)]

@@ -4,6 +4,7 @@ one rank, and under `mpiexec -n 4` with and without $DSTORE_RANKS_PER_NODE=2."""
 import dataclasses
 import json
 import os
+from typing import Any
 
 import pytest
 from mpi4py import MPI
@@ -24,7 +25,7 @@ def test_one_rank_is_one_node(name, emulate, monkeypatch):
     assert here == Topology(rank=0, size=1, node=0, nodes=1, local_rank=0, local_size=1)
     assert here.single_node
     with pytest.raises(dataclasses.FrozenInstanceError):
-        here.node = 1
+        here.node = 1  # pyright: ignore[reportAttributeAccessIssue] - frozen: the assignment is refused
     node = node_comm(COMMS[name], emulate=emulate)
     try:
         assert (node.Get_rank(), node.Get_size()) == (0, 1)
@@ -50,7 +51,8 @@ def test_on_root_alone_returns_its_result_or_raises_its_own_error():
     def fail():
         raise exc
 
-    for kw in ({}, {"types": {}}):
+    kws: tuple[dict[str, Any], ...] = ({}, {"types": {}})
+    for kw in kws:
         with pytest.raises(FormatError) as err:
             on_root(MPI.COMM_SELF, fail, **kw)
         assert err.value is exc and collective.is_agreed(err.value)

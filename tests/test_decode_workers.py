@@ -217,6 +217,7 @@ def test_kill_9_of_the_rank_leaves_no_worker(jpegs):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "workers_run.py"), "hold", jpegs], stdout=subprocess.PIPE, text=True
     )
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         line = proc.stdout.readline().split()
         assert line[:1] == ["pids"], line

@@ -100,7 +100,10 @@ def test_overwrite_false_as_text_keeps_an_existing_container(small, tmp_path):
     before = out.read_bytes()
     with pytest.raises(ContainerExistsError):
         ingest(
-            "synthetic", str(out), comm=MPI.COMM_SELF, config=IngestConfig(count=4, overwrite="false", progress="no")
+            "synthetic",
+            str(out),
+            comm=MPI.COMM_SELF,
+            config=IngestConfig(count=4, overwrite="false", progress="no"),  # pyright: ignore[reportArgumentType] - text where a bool belongs: read as false
         )
     assert out.read_bytes() == before
 

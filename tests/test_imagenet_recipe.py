@@ -4,6 +4,7 @@ sampling, the evaluation box of Resize(size*256/224) + CenterCrop(size), the cro
 ops on the device and the compiled kernels."""
 
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform, centre_box, random_resized_box
 
 JPEG = types.SimpleNamespace(encoding="jpeg")
-COMMON = dict(channels=3, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), normalize=False, recipe="imagenet")
+COMMON: dict[str, Any] = dict(channels=3, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), normalize=False, recipe="imagenet")
 
 
 class Scripted:
@@ -131,6 +132,7 @@ def test_the_partial_decode_gives_the_whole_decodes_pixels(monkeypatch):
             t, left, h, w = where
             tw, lw = where_w[:2]
             assert np.array_equal(part[t : t + h, left : left + w], whole[tw : tw + h, lw : lw + w])
+    assert decode._jpegcrop is not None  # the skipif above
     with pytest.raises(ValueError, match="outside"):
         decode._jpegcrop.decode_region(_jpeg(0), np.empty(10**6, np.uint8), 0, 0, 9999, 10, 1, 0)
 
@@ -241,7 +243,7 @@ def test_a_broken_jpeg_is_refused_naming_the_sample():
             decode_crop(bad, JPEG, whole, (32, 32), name="sample 7")
     if decode._jpegcrop is not None:
         with pytest.raises(ValueError, match="Premature end"):
-            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+            h, w = (int(v) for v in simplejpeg.decode_jpeg_header(data)[:2])
             decode._jpegcrop.decode_region(data[: len(data) // 2], np.empty(h * w * 3, np.uint8), 0, 0, h, w, 1, 0)
 
 
