@@ -23,7 +23,9 @@ from dstore.store.data_store import DataStore
 from dstore.training.augment import ImageTransform, centre_box, random_resized_box
 
 JPEG = types.SimpleNamespace(encoding="jpeg")
-COMMON: dict[str, Any] = dict(channels=3, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), normalize=False, recipe="imagenet")
+COMMON: dict[str, Any] = dict(
+    channels=3, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), normalize=False, recipe="imagenet"
+)
 
 
 class Scripted:
