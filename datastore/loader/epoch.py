@@ -253,7 +253,8 @@ class LoaderEpoch:
         st["batches"] += 1
         st["wait_seconds"] += wait
         st["decode_seconds"] += ready.decode_seconds
-        return dataclasses.replace(ready, wait_seconds=wait)
+        ready.wait_seconds = wait  # `ready` is this epoch's own, made by `complete`
+        return ready
 
     def drain_workers(self) -> None:
         """Reads the answers of the batches the workers still have (NOTE [decode workers] 4: every

@@ -124,7 +124,7 @@ class Pipeline:
         if workers is None:  # LoaderEpoch calls this only with workers
             raise ValueError("from_workers needs decode workers (StoreLoader(workers=N))")
         images, params, secs = workers.collect(ticket)
-        slot_storage = images.untyped_storage().data_ptr()
+        slot_storage = None if workers.fresh else images.untyped_storage().data_ptr()
         event = None
         if self.stream is not None:
             with torch.cuda.stream(self.stream):
