@@ -38,6 +38,7 @@ def test_opening_an_hdf5_container_costs_a_few_requests(container):
             offsets = r.offsets  # the index, read on first use
             got = r.read_bytes(int(offsets[1]), int(offsets[2]))
     s = mnt.stats
+    assert s is not None  # the mount wrote its figures
     # HDF5 reads its metadata item by item (about 25 requests for this file); read in blocks, the
     # head and the tail (index, names, attributes) are one request each, plus the sample's
     assert s["reads"] <= 4, s
@@ -85,7 +86,7 @@ def test_a_streamed_store_opens_the_container_once_per_rank(container, tmp_path)
     with pfs_mount(src, model=PfsModel()) as mnt:
         res = run_mpi(2, ["python", str(script), mnt.path(name), path], timeout=120)  # 4 threads of each
     assert "OK exactly once" in res.stdout, res.stdout + res.stderr
-    assert mnt.stats["opens"] <= 2, mnt.stats  # one per rank
+    assert mnt.stats is not None and mnt.stats["opens"] <= 2, mnt.stats  # one per rank
 
 
 _FIRST = (

@@ -27,6 +27,7 @@ from dstore.formats import (
     FORMATS,
     ContainerExistsError,
     ContainerNotFoundError,
+    ShardedReader,
     checksum,
     create_writer,
     detect_format,
@@ -202,7 +203,7 @@ class TestWriter:
                 (1.0, "must be an int"),
             ):
                 with pytest.raises(ConfigError, match=match):
-                    w.append(b"abc", 0, "b", checksum=bad)
+                    w.append(b"abc", 0, "b", checksum=bad)  # pyright: ignore[reportArgumentType] - "12", 1.0: refused
             with pytest.raises(ConfigError, match="checksums: -3 is not a CRC32"):
                 w.extend(b"ab", [1, 1], [0, 0], ["b", "c"], checksums=[1, -3])
             with pytest.raises(ConfigError, match="checksums has 1 entries but sizes has 2"):
@@ -249,8 +250,9 @@ class TestWriter:
 
     def test_exception_aborts_and_leaves_nothing(self, tmp_path, fmt):
         path = tmp_path / f"a.{fmt}"
+        w = create_writer(path, fmt, encoding="png", class_names=["x"], chunk_bytes=64)
         with pytest.raises(RuntimeError, match="boom"):
-            with create_writer(path, fmt, encoding="png", class_names=["x"], chunk_bytes=64) as w:
+            with w:
                 for i in range(20):
                     w.append(b"x" * 50, 0, f"{i}")
                 raise RuntimeError("boom")
@@ -446,7 +448,7 @@ class TestManifest:
         with open_container(m) as r:
             assert len(r) == 40 and r.info.extra == {"note": "x"}
             assert r.read_range(8, 12).tobytes() == b"".join(s[0] for s in SAMPLES[8:12])
-            assert r.shard_of(10) == (1, 0)
+            assert isinstance(r, ShardedReader) and r.shard_of(10) == (1, 0)
         with pytest.raises(ContainerExistsError):
             write_manifest(m, [a])
 

@@ -66,6 +66,7 @@ def test_check_held_out_refuses_a_class_ordered_tail_and_warns_on_an_unseeded_on
     assert check_held_out("x.h5", {}, labels, None) is None
     mixed = labels[np.random.default_rng(0).permutation(labels.size)]
     warning = check_held_out("x.h5", {}, mixed, held)
+    assert held is not None and warning is not None
     assert warning.startswith("WARNING") and "--stratify" in warning
     assert label_distance(mixed, held)[0] < 0.1 < 0.7 < label_distance(labels, held)[0]
 
@@ -80,6 +81,7 @@ def test_container_reingests_stratified_byte_for_byte(tmp_path):
         for j in range(b.num_samples):
             assert (bytes(b.sample(j)[0]), b.sample(j)[1]) == originals[b.name(j)]
         _, held = split_ranges(b.num_samples, 0.2)
+        assert held is not None  # a 0.2 holdout
         assert np.all(np.abs(np.bincount(b.labels[held[0] :], minlength=6) - 6) <= 1)  # 36 held: 6 of each class
         assert check_held_out("strat.zarr", b.info.extra, b.labels, held) is None
     with pytest.raises(ConfigError, match="exclude each other"):

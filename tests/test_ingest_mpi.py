@@ -129,7 +129,7 @@ def test_cifar_and_synthetic_two_ranks(tmp_path):
     with open_container(str(tmp_path / "c.zarr")) as c:
         assert c.num_samples == 90 and c.info.raw_shape == (32, 32, 3)
         # Raw samples too: the checksums the processing ranks sent are CRC32 of the stored bytes.
-        assert all(int(c.checksums[j]) == zlib.crc32(c.sample(j)[0]) for j in range(90))
+        assert all(int(c.checksums[j]) == zlib.crc32(c.sample(j)[0].data) for j in range(90))
         labels = sum((b[b"labels"] for b in batches), [])
         assert c.labels.tolist() == [labels[i] for i in c.source_index]
         data = np.concatenate([b[b"data"] for b in batches])

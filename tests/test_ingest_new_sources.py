@@ -277,8 +277,8 @@ def test_two_ranks_give_the_single_process_containers_and_train(files, tmp_path)
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:  # optional: the other sources still run
-        pa = None
-    if pa is not None:
+        pa = pq = None
+    if pa is not None and pq is not None:
         table = pa.table({"image": [(flat / n).read_bytes() for n, _ in rows], "label": [c for _, c in rows]})
         pq.write_table(table, tmp_path / "rows.parquet", row_group_size=5)
         run_mpi(

@@ -327,6 +327,7 @@ def test_prefetch_fetches_a_chunk_ahead_and_load_takes_it(s3, tmp_path, monkeypa
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     fsspec.filesystem("s3").clear_instance_cache()
+    assert src.remote is not None  # an s3:// source
     src.remote._fs = None
     assert [src.load(0), src.load(2)] == [png_bytes(4, 0), png_bytes(4, 2)]
     with pytest.raises(SampleError, match=rf"^s3://{b}/wds/a.tar: cannot read: "):

@@ -42,7 +42,7 @@ def _expected_small(original: bytes) -> np.ndarray:
     h, w = arr.shape[:2]
     th, tw = target_size(h, w, S)
     im = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
-    out = np.asarray(im.resize((tw, th), Image.BICUBIC))
+    out = np.asarray(im.resize((tw, th), Image.Resampling.BICUBIC))
     return (out[:, :, None] if out.ndim == 2 else out).astype(np.int16)
 
 

@@ -146,7 +146,7 @@ def test_resize_stores_decoded_pixels(mixed, tmp_path):
             data, _ = c.sample(j)
             with open(os.path.join(str(mixed), c.name(j)), "rb") as f:
                 img = decode_image(f.read(), channels=3)
-            want = np.asarray(Image.fromarray(img).resize((12, 16), Image.BILINEAR))
+            want = np.asarray(Image.fromarray(img).resize((12, 16), Image.Resampling.BILINEAR))
             assert np.array_equal(data.reshape(16, 12, 3), want)
 
 
@@ -241,9 +241,11 @@ def test_npz_and_npy_with_sidecar_labels(tmp_path):
 
 def test_digits_are_the_real_1797_images(tmp_path):
     from sklearn.datasets import load_digits
+    from sklearn.utils import Bunch
 
     report = ingest_here("digits", tmp_path / "d.h5")
     d = load_digits()
+    assert isinstance(d, Bunch)  # not the (X, y) tuple of return_X_y=True
     assert report.samples == 1797
     with open_container(str(tmp_path / "d.h5")) as c:
         assert c.info.raw_shape == (8, 8, 1) and c.info.class_names == tuple("0123456789")
@@ -297,7 +299,7 @@ def test_a_failure_in_the_writer_thread_is_reported_and_nothing_is_left(tmp_path
     from dstore.ingest.writer import BackgroundWriter
 
     class BadLabel(DigitsSource):
-        def label(self, i):
+        def label(self, i):  # pyright: ignore[reportIncompatibleMethodOverride] - a str label on purpose
             return "seven" if i == 5 else super().label(i)  # the writer's int() fails on it
 
     src = BadLabel()
@@ -323,7 +325,7 @@ def test_raw_sources_resize_and_refuse_reencoding(tmp_path):
     images, _ = digits_arrays()
     with open_container(str(tmp_path / "d16.h5")) as c:
         assert c.info.raw_shape == (16, 16, 1)
-        want = np.asarray(Image.fromarray(images[3, :, :, 0]).resize((16, 16), Image.BILINEAR))
+        want = np.asarray(Image.fromarray(images[3, :, :, 0]).resize((16, 16), Image.Resampling.BILINEAR))
         assert np.array_equal(c.sample(3)[0].reshape(16, 16), want)
     with pytest.raises(ConfigError, match="re-encoding"):
         ingest_here("digits", tmp_path / "x.h5", encoding="png")

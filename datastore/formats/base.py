@@ -407,6 +407,11 @@ class ContainerWriter(abc.ABC):
             )
             off += size
 
+    @property
+    @abc.abstractmethod
+    def num_samples(self) -> int:
+        """Samples appended so far."""
+
     @abc.abstractmethod
     def commit(self) -> str:
         """Finishes the container; returns its final path. Calling it twice is an error."""
