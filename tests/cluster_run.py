@@ -88,9 +88,11 @@ def scenario_store(comm, path):
             comm.Barrier()
             grown = shm_used() - before
             index = st._index
+            assert index is not None  # open while the store is
             got = run_epoch(st, 1)
             check_stats(st, got, reader)
             s = st.stats
+            assert s is not None  # the epoch's
             want = _expected(st, reader, got[0], names)
             have = (s.samples_node, s.bytes_node, s.samples_remote, s.bytes_remote)
             if have != want:

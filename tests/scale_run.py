@@ -18,10 +18,12 @@ comm = MPI.COMM_WORLD
 with open_container(path) as ref:
     want_off, want_lab = ref.offsets[3:] - ref.offsets[3], ref.labels[3:]
 with DataStore(comm, path, batch_size=8, seed=5, sample_range=(3, ref.num_samples)) as st:
+    index = st._index
+    assert index is not None  # open while the store is
     row = {
         "loaded": st.container.index_loaded,
-        "node_size": st._index.node_size,
-        "bytes_read": st._index.bytes_read,
+        "node_size": index.node_size,
+        "bytes_read": index.bytes_read,
         "writable": bool(st.offsets.flags.writeable),
         "same": bool(np.array_equal(st.offsets, want_off) and np.array_equal(st.labels, want_lab)),
         "ids": [int(i) for b in st.epoch(1) for i, p in zip(b.ids, b.pad) if not p],

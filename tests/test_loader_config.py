@@ -51,7 +51,7 @@ def test_a_bad_argument_is_one_line_naming_it(name, value, message):
 
 
 def test_checked_normalises_and_every_field_is_documented():
-    cfg = LoaderConfig(size=np.int64(8), ahead=np.int64(3), workers=0, device="cpu").checked()
+    cfg = LoaderConfig(size=np.int64(8), ahead=np.int64(3), workers=0, device="cpu").checked()  # pyright: ignore[reportArgumentType] - numpy's int, made an int
     assert cfg.size == (8, 8) and type(cfg.ahead) is int and cfg.workers == 0 and str(cfg.device) == "cpu"
     assert all(f.metadata["values"] and f.metadata["doc"] for f in dataclasses.fields(LoaderConfig))
 

@@ -6,6 +6,7 @@ models the trainers hold."""
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,6 +134,7 @@ def test_config_checks_name_the_flag():
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
     cfg.check()
     assert (cfg.trainers, cfg.ltfb_round, cfg.ltfb_metric, cfg.tournament_fraction) == (2, 5, "loss", 0.2)
+    bad: dict[str, Any]
     for bad, flag in (
         ({"trainers": 0}, "--trainers 0"),
         ({"ltfb_round": -1}, "--ltfb-round -1"),

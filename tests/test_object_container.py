@@ -6,6 +6,8 @@ key is one line naming the URL; `dstore verify` / `info` read s3:// URLs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from store_scenarios import scenarios
@@ -146,6 +148,7 @@ def test_an_object_replaced_mid_job_is_refused(s3, local, tmp_path, fmt):
     from mpi4py import MPI
 
     url = upload(s3, local[fmt], fmt)
+    options: dict[str, Any] = {"chunk_bytes": 200_000} if fmt == "zarr" else {}
     other = scenarios.make_container(
         str(tmp_path / ("o.h5" if fmt == "hdf5" else "o.zarr")),
         n=N,
@@ -153,7 +156,7 @@ def test_an_object_replaced_mid_job_is_refused(s3, local, tmp_path, fmt):
         large=8000,
         small=8000,
         fmt=fmt,
-        **({"chunk_bytes": 200_000} if fmt == "zarr" else {}),
+        **options,
     )
     with open_container(local[fmt]) as ref:
         st = scenarios._tiered(MPI.COMM_SELF, url, batch_size=scenarios.BATCH, seed=3, storage_lookahead=1)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def _source_files(*folders: str) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
+def wheel(tmp_path_factory) -> Iterator[zipfile.ZipFile]:
     """The wheel built from a clean copy of the sources (no stale build/ of an earlier layout)."""
     pytest.importorskip("setuptools")
     src = tmp_path_factory.mktemp("src")

@@ -3,6 +3,7 @@ against the whole decode on real photos: the same pixels at every scale, chroma 
 progressive and restart-marker file, and the same batches through the loader with it on and off."""
 
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,7 +159,7 @@ def test_the_loader_gives_the_same_batches_with_the_partial_decode_on_and_off(ph
     """`DSTORE_PARTIAL_DECODE=1` and `0` (the extension, or simplejpeg's whole decode at the same DCT
     scale): the same uint8 batches of the ImageNet recipe's training (2 epochs) and evaluation
     transforms on real 4:2:0 photos, at 224 (mostly full scale) and 96 (mostly 1/2 and 1/4)."""
-    common = dict(channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
+    common: dict[str, Any] = dict(channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
     for tf in (
         ImageTransform(size=(size, size), train=True, flip=True, **common),
         ImageTransform(size=(size, size), **common),

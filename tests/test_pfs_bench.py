@@ -27,8 +27,10 @@ def _config(*argv):
 @pytest.mark.skipif(fuse_available() is not None, reason=f"needs FUSE: {fuse_available()}")
 def test_storage_options_parse_and_name_bad_keys():
     cfg = _config("--storage", "pfs:latency=2ms,iops=2000,bandwidth=1GB/s")
+    assert cfg.storage is not None
     assert (cfg.storage.latency, cfg.storage.iops, cfg.storage.bandwidth) == (2e-3, 2000, 1e9)
-    assert _config("--storage", "pfs:iops=300").storage.iops == 300
+    one = _config("--storage", "pfs:iops=300").storage
+    assert one is not None and one.iops == 300
     assert _config("--storage-sweep").storage_sweep == storage.DEFAULT_LADDER
     assert _config("--storage-sweep", "local", "pfs:latency=8ms").storage_sweep == ("local", "pfs:latency=8ms")
     with pytest.raises(ConfigError, match="'iosp=3' is not KEY=VALUE"):

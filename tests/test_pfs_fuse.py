@@ -102,8 +102,8 @@ def test_bytes_through_the_mount_equal_the_source(source):
         assert errors == []
         with pytest.raises(OSError):  # read-only
             open(mnt.path("one"), "r+b")
-    assert mnt.stats["reads"] > 1000 and mnt.stats["read_bytes"] > 0
-    assert not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
+    assert mnt.stats is not None and mnt.stats["reads"] > 1000 and mnt.stats["read_bytes"] > 0
+    assert mnt.mountpoint is not None and not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
     assert pfs_mountpoints(source) == []
 
 
@@ -123,7 +123,7 @@ def test_model_caps_hold_lower_bounds(source, spec, n, size, nthreads, lower):
     with pfs_mount(source, model=parse_spec(spec)) as mnt:
         elapsed = _pread_all(mnt.path("big.bin"), n, size, nthreads)
     assert elapsed >= lower, f"{spec}: {nthreads}x{n} reads took {elapsed:.3f} s < {lower:.3f} s"
-    assert mnt.stats["reads"] == n * nthreads
+    assert mnt.stats is not None and mnt.stats["reads"] == n * nthreads
 
 
 def _wait_mounted(mp, proc, timeout=30):
@@ -192,11 +192,12 @@ def test_bad_source_leaves_no_mount(tmp_path):
 
 
 def test_error_in_the_body_still_unmounts(source):
+    mnt = pfs_mount(source, model=PfsModel(latency=1e-3))
     with pytest.raises(RuntimeError, match="boom"):
-        with pfs_mount(source, model=PfsModel(latency=1e-3)) as mnt:
+        with mnt:
             assert os.listdir(mnt.mountpoint)
             raise RuntimeError("boom")
-    assert not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
+    assert mnt.mountpoint is not None and not is_mounted(mnt.mountpoint) and not os.path.exists(mnt.mountpoint)
 
 
 def test_stale_mount_is_detected_and_named(source, tmp_path):
@@ -281,6 +282,7 @@ def test_mount_does_not_outlive_a_killed_owner(source):
     )
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
+        assert owner.stdout is not None  # piped
         mp, fs_pid = owner.stdout.readline().split()
         assert is_mounted(mp)
         owner.kill()
@@ -378,5 +380,5 @@ def test_a_mount_of_the_temporary_directory_itself_goes_elsewhere(tmp_path, monk
     (src / "x.bin").write_bytes(b"abc")
     monkeypatch.setattr(tempfile, "tempdir", str(src))
     with pfs_mount(src, model=PfsModel()) as mnt:
-        assert not mnt.mountpoint.startswith(str(src) + "/")
+        assert mnt.mountpoint is not None and not mnt.mountpoint.startswith(str(src) + "/")
         assert (open(mnt.path("x.bin"), "rb").read()) == b"abc"

@@ -213,7 +213,7 @@ def test_the_library_bounds_every_input_of_a_forecast():
             capacity.forecast(100, 1e3, ok, storage)
     for samples, mean in ((0, 1e3), (2.5, 1e3), (100, math.inf), (100, 0)):
         with pytest.raises(ConfigError, match="^samples=|^mean_bytes="):
-            capacity.forecast(samples, mean, ok, capacity.Storage())
+            capacity.forecast(samples, mean, ok, capacity.Storage())  # pyright: ignore[reportArgumentType] - 2.5 refused
     # no cap is inf where a rate has one: unlimited local disk and storage are allowed
     capacity.forecast(100, 1e3, dataclasses.replace(ok, local_bandwidth=math.inf), capacity.Storage())
 

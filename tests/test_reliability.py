@@ -540,12 +540,16 @@ def test_verify_narrows_a_corrupt_gzip_chunk(tmp_path):
     with h5py.File(src, "r") as a, h5py.File(path, "w") as b:
         for key in a:
             if key == "data":
-                b.create_dataset("data", data=a["data"][()], chunks=(chunk,), compression="gzip")
+                data = a["data"]
+                assert isinstance(data, h5py.Dataset)
+                b.create_dataset("data", data=data[()], chunks=(chunk,), compression="gzip")
             else:
                 a.copy(key, b)
         b.attrs.update(a.attrs)
         info = b["data"].id.get_chunk_info(2)
-        offsets = b["offsets"][()].tolist()
+        stored = b["offsets"]
+        assert isinstance(stored, h5py.Dataset)
+        offsets = stored[()].tolist()
     with open(path, "r+b") as f:
         f.seek(info.byte_offset + info.size // 2)
         f.write(bytes(range(256)) * 4)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ def test_two_jobs_writing_one_output_at_once_leave_one_whole_container(tmp_path)
 
 def test_a_second_writer_of_one_path_is_refused_and_a_stale_lock_blocks_nothing(tmp_path):
     path = str(tmp_path / "c.h5")
-    args = dict(encoding="raw", class_names=["a"], raw_dtype="uint8", raw_shape=(1,))
+    args: dict[str, Any] = dict(encoding="raw", class_names=["a"], raw_dtype="uint8", raw_shape=(1,))
     first = create_writer(path, "hdf5", overwrite=True, **args)
     with pytest.raises(ContainerExistsError, match="being written by another job"):
         create_writer(path, "zarr", overwrite=True, **args)  # (it replaced the first's output silently)

@@ -64,6 +64,7 @@ def test_a_second_job_in_a_held_run_dir_is_refused_and_the_hold_dies_with_the_jo
     )
     other = subprocess.Popen([sys.executable, "-c", code, str(held), MARKER], stdout=subprocess.PIPE, text=True)
     try:
+        assert other.stdout is not None  # piped
         assert other.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match="is in use by another job now") as err:
             run(run_dir=str(held))

@@ -51,6 +51,7 @@ def test_thread_readers_hold_no_index_and_the_budget_counts_none(tmp_path, backe
     probe.close()
     with DataStore(MPI.COMM_SELF, path, memory_budget=budget, **kw) as st:  # tiered: storage threads read
         got = sorted(int(i) for b in st.epoch(0) for i, p in zip(b.ids, b.pad) if not p)
+        assert st.windows is not None and st.windows.storage is not None  # tiered, populated by the epoch
         storage = st.windows.storage
         if getattr(st.container, "concurrent_reads", False):  # HDF5: the threads read with the job's reader
             assert storage._shared is st.container and storage._readers == []
@@ -75,7 +76,7 @@ def test_the_node_index_holds_labels_narrow_and_batches_deliver_them_as_int64(tm
     want = {3: np.uint8, 300: np.int16, 70000: np.int32}[classes]
     with DataStore(MPI.COMM_SELF, path, batch_size=16, seed=3, sample_range=(5, 150)) as st:
         assert st.labels.dtype == want and not st.labels.flags.writeable
-        assert st._index.nbytes == 8 * 146 + 4 * 145 + np.dtype(want).itemsize * 145
+        assert st._index is not None and st._index.nbytes == 8 * 146 + 4 * 145 + np.dtype(want).itemsize * 145
         got = {}
         for b in st.epoch(0):
             assert b.labels.dtype == np.int64

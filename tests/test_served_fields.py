@@ -82,6 +82,7 @@ def test_detection_style_items_served_with_their_boxes(tmp_path):
                     seen.append(i)
             assert sorted(seen) == list(range(11))
         for b in st.epoch(1):  # the store's own batches: the bytes as stored
+            assert b.fields is not None
             for i, s, t in zip(b.ids.tolist(), b.samples, b.fields["txt"]):
                 item = items[int(source[i])]
                 assert bytes(s) == item[0] and t == (item[3]["txt"].encode() if len(item) == 4 else None)
@@ -117,6 +118,7 @@ def test_resume_mid_epoch_from_two_ranks_on_one_gives_the_same_fields(tmp_path):
         st.load_state_dict(doc["state"])
         rest = []
         for b in st.epoch(0):
+            assert b.fields is not None
             for i, s, t, x in zip(b.ids.tolist(), b.samples, b.fields["txt"], b.fields["boxes"]):
                 assert (bytes(s), t, x) == want[i]
                 rest.append(i)
@@ -133,8 +135,10 @@ def _damaged(tmp_path) -> str:
         for k in range(12):
             w.append(bytes([k]) * 64, 0, f"s{k}", fields={"txt": f"caption {k}"})
     with h5py.File(path, "r+") as f:
-        at = int(f["fields/txt/offsets"][3])
-        f["fields/txt/data"][at] ^= 0x20
+        offsets, data = f["fields/txt/offsets"], f["fields/txt/data"]
+        assert isinstance(offsets, h5py.Dataset) and isinstance(data, h5py.Dataset)
+        at = int(offsets[3])
+        data[at] ^= 0x20
     return path
 
 

@@ -2,6 +2,7 @@
 COMM_SELF and under real `mpiexec -n 1..4` on uneven data, plus an error on one rank ending the job."""
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,7 +120,7 @@ def test_the_delivery_check_catches_loss_repeats_and_bad_bytes(container):
     reader = open_container(container)
     with DataStore(MPI.COMM_SELF, reader, batch_size=scenarios.BATCH, seed=1) as st:
         got = scenarios.run_epoch(st, 0)
-    kw = dict(epoch=0, policy="global", seed=1, drop_last=False)
+    kw: dict[str, Any] = dict(epoch=0, policy="global", seed=1, drop_last=False)
     scenarios.check_delivery(MPI.COMM_SELF, reader, got, **kw)
     ids, crcs, pads, labels, steps = got
     swapped = ids.copy()
@@ -171,7 +172,9 @@ def _gzip_hdf5_with_a_corrupt_chunk(tmp_path) -> str:
             b.attrs[k] = v
         for name in a:
             if name == "data":
-                b.create_dataset("data", data=a["data"][()], chunks=(1 << 16,), compression="gzip")
+                data = a["data"]
+                assert isinstance(data, h5py.Dataset)
+                b.create_dataset("data", data=data[()], chunks=(1 << 16,), compression="gzip")
             else:
                 a.copy(name, b)
     with h5py.File(path, "r") as b:
@@ -320,8 +323,8 @@ def test_ranks_that_disagree_fail_together_or_are_served_alike(container, tmp_pa
     for r in (0, 1):
         assert f"rank {r} finished" in lines, out
 
-    def said(case, r):
-        return next((x.split(" | ", 2)[2] for x in lines if x.startswith(f"{case} | rank {r} |")), None)
+    def said(case: str, r: int) -> str:  # "" where the line is missing: each check below then fails
+        return next((x.split(" | ", 2)[2] for x in lines if x.startswith(f"{case} | rank {r} |")), "")
 
     for r in (0, 1):
         assert "ConfigError" in said("batch_size below the ranks on one rank", r) and "batch_size" in said(

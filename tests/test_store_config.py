@@ -78,7 +78,7 @@ def test_every_argument_says_whether_ranks_must_agree_and_the_plan_changing_ones
     from dstore.store.config import arg
 
     with pytest.raises(TypeError, match="agree"):  # a new field cannot leave it out
-        arg(1, values="int", doc="x")
+        arg(1, values="int", doc="x")  # pyright: ignore[reportCallIssue]
 
 
 def test_the_guide_shows_the_generated_table_of_options():
@@ -123,10 +123,8 @@ def test_train_flags_for_the_storage_tier_reach_the_store():
     from dstore.training.config import TrainConfig
     from dstore.training.resume import CHANGEABLE
 
-    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
-    cfg = from_args(
-        TrainConfig, sub.choices["train"].parse_args(["--storage-threads", "16", "--storage-lookahead", "8"])
-    )
+    commands = next(a.choices for a in build_parser()._actions if isinstance(a.choices, dict))
+    cfg = from_args(TrainConfig, commands["train"].parse_args(["--storage-threads", "16", "--storage-lookahead", "8"]))
     opts = options_from(cfg, seed=1)
     assert opts["storage_threads"] == 16 and opts["storage_lookahead"] == 8
     assert {"storage_threads", "storage_lookahead"} <= set(CHANGEABLE)  # how a run reads, not what it learns

@@ -78,6 +78,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(k=st.integers(1, 2 * STEPS))
     def iterate(self, k):
+        assert self.store is not None  # opened by the initialize rule, which runs first
         for _ in range(k):
             batch = next(self.it, None)
             if batch is None:  # the epoch ended: the next one starts at its step 0
@@ -91,11 +92,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule()
     def save(self):
+        assert self.store is not None
         self.saved = (self.store.state_dict(), self.pos)
 
     @precondition(lambda self: self.saved is not None)
     @rule(opts=SETTINGS)
     def reopen_and_load(self, opts):
+        assert self.store is not None and self.saved is not None  # (the precondition)
         self.store.close()
         self.store = _open(self.path, **opts)
         sd, self.pos = self.saved
@@ -104,6 +107,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule()
     def abandon_and_resume(self):
+        assert self.store is not None
         self.it.close()  # an epoch left mid-way (a trainer that stops to checkpoint)
         self.store.load_state_dict(self.store.state_dict())
         self.it = self.store.epoch(self.pos[0])

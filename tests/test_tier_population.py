@@ -55,16 +55,18 @@ def test_the_tiered_preload_reads_the_resident_bytes_and_small_gaps_only(contain
     kw = dict(batch_size=12, seed=4, population_threads=3, storage_threads=3)
     with open_container(container) as ref, _tiered(MPI.COMM_SELF, container, fraction, **kw) as st:
         assert ref.byte_addressable
-        res = st.windows.resident
+        w = st.windows
+        assert w is not None and w.resident is not None and w.storage is not None  # populated, tiered
+        res = w.resident
         sizes = st.sizes
         resident_bytes = int(sizes[res].sum())
         assert 0.8 * fraction < resident_bytes / int(sizes.sum()) < 1.2 * fraction
-        got = st.windows.population["population_bytes"]  # (stats has it once an epoch ran)
-        counted = st.windows.storage.bytes  # the storage tier's threads did the reading, and counted it
+        got = w.population["population_bytes"]  # (stats has it once an epoch ran)
+        counted = w.storage.bytes  # the storage tier's threads did the reading, and counted it
         assert counted == got
         assert resident_bytes <= got <= resident_bytes + _skippable_gaps(res, sizes, GAP)
         assert got < int(sizes.sum()) - 0.5 * (int(sizes.sum()) - resident_bytes)  # most gaps skipped
-        window, disp = st.windows.arena.local, st.layout.disp
+        window, disp = w.arena.local, st.layout.disp
         for i in np.nonzero(res)[0].tolist():
             a = int(disp[i])
             assert np.array_equal(window[a : a + int(sizes[i])], ref.sample(i)[0]), i
@@ -87,6 +89,7 @@ def test_the_tiered_preload_names_the_sample_whose_read_fails(container, monkeyp
     monkeypatch.setattr(preload, "GAP_BYTES", GAP)
     kw = dict(batch_size=12, seed=4, population_threads=3, storage_threads=3)
     with _tiered(MPI.COMM_SELF, container, 0.5, **kw) as st:
+        assert st.windows is not None and st.windows.resident is not None  # populated, tiered
         res, off = st.windows.resident, st.offsets
     bad = int(np.nonzero(res & (np.diff(off) > 0))[0][300])
     lo_bad, hi_bad = int(off[bad]), int(off[bad + 1])
@@ -140,9 +143,11 @@ def test_the_run_reads_apply_where_a_read_costs_its_bytes(tmp_path, monkeypatch,
     path = build(tmp_path, backend, random_samples(300, seed=2, max_bytes=3000))
     with open_container(path) as ref, _tiered(MPI.COMM_SELF, path, 0.3, batch_size=8) as st:
         assert ref.byte_addressable == expect
-        res, sizes = st.windows.resident, st.sizes
-        got, resident_bytes = st.windows.population["population_bytes"], int(sizes[res].sum())
+        w = st.windows
+        assert w is not None and w.resident is not None  # populated, tiered
+        res, sizes = w.resident, st.sizes
+        got, resident_bytes = w.population["population_bytes"], int(sizes[res].sum())
         assert (got == resident_bytes) if expect else (got > 2 * resident_bytes)
-        window, disp = st.windows.arena.local, st.layout.disp
+        window, disp = w.arena.local, st.layout.disp
         for i in np.nonzero(res)[0].tolist():
             assert np.array_equal(window[int(disp[i]) : int(disp[i]) + int(sizes[i])], ref.sample(i)[0]), i

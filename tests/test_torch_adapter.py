@@ -5,6 +5,7 @@ import io
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,6 +96,7 @@ def test_mixed_shapes_need_size(png_container):
 def test_resize_and_bad_arguments():
     a = np.zeros((4, 6, 3), np.uint8)
     assert resize(a, (4, 6)) is a and resize(a, (2, 3)).shape == (2, 3, 3)
+    kw: dict[str, Any]  # wrong values on purpose: each is refused
     for kw in (
         dict(decode_threads=0),
         dict(num_threads=1, decode_threads=1),
@@ -118,6 +120,7 @@ def _epoch_record(ld, epoch):
 @pytest.mark.parametrize("ahead", [2, 3, 7])
 @pytest.mark.parametrize("policy", ["global", "local"])
 def test_ahead_delivers_each_sample_once_as_ahead_1_does(raw_container, png_container, ahead, policy):
+    kw: dict[str, Any]
     for path, kw in ((raw_container, {}), (png_container, dict(size=(6, 7)))):
         with DataStore(MPI.COMM_SELF, path, batch_size=4, seed=5, shuffle=policy, prefetch=1) as st:
             with StoreLoader(st, decode_threads=2, ahead=1, **kw) as ld:
@@ -226,7 +229,7 @@ def test_ahead_argument_and_resize_is_writable(png_container):
     # text of an integer is that integer (dstore.runtime.values); text that is none is refused
     for bad in (0, -1, True, 1.5, "x", "1.5"):
         with pytest.raises(ConfigError, match="ahead"):
-            StoreLoader(object(), ahead=bad)
+            StoreLoader(object(), ahead=bad)  # pyright: ignore[reportArgumentType]
     out = resize(np.zeros((5, 6, 3), np.uint8), (3, 4))
     assert out.flags.writeable and out.shape == (3, 4, 3)
     with warnings.catch_warnings():

@@ -5,6 +5,7 @@ its antialiased bilinear (dstore.loader.antialias), `resized_crop` for training 
 `CenterCrop(224)` for evaluation, through the crop-aware decode, the same in threads and workers."""
 
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from dstore.training.augment import ImageTransform
 from dstore.training.config import TrainConfig
 
 JPEG = types.SimpleNamespace(encoding="jpeg")
-COMMON = dict(channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
+COMMON: dict[str, Any] = dict(channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet")
 NATIVE_UINT8 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 """Whether torch resizes uint8 images itself here (as torchvision does on such CPUs), else in float."""
 

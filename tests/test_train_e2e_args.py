@@ -54,8 +54,9 @@ def test_peer_loaders_run_over_copies_written_beside_the_container(tmp_path):
 
     from dstore.tools.bench import peers
 
-    if peers.missing("webdataset"):
-        pytest.skip(peers.missing("webdataset"))
+    why = peers.missing("webdataset")
+    if why:
+        pytest.skip(why)
     path = write_samples(tmp_path / "c.h5", "hdf5", random_samples(30, seed=2))
     seen = []
 

@@ -43,6 +43,7 @@ def test_own_script_resumes_from_the_loaders_state_dict(full_run, tmp_path):
     assert "stopped after 30 steps at 1:7" in stopped.stdout, stopped.stdout
     resumed = run_mpi(2, args, timeout=120)
     want, got = re.search(RESULT, res.stdout), re.search(RESULT, resumed.stdout)
+    assert want, res.stdout
     assert got, resumed.stdout + resumed.stderr
     assert got.groups() == want.groups(), (res.stdout, resumed.stdout)
 

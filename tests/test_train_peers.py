@@ -51,8 +51,9 @@ def test_a_peer_feeds_the_training_range_checked(tmp_path, loader):
 
 
 def test_a_missing_or_stale_copy_is_refused_naming_it(tmp_path):
-    if peers.missing("webdataset"):
-        pytest.skip(peers.missing("webdataset"))
+    why = peers.missing("webdataset")
+    if why:
+        pytest.skip(why)
     path = _container(tmp_path)
     with open_container(path) as r:
         with pytest.raises(ConfigError, match="no current copy of .*c.h5"):

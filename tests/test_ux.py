@@ -97,6 +97,7 @@ def test_closed_stdout_ends_quietly(tmp_path):
         env=_env(),
         cwd=REPO,
     )
+    assert proc.stdout is not None and proc.stderr is not None  # piped
     proc.stdout.close()  # as `head` does after its line
     err = proc.stderr.read().decode()
     code = proc.wait(timeout=60)
@@ -111,9 +112,9 @@ def test_launcher_mismatch_names_the_launcher():
     assert launcher_mismatch({"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}, 1) is None
     assert launcher_mismatch({"WORLD_SIZE": "4"}, 4) is None  # mpiexec under a torch env: sizes agree
     msg = launcher_mismatch({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, 1)
-    assert "torchrun" in msg and "mpiexec -n 2" in msg and "srun" in msg
+    assert msg is not None and "torchrun" in msg and "mpiexec -n 2" in msg and "srun" in msg
     msg = launcher_mismatch({"SLURM_STEP_NUM_TASKS": "8"}, 1)
-    assert "srun" in msg and "--mpi=pmi2" in msg and "mpiexec -n 8" in msg
+    assert msg is not None and "srun" in msg and "--mpi=pmi2" in msg and "mpiexec -n 8" in msg
 
 
 @pytest.mark.parametrize("rank, prints", [("0", True), ("1", False)])
@@ -188,7 +189,9 @@ def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
     _write(v2 / "slurm/job_7/memory.stat", f"anon 1\ninactive_file {256 << 20}\n")
     _write(v2 / "slurm/job_7/step_0/memory.max", "max\n")
     _write(tmp_path / "cg2", "0::/slurm/job_7/step_0\n")
-    free, where = memory.cgroup_headroom(str(tmp_path / "cg2"), str(v2))
+    got = memory.cgroup_headroom(str(tmp_path / "cg2"), str(v2))
+    assert got is not None
+    free, where = got
     assert free == (2 << 30) - (512 << 20) + (256 << 20) and "job_7" in where
 
     # v1: the memory controller's own hierarchy; "no limit" is a huge number.
@@ -197,7 +200,8 @@ def test_default_budget_honours_cgroup_v2_and_v1_limits(tmp_path, monkeypatch):
     _write(v1 / "memory/job/memory.usage_in_bytes", str(100 << 20))
     _write(v1 / "memory/memory.limit_in_bytes", "9223372036854771712\n")
     _write(tmp_path / "cg1", "9:pids:/\n4:memory:/job\n")
-    assert memory.cgroup_headroom(str(tmp_path / "cg1"), str(v1))[0] == (1 << 30) - (100 << 20)
+    got = memory.cgroup_headroom(str(tmp_path / "cg1"), str(v1))
+    assert got is not None and got[0] == (1 << 30) - (100 << 20)
     _write(tmp_path / "none", "4:memory:/\n")
     assert memory.cgroup_headroom(str(tmp_path / "none"), str(v1 / "nothing")) is None
 

@@ -11,6 +11,7 @@ import errno
 import glob
 import os
 import random
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,9 @@ from dstore.errors import ConfigError, OutputError
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-def _map_leaves(value, leaf):
-    """A copy of nested dicts/lists/tuples with `leaf` applied to every other value."""
+def _map_leaves(value: Any, leaf) -> Any:
+    """A copy of nested dicts/lists/tuples with `leaf` applied to every other value (Any: the
+    structure is `value`'s, whatever it is)."""
     if isinstance(value, dict):
         return {k: _map_leaves(v, leaf) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -44,13 +46,13 @@ def _numpy_leaf(value):
     return value.numpy() if isinstance(value, torch.Tensor) else value
 
 
-def to_safe(value):
+def to_safe(value: Any) -> Any:
     """A copy of `value` that torch.load(weights_only=True) accepts: numpy scalars become Python
     numbers, numpy arrays become tensors; containers are copied recursively."""
     return _map_leaves(value, _safe_leaf)
 
 
-def from_safe(value):
+def from_safe(value: Any) -> Any:
     """Inverse of to_safe for state that wants numpy back (tensors become numpy arrays)."""
     return _map_leaves(value, _numpy_leaf)
 

@@ -379,7 +379,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         """The epoch the next `iter(loader)` runs."""
         self._epoch = int(epoch)
 
-    def __iter__(self):
+    def __iter__(self) -> Generator[Any, None, None]:
         if torch.utils.data.get_worker_info() is not None:
             raise ConfigError(
                 "StoreLoader cannot run in DataLoader worker processes (num_workers > 0): a worker "
@@ -392,7 +392,7 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self._epoch += 1  # a plain `for epoch ...: for batch in loader` walks the epochs
         ended, self._ended = self._ended, None
         if epoch == ended:  # its batches were all yielded before the state was taken: the rest is none
-            return iter(())
+            return _no_batches()
         return self.epoch(epoch)
 
     def __getstate__(self):
@@ -443,7 +443,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def epoch(self, epoch: int) -> Generator[Any, None, None]:
         """Yields (images, labels) for every step of `epoch` (see the class docstring), or with
         `fields=` a dict per step ("image", "label" and each field). Typed Any: which of the two
-        depends on the constructor's argument, not on a type.
+        depends on the constructor's argument, not on a type. A generator: its `close()` ends the
+        epoch and the decodes running for it.
 
         An epoch of this loader still open (abandoned mid-way) is ended first.
         """
@@ -507,6 +508,11 @@ class StoreLoader(torch.utils.data.IterableDataset):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _no_batches() -> Generator[Any, None, None]:
+    """An epoch with no batch left, a generator as `epoch` returns (so `iter(loader)` has `close()`)."""
+    yield from ()
 
 
 def _field_source(store, fields) -> tuple[StoreFields | None, dict]:

@@ -214,6 +214,16 @@ def assignment_at(positions: np.ndarray, num_samples: int, batch_size: int, nran
     return out
 
 
+def _whole(op: str):
+    """`Derived`'s operator `op`: the whole array's (np.asarray, O(n))."""
+
+    def method(self, *args):
+        return getattr(np.asarray(self), op)(*args)
+
+    method.__name__ = op
+    return method
+
+
 class Derived:
     """An int64[n] array that is never stored: each lookup computes its entries from `fn(ids)`.
 
@@ -255,40 +265,28 @@ class Derived:
             raise AttributeError(name)
         return getattr(np.asarray(self), name)
 
+    # The whole array's operators, written in the class (not set in a loop) so a type checker sees them.
+    __eq__ = _whole("__eq__")
+    __ne__ = _whole("__ne__")
+    __lt__ = _whole("__lt__")
+    __le__ = _whole("__le__")
+    __gt__ = _whole("__gt__")
+    __ge__ = _whole("__ge__")
+    __add__ = _whole("__add__")
+    __radd__ = _whole("__radd__")
+    __sub__ = _whole("__sub__")
+    __rsub__ = _whole("__rsub__")
+    __mul__ = _whole("__mul__")
+    __rmul__ = _whole("__rmul__")
+    __neg__ = _whole("__neg__")
+    __and__ = _whole("__and__")
+    __rand__ = _whole("__rand__")
+    __or__ = _whole("__or__")
+    __ror__ = _whole("__ror__")
+    __floordiv__ = _whole("__floordiv__")
+    __mod__ = _whole("__mod__")
+    __invert__ = _whole("__invert__")
     __hash__: ClassVar[None] = None  # pyright: ignore[reportIncompatibleMethodOverride] - unhashable as an array (== is elementwise)
-
-
-def _whole(op):
-    def method(self, *args):
-        return getattr(np.asarray(self), op)(*args)
-
-    method.__name__ = op
-    return method
-
-
-for _op in (
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "add",
-    "radd",
-    "sub",
-    "rsub",
-    "mul",
-    "rmul",
-    "neg",
-    "and",
-    "rand",
-    "or",
-    "ror",
-    "floordiv",
-    "mod",
-    "invert",
-):
-    setattr(Derived, f"__{_op}__", _whole(f"__{_op}__"))
 
 
 def largest_sum(offsets: np.ndarray, k: int, chunk: int = 1 << 20) -> int:

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from typing import Literal
+from typing import Literal, TypeVar
 
 from dstore.runtime import job, rc
 
@@ -51,6 +51,8 @@ whose node is cut off from the launcher cannot be ended by it."""
 
 PERIOD_MOST = 1.0
 """The longest pause of the watchdog thread between looks at the wait in progress, in seconds."""
+
+_W = TypeVar("_W", bound="Watchdog")  # start() returns the watchdog itself, of its own class
 
 
 def span(ranks) -> str:
@@ -141,7 +143,7 @@ class Watchdog:
         )
 
     # ---------------------------------------------------------------- the watchdog thread
-    def start(self) -> Watchdog:
+    def start(self: _W) -> _W:
         if self._thread is None and self.others:
             self._thread = threading.Thread(target=self._run, name="dstore-watchdog", daemon=True)
             self._thread.start()
