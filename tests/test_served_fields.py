@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.formats import plain_array, plain_values
 from support.ingest import clip_shards, png_bytes
 
 from dstore.errors import ChecksumError
@@ -135,10 +136,8 @@ def _damaged(tmp_path) -> str:
         for k in range(12):
             w.append(bytes([k]) * 64, 0, f"s{k}", fields={"txt": f"caption {k}"})
     with h5py.File(path, "r+") as f:
-        offsets, data = f["fields/txt/offsets"], f["fields/txt/data"]
-        assert isinstance(offsets, h5py.Dataset) and isinstance(data, h5py.Dataset)
-        at = int(offsets[3])
-        data[at] ^= 0x20
+        at = int(plain_values(f, "fields/txt/offsets", 3))
+        plain_array(f, "fields/txt/data")[at] = plain_values(f, "fields/txt/data", at) ^ 0x20
     return path
 
 

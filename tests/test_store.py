@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 from store_scenarios import scenarios
+from support.formats import plain_values
 from support.mpirun import run_mpi
 
 SCEN_DIR = Path(__file__).resolve().parent / "store_scenarios"
@@ -172,9 +173,7 @@ def _gzip_hdf5_with_a_corrupt_chunk(tmp_path) -> str:
             b.attrs[k] = v
         for name in a:
             if name == "data":
-                data = a["data"]
-                assert isinstance(data, h5py.Dataset)
-                b.create_dataset("data", data=data[()], chunks=(1 << 16,), compression="gzip")
+                b.create_dataset("data", data=plain_values(a, "data"), chunks=(1 << 16,), compression="gzip")
             else:
                 a.copy(name, b)
     with h5py.File(path, "r") as b:
