@@ -22,7 +22,6 @@ import numpy as np
 from dstore.codec.decode import decode_sample
 from dstore.errors import ChecksumError, ConfigError, shown
 from dstore.formats import checksum
-from dstore.ingest import ingest
 from dstore.order import plan, shuffle
 from dstore.order.mix import check_weights
 from dstore.runtime import rc
@@ -80,6 +79,8 @@ def _ingest_once(name: str, path: str) -> str:
         try:
             if not os.path.exists(path):  # another job may have made it while we waited
                 from mpi4py import MPI
+
+                from dstore.ingest import ingest  # here: a run on a container never loads the 27 ingest modules
 
                 print(f"dstore train: ingesting the built-in {name!r} data set into {path} (once)", flush=True)
                 ingest(name, path, comm=MPI.COMM_SELF, fmt="hdf5", seed=0, progress=False)
