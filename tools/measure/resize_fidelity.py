@@ -47,7 +47,7 @@ def _pil(img: np.ndarray, size) -> np.ndarray:
 def torchvision_v2():
     """torchvision.transforms.v2.functional, or None where torchvision does not import."""
     try:
-        from torchvision.transforms.v2 import functional
+        from torchvision.transforms.v2 import functional  # pyright: ignore[reportMissingImports]: not a dependency
     except (ImportError, RuntimeError, AttributeError, OSError):  # absent, or built for another torch
         return None
     return functional
@@ -81,7 +81,7 @@ def reference(img: np.ndarray, train: bool, box, flip: bool, size: int, resize) 
     return out[t : t + size, left : left + size]
 
 
-def measure(args) -> list[tuple[str, str, float, float, int, float, float]]:
+def measure(args) -> list[tuple[str, str, float, float, int, float, float, list[str]]]:
     blobs, info = _blobs(args.container, args.count)
     common: dict[str, Any] = dict(
         size=(args.size, args.size), channels=3, mean=(0.45,) * 3, std=(0.25,) * 3, normalize=False, recipe="imagenet"
