@@ -108,17 +108,18 @@ def sample_bytes(src: np.ndarray, req: dict, lo: int, hi: int, rank: int, scratc
     """The encoded bytes of samples lo .. hi - 1 of a request (NOTE [decode workers] 4): a slice of
     the slot's input segment, or, where the request gives the sample's address in the rank (`addr`
     non-zero), read from there with the other such samples of the range in one call."""
-    offsets, addr = req["offsets"], req["addr"]
+    offsets = np.frombuffer(req["offsets"], np.int64)
     out = [src[offsets[i] : offsets[i + 1]] for i in range(lo, hi)]
-    if addr is None:
+    if req["addr"] is None:
         return out
+    addr = np.frombuffer(req["addr"], np.int64)
     far = np.nonzero(addr[lo:hi])[0]
     if far.size:
-        lens = req["lens"][lo:hi][far]
+        lens = np.frombuffer(req["lens"], np.int64)[lo:hi][far]
         try:
             got = scratch.take(rank, addr[lo:hi][far], lens)
         except OSError as exc:
-            ids = req["ids"][lo:hi][far]
+            ids = np.frombuffer(req["ids"], np.int64)[lo:hi][far]
             raise RuntimeError(
                 f"samples {ids[:4].tolist()}{'...' if ids.size > 4 else ''}: cannot read their bytes in the "
                 f"rank (pid {rank}): {exc}"
@@ -139,7 +140,7 @@ def decode_range(setup: dict, segs: Segments, req: dict, index: int, rank: int, 
     pixels = out[: cap * c * h * w].reshape(cap, c, h, w)
     at = params_offset(cap, (c, h, w))
     params = out[at : at + cap * 4 * NPARAMS].view(np.int32).reshape(cap, NPARAMS)
-    ids, epoch = req["ids"], req["epoch"]
+    ids, epoch = np.frombuffer(req["ids"], np.int64), req["epoch"]
     lo, hi = req["cuts"][index], req["cuts"][index + 1]
     data = sample_bytes(src, req, lo, hi, rank, scratch)
     tf, info, size, defer = setup["transform"], setup["info"], setup["size"], setup["defer"]

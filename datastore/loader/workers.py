@@ -62,7 +62,8 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    answers before it ends (NOTE 4), and a store closes after its loader.
 4. Requests. Per batch the rank sends each worker with samples to do the same request, pickled
    once: (ticket, slot, segment paths and sizes, capacity, cuts[workers + 1], offsets[n + 1],
-   addr[n] and lens[n] or None, ids[n], epoch); worker k does samples cuts[k]..cuts[k+1]-1. Sample
+   addr[n] and lens[n] or None, ids[n], epoch; the int64 arrays as their bytes); worker k does
+   samples cuts[k]..cuts[k+1]-1. Sample
    i is at addr[i] in the rank (lens[i] bytes) where addr[i] is not 0 (NOTE 3), else
    input[offsets[i]:offsets[i+1]].
    A worker answers every request, in order: ("ok", ticket, seconds, native) once its pixels are
@@ -470,10 +471,11 @@ class DecodeWorkers:
                 "out": (out.path, out.size, out.uid),
                 "capacity": slot.capacity,
                 "cuts": cuts,
-                "offsets": offsets,
-                "addr": where,
-                "lens": None if where is None else lens,
-                "ids": np.asarray(batch.ids, np.int64),
+                # int64 arrays as bytes: a tenth of the pickling of arrays
+                "offsets": offsets.tobytes(),
+                "addr": None if where is None else np.asarray(where, np.int64).tobytes(),
+                "lens": None if where is None else lens.tobytes(),
+                "ids": np.asarray(batch.ids, np.int64).tobytes(),
                 "epoch": int(batch.epoch),
                 "fresh": self.fresh,
                 "retired": self._take_retired(),
