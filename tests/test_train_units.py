@@ -121,7 +121,9 @@ def test_checkpoint_round_trip_weights_only(tmp_path):
     opt = make_optimizer("adam", model.parameters(), lr=1e-3)
     model(torch.zeros(1, 1, 8, 8)).sum().backward()
     opt.step()
-    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
     state = {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
