@@ -14,10 +14,20 @@ its own fsspec file, whose requests carry ``If-Match: <ETag>`` (s3fs), so an obj
 the job reads it fails the next request with ContainerChangedError naming the URL, never serves
 bytes of another version. A thread's file that opens another version is refused the same way.
 
-Every wait on the store is bounded (storage_options): a request that gets no connection, or no
-answer, within $DSTORE_OBJECT_TIMEOUT seconds is tried again, $DSTORE_OBJECT_TRIES times in all with
-a backoff, and then fails with one line naming the URL and that wait (`waited`); botocore's own
-retries are off, since s3fs's tries wrap them (5 x 5 tries of 15 s each was 414 s of silence).
+Every wait on the store is bounded (storage_options): a request that gets no connection (a free one
+of the pool of $DSTORE_OBJECT_CONNECTIONS, then the connect: dstore.formats.s3session), or no answer,
+within $DSTORE_OBJECT_TIMEOUT seconds is tried again, $DSTORE_OBJECT_TRIES times in all with a
+backoff, and then fails with one line naming the URL and that wait (`waited`). The tries are
+botocore's, once per request; s3fs's own are off, since s3fs nests two loops of them around
+botocore's (a read that never answered was sent tries^2 x 2 times: 18 requests of 10 s for a line
+saying "10 s, 3 tries"). A read whose answer stops mid-way is tried again by `ObjectFile.pread_into`
+(botocore has returned by then).
+
+A request that timed out gives its connection back (aiohttp closes it), except in s3fs's concurrent
+read of a whole object past its 50 MiB block (`_cat_file_concurrent`): a range whose answer stopped
+is never closed, and its connection stays taken for good (2 per failure: five such failures drained
+the pool of 10, and every later request waited for it without end). Our file systems read a whole
+object as one request (s3fs's `max_concurrency=1`), closed on every path.
 
 Credentials and the endpoint come from the environment as the AWS tools read them
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_DEFAULT_REGION,
@@ -32,6 +42,7 @@ import os
 import posixpath
 import re
 import threading
+import time
 
 from dstore.errors import ConfigError, ContainerChangedError, ContainerNotFoundError, FormatError, shown
 from dstore.runtime import rc
@@ -52,46 +63,85 @@ def is_url(path) -> bool:
 
 def storage_options(protocol: str) -> dict:
     """The options every fsspec file system of ours is made with (ours, an ingest's, Zarr's): for S3
-    the bounded wait of the module docstring; {} for other protocols (their own defaults)."""
+    the bounded waits of the module docstring; {} for other protocols (their own defaults)."""
     if protocol.lower() not in ("s3", "s3a"):
         return {}
+    from dstore.formats.s3session import BoundedAIOHTTPSession
+
     timeout = rc.OBJECT_TIMEOUT.get()
     return {
         "config_kwargs": {
             "connect_timeout": timeout,
             "read_timeout": timeout,
-            "retries": {"max_attempts": 1, "mode": "standard"},
-        }
+            # total_max_attempts counts the first request (botocore's max_attempts does not: 1 was 2 tries)
+            "retries": {"total_max_attempts": rc.OBJECT_TRIES.get(), "mode": "standard"},
+            "max_pool_connections": rc.OBJECT_CONNECTIONS.get(),
+            "http_session_cls": BoundedAIOHTTPSession,  # bounds the wait for a pooled connection too
+        },
+        # A whole object past 50 MiB as one request, not s3fs's concurrent ranges, whose bodies it leaves
+        # open when one times out: each such failure kept 2 connections of the pool for good (module docstring).
+        "max_concurrency": 1,
     }
 
 
 def bounded_filesystem(protocol: str, **extra):
     """fsspec's file system of `protocol` made with `storage_options` (and `extra`, as Zarr adds
-    `asynchronous=True`), its own tries set to $DSTORE_OBJECT_TRIES (s3fs takes them as an attribute,
-    not an argument). fsspec caches instances by their arguments, so Zarr's store, opened with the
-    same ones, gets this instance and its tries."""
+    `asynchronous=True`), s3fs's own tries set to 1 (an attribute, not an argument; botocore's are the
+    tries: module docstring). fsspec caches instances by their arguments, so Zarr's store, opened with
+    the same ones, gets this instance."""
     import fsspec
 
     fs = fsspec.filesystem(protocol, **storage_options(protocol), **extra)
     if protocol.lower() in ("s3", "s3a"):
-        fs.retries = rc.OBJECT_TRIES.get()
+        fs.retries = 1
     return fs
+
+
+_BODY_FAILED = ("AioReadTimeoutError", "ClientPayloadError", "IncompleteReadError", "ResponseStreamingError")
+"""Errors of an answer that stopped mid-way (raised after botocore returned, so not tried by it)."""
+
+
+def _chain(exc: BaseException):
+    """`exc` and what it was raised from (or during), innermost last (at most 8)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def underlying(exc: BaseException) -> BaseException:
+    """The error to name for `exc`: fsspec's FSTimeoutError has no text (its cause has), and s3fs's
+    S3File turns it into `IndexError: tuple index out of range` (its `ex.args[0]` of an OSError
+    without args): for those, the timeout that caused them."""
+    for seen in _chain(exc):
+        inner = seen.__cause__ or seen.__context__
+        wrapper = type(seen).__name__ == "FSTimeoutError" or (
+            isinstance(seen, IndexError) and isinstance(inner, OSError)
+        )
+        if inner is None or not wrapper:
+            return seen
+    return exc
+
+
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message` of `underlying(exc)`."""
+    exc = underlying(exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def waited(exc: BaseException) -> str:
     """ ", after no answer within N s, K tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)" where
     `exc` (or what it was raised from) is a timeout or a connection that could not be made, else ""."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
+    for seen in _chain(exc):
         name = type(seen).__name__
         if "Timeout" in name or "EndpointConnectionError" in name or isinstance(seen, (TimeoutError, ConnectionError)):
             return (
                 f", after no answer within {rc.OBJECT_TIMEOUT.get():g} s, {rc.OBJECT_TRIES.get()} tries "
                 f"(${rc.OBJECT_TIMEOUT.name}, ${rc.OBJECT_TRIES.name})"
             )
-        seen = seen.__cause__ or seen.__context__
     return ""
 
 
@@ -125,8 +175,7 @@ def join(base: str, *parts: str) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    first = first_line(exc)
     if isinstance(exc, PermissionError):
         return f"permission denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket policy; {first})"
     return first + waited(exc)
@@ -318,16 +367,7 @@ class ObjectFile:
         n = min(len(view), max(0, self.size - at))
         if n <= 0:
             return 0
-        f = self._file()
-        try:
-            f.seek(at)
-            got = f.read(n)
-        except FileNotFoundError:
-            raise self._changed("it is gone") from None
-        except OSError as exc:
-            if type(exc).__name__ == "FileExpired" or "pre-condition" in str(exc).lower():
-                raise self._changed("another version: its ETag no longer matches") from None
-            raise FormatError(f"{shown(self.path)}: cannot read bytes [{at}, {at + n}): {shown(_reason(exc))}") from exc
+        got = self._read(self._file(), at, n)
         with self._lock:
             self.requests += 1
         with _COUNT_LOCK:
@@ -335,6 +375,25 @@ class ObjectFile:
             ObjectFile.total_bytes += len(got)
         view[: len(got)] = got
         return len(got)
+
+    def _read(self, f, at: int, n: int) -> bytes:
+        """Bytes [at, at + n) read with one ranged request; asked again where the answer stopped mid-way
+        (module docstring), $DSTORE_OBJECT_TRIES times in all."""
+        tries, k = rc.OBJECT_TRIES.get(), 0
+        while True:
+            try:
+                f.seek(at)
+                return f.read(n)
+            except FileNotFoundError:
+                raise self._changed("it is gone") from None
+            except Exception as exc:  # botocore, aiohttp, fsspec, and s3fs's IndexError (`underlying`)
+                if type(exc).__name__ == "FileExpired" or "pre-condition" in str(exc).lower():
+                    raise self._changed("another version: its ETag no longer matches") from None
+                k += 1
+                if k >= tries or not any(type(e).__name__ in _BODY_FAILED for e in _chain(exc)):
+                    reason = shown(_reason(exc))
+                    raise FormatError(f"{shown(self.path)}: cannot read bytes [{at}, {at + n}): {reason}") from exc
+            time.sleep(min(0.1 * 2 ** (k - 1), 2.0))
 
     def identity(self) -> tuple:
         """The identity the object was pinned to (what every read is held to)."""

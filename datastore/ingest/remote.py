@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 from dstore.errors import ConfigError, SampleError, shown
-from dstore.formats.objects import bounded_filesystem, waited
+from dstore.formats.objects import bounded_filesystem, first_line, waited
+from dstore.runtime import rc
 
 READ_BLOCK = 16 << 20
 """Bytes fetched per request when a file is read as a stream (S3 charges per request, and each has
@@ -45,19 +46,14 @@ def is_url(spec: str) -> bool:
     return m is not None and m.group("protocol").lower() not in ("file", "local")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def _reason(exc: BaseException, s3: bool = True) -> str:
     """What went wrong, for a one-line message (the store's libraries raise many types)."""
     if isinstance(exc, FileNotFoundError):
-        return f"does not exist (no such bucket or key; {_first_line(exc)})"
+        return f"does not exist (no such bucket or key; {first_line(exc)})"
     if isinstance(exc, PermissionError):
         check = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" if s3 else "the store's credentials"
-        return f"permission denied (check {check} or the bucket policy; {_first_line(exc)})"
-    return _first_line(exc) + waited(exc)
+        return f"permission denied (check {check} or the bucket policy; {first_line(exc)})"
+    return first_line(exc) + waited(exc)
 
 
 class Prefetched:
@@ -188,8 +184,13 @@ class Remote:
         if not ranges:
             return []
         paths = [self.path(u) for u, _, _ in ranges]
+        # In flight: no more than the pool's connections (an async store's; a sync one reads in turn), so
+        # that no request of ours waits for one of the pool, a wait bounded as a failure (objects.storage_options).
+        more = {"batch_size": rc.OBJECT_CONNECTIONS.get()} if getattr(self.fs, "async_impl", False) else {}
         try:
-            got = self.fs.cat_ranges(paths, [a for _, a, _ in ranges], [b for _, _, b in ranges], on_error="return")
+            got = self.fs.cat_ranges(
+                paths, [a for _, a, _ in ranges], [b for _, _, b in ranges], on_error="return", **more
+            )
         except Exception as exc:  # noqa: BLE001 - the batch failed (no connection): every sample gets the reason
             return [failure(u, "read", exc) for u, _, _ in ranges]
         return [g if isinstance(g, bytes) else failure(u, "read", g) for (u, _, _), g in zip(ranges, got)]

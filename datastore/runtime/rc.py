@@ -230,9 +230,10 @@ OBJECT_TIMEOUT = Option(
     "seconds",
     "10",
     (
-        "object storage (`s3://`): seconds a request may wait to connect, and then for each answer, before it "
-        "counts as failed (dstore.formats.objects.storage_options); every wait on the store, in every command and "
-        "in a script's DataStore, is bounded by it and `DSTORE_OBJECT_TRIES`"
+        "object storage (`s3://`): seconds a request may wait for a connection (a free one of the pool, then the "
+        "connect), and then for each answer (each read of the socket), before it counts as failed "
+        "(dstore.formats.objects.storage_options); every wait on the store, in every command and in a script's "
+        "DataStore, is bounded by it and `DSTORE_OBJECT_TRIES`"
     ),
 )
 OBJECT_TRIES = Option(
@@ -240,8 +241,18 @@ OBJECT_TRIES = Option(
     "int",
     "3",
     (
-        "object storage: tries of a request that timed out or failed to connect (backoff 0.1 s x 1.7^k between them) "
-        "before the error names the URL and the wait"
+        "object storage: tries of a request that timed out or failed to connect (botocore's, with its backoff: "
+        "up to 2^k s), and of a read whose answer stopped mid-way (0.1 s x 2^k), before the error names the URL "
+        "and the wait"
+    ),
+)
+OBJECT_CONNECTIONS = Option(
+    "DSTORE_OBJECT_CONNECTIONS",
+    "int",
+    "64",
+    (
+        "object storage: connections a process keeps to a store (its pool; an ingest's reads in flight are no "
+        "more); a request that finds them all busy for `DSTORE_OBJECT_TIMEOUT` seconds counts as failed"
     ),
 )
 MPICH_NOLOCAL = Option(
@@ -276,6 +287,7 @@ OPTIONS = {
         WAIT_BOUND,
         OBJECT_TIMEOUT,
         OBJECT_TRIES,
+        OBJECT_CONNECTIONS,
         MPICH_NOLOCAL,
     )
 }
