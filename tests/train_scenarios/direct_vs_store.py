@@ -27,7 +27,8 @@ def main(path):
         same = [deliveries(store, e) == deliveries(direct, e) for e in (0, 1)]
         steps = direct.steps_per_epoch == store.steps_per_epoch
         it = direct.epoch(2)
-        next(it), next(it)
+        next(it)  # two steps in
+        next(it)
         state = direct.state_dict()
         it.close()
         fresh = DirectSource(comm, reader, **kw)
