@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from dstore.memory import budget
+from dstore.store import budget as store_budget
 
 # sample sizes 1, 2, 4, ..., 128: any k largest have their own sum (the top 3: 224, 4: 240)
 OFFSETS = np.concatenate([[0], np.cumsum(2 ** np.arange(8))]).astype(np.int64)
@@ -94,17 +95,17 @@ def test_a_plans_needs_are_its_block_and_its_receive_buffers_by_hand():
         block = int(OFFSETS[p.bounds[rank + 1]] - OFFSETS[p.bounds[rank]])
         recv = 3 * TOP[3]  # prefetch + 1 buffers of the largest 2 + 1 samples (8 over 4 ranks)
         # nothing resident: the receive buffers, 2 + 1 storage buffers, 1 storage thread's index of 20 B a sample
-        assert budget.memory_needs(p) == (block + recv, recv + 3 * TOP[3] + 20 * 8)
+        assert store_budget.memory_needs(p) == (block + recv, recv + 3 * TOP[3] + 20 * 8)
 
 
 def test_a_plans_stream_runs_beside_the_receive_buffers_and_replication_holds_everything():
     p = _plan(population="stream", population_threads=1, storage_threads=2)
     recv = 3 * TOP[3]
     stream = 3 * TOP[3] + 2 * 20 * 8
-    assert budget.memory_needs(p)[0] == int(OFFSETS[p.bounds[1]]) + recv + stream
+    assert store_budget.memory_needs(p)[0] == int(OFFSETS[p.bounds[1]]) + recv + stream
     # replicated: the whole data set, no receive buffers; its 3 population threads' indexes beside it
-    assert budget.memory_needs(_plan(replicate=True, population_threads=1))[0] == int(OFFSETS[-1])
-    assert budget.memory_needs(_plan(replicate=True, population_threads=3))[0] == int(OFFSETS[-1]) + 3 * 20 * 8
+    assert store_budget.memory_needs(_plan(replicate=True, population_threads=1))[0] == int(OFFSETS[-1])
+    assert store_budget.memory_needs(_plan(replicate=True, population_threads=3))[0] == int(OFFSETS[-1]) + 3 * 20 * 8
 
 
 def test_a_plan_is_a_value_replaced_not_written():

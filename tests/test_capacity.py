@@ -14,6 +14,7 @@ from support.mpirun import run_mpi
 from dstore.errors import ConfigError
 from dstore.memory import budget, capacity
 from dstore.order import tiers
+from dstore.store import budget as store_budget
 from dstore.store import preload
 from dstore.tools.measure import plan_check
 
@@ -192,7 +193,7 @@ def test_a_streaming_store_counts_no_reader_index_its_readers_do_not_load(tmp_pa
     store = DataStore(MPI.COMM_SELF, path, batch_size=8, population="stream")
     try:
         assert store.plan.reader_index == 0
-        assert budget.stream_buffers(store.plan) == (store.prefetch + 1) * budget.recv_bound(store.plan)
+        assert store_budget.stream_buffers(store.plan) == (store.prefetch + 1) * store_budget.recv_bound(store.plan)
     finally:
         store.close()
 

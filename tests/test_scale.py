@@ -10,8 +10,8 @@ from mpi4py import MPI
 from support.formats import build, random_samples, write_samples
 from support.mpirun import run_mpi
 
-from dstore.memory import budget as budget_mod
 from dstore.order import plan, shuffle
+from dstore.store import budget as budget_mod
 from dstore.store import index
 from dstore.store.data_store import DataStore
 

@@ -1,7 +1,7 @@
 """`ImageTransform(resize="torchvision")` (`--resize torchvision`): torchvision v2's pixels on real
 photos, with torch's own interpolate as the reference (torchvision's tensor path is
 `interpolate(mode="bilinear", antialias=True)`; torchvision itself does not import beside this torch):
-its antialiased bilinear (dstore.loader.antialias), `resized_crop` for training and `Resize(256)` +
+its antialiased bilinear (dstore.codec.antialias), `resized_crop` for training and `Resize(256)` +
 `CenterCrop(224)` for evaluation, through the crop-aware decode, the same in threads and workers."""
 
 import types
@@ -13,10 +13,9 @@ import torch
 from mpi4py import MPI
 from support.photos import COLOUR, jpeg, photo
 
-from dstore.codec import decode
+from dstore.codec import antialias, decode
 from dstore.errors import ConfigError
 from dstore.formats import create_writer
-from dstore.loader import antialias
 from dstore.loader.draws import KeyedDraws
 from dstore.loader.store_loader import StoreLoader
 from dstore.store.data_store import DataStore

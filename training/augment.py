@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from dstore.codec import antialias
 from dstore.codec.kernels import resize_chw
 from dstore.codec.resize import fit, resize, resize_batch, shift
 from dstore.errors import ConfigError
-from dstore.loader import antialias
 
 if TYPE_CHECKING:
     from dstore.loader.transform import SplitTransform
@@ -72,7 +72,7 @@ RECIPES = ("cifar", "imagenet")
 (training: random resized crop + flip; evaluation: resize the shorter side to size*256/224, centre crop)."""
 RESIZES = ("fast", "torchvision")
 """`ImageTransform.resize`: fast (dstore.codec.resize's fixed-point bilinear, the default) or
-torchvision (its antialiased bilinear and box placement, dstore.loader.antialias; ImageNet recipe)."""
+torchvision (its antialiased bilinear and box placement, dstore.codec.antialias; ImageNet recipe)."""
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
 """torchvision's RandomResizedCrop defaults: the crop's area fraction and aspect ratio (w / h)."""
@@ -159,7 +159,7 @@ class ImageTransform:
         resize: "fast": dstore.codec.resize's fixed-point bilinear (a box average first where an axis
             shrinks 2x or more; JPEGs decoded at a reduced DCT scale where that still covers the
             box); "torchvision" (ImageNet recipe): torchvision v2's pixels, its antialiased bilinear
-            (dstore.loader.antialias, torch's uint8 arithmetic) of full-scale decodes, the training
+            (dstore.codec.antialias, torch's uint8 arithmetic) of full-scale decodes, the training
             crop resized as `resized_crop` does and the evaluation image as `Resize(size*256/224)`
             + `CenterCrop(size)` (the window of the whole image's resize, no box rounded); slower,
             and not a batch op (no `resize_on="device"`). See docs/training.md for both figures.

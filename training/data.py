@@ -22,11 +22,11 @@ import numpy as np
 from dstore.codec.decode import decode_sample
 from dstore.errors import ChecksumError, ConfigError, shown
 from dstore.formats import checksum
+from dstore.formats.integrity import read_error
 from dstore.order import plan, shuffle
 from dstore.order.mix import check_weights
 from dstore.runtime import rc
 from dstore.runtime.collective import on_root, seen_everywhere
-from dstore.runtime.integrity import read_error
 from dstore.store.data_store import Batch
 from dstore.training.augment import channel_stats, per_channel, to_channels
 

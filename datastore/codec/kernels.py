@@ -100,7 +100,7 @@ def _load() -> None:
             img = np.zeros((6, 5, c), np.uint8)
             _resize_chw(k, img, (0, 0, 6, 5), (4, 4), np.empty((c, 4, 4), np.uint8), (1, -1), True)
             _resize_chw(k, img, (0, 0, 6, 5), (2, 2), np.empty((c, 2, 2), np.uint8), (0, 0), False)  # box-averaged
-        for c in (3, 1):  # the antialiased resize's passes (dstore.loader.antialias)
+        for c in (3, 1):  # the antialiased resize's passes (dstore.codec.antialias)
             img = np.zeros((6, 5 * c), np.uint8)
             first, weights = np.zeros(4, np.uint64), np.ones((4, 2), np.int32)
             weights.flags.writeable = False  # antialias.taps's are read-only (cached): another type to numba
@@ -256,7 +256,7 @@ def _build():
 
     @numba.njit(nogil=True, cache=True)
     def aa_cols(src, c, first, weights, precision, out):  # pragma: no cover - compiled
-        """out[y, j*c + ch] = dstore.loader.antialias's column pass of src (H, W*c uint8, an image's
+        """out[y, j*c + ch] = dstore.codec.antialias's column pass of src (H, W*c uint8, an image's
         rows flattened) with taps `first` (uint64 [n]) and int32 `weights` [n, K]."""
         h = src.shape[0]
         w = src.shape[1] // c
@@ -277,7 +277,7 @@ def _build():
 
     @numba.njit(nogil=True, cache=True)
     def aa_rows(src, first, weights, precision, acc, out):  # pragma: no cover - compiled
-        """out[i] = dstore.loader.antialias's row pass of src (H, W*C uint8) with taps `first`
+        """out[i] = dstore.codec.antialias's row pass of src (H, W*C uint8) with taps `first`
         (uint64 [n]) and int32 `weights` [n, K]; acc: int32 scratch of a row."""
         h, wc = src.shape
         n, taps = weights.shape

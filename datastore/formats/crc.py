@@ -6,7 +6,7 @@ A module of its own, below base.py and fields.py, so that both take it without i
 from __future__ import annotations
 
 try:  # zlib-ng's CRC32: the same values as zlib's, about 5x faster here (SIMD); releases the GIL as zlib's
-    from zlib_ng.zlib_ng import crc32 as crc32  # `as`: re-exported (dstore.runtime.integrity, dstore.verify)
+    from zlib_ng.zlib_ng import crc32 as crc32  # `as`: re-exported (dstore.formats.integrity, dstore.verify)
 except ImportError:  # pragma: no cover - a platform without zlib-ng's wheels
     from zlib import crc32 as crc32
 

@@ -10,7 +10,7 @@ resident fraction (the tiered store's arithmetic: what fits the budget beside th
 the population time; remote and storage bytes and time per step; whether input stays off the
 critical path; and the settings it recommends.
 
-The resident fraction is the store's own arithmetic (dstore.memory.budget.check_budget): the store's
+The resident fraction is the store's own arithmetic (dstore.store.budget.check_budget): the store's
 budget holds its resident data and its buffers (receive buffers beside other ranks; when tiered,
 `storage_lookahead + 1` steps of storage reads and each storage thread's reader index). Under
 `dstore train` (`Cluster.trainer`) a rank's budget is shared with its loaders' decoded batches and
@@ -48,7 +48,7 @@ TIER_SCHEDULE_BYTES = 10
 TIER_INDEX_BYTES = 9
 """Per sample of N, on every rank of a tiered store: which samples are resident (bool,
 dstore.order.tiers.resident_blocks) and the offsets over the resident samples (int64), from which each
-window's displacements are looked up (dstore.memory.budget.choose_resident)."""
+window's displacements are looked up (dstore.store.budget.choose_resident)."""
 LOADER_AHEAD = 2
 """Batches a StoreLoader decodes ahead (its default `ahead`), counted in `loader_reserve`."""
 RANK_BASE_BYTES = 300 << 20
@@ -318,7 +318,7 @@ def forecast(
     step_bytes = per_step * mean_bytes
     step_max = largest_step_bytes if largest_step_bytes else 2 * step_bytes
     # The store's budget counts receive buffers wherever a rank gets samples from others
-    # (dstore.memory.budget.receive_buffers); it allocates them only for samples in other nodes' windows
+    # (dstore.store.budget.receive_buffers); it allocates them only for samples in other nodes' windows
     # (dstore.store.epoch: a node's windows are read in place): none on one node, at most the bound on more.
     recv_counted = 0.0 if (replicate or p == 1) else (c.prefetch + 1) * step_max
     recv = recv_counted if c.nodes > 1 else 0.0
@@ -425,7 +425,7 @@ def default_budget(c: Cluster, n: int) -> float:
 
 
 def resident_fraction(share: float, budget: float, recv: float, tier: float, pooled: int = 1) -> float:
-    """The fraction of a rank's `share` the store keeps resident (dstore.memory.budget.check_budget and
+    """The fraction of a rank's `share` the store keeps resident (dstore.store.budget.check_budget and
     choose_resident): all of it where it fits beside the receive buffers, else what the budget
     keeps beside the receive and the tier's buffers (`tier`). `pooled`: ranks whose budgets hold
     one copy together (replicated: the node's ranks; no tier, all or nothing in the store)."""

@@ -37,7 +37,7 @@ from dstore.runtime.watchdog import guarded
 # 0. So every point where ranks could diverge is one collective that every rank reaches:
 #  1. Arguments (DataStore.__init__): each rank checks its own, then `agree`: a bad argument on one
 #     rank raises on every rank.
-#  2. Plan and budget (dstore.memory.budget.check_budget): one allgather of each rank's needs, budget
+#  2. Plan and budget (dstore.store.budget.check_budget): one allgather of each rank's needs, budget
 #     and a key: the StoreConfig fields marked agree=True (dstore.store.config) plus the data set's size.
 #     A differing key is a ConfigError on every rank; the budget decision (refuse, or which samples
 #     stay resident) is computed from the same gathered rows on every rank, so it is the same.

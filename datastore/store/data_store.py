@@ -44,7 +44,7 @@ import warnings
 from dstore.errors import ConfigError
 from dstore.formats import open_container
 from dstore.formats.base import ContainerReader
-from dstore.memory import budget as budget_mod
+from dstore.memory.budget import index_bytes
 from dstore.memory.limits import parse_bytes
 from dstore.order import plan, tiers
 from dstore.order import policy as policy_mod
@@ -53,6 +53,7 @@ from dstore.runtime import job, rc
 from dstore.runtime.collective import AGREED, agree, gather_ints, is_agreed
 from dstore.runtime.progress import ProgressThread
 from dstore.runtime.watchdog import guarded
+from dstore.store import budget as budget_mod
 from dstore.store import fieldstore, storeplan
 from dstore.store import populate as populate_mod
 from dstore.store import stream as stream_mod
@@ -207,7 +208,7 @@ class DataStore:
             index is not None and index.offsets is not None and index.labels is not None and index.checksums is not None
         )
         c = self.container
-        reader_index = budget_mod.index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
+        reader_index = index_bytes(int(c.num_samples), bool(getattr(c, "index_on_demand", False)))
         self.plan: StorePlan = storeplan.build(
             self.rank,
             self.size,

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dstore.formats.integrity import read_error
 from dstore.order import plan
 from dstore.runtime.collective import agree
-from dstore.runtime.integrity import read_error
 from dstore.runtime.watchdog import NOTHING
 from dstore.store.populate import Windows, fill_dynamic
 from dstore.store.storage import StorageEpoch

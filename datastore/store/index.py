@@ -9,7 +9,7 @@ copies the served slice into a shared-memory window (dstore.store.window.Arena w
 drops its reader's copy; the node's other ranks map that window read-only and never read the
 index (they open the container with ``index=False``: attributes only, then byte ranges). The
 checksums are kept too (4 bytes per sample): every byte read from storage is checked against them
-(dstore.runtime.integrity). Labels are held in the smallest integer type that holds the served labels
+(dstore.formats.integrity). Labels are held in the smallest integer type that holds the served labels
 (`label_dtype`: uint8 for up to 256 classes, so 8 + 4 + 1 = 13 bytes per sample); the batch
 widens its labels to int64. Names and source indices are neither held nor read at open (the
 reader reads offsets, labels and checksums: 20 bytes per sample): what needs them (verify, error

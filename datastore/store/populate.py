@@ -1,6 +1,6 @@
 """Filling a store's windows from its container: the preload (a rank's block, or a node's part of a
 replicated copy), the tiered preload (only the resident samples, dstore.order.tiers) and the dynamic
-population (what epoch 0 needs), after the memory budget is checked (dstore.memory.budget); the reads
+population (what epoch 0 needs), after the memory budget is checked (dstore.store.budget); the reads
 themselves, several in flight, are dstore.store.preload's. A failed read is raised on the rank that read
 it and agreed with every other rank (dstore.runtime.collective) before anything collective.
 
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dstore.errors import ConfigError, MemoryBudgetError
-from dstore.memory.budget import check_budget, recv_bound
+from dstore.formats.integrity import SampleChecks
 from dstore.memory.limits import fmt_bytes
 from dstore.order import plan
 from dstore.runtime.collective import AGREED, Topology, agree, node_comm, topology_of
 from dstore.runtime.heartbeat import Heartbeat
-from dstore.runtime.integrity import SampleChecks
 from dstore.runtime.watchdog import Watchdog, close_watchdog, open_watchdog
+from dstore.store.budget import check_budget, recv_bound
 from dstore.store.preload import RangeReads, preload, preload_resident, read_samples
 from dstore.store.storage import StorageReader
 from dstore.store.window import Arena, Probe

@@ -19,9 +19,9 @@ import functools
 
 import numpy as np
 
+from dstore.formats.integrity import SampleChecks, read_error
 from dstore.order import tiers
 from dstore.order.plan import Derived
-from dstore.runtime.integrity import SampleChecks, read_error
 from dstore.store import prefault
 from dstore.store.storage import StorageReader
 

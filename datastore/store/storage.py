@@ -158,7 +158,7 @@ class StorageEpoch:
         offsets: int64[N+1] of the served samples; `base` is the data byte of sample 0.
         lookahead: steps in flight beyond the one consumed.
         bufs: the previous epoch's buffers, reused when large enough.
-        checks: a dstore.runtime.integrity.SampleChecks of the served samples: each read's samples are
+        checks: a dstore.formats.integrity.SampleChecks of the served samples: each read's samples are
             checked against their CRC32s in the thread that read them (None: not checked).
 
     Attributes:

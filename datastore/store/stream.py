@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from mpi4py import MPI
 
-from dstore.memory import budget
-from dstore.runtime.integrity import read_error
-from dstore.store import preload
+from dstore.formats.integrity import read_error
+from dstore.store import budget, preload
 from dstore.store.storage import StorageReader
 
 if TYPE_CHECKING:
+    from dstore.formats.integrity import SampleChecks
     from dstore.order.plan import Schedule
-    from dstore.runtime.integrity import SampleChecks
     from dstore.store.storeplan import StorePlan
     from dstore.store.window import Arena
 
@@ -196,7 +195,7 @@ class Stream:
     Args:
         p: the store's plan (dstore.store.storeplan); comm: its communicator; container: its container.
         arena: its window (allocated, nothing read yet); checks: the served samples' checksums
-            (dstore.runtime.integrity.SampleChecks) every read is checked against, or None.
+            (dstore.formats.integrity.SampleChecks) every read is checked against, or None.
         fill: fill(order, done) reads this rank's block into its window in that piece order,
             calling done(k) as the first k pieces are in (dstore.store.preload.preload), in a thread.
         piece: the bytes per piece `fill` reads.

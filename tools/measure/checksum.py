@@ -1,5 +1,5 @@
 """What checking every byte read from storage costs: per sample, the CRC32 check the store makes
-(dstore.runtime.integrity.SampleChecks, one CRC32 per sample) against decoding the same sample
+(dstore.formats.integrity.SampleChecks, one CRC32 per sample) against decoding the same sample
 (dstore.codec.decode.decode_sample), and a tiered store's epoch with and without the check. One rank;
 prints a table and writes JSON (docs/reliability.md, "What the checks cost").
 
@@ -23,8 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from dstore.codec.decode import decode_sample
-from dstore.formats import open_container
-from dstore.runtime import integrity
+from dstore.formats import integrity, open_container
 from dstore.store.data_store import DataStore
 
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dstore.codec import decode, kernels
-from dstore.loader import antialias
+from dstore.codec import antialias, decode, kernels
 from dstore.loader.draws import KeyedDraws
 from dstore.tools.measure.crop_decode import _blobs
 from dstore.training.augment import ImageTransform

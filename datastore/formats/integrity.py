@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from dstore.errors import ChecksumError, ContainerChangedError, FormatError, shown
-from dstore.formats.base import crc32
+from dstore.formats.crc import crc32
 
 
 class SampleChecks:
