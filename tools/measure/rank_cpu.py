@@ -9,12 +9,13 @@ default, or the trainer's training transform), runs epoch 0 untimed (the workers
 first touch), then times the epochs given: the rank process's own CPU (getrusage RUSAGE_SELF, user +
 system: its threads included, its decode workers not, as they are other processes never waited for)
 over the samples it delivered, per batch and per thread of the rank (its main thread, the copier that
-fills the workers' ring, MPI's and the rest), and the workers' CPU (/proc/PID/stat) beside it. One JSON line per
-epoch, then the total. The decode workers load their compiled kernels in the background; the
-figure is about the rank, whose own share does not depend on that. Under mpiexec every rank
-measures its own share and rank 0 prints a line per rank: a rank that finishes its epoch first waits
-for the others at the epoch's end (the store's agreement, dstore.runtime.collective.agree), and how it waits
-is part of its CPU.
+sends the workers their requests and copies what they do not read in place, MPI's and the rest),
+and the workers' CPU (/proc/PID/stat) beside it. One JSON line per epoch, then the total. The
+decode workers load their compiled kernels in the background; the figure is about the rank, whose
+own share does not depend on that. Under mpiexec every rank measures its own share and rank 0
+prints a line per rank: a rank that finishes its epoch first waits for the others at the next
+epoch's start (the store's check of the epoch, dstore.runtime.collective.gather_ints, asleep), and
+how it waits is part of its CPU.
 """
 
 from __future__ import annotations
