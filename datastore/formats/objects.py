@@ -73,8 +73,9 @@ def storage_options(protocol: str) -> dict:
         "config_kwargs": {
             "connect_timeout": timeout,
             "read_timeout": timeout,
-            # total_max_attempts counts the first request (botocore's max_attempts does not: 1 was 2 tries)
-            "retries": {"total_max_attempts": rc.OBJECT_TRIES.get(), "mode": "standard"},
+            # total_max_attempts counts the first request (botocore's max_attempts does not: 1 was 2 tries).
+            # Legacy mode: its tries are always these; standard mode's stop once a quota is spent (50 timeouts).
+            "retries": {"total_max_attempts": rc.OBJECT_TRIES.get(), "mode": "legacy"},
             "max_pool_connections": rc.OBJECT_CONNECTIONS.get(),
             "http_session_cls": BoundedAIOHTTPSession,  # bounds the wait for a pooled connection too
         },
