@@ -49,3 +49,17 @@ def test_keywords_and_a_config_write_the_same_container(tmp_path):
         ingest("digits", str(tmp_path / "d.h5"), comm=MPI.COMM_SELF, config=IngestConfig(shards=0))
     with pytest.raises(ConfigError, match="suffix of the other format but fmt='zarr'"):
         ingest("digits", str(tmp_path / "e.h5"), comm=MPI.COMM_SELF, config=IngestConfig(fmt="zarr"))
+
+
+def test_the_format_follows_the_outputs_name_unless_given(tmp_path):
+    """As `dstore ingest` does: x.zarr is written as Zarr, anything else as HDF5; an explicit fmt wins,
+    and one that contradicts the suffix is refused (above)."""
+    ingest("digits", str(tmp_path / "a.zarr"), comm=MPI.COMM_SELF, count=6, progress=False)
+    ingest("digits", str(tmp_path / "b.h5"), comm=MPI.COMM_SELF, count=6, progress=False)
+    ingest("digits", str(tmp_path / "c"), comm=MPI.COMM_SELF, count=6, progress=False)
+    ingest("digits", str(tmp_path / "d"), comm=MPI.COMM_SELF, count=6, progress=False, fmt="zarr")
+    assert (tmp_path / "a.zarr" / "zarr.json").is_file() and (tmp_path / "d" / "zarr.json").is_file()
+    assert (tmp_path / "b.h5").read_bytes()[:8] == (tmp_path / "c").read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"
+    for name in ("a.zarr", "b.h5", "c", "d"):
+        with open_container(str(tmp_path / name)) as r:
+            assert len(r) == 6

@@ -286,8 +286,9 @@ def _run(args) -> int:
     # here, not at the top (as in every cmd module): it loads h5py and zarr, which `dstore --help` must not
     from dstore.errors import ConfigError
     from dstore.ingest import ingest
+    from dstore.ingest.config import format_for
 
-    fmt = args.fmt or ("zarr" if (args.output or "").rstrip("/").lower().endswith(".zarr") else "hdf5")
+    fmt = format_for(args.fmt, args.output)
     options = dict(args.source_option)
     if args.validate is not None:
         options["validate"] = args.validate

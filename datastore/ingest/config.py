@@ -12,6 +12,7 @@ checks the same arguments before any collective step, so every rank refuses alik
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ def arg(default: Any, *, doc: str) -> Any:
 class IngestConfig:
     """ingest()'s arguments; see dstore.ingest.run.ingest for each one's meaning in full."""
 
-    fmt: str = arg("hdf5", doc="`hdf5` or `zarr`")
+    fmt: str | None = arg(None, doc="`hdf5` or `zarr`; None: `zarr` where the output's name ends in .zarr, else `hdf5`")
     shards: int = arg(1, doc="number of shard files (dstore.ingest.plan: which ranks write which)")
     seed: int = arg(0, doc="seed of the write order (for `synthetic`, also of the generated images)")
     keep_order: bool = arg(False, doc="write in source order instead of a seeded random order")
@@ -75,7 +76,7 @@ class IngestConfig:
         """This config validated (ConfigError naming the argument and its value) and `resize`
         normalised to (H, W) or None."""
         self = dataclasses.replace(self, **values.typed(self))  # every bool and number by one rule
-        if self.fmt not in FORMATS:
+        if self.fmt is not None and self.fmt not in FORMATS:
             raise ConfigError(f"fmt={self.fmt!r} is not one of {sorted(FORMATS)}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error={self.on_error!r} is not one of {ON_ERROR}")
@@ -107,3 +108,11 @@ class IngestConfig:
 def field_names() -> list[str]:
     """IngestConfig's field names, in order (ingest()'s keywords that are not the source's)."""
     return [f.name for f in dataclasses.fields(IngestConfig)]
+
+
+def format_for(fmt: str | None, output) -> str:
+    """The container format of an ingest into `output`: `fmt`, or where it is None, `zarr` for a name
+    ending in .zarr and `hdf5` otherwise (the same rule for ingest() and `dstore ingest`)."""
+    if fmt is not None:
+        return fmt
+    return "zarr" if os.fspath(output or "").rstrip("/").lower().endswith(".zarr") else "hdf5"

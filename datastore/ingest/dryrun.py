@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from dstore.ingest.config import IngestConfig, field_names
+from dstore.ingest.config import IngestConfig, field_names, format_for
 from dstore.runtime.units import fmt_size
 
 
@@ -142,7 +142,8 @@ def dry_run(source: str, output: str | None, **kwargs) -> DryRun:
                 raise ConfigError("dry run: give OUTPUT or --append-to")
             bounds = plan.shard_bounds(n, cfg.shards)
             shards = [
-                (p, int(bounds[s + 1] - bounds[s])) for s, p in enumerate(output_paths(output, cfg.fmt, cfg.shards)[1])
+                (p, int(bounds[s + 1] - bounds[s]))
+                for s, p in enumerate(output_paths(output, format_for(cfg.fmt, output), cfg.shards)[1])
             ]
             journal = Journal.load(journal_dir(output))
             if journal is not None and cfg.resume is not False:

@@ -36,7 +36,7 @@ from dstore.formats.lock import OutputLock
 from dstore.formats.replace import check_replaceable, is_leftover, private_like, remove_path
 from dstore.ingest import plan
 from dstore.ingest.bounds import check_ingest_memory
-from dstore.ingest.config import IngestConfig
+from dstore.ingest.config import IngestConfig, format_for
 from dstore.ingest.journal import Checkpointer, Journal, journal_dir, options_fingerprint
 from dstore.ingest.meter import Meter
 from dstore.ingest.process import Block, Target, process_block, resolve_target
@@ -354,7 +354,7 @@ def ingest(
     output: str | None,
     *,
     comm=None,
-    fmt: str = "hdf5",
+    fmt: str | None = None,
     shards: int = 1,
     seed: int = 0,
     keep_order: bool = False,
@@ -383,7 +383,7 @@ def ingest(
             files (see dstore.ingest.registry), or a Source object (the same on every rank).
         output: the container path (`x.h5`, `x.zarr`); with shards > 1 a directory (or `x.json`).
         comm: an mpi4py communicator (default MPI.COMM_WORLD).
-        fmt: `hdf5` or `zarr`.
+        fmt: `hdf5` or `zarr`; None: `zarr` where `output` ends in .zarr, else `hdf5`.
         shards: number of shard files (see dstore.ingest.plan for which ranks write which).
         seed: seed of the write order (for `synthetic`, also of the generated images).
         keep_order: write in source order instead of a seeded random order.
@@ -479,8 +479,9 @@ def _ingest(source, output: str | None, comm, config: IngestConfig, **source_opt
             )
         output = os.fspath(cfg.append_to)
     else:
-        _check_output(cfg.fmt, cfg.shards, output)
-    fmt, shards, seed, on_error, count = cfg.fmt, cfg.shards, cfg.seed, cfg.on_error, cfg.count
+        cfg = dataclasses.replace(cfg, fmt=format_for(cfg.fmt, output))
+        _check_output(format_for(cfg.fmt, output), cfg.shards, output)
+    fmt, shards, seed, on_error, count = format_for(cfg.fmt, output), cfg.shards, cfg.seed, cfg.on_error, cfg.count
     comm.Barrier()
     t0 = time.perf_counter()
     if isinstance(source, Source):  # built by the caller (every rank has it), e.g. ingest_items' spool
