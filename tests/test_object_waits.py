@@ -9,11 +9,13 @@ import threading
 import time
 
 import pytest
-from support.s3 import ScriptedS3, environment
+from support import s3 as s3_server
+from support.s3 import ScriptedS3, bucket, environment
 
 from dstore.errors import FormatError
 from dstore.formats import objects
 
+endpoint, s3 = s3_server.endpoint, s3_server.s3  # the moto server's fixtures (used by name)
 WAIT = "after no answer within 0.3 s, {tries} tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)"
 
 
@@ -123,3 +125,23 @@ def test_requests_that_timed_out_give_their_connections_back(server, monkeypatch
     view = memoryview(bytearray(100))
     assert objects.ObjectFile("s3://b/good").pread_into(view, 7) == 100
     assert bytes(view) == bytes((7 + i) % 251 for i in range(100))
+
+
+def test_zarrs_own_reads_go_through_the_bounded_file_system(s3, tmp_path):
+    """Zarr's store (the group's metadata, the index arrays) reads through dstore's file system, with its
+    bounded pool and its tries (was: an instance of Zarr's making, fsspec's cache missed on the order of
+    the arguments, with the default pool and s3fs's 5 x 5 nested tries around botocore's)."""
+    from store_scenarios import scenarios
+
+    from dstore.formats import open_container
+    from dstore.formats.s3session import BoundedAIOHTTPSession
+
+    local = scenarios.make_container(str(tmp_path / "c.zarr"), n=5, seed=1, fmt="zarr")
+    b = bucket(s3)
+    s3.put(local, f"{b}/c.zarr", recursive=True)
+    with open_container(f"s3://{b}/c.zarr") as reader, open_container(local) as here:
+        assert [bytes(reader.sample(i)[0]) for i in range(5)] == [bytes(here.sample(i)[0]) for i in range(5)]
+        fs = reader._open_group().store.fs
+        assert fs is objects.bounded_filesystem("s3", asynchronous=True)
+        assert fs.retries == 1 and fs.max_concurrency == 1
+        assert isinstance(fs._s3._endpoint.http_session, BoundedAIOHTTPSession)

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
 from zarr.core.buffer import default_buffer_prototype
-from zarr.storage import LocalStore
+from zarr.storage import FsspecStore, LocalStore
 
 from dstore.errors import ConfigError, FormatError
 from dstore.formats.base import ARRAYS, ContainerReader
@@ -33,7 +33,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
-from dstore.formats.objects import LocalFile, ObjectFile, bounded_filesystem, is_url, join, list_below, storage_options
+from dstore.formats.objects import LocalFile, ObjectFile, bounded_filesystem, is_url, join, list_below
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
@@ -250,13 +250,15 @@ class ZarrReader(ContainerReader):
         else:
             files = _scan_store(self.path)  # before zarr opens anything: a FIFO would block it
         try:
-            # from object storage with our bounded waits (dstore.formats.objects.storage_options)
-            options = None
+            # From object storage through our file system, with its bounded waits and tries
+            # (dstore.formats.objects.storage_options), given to Zarr's store as the instance itself: Zarr's
+            # own `storage_options` made another (fsspec's cache missed on the order of the arguments), with
+            # s3fs's 5 x 5 nested tries around botocore's.
+            store = self.path
             if remote:
-                protocol = self.path.split(":", 1)[0].lower()
-                bounded_filesystem(protocol, asynchronous=True)  # the instance Zarr's store gets, tries set
-                options = storage_options(protocol)
-            group = zarr.open_group(self.path, mode="r", zarr_format=3, storage_options=options)
+                fs = bounded_filesystem(self.path.split(":", 1)[0].lower(), asynchronous=True)
+                store = FsspecStore(fs, read_only=True, path=fs._strip_protocol(self.path))
+            group = zarr.open_group(store, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise FormatError(f"{self.path}: not a readable Zarr v3 group: {type(exc).__name__}: {exc}") from exc
