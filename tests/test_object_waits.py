@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from support import s3 as s3_server
@@ -132,16 +133,21 @@ def test_zarrs_own_reads_go_through_the_bounded_file_system(s3, tmp_path):
     bounded pool and its tries (was: an instance of Zarr's making, fsspec's cache missed on the order of
     the arguments, with the default pool and s3fs's 5 x 5 nested tries around botocore's)."""
     from store_scenarios import scenarios
+    from zarr.storage import FsspecStore
 
     from dstore.formats import open_container
     from dstore.formats.s3session import BoundedAIOHTTPSession
+    from dstore.formats.zarr_backend import ZarrReader
 
     local = scenarios.make_container(str(tmp_path / "c.zarr"), n=5, seed=1, fmt="zarr")
     b = bucket(s3)
     s3.put(local, f"{b}/c.zarr", recursive=True)
     with open_container(f"s3://{b}/c.zarr") as reader, open_container(local) as here:
         assert [bytes(reader.sample(i)[0]) for i in range(5)] == [bytes(here.sample(i)[0]) for i in range(5)]
-        fs = reader._open_group().store.fs
+        assert isinstance(reader, ZarrReader)
+        store = reader._open_group().store
+        assert isinstance(store, FsspecStore)
+        fs: Any = store.fs  # s3fs's S3FileSystem (typed as fsspec's AsyncFileSystem)
         assert fs is objects.bounded_filesystem("s3", asynchronous=True)
         assert fs.retries == 1 and fs.max_concurrency == 1
         assert isinstance(fs._s3._endpoint.http_session, BoundedAIOHTTPSession)
