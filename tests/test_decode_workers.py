@@ -344,3 +344,30 @@ def ctypes_bytes(address: int, n: int) -> bytes:
     import ctypes
 
     return ctypes.string_at(address, n)
+
+
+class _Unloadable:
+    """A transform the rank pickles and a worker cannot load (unpickling it divides by zero)."""
+
+    size, channels = (8, 8), 3
+
+    def __call__(self, arr):
+        return arr
+
+    def sample_part(self, arr, rng):
+        return arr, ()
+
+    def batch_part(self, images, params):
+        return images
+
+    def __reduce__(self):
+        import operator
+
+        return operator.truediv, (1, 0)
+
+
+def test_a_worker_that_cannot_load_the_setup_says_why(jpegs):
+    """NOTE [decode workers] 1: the worker's error answer to the setup is the loader's error."""
+    with DataStore(MPI.COMM_SELF, jpegs, batch_size=4) as st, StoreLoader(st, transform=_Unloadable(), workers=1) as ld:
+        with pytest.raises(DStoreError, match="could not start: cannot load the loader's setup: ZeroDivisionError"):
+            next(iter(ld.epoch(0)))

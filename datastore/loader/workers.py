@@ -388,7 +388,7 @@ class DecodeWorkers:
             kind, pid, can_read, native = self._answer(k)
             self._native[k] = native
             if kind != "ready":
-                raise DStoreError(f"decode worker {k} could not start: {pid}")
+                raise DStoreError(f"decode worker {k} could not start: {can_read}")  # ("error", -1, message, native)
             self.pids.append(pid)
             reads.append(bool(can_read))
         self.reads = self._probe is not None and all(reads)
