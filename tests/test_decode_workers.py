@@ -331,6 +331,7 @@ def test_workers_read_the_windows_samples_in_the_rank_and_the_rank_copies_nothin
         with StoreLoader(st, size=(32, 32), channels=3, workers=2) as ld:
             read = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
             assert ld.workers.reads and ld.stats["copy_bytes"] == 0
+            assert ld.workers.nothing_to_copy(b)  # so the request is sent from the caller's thread
         monkeypatch.setenv("DSTORE_WORKERS_READ", "0")
         with StoreLoader(st, size=(32, 32), channels=3, workers=2) as ld:
             copied = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]

@@ -288,15 +288,17 @@ class Ticket:
 class DecodeWorkers:
     """`n` decode worker processes and their shared ring (NOTE [decode workers]).
 
-    `start`, `submit` and `release`'s wait run in the loader's copier thread; `collect` in the
-    caller's. Args: shape: (C, H, W) of the output (of the canvas with `defer`); info: the
-    container's ContainerInfo; channels: as the StoreLoader's; size: the workers' own resize, None
-    where the transform resizes; hint: the decode's minimum (H, W) (a JPEG's DCT scale); defer:
-    the transform's resize and crop are left to the caller (`sample_part(defer_resize=True)`);
-    transform: None or one with `sample_part`; seed: the store's seed;
-    slots: the ring's slots; pin: page-lock the output segments (CUDA); on_device: the caller runs
-    the transform's batch part on the batch's device, else the workers apply it (its `finish`)
-    and each batch gets an output segment of its own, handed to the caller (NOTE 3)."""
+    `start` runs in the loader's copier thread; `submit` (which waits for the GPU's copy out of its
+    slot, NOTE 5) there too, or in the caller's thread where it copies and waits for nothing
+    (`nothing_to_copy`); `collect` and `release` in the caller's. Args: shape: (C, H, W) of the
+    output (of the canvas with `defer`); info: the container's ContainerInfo; channels: as the
+    StoreLoader's; size: the workers' own resize, None where the transform resizes; hint: the
+    decode's minimum (H, W) (a JPEG's DCT scale); defer: the transform's resize and crop are left
+    to the caller (`sample_part(defer_resize=True)`); transform: None or one with `sample_part`;
+    seed: the store's seed; slots: the ring's slots; pin: page-lock the output segments (CUDA);
+    on_device: the caller runs the transform's batch part on the batch's device, else the workers
+    apply it (its `finish`) and each batch gets an output segment of its own, handed to the caller
+    (NOTE 3)."""
 
     def __init__(
         self,
@@ -443,6 +445,14 @@ class DecodeWorkers:
         return None
 
     # ---------------------------------------------------------------- per batch
+    def nothing_to_copy(self, batch) -> bool:
+        """Whether `submit(batch)` would copy nothing and wait for nothing: the workers read every
+        sample in place (NOTE 3) and the next slot has no GPU copy to wait for (NOTE 5), so it may
+        run on the caller's thread, without a hand-off to the copier thread."""
+        where = getattr(batch, "where", None)
+        slot = self.slots[self._seq % len(self.slots)]
+        return self.reads and where is not None and bool(where.all()) and slot.event is None
+
     def submit(self, batch) -> Ticket:
         """Sends the workers `batch` (NOTE 4): its samples held in the store's windows by their address
         in this process, where the workers can read there (`reads`), the others' bytes copied into
