@@ -151,3 +151,31 @@ def test_zarrs_own_reads_go_through_the_bounded_file_system(s3, tmp_path):
         assert fs is objects.bounded_filesystem("s3", asynchronous=True)
         assert fs.retries == 1 and fs.max_concurrency == 1
         assert isinstance(fs._s3._endpoint.http_session, BoundedAIOHTTPSession)
+
+
+def test_zarrs_own_read_that_gets_no_answer_ends_with_one_line_naming_the_wait(
+    s3, endpoint, tmp_path, capsys, monkeypatch
+):
+    """`dstore verify` of a Zarr container whose offsets' chunk objects get no answer (a proxy stalls the
+    connections that ask for them), in this process: one line naming the container, the object and the
+    wait (was: the wait not named)."""
+    import fsspec
+    from store_scenarios import scenarios
+    from support.s3 import StallingProxy
+
+    from dstore.tools.cli import main
+
+    local = scenarios.make_container(str(tmp_path / "c.zarr"), n=20, seed=1, fmt="zarr")
+    b = bucket(s3)
+    s3.put(local, f"{b}/c.zarr", recursive=True)
+    with StallingProxy(endpoint, pattern="/offsets/c/") as proxy:
+        for key, value in {"AWS_ENDPOINT_URL": proxy.url, "DSTORE_OBJECT_TIMEOUT": "0.3"}.items():
+            monkeypatch.setenv(key, value)
+        fsspec.filesystem("s3").clear_instance_cache()
+        capsys.readouterr()
+        code = main(["verify", f"s3://{b}/c.zarr"])
+    fsspec.filesystem("s3").clear_instance_cache()
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert f"s3://{b}/c.zarr" in err and "/offsets/c/0" in err, err
+    assert "after no answer within 0.3 s, 3 tries ($DSTORE_OBJECT_TIMEOUT, $DSTORE_OBJECT_TRIES)" in err, err

@@ -33,7 +33,7 @@ from dstore.formats.layout import (
     checked_source_index,
     parse_info,
 )
-from dstore.formats.objects import LocalFile, ObjectFile, bounded_filesystem, is_url, join, list_below
+from dstore.formats.objects import LocalFile, ObjectFile, bounded_filesystem, is_url, join, list_below, waited
 
 _FAST_READ_BYTES = 1 << 20
 """Reads below this size go straight to the chunk files (see _ChunkFiles); larger ones through zarr."""
@@ -261,7 +261,9 @@ class ZarrReader(ContainerReader):
             group = zarr.open_group(store, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-            raise FormatError(f"{self.path}: not a readable Zarr v3 group: {type(exc).__name__}: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: not a readable Zarr v3 group: {type(exc).__name__}: {exc}{waited(exc)}"
+            ) from exc
         self.info = parse_info(attrs, self.path)
         present = set(group.array_keys())
         missing = [a for a in ARRAYS if a not in present]
@@ -277,7 +279,9 @@ class ZarrReader(ContainerReader):
         except (OSError, ValueError, KeyError) as exc:
             if isinstance(exc, FormatError):
                 raise
-            raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}{waited(exc)}"
+            ) from exc
         self._group, self._data, self._names = group, data, names
         self._files = _ChunkFiles.for_array(data, join(self.path, "data"), objects)
         if remote and self._files is None:
@@ -316,7 +320,9 @@ class ZarrReader(ContainerReader):
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
             if isinstance(exc, FormatError):
                 raise
-            raise FormatError(f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: cannot read the container's arrays: {type(exc).__name__}: {exc}{waited(exc)}"
+            ) from exc
         check_index(
             self.path,
             self.info,
@@ -336,7 +342,9 @@ class ZarrReader(ContainerReader):
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: a chunk that does not decode
             if isinstance(exc, FormatError):
                 raise
-            raise FormatError(f"{self.path}: cannot read source_index: {type(exc).__name__}: {exc}") from exc
+            raise FormatError(
+                f"{self.path}: cannot read source_index: {type(exc).__name__}: {exc}{waited(exc)}"
+            ) from exc
         return checked_source_index(self.path, self.info, source_index)
 
     def _field_parts(self, name: str) -> dict:

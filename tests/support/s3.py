@@ -78,15 +78,18 @@ class StallingProxy:
     """A TCP proxy in front of the S3 server that can stall: it forwards every connection to
     `upstream` until the file `marker` exists (or at once, with `upstream=None`: a server that accepts
     and never answers), and from then on forwards nothing, holding every connection open, as an
-    endpoint that hangs does. `url` is its endpoint; `close()` ends it (also as a context manager)."""
+    endpoint that hangs does. With `pattern`, only a connection whose request names it stalls, from
+    that request on (`/offsets/c/`: Zarr's reads of the offsets' chunks). `url` is its endpoint;
+    `close()` ends it (also as a context manager)."""
 
-    def __init__(self, upstream: str | None = None, marker: str | None = None):
+    def __init__(self, upstream: str | None = None, marker: str | None = None, pattern: str | None = None):
         import threading
 
         self._upstream = (
             None if upstream is None else (upstream.split("//")[1].split(":")[0], int(upstream.rsplit(":", 1)[1]))
         )
         self._marker, self._held, self._closed = marker, [], False
+        self._pattern = None if pattern is None else pattern.encode()
         self.stalled = threading.Event()
         if upstream is None:
             self.stalled.set()
@@ -116,14 +119,15 @@ class StallingProxy:
             if not self._check() and self._upstream is not None:
                 up = socket.create_connection(self._upstream)
                 self._held.append(up)
-                threading.Thread(target=self._pump, args=(conn, up), daemon=True).start()
-                threading.Thread(target=self._pump, args=(up, conn), daemon=True).start()
+                named = threading.Event()  # this connection asked for `pattern`: its answers stall
+                threading.Thread(target=self._pump, args=(conn, up, named, True), daemon=True).start()
+                threading.Thread(target=self._pump, args=(up, conn, named, False), daemon=True).start()
 
-    def _pump(self, src, dst) -> None:
+    def _pump(self, src, dst, named, asking: bool) -> None:
         import select
 
         while not self._closed:
-            if self._check():
+            if self._check() or (named.is_set() and not asking):
                 return  # stalled: the connection stays open, nothing more goes through
             try:
                 ready, _, _ = select.select([src], [], [], 0.1)
@@ -132,7 +136,9 @@ class StallingProxy:
                     if not data:
                         dst.shutdown(socket.SHUT_WR)
                         return
-                    if self._check():
+                    if asking and self._pattern is not None and self._pattern in data.split(b"\r\n", 1)[0]:
+                        named.set()
+                    if self._check() or (named.is_set() and not asking):
                         return
                     dst.sendall(data)
             except OSError:
