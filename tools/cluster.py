@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from dstore.errors import ConfigError, DStoreError
+from dstore.runtime import rc
 from dstore.runtime.watchdog import span
 
 STATE_ROOT = Path("/run/dstore-cluster")
@@ -560,7 +561,7 @@ def run(
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-EVENTS_ENV = "DSTORE_CLUSTER_EVENTS"
+EVENTS_ENV = rc.CLUSTER_EVENTS.name
 """The file a run's launchers append `start HOST` and `end HOST STATUS` to (NOTE [ A node lost ])."""
 
 LAUNCHERS_WAIT = 3.0

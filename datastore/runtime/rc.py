@@ -214,6 +214,16 @@ WORKERS_READ = Option(
         "(dstore.loader.vmread, process_vm_readv, where the system allows it; the same bytes)"
     ),
 )
+CLUSTER_EVENTS = Option(
+    "DSTORE_CLUSTER_EVENTS",
+    "path",
+    None,
+    (
+        "set by `dstore cluster run` for its launchers, not by users: the file each node's launcher appends how "
+        "its MPI proxy started and ended to, so that a node whose every process was killed is named "
+        "(dstore.tools.cluster, NOTE [ A node lost ])"
+    ),
+)
 WAIT_BOUND = Option(
     "DSTORE_WAIT_BOUND",
     "seconds",
@@ -284,6 +294,7 @@ OPTIONS = {
         NATIVE_AFTER,
         PARTIAL_DECODE,
         WORKERS_READ,
+        CLUSTER_EVENTS,
         WAIT_BOUND,
         OBJECT_TIMEOUT,
         OBJECT_TRIES,
