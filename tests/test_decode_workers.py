@@ -325,9 +325,11 @@ def test_workers_read_the_windows_samples_in_the_rank_and_the_rank_copies_nothin
     from dstore.loader import vmread
 
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3) as st:
-        for b in st.epoch(0):  # every sample of a window, at the address given
+        batches = list(st.epoch(0))
+        for b in batches:  # every sample of a window, at the address given
             assert b.where is not None and b.where.all()
             assert all(ctypes_bytes(a, s.size) == s.tobytes() for a, s in zip(b.where.tolist(), b.samples))
+        b = batches[-1]
         with StoreLoader(st, size=(32, 32), channels=3, workers=2) as ld:
             read = [(x, y, ld.last_ids.copy()) for x, y in ld.epoch(1)]
             assert ld.workers.reads and ld.stats["copy_bytes"] == 0
