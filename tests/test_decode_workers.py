@@ -374,3 +374,20 @@ def test_a_worker_that_cannot_load_the_setup_says_why(jpegs):
     with DataStore(MPI.COMM_SELF, jpegs, batch_size=4) as st, StoreLoader(st, transform=_Unloadable(), workers=1) as ld:
         with pytest.raises(DStoreError, match="could not start: cannot load the loader's setup: ZeroDivisionError"):
             next(iter(ld.epoch(0)))
+
+
+def test_a_store_closed_before_its_loader_ends_the_loaders_epoch_before_freeing(jpegs):
+    """Workers read the windows in place (NOTE [decode workers] 3): a store closed while a loader's
+    epoch over it is open (batches in flight) ends that epoch first, its answers drained, and only
+    then frees its windows (DataStore.before_free); the epoch is over, and the loader closes after."""
+    st = DataStore(MPI.COMM_SELF, jpegs, batch_size=8, seed=3)
+    st.populate()
+    ld = StoreLoader(st, size=(32, 32), channels=3, workers=2)
+    it = ld.epoch(0)
+    first = next(it)
+    assert ld.workers.reads  # the case that matters: the workers read the rank's memory
+    st.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    ld.close()
+    assert first[0].shape[1:] == (3, 32, 32)

@@ -250,6 +250,8 @@ class StoreLoader(torch.utils.data.IterableDataset):
         self.pin_memory = bool(pin_memory)
         on_gpu = self.device is not None and self.device.type == "cuda"
         self.store = store
+        if hasattr(store, "before_free"):  # a store closed first ends this loader's epoch before freeing
+            store.before_free(self._end_epoch)
         self.transform: Any = transform  # its optional parts are looked up by name (dstore.loader.transform)
         self.channels = cfg.channels
         self.size = cfg.size

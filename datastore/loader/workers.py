@@ -59,7 +59,8 @@ NOTE [decode workers] (the protocol; code relying on a point cites it by number)
    memory in one process_vm_readv, into a buffer of its own. The copy into the ring was the rank's
    largest cost per batch (0.4 ms of its 1.7 ms at 24 samples of 110 KB, measured); in a worker it
    is a few percent of the decode. The windows outlive every request: an epoch reads all its
-   answers before it ends (NOTE 4), and a store closes after its loader.
+   answers before it ends (NOTE 4), and a store ends its loaders' epochs before it frees its
+   windows, also when it is closed first (StoreLoader registers with DataStore.before_free).
 4. Requests. Per batch the rank sends each worker with samples to do the same request, pickled
    once: (ticket, slot, segment paths and sizes, capacity, cuts[workers + 1], offsets[n + 1],
    addr[n] and lens[n] or None, ids[n], epoch; the int64 arrays as their bytes); worker k does

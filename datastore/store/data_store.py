@@ -40,6 +40,7 @@ import logging
 import os
 import time
 import warnings
+import weakref
 
 from dstore.errors import ConfigError
 from dstore.formats import open_container
@@ -195,6 +196,7 @@ class DataStore:
         self._resume: tuple[int, int] | None = None
         self._next = (0, 0)
         self._active = None
+        self._readers: list[weakref.WeakMethod] = []  # before_free's: ended before the windows are freed
         self._closed = False
         self._failed = False  # an agreed failure was raised on every rank: skip further agreements
         self._progress = None  # its ProgressThread while it holds windows, where one is needed
@@ -482,15 +484,34 @@ class DataStore:
             self.container.close()
 
     def close(self) -> None:
-        """Collective: ends an open epoch, agrees that no rank failed (else raises that rank's
-        error on every rank, after freeing), frees the windows, closes a container it opened.
-        Safe twice."""
+        """Collective: ends an open epoch (and the epochs of the readers registered with before_free),
+        agrees that no rank failed (else raises that rank's error on every rank, after freeing), frees
+        the windows, closes a container it opened. Safe twice."""
         self._close(release=True)
+
+    def before_free(self, end) -> None:
+        """Registers `end`, a bound method called (once) before this store frees its windows: a reader
+        of the windows' memory outside this process's code (a StoreLoader's decode workers read samples
+        in place, dstore.loader.vmread) ends its epoch there, so that nothing reads freed memory even
+        when the store is closed first. Held weakly: a reader gone needs no call."""
+        self._readers.append(weakref.WeakMethod(end))
+
+    def _end_readers(self) -> None:
+        readers, self._readers = self._readers, []
+        for ref in readers:
+            end = ref()
+            if end is not None:
+                end()
 
     def _close(self, *, release: bool) -> None:
         """close(); `release`: give the exception hook back (not while an agreed error is on its way
         up through `__exit__`, nor after one was raised here: the hook prints it once and ends the job)."""
         self._closed = True
+        pending = None
+        try:
+            self._end_readers()  # before the epoch and the windows: they may still read them
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the windows are freed (a collective)
+            pending = exc
         if self._active is not None:
             self._active.close()
             self._active = None
@@ -505,6 +526,8 @@ class DataStore:
                 self._index.free()  # collective over the node, like the windows
             self._close_container()
             self._owns_container = False
+        if pending is not None:
+            raise pending
         if release and not self._failed:
             self._job.release()  # only when no rank failed: an agreed error keeps the hook on its way up
 

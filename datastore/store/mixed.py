@@ -264,6 +264,11 @@ class MixedStore:
         self._next = self._resume = (epoch + 1, 0) if step == self.steps_per_epoch else (epoch, step)
 
     # ----------------------------------------------------------------- lifetime
+    def before_free(self, end) -> None:
+        """DataStore.before_free on every source: `end` is called before the first of them frees its windows."""
+        for store in self.stores:
+            store.before_free(end)
+
     def close(self) -> None:
         """Collective: ends an open epoch and closes every source's store. Safe twice."""
         if self._active is not None:
