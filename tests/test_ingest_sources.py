@@ -129,8 +129,8 @@ def test_existing_output_and_bad_parameters(mixed, tmp_path):
         ingest_here(mixed, tmp_path / "x.h5", encoding="raw")
     with pytest.raises(ConfigError, match="takes no option"):
         ingest_here(mixed, tmp_path / "x.h5", quality=3)
-    with pytest.raises(ConfigError, match="fmt"):
-        ingest_here(mixed, tmp_path / "x.zarr")
+    with pytest.raises(ConfigError, match="suffix of the other format but fmt=.hdf5."):  # unless given, x.zarr is Zarr
+        ingest_here(mixed, tmp_path / "x.zarr", fmt="hdf5")
 
 
 def test_resize_stores_decoded_pixels(mixed, tmp_path):
