@@ -21,6 +21,7 @@ model never sees a size it was not built for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -233,12 +234,13 @@ def small_cnn(in_channels: int, num_classes: int, image_size: tuple[int, int]):
     )
 
 
-def _resnet(in_channels: int, num_classes: int, widths: tuple[int, ...], blocks: int):
+@functools.cache
+def _basic_block():
+    """The basic residual block of He et al. (two 3x3 convolutions, the first carrying the stride), with
+    a 1x1 projection when the shape changes: resnet_small's and resnet18/34's (torch imported here, lazily)."""
     from torch import nn
 
-    class Block(nn.Module):
-        """Basic residual block (two 3x3 convolutions), with a 1x1 projection when the shape changes."""
-
+    class BasicBlock(nn.Module):
         def __init__(self, cin, cout, stride):
             super().__init__()
             self.body = nn.Sequential(
@@ -257,6 +259,14 @@ def _resnet(in_channels: int, num_classes: int, widths: tuple[int, ...], blocks:
 
         def forward(self, x):
             return self.act(self.body(x) + self.skip(x))
+
+    return BasicBlock
+
+
+def _resnet(in_channels: int, num_classes: int, widths: tuple[int, ...], blocks: int):
+    from torch import nn
+
+    Block = _basic_block()
 
     layers = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)]
     cin = widths[0]
@@ -346,27 +356,7 @@ def _basic_resnet(in_channels: int, num_classes: int, blocks: tuple[int, ...]):
     torchvision's resnet18/34, so parameter counts match it."""
     from torch import nn
 
-    class Basic(nn.Module):
-        """3x3 (carrying the stride), 3x3, with a 1x1 projection when the shape changes."""
-
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.body = nn.Sequential(
-                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
-                nn.BatchNorm2d(cout),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
-                nn.BatchNorm2d(cout),
-            )
-            self.skip = (
-                nn.Identity()
-                if stride == 1 and cin == cout
-                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            )
-            self.act = nn.ReLU(inplace=True)
-
-        def forward(self, x):
-            return self.act(self.body(x) + self.skip(x))
+    Basic = _basic_block()
 
     layers = [
         nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False),
