@@ -583,12 +583,12 @@ def lost_nodes(c: Cluster, events: Path, layout: str, n: int | None = None) -> l
             break
         time.sleep(0.05)
     ranks = ranks_by_host(layout, n)
+    nodes = {c.hostname(i): i for i in range(1, c.nodes + 1)}
     lines = []
     for host, code in ended.items():
         if code <= 128 or code - 128 not in signal.valid_signals():
             continue  # ended by itself (hydra's cleanup ends a proxy with a status, not a signal)
-        node = int(host.removeprefix("node"))
-        left = node_pids(c, node)
+        left = node_pids(c, nodes[host])
         lines.append(
             f"dstore cluster: node {host} (ranks {span(ranks.get(host, [])) or 'none'}) lost: its MPI proxy was killed by "
             f"{signal.Signals(code - 128).name}, "
@@ -601,16 +601,10 @@ def lost_nodes(c: Cluster, events: Path, layout: str, n: int | None = None) -> l
 def ranks_by_host(layout: str, n: int | None) -> dict[str, list[int]]:
     """Which ranks hydra puts on which host of `layout` (node1:2,node2:2): blocks in order, wrapping
     round when n exceeds the hosts' total."""
-    slots = [(h, int(k)) for h, _, k in (p.partition(":") for p in layout.split(","))]
-    total = sum(k for _, k in slots)
+    slots = [host for host, _, k in (p.partition(":") for p in layout.split(",")) for _ in range(int(k))]
     out: dict[str, list[int]] = {}
-    rank = 0
-    while rank < (n or total):
-        for host, k in slots:
-            for _ in range(k):
-                if rank < (n or total):
-                    out.setdefault(host, []).append(rank)
-                    rank += 1
+    for rank in range(n or len(slots)):
+        out.setdefault(slots[rank % len(slots)], []).append(rank)
     return out
 
 
