@@ -478,10 +478,11 @@ def _ingest(source, output: str | None, comm, config: IngestConfig, **source_opt
                 f"append_to={cfg.append_to!r} writes into that container; output={output!r} must be it or None"
             )
         output = os.fspath(cfg.append_to)
-    else:
-        cfg = dataclasses.replace(cfg, fmt=format_for(cfg.fmt, output))
-        _check_output(format_for(cfg.fmt, output), cfg.shards, output)
-    fmt, shards, seed, on_error, count = format_for(cfg.fmt, output), cfg.shards, cfg.seed, cfg.on_error, cfg.count
+    fmt = format_for(cfg.fmt, output)
+    if cfg.append_to is None:
+        cfg = dataclasses.replace(cfg, fmt=fmt)  # resolved: the journal's options name the format written
+        _check_output(fmt, cfg.shards, output)
+    shards, seed, on_error, count = cfg.shards, cfg.seed, cfg.on_error, cfg.count
     comm.Barrier()
     t0 = time.perf_counter()
     if isinstance(source, Source):  # built by the caller (every rank has it), e.g. ingest_items' spool
