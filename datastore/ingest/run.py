@@ -46,7 +46,7 @@ from dstore.ingest.report import IngestError, IngestReport
 from dstore.ingest.source import Source, select_fields
 from dstore.ingest.writer import BackgroundWriter
 from dstore.runtime import collective, rc
-from dstore.runtime.collective import message, remote_error
+from dstore.runtime.collective import message, remote_error, wait_asleep
 
 
 def output_paths(output: str, fmt: str, shards: int) -> tuple[str | None, list[str]]:
@@ -275,12 +275,9 @@ def _room(bufs: list[np.ndarray], slot: int, n: int) -> np.ndarray:
 
 
 def _wait(request) -> None:
-    """Completes an MPI request, sleeping between tests instead of spinning: a rank waiting for the
-    others leaves its core to them and to its own writer thread (ranks often share cores)."""
-    pause = 20e-6
-    while not request.Test():
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+    """Completes an MPI request asleep, not spinning: a rank waiting for the others leaves its core to
+    them and to its own writer thread (ranks often share cores); 1 ms at most between tests."""
+    wait_asleep(request, most=1e-3)
 
 
 def _check_output(fmt: str, shards: int, output) -> None:

@@ -111,9 +111,9 @@ about 250 wake-ups a second, each a test in MPI's progress engine (~35 us of CPU
 measured: at 1 ms, a rank waiting 40 ms for the other at an epoch's start spent 1.3 ms of CPU)."""
 
 
-def wait_asleep(req) -> None:
+def wait_asleep(req, most: float = SETTLE_MOST) -> None:
     """Completes the MPI request `req` (a nonblocking collective), sleeping between its tests, the
-    pauses growing from SETTLE_FIRST to SETTLE_MOST.
+    pauses growing from SETTLE_FIRST to `most`.
 
     A blocking MPI collective busy-polls while it waits for the last rank (MPICH: a waiting rank
     measured 0.7-1.0 s of CPU per second of wait), so a rank that ends its epoch first spun at 100%
@@ -125,7 +125,7 @@ def wait_asleep(req) -> None:
     pause = SETTLE_FIRST
     while not req.Test():
         time.sleep(pause)
-        pause = min(2 * pause, SETTLE_MOST)
+        pause = min(2 * pause, most)
 
 
 def gather_ints(comm, values) -> list[tuple[int, ...]]:
