@@ -684,9 +684,18 @@ def _worth_keeping(job: _Job, resume: _Resume) -> bool:
         logs = [e for e in os.listdir(resume.journal) if e.endswith(".log")]
     except OSError:
         return False
-    if any(os.path.getsize(os.path.join(resume.journal, e)) for e in logs):
+    if any(_logged(os.path.join(resume.journal, e)) for e in logs):
         return True
     return job.manifest is not None and any(_finished_by(p, resume.ingest_id) for p in job.shard_paths)
+
+
+def _logged(path: str) -> bool:
+    """Whether the checkpoint log `path` records anything; a log gone meanwhile does not (an interrupted
+    rank removes its own empty log while rank 0 looks: seen in CI under SIGTERM)."""
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:
+        return False
 
 
 def _open_journal(job: _Job, cfg: IngestConfig, source, source_options: dict) -> _Resume:
